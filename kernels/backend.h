@@ -1,0 +1,118 @@
+// The backend interface (design.md "Two backends, one model"): every op the FLUX.2 model, the
+// Qwen3 text encoder and the VAE decoder need, implemented by kernels/cpu (the float32 reference)
+// and kernels/cuda (production). Tested op by op in tests/host/cpu_ops_test.cc and tests/cuda/.
+#pragma once
+
+#include <cstdint>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/base/tensor.h"
+
+namespace flux2 {
+
+// How a rotary embedding pairs the dimensions of a head.
+enum class RopeStyle : uint8_t {
+  kInterleaved,  // FLUX.2: pairs (x[2m], x[2m+1]), table repeat-interleaved (architecture §1.8)
+  kHalfSplit,    // Qwen3 / HF rotate_half: pairs (x[m], x[m + D/2]), table halves duplicated
+};
+
+struct AttentionParams {
+  int64_t num_heads = 1;        // query heads H
+  int64_t num_kv_heads = 1;     // key/value heads; H % num_kv_heads == 0 (grouped-query attention)
+  int64_t head_dim = 128;       // D per head
+  float scale = 0.0f;           // softmax scale; usually 1/sqrt(D)
+  bool causal = false;          // query i sees keys j <= i
+  int64_t num_valid_keys = -1;  // keys at index >= this are masked out (right padding); -1: none
+};
+
+// Conventions for every op:
+// - Tensors are row-major matrices [rows, cols] (Tensor::rows/cols); inputs and outputs may be
+//   strided column slices of wider buffers unless an op says otherwise. Outputs never alias
+//   inputs unless an op says "in place".
+// - Element math follows the backend's activation dtype: the CPU backend computes in float32;
+//   the CUDA backend rounds to bf16 where a PyTorch eager bf16 pipeline rounds (architecture §5).
+// - Ops are asynchronous on their backend's stream; download() and synchronize() wait.
+// - A precondition failure (shape, dtype, device) returns InvalidArgument and computes nothing.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual absl::string_view name() const = 0;  // "cpu" or "cuda"
+  virtual Device device() const = 0;
+  virtual DType activation_dtype() const = 0;  // f32 on cpu, bf16 on cuda
+  virtual DType weight_dtype() const = 0;      // dtype weights are stored in on this backend
+
+  // ---- memory -------------------------------------------------------------------------------
+  // An uninitialised contiguous tensor. Out of memory is ResourceExhausted.
+  virtual absl::StatusOr<Tensor> empty(DType dtype, Shape shape) = 0;
+  // Copies dst.numel() contiguous host elements of `host_dtype` into `dst`, converting to dst's dtype.
+  virtual absl::Status upload(const void* host, DType host_dtype, const Tensor& dst) = 0;
+  // Copies `src` into src.numel() contiguous host floats. Waits for pending work.
+  virtual absl::Status download(const Tensor& src, float* host) = 0;
+  // dst = src (same shape; both may be strided; dtypes may differ).
+  virtual absl::Status copy(const Tensor& src, const Tensor& dst) = 0;
+  // Waits for all work issued so far.
+  virtual absl::Status synchronize() = 0;
+
+  // ---- dense layers -------------------------------------------------------------------------
+  // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N] when bias is defined).
+  virtual absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+                              const Tensor& y) = 0;
+  // out[i, :] = table[ids[i], :]; ids is i32 [L], table [V, C].
+  virtual absl::Status embedding(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
+
+  // ---- element-wise -------------------------------------------------------------------------
+  virtual absl::Status silu(const Tensor& x, const Tensor& out) = 0;                  // x·σ(x)
+  virtual absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;  // a + b
+  // In place: x[M, D] += gate[D] ⊙ update[M, D] (gate broadcast over rows).
+  virtual absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) = 0;
+  // out[M, F] = silu(gate[M, F]) ⊙ up[M, F].
+  virtual absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+
+  // ---- normalisation ------------------------------------------------------------------------
+  // out = (1 + scale) ⊙ LayerNorm(x) + shift; LayerNorm over the last dim without affine.
+  // shift and scale are [D] (one row), broadcast over the rows of x [M, D].
+  virtual absl::Status layer_norm_modulate(const Tensor& x, const Tensor& shift,
+                                           const Tensor& scale, float eps, const Tensor& out) = 0;
+  // out = RMSNorm(x) ⊙ weight over the last dim; weight [D].
+  virtual absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps,
+                                const Tensor& out) = 0;
+  // In place on x [S, H·Dh] (Dh = head_dim): RMSNorm of each head with weight [Dh], then the
+  // rotary embedding out = x·cos + rot(x)·sin with f32 tables cos, sin [S, Dh].
+  virtual absl::Status qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight,
+                                    float eps, const Tensor& cos, const Tensor& sin,
+                                    RopeStyle style) = 0;
+  // GroupNorm of x [P, C] (P pixels, NHWC) with `groups` channel groups, affine gamma/beta [C],
+  // then SiLU when `silu` is set.
+  virtual absl::Status group_norm(const Tensor& x, int64_t groups, const Tensor& gamma,
+                                  const Tensor& beta, float eps, bool silu, const Tensor& out) = 0;
+
+  // ---- attention ----------------------------------------------------------------------------
+  // out [S_q, H·Dh] = softmax(q kᵀ · scale + mask) v per head; q [S_q, H·Dh], k and v [S_k, Hkv·Dh].
+  virtual absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const AttentionParams& params, const Tensor& out) = 0;
+
+  // ---- images -------------------------------------------------------------------------------
+  // NHWC convolution, stride 1, zero padding kh/2: x [H, W, Cin], w [Cout, kh, kw, Cin],
+  // bias [Cout], out [H, W, Cout]. kh == kw, odd.
+  virtual absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                              const Tensor& out) = 0;
+  // out [2H, 2W, C] = nearest-neighbour ×2 of x [H, W, C].
+  virtual absl::Status upsample_nearest_2x(const Tensor& x, const Tensor& out) = 0;
+  // Packed latent tokens [h·w, 4C] (token = row·w + col, channel = c·4 + dy·2 + dx) →
+  // BatchNorm de-normalisation z·sqrt(var + eps) + mean (mean, var [4C]) → unpatchify →
+  // out [2h, 2w, C] NHWC (architecture §2.3, §2.5).
+  virtual absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean,
+                                     const Tensor& bn_var, float eps, const Tensor& out) = 0;
+
+  // ---- sampling -----------------------------------------------------------------------------
+  // In place: x += dt · v (flow-matching Euler step; x is the latent, v the velocity).
+  virtual absl::Status euler_step(const Tensor& x, const Tensor& v, float dt) = 0;
+  // out = uncond + scale · (cond − uncond) (classifier-free guidance).
+  virtual absl::Status cfg_combine(const Tensor& uncond, const Tensor& cond, float scale,
+                                   const Tensor& out) = 0;
+};
+
+}  // namespace flux2

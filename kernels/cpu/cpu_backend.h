@@ -1,0 +1,56 @@
+// The CPU reference backend: float32 math in plain loops over host memory, multithreaded with
+// parallel_for, GEMMs through OpenBLAS. It is the oracle the CUDA backend is compared against.
+// Tested op by op by tests/host/cpu_ops_test.cc and end to end by the golden checker.
+#pragma once
+
+#include "kernels/backend.h"
+
+namespace flux2 {
+
+class CpuBackend final : public Backend {
+ public:
+  absl::string_view name() const override { return "cpu"; }
+  Device device() const override { return Device::kCpu; }
+  DType activation_dtype() const override { return DType::kF32; }
+  DType weight_dtype() const override { return DType::kF32; }
+
+  absl::StatusOr<Tensor> empty(DType dtype, Shape shape) override;
+  absl::Status upload(const void* host, DType host_dtype, const Tensor& dst) override;
+  absl::Status download(const Tensor& src, float* host) override;
+  absl::Status copy(const Tensor& src, const Tensor& dst) override;
+  absl::Status synchronize() override { return absl::OkStatus(); }
+
+  absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+                      const Tensor& y) override;
+  absl::Status embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
+
+  absl::Status silu(const Tensor& x, const Tensor& out) override;
+  absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;
+  absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+
+  absl::Status layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                                   float eps, const Tensor& out) override;
+  absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps,
+                        const Tensor& out) override;
+  absl::Status qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight,
+                            float eps, const Tensor& cos, const Tensor& sin,
+                            RopeStyle style) override;
+  absl::Status group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta,
+                          float eps, bool silu, const Tensor& out) override;
+
+  absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const AttentionParams& params, const Tensor& out) override;
+
+  absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                      const Tensor& out) override;
+  absl::Status upsample_nearest_2x(const Tensor& x, const Tensor& out) override;
+  absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean, const Tensor& bn_var,
+                             float eps, const Tensor& out) override;
+
+  absl::Status euler_step(const Tensor& x, const Tensor& v, float dt) override;
+  absl::Status cfg_combine(const Tensor& uncond, const Tensor& cond, float scale,
+                           const Tensor& out) override;
+};
+
+}  // namespace flux2

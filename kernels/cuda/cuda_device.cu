@@ -1,0 +1,38 @@
+// CUDA device discovery and the backend factory entry; see cuda_backend.h.
+// Tested by tests/cuda/cuda_device_test.cc (skips without a GPU).
+#include <cuda_runtime.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace flux2 {
+
+absl::StatusOr<CudaDeviceInfo> cuda_device_info() {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "no CUDA device: ", error != cudaSuccess ? cudaGetErrorString(error) : "none found"));
+  }
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    return absl::UnavailableError("cudaGetDeviceProperties failed");
+  }
+  CudaDeviceInfo info;
+  info.name = prop.name;
+  info.major = prop.major;
+  info.minor = prop.minor;
+  info.total_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  info.multiprocessors = prop.multiProcessorCount;
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> create_cuda_backend() {
+  auto info = cuda_device_info();
+  if (!info.ok()) return info.status();
+  return absl::UnimplementedError("the CUDA backend's ops are not implemented yet (issue 5)");
+}
+
+}  // namespace flux2

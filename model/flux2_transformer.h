@@ -1,0 +1,82 @@
+// The FLUX.2 transformer (Flux2Transformer2DModel, architecture §1) for every variant, written
+// once against the backend interface. Batch 1: text and image tokens share one joint residual
+// stream [L + N, D] (text rows first), so the double blocks' concatenation and the final split are
+// row slices, never copies. Tested by `flux2 check-golden --only transformer` (tests/golden).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "model/checkpoint.h"
+#include "model/flux2_config.h"
+#include "model/flux2_weights.h"
+
+namespace flux2 {
+
+// Receives named intermediates ("block.double.3.img", "block.single.7.out") when set.
+using ActivationTap = std::function<void(absl::string_view name, const Tensor& value)>;
+
+// Activation buffers for one (text length, image length), reused by every step of a request.
+struct Flux2Workspace {
+  Tensor stream;   // [S, D]        joint residual stream: text rows, then image rows
+  Tensor normed;   // [S, D]        modulated LayerNorm output
+  Tensor wide;     // [S, 3D + 2F]  fused projections: q|k|v (+ mlp gate|up in single blocks)
+  Tensor attn_mlp; // [S, D + F]    attention output | SwiGLU output (the single block's to_out input)
+  Tensor proj;     // [S, D]        output projections before the gated residual
+};
+
+// Everything the steps of one request share.
+struct Flux2Conditioning {
+  int64_t text_len = 0;    // L
+  int64_t image_len = 0;   // N
+  Tensor txt;              // [L, D]      context_embedder(prompt_embeds), step independent
+  Tensor rope_cos;         // [L + N, Dh] text rows, then image rows
+  Tensor rope_sin;         // [L + N, Dh]
+  Tensor modulation;       // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
+  std::shared_ptr<Flux2Workspace> workspace;
+};
+
+class Flux2Transformer {
+ public:
+  // Reads transformer/config.json and the weights of `checkpoint` onto `backend`.
+  static absl::StatusOr<std::unique_ptr<Flux2Transformer>> load(Backend& backend,
+                                                                const ComponentWeights& checkpoint);
+
+  const Flux2Config& config() const { return config_; }
+  const LoadReport& load_report() const { return load_report_; }
+
+  // Per-request precomputation. prompt_embeds [L, J]; txt_ids [L, 4] and img_ids [N, 4] integer
+  // positions; timesteps: the model's `timestep` input per step, in sigma units (0..1);
+  // guidance: one raw guidance scale per step when the model has a guidance embedder, else empty.
+  absl::StatusOr<Flux2Conditioning> prepare(const Tensor& prompt_embeds,
+                                            std::span<const int64_t> txt_ids,
+                                            std::span<const int64_t> img_ids,
+                                            std::span<const float> timesteps,
+                                            std::span<const float> guidance) const;
+
+  // out [N, out_channels] = the velocity for latent tokens x [N, in_channels] at `step`.
+  absl::Status forward(const Flux2Conditioning& cond, int64_t step, const Tensor& x,
+                       const Tensor& out, const ActivationTap& tap = nullptr) const;
+
+ private:
+  Flux2Transformer(Backend& backend, Flux2Config config) : backend_(backend), config_(std::move(config)) {}
+
+  absl::Status double_block(const Flux2DoubleBlockWeights& w, const Tensor& mod,
+                            const Flux2Conditioning& cond) const;
+  absl::Status single_block(const Flux2SingleBlockWeights& w, const Tensor& mod,
+                            const Flux2Conditioning& cond) const;
+  // MLP(sinusoid(scaled values)) for every step: [steps, D] (TimestepEmbedding, §1.4).
+  absl::StatusOr<Tensor> embed_conditioning(std::span<const float> values, const Tensor& linear_1,
+                                            const Tensor& linear_2) const;
+
+  Backend& backend_;
+  Flux2Config config_;
+  Flux2Weights weights_;
+  LoadReport load_report_;
+};
+
+}  // namespace flux2

@@ -1,0 +1,127 @@
+// Tensor-table driven validation and upload; see weight_loader.h.
+// Tested by tests/host/weight_loader_test.cc.
+#include "model/weight_loader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/base/status.h"
+
+namespace flux2 {
+namespace {
+
+// At most this many names per category in an error, then "and N more".
+constexpr size_t kMaxListedNames = 20;
+
+std::string list_names(const std::vector<std::string>& names) {
+  std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kMaxListedNames));
+  std::string text = absl::StrJoin(shown, ", ");
+  if (names.size() > kMaxListedNames) absl::StrAppend(&text, ", and ", names.size() - kMaxListedNames, " more");
+  return text;
+}
+
+Shape target_shape(const WeightSpec& spec) {
+  if (spec.layout == WeightLayout::kConvToOhwi && spec.shape.size() == 4) {
+    return Shape{spec.shape[0], spec.shape[2], spec.shape[3], spec.shape[1]};
+  }
+  return spec.shape;
+}
+
+// [O, I, kh, kw] -> [O, kh, kw, I], element size `elem` bytes.
+std::vector<char> to_ohwi(const char* src, const Shape& shape, int elem) {
+  const int64_t o = shape[0], i = shape[1], kh = shape[2], kw = shape[3];
+  std::vector<char> out(static_cast<size_t>(o * i * kh * kw * elem));
+  for (int64_t a = 0; a < o; ++a)
+    for (int64_t b = 0; b < i; ++b)
+      for (int64_t y = 0; y < kh; ++y)
+        for (int64_t x = 0; x < kw; ++x)
+          std::memcpy(&out[static_cast<size_t>((((a * kh + y) * kw + x) * i + b) * elem)],
+                      src + (((a * i + b) * kh + y) * kw + x) * elem, static_cast<size_t>(elem));
+  return out;
+}
+
+}  // namespace
+
+absl::Status validate_weights(const ComponentWeights& checkpoint, const std::vector<WeightSpec>& table,
+                              const UnusedTensorFilter& unused) {
+  std::vector<std::string> missing, misshaped, unexpected;
+  std::set<absl::string_view> wanted;
+  for (const WeightSpec& spec : table) {
+    wanted.insert(spec.name);
+    const TensorRef* ref = checkpoint.find(spec.name);
+    if (ref == nullptr) {
+      missing.push_back(spec.name);
+    } else if (ref->entry->shape != spec.shape) {
+      misshaped.push_back(absl::StrCat(spec.name, " is ", shape_string(ref->entry->shape),
+                                       ", expected ", shape_string(spec.shape)));
+    } else if (ref->entry->dtype != DType::kBF16 && ref->entry->dtype != DType::kF32 &&
+               ref->entry->dtype != DType::kF16) {
+      misshaped.push_back(absl::StrCat(spec.name, " has dtype ", dtype_name(ref->entry->dtype),
+                                       ", expected BF16, F16 or F32"));
+    }
+  }
+  for (const auto& [name, ref] : checkpoint.tensors()) {
+    if (!wanted.count(name) && !(unused && unused(name))) unexpected.push_back(name);
+  }
+  if (missing.empty() && misshaped.empty() && unexpected.empty()) return absl::OkStatus();
+  std::string message = absl::StrCat(checkpoint.dir(), ": checkpoint does not match ",
+                                     checkpoint.config_path());
+  if (!missing.empty()) absl::StrAppend(&message, "; missing tensors: ", list_names(missing));
+  if (!misshaped.empty()) absl::StrAppend(&message, "; wrong shape: ", list_names(misshaped));
+  if (!unexpected.empty()) absl::StrAppend(&message, "; unexpected tensors: ", list_names(unexpected));
+  return absl::InvalidArgumentError(message);
+}
+
+absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
+                                        const std::vector<WeightSpec>& table,
+                                        const UnusedTensorFilter& unused) {
+  const auto start = std::chrono::steady_clock::now();
+  FLUX_RETURN_IF_ERROR(validate_weights(checkpoint, table, unused));
+
+  // Size every target from the specs that fill it: rows add up, the rest must agree.
+  std::map<Tensor*, Shape> shapes;
+  for (const WeightSpec& spec : table) {
+    const Shape piece = target_shape(spec);
+    auto [it, inserted] = shapes.emplace(spec.target, piece);
+    if (!inserted) {
+      Shape& shape = it->second;
+      FLUX_CHECK(shape.size() == piece.size() &&
+                 std::equal(shape.begin() + 1, shape.end(), piece.begin() + 1));
+      shape[0] += piece[0];
+    }
+  }
+  LoadReport report;
+  for (auto& [target, shape] : shapes) {
+    FLUX_ASSIGN_OR_RETURN(*target, backend.empty(backend.weight_dtype(), shape));
+    report.device_bytes += target->bytes();
+  }
+
+  for (const WeightSpec& spec : table) {
+    const TensorRef& ref = *checkpoint.find(spec.name);
+    const Shape piece = target_shape(spec);
+    const int64_t rows = piece.empty() ? 1 : piece[0];
+    FLUX_CHECK(spec.target->rank() > 0 && spec.target_row + rows <= spec.target->dim(0));
+    const int64_t row_elems = shape_numel(piece) / std::max<int64_t>(rows, 1);
+    // The destination: rows [target_row, target_row + rows) of the first dimension.
+    Tensor flat = spec.target->reshape(Shape{spec.target->numel() / row_elems, row_elems});
+    Tensor dest = flat.row_slice(spec.target_row, rows);
+    const char* src = static_cast<const char*>(ref.data());
+    if (spec.layout == WeightLayout::kConvToOhwi) {
+      std::vector<char> permuted = to_ohwi(src, spec.shape, dtype_size(ref.entry->dtype));
+      FLUX_RETURN_IF_ERROR(backend.upload(permuted.data(), ref.entry->dtype, dest));
+    } else {
+      FLUX_RETURN_IF_ERROR(backend.upload(src, ref.entry->dtype, dest));
+    }
+    ++report.tensors;
+  }
+  FLUX_RETURN_IF_ERROR(backend.synchronize());
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+}  // namespace flux2

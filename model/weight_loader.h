@@ -1,0 +1,53 @@
+// The tensor table (style.md P8) and the loader it drives: one WeightSpec per checkpoint tensor
+// says its name, expected shape and where it goes on the backend. The same table validates the
+// checkpoint (missing / unexpected / mis-shaped tensors, all listed in one error), sizes the
+// device allocations, counts the bytes and uploads. Tested by tests/host/weight_loader_test.cc.
+#pragma once
+
+#include <functional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "model/checkpoint.h"
+
+namespace flux2 {
+
+// How a checkpoint tensor is laid out on the backend.
+enum class WeightLayout : uint8_t {
+  kAsIs,         // same element order as in the checkpoint
+  kConvToOhwi,   // conv weight [O, I, kh, kw] stored as [O, kh, kw, I] (NHWC convolution)
+};
+
+struct WeightSpec {
+  std::string name;    // checkpoint tensor name, e.g. "transformer_blocks.0.attn.to_q.weight"
+  Shape shape;         // shape in the checkpoint
+  Tensor* target;      // receives the tensor; allocated by the loader
+  int64_t target_row = 0;  // first row of `target` (several specs may fill one fused tensor)
+  WeightLayout layout = WeightLayout::kAsIs;
+};
+
+// Checkpoint tensors a model may leave unread (e.g. the VAE encoder).
+using UnusedTensorFilter = std::function<bool(absl::string_view name)>;
+
+struct LoadReport {
+  int64_t tensors = 0;       // checkpoint tensors read
+  int64_t device_bytes = 0;  // bytes allocated on the backend
+  double seconds = 0.0;      // wall time of validation, allocation and upload
+};
+
+// Checks `checkpoint` against `table` without allocating: every spec's tensor present with its
+// shape, and every checkpoint tensor either in the table or accepted by `unused`. One error lists
+// every problem.
+absl::Status validate_weights(const ComponentWeights& checkpoint, const std::vector<WeightSpec>& table,
+                              const UnusedTensorFilter& unused);
+
+// Validates, allocates each target (rows = the rows its specs fill), and uploads with dtype
+// conversion to backend.weight_dtype().
+absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
+                                        const std::vector<WeightSpec>& table,
+                                        const UnusedTensorFilter& unused);
+
+}  // namespace flux2

@@ -1,0 +1,34 @@
+// A small command-line parser for the `flux2` subcommands: `--name value` and `--name=value`
+// options plus positional words, with errors that name the option. Tested by tests/host/args_test.cc.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace flux2 {
+
+class Args {
+ public:
+  // Parses argv[first..argc); `flags` are options that take no value (e.g. "--json").
+  static absl::StatusOr<Args> parse(int argc, char** argv, int first,
+                                    const std::set<std::string>& flags = {});
+
+  bool has(absl::string_view name) const { return values_.count(std::string(name)) > 0; }
+  std::string get(absl::string_view name, absl::string_view fallback = "") const;
+  absl::StatusOr<int64_t> get_int(absl::string_view name, int64_t fallback) const;
+  absl::StatusOr<double> get_double(absl::string_view name, double fallback) const;
+  const std::vector<std::string>& positional() const { return positional_; }
+  // Fails naming the first option not in `known`.
+  absl::Status check_known(const std::set<std::string>& known) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> positional_;
+};
+
+}  // namespace flux2

@@ -1,0 +1,33 @@
+// The `flux2` command-line tool: offline generation, golden checks, tokenization and benchmarks.
+// Each subcommand lives in its own file; run `flux2 help` for the list.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "server/cli/golden_check.h"
+
+namespace {
+
+void print_help() {
+  std::printf(
+      "usage: flux2 <command> [options]\n"
+      "commands:\n"
+      "  check-golden --golden DIR [--backend cpu|cuda] [--only PARTS]\n"
+      "      run every case of a reference-vector directory; prints PASS/FAIL per check and\n"
+      "      ends with \"N passed, M failed\"\n"
+      "  help   this text\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "help") == 0 || std::strcmp(argv[1], "--help") == 0) {
+    print_help();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  if (command == "check-golden") return flux2::run_check_golden(argc, argv, 2);
+  std::fprintf(stderr, "flux2: unknown command \"%s\"\n", command.c_str());
+  print_help();
+  return 2;
+}

@@ -1,0 +1,145 @@
+// The check-golden driver: option parsing, the part table and the report; see golden_check.h.
+#include "server/cli/golden_check.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "kernels/backend_factory.h"
+#include "kernels/base/numerics.h"
+#include "model/json_util.h"
+#include "server/cli/args.h"
+
+namespace flux2 {
+namespace {
+
+using PartFn = void (*)(const GoldenContext&, GoldenReport&);
+
+struct GoldenPart {
+  const char* name;  // --only spelling
+  const char* file;  // the vector file whose presence means the part is in the directory
+  PartFn run;        // null: not implemented yet, reported as FAIL
+};
+
+// In the order the checker runs them.
+const GoldenPart kParts[] = {
+    {"tokenizer", "tokenizer_cases.json", nullptr},
+    {"text_encoder", "text_encoder.safetensors", nullptr},
+    {"transformer", "transformer.safetensors", check_golden_transformer},
+    {"vae", "vae_decode.safetensors", nullptr},
+    {"scheduler", "scheduler_cases.json", check_golden_scheduler},
+    {"randn", "randn.safetensors", nullptr},
+    {"pipeline", "pipeline_cases.json", nullptr},
+};
+
+void print_usage() {
+  std::fprintf(stderr,
+               "usage: flux2 check-golden --golden DIR [--backend cpu|cuda] [--only PART,...]\n"
+               "parts: tokenizer, text_encoder, transformer, vae, scheduler, randn, pipeline\n");
+}
+
+}  // namespace
+
+void GoldenReport::compare(absl::string_view file, absl::string_view case_name, absl::string_view tensor,
+                           std::span<const float> out, std::span<const float> ref, double tolerance) {
+  if (out.size() != ref.size()) {
+    record(false, file, case_name, tensor,
+           absl::StrCat("size ", out.size(), " != reference size ", ref.size()));
+    return;
+  }
+  const double error = relative_l2_error(out, ref);
+  record(error <= tolerance, file, case_name, tensor,
+         absl::StrFormat("rel_err=%.3e tol=%.1e", error, tolerance));
+}
+
+void GoldenReport::record(bool passed, absl::string_view file, absl::string_view case_name,
+                          absl::string_view tensor, absl::string_view detail) {
+  std::printf("%s %s %s %s %s\n", passed ? "PASS" : "FAIL", std::string(file).c_str(),
+              std::string(case_name).c_str(), std::string(tensor).c_str(),
+              std::string(detail).c_str());
+  std::fflush(stdout);
+  (passed ? passed_ : failed_)++;
+}
+
+double GoldenContext::tolerance(const std::string& key) const {
+  if (backend == nullptr || backend->activation_dtype() == DType::kF32) return 1e-4;
+  auto it = bf16_errors.find(key);
+  const double reference = it == bf16_errors.end() ? 0.0 : it->second;
+  return std::max(2.0 * reference, 1e-2);
+}
+
+int run_check_golden(int argc, char** argv, int first) {
+  auto args = Args::parse(argc, argv, first);
+  if (!args.ok()) {
+    std::fprintf(stderr, "check-golden: %s\n", std::string(args.status().message()).c_str());
+    print_usage();
+    return 2;
+  }
+  if (auto known = args->check_known({"--golden", "--backend", "--only"}); !known.ok()) {
+    std::fprintf(stderr, "check-golden: %s\n", std::string(known.message()).c_str());
+    print_usage();
+    return 2;
+  }
+  GoldenContext context;
+  context.dir = args->get("--golden");
+  context.backend_name = args->get("--backend", "cpu");
+  if (context.dir.empty() || !std::filesystem::is_directory(context.dir)) {
+    std::fprintf(stderr, "check-golden: --golden must name a directory (got \"%s\")\n",
+                 context.dir.c_str());
+    print_usage();
+    return 2;
+  }
+  std::vector<std::string> only;
+  if (args->has("--only")) only = absl::StrSplit(args->get("--only"), ',', absl::SkipEmpty());
+  for (const std::string& name : only) {
+    bool known = false;
+    for (const GoldenPart& part : kParts) known |= (name == part.name);
+    if (!known) {
+      std::fprintf(stderr, "check-golden: --only: unknown part \"%s\"\n", name.c_str());
+      print_usage();
+      return 2;
+    }
+  }
+
+  auto backend = create_backend(context.backend_name);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "check-golden: --backend %s: %s\n", context.backend_name.c_str(),
+                 std::string(backend.status().message()).c_str());
+    return 2;
+  }
+  context.backend = backend->get();
+  const std::string bf16_path = context.dir + "/bf16_reference.json";
+  if (std::filesystem::exists(bf16_path)) {
+    auto json = read_json_file(bf16_path);
+    if (json.ok() && json->contains("errors") && (*json)["errors"].is_object()) {
+      for (auto it = (*json)["errors"].begin(); it != (*json)["errors"].end(); ++it) {
+        if (it.value().is_number()) context.bf16_errors[it.key()] = it.value().get<double>();
+      }
+    }
+  }
+
+  GoldenReport report;
+  for (const GoldenPart& part : kParts) {
+    const bool selected = only.empty() || std::find(only.begin(), only.end(), part.name) != only.end();
+    if (!selected) continue;
+    const bool present = std::filesystem::exists(context.dir + "/" + part.file);
+    if (!present) {
+      // Asked for by name but absent: a failure; otherwise the directory simply lacks the part.
+      if (!only.empty()) report.fail(part.file, "-", absl::StrCat("not found in ", context.dir));
+      continue;
+    }
+    if (part.run == nullptr) {
+      report.fail(part.file, "-", absl::StrCat("part \"", part.name, "\" is not implemented"));
+      continue;
+    }
+    part.run(context, report);
+  }
+  std::printf("%d passed, %d failed\n", report.passed(), report.failed());
+  return report.failed() == 0 && report.passed() > 0 ? 0 : 1;
+}
+
+}  // namespace flux2

@@ -1,0 +1,59 @@
+// `flux2 check-golden`: runs every case of a reference-vector directory in the ../shared/golden
+// format and prints one PASS/FAIL line per check, then "N passed, M failed". Each part
+// (tokenizer, text_encoder, transformer, vae, scheduler, randn, pipeline) is one function in its
+// own golden_<part>.cc. Tested by tests/golden/ (ctest label "golden").
+#pragma once
+
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "kernels/backend.h"
+
+namespace flux2 {
+
+// Collects and prints check results.
+class GoldenReport {
+ public:
+  // Compares `out` with `ref` by relative L2 error against `tolerance` and prints the line.
+  void compare(absl::string_view file, absl::string_view case_name, absl::string_view tensor,
+               std::span<const float> out, std::span<const float> ref, double tolerance);
+  // A check decided by the caller; `detail` says what was measured.
+  void record(bool passed, absl::string_view file, absl::string_view case_name,
+              absl::string_view tensor, absl::string_view detail);
+  void fail(absl::string_view file, absl::string_view case_name, absl::string_view message) {
+    record(false, file, case_name, "-", message);
+  }
+  int passed() const { return passed_; }
+  int failed() const { return failed_; }
+
+ private:
+  int passed_ = 0;
+  int failed_ = 0;
+};
+
+// What a part needs to run its cases.
+struct GoldenContext {
+  std::string dir;          // the golden directory (holds checkpoint/ and the vector files)
+  std::string backend_name; // "cpu" or "cuda"
+  Backend* backend = nullptr;
+  // Relative L2 error of diffusers' bf16 path per tensor ("transformer.case0.output"), from
+  // bf16_reference.json; empty when the file is absent.
+  std::map<std::string, double> bf16_errors;
+
+  // The tolerance for `key` (golden/README.md): 1e-4 relative on the float32 CPU backend;
+  // max(2 x e_ref, 1e-2) on a bf16 backend.
+  double tolerance(const std::string& key) const;
+  std::string checkpoint_dir() const { return dir + "/checkpoint"; }
+};
+
+// Entry point of the subcommand (argv[first] is the first option after "check-golden").
+int run_check_golden(int argc, char** argv, int first);
+
+// The parts, each defined in golden_<part>.cc.
+void check_golden_transformer(const GoldenContext& context, GoldenReport& report);
+void check_golden_scheduler(const GoldenContext& context, GoldenReport& report);
+
+}  // namespace flux2

@@ -1,0 +1,111 @@
+// check-golden part "transformer": one forward per case of transformer.safetensors (klein or
+// dev), comparing the output and, where present, every block's output. See golden_check.h.
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status.h"
+#include "model/checkpoint.h"
+#include "model/flux2_transformer.h"
+#include "model/safetensors.h"
+#include "server/cli/golden_check.h"
+
+namespace flux2 {
+namespace {
+
+constexpr char kFile[] = "transformer.safetensors";
+
+absl::StatusOr<std::vector<int64_t>> read_ids(const SafetensorsFile& file, const std::string& name) {
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> values, read_f32(file, name));
+  return std::vector<int64_t>(values.begin(), values.end());
+}
+
+absl::StatusOr<Tensor> upload_f32(Backend& backend, const std::vector<float>& values, Shape shape) {
+  FLUX_ASSIGN_OR_RETURN(Tensor tensor, backend.empty(backend.activation_dtype(), std::move(shape)));
+  FLUX_RETURN_IF_ERROR(backend.upload(values.data(), DType::kF32, tensor));
+  return tensor;
+}
+
+absl::StatusOr<std::vector<float>> download(Backend& backend, const Tensor& tensor) {
+  std::vector<float> values(static_cast<size_t>(tensor.numel()));
+  FLUX_RETURN_IF_ERROR(backend.download(tensor, values.data()));
+  return values;
+}
+
+// Runs case `name` ("case0") and reports every reference tensor it has.
+absl::Status run_case(const GoldenContext& context, const Flux2Transformer& model,
+                      const SafetensorsFile& vectors, const std::string& name, GoldenReport& report) {
+  Backend& be = *context.backend;
+  const Flux2Config& config = model.config();
+  const std::string p = name + ".";
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> hidden, read_f32(vectors, p + "hidden_states"));
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> text, read_f32(vectors, p + "encoder_hidden_states"));
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> timestep, read_f32(vectors, p + "timestep"));
+  FLUX_ASSIGN_OR_RETURN(std::vector<int64_t> img_ids, read_ids(vectors, p + "img_ids"));
+  FLUX_ASSIGN_OR_RETURN(std::vector<int64_t> txt_ids, read_ids(vectors, p + "txt_ids"));
+  std::vector<float> guidance;
+  if (vectors.find(p + "guidance") != nullptr) {
+    FLUX_ASSIGN_OR_RETURN(guidance, read_f32(vectors, p + "guidance"));
+  }
+  const int64_t n = static_cast<int64_t>(hidden.size()) / config.in_channels;
+  const int64_t l = static_cast<int64_t>(text.size()) / config.joint_attention_dim;
+
+  FLUX_ASSIGN_OR_RETURN(Tensor prompt, upload_f32(be, text, {l, config.joint_attention_dim}));
+  FLUX_ASSIGN_OR_RETURN(Tensor x, upload_f32(be, hidden, {n, config.in_channels}));
+  FLUX_ASSIGN_OR_RETURN(Tensor out, be.empty(be.activation_dtype(), {n, config.out_channels}));
+  FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond,
+                        model.prepare(prompt, txt_ids, img_ids, timestep, guidance));
+
+  std::map<std::string, std::vector<float>> taps;
+  absl::Status tap_status;
+  auto tap = [&](absl::string_view tensor_name, const Tensor& value) {
+    const std::string key = p + std::string(tensor_name);
+    if (vectors.find(key) == nullptr) return;
+    auto values = download(be, value);
+    if (!values.ok()) tap_status = values.status();
+    else taps[std::string(tensor_name)] = std::move(*values);
+  };
+  FLUX_RETURN_IF_ERROR(model.forward(cond, 0, x, out, tap));
+  FLUX_RETURN_IF_ERROR(tap_status);
+  FLUX_ASSIGN_OR_RETURN(taps["output"], download(be, out));
+
+  for (const SafetensorsEntry& entry : vectors.entries()) {
+    if (entry.name.rfind(p, 0) != 0) continue;
+    const std::string tensor = entry.name.substr(p.size());
+    if (tensor != "output" && tensor.rfind("block.", 0) != 0) continue;  // inputs
+    auto found = taps.find(tensor);
+    if (found == taps.end()) {
+      report.fail(kFile, name, absl::StrCat(tensor, ": the model produced no such tensor"));
+      continue;
+    }
+    FLUX_ASSIGN_OR_RETURN(std::vector<float> reference, read_f32(vectors, entry.name));
+    report.compare(kFile, name, tensor, found->second, reference,
+                   context.tolerance(absl::StrCat("transformer.", name, ".", tensor)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void check_golden_transformer(const GoldenContext& context, GoldenReport& report) {
+  auto vectors = SafetensorsFile::open(context.dir + "/" + kFile);
+  if (!vectors.ok()) return report.fail(kFile, "-", vectors.status().message());
+  auto checkpoint = ComponentWeights::open(context.checkpoint_dir() + "/transformer");
+  if (!checkpoint.ok()) return report.fail(kFile, "-", checkpoint.status().message());
+  auto model = Flux2Transformer::load(*context.backend, *checkpoint);
+  if (!model.ok()) return report.fail(kFile, "-", model.status().message());
+
+  for (int k = 0;; ++k) {
+    const std::string name = absl::StrCat("case", k);
+    if ((*vectors)->find(name + ".hidden_states") == nullptr) {
+      if (k == 0) report.fail(kFile, "-", "no cases (case0.hidden_states missing)");
+      break;
+    }
+    if (absl::Status status = run_case(context, **model, **vectors, name, report); !status.ok()) {
+      report.fail(kFile, name, status.message());
+    }
+  }
+}
+
+}  // namespace flux2
