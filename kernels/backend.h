@@ -27,6 +27,13 @@ struct AttentionParams {
   int64_t num_valid_keys = -1;  // keys at index >= this are masked out (right padding); -1: none
 };
 
+// Device memory as the backend sees it (zeros on the CPU backend).
+struct BackendMemoryStats {
+  int64_t used_bytes = 0;   // currently allocated by this backend
+  int64_t peak_bytes = 0;   // high-water mark since the last reset_peak_memory()
+  int64_t total_bytes = 0;  // device capacity
+};
+
 // Conventions for every op:
 // - Tensors are row-major matrices [rows, cols] (Tensor::rows/cols); inputs and outputs may be
 //   strided column slices of wider buffers unless an op says otherwise. Outputs never alias
@@ -55,6 +62,8 @@ class Backend {
   virtual absl::Status copy(const Tensor& src, const Tensor& dst) = 0;
   // Waits for all work issued so far.
   virtual absl::Status synchronize() = 0;
+  virtual BackendMemoryStats memory_stats() const { return {}; }
+  virtual void reset_peak_memory() {}
 
   // ---- dense layers -------------------------------------------------------------------------
   // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N] when bias is defined).

@@ -11,14 +11,12 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "model/activation_tap.h"
 #include "model/checkpoint.h"
 #include "model/flux2_config.h"
 #include "model/flux2_weights.h"
 
 namespace flux2 {
-
-// Receives named intermediates ("block.double.3.img", "block.single.7.out") when set.
-using ActivationTap = std::function<void(absl::string_view name, const Tensor& value)>;
 
 // Activation buffers for one (text length, image length), reused by every step of a request.
 struct Flux2Workspace {

@@ -26,9 +26,12 @@ std::vector<float> timestep_sinusoids(std::span<const float> values, int64_t cha
   return out;
 }
 
+float round_to_activation(float value, DType activation_dtype) {
+  return activation_dtype == DType::kBF16 ? round_to_bf16(value) : value;
+}
+
 float scale_conditioning(float value, DType activation_dtype) {
-  if (activation_dtype == DType::kBF16) return round_to_bf16(round_to_bf16(value) * 1000.0f);
-  return value * 1000.0f;
+  return round_to_activation(round_to_activation(value, activation_dtype) * 1000.0f, activation_dtype);
 }
 
 }  // namespace flux2

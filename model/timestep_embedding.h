@@ -18,4 +18,7 @@ std::vector<float> timestep_sinusoids(std::span<const float> values, int64_t cha
 // the activation dtype, times 1000, cast again (architecture §1.3 step 1).
 float scale_conditioning(float value, DType activation_dtype);
 
+// `value` rounded to the activation dtype (bf16) or unchanged (f32), as a cast in PyTorch.
+float round_to_activation(float value, DType activation_dtype);
+
 }  // namespace flux2

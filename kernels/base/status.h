@@ -28,6 +28,7 @@
 #define FLUX_CONCAT_(a, b) FLUX_CONCAT_INNER_(a, b)
 
 // `FLUX_ASSIGN_OR_RETURN(auto x, f())` declares `x` from a StatusOr or returns its error.
+// It expands to several statements: put it in braces under an `if`.
 #define FLUX_ASSIGN_OR_RETURN(lhs, expr) \
   FLUX_ASSIGN_OR_RETURN_IMPL_(FLUX_CONCAT_(flux_statusor_, __LINE__), lhs, expr)
 #define FLUX_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \

@@ -27,13 +27,13 @@ struct GoldenPart {
 
 // In the order the checker runs them.
 const GoldenPart kParts[] = {
-    {"tokenizer", "tokenizer_cases.json", nullptr},
-    {"text_encoder", "text_encoder.safetensors", nullptr},
+    {"tokenizer", "tokenizer_cases.json", check_golden_tokenizer},
+    {"text_encoder", "text_encoder.safetensors", check_golden_text_encoder},
     {"transformer", "transformer.safetensors", check_golden_transformer},
-    {"vae", "vae_decode.safetensors", nullptr},
+    {"vae", "vae_decode.safetensors", check_golden_vae},
     {"scheduler", "scheduler_cases.json", check_golden_scheduler},
-    {"randn", "randn.safetensors", nullptr},
-    {"pipeline", "pipeline_cases.json", nullptr},
+    {"randn", "randn.safetensors", check_golden_randn},
+    {"pipeline", "pipeline_cases.json", check_golden_pipeline},
 };
 
 void print_usage() {

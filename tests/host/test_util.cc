@@ -1,0 +1,82 @@
+// Host test helpers; see test_util.h.
+#include "tests/host/test_util.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace flux2::testing {
+namespace fs = std::filesystem;
+
+std::string test_data_dir() { return FLUX2_TEST_DATA; }
+
+TempDir::TempDir() {
+  std::string pattern = (fs::temp_directory_path() / "flux2_test_XXXXXX").string();
+  char* made = ::mkdtemp(pattern.data());
+  if (made == nullptr) std::abort();
+  path_ = made;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  fs::remove_all(path_, ignored);
+}
+
+void copy_tree(const std::string& from, const std::string& to) {
+  fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  for (const auto& entry : fs::recursive_directory_iterator(to)) {
+    fs::permissions(entry.path(), fs::perms::owner_write, fs::perm_options::add);
+  }
+}
+
+RawTensor f32_tensor(std::vector<int64_t> shape, const std::vector<float>& values) {
+  RawTensor t;
+  t.dtype = "F32";
+  t.shape = std::move(shape);
+  t.bytes.resize(values.size() * sizeof(float));
+  std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
+  return t;
+}
+
+void write_raw_safetensors(const std::string& path, const std::string& header_json,
+                           const std::vector<uint8_t>& data, int64_t declared_header_length) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const uint64_t length = declared_header_length < 0 ? header_json.size()
+                                                     : static_cast<uint64_t>(declared_header_length);
+  out.write(reinterpret_cast<const char*>(&length), sizeof(length));
+  out.write(header_json.data(), static_cast<std::streamsize>(header_json.size()));
+  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+}
+
+void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  std::vector<uint8_t> data;
+  for (const auto& [name, tensor] : tensors) {
+    const uint64_t begin = data.size();
+    data.insert(data.end(), tensor.bytes.begin(), tensor.bytes.end());
+    header[name] = {{"dtype", tensor.dtype}, {"shape", tensor.shape},
+                    {"data_offsets", {begin, static_cast<uint64_t>(data.size())}}};
+  }
+  write_raw_safetensors(path, header.dump(), data);
+}
+
+std::map<std::string, RawTensor> read_all_tensors(const std::string& path) {
+  auto file = SafetensorsFile::open(path);
+  if (!file.ok()) std::abort();
+  std::map<std::string, RawTensor> tensors;
+  for (const SafetensorsEntry& entry : (*file)->entries()) {
+    RawTensor t;
+    t.dtype = std::string(dtype_name(entry.dtype));
+    t.shape.assign(entry.shape.begin(), entry.shape.end());
+    const auto* bytes = static_cast<const uint8_t*>((*file)->data(entry));
+    t.bytes.assign(bytes, bytes + entry.bytes());
+    tensors[entry.name] = std::move(t);
+  }
+  return tensors;
+}
+
+}  // namespace flux2::testing

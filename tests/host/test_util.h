@@ -1,0 +1,51 @@
+// Helpers shared by the host tests: temporary directories, copying a checkpoint, and writing
+// (possibly corrupt) safetensors files.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/base/tensor.h"
+
+namespace flux2::testing {
+
+// The tests/data directory (FLUX2_TEST_DATA).
+std::string test_data_dir();
+
+// A fresh directory under the system temp dir, removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Recursively copies `from` to `to` (files become writable).
+void copy_tree(const std::string& from, const std::string& to);
+
+// One tensor for write_safetensors: raw bytes plus the header fields.
+struct RawTensor {
+  std::string dtype = "F32";       // safetensors spelling
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+RawTensor f32_tensor(std::vector<int64_t> shape, const std::vector<float>& values);
+
+// Writes a valid safetensors file (tensors in name order).
+void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors);
+
+// Writes `header_json` preceded by `declared_header_length` (defaults to its real size) and
+// followed by `data`: for corrupt-file tests.
+void write_raw_safetensors(const std::string& path, const std::string& header_json,
+                           const std::vector<uint8_t>& data, int64_t declared_header_length = -1);
+
+// Reads every tensor of a safetensors file back as RawTensor (for edit-and-rewrite tests).
+std::map<std::string, RawTensor> read_all_tensors(const std::string& path);
+
+}  // namespace flux2::testing
