@@ -8,4 +8,4 @@ build="${BUILD_DIR:-$repo/build}"
 "$repo/deploy/install_deps.sh"
 cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "$(nproc)" --target flux2_server flux2
-exec "$build/server/flux2_server" "$@"
+exec "$build/bin/flux2_server" "$@"

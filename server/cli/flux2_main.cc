@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "server/cli/golden_check.h"
+#include "server/cli/commands.h"
 
 namespace {
 
@@ -15,6 +15,14 @@ void print_help() {
       "  check-golden --golden DIR [--backend cpu|cuda] [--only PARTS]\n"
       "      run every case of a reference-vector directory; prints PASS/FAIL per check and\n"
       "      ends with \"N passed, M failed\"\n"
+      "  tokenize --tokenizer DIR\n"
+      "      read one JSON string per line on stdin, print one JSON array of token ids per line\n"
+      "  generate --prompt P [--model-dir DIR] [--height H --width W --steps N --seed S\n"
+      "           --guidance G --out FILE.png --backend cpu|cuda]\n"
+      "      offline generation (no server); without --model-dir the embedded tiny checkpoint\n"
+      "  bench --model klein-4b|klein-9b|dev [--height 1024 --width 1024 --text-len 512\n"
+      "        --quality lossless|high --json --e2e]\n"
+      "      per-step latency at real model shapes with random weights (CUDA)\n"
       "  help   this text\n");
 }
 
@@ -27,6 +35,9 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   if (command == "check-golden") return flux2::run_check_golden(argc, argv, 2);
+  if (command == "tokenize") return flux2::run_tokenize(argc, argv, 2);
+  if (command == "generate") return flux2::run_generate(argc, argv, 2);
+  if (command == "bench") return flux2::run_bench(argc, argv, 2);
   std::fprintf(stderr, "flux2: unknown command \"%s\"\n", command.c_str());
   print_help();
   return 2;

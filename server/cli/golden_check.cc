@@ -13,6 +13,7 @@
 #include "kernels/base/numerics.h"
 #include "model/json_util.h"
 #include "server/cli/args.h"
+#include "server/cli/commands.h"
 
 namespace flux2 {
 namespace {

@@ -49,9 +49,6 @@ struct GoldenContext {
   std::string checkpoint_dir() const { return dir + "/checkpoint"; }
 };
 
-// Entry point of the subcommand (argv[first] is the first option after "check-golden").
-int run_check_golden(int argc, char** argv, int first);
-
 // The parts, each defined in golden_<part>.cc.
 void check_golden_tokenizer(const GoldenContext& context, GoldenReport& report);
 void check_golden_text_encoder(const GoldenContext& context, GoldenReport& report);

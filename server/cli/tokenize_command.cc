@@ -1,0 +1,13 @@
+// `flux2 tokenize`: placeholder until it lands; reports that it is not implemented.
+#include <cstdio>
+
+#include "server/cli/commands.h"
+
+namespace flux2 {
+
+int run_tokenize(int argc, char** argv, int first) {
+  std::fprintf(stderr, "flux2 tokenize: not implemented yet\n");
+  return 2;
+}
+
+}  // namespace flux2
