@@ -1,10 +1,86 @@
-// check-golden part "vae": placeholder until it lands (issue 3); reports FAIL, never skips.
+// check-golden part "vae": vae.decode of every case of vae_decode.safetensors (post_quant_conv +
+// decoder on an unpatchified latent), comparing the image by relative L2 error. The vectors are
+// NCHW ([1, 32, h, w] latents, [1, 3, H, W] image); the decoder is NHWC. See golden_check.h.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status.h"
+#include "model/checkpoint.h"
+#include "model/safetensors.h"
+#include "model/vae_decoder.h"
 #include "server/cli/golden_check.h"
 
 namespace flux2 {
+namespace {
+
+constexpr char kFile[] = "vae_decode.safetensors";
+
+// [C, H, W] -> [H, W, C] (and back with the arguments swapped).
+std::vector<float> chw_to_hwc(const std::vector<float>& chw, int64_t c, int64_t h, int64_t w) {
+  std::vector<float> hwc(chw.size());
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t p = 0; p < h * w; ++p) hwc[p * c + ch] = chw[ch * h * w + p];
+  return hwc;
+}
+
+std::vector<float> hwc_to_chw(const std::vector<float>& hwc, int64_t c, int64_t h, int64_t w) {
+  std::vector<float> chw(hwc.size());
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t p = 0; p < h * w; ++p) chw[ch * h * w + p] = hwc[p * c + ch];
+  return chw;
+}
+
+absl::Status run_case(const GoldenContext& context, const VaeDecoder& vae, const SafetensorsFile& vectors,
+                      const std::string& name, GoldenReport& report) {
+  Backend& be = *context.backend;
+  const SafetensorsEntry* latents_entry = vectors.find(name + ".latents");
+  const SafetensorsEntry* image_entry = vectors.find(name + ".image");
+  if (image_entry == nullptr) return absl::NotFoundError(absl::StrCat(name, ".image is missing"));
+  const Shape& ls = latents_entry->shape;
+  const Shape& is = image_entry->shape;
+  if (ls.size() != 4 || ls[0] != 1 || is.size() != 4 || is[0] != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("expected latents [1, C, h, w] and image [1, 3, H, W], got ",
+                                                   shape_string(ls), " and ", shape_string(is)));
+  }
+  const int64_t channels = ls[1], h = ls[2], w = ls[3];
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> latents, read_f32(vectors, latents_entry->name));
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> reference, read_f32(vectors, image_entry->name));
+
+  FLUX_ASSIGN_OR_RETURN(Tensor input, be.empty(be.activation_dtype(), {h, w, channels}));
+  const std::vector<float> hwc = chw_to_hwc(latents, channels, h, w);
+  FLUX_RETURN_IF_ERROR(be.upload(hwc.data(), DType::kF32, input));
+  FLUX_ASSIGN_OR_RETURN(Tensor image, vae.decode(input));                     // [H, W, 3]
+  if (image.rank() != 3 || image.dim(0) != is[2] || image.dim(1) != is[3] || image.dim(2) != is[1]) {
+    return absl::InternalError(absl::StrCat("decoded ", image.describe(), ", reference ", shape_string(is)));
+  }
+  std::vector<float> pixels(static_cast<size_t>(image.numel()));
+  FLUX_RETURN_IF_ERROR(be.download(image, pixels.data()));
+  report.compare(kFile, name, "image", hwc_to_chw(pixels, is[1], is[2], is[3]), reference,
+                 context.tolerance(absl::StrCat("vae_decode.", name, ".image")));
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 void check_golden_vae(const GoldenContext& context, GoldenReport& report) {
-  report.fail("vae_decode.safetensors", "-", "part \"vae\" is not implemented");
+  auto vectors = SafetensorsFile::open(context.dir + "/" + kFile);
+  if (!vectors.ok()) return report.fail(kFile, "-", vectors.status().message());
+  auto checkpoint = ComponentWeights::open(context.checkpoint_dir() + "/vae");
+  if (!checkpoint.ok()) return report.fail(kFile, "-", checkpoint.status().message());
+  auto vae = VaeDecoder::load(*context.backend, *checkpoint);
+  if (!vae.ok()) return report.fail(kFile, "-", vae.status().message());
+
+  for (int k = 0;; ++k) {
+    const std::string name = absl::StrCat("case", k);
+    if ((*vectors)->find(name + ".latents") == nullptr) {
+      if (k == 0) report.fail(kFile, "-", "no cases (case0.latents missing)");
+      break;
+    }
+    if (absl::Status status = run_case(context, **vae, **vectors, name, report); !status.ok()) {
+      report.fail(kFile, name, status.message());
+    }
+  }
 }
 
 }  // namespace flux2
