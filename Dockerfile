@@ -1,0 +1,101 @@
+# flux2_server container image: CUDA 13.0.2 toolkit + Debian 12 build, slim non-root runtime with only the libraries the binary loads.
+# Tested by tests/deploy/test_dockerfile.py (dockerfilelint, install-script and COPY checks) and test_runtime_libs.py (ldd vs install_deps.sh).
+#
+#   docker build -t flux2-server:0.1.0 .
+#   docker run --gpus 1 -p 50051:50051 -p 9464:9464 -v /srv/FLUX.2-klein-4B:/models:ro flux2-server:0.1.0
+#   docker run -p 50051:50051 -p 9464:9464 --entrypoint flux2_server flux2-server:0.1.0 --backend cpu   # tiny demo model
+#
+# Why Debian 12 plus the CUDA images' toolkit: deploy/install_deps.sh (the script CI runs) installs
+# gRPC 1.51 / protobuf 3.21 / abseil 20220623 / prometheus-cpp 1.0 by their Debian 12 package names,
+# and the binary must run against the exact shared libraries it was built with. NVIDIA publishes no
+# Debian CUDA images, so the pinned nvidia/cuda images below are the source of the CUDA 13.0.2
+# toolkit, cuDNN 9 and the CUDA runtime libraries (the toolkit is distribution-independent: it is the
+# same tree this project's build machine uses on Debian 12), copied into pinned Debian 12 stages.
+
+# ---- CUDA sources (pinned by full tag) ----------------------------------------------------------
+FROM nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04 AS cuda-devel
+# Put cuDNN's headers and libraries into the toolkit tree (as on the build machine), by soname,
+# wherever the cuDNN packages installed them.
+RUN set -eux; \
+    cuda="$(readlink -f /usr/local/cuda)"; \
+    test "$cuda" = /usr/local/cuda-13.0; \
+    find /usr/include -name 'cudnn*.h' -exec cp -L {} "$cuda/include/" \; ; \
+    find /usr/lib -name 'libcudnn*.so.9' -exec cp -L {} "$cuda/targets/x86_64-linux/lib/" \; ; \
+    cd "$cuda/targets/x86_64-linux/lib"; \
+    for lib in libcudnn*.so.9; do ln -sf "$lib" "${lib%.9}"; done; \
+    test -f "$cuda/include/cudnn.h"; test -f libcudnn.so.9
+
+FROM nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04 AS cuda-runtime
+# The CUDA libraries flux2_server loads, dereferenced to their sonames: cudart, cuBLASLt (dlopen),
+# cuDNN 9 (all sub-libraries: the shim loads them on demand) and NVRTC + nvJitLink, which cuDNN's
+# runtime-compiled fusion engines (fused attention) need.
+RUN set -eux; \
+    mkdir -p /opt/cuda-runtime/lib; \
+    for soname in libcudart.so.13 libcublasLt.so.13 libnvrtc.so.13 libnvrtc-builtins.so.13.0 \
+                  libnvJitLink.so.13 'libcudnn*.so.9'; do \
+      found="$(find /usr/local/cuda-13.0/ /usr/lib -name "$soname")"; \
+      test -n "$found"; \
+      for f in $found; do cp -L "$f" /opt/cuda-runtime/lib/; done; \
+    done; \
+    ls -l /opt/cuda-runtime/lib
+
+# ---- build: the same install script CI runs, then CMake -----------------------------------------
+FROM debian:12.11-slim AS build
+COPY --from=cuda-devel /usr/local/cuda-13.0 /usr/local/cuda-13.0
+RUN ln -s cuda-13.0 /usr/local/cuda
+ENV PATH=/usr/local/cuda/bin:$PATH
+WORKDIR /src
+# Dependencies first (cached while only sources change). install_deps.sh also installs the npm test
+# tools pinned by tests/tools/package-lock.json and the tiny checkpoint's tokenizer.json.
+COPY deploy/install_deps.sh deploy/install_deps.sh
+COPY tests/tools/package.json tests/tools/package-lock.json tests/tools/
+COPY tests/data/tiny-klein/checkpoint tests/data/tiny-klein/checkpoint
+RUN deploy/install_deps.sh && rm -rf /var/lib/apt/lists/*
+COPY . .
+# sm_90a (H100/H200) and sm_100a (B200); override with --build-arg CUDA_ARCHITECTURES=90a.
+ARG CUDA_ARCHITECTURES="90a;100a"
+RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLUX2_BUILD_TESTS=OFF \
+          -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}" \
+          -DFLUX2_TINY_CHECKPOINT_DIR=/opt/flux2/share/tiny-klein \
+ && cmake --build build --target flux2_server \
+ && install -D -m 0755 build/bin/flux2_server /opt/flux2/bin/flux2_server \
+ && strip --strip-unneeded /opt/flux2/bin/flux2_server \
+ && mkdir -p /opt/flux2/share \
+ && cp -r tests/data/tiny-klein/checkpoint /opt/flux2/share/tiny-klein
+
+# ---- runtime: Debian 12 slim + the runtime half of install_deps.sh + the CUDA libraries ---------
+FROM debian:12.11-slim AS runtime
+LABEL org.opencontainers.image.title="flux2-server" \
+      org.opencontainers.image.description="FLUX.2 image generation over gRPC (C++/CUDA)" \
+      org.opencontainers.image.version="0.1.0"
+COPY deploy/install_deps.sh /opt/flux2/deploy/install_deps.sh
+RUN /opt/flux2/deploy/install_deps.sh --runtime && rm -rf /var/lib/apt/lists/*
+COPY --from=cuda-runtime /opt/cuda-runtime/lib /opt/flux2/lib/cuda
+RUN echo /opt/flux2/lib/cuda > /etc/ld.so.conf.d/flux2-cuda.conf && ldconfig
+COPY --from=build /opt/flux2/bin /opt/flux2/bin
+COPY --from=build /opt/flux2/share /opt/flux2/share
+# Fail the build if the binary needs a library this stage lacks (libcuda.so.1 comes from the host
+# driver through the NVIDIA container toolkit at run time).
+RUN if ldd /opt/flux2/bin/flux2_server | grep -v 'libcuda.so.1' | grep 'not found'; then exit 1; fi \
+ && ldconfig -p | grep -q 'libcublasLt.so.13' \
+ && groupadd --system --gid 10001 flux2 \
+ && useradd --system --uid 10001 --gid flux2 --home-dir /nonexistent --no-create-home \
+            --shell /usr/sbin/nologin flux2 \
+ && mkdir -p /models
+# The NVIDIA container toolkit reads these: expose the GPU compute driver, require a CUDA 13 driver.
+ENV PATH=/opt/flux2/bin:$PATH \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA="cuda>=13.0" \
+    HOME=/tmp \
+    CUDA_CACHE_PATH=/tmp/cuda-cache
+USER 10001:10001
+WORKDIR /tmp
+# gRPC (ImageGeneration, grpc.health.v1, reflection) and Prometheus /metrics.
+EXPOSE 50051 9464
+# start-period covers weight loading + warm-up of the largest model; readiness = loaded, warm, not draining.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
+  CMD ["flux2_server", "--probe", "readiness", "--addr", "127.0.0.1:50051"]
+# Weights are mounted at /models (a volume or a Kubernetes PVC), never baked into the image.
+ENTRYPOINT ["flux2_server", "--model-dir", "/models"]
+CMD []

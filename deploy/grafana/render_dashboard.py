@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+# Renders deploy/grafana/flux2-dashboard.json (Grafana dashboard for flux2_server) from the panel list below.
+# Tested by tests/deploy/test_dashboard.py (--check, structure, required panels) and the metric-name tests.
+"""Usage: render_dashboard.py [--check]
+
+Every PromQL expression uses the metrics of server/METRICS.md only (no recording rules), so the
+dashboard works on any Prometheus that scrapes the pods. `$instance` filters pods; `$__rate_interval`
+is Grafana's scrape-aware rate window. --check exits 1 when the committed JSON differs.
+"""
+import json
+import pathlib
+import sys
+
+OUT = pathlib.Path(__file__).resolve().parent / "flux2-dashboard.json"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SEL = 'instance=~"$instance"'
+RATE = "[$__rate_interval]"
+GEN_METHODS = 'method=~"GenerateImage|GenerateImageStream"'
+
+
+def quantile(q: float, metric: str, by: str, matchers: str = SEL) -> str:
+    return (f"histogram_quantile({q}, sum by ({by}) "
+            f"(rate({metric}_bucket{{{matchers}}}{RATE})))")
+
+
+def target(expr: str, legend: str, ref: str, instant: bool = False) -> dict:
+    t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref}
+    if instant:
+        t.update({"instant": True, "range": False, "format": "table"})
+    return t
+
+
+def timeseries(title: str, description: str, unit: str, targets: list, stack: bool = False) -> dict:
+    custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 20 if stack else 5,
+              "showPoints": "never", "spanNulls": False,
+              "stacking": {"mode": "normal" if stack else "none", "group": "A"}}
+    return {"type": "timeseries", "title": title, "description": description, "datasource": DS,
+            "targets": targets,
+            "fieldConfig": {"defaults": {"unit": unit, "min": 0, "custom": custom}, "overrides": []},
+            "options": {"legend": {"displayMode": "table", "placement": "bottom",
+                                   "calcs": ["mean", "max", "lastNotNull"]},
+                        "tooltip": {"mode": "multi", "sort": "desc"}}}
+
+
+def stat(title: str, description: str, unit: str, targets: list) -> dict:
+    return {"type": "stat", "title": title, "description": description, "datasource": DS,
+            "targets": targets, "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+            "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "colorMode": "value", "graphMode": "area", "textMode": "auto"}}
+
+
+def table(title: str, description: str, targets: list) -> dict:
+    return {"type": "table", "title": title, "description": description, "datasource": DS,
+            "targets": targets, "fieldConfig": {"defaults": {}, "overrides": []},
+            "transformations": [{"id": "organize", "options": {
+                "excludeByName": {"Time": True, "Value": True, "__name__": True}}}]}
+
+
+def row(title: str) -> dict:
+    return {"type": "row", "title": title, "collapsed": False, "panels": []}
+
+
+def panels() -> list:
+    gen = f"{GEN_METHODS}, {SEL}"
+    return [
+        row("Requests"),
+        timeseries(
+            "Request latency p50 / p95 / p99", "RPC wall time of GenerateImage and GenerateImageStream, "
+            "arrival to reply, across the selected pods.", "s",
+            [target(quantile(q, "flux2_request_duration_seconds", "le", gen), f"p{int(q * 100)}", ref)
+             for q, ref in ((0.5, "A"), (0.95, "B"), (0.99, "C"))]),
+        timeseries(
+            "Throughput: images/s", "Images returned per second.", "ops",
+            [target(f"sum(rate(flux2_images_generated_total{{{SEL}}}{RATE}))", "images/s", "A")]),
+        timeseries(
+            "Throughput: megapixels/s", "Width x height of every returned image, in megapixels per second.",
+            "none",
+            [target(f"sum(rate(flux2_pixels_generated_total{{{SEL}}}{RATE})) / 1e6", "MP/s", "A")]),
+        timeseries(
+            "Requests/s by status code", "Finished RPCs per second by gRPC status code and method.", "reqps",
+            [target(f"sum by (method, code) (rate(flux2_requests_total{{{SEL}}}{RATE}))",
+                    "{{method}} {{code}}", "A")], stack=True),
+        timeseries(
+            "Errors/s by code", "Finished RPCs per second whose status is not OK.", "reqps",
+            [target(f'sum by (code) (rate(flux2_requests_total{{code!="OK", {SEL}}}{RATE}))', "{{code}}", "A")],
+            stack=True),
+        row("Generation"),
+        timeseries(
+            "Denoising step latency p50 / p95 / p99", "One denoising step (transformer forward(s) + Euler "
+            "update), by quality level.", "s",
+            [target(quantile(q, "flux2_denoise_step_duration_seconds", "quality, le"),
+                    f"p{int(q * 100)} {{{{quality}}}}", ref)
+             for q, ref in ((0.5, "A"), (0.95, "B"), (0.99, "C"))]),
+        timeseries(
+            "Stage breakdown (mean seconds per request)", "Mean time per request in each stage: "
+            "tokenize, text_encode, denoise, decode, encode.", "s",
+            [target(f"sum by (stage) (rate(flux2_stage_duration_seconds_sum{{{SEL}}}{RATE}))"
+                    f" / sum by (stage) (rate(flux2_stage_duration_seconds_count{{{SEL}}}{RATE}))",
+                    "{{stage}}", "A")], stack=True),
+        timeseries(
+            "Stage latency p95", "95th percentile of each stage's time per request.", "s",
+            [target(quantile(0.95, "flux2_stage_duration_seconds", "stage, le"), "{{stage}}", "A")]),
+        row("Queue"),
+        timeseries(
+            "Queue depth and requests in flight", "Requests waiting in the admission queue and requests "
+            "being generated, per pod.", "none",
+            [target(f"sum by (instance) (flux2_queue_depth{{{SEL}}})", "queued {{instance}}", "A"),
+             target(f"sum by (instance) (flux2_requests_in_flight{{{SEL}}})", "running {{instance}}", "B")]),
+        timeseries(
+            "Queue wait p50 / p95 / mean", "Time a request waited in the admission queue (the HPA "
+            "scales on the mean).", "s",
+            [target(quantile(0.5, "flux2_queue_duration_seconds", "le"), "p50", "A"),
+             target(quantile(0.95, "flux2_queue_duration_seconds", "le"), "p95", "B"),
+             target(f"sum(rate(flux2_queue_duration_seconds_sum{{{SEL}}}{RATE}))"
+                    f" / sum(rate(flux2_queue_duration_seconds_count{{{SEL}}}{RATE}))", "mean", "C")]),
+        row("GPU and fast paths"),
+        timeseries(
+            "GPU memory", "Device memory held by the backend, its high-water mark and the device "
+            "capacity, per pod (CUDA backend).", "bytes",
+            [target(f"flux2_gpu_memory_used_bytes{{{SEL}}}", "used {{instance}}", "A"),
+             target(f"flux2_gpu_memory_peak_bytes{{{SEL}}}", "peak {{instance}}", "B"),
+             target(f"flux2_gpu_memory_total_bytes{{{SEL}}}", "total {{instance}}", "C")]),
+        timeseries(
+            "Fast-path fallbacks/s by path and reason", "Eager-chain runs instead of the fused fast path. "
+            "Correct results, lower speed.", "ops",
+            [target(f"sum by (path, reason) (rate(flux2_fast_path_fallbacks_total{{{SEL}}}{RATE}))",
+                    "{{path}} ({{reason}})", "A")], stack=True),
+        timeseries(
+            "Fast-path invocations/s by path", "Fused fast-path kernel runs.", "ops",
+            [target(f"sum by (path) (rate(flux2_fast_path_invocations_total{{{SEL}}}{RATE}))",
+                    "{{path}}", "A")], stack=True),
+        row("Fleet"),
+        stat("Ready replicas", "Pods whose readiness is SERVING (model loaded, warm, not draining).", "none",
+             [target(f"sum(flux2_ready{{{SEL}}})", "ready", "A")]),
+        stat("Model load time", "Weight loading + warm-up at start-up, slowest selected pod.", "s",
+             [target(f"max(flux2_model_load_duration_seconds{{{SEL}}})", "load", "A")]),
+        table("Build and model", "Version, backend and model of each pod.",
+              [target(f"flux2_build_info{{{SEL}}}", "", "A", instant=True)]),
+    ]
+
+
+def layout(items: list) -> list:
+    """Assigns ids and a 24-column grid: rows full width, panels two per line (stats three)."""
+    out, y, x, pid = [], 0, 0, 1
+    for p in items:
+        p = dict(p, id=pid)
+        pid += 1
+        if p["type"] == "row":
+            y += 0 if x == 0 else 8
+            x = 0
+            p["gridPos"] = {"h": 1, "w": 24, "x": 0, "y": y}
+            y += 1
+        else:
+            w = 8 if p["type"] in ("stat", "table") else 12
+            if x + w > 24:
+                x, y = 0, y + 8
+            p["gridPos"] = {"h": 8, "w": w, "x": x, "y": y}
+            x += w
+        out.append(p)
+    return out
+
+
+def dashboard() -> dict:
+    instance_query = "label_values(flux2_build_info, instance)"
+    return {
+        "title": "FLUX.2 inference (flux2_server)",
+        "uid": "flux2-server",
+        "description": "Latency per request, stage and denoising step; throughput; queue; GPU memory; "
+                       "fast-path fallbacks; errors. Generated by deploy/grafana/render_dashboard.py.",
+        "tags": ["flux2", "inference", "gpu"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "",
+        "annotations": {"list": []},
+        "links": [],
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "current": {}, "hide": 0, "refresh": 1},
+            {"name": "instance", "label": "Pod", "type": "query", "datasource": DS,
+             "definition": instance_query, "query": {"query": instance_query, "refId": "instance"},
+             "multi": True, "includeAll": True, "allValue": ".*",
+             "current": {"text": "All", "value": "$__all"}, "refresh": 2, "sort": 1, "hide": 0},
+        ]},
+        "panels": layout(panels()),
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if argv[1:] == ["--check"]:
+        if OUT.read_text() != text:
+            print(f"{OUT} is stale: run {pathlib.Path(__file__).name} to regenerate it", file=sys.stderr)
+            return 1
+        print(f"{OUT.name} is up to date")
+        return 0
+    if argv[1:]:
+        print(__doc__, file=sys.stderr)
+        return 2
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
