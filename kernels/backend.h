@@ -64,6 +64,9 @@ class Backend {
   virtual absl::Status synchronize() = 0;
   virtual BackendMemoryStats memory_stats() const { return {}; }
   virtual void reset_peak_memory() {}
+  // Request-scoped switch: false forces every fused fast path onto its eager chain (same results
+  // by contract, used by tests and the request field). Backends without fast paths ignore it.
+  virtual void set_fast_paths(bool enabled) {}
 
   // ---- dense layers -------------------------------------------------------------------------
   // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N] when bias is defined).

@@ -1,6 +1,10 @@
-// Host-compilable entry point of the CUDA backend (style.md P2: no CUDA types beyond cudaStream_t).
-// Tested by tests/cuda/ on a GPU machine; skipped where no GPU exists.
+// The CUDA backend (design.md): bf16 activations and weights, fp32 accumulation, cuBLASLt GEMMs,
+// cuDNN attention and convolutions, custom kernels with eager reference chains and fused fast
+// paths (fallbacks counted in the fast-path registry). Host-compilable: only cudaStream_t leaks.
+// Tested by tests/cuda/ on a GPU machine; those tests skip with a message where no GPU exists.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <memory>
 #include <string>
@@ -22,5 +26,12 @@ struct CudaDeviceInfo {
 
 // The current device, or Unavailable (with the CUDA error) when there is none.
 absl::StatusOr<CudaDeviceInfo> cuda_device_info();
+
+// Test hook: makes the next fused launch of fast path `path` fail as a kernel error would, to
+// exercise the disable-and-fall-back rule (tests/cuda/fast_path_fallback_test.cc).
+void inject_fast_path_failure(absl::string_view path);
+
+// The backend's stream (for tests and benchmarks that time with CUDA events); null for others.
+cudaStream_t cuda_stream_of(Backend& backend);
 
 }  // namespace flux2

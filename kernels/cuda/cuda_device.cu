@@ -29,10 +29,4 @@ absl::StatusOr<CudaDeviceInfo> cuda_device_info() {
   return info;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> create_cuda_backend() {
-  auto info = cuda_device_info();
-  if (!info.ok()) return info.status();
-  return absl::UnimplementedError("the CUDA backend's ops are not implemented yet (issue 5)");
-}
-
 }  // namespace flux2

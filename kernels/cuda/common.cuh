@@ -1,0 +1,73 @@
+// Device helpers shared by the CUDA kernels: bf16 <-> f32 with explicit rounding, 16-byte vector
+// access, and deterministic warp/block reductions (fixed butterfly order). Included by .cu only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flux2::cuda {
+
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(float v) { return v; }
+// Round-to-nearest-even to bf16, as a PyTorch eager op stores its output.
+__device__ __forceinline__ __nv_bfloat16 to_bf16(float v) { return __float2bfloat16_rn(v); }
+// The value a bf16 store then load would give.
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// 8 bf16 values = 16 bytes.
+struct alignas(16) Bf16x8 {
+  __nv_bfloat16 v[8];
+};
+
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float out[8]) {
+  const Bf16x8 pack = *reinterpret_cast<const Bf16x8*>(p);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = __bfloat162float(pack.v[i]);
+}
+
+__device__ __forceinline__ void store8(__nv_bfloat16* p, const float in[8]) {
+  Bf16x8 pack;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) pack.v[i] = __float2bfloat16_rn(in[i]);
+  *reinterpret_cast<Bf16x8*>(p) = pack;
+}
+
+// Sum across a warp by xor butterfly: every lane gets the same, order-fixed result.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Sum across a block of blockDim.x threads (a multiple of 32, <= 1024); `scratch` holds 32 floats.
+// Deterministic: warp butterflies, then warp 0 sums the partials in warp order. All threads get
+// the result. Contains __syncthreads.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float t = lane < warps ? scratch[lane] : 0.0f;
+    t = warp_sum(t);
+    if (lane == 0) scratch[0] = t;
+  }
+  __syncthreads();
+  return scratch[0];
+}
+
+// True when p is 16-byte aligned.
+__host__ __device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+}  // namespace flux2::cuda

@@ -1,0 +1,32 @@
+// cuBLASLt loaded at run time with dlopen (toolchain.md: linking libcublasLt into the same binary
+// as prometheus-cpp's Exposer breaks civetweb's thread creation through its large static TLS).
+// Host-only; tested by tests/cuda/gemm_test.cc and tests/host/exposer_cublaslt_test.cc.
+#pragma once
+
+#include <cublasLt.h>
+
+#include "absl/status/statusor.h"
+
+namespace flux2::cuda {
+
+// The cuBLASLt entry points the project uses, resolved once per process.
+struct CublasLtApi {
+  decltype(&cublasLtCreate) create;
+  decltype(&cublasLtDestroy) destroy;
+  decltype(&cublasLtGetVersion) get_version;
+  decltype(&cublasLtMatmulDescCreate) matmul_desc_create;
+  decltype(&cublasLtMatmulDescDestroy) matmul_desc_destroy;
+  decltype(&cublasLtMatmulDescSetAttribute) matmul_desc_set_attribute;
+  decltype(&cublasLtMatrixLayoutCreate) matrix_layout_create;
+  decltype(&cublasLtMatrixLayoutDestroy) matrix_layout_destroy;
+  decltype(&cublasLtMatmulPreferenceCreate) preference_create;
+  decltype(&cublasLtMatmulPreferenceDestroy) preference_destroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set_attribute;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) algo_get_heuristic;
+  decltype(&cublasLtMatmul) matmul;
+};
+
+// Loads libcublasLt.so.13 (RTLD_LOCAL) on first use; Unavailable with dlerror() when it cannot.
+absl::StatusOr<const CublasLtApi*> cublaslt_api();
+
+}  // namespace flux2::cuda

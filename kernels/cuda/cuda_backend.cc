@@ -1,0 +1,195 @@
+// CudaBackend construction, memory and host transfers; compute ops live in cuda_ops.cc.
+// Memory comes from the device's stream-ordered pool (release threshold at max, so freed blocks
+// are reused, not returned); transfers go through two pinned staging buffers, converting dtypes
+// on the host while the previous chunk is in flight. Tested by tests/cuda/backend_ops_test.cc.
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/op_checks.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/elementwise.h"
+
+namespace flux2 {
+namespace {
+
+constexpr size_t kStagingBytes = size_t{32} << 20;
+constexpr int64_t kAllocationAlignment = 256;  // cuBLASLt's default alignment assumption
+
+// Converts `count` host values of `from` into `to` at dst (host memory).
+absl::Status convert_host(const void* src, DType from, void* dst, DType to, int64_t count) {
+  if (from == to) {
+    std::memcpy(dst, src, static_cast<size_t>(count * dtype_size(from)));
+    return absl::OkStatus();
+  }
+  if (to == DType::kBF16 && (from == DType::kF32 || from == DType::kF16)) {
+    auto* out = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = from == DType::kF32 ? static_cast<const float*>(src)[i]
+                                          : f16_bits_to_f32(static_cast<const uint16_t*>(src)[i]);
+      out[i] = f32_to_bf16_bits(v);
+    }
+    return absl::OkStatus();
+  }
+  if (to == DType::kF32 && (from == DType::kBF16 || from == DType::kF16 || from == DType::kI64 ||
+                            from == DType::kI32 || from == DType::kU8)) {
+    widen_to_f32(from, src, count, static_cast<float*>(dst));
+    return absl::OkStatus();
+  }
+  if (to == DType::kI32 && from == DType::kI64) {
+    for (int64_t i = 0; i < count; ++i) static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(static_cast<const int64_t*>(src)[i]);
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("cuda: cannot convert ", dtype_name(from), " to ", dtype_name(to)));
+}
+
+}  // namespace
+
+CudaStream::~CudaStream() {
+  if (stream != nullptr) {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
+  FLUX_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info());
+  std::unique_ptr<CudaBackend> backend(new CudaBackend());
+  backend->total_bytes_ = info.total_bytes;
+  backend->stream_ = std::make_shared<CudaStream>();
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&backend->stream_->stream, cudaStreamNonBlocking), "stream"));
+  int device = 0;
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "device"));
+  cudaMemPool_t pool;
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaDeviceGetDefaultMemPool(&pool, device), "memory pool"));
+  uint64_t threshold = std::numeric_limits<uint64_t>::max();
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold), "pool threshold"));
+  for (int i = 0; i < 2; ++i) {
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaMallocHost(&backend->staging_[i], kStagingBytes), "pinned staging"));
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&backend->staging_done_[i], cudaEventDisableTiming), "event"));
+  }
+  FLUX_ASSIGN_OR_RETURN(backend->gemm_, cuda::Gemm::create(backend->stream()));
+  FLUX_ASSIGN_OR_RETURN(backend->sdpa_, cuda::CudnnSdpa::create(backend->stream()));
+  FLUX_ASSIGN_OR_RETURN(backend->conv_, cuda::CudnnConv::create(backend->stream()));
+  return backend;
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream());
+  gemm_.reset();
+  sdpa_.reset();
+  conv_.reset();
+  for (int i = 0; i < 2; ++i) {
+    if (staging_[i] != nullptr) cudaFreeHost(staging_[i]);
+    if (staging_done_[i] != nullptr) cudaEventDestroy(staging_done_[i]);
+  }
+}
+
+absl::StatusOr<Tensor> CudaBackend::empty(DType dtype, Shape shape) {
+  const int64_t bytes = shape_numel(shape) * dtype_size(dtype);
+  const int64_t rounded = std::max<int64_t>(kAllocationAlignment, (bytes + kAllocationAlignment - 1) /
+                                                                      kAllocationAlignment * kAllocationAlignment);
+  void* memory = nullptr;
+  const cudaError_t error = cudaMallocAsync(&memory, static_cast<size_t>(rounded), stream());
+  if (error != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free allocation error
+    return absl::ResourceExhaustedError(absl::StrCat("cuda: cannot allocate ", bytes, " bytes for ",
+                                                     shape_string(shape), ": ", cudaGetErrorString(error)));
+  }
+  std::shared_ptr<CudaStream> keep = stream_;
+  std::shared_ptr<void> storage(memory, [keep](void* p) { cudaFreeAsync(p, keep->stream); });
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  return Tensor(std::move(storage), memory, dtype, Device::kCuda, std::move(shape), cols);
+}
+
+absl::Status CudaBackend::upload(const void* host, DType host_dtype, const Tensor& dst) {
+  if (dst.device() != Device::kCuda) return op_error("upload", "destination is not on the GPU");
+  const int64_t cols = dst.cols(), rows = dst.rows();
+  const int64_t dst_elem = dtype_size(dst.dtype()), host_elem = dtype_size(host_dtype);
+  const int64_t row_bytes = cols * dst_elem;
+  FLUX_CHECK(row_bytes <= static_cast<int64_t>(kStagingBytes));
+  const int64_t chunk_rows = std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes) / std::max<int64_t>(row_bytes, 1));
+  int buffer = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows, buffer ^= 1) {
+    const int64_t n = std::min(chunk_rows, rows - r0);
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaEventSynchronize(staging_done_[buffer]), "staging wait"));
+    FLUX_RETURN_IF_ERROR(convert_host(static_cast<const char*>(host) + r0 * cols * host_elem, host_dtype,
+                                      staging_[buffer], dst.dtype(), n * cols));
+    char* target = static_cast<char*>(dst.data()) + r0 * dst.row_stride() * dst_elem;
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaMemcpy2DAsync(target, dst.row_stride() * dst_elem, staging_[buffer], row_bytes,
+                                                       row_bytes, n, cudaMemcpyHostToDevice, stream()),
+                                     "upload"));
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaEventRecord(staging_done_[buffer], stream()), "staging record"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::download(const Tensor& src, float* host) {
+  if (src.device() != Device::kCuda) return op_error("download", "source is not on the GPU");
+  const int64_t cols = src.cols(), rows = src.rows(), elem = dtype_size(src.dtype());
+  const int64_t row_bytes = cols * elem;
+  FLUX_CHECK(row_bytes <= static_cast<int64_t>(kStagingBytes));
+  const int64_t chunk_rows = std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes) / std::max<int64_t>(row_bytes, 1));
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r0);
+    const char* source = static_cast<const char*>(src.data()) + r0 * src.row_stride() * elem;
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaMemcpy2DAsync(staging_[0], row_bytes, source, src.row_stride() * elem, row_bytes,
+                                                       n, cudaMemcpyDeviceToHost, stream()),
+                                     "download"));
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream()), "download sync"));
+    FLUX_RETURN_IF_ERROR(convert_host(staging_[0], src.dtype(), host + r0 * cols, DType::kF32, n * cols));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  if (src.device() != Device::kCuda || dst.device() != Device::kCuda) return op_error("copy", "tensors must be on the GPU");
+  FLUX_RETURN_IF_ERROR(check_matrix("copy", "dst", dst, src.rows(), src.cols()));
+  return cuda::convert_copy(mat(src), src.dtype(), mat(dst), dst.dtype(), stream());
+}
+
+absl::Status CudaBackend::synchronize() { return cuda_status(cudaStreamSynchronize(stream()), "synchronize"); }
+
+BackendMemoryStats CudaBackend::memory_stats() const {
+  BackendMemoryStats stats;
+  stats.total_bytes = total_bytes_;
+  int device = 0;
+  cudaMemPool_t pool;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return stats;
+  uint64_t used = 0, peak = 0;
+  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
+  cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &peak);
+  stats.used_bytes = static_cast<int64_t>(used);
+  stats.peak_bytes = static_cast<int64_t>(peak);
+  return stats;
+}
+
+void CudaBackend::reset_peak_memory() {
+  int device = 0;
+  cudaMemPool_t pool;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return;
+  uint64_t zero = 0;
+  cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
+}
+
+absl::StatusOr<Tensor> CudaBackend::scratch(Shape shape, DType dtype) { return empty(dtype, std::move(shape)); }
+
+bool CudaBackend::capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream(), &status);
+  return status != cudaStreamCaptureStatusNone;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> create_cuda_backend() {
+  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::create());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+cudaStream_t cuda_stream_of(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda == nullptr ? nullptr : cuda->stream();
+}
+
+}  // namespace flux2

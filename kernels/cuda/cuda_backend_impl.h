@@ -1,0 +1,91 @@
+// CudaBackend's class declaration, shared by cuda_backend.cc (construction, memory, transfers)
+// and cuda_ops.cc (compute ops and fast-path dispatch). Internal to kernels/cuda.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "kernels/backend.h"
+#include "kernels/base/fast_path_registry.h"
+#include "kernels/cuda/cudnn_conv.h"
+#include "kernels/cuda/cudnn_sdpa.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/kernel_args.h"
+
+namespace flux2 {
+
+// Keeps the stream alive for every tensor's deleter (frees are stream-ordered).
+struct CudaStream {
+  cudaStream_t stream = nullptr;
+  ~CudaStream();
+};
+
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> create();
+  ~CudaBackend() override;
+
+  absl::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::kCuda; }
+  DType activation_dtype() const override { return DType::kBF16; }
+  DType weight_dtype() const override { return DType::kBF16; }
+  cudaStream_t stream() const { return stream_->stream; }
+
+  absl::StatusOr<Tensor> empty(DType dtype, Shape shape) override;
+  absl::Status upload(const void* host, DType host_dtype, const Tensor& dst) override;
+  absl::Status download(const Tensor& src, float* host) override;
+  absl::Status copy(const Tensor& src, const Tensor& dst) override;
+  absl::Status synchronize() override;
+  BackendMemoryStats memory_stats() const override;
+  void reset_peak_memory() override;
+  void set_fast_paths(bool enabled) override { fast_paths_ = enabled; }
+
+  absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override;
+  absl::Status embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
+  absl::Status silu(const Tensor& x, const Tensor& out) override;
+  absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;
+  absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  absl::Status layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps,
+                                   const Tensor& out) override;
+  absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;
+  absl::Status qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight, float eps,
+                            const Tensor& cos, const Tensor& sin, RopeStyle style) override;
+  absl::Status group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta, float eps,
+                          bool silu, const Tensor& out) override;
+  absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                         const Tensor& out) override;
+  absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
+  absl::Status upsample_nearest_2x(const Tensor& x, const Tensor& out) override;
+  absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean, const Tensor& bn_var, float eps,
+                             const Tensor& out) override;
+  absl::Status euler_step(const Tensor& x, const Tensor& v, float dt) override;
+  absl::Status cfg_combine(const Tensor& uncond, const Tensor& cond, float scale, const Tensor& out) override;
+
+ private:
+  CudaBackend() = default;
+
+  // Runs `fused` for fast path `path` unless fast paths are off, the path is disabled or
+  // `unsupported` names a failed precondition — then `eager`, counting the fallback reason. A
+  // fused launch error disables the path and falls back, except during graph capture.
+  template <typename Fused, typename Eager>
+  absl::Status run_fast_path(FastPath& path, absl::string_view unsupported, Fused fused, Eager eager);
+  // A scratch tensor for eager chains (stream-ordered, freed when the returned tensor dies).
+  absl::StatusOr<Tensor> scratch(Shape shape, DType dtype = DType::kBF16);
+  bool capturing() const;
+
+  std::shared_ptr<CudaStream> stream_;
+  std::unique_ptr<cuda::Gemm> gemm_;
+  std::unique_ptr<cuda::CudnnSdpa> sdpa_;
+  std::unique_ptr<cuda::CudnnConv> conv_;
+  void* staging_[2] = {nullptr, nullptr};  // pinned host buffers for transfers
+  cudaEvent_t staging_done_[2] = {nullptr, nullptr};
+  int64_t total_bytes_ = 0;
+  bool fast_paths_ = true;
+};
+
+// A tensor as a launcher matrix.
+inline cuda::Mat mat(const Tensor& t) { return cuda::Mat{t.data(), t.rows(), t.cols(), t.row_stride()}; }
+
+}  // namespace flux2

@@ -1,0 +1,318 @@
+// CudaBackend compute ops: precondition checks, fast-path dispatch (fused kernel or its eager
+// chain, with fallbacks counted by reason) and the library calls. Tested by tests/cuda/.
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/op_checks.h"
+#include "kernels/cuda/attention_fallback.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/image_ops.h"
+#include "kernels/cuda/norms.h"
+
+namespace flux2 {
+namespace {
+
+// The fused fast paths of the lossless path (each proven bit-identical to its eager chain by
+// tests/cuda/fused_ops_test.cc) and the library fast path for attention.
+FastPath& gate_residual_path() { static FastPath path("gate_residual"); return path; }
+FastPath& swiglu_path() { static FastPath path("swiglu"); return path; }
+FastPath& layer_norm_modulate_path() { static FastPath path("layer_norm_modulate"); return path; }
+FastPath& qk_norm_rope_path() { static FastPath path("qk_norm_rope"); return path; }
+// Writing attention / SwiGLU outputs straight into a column range of a wider buffer (the single
+// block's concatenation) instead of a separate buffer plus a copy.
+FastPath& token_concat_path() { static FastPath path("token_concat"); return path; }
+FastPath& cudnn_attention_path() { static FastPath path("cudnn_attention"); return path; }
+
+std::mutex injected_mutex;
+std::set<std::string>& injected_failures() {
+  static std::set<std::string> paths;
+  return paths;
+}
+
+bool take_injected_failure(const std::string& path) {
+  std::lock_guard<std::mutex> lock(injected_mutex);
+  return injected_failures().erase(path) > 0;
+}
+
+absl::Status check_bf16(absl::string_view op, absl::string_view name, const Tensor& t) {
+  return check_tensor(op, name, t, Device::kCuda, DType::kBF16);
+}
+
+absl::Status check_same_bf16(absl::string_view op, const Tensor& a, absl::string_view name, const Tensor& b) {
+  FLUX_RETURN_IF_ERROR(check_bf16(op, name, b));
+  return check_matrix(op, name, b, a.rows(), a.cols());
+}
+
+}  // namespace
+
+void inject_fast_path_failure(absl::string_view path) {
+  std::lock_guard<std::mutex> lock(injected_mutex);
+  injected_failures().insert(std::string(path));
+}
+
+template <typename Fused, typename Eager>
+absl::Status CudaBackend::run_fast_path(FastPath& path, absl::string_view unsupported, Fused fused, Eager eager) {
+  if (!fast_paths_ || !fast_paths_enabled()) {
+    path.count_fallback("switched_off");
+    return eager();
+  }
+  if (!path.enabled()) {
+    path.count_fallback("disabled_after_error");
+    return eager();
+  }
+  if (!unsupported.empty()) {
+    path.count_fallback(unsupported);
+    return eager();
+  }
+  absl::Status status = take_injected_failure(path.name())
+                            ? absl::InternalError(absl::StrCat(path.name(), ": injected kernel failure"))
+                            : fused();
+  if (status.ok()) {
+    path.count_invocation();
+    return status;
+  }
+  if (capturing()) return status;  // a fallback captured into a graph would hide the error
+  path.disable(status.message());
+  return eager();
+}
+
+absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+  FLUX_RETURN_IF_ERROR(check_bf16("linear", "x", x));
+  FLUX_RETURN_IF_ERROR(check_bf16("linear", "w", w));
+  FLUX_RETURN_IF_ERROR(check_bf16("linear", "y", y));
+  FLUX_RETURN_IF_ERROR(check_matrix("linear", "w", w, y.cols(), x.cols()));
+  FLUX_RETURN_IF_ERROR(check_matrix("linear", "y", y, x.rows(), w.rows()));
+  if (bias.data() != nullptr) {
+    FLUX_RETURN_IF_ERROR(check_bf16("linear", "bias", bias));
+    FLUX_RETURN_IF_ERROR(check_vector("linear", "bias", bias, w.rows()));
+  }
+  return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
+}
+
+absl::Status CudaBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_tensor("embedding", "ids", ids, Device::kCuda, DType::kI32));
+  FLUX_RETURN_IF_ERROR(check_bf16("embedding", "table", table));
+  FLUX_RETURN_IF_ERROR(check_bf16("embedding", "out", out));
+  FLUX_RETURN_IF_ERROR(check_matrix("embedding", "out", out, ids.numel(), table.cols()));
+  // Ids are few (<= 512): check their range on the host before the gather reads the table.
+  std::vector<float> host(static_cast<size_t>(ids.numel()));
+  FLUX_RETURN_IF_ERROR(download(ids, host.data()));
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (host[i] < 0 || host[i] >= static_cast<float>(table.rows())) {
+      return op_error("embedding", absl::StrCat("id ", host[i], " at position ", i, " is outside the table of ",
+                                                table.rows(), " rows"));
+    }
+  }
+  return cuda::embedding_bf16(ids.data_as<int32_t>(), ids.numel(), mat(table), mat(out), stream());
+}
+
+absl::Status CudaBackend::silu(const Tensor& x, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_bf16("silu", "x", x));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("silu", x, "out", out));
+  return cuda::silu_bf16(mat(x), mat(out), stream());
+}
+
+absl::Status CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_bf16("add", "a", a));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("add", a, "b", b));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("add", a, "out", out));
+  return cuda::add_bf16(mat(a), mat(b), mat(out), stream());
+}
+
+absl::Status CudaBackend::gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) {
+  FLUX_RETURN_IF_ERROR(check_bf16("gate_residual", "x", x));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("gate_residual", x, "update", update));
+  FLUX_RETURN_IF_ERROR(check_bf16("gate_residual", "gate", gate));
+  FLUX_RETURN_IF_ERROR(check_vector("gate_residual", "gate", gate, x.cols()));
+  const cuda::Mat g{gate.data(), 1, gate.cols(), gate.cols()};
+  return run_fast_path(
+      gate_residual_path(), "",
+      [&] { return cuda::gate_residual_fused(mat(x), g, x.rows(), mat(update), stream()); },
+      [&]() -> absl::Status {
+        FLUX_ASSIGN_OR_RETURN(Tensor product, scratch({x.rows(), x.cols()}));
+        FLUX_RETURN_IF_ERROR(cuda::gate_mul_bf16(g, x.rows(), mat(update), mat(product), stream()));
+        return cuda::add_bf16(mat(x), mat(product), mat(x), stream());
+      });
+}
+
+absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_bf16("swiglu", "gate", gate));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("swiglu", gate, "up", up));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("swiglu", gate, "out", out));
+  // The concatenation fast path: write straight into a column range of a wider buffer.
+  auto into = [&](const cuda::Mat& target) {
+    return run_fast_path(
+        swiglu_path(), "", [&] { return cuda::swiglu_fused(mat(gate), mat(up), target, stream()); },
+        [&]() -> absl::Status {
+          FLUX_ASSIGN_OR_RETURN(Tensor activated, scratch({gate.rows(), gate.cols()}));
+          FLUX_RETURN_IF_ERROR(cuda::silu_bf16(mat(gate), mat(activated), stream()));
+          return cuda::mul_bf16(mat(activated), mat(up), target, stream());
+        });
+  };
+  if (out.contiguous()) return into(mat(out));
+  return run_fast_path(
+      token_concat_path(), "", [&] { return into(mat(out)); },
+      [&]() -> absl::Status {
+        FLUX_ASSIGN_OR_RETURN(Tensor separate, scratch({out.rows(), out.cols()}));
+        FLUX_RETURN_IF_ERROR(into(mat(separate)));
+        return copy(separate, out);
+      });
+}
+
+absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps,
+                                              const Tensor& out) {
+  constexpr absl::string_view kOp = "layer_norm_modulate";
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
+  FLUX_RETURN_IF_ERROR(check_same_bf16(kOp, x, "out", out));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "shift", shift));
+  FLUX_RETURN_IF_ERROR(check_vector(kOp, "shift", shift, x.cols()));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "scale", scale));
+  FLUX_RETURN_IF_ERROR(check_vector(kOp, "scale", scale, x.cols()));
+  const cuda::Mat sh{shift.data(), 1, shift.cols(), shift.cols()}, sc{scale.data(), 1, scale.cols(), scale.cols()};
+  return run_fast_path(
+      layer_norm_modulate_path(), "",
+      [&] { return cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out), stream()); },
+      [&]() -> absl::Status {
+        // diffusers: norm = LN(x); (1 + scale) * norm + shift — four bf16 ops.
+        FLUX_ASSIGN_OR_RETURN(Tensor normed, scratch({x.rows(), x.cols()}));
+        FLUX_ASSIGN_OR_RETURN(Tensor one_plus, scratch({1, x.cols()}));
+        FLUX_RETURN_IF_ERROR(cuda::layer_norm_bf16(mat(x), eps, mat(normed), stream()));
+        FLUX_RETURN_IF_ERROR(cuda::one_plus_bf16(sc, mat(one_plus), stream()));
+        FLUX_RETURN_IF_ERROR(cuda::gate_mul_bf16(mat(one_plus), x.rows(), mat(normed), mat(normed), stream()));
+        return cuda::add_row_bf16(mat(normed), sh, x.rows(), mat(out), stream());
+      });
+}
+
+absl::Status CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_bf16("rms_norm", "x", x));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("rms_norm", x, "out", out));
+  FLUX_RETURN_IF_ERROR(check_bf16("rms_norm", "weight", weight));
+  FLUX_RETURN_IF_ERROR(check_vector("rms_norm", "weight", weight, x.cols()));
+  return cuda::rms_norm_qwen_bf16(mat(x), weight.data(), eps, mat(out), stream());
+}
+
+absl::Status CudaBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight, float eps,
+                                       const Tensor& cos, const Tensor& sin, RopeStyle style) {
+  constexpr absl::string_view kOp = "qk_norm_rope";
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "norm_weight", norm_weight));
+  FLUX_RETURN_IF_ERROR(check_vector(kOp, "norm_weight", norm_weight, head_dim));
+  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "cos", cos, Device::kCuda, DType::kF32));
+  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "sin", sin, Device::kCuda, DType::kF32));
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "cos", cos, x.rows(), head_dim));
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "sin", sin, x.rows(), head_dim));
+  return run_fast_path(
+      qk_norm_rope_path(), "",
+      [&] { return cuda::qk_norm_rope_fused(mat(x), head_dim, norm_weight.data(), eps, mat(cos), mat(sin), style, stream()); },
+      [&]() -> absl::Status {
+        FLUX_RETURN_IF_ERROR(cuda::qk_rms_norm_bf16(mat(x), head_dim, norm_weight.data(), eps, style, stream()));
+        return cuda::rope_bf16(mat(x), head_dim, mat(cos), mat(sin), style, stream());
+      });
+}
+
+absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta, float eps,
+                                     bool silu, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "x", x));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("group_norm", x, "out", out));
+  FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "gamma", gamma));
+  FLUX_RETURN_IF_ERROR(check_vector("group_norm", "gamma", gamma, x.cols()));
+  FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "beta", beta));
+  FLUX_RETURN_IF_ERROR(check_vector("group_norm", "beta", beta, x.cols()));
+  return cuda::group_norm_bf16(mat(x), groups, gamma.data(), beta.data(), eps, silu, mat(out), stream());
+}
+
+absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                                    const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_bf16("attention", "q", q));
+  FLUX_RETURN_IF_ERROR(check_bf16("attention", "k", k));
+  FLUX_RETURN_IF_ERROR(check_bf16("attention", "v", v));
+  FLUX_RETURN_IF_ERROR(check_bf16("attention", "out", out));
+  // cuDNN is the attention implementation (a library, like cuBLASLt): it is used whether or not
+  // fused fast paths are switched off, and its fallback is the plain kernel.
+  auto into = [&](const cuda::Mat& target) -> absl::Status {
+    FastPath& path = cudnn_attention_path();
+    const bool supported = cuda::CudnnSdpa::supports(mat(q), mat(k), mat(v), params, target);
+    if (!path.enabled() || !supported) {
+      path.count_fallback(!path.enabled() ? "disabled_after_error" : "unsupported_shape");
+      return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream());
+    }
+    absl::Status status = take_injected_failure(path.name()) ? absl::InternalError("cudnn_attention: injected failure")
+                                                             : sdpa_->run(mat(q), mat(k), mat(v), params, target);
+    if (status.ok()) {
+      path.count_invocation();
+      return status;
+    }
+    if (capturing()) return status;
+    path.disable(status.message());
+    return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream());
+  };
+  if (out.contiguous()) return into(mat(out));
+  return run_fast_path(
+      token_concat_path(), "", [&] { return into(mat(out)); },
+      [&]() -> absl::Status {
+        FLUX_ASSIGN_OR_RETURN(Tensor separate, scratch({out.rows(), out.cols()}));
+        FLUX_RETURN_IF_ERROR(into(mat(separate)));
+        return copy(separate, out);
+      });
+}
+
+absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "x", x));
+  FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "w", w));
+  FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "bias", bias));
+  FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "out", out));
+  if (x.rank() != 3 || w.rank() != 4 || out.rank() != 3 || !x.contiguous() || !out.contiguous() ||
+      w.dim(3) != x.dim(2) || w.dim(1) != w.dim(2) || w.dim(1) % 2 == 0 || out.dim(0) != x.dim(0) ||
+      out.dim(1) != x.dim(1) || out.dim(2) != w.dim(0) || bias.numel() != w.dim(0)) {
+    return op_error("conv2d", absl::StrCat("shapes do not match: x ", x.describe(), ", w ", w.describe(), ", out ",
+                                           out.describe()));
+  }
+  return conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1), bias.data(), out.data());
+}
+
+absl::Status CudaBackend::upsample_nearest_2x(const Tensor& x, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_bf16("upsample_nearest_2x", "x", x));
+  FLUX_RETURN_IF_ERROR(check_bf16("upsample_nearest_2x", "out", out));
+  if (x.rank() != 3 || out.rank() != 3 || !x.contiguous() || !out.contiguous() || out.dim(0) != 2 * x.dim(0) ||
+      out.dim(1) != 2 * x.dim(1) || out.dim(2) != x.dim(2)) {
+    return op_error("upsample_nearest_2x", "expected contiguous [H, W, C] -> [2H, 2W, C]");
+  }
+  return cuda::upsample_nearest_2x_bf16(x.data(), x.dim(0), x.dim(1), x.dim(2), out.data(), stream());
+}
+
+absl::Status CudaBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_mean, const Tensor& bn_var, float eps,
+                                        const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_bf16("latent_unpack", "tokens", tokens));
+  FLUX_RETURN_IF_ERROR(check_bf16("latent_unpack", "out", out));
+  FLUX_RETURN_IF_ERROR(check_bf16("latent_unpack", "bn_mean", bn_mean));
+  FLUX_RETURN_IF_ERROR(check_bf16("latent_unpack", "bn_var", bn_var));
+  if (out.rank() != 3 || !out.contiguous() || out.dim(0) % 2 || out.dim(1) % 2) {
+    return op_error("latent_unpack", "out must be a contiguous [2h, 2w, C]");
+  }
+  const int64_t h = out.dim(0) / 2, w = out.dim(1) / 2, c = out.dim(2);
+  FLUX_RETURN_IF_ERROR(check_matrix("latent_unpack", "tokens", tokens, h * w, 4 * c));
+  FLUX_RETURN_IF_ERROR(check_vector("latent_unpack", "bn_mean", bn_mean, 4 * c));
+  FLUX_RETURN_IF_ERROR(check_vector("latent_unpack", "bn_var", bn_var, 4 * c));
+  return cuda::latent_unpack_bf16(mat(tokens), bn_mean.data(), bn_var.data(), eps, h, w, c, out.data(), stream());
+}
+
+absl::Status CudaBackend::euler_step(const Tensor& x, const Tensor& v, float dt) {
+  FLUX_RETURN_IF_ERROR(check_bf16("euler_step", "x", x));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("euler_step", x, "v", v));
+  return cuda::euler_step_bf16(mat(x), mat(v), dt, stream());
+}
+
+absl::Status CudaBackend::cfg_combine(const Tensor& uncond, const Tensor& cond, float scale, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_bf16("cfg_combine", "uncond", uncond));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("cfg_combine", uncond, "cond", cond));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("cfg_combine", uncond, "out", out));
+  return cuda::cfg_combine_bf16(mat(uncond), mat(cond), scale, mat(out), stream());
+}
+
+}  // namespace flux2

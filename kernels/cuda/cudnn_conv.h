@@ -1,0 +1,38 @@
+// NHWC bf16 convolution (stride 1, "same" padding) through cuDNN's legacy convolution API
+// (kernels.md §5.3): tensor-op math, algorithm chosen once per shape, bias added by cuDNN.
+// Tested against the CPU backend by tests/cuda/backend_ops_test.cc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/statusor.h"
+
+namespace flux2::cuda {
+
+class CudnnConv {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudnnConv>> create(cudaStream_t stream);
+  ~CudnnConv();
+  CudnnConv(const CudnnConv&) = delete;
+  CudnnConv& operator=(const CudnnConv&) = delete;
+
+  // out [H, W, Cout] = conv(x [H, W, Cin], w [Cout, k, k, Cin]) + bias [Cout]; all contiguous bf16.
+  absl::Status run(const void* x, int64_t height, int64_t width, int64_t cin, const void* w,
+                   int64_t cout, int64_t ksize, const void* bias, void* out);
+
+ private:
+  struct Plan;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;  // H, W, Cin, Cout, k
+  CudnnConv() = default;
+  absl::StatusOr<Plan*> plan(const Key& key);
+
+  cudaStream_t stream_ = nullptr;
+  void* handle_ = nullptr;  // cudnnHandle_t
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace flux2::cuda

@@ -1,0 +1,151 @@
+// cuBLASLt GEMM plans; see gemm.h. Operand mapping (kernels.md §1.1): row-major X [M, K] and
+// W [N, K] are column-major Xᵀ [K, M] and Wᵀ [K, N], so D = op(W)·X with TRANSA = T computes the
+// column-major Yᵀ [N, M] — exactly row-major Y [M, N] with ld = Y's row stride.
+#include "kernels/cuda/gemm.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status.h"
+#include "kernels/cuda/cublaslt_api.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace flux2::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
+constexpr int kHeuristicResults = 8;
+
+absl::Status lt_status(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cuBLASLt ", what, " failed with status ", static_cast<int>(status)));
+}
+
+// Largest power of two (<= 256) dividing the address: cuBLASLt's alignment preference classes.
+int alignment_of(const void* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  int alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+}  // namespace
+
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::create(cudaStream_t stream) {
+  FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
+  std::unique_ptr<Gemm> gemm(new Gemm());
+  gemm->stream_ = stream;
+  cublasLtHandle_t handle;
+  FLUX_RETURN_IF_ERROR(lt_status(api->create(&handle), "create"));
+  gemm->handle_ = handle;
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&gemm->workspace_, kWorkspaceBytes), "gemm workspace"));
+  return gemm;
+}
+
+Gemm::~Gemm() {
+  auto api = cublaslt_api();
+  if (api.ok()) {
+    for (auto& [key, plan] : plans_) {
+      (*api)->matrix_layout_destroy(plan->a);
+      (*api)->matrix_layout_destroy(plan->b);
+      (*api)->matrix_layout_destroy(plan->d);
+      (*api)->matmul_desc_destroy(plan->desc);
+    }
+    if (handle_ != nullptr) (*api)->destroy(static_cast<cublasLtHandle_t>(handle_));
+  }
+  if (workspace_ != nullptr) cudaFree(workspace_);
+}
+
+absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
+  auto found = plans_.find(key);
+  if (found != plans_.end()) return found->second.get();
+  FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
+  const auto [m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, align_a, align_b, align_c, align_bias] = key;
+  auto plan = std::make_unique<Plan>();
+  // cuBLASLt sees: A_lt = B (the "weight" side, [N, K] or [K, N] row-major), B_lt = A, D = C.
+  FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
+  const cublasOperation_t trans_a = b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                                                sizeof(trans_a)), "TRANSA"));
+  FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                                                sizeof(trans_b)), "TRANSB"));
+  if (has_bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                                  &epilogue, sizeof(epilogue)), "EPILOGUE"));
+  }
+  // Column-major shapes: op(A_lt) is [N, K] (rows = N), B_lt = Aᵀ [K, M], D [N, M].
+  if (b_transposed) {
+    FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->a, CUDA_R_16BF, k, n, ldb), "layout B"));
+  } else {
+    FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->a, CUDA_R_16BF, n, k, ldb), "layout B"));
+  }
+  FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->b, CUDA_R_16BF, k, m, lda), "layout A"));
+  FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->d, c_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, ldc),
+                                 "layout C"));
+
+  cublasLtMatmulPreference_t preference;
+  FLUX_RETURN_IF_ERROR(lt_status(api->preference_create(&preference), "preference"));
+  const uint64_t workspace = kWorkspaceBytes;
+  const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE;  // no split-K: deterministic bits
+  const uint32_t alignments[] = {static_cast<uint32_t>(align_b), static_cast<uint32_t>(align_a),
+                                 static_cast<uint32_t>(align_c), static_cast<uint32_t>(align_c)};
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction));
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alignments[0], 4);
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alignments[1], 4);
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alignments[2], 4);
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alignments[3], 4);
+  (void)align_bias;
+  cublasLtMatmulHeuristicResult_t results[kHeuristicResults];
+  int returned = 0;
+  const cublasStatus_t heuristic = api->algo_get_heuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc,
+                                                           plan->a, plan->b, plan->d, plan->d, preference,
+                                                           kHeuristicResults, results, &returned);
+  api->preference_destroy(preference);
+  if (heuristic != CUBLAS_STATUS_SUCCESS || returned == 0) {
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for a GEMM of m=", m, " n=", n, " k=", k,
+                                                 " (lda ", lda, ", ldb ", ldb, ", ldc ", ldc, ")"));
+  }
+  plan->algo = results[0].algo;
+  Plan* raw = plan.get();
+  plans_.emplace(key, std::move(plan));
+  return raw;
+}
+
+absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha, const Mat& c,
+                       bool c_f32) {
+  const int64_t m = a.rows, k = a.cols, n = c.cols;
+  const int64_t b_k = b_transposed ? b.cols : b.rows, b_n = b_transposed ? b.rows : b.cols;
+  if (b_k != k || b_n != n || c.rows != m) {
+    return absl::InvalidArgumentError(absl::StrCat("gemm: shapes do not chain: a [", m, ", ", k, "], b [", b.rows,
+                                                   ", ", b.cols, "], c [", c.rows, ", ", c.cols, "]"));
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  const Key key{m, n, k, a.stride, b.stride, c.stride, b_transposed, c_f32, bias != nullptr,
+                alignment_of(a.data), alignment_of(b.data), alignment_of(c.data), alignment_of(bias)};
+  FLUX_ASSIGN_OR_RETURN(Plan* p, plan(key));
+  FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
+  if (bias != nullptr) {
+    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                                  sizeof(bias)), "BIAS_POINTER"));
+  }
+  const float beta = 0.0f;
+  return lt_status(api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, b.data, p->a, a.data, p->b,
+                               &beta, c.data, p->d, c.data, p->d, &p->algo, workspace_, kWorkspaceBytes, stream_),
+                   "matmul");
+}
+
+absl::Status Gemm::linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) {
+  return run(x, w, /*b_transposed=*/true, bias, 1.0f, y, /*c_f32=*/false);
+}
+
+absl::Status Gemm::matmul(const Mat& a, const Mat& b, bool b_transposed, float alpha, const Mat& c, bool c_f32) {
+  return run(a, b, b_transposed, nullptr, alpha, c, c_f32);
+}
+
+}  // namespace flux2::cuda

@@ -1,0 +1,53 @@
+// bf16 GEMMs through cuBLASLt (kernels.md §1): Y = X·Wᵀ (+ bias) in the TN "column-major swap"
+// layout, fp32 accumulation, one plan per shape and pointer-alignment class (descriptors + the
+// heuristic's best algorithm without split-K reductions, for run-to-run determinism), one 32 MiB
+// workspace per stream. Tested by tests/cuda/gemm_test.cc against the CPU backend.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/kernel_args.h"
+
+namespace flux2::cuda {
+
+class Gemm {
+ public:
+  // Loads cuBLASLt, creates a handle and the stream's workspace.
+  static absl::StatusOr<std::unique_ptr<Gemm>> create(cudaStream_t stream);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N] if non-null); bf16 everywhere, rows may be strided.
+  // Asynchronous on the stream; plans are built on first use of a shape (host work only).
+  absl::Status linear(const Mat& x, const Mat& w, const void* bias, const Mat& y);
+
+  // c[M, N] = alpha · a[M, K] · b[N, K]ᵀ, or a · b with b [K, N] when !b_transposed.
+  // bf16 inputs; c is bf16 (c_f32 false) or f32.
+  absl::Status matmul(const Mat& a, const Mat& b, bool b_transposed, float alpha, const Mat& c,
+                      bool c_f32);
+
+  size_t plan_count() const { return plans_.size(); }
+
+ private:
+  struct Plan;
+  // (m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, alignment classes of a, b, c, bias)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, int, int, int, int>;
+
+  Gemm() = default;
+  absl::StatusOr<Plan*> plan(const Key& key);
+  absl::Status run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha,
+                   const Mat& c, bool c_f32);
+
+  cudaStream_t stream_ = nullptr;
+  void* handle_ = nullptr;      // cublasLtHandle_t
+  void* workspace_ = nullptr;   // kWorkspaceBytes of device memory
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace flux2::cuda

@@ -1,0 +1,150 @@
+// Image and lookup kernels; see image_ops.h.
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/image_ops.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace flux2::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kThreads = 256;
+// Blocks per group for the statistics pass: partial sums per (group, slice) then a fixed-order
+// reduction keep GroupNorm deterministic without atomics.
+constexpr int kSlices = 64;
+
+__device__ __forceinline__ float silu_f32(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
+
+// partial[g * kSlices + s] = (sum, sum of squares) over slice s of group g.
+__global__ void group_partials_kernel(Mat x, int64_t per_group, float2* partial) {
+  __shared__ float scratch[32];
+  const int g = blockIdx.y, s = blockIdx.x;
+  const int64_t count = x.rows * per_group;
+  const int64_t begin = count * s / kSlices, end = count * (s + 1) / kSlices;
+  float sum = 0.0f;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const int64_t p = i / per_group, c = g * per_group + i % per_group;
+    sum = __fadd_rn(sum, to_f32(static_cast<const bf16*>(x.data)[p * x.stride + c]));
+  }
+  sum = block_sum(sum, scratch);
+  if (threadIdx.x == 0) partial[g * kSlices + s].x = sum;
+}
+
+__global__ void group_variance_kernel(Mat x, int64_t per_group, const float* mean, float2* partial) {
+  __shared__ float scratch[32];
+  const int g = blockIdx.y, s = blockIdx.x;
+  const int64_t count = x.rows * per_group;
+  const int64_t begin = count * s / kSlices, end = count * (s + 1) / kSlices;
+  float squares = 0.0f;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const int64_t p = i / per_group, c = g * per_group + i % per_group;
+    const float d = __fsub_rn(to_f32(static_cast<const bf16*>(x.data)[p * x.stride + c]), mean[g]);
+    squares = __fadd_rn(squares, __fmul_rn(d, d));
+  }
+  squares = block_sum(squares, scratch);
+  if (threadIdx.x == 0) partial[g * kSlices + s].y = squares;
+}
+
+// One thread per group sums its slices in order; `second` selects the variance pass.
+__global__ void group_reduce_kernel(const float2* partial, int groups, float count, float eps, bool second,
+                                    float* mean, float* rstd) {
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= groups) return;
+  float total = 0.0f;
+  for (int s = 0; s < kSlices; ++s) total = __fadd_rn(total, second ? partial[g * kSlices + s].y : partial[g * kSlices + s].x);
+  if (!second) {
+    mean[g] = __fdiv_rn(total, count);
+  } else {
+    rstd[g] = rsqrtf(__fadd_rn(__fdiv_rn(total, count), eps));
+  }
+}
+
+}  // namespace
+
+absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta, float eps, bool silu,
+                             const Mat& out, cudaStream_t stream) {
+  if (groups <= 0 || x.cols % groups != 0 || out.rows != x.rows || out.cols != x.cols) {
+    return absl::InvalidArgumentError(absl::StrCat("group_norm: ", x.cols, " channels, ", groups, " groups"));
+  }
+  if (x.rows == 0) return absl::OkStatus();
+  const int64_t per_group = x.cols / groups;
+  // Scratch: partial sums, then mean and rstd per group (stream-ordered allocation).
+  void* scratch = nullptr;
+  const size_t partial_bytes = sizeof(float2) * groups * kSlices;
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(&scratch, partial_bytes + 2 * sizeof(float) * groups, stream),
+                                   "group_norm scratch"));
+  auto* partial = static_cast<float2*>(scratch);
+  auto* mean = reinterpret_cast<float*>(static_cast<char*>(scratch) + partial_bytes);
+  float* rstd = mean + groups;
+  const dim3 grid(kSlices, static_cast<unsigned>(groups));
+  const float count = static_cast<float>(x.rows * per_group);
+  const int reduce_blocks = static_cast<int>((groups + 127) / 128);
+  group_partials_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, partial);
+  group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(partial, static_cast<int>(groups), count, eps, false, mean, rstd);
+  group_variance_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, mean, partial);
+  group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(partial, static_cast<int>(groups), count, eps, true, mean, rstd);
+  const bf16* g = static_cast<const bf16*>(gamma);
+  const bf16* b = static_cast<const bf16*>(beta);
+  launch_rows(
+      x.rows, x.cols, false, stream, [=] __device__(int64_t, int64_t) {},
+      [=] __device__(int64_t r, int64_t c) {
+        const int64_t grp = c / per_group;
+        const float v = to_f32(static_cast<const bf16*>(x.data)[r * x.stride + c]);
+        float y = round_bf16(__fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(v, mean[grp]), rstd[grp]), to_f32(g[c])),
+                                       to_f32(b[c])));
+        if (silu) y = silu_f32(y);
+        static_cast<bf16*>(out.data)[r * out.stride + c] = to_bf16(y);
+      });
+  FLUX_RETURN_IF_LAUNCH_FAILED("group_norm");
+  return cuda_status(cudaFreeAsync(scratch, stream), "group_norm scratch free");
+}
+
+absl::Status upsample_nearest_2x_bf16(const void* x, int64_t h, int64_t w, int64_t c, void* out, cudaStream_t stream) {
+  const bf16* in = static_cast<const bf16*>(x);
+  bf16* o = static_cast<bf16*>(out);
+  launch_rows(
+      4 * h * w, c, false, stream, [=] __device__(int64_t, int64_t) {},
+      [=] __device__(int64_t pixel, int64_t ch) {
+        const int64_t oy = pixel / (2 * w), ox = pixel % (2 * w);
+        o[pixel * c + ch] = in[((oy / 2) * w + ox / 2) * c + ch];
+      });
+  FLUX_RETURN_IF_LAUNCH_FAILED("upsample_nearest_2x");
+  return absl::OkStatus();
+}
+
+absl::Status latent_unpack_bf16(const Mat& tokens, const void* mean, const void* var, float eps, int64_t h, int64_t w,
+                                int64_t c, void* out, cudaStream_t stream) {
+  if (tokens.rows != h * w || tokens.cols != 4 * c) {
+    return absl::InvalidArgumentError("latent_unpack: tokens do not match the grid");
+  }
+  const bf16* m = static_cast<const bf16*>(mean);
+  const bf16* s = static_cast<const bf16*>(var);
+  bf16* o = static_cast<bf16*>(out);
+  launch_rows(
+      h * w, 4 * c, false, stream, [=] __device__(int64_t, int64_t) {},
+      [=] __device__(int64_t token, int64_t ch) {
+        const float std = round_bf16(sqrtf(round_bf16(__fadd_rn(to_f32(s[ch]), eps))));
+        const float z = to_f32(static_cast<const bf16*>(tokens.data)[token * tokens.stride + ch]);
+        const float value = __fadd_rn(round_bf16(__fmul_rn(z, std)), to_f32(m[ch]));
+        const int64_t row = token / w, col = token % w;
+        const int64_t latent_c = ch / 4, dy = (ch / 2) % 2, dx = ch % 2;
+        o[((2 * row + dy) * 2 * w + (2 * col + dx)) * c + latent_c] = to_bf16(value);
+      });
+  FLUX_RETURN_IF_LAUNCH_FAILED("latent_unpack");
+  return absl::OkStatus();
+}
+
+absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table, const Mat& out, cudaStream_t stream) {
+  if (out.rows != count || out.cols != table.cols) return absl::InvalidArgumentError("embedding: shape mismatch");
+  launch_rows(
+      count, table.cols, false, stream, [=] __device__(int64_t, int64_t) {},
+      [=] __device__(int64_t i, int64_t ch) {
+        static_cast<bf16*>(out.data)[i * out.stride + ch] =
+            static_cast<const bf16*>(table.data)[int64_t{ids[i]} * table.stride + ch];
+      });
+  FLUX_RETURN_IF_LAUNCH_FAILED("embedding");
+  return absl::OkStatus();
+}
+
+}  // namespace flux2::cuda

@@ -1,0 +1,30 @@
+// CUDA launchers for the VAE decoder and text-encoder ops that are not GEMMs or attention:
+// GroupNorm (+SiLU), nearest ×2 upsampling, latent unpacking and embedding lookup (bf16, NHWC).
+// Tested against the CPU backend by tests/cuda/backend_ops_test.cc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/kernel_args.h"
+
+namespace flux2::cuda {
+
+// out = GroupNorm(x [P, C]) with gamma/beta [C] (bf16): bf16((x − mean)·rstd·gamma + beta), then,
+// when `silu`, bf16(silu(·)) — PyTorch's GroupNorm followed by a separate SiLU.
+absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta,
+                             float eps, bool silu, const Mat& out, cudaStream_t stream);
+// out [2H, 2W, C] = nearest ×2 of x [H, W, C] (contiguous bf16).
+absl::Status upsample_nearest_2x_bf16(const void* x, int64_t h, int64_t w, int64_t c, void* out,
+                                      cudaStream_t stream);
+// Tokens [h·w, 4C] -> BatchNorm de-normalisation with f32-or-bf16 stats (mean, var [4C], bf16)
+// -> unpatchify -> out [2h, 2w, C] (contiguous bf16). diffusers' bf16 order:
+// bf16(bf16(z · bf16(sqrt(bf16(var + eps)))) + mean).
+absl::Status latent_unpack_bf16(const Mat& tokens, const void* mean, const void* var, float eps,
+                                int64_t h, int64_t w, int64_t c, void* out, cudaStream_t stream);
+// out[i, :] = table[ids[i], :] (ids int32 [L], table bf16 [V, C]); ids outside [0, V) give
+// InvalidArgument after the copy is checked on the host (ids are host-visible at the call).
+absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table, const Mat& out,
+                            cudaStream_t stream);
+
+}  // namespace flux2::cuda

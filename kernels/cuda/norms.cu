@@ -1,0 +1,261 @@
+// Normalisation kernels; see norms.h. The eager and fused variants share the statistics code
+// (same thread-to-element mapping, same reduction tree), so their bits can only differ where the
+// rounding sequences differ — and those are written out identically.
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/norms.h"
+
+namespace flux2::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kRowThreads = 256;     // LayerNorm: one block per row
+constexpr int kWarpsPerBlock = 8;    // per-head kernels: one warp per (row, head)
+constexpr int kMaxHeadDim = 512;
+
+__device__ __forceinline__ const bf16* row_ptr(const Mat& m, int64_t r) {
+  return static_cast<const bf16*>(m.data) + r * m.stride;
+}
+__device__ __forceinline__ bf16* row_ptr_mut(const Mat& m, int64_t r) {
+  return static_cast<bf16*>(m.data) + r * m.stride;
+}
+
+// Mean and rstd of one row, computed by the whole block (two passes, fp32, fixed order).
+__device__ __forceinline__ void row_stats(const bf16* x, int64_t cols, float eps, float* mean, float* rstd) {
+  __shared__ float scratch[32];
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum = __fadd_rn(sum, to_f32(x[c]));
+  const float m = __fdiv_rn(block_sum(sum, scratch), static_cast<float>(cols));
+  float squares = 0.0f;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float d = __fsub_rn(to_f32(x[c]), m);
+    squares = __fadd_rn(squares, __fmul_rn(d, d));
+  }
+  const float var = __fdiv_rn(block_sum(squares, scratch), static_cast<float>(cols));
+  *mean = m;
+  *rstd = rsqrtf(__fadd_rn(var, eps));
+}
+
+// The rounded LayerNorm value of one element, shared by the eager and fused kernels.
+__device__ __forceinline__ float ln_value(float x, float mean, float rstd) {
+  return round_bf16(__fmul_rn(__fsub_rn(x, mean), rstd));
+}
+
+__global__ void layer_norm_kernel(Mat x, float eps, Mat out) {
+  const int64_t r = blockIdx.x;
+  const bf16* in = row_ptr(x, r);
+  float mean, rstd;
+  row_stats(in, x.cols, eps, &mean, &rstd);
+  bf16* o = row_ptr_mut(out, r);
+  for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) o[c] = to_bf16(ln_value(to_f32(in[c]), mean, rstd));
+}
+
+__global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t rows_per_mod, float eps, Mat out) {
+  const int64_t r = blockIdx.x;
+  const bf16* in = row_ptr(x, r);
+  const bf16* sh = row_ptr(shift, r / rows_per_mod);
+  const bf16* sc = row_ptr(scale, r / rows_per_mod);
+  float mean, rstd;
+  row_stats(in, x.cols, eps, &mean, &rstd);
+  bf16* o = row_ptr_mut(out, r);
+  for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) {
+    const float n = ln_value(to_f32(in[c]), mean, rstd);
+    const float one_plus = round_bf16(__fadd_rn(1.0f, to_f32(sc[c])));   // bf16(1 + scale)
+    const float scaled = round_bf16(__fmul_rn(one_plus, n));              // bf16(· LN(x))
+    o[c] = to_bf16(__fadd_rn(scaled, to_f32(sh[c])));                      // bf16(+ shift)
+  }
+}
+
+__global__ void rms_norm_qwen_kernel(Mat x, const bf16* weight, float eps, Mat out) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const bf16* in = row_ptr(x, r);
+  float squares = 0.0f;
+  for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) {
+    const float v = to_f32(in[c]);
+    squares = __fadd_rn(squares, __fmul_rn(v, v));
+  }
+  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(block_sum(squares, scratch), static_cast<float>(x.cols)), eps));
+  bf16* o = row_ptr_mut(out, r);
+  for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) {
+    o[c] = to_bf16(__fmul_rn(to_f32(weight[c]), round_bf16(__fmul_rn(to_f32(in[c]), rstd))));
+  }
+}
+
+// ---- per-head kernels: one warp per (row, head); lane owns elements d = lane + 32k ----
+
+__device__ __forceinline__ float head_rstd(const bf16* head, int64_t head_dim, float eps) {
+  float squares = 0.0f;
+  for (int64_t d = threadIdx.x & 31; d < head_dim; d += 32) {
+    const float v = to_f32(head[d]);
+    squares = __fadd_rn(squares, __fmul_rn(v, v));
+  }
+  return rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(squares), static_cast<float>(head_dim)), eps));
+}
+
+__device__ __forceinline__ float head_norm_value(float x, float rstd, float w, RopeStyle style) {
+  if (style == RopeStyle::kInterleaved) return round_bf16(__fmul_rn(__fmul_rn(x, rstd), w));
+  return round_bf16(__fmul_rn(w, round_bf16(__fmul_rn(x, rstd))));
+}
+
+// Partner index and sign of rot(x)[d]: interleaved (-x[d+1] | x[d-1]), half-split (-x[d+h] | x[d-h]).
+__device__ __forceinline__ int64_t rope_partner(int64_t d, int64_t head_dim, RopeStyle style, float* sign) {
+  if (style == RopeStyle::kInterleaved) {
+    *sign = (d & 1) ? 1.0f : -1.0f;
+    return d ^ 1;
+  }
+  const int64_t half = head_dim / 2;
+  *sign = d < half ? -1.0f : 1.0f;
+  return d < half ? d + half : d - half;
+}
+
+__device__ __forceinline__ float rope_value(float x, float partner, float sign, float c, float s, RopeStyle style) {
+  const float rot = sign * partner;  // exact: a sign flip
+  if (style == RopeStyle::kInterleaved) return __fadd_rn(__fmul_rn(x, c), __fmul_rn(rot, s));
+  return __fadd_rn(round_bf16(__fmul_rn(x, round_bf16(c))), round_bf16(__fmul_rn(rot, round_bf16(s))));
+}
+
+struct HeadIndex {
+  int64_t row, head;
+  bool valid;
+};
+
+__device__ __forceinline__ HeadIndex warp_head(const Mat& x, int64_t head_dim) {
+  const int64_t heads = x.cols / head_dim;
+  const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
+  return {item / heads, item % heads, item < x.rows * heads};
+}
+
+__global__ void qk_rms_norm_kernel(Mat x, int64_t head_dim, const bf16* weight, float eps, RopeStyle style) {
+  const HeadIndex at = warp_head(x, head_dim);
+  if (!at.valid) return;
+  bf16* head = row_ptr_mut(x, at.row) + at.head * head_dim;
+  const float rstd = head_rstd(head, head_dim, eps);
+  for (int64_t d = threadIdx.x & 31; d < head_dim; d += 32) {
+    head[d] = to_bf16(head_norm_value(to_f32(head[d]), rstd, to_f32(weight[d]), style));
+  }
+}
+
+__global__ void rope_kernel(Mat x, int64_t head_dim, Mat cos, Mat sin, RopeStyle style) {
+  __shared__ float staged[kWarpsPerBlock][kMaxHeadDim];
+  const HeadIndex at = warp_head(x, head_dim);
+  if (!at.valid) return;
+  float* values = staged[threadIdx.x >> 5];
+  bf16* head = row_ptr_mut(x, at.row) + at.head * head_dim;
+  for (int64_t d = threadIdx.x & 31; d < head_dim; d += 32) values[d] = to_f32(head[d]);
+  __syncwarp();
+  const float* c_row = static_cast<const float*>(cos.data) + at.row * cos.stride;
+  const float* s_row = static_cast<const float*>(sin.data) + at.row * sin.stride;
+  for (int64_t d = threadIdx.x & 31; d < head_dim; d += 32) {
+    float sign;
+    const int64_t p = rope_partner(d, head_dim, style, &sign);
+    head[d] = to_bf16(rope_value(values[d], values[p], sign, c_row[d], s_row[d], style));
+  }
+}
+
+__global__ void qk_norm_rope_kernel(Mat x, int64_t head_dim, const bf16* weight, float eps, Mat cos, Mat sin,
+                                    RopeStyle style) {
+  __shared__ float staged[kWarpsPerBlock][kMaxHeadDim];
+  const HeadIndex at = warp_head(x, head_dim);
+  if (!at.valid) return;
+  float* values = staged[threadIdx.x >> 5];
+  bf16* head = row_ptr_mut(x, at.row) + at.head * head_dim;
+  const float rstd = head_rstd(head, head_dim, eps);
+  for (int64_t d = threadIdx.x & 31; d < head_dim; d += 32) {
+    values[d] = head_norm_value(to_f32(head[d]), rstd, to_f32(weight[d]), style);
+  }
+  __syncwarp();
+  const float* c_row = static_cast<const float*>(cos.data) + at.row * cos.stride;
+  const float* s_row = static_cast<const float*>(sin.data) + at.row * sin.stride;
+  for (int64_t d = threadIdx.x & 31; d < head_dim; d += 32) {
+    float sign;
+    const int64_t p = rope_partner(d, head_dim, style, &sign);
+    head[d] = to_bf16(rope_value(values[d], values[p], sign, c_row[d], s_row[d], style));
+  }
+}
+
+absl::Status check_heads(const char* op, const Mat& x, int64_t head_dim) {
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim || x.cols % head_dim != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", x.cols, " columns are not whole heads of even dim ",
+                                                   head_dim, " (<= ", kMaxHeadDim, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_tables(const char* op, const Mat& x, int64_t head_dim, const Mat& cos, const Mat& sin) {
+  if (cos.rows != x.rows || sin.rows != x.rows || cos.cols != head_dim || sin.cols != head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": rope tables must be [", x.rows, ", ", head_dim, "]"));
+  }
+  return absl::OkStatus();
+}
+
+int head_blocks(const Mat& x, int64_t head_dim) {
+  const int64_t items = x.rows * (x.cols / head_dim);
+  return static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
+absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream_t stream) {
+  if (x.rows != out.rows || x.cols != out.cols) return absl::InvalidArgumentError("layer_norm: shape mismatch");
+  if (x.rows == 0) return absl::OkStatus();
+  layer_norm_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, eps, out);
+  FLUX_RETURN_IF_LAUNCH_FAILED("layer_norm");
+  return absl::OkStatus();
+}
+
+absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat& scale, int64_t rows_per_mod,
+                                       float eps, const Mat& out, cudaStream_t stream) {
+  if (x.rows != out.rows || x.cols != out.cols || shift.cols != x.cols || scale.cols != x.cols ||
+      rows_per_mod <= 0 || shift.rows * rows_per_mod != x.rows || scale.rows != shift.rows) {
+    return absl::InvalidArgumentError("layer_norm_modulate: shape mismatch");
+  }
+  if (x.rows == 0) return absl::OkStatus();
+  layer_norm_modulate_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, shift, scale,
+                                                                                        rows_per_mod, eps, out);
+  FLUX_RETURN_IF_LAUNCH_FAILED("layer_norm_modulate");
+  return absl::OkStatus();
+}
+
+absl::Status rms_norm_qwen_bf16(const Mat& x, const void* weight, float eps, const Mat& out, cudaStream_t stream) {
+  if (x.rows != out.rows || x.cols != out.cols) return absl::InvalidArgumentError("rms_norm: shape mismatch");
+  if (x.rows == 0) return absl::OkStatus();
+  rms_norm_qwen_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(
+      x, static_cast<const bf16*>(weight), eps, out);
+  FLUX_RETURN_IF_LAUNCH_FAILED("rms_norm");
+  return absl::OkStatus();
+}
+
+absl::Status qk_rms_norm_bf16(const Mat& x, int64_t head_dim, const void* weight, float eps, RopeStyle style,
+                              cudaStream_t stream) {
+  if (auto s = check_heads("qk_rms_norm", x, head_dim); !s.ok()) return s;
+  if (x.rows == 0) return absl::OkStatus();
+  qk_rms_norm_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
+      x, head_dim, static_cast<const bf16*>(weight), eps, style);
+  FLUX_RETURN_IF_LAUNCH_FAILED("qk_rms_norm");
+  return absl::OkStatus();
+}
+
+absl::Status rope_bf16(const Mat& x, int64_t head_dim, const Mat& cos, const Mat& sin, RopeStyle style,
+                       cudaStream_t stream) {
+  if (auto s = check_heads("rope", x, head_dim); !s.ok()) return s;
+  if (auto s = check_tables("rope", x, head_dim, cos, sin); !s.ok()) return s;
+  if (x.rows == 0) return absl::OkStatus();
+  rope_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(x, head_dim, cos, sin, style);
+  FLUX_RETURN_IF_LAUNCH_FAILED("rope");
+  return absl::OkStatus();
+}
+
+absl::Status qk_norm_rope_fused(const Mat& x, int64_t head_dim, const void* weight, float eps, const Mat& cos,
+                                const Mat& sin, RopeStyle style, cudaStream_t stream) {
+  if (auto s = check_heads("qk_norm_rope", x, head_dim); !s.ok()) return s;
+  if (auto s = check_tables("qk_norm_rope", x, head_dim, cos, sin); !s.ok()) return s;
+  if (x.rows == 0) return absl::OkStatus();
+  qk_norm_rope_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
+      x, head_dim, static_cast<const bf16*>(weight), eps, cos, sin, style);
+  FLUX_RETURN_IF_LAUNCH_FAILED("qk_norm_rope");
+  return absl::OkStatus();
+}
+
+}  // namespace flux2::cuda
