@@ -1,0 +1,121 @@
+#!/usr/bin/python3
+# The real flux2_server's /metrics (tiny checkpoint, CPU): `promtool check metrics` is clean, every metric of
+# server/METRICS.md is exported with its type and buckets, and every metric the dashboard, rules and HPA adapter query exists.
+import re
+import subprocess
+import sys
+import unittest
+
+import exposition
+from deploy_common import METRICS_MD, RULES_FILE, all_exprs, metrics_contract, recording_rule_names, series_names, tool
+from promql import metric_names, selectors
+from server_fixture import Flux2Server
+
+REQUEST = '{"prompt": "a red fox in the snow, watercolor", "width": 64, "height": 64, "num_inference_steps": 3, "seed": 100}'
+BAD_REQUEST = '{"prompt": "width not a multiple of 16", "width": 65, "height": 64}'
+# Series Prometheus itself adds to every scrape (not the server's to export).
+PROMETHEUS_SERIES = {"up"}
+# Labels Prometheus / prometheus-operator attach to every scraped series.
+TARGET_LABELS = {"instance", "job", "namespace", "pod", "service", "endpoint", "container"}
+
+
+def contract_buckets() -> tuple[list[float], list[float]]:
+    """(request and stage buckets, step buckets) as METRICS.md states them."""
+    text = METRICS_MD.read_text()
+    groups = re.findall(r"`((?:\d+(?:\.\d+)? )+\d+(?:\.\d+)?)`", text[text.index("Histogram buckets"):])
+    assert len(groups) == 2, f"{METRICS_MD}: expected two bucket lists, found {groups}"
+    return tuple([float(b) for b in g.split()] for g in groups)
+
+
+class MetricsContractTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Flux2Server().__enter__()
+        try:
+            cls.ok_report = cls.server.loadgen(REQUEST, requests=2)
+            cls.bad_report = cls.server.loadgen(BAD_REQUEST, requests=1)
+            cls.text = cls.server.scrape()
+        except BaseException:
+            cls.server.__exit__(None, None, None)
+            raise
+        cls.families = exposition.parse(cls.text)
+        cls.names = exposition.exported_names(cls.families)
+        cls.contract = metrics_contract()
+        build = cls.families["flux2_build_info"].samples
+        cls.backend = build[0][1].get("backend") if build else None
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.__exit__(None, None, None)
+
+    def cuda_only_missing(self, name: str) -> bool:
+        """A CUDA-only family may be absent from a CPU-backend scrape (METRICS.md marks it so)."""
+        fam = next((f for f, c in self.contract.items() if name in series_names(f, c["type"])), None)
+        return fam is not None and self.contract[fam]["cuda_only"] and self.backend == "cpu"
+
+    def test_requests_ran(self):
+        self.assertEqual(self.ok_report["status"], {"OK": 2})
+        self.assertEqual(self.ok_report["images"], 2)
+        self.assertEqual(self.bad_report["status"], {"INVALID_ARGUMENT": 1})
+        self.assertEqual(self.backend, "cpu")
+        self.assertEqual(exposition.value(self.families, "flux2_ready"), 1)
+
+    def test_promtool_check_metrics_is_clean(self):
+        r = subprocess.run([tool("promtool"), "check", "metrics"], input=self.text, capture_output=True, text=True)
+        self.assertEqual((r.returncode, r.stdout.strip(), r.stderr.strip()), (0, "", ""),
+                         "promtool check metrics found problems")
+
+    def test_every_contract_metric_is_exported_with_its_type(self):
+        for family, c in self.contract.items():
+            with self.subTest(metric=family):
+                if family not in self.families and c["cuda_only"] and self.backend == "cpu":
+                    print(f"note: {family} (CUDA only) is not exported by the cpu backend", file=sys.stderr)
+                    continue
+                self.assertIn(family, self.families, f"{family} is in METRICS.md but not in /metrics")
+                self.assertEqual(self.families[family].type, c["type"])
+                self.assertLessEqual(series_names(family, c["type"]), self.names)
+
+    def test_every_queried_metric_is_exported(self):
+        recorded = recording_rule_names()
+        for where, expr in all_exprs():
+            for name in metric_names(expr):
+                with self.subTest(where=where, metric=name):
+                    if ":" in name:
+                        self.assertIn(name, recorded, "a recording-rule name that no rule records")
+                    elif name in PROMETHEUS_SERIES:
+                        continue
+                    elif name not in self.names and self.cuda_only_missing(name):
+                        print(f"note: {where} queries {name} (CUDA only; absent on cpu)", file=sys.stderr)
+                    else:
+                        self.assertIn(name, self.names, f"{where}: {name} is not exported by flux2_server")
+
+    def test_label_matchers_name_labels_of_their_metric(self):
+        seen = exposition.label_names(self.families)
+        for where, expr in all_exprs():
+            for name, labels in selectors(expr):
+                fam = next((f for f, c in self.contract.items() if name in series_names(f, c["type"])), None)
+                allowed = set(TARGET_LABELS) | seen.get(name, set())
+                if fam:
+                    allowed |= self.contract[fam]["labels"]
+                if name.endswith("_bucket"):
+                    allowed.add("le")
+                for label in labels:
+                    with self.subTest(where=where, metric=name, label=label):
+                        self.assertIn(label, allowed)
+
+    def test_histogram_buckets(self):
+        request_buckets, step_buckets = contract_buckets()
+        for family, want in (("flux2_request_duration_seconds", request_buckets),
+                             ("flux2_stage_duration_seconds", request_buckets),
+                             ("flux2_denoise_step_duration_seconds", step_buckets)):
+            with self.subTest(metric=family):
+                les = {s[1]["le"] for s in self.families[family].samples if s[0].endswith("_bucket")}
+                self.assertEqual(sorted(float(le) for le in les), want + [float("inf")])
+        # The p99 alert threshold sits on a bucket boundary, so histogram_quantile is exact there.
+        threshold = float(re.search(r"p99_5m > (\d+)", RULES_FILE.read_text()).group(1))
+        self.assertIn(threshold, request_buckets)
+
+
+if __name__ == "__main__":
+    sys.argv[1:1] = ["-v"]
+    unittest.main()
