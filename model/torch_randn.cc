@@ -15,7 +15,9 @@
 //   u1 = 1 - x[i], u2 = x[i + 8], r = sqrt(-2 log u1), theta = 2 pi u2,
 //   x[i] = r cos theta, x[i + 8] = r sin theta. When n % 16 != 0 the last 16 elements are
 //   refilled with 16 fresh uniform draws and transformed again, overwriting the tail of the last
-//   full chunk. So randn(n)[:16 * floor(n / 16) - 16] is a prefix of randn(m) for m >= n.
+//   full chunk. A value therefore depends only on its chunk's draws: randn(n) and randn(m)
+//   agree on every position that lies in a full chunk of both and before both recomputed tails
+//   (for lengths that are multiples of 16, randn(n) is a prefix of randn(m), m >= n).
 //   - float32 runs the AVX2 kernel: theta = float(2 pi) * u2 in float, and log / sincos are the
 //     Cephes single-precision polynomials evaluated in float. GCC builds that kernel with FMA
 //     enabled and contracts each multiply whose only use is an add into one fused op, so the
