@@ -1,0 +1,35 @@
+// The engine the server drives: a loaded model that turns GenerateParams into pixels. The real one
+// wraps model/pipeline.h (server/pipeline_engine.h); tests substitute a fake that sleeps per step
+// (tests/server/fake_engine.h) so queueing, cancellation and drain are testable without a model.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "model/pipeline.h"
+
+namespace flux2::server {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // The loaded model; immutable after load.
+  virtual const PipelineInfo& info() const = 0;
+  // Model-specific checks of params (InvalidArgument whose message starts with the field name).
+  // Must be thread-safe: the RPC threads call it while the worker generates.
+  virtual absl::Status validate(const GenerateParams& params) const = 0;
+  // One image. Calls hooks.check_continue before every step and hooks.on_step after it.
+  // Worker thread only.
+  virtual absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
+                                                  const GenerateHooks& hooks) = 0;
+  // Device memory held by the backend (zeros on the CPU). Worker thread only.
+  virtual BackendMemoryStats memory_stats() const = 0;
+};
+
+// Creates the engine; runs on the worker thread, so loading never blocks the RPC threads.
+using EngineFactory = std::function<absl::StatusOr<std::unique_ptr<Engine>>()>;
+
+}  // namespace flux2::server

@@ -1,0 +1,198 @@
+// The engine worker thread; see engine_worker.h. Tested by tests/server/engine_worker_test.cc.
+#include "server/engine_worker.h"
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/fast_path_registry.h"
+
+namespace flux2::server {
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Fast-path activity between two registry snapshots, active paths only.
+std::vector<FastPathCounters> fast_path_delta(const std::vector<FastPathCounters>& before,
+                                              const std::vector<FastPathCounters>& after) {
+  std::map<std::string, const FastPathCounters*> earlier;
+  for (const FastPathCounters& path : before) earlier[path.path] = &path;
+  std::vector<FastPathCounters> delta;
+  for (const FastPathCounters& path : after) {
+    FastPathCounters d;
+    d.path = path.path;
+    d.disabled = path.disabled;
+    d.invocations = path.invocations;
+    d.fallbacks = path.fallbacks;
+    if (auto it = earlier.find(path.path); it != earlier.end()) {
+      d.invocations -= it->second->invocations;
+      for (const auto& [reason, count] : it->second->fallbacks) d.fallbacks[reason] -= count;
+    }
+    bool active = d.invocations != 0;
+    for (auto it = d.fallbacks.begin(); it != d.fallbacks.end();) {
+      if (it->second == 0) {
+        it = d.fallbacks.erase(it);
+      } else {
+        active = true;
+        ++it;
+      }
+    }
+    if (active) delta.push_back(std::move(d));
+  }
+  return delta;
+}
+
+}  // namespace
+
+EngineWorker::EngineWorker(EngineFactory factory, JobQueue& queue, EncodeStage& encoder, Metrics& metrics,
+                           WorkerOptions options,
+                           std::function<void(WorkerPhase, const absl::Status&)> on_phase)
+    : factory_(std::move(factory)),
+      queue_(queue),
+      encoder_(encoder),
+      metrics_(metrics),
+      options_(options),
+      on_phase_(std::move(on_phase)) {}
+
+EngineWorker::~EngineWorker() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineWorker::start() { thread_ = std::thread([this] { run(); }); }
+
+bool EngineWorker::join_until(Clock::time_point deadline) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!ended_cv_.wait_until(lock, deadline, [this] { return ended_; })) return false;
+  }
+  if (thread_.joinable()) thread_.join();
+  return true;
+}
+
+void EngineWorker::cancel_running(const absl::Status& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (running_) running_->cancel(reason);
+}
+
+void EngineWorker::set_phase(WorkerPhase phase, const absl::Status& status) {
+  phase_.store(phase);
+  if (on_phase_) on_phase_(phase, status);
+}
+
+void EngineWorker::run() {
+  const absl::Status loaded = load_and_warm_up();
+  if (loaded.ok()) {
+    set_phase(WorkerPhase::kServing);
+    while (std::shared_ptr<Job> job = queue_.pop()) run_job(job);
+  } else {
+    std::fprintf(stderr, "flux2_server: model load failed: %s\n", loaded.ToString().c_str());
+    set_phase(WorkerPhase::kFailed, loaded);
+    // Nothing is admitted before the model serves, but answer anything that raced in.
+    while (std::shared_ptr<Job> job = queue_.pop()) {
+      job->finish(absl::UnavailableError(absl::StrCat("the model failed to load: ", loaded.message())));
+    }
+  }
+  set_phase(WorkerPhase::kStopped);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+  }
+  ended_cv_.notify_all();
+}
+
+absl::Status EngineWorker::load_and_warm_up() {
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<std::unique_ptr<Engine>> engine = factory_();
+  if (!engine.ok()) return engine.status();
+  engine_ = std::move(*engine);
+  const PipelineInfo& info = engine_->info();
+  std::fprintf(stderr, "flux2_server: loaded %s (%s, %s backend) in %.2f s\n", info.model_name.c_str(),
+               info.variant.c_str(), info.backend.c_str(), seconds_since(start));
+  if (options_.warmup_steps > 0) {
+    // A small generation touches every stage once (allocations, GEMM plans, kernel loading) so
+    // the first request does not pay for it. 16 x 16 latent tokens keep it cheap on any model.
+    GenerateParams params;
+    params.prompt = "warm-up";
+    params.width = params.height = 16 * info.pixel_multiple;
+    params.num_inference_steps = options_.warmup_steps;
+    params.seed = 0;
+    absl::StatusOr<GeneratedImage> image = engine_->generate(params, {});
+    if (!image.ok()) {
+      return absl::Status(image.status().code(),
+                          absl::StrCat("warm-up generation failed: ", image.status().message()));
+    }
+    std::fprintf(stderr, "flux2_server: warm-up (%d steps at %lldx%lld) done\n", options_.warmup_steps,
+                 static_cast<long long>(params.width), static_cast<long long>(params.height));
+  }
+  metrics_.set_model_load_seconds(seconds_since(start));
+  if (info.backend == "cuda") metrics_.set_gpu_memory(engine_->memory_stats());
+  engine_ready_.store(true);
+  return absl::OkStatus();
+}
+
+void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
+  if (!job->start_running()) return;  // finished while queued (cancelled or drained)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = job;
+  }
+  metrics_.add_in_flight(1);
+  const JobSpec& spec = job->spec();
+  WorkerReport report;
+  report.queue_seconds = seconds_since(job->arrival());
+  metrics_.observe_queue(report.queue_seconds);
+
+  const std::vector<FastPathCounters> before = fast_path_snapshot();
+  absl::Status status = job->check_continue();  // the deadline may have passed while queued
+  for (int i = 0; status.ok() && i < spec.num_images; ++i) {
+    GenerateParams params = spec.params;
+    params.seed = spec.params.seed + static_cast<uint64_t>(i);  // documented: seed + i, mod 2^64
+    GenerateHooks hooks;
+    hooks.check_continue = [&job] { return job->check_continue(); };
+    hooks.on_step = [&](int64_t step, int64_t steps, double seconds) {
+      metrics_.observe_step(params.quality, seconds);
+      ProgressEvent event;
+      event.step_index = static_cast<int>(step);
+      event.step_count = static_cast<int>(steps);
+      event.step_seconds = seconds;
+      event.elapsed_seconds = seconds_since(job->arrival());
+      event.image_index = i;
+      event.num_images = spec.num_images;
+      job->report_progress(event);
+      if (options_.test_step_delay_s > 0.0) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(options_.test_step_delay_s));
+      }
+    };
+    absl::StatusOr<GeneratedImage> image = engine_->generate(params, hooks);
+    if (!image.ok()) {
+      status = image.status();
+      break;
+    }
+    const StageTimings& t = image->timings;
+    report.tokenize_seconds += t.tokenize;
+    report.text_encode_seconds += t.text_encode;
+    report.denoise_seconds += t.denoise;
+    report.decode_seconds += t.decode;
+    report.step_seconds.insert(report.step_seconds.end(), t.steps.begin(), t.steps.end());
+    image->seed = params.seed;
+    encoder_.encode(job, std::move(*image));
+  }
+  report.fast_paths = fast_path_delta(before, fast_path_snapshot());
+  if (status.ok()) {
+    metrics_.observe_stage(Stage::kTokenize, report.tokenize_seconds);
+    metrics_.observe_stage(Stage::kTextEncode, report.text_encode_seconds);
+    metrics_.observe_stage(Stage::kDenoise, report.denoise_seconds);
+    metrics_.observe_stage(Stage::kDecode, report.decode_seconds);
+  }
+  if (engine_->info().backend == "cuda") metrics_.set_gpu_memory(engine_->memory_stats());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = nullptr;
+  }
+  metrics_.add_in_flight(-1);
+  encoder_.finish(job, std::move(status), std::move(report));
+}
+
+}  // namespace flux2::server

@@ -1,0 +1,78 @@
+// The one worker thread that owns the engine (and through it the backend and its stream): loads
+// the model, runs the warm-up generation, then takes jobs from the admission queue one at a time,
+// checking deadline and cancellation before every denoising step, and hands the images to the
+// encoder thread. Tested by tests/server/engine_worker_test.cc (fake engine).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "server/encode_stage.h"
+#include "server/engine.h"
+#include "server/job_queue.h"
+#include "server/metrics.h"
+
+namespace flux2::server {
+
+struct WorkerOptions {
+  int warmup_steps = 1;            // steps of the warm-up generation; 0 skips it
+  double test_step_delay_s = 0.0;  // TEST ONLY: sleep after every denoising step
+};
+
+// Where the worker is in its life.
+enum class WorkerPhase : uint8_t {
+  kLoading,  // creating the engine and running the warm-up
+  kServing,  // taking jobs from the queue
+  kFailed,   // loading or warm-up failed; the process should exit
+  kStopped,  // the queue closed and drained; the thread has ended
+};
+
+class EngineWorker {
+ public:
+  // `on_phase` is called on the worker thread at every phase change (health, metrics, exit).
+  EngineWorker(EngineFactory factory, JobQueue& queue, EncodeStage& encoder, Metrics& metrics,
+               WorkerOptions options, std::function<void(WorkerPhase, const absl::Status&)> on_phase);
+  ~EngineWorker();  // joins; close the queue first
+
+  void start();
+  // Waits for the thread to end (after JobQueue::close and the queue drained) until `deadline`;
+  // true when it ended.
+  bool join_until(Clock::time_point deadline);
+  // Asks the running job (if any) to stop with `reason` at its next step boundary.
+  void cancel_running(const absl::Status& reason);
+
+  WorkerPhase phase() const { return phase_.load(); }
+  // The loaded engine; valid (and immutable) once phase() left kLoading successfully.
+  const Engine* engine() const { return engine_ready_.load() ? engine_.get() : nullptr; }
+
+ private:
+  void run();
+  absl::Status load_and_warm_up();
+  void run_job(const std::shared_ptr<Job>& job);
+  void set_phase(WorkerPhase phase, const absl::Status& status = absl::OkStatus());
+
+  EngineFactory factory_;
+  JobQueue& queue_;
+  EncodeStage& encoder_;
+  Metrics& metrics_;
+  const WorkerOptions options_;
+  std::function<void(WorkerPhase, const absl::Status&)> on_phase_;
+
+  std::unique_ptr<Engine> engine_;
+  std::atomic<bool> engine_ready_{false};
+  std::atomic<WorkerPhase> phase_{WorkerPhase::kLoading};
+
+  std::mutex mu_;
+  std::condition_variable ended_cv_;
+  bool ended_ = false;                 // guarded by mu_
+  std::shared_ptr<Job> running_;       // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace flux2::server

@@ -1,0 +1,339 @@
+// The flux2.v1.ImageGeneration handlers (callback API); see grpc_service.h.
+// Tested by tests/server/server_test.cc (fake engine) and the end-to-end tests.
+#include "server/grpc_service.h"
+
+#include <chrono>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/fast_path_registry.h"
+#include "kernels/base/status.h"
+#include "server/rpc_status.h"
+
+#ifndef FLUX2_VERSION
+#define FLUX2_VERSION "unknown"
+#endif
+
+namespace flux2::server {
+namespace {
+
+namespace v1 = flux2::v1;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The call's gRPC deadline on the steady clock (max() when it has none).
+Clock::time_point steady_deadline(const grpc::CallbackServerContext& context) {
+  const auto deadline = context.deadline();
+  const auto now = std::chrono::system_clock::now();
+  // gRPC reports "no deadline" as a time far in the future; anything beyond a year counts as none.
+  if (deadline - now > std::chrono::hours(24 * 365)) return Clock::time_point::max();
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - now);
+}
+
+// Why a call was cancelled: its deadline passed, or the client (or the transport) gave up.
+absl::Status cancel_reason(const grpc::CallbackServerContext& context) {
+  if (std::chrono::system_clock::now() >= context.deadline()) {
+    return absl::DeadlineExceededError("the request deadline passed");
+  }
+  return absl::CancelledError("the client cancelled the request");
+}
+
+bool constant_time_equal(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+v1::Quality to_proto(Quality quality) {
+  return quality == Quality::kHigh ? v1::QUALITY_HIGH : v1::QUALITY_LOSSLESS;
+}
+
+std::string code_name(const absl::Status& status) {
+  return grpc_code_name(static_cast<grpc::StatusCode>(static_cast<int>(status.code())));
+}
+
+// GenerateImage: one reactor per call; deletes itself when gRPC is done with it.
+class GenerateImageReactor final : public grpc::ServerUnaryReactor {
+ public:
+  GenerateImageReactor(ImageGenerationService& service, grpc::CallbackServerContext* context,
+                       const v1::GenerateImageRequest& request, v1::GenerateImageResponse* response)
+      : service_(service), context_(context), response_(response), arrival_(Clock::now()) {
+    absl::StatusOr<std::shared_ptr<Job>> job = service_.make_job(
+        context, request, arrival_, nullptr,
+        [this](const absl::Status& status, JobResult&& result) { on_job_done(status, std::move(result)); },
+        &model_);
+    if (!job.ok()) {
+      reply(job.status());
+      return;
+    }
+    job_ = *job;
+    // From here on the job's completion replies, even when admission itself fails.
+    const absl::Status admitted = service_.host().admit(job_);
+    if (!admitted.ok()) {
+      job_ = nullptr;
+      reply(admitted);
+    }
+  }
+
+  void OnCancel() override {
+    if (job_) service_.host().withdraw(job_, cancel_reason(*context_));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void on_job_done(const absl::Status& status, JobResult&& result) {
+    if (status.ok()) {
+      fill_generate_response(job_->spec(), std::move(result), *model_, arrival_, response_);
+    }
+    reply(status);
+  }
+
+  void reply(const absl::Status& status) {
+    service_.host().metrics().count_request("GenerateImage", code_name(status), seconds_since(arrival_));
+    Finish(to_grpc_status(status));
+  }
+
+  ImageGenerationService& service_;
+  grpc::CallbackServerContext* context_;
+  v1::GenerateImageResponse* response_;
+  const Clock::time_point arrival_;
+  std::shared_ptr<const ServingModel> model_;
+  std::shared_ptr<Job> job_;  // set before the reactor is returned to gRPC; OnCancel reads it
+};
+
+// GenerateImageStream: progress events and the result go through a write queue because a server
+// stream allows one outstanding write at a time.
+class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::GenerateImageStreamResponse> {
+ public:
+  GenerateImageStreamReactor(ImageGenerationService& service, grpc::CallbackServerContext* context,
+                             const v1::GenerateImageRequest& request)
+      : service_(service), context_(context), arrival_(Clock::now()) {
+    absl::StatusOr<std::shared_ptr<Job>> job = service_.make_job(
+        context, request, arrival_, [this](const ProgressEvent& event) { on_progress(event); },
+        [this](const absl::Status& status, JobResult&& result) { on_job_done(status, std::move(result)); },
+        &model_);
+    if (!job.ok()) {
+      finish_with(job.status());
+      return;
+    }
+    job_ = *job;
+    const absl::Status admitted = service_.host().admit(job_);
+    if (!admitted.ok()) {
+      job_ = nullptr;
+      finish_with(admitted);
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) pending_.clear();  // the stream is broken; OnCancel stops the job
+    write_next_locked();
+  }
+  void OnCancel() override {
+    if (job_) service_.host().withdraw(job_, cancel_reason(*context_));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void on_progress(const ProgressEvent& event) {
+    v1::GenerateImageStreamResponse message;
+    v1::Progress* progress = message.mutable_progress();
+    progress->set_step_index(event.step_index);
+    progress->set_step_count(event.step_count);
+    progress->set_step_seconds(event.step_seconds);
+    progress->set_elapsed_seconds(event.elapsed_seconds);
+    progress->set_image_index(event.image_index);
+    progress->set_num_images(event.num_images);
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back(std::move(message));
+    write_next_locked();
+  }
+
+  void on_job_done(const absl::Status& status, JobResult&& result) {
+    v1::GenerateImageStreamResponse message;
+    if (status.ok()) {
+      fill_generate_response(job_->spec(), std::move(result), *model_, arrival_, message.mutable_result());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status.ok()) pending_.push_back(std::move(message));
+    final_status_ = status;
+    finishing_ = true;
+    write_next_locked();
+  }
+
+  void finish_with(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_status_ = status;
+    finishing_ = true;
+    write_next_locked();
+  }
+
+  // Starts the next write, or finishes the call once everything queued is written.
+  void write_next_locked() {
+    if (writing_ || finished_) return;
+    if (!pending_.empty()) {
+      current_ = std::move(pending_.front());
+      pending_.pop_front();
+      writing_ = true;
+      StartWrite(&current_);
+      return;
+    }
+    if (!finishing_) return;
+    finished_ = true;
+    service_.host().metrics().count_request("GenerateImageStream", code_name(final_status_),
+                                            seconds_since(arrival_));
+    Finish(to_grpc_status(final_status_));
+  }
+
+  ImageGenerationService& service_;
+  grpc::CallbackServerContext* context_;
+  const Clock::time_point arrival_;
+  std::shared_ptr<const ServingModel> model_;
+  std::shared_ptr<Job> job_;
+
+  std::mutex mu_;
+  std::deque<v1::GenerateImageStreamResponse> pending_;  // guarded by mu_
+  v1::GenerateImageStreamResponse current_;              // the write in progress
+  bool writing_ = false;                                 // guarded by mu_
+  bool finishing_ = false;                               // guarded by mu_: the job is over
+  bool finished_ = false;                                // guarded by mu_: Finish was called
+  absl::Status final_status_;                            // guarded by mu_
+};
+
+}  // namespace
+
+ImageGenerationService::ImageGenerationService(GenerationHost& host)
+    : host_(host), rng_(std::random_device{}()) {}
+
+uint64_t ImageGenerationService::random_seed() {
+  std::lock_guard<std::mutex> lock(rng_mu_);
+  return rng_();
+}
+
+absl::Status ImageGenerationService::authenticate(const grpc::CallbackServerContext& context) const {
+  const std::string& token = host_.auth_token();
+  if (token.empty()) return absl::OkStatus();
+  const std::string expected = absl::StrCat("Bearer ", token);
+  const auto& metadata = context.client_metadata();
+  auto range = metadata.equal_range("authorization");
+  for (auto it = range.first; it != range.second; ++it) {
+    if (constant_time_equal(absl::string_view(it->second.data(), it->second.size()), expected)) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::UnauthenticatedError(
+      range.first == range.second ? "missing `authorization: Bearer <token>` metadata"
+                                  : "the bearer token in `authorization` is not valid");
+}
+
+absl::StatusOr<std::shared_ptr<Job>> ImageGenerationService::make_job(
+    grpc::CallbackServerContext* context, const v1::GenerateImageRequest& request,
+    Clock::time_point arrival, Job::ProgressCallback on_progress, Job::DoneCallback on_done,
+    std::shared_ptr<const ServingModel>* model) {
+  FLUX_RETURN_IF_ERROR(authenticate(*context));
+  absl::StatusOr<std::shared_ptr<const ServingModel>> serving = host_.serving_model();
+  if (!serving.ok()) return serving.status();
+  *model = *serving;
+  absl::StatusOr<JobSpec> spec = validate_generate_request(request, (*model)->limits, random_seed());
+  if (!spec.ok()) return spec.status();
+  FLUX_RETURN_IF_ERROR(engine_validation_status((*model)->engine->validate(spec->params)));
+  return std::make_shared<Job>(std::move(*spec), arrival, steady_deadline(*context), std::move(on_progress),
+                               std::move(on_done));
+}
+
+grpc::ServerUnaryReactor* ImageGenerationService::GenerateImage(grpc::CallbackServerContext* context,
+                                                                const v1::GenerateImageRequest* request,
+                                                                v1::GenerateImageResponse* response) {
+  return new GenerateImageReactor(*this, context, *request, response);
+}
+
+grpc::ServerWriteReactor<v1::GenerateImageStreamResponse>* ImageGenerationService::GenerateImageStream(
+    grpc::CallbackServerContext* context, const v1::GenerateImageRequest* request) {
+  return new GenerateImageStreamReactor(*this, context, *request);
+}
+
+grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                               const v1::GetModelInfoRequest* request,
+                                                               v1::GetModelInfoResponse* response) {
+  const Clock::time_point arrival = Clock::now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = authenticate(*context);
+  absl::StatusOr<std::shared_ptr<const ServingModel>> serving = host_.serving_model();
+  if (status.ok()) status = serving.status();
+  if (status.ok()) {
+    const ServingModel& model = **serving;
+    const PipelineInfo& info = model.info;
+    response->set_model_name(info.model_name);
+    response->set_variant(info.variant);
+    response->set_pipeline_class(info.pipeline_class);
+    response->set_backend(info.backend);
+    response->set_default_steps(static_cast<int32_t>(info.default_steps));
+    response->set_default_guidance(info.default_guidance);
+    response->set_uses_cfg(info.uses_cfg);
+    v1::Limits* limits = response->mutable_limits();
+    limits->set_pixel_multiple(static_cast<int32_t>(model.limits.pixel_multiple));
+    limits->set_max_pixels(model.limits.max_pixels);
+    limits->set_max_steps(static_cast<int32_t>(model.limits.max_steps));
+    limits->set_min_guidance(model.limits.min_guidance);
+    limits->set_max_guidance(model.limits.max_guidance);
+    limits->set_max_images(static_cast<int32_t>(model.limits.max_images));
+    limits->set_max_prompt_bytes(static_cast<int32_t>(model.limits.max_prompt_bytes));
+    limits->set_max_sequence_length(static_cast<int32_t>(info.max_sequence_length));
+    limits->set_queue_depth(model.queue_depth);
+    response->add_quality_levels(v1::QUALITY_LOSSLESS);
+    if (model.limits.quality_high_enabled) response->add_quality_levels(v1::QUALITY_HIGH);
+    response->add_output_formats(v1::OUTPUT_FORMAT_PNG);
+    response->add_output_formats(v1::OUTPUT_FORMAT_JPEG);
+    for (const FastPathCounters& path : fast_path_snapshot()) response->add_fast_paths(path.path);
+    response->set_fast_paths_enabled(fast_paths_enabled());
+    response->set_server_version(FLUX2_VERSION);
+    response->set_weight_bytes(info.device_bytes);
+  }
+  host_.metrics().count_request("GetModelInfo", code_name(status), seconds_since(arrival));
+  reactor->Finish(to_grpc_status(status));
+  return reactor;
+}
+
+void fill_generate_response(const JobSpec& spec, JobResult&& result, const ServingModel& model,
+                            Clock::time_point arrival, v1::GenerateImageResponse* response) {
+  for (EncodedImage& image : result.images) {
+    v1::Image* out = response->add_images();
+    out->set_data(std::string(image.bytes.begin(), image.bytes.end()));
+    out->set_mime_type(image.format == ImageFormat::kJpeg ? "image/jpeg" : "image/png");
+    out->set_width(static_cast<int32_t>(image.width));
+    out->set_height(static_cast<int32_t>(image.height));
+    out->set_seed(image.seed);
+  }
+  response->set_seed(spec.params.seed);
+  const WorkerReport& report = result.report;
+  v1::Timings* timings = response->mutable_timings();
+  timings->set_queue_seconds(report.queue_seconds);
+  timings->set_tokenize_seconds(report.tokenize_seconds);
+  timings->set_text_encode_seconds(report.text_encode_seconds);
+  timings->set_denoise_seconds(report.denoise_seconds);
+  for (double step : report.step_seconds) timings->add_step_seconds(step);
+  timings->set_decode_seconds(report.decode_seconds);
+  timings->set_encode_seconds(result.encode_seconds);
+  timings->set_total_seconds(seconds_since(arrival));
+  int64_t fallbacks = 0;
+  for (const FastPathCounters& path : report.fast_paths) {
+    v1::FastPathUsage* usage = response->add_fast_paths();
+    usage->set_path(path.path);
+    usage->set_invocations(path.invocations);
+    for (const auto& [reason, count] : path.fallbacks) {
+      (*usage->mutable_fallbacks())[reason] = count;
+      fallbacks += count;
+    }
+  }
+  response->set_fast_path_fallbacks(fallbacks);
+  response->set_model_name(model.info.model_name);
+  response->set_request_id(spec.request_id);
+  response->set_quality(to_proto(spec.params.quality));
+}
+
+}  // namespace flux2::server

@@ -1,0 +1,103 @@
+// flux2_server: the FLUX.2 gRPC service (flags: `flux2_server --help`). Parses flags, serves until
+// SIGTERM/SIGINT, then drains for at most --drain-timeout-s and exits 0; exits 1 when the model
+// fails to load; `--probe` runs a health check instead. Tested by tests/server/e2e_test.cc.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "kernels/base/fast_path_registry.h"
+#include "server/probe.h"
+#include "server/server.h"
+#include "server/server_options.h"
+
+namespace {
+
+using flux2::server::Clock;
+
+// Written by the signal handler, read by the signal thread (the self-pipe pattern): a handler
+// rather than a blocked mask, because libraries (OpenBLAS) start threads before main() that would
+// otherwise receive SIGTERM with its default action and kill the process mid-drain.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_stop_signal(int signal) {
+  const unsigned char byte = static_cast<unsigned char>(signal);
+  const int saved_errno = errno;
+  [[maybe_unused]] ssize_t written = write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+bool install_stop_signal_handlers() {
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) return false;
+  struct sigaction action = {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  return sigaction(SIGTERM, &action, nullptr) == 0 && sigaction(SIGINT, &action, nullptr) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<flux2::server::ParsedFlags> parsed = flux2::server::parse_server_flags(argc, argv);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "flux2_server: %s\n", std::string(parsed.status().message()).c_str());
+    return 2;
+  }
+  if (parsed->help) {
+    std::fputs(flux2::server::server_help_text().c_str(), stdout);
+    return 0;
+  }
+  const flux2::server::ServerOptions& options = parsed->options;
+  if (absl::Status valid = flux2::server::validate_server_options(options); !valid.ok()) {
+    std::fprintf(stderr, "flux2_server: %s\n", std::string(valid.message()).c_str());
+    return 2;
+  }
+  if (!options.probe.empty()) return flux2::server::run_health_probe(options);
+
+  if (!install_stop_signal_handlers()) {
+    std::fprintf(stderr, "flux2_server: cannot install the SIGTERM/SIGINT handlers\n");
+    return 1;
+  }
+  flux2::set_fast_paths_enabled(options.fast_paths);
+  absl::StatusOr<std::unique_ptr<flux2::server::Server>> server = flux2::server::Server::Create(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "flux2_server: %s\n", std::string(server.status().message()).c_str());
+    return 2;
+  }
+  if (absl::Status started = (*server)->Start(); !started.ok()) {
+    std::fprintf(stderr, "flux2_server: %s\n", std::string(started.message()).c_str());
+    return 1;
+  }
+  // Tests and scripts read the bound ports from this line (useful with --port 0).
+  std::printf("flux2_server: listening grpc=%d metrics=%d\n", (*server)->grpc_port(), (*server)->metrics_port());
+  std::fflush(stdout);
+
+  flux2::server::Server* raw = server->get();
+  std::thread signal_thread([raw] {
+    unsigned char signal = 0;
+    while (read(g_signal_pipe[0], &signal, 1) != 1) {
+      if (errno != EINTR) return;
+    }
+    std::fprintf(stderr, "flux2_server: received %s; draining\n", signal == SIGTERM ? "SIGTERM" : "SIGINT");
+    raw->RequestStop();
+  });
+  signal_thread.detach();  // a later signal is ignored; the drain is bounded by --drain-timeout-s
+
+  const absl::Status load = (*server)->WaitForStopRequest();
+  const auto drain = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options.drain_timeout_s));
+  const absl::Status drained = (*server)->GracefulStop(Clock::now() + drain);
+  if (!drained.ok()) std::fprintf(stderr, "flux2_server: %s\n", std::string(drained.message()).c_str());
+  const int code = load.ok() ? 0 : 1;
+  if (!(*server)->worker_joined()) {
+    std::fflush(nullptr);
+    std::_Exit(code);  // the worker is still loading weights; it cannot be joined
+  }
+  server->reset();
+  return code;
+}

@@ -1,0 +1,81 @@
+// The Prometheus metrics of flux2_server, exactly as server/METRICS.md lists them (names, labels,
+// buckets). One Metrics object per server; every method is thread-safe. The Exposer that serves
+// them over HTTP lives in server.cc. Tested by tests/server/metrics_test.cc and the end-to-end test.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "kernels/backend.h"
+#include "model/pipeline.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace flux2::server {
+
+// Per-request stages of flux2_stage_duration_seconds{stage}.
+enum class Stage : uint8_t {
+  kTokenize,    // prompt (and negative prompt) -> token ids
+  kTextEncode,  // Qwen3 text encoder
+  kDenoise,     // noise, conditioning and every denoising step
+  kDecode,      // VAE decode to 8-bit pixels
+  kEncode,      // PNG / JPEG encoding
+};
+
+class Metrics {
+ public:
+  Metrics();
+
+  // RPC layer: one finished RPC (`code` is the gRPC code name, e.g. "OK").
+  void count_request(absl::string_view method, absl::string_view code, double seconds);
+  // Worker: time a request waited in the admission queue.
+  void observe_queue(double seconds);
+  void observe_stage(Stage stage, double seconds);
+  void observe_step(Quality quality, double seconds);
+  void set_queue_depth(int depth);
+  void add_in_flight(int delta);
+  void count_images(int64_t images, int64_t pixels);
+  void set_model_load_seconds(double seconds);
+  void set_ready(bool ready);
+  void set_build_info(absl::string_view version, absl::string_view backend, absl::string_view model);
+  // Exported only once called (CUDA only).
+  void set_gpu_memory(const BackendMemoryStats& stats);
+
+  // What the Exposer serves: the registry plus the fast-path collector.
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables() const;
+  // The text exposition format of everything (tests).
+  std::string render() const;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> fast_paths_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Histogram& queue_duration_;
+  prometheus::Family<prometheus::Histogram>& stage_duration_;
+  prometheus::Family<prometheus::Histogram>& step_duration_;
+  prometheus::Gauge& queue_depth_;
+  prometheus::Gauge& in_flight_;
+  prometheus::Counter& images_;
+  prometheus::Counter& pixels_;
+  prometheus::Gauge& model_load_;
+  prometheus::Gauge& ready_;
+  prometheus::Family<prometheus::Gauge>& build_info_;
+  prometheus::Family<prometheus::Gauge>& gpu_used_;
+  prometheus::Family<prometheus::Gauge>& gpu_peak_;
+  prometheus::Family<prometheus::Gauge>& gpu_total_;
+};
+
+// The label value of flux2_stage_duration_seconds for `stage`.
+absl::string_view stage_name(Stage stage);
+// "lossless" / "high".
+absl::string_view quality_name(Quality quality);
+
+}  // namespace flux2::server

@@ -1,0 +1,75 @@
+// The production engine over model/pipeline.h; see pipeline_engine.h.
+// Tested by the end-to-end tests in tests/server/.
+#include "server/pipeline_engine.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/backend_factory.h"
+#include "kernels/base/status.h"
+
+namespace flux2::server {
+namespace {
+
+class PipelineEngine final : public Engine {
+ public:
+  PipelineEngine(std::unique_ptr<Backend> backend, std::unique_ptr<Pipeline> pipeline)
+      : backend_(std::move(backend)), pipeline_(std::move(pipeline)) {}
+  ~PipelineEngine() override {
+    pipeline_.reset();  // releases device tensors before the backend goes
+  }
+
+  const PipelineInfo& info() const override { return pipeline_->info(); }
+  absl::Status validate(const GenerateParams& params) const override {
+    return pipeline_->validate(params);
+  }
+  absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
+                                          const GenerateHooks& hooks) override {
+    return pipeline_->generate(params, hooks);
+  }
+  BackendMemoryStats memory_stats() const override { return backend_->memory_stats(); }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Pipeline> pipeline_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> create_server_backend(absl::string_view requested,
+                                                               bool model_dir_given) {
+  if (requested == "auto") {
+    // The embedded tiny checkpoint always runs on the CPU, so the README's run command works
+    // anywhere; a real checkpoint goes to the GPU when one is usable.
+    if (model_dir_given && cuda_backend_compiled()) {
+      absl::StatusOr<std::unique_ptr<Backend>> cuda = create_backend("cuda");
+      if (cuda.ok()) return cuda;
+    }
+    return create_backend("cpu");
+  }
+  if (requested != "cpu" && requested != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend: \"", requested, "\" is not auto, cpu or cuda"));
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend = create_backend(requested);
+  if (!backend.ok()) {
+    return absl::Status(backend.status().code(),
+                        absl::StrCat("--backend ", requested, ": ", backend.status().message()));
+  }
+  return backend;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view backend_name,
+                                                             bool model_dir_given,
+                                                             const std::string& model_dir) {
+  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                        create_server_backend(backend_name, model_dir_given));
+  absl::StatusOr<std::unique_ptr<Pipeline>> pipeline = Pipeline::load(*backend, model_dir);
+  if (!pipeline.ok()) {
+    return absl::Status(pipeline.status().code(),
+                        absl::StrCat("loading ", model_dir, ": ", pipeline.status().message()));
+  }
+  return std::unique_ptr<Engine>(new PipelineEngine(std::move(backend), std::move(*pipeline)));
+}
+
+}  // namespace flux2::server

@@ -1,0 +1,22 @@
+// The production engine: a backend (cpu or cuda) plus a model::Pipeline loaded from a checkpoint
+// directory. Tested by the end-to-end tests in tests/server/ (real flux2_server binary).
+#pragma once
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "server/engine.h"
+
+namespace flux2::server {
+
+// Creates the backend for `--backend` (cpu, cuda, or auto: cuda when the model dir was given
+// explicitly and a GPU is usable, else cpu); errors name the flag.
+absl::StatusOr<std::unique_ptr<Backend>> create_server_backend(absl::string_view requested,
+                                                               bool model_dir_given);
+
+// Creates the backend (as create_server_backend) and loads `model_dir` onto it.
+absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view backend,
+                                                             bool model_dir_given,
+                                                             const std::string& model_dir);
+
+}  // namespace flux2::server

@@ -1,0 +1,52 @@
+// The health probe client; see probe.h. Tested by tests/server/e2e_test.cc (ProbeMode).
+#include "server/probe.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace flux2::server {
+
+// Container runtimes and Kubernetes expect an answer quickly; 2 s is the contract.
+constexpr auto kProbeTimeout = std::chrono::seconds(2);
+
+int run_health_probe(const ServerOptions& options) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_cert.empty()) {
+    std::ifstream in(options.tls_cert, std::ios::binary);
+    if (!in) {
+      std::fprintf(stderr, "probe: --tls-cert: cannot open %s\n", options.tls_cert.c_str());
+      return 1;
+    }
+    std::stringstream pem;
+    pem << in.rdbuf();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = pem.str();
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto channel = grpc::CreateChannel(options.probe_addr, credentials);
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kProbeTimeout);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(options.probe);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) {
+    std::fprintf(stderr, "probe %s at %s: %s (code %d)\n", options.probe.c_str(), options.probe_addr.c_str(),
+                 status.error_message().c_str(), static_cast<int>(status.error_code()));
+    return 1;
+  }
+  const bool serving = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  std::printf("%s: %s\n", options.probe.c_str(),
+              grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()).c_str());
+  return serving ? 0 : 1;
+}
+
+}  // namespace flux2::server

@@ -1,0 +1,167 @@
+// Request validation; see request_validation.h. Tested by tests/server/request_validation_test.cc.
+#include "server/request_validation.h"
+
+#include <cmath>
+#include "absl/types/optional.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/rpc/error_details.pb.h"
+
+namespace flux2::server {
+namespace {
+
+namespace v1 = flux2::v1;
+
+void check_side(absl::string_view field, int32_t value, const RequestLimits& limits,
+                std::vector<FieldViolation>* violations) {
+  if (value < 0 || value % limits.pixel_multiple != 0) {
+    violations->push_back({std::string(field), absl::StrCat(value, " is not a positive multiple of ",
+                                                            limits.pixel_multiple, " (0 means ",
+                                                            kDefaultImageSide, ")")});
+  }
+}
+
+void check_prompt(absl::string_view field, const std::string& text, const RequestLimits& limits,
+                  std::vector<FieldViolation>* violations) {
+  if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
+    violations->push_back({std::string(field), absl::StrCat(text.size(), " bytes is longer than the limit of ",
+                                                            limits.max_prompt_bytes, " bytes")});
+  }
+}
+
+bool printable_ascii(const std::string& text) {
+  for (unsigned char c : text) {
+    if (c < 0x20 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status invalid_argument_status(const std::vector<FieldViolation>& violations) {
+  std::vector<std::string> parts;
+  google::rpc::BadRequest bad_request;
+  for (const FieldViolation& violation : violations) {
+    parts.push_back(absl::StrCat(violation.field, ": ", violation.description));
+    google::rpc::BadRequest::FieldViolation* v = bad_request.add_field_violations();
+    v->set_field(violation.field);
+    v->set_description(violation.description);
+  }
+  absl::Status status = absl::InvalidArgumentError(absl::StrJoin(parts, "; "));
+  status.SetPayload(kBadRequestTypeUrl, absl::Cord(bad_request.SerializeAsString()));
+  return status;
+}
+
+std::vector<FieldViolation> field_violations_of(const absl::Status& status) {
+  std::vector<FieldViolation> violations;
+  absl::optional<absl::Cord> payload = status.GetPayload(kBadRequestTypeUrl);
+  if (!payload) return violations;
+  google::rpc::BadRequest bad_request;
+  if (!bad_request.ParseFromString(std::string(*payload))) return violations;
+  for (const auto& v : bad_request.field_violations()) violations.push_back({v.field(), v.description()});
+  return violations;
+}
+
+absl::Status engine_validation_status(const absl::Status& engine_status) {
+  if (engine_status.ok() || !absl::IsInvalidArgument(engine_status)) return engine_status;
+  const absl::string_view message = engine_status.message();
+  const size_t colon = message.find(':');
+  if (colon == absl::string_view::npos || colon == 0) {
+    return invalid_argument_status({{"request", std::string(message)}});
+  }
+  std::string description(absl::StripLeadingAsciiWhitespace(message.substr(colon + 1)));
+  return invalid_argument_status({{std::string(message.substr(0, colon)), description}});
+}
+
+absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest& request,
+                                                  const RequestLimits& limits, uint64_t random_seed) {
+  std::vector<FieldViolation> violations;
+
+  if (request.prompt().empty()) violations.push_back({"prompt", "is empty; a prompt is required"});
+  check_prompt("prompt", request.prompt(), limits, &violations);
+
+  check_side("width", request.width(), limits, &violations);
+  check_side("height", request.height(), limits, &violations);
+  const int64_t width = request.width() == 0 ? kDefaultImageSide : request.width();
+  const int64_t height = request.height() == 0 ? kDefaultImageSide : request.height();
+  if (request.width() >= 0 && request.height() >= 0 && width * height > limits.max_pixels) {
+    const std::string description = absl::StrCat(width, " x ", height, " = ", width * height,
+                                                 " pixels exceeds the budget of ", limits.max_pixels,
+                                                 " pixels (width x height)");
+    violations.push_back({"width", description});
+    violations.push_back({"height", description});
+  }
+
+  if (request.num_inference_steps() < 0 || request.num_inference_steps() > limits.max_steps) {
+    violations.push_back({"num_inference_steps", absl::StrCat(request.num_inference_steps(), " is outside 1..",
+                                                              limits.max_steps, " (0 means the model default)")});
+  }
+
+  double guidance = -1.0;  // model default
+  if (request.has_guidance_scale()) {
+    guidance = request.guidance_scale();
+    if (!std::isfinite(guidance)) {
+      violations.push_back({"guidance_scale", absl::StrCat(guidance, " is not a finite number")});
+    } else if (guidance < limits.min_guidance || guidance > limits.max_guidance) {
+      violations.push_back({"guidance_scale", absl::StrCat(guidance, " is outside ", limits.min_guidance, "..",
+                                                           limits.max_guidance)});
+    }
+  }
+
+  Quality quality = Quality::kLossless;
+  if (!v1::Quality_IsValid(request.quality())) {
+    violations.push_back({"quality", absl::StrCat(request.quality(), " is not a known Quality value")});
+  } else if (request.quality() == v1::QUALITY_HIGH) {
+    if (limits.quality_high_enabled) {
+      quality = Quality::kHigh;
+    } else {
+      violations.push_back({"quality", "QUALITY_HIGH is not enabled on this server (--enable-quality-high)"});
+    }
+  }
+
+  ImageFormat format = ImageFormat::kPng;
+  if (!v1::OutputFormat_IsValid(request.output_format())) {
+    violations.push_back({"output_format", absl::StrCat(request.output_format(),
+                                                        " is not a known OutputFormat value")});
+  } else if (request.output_format() == v1::OUTPUT_FORMAT_JPEG) {
+    format = ImageFormat::kJpeg;
+  }
+
+  if (request.num_images() < 0 || request.num_images() > limits.max_images) {
+    violations.push_back({"num_images", absl::StrCat(request.num_images(), " is outside 1..", limits.max_images,
+                                                     " (0 means 1)")});
+  }
+
+  if (!request.negative_prompt().empty() && !limits.uses_cfg) {
+    violations.push_back({"negative_prompt", "this model does not use classifier-free guidance, so it "
+                                             "takes no negative prompt"});
+  }
+  check_prompt("negative_prompt", request.negative_prompt(), limits, &violations);
+
+  if (request.request_id().size() > kMaxRequestIdBytes || !printable_ascii(request.request_id())) {
+    violations.push_back({"request_id", absl::StrCat("must be at most ", kMaxRequestIdBytes,
+                                                     " bytes of printable ASCII")});
+  }
+
+  if (!violations.empty()) return invalid_argument_status(violations);
+
+  JobSpec spec;
+  GenerateParams& params = spec.params;
+  params.prompt = request.prompt();
+  params.negative_prompt = request.negative_prompt();
+  params.width = width;
+  params.height = height;
+  params.num_inference_steps = request.num_inference_steps();
+  params.guidance_scale = guidance;
+  params.seed = request.has_seed() ? request.seed() : random_seed;
+  params.quality = quality;
+  spec.num_images = request.num_images() == 0 ? 1 : request.num_images();
+  spec.format = format;
+  spec.request_id = request.request_id();
+  return spec;
+}
+
+}  // namespace flux2::server

@@ -1,0 +1,57 @@
+// Request validation before admission (service.md "Clear validation errors that name the field"):
+// turns a flux2.v1.GenerateImageRequest into a JobSpec, or an InvalidArgument status whose message
+// names every bad field and whose payload carries a google.rpc.BadRequest (the RPC layer copies it
+// into the grpc-status-details-bin trailer). Tested by tests/server/request_validation_test.cc.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "flux2/v1/image_generation.pb.h"
+#include "server/job.h"
+
+namespace flux2::server {
+
+// What the server accepts; built from the flags and the loaded model.
+struct RequestLimits {
+  int64_t pixel_multiple = 16;       // width and height must be positive multiples of this
+  int64_t max_pixels = 4194304;      // width x height budget
+  int64_t max_steps = 200;           // num_inference_steps upper bound
+  double min_guidance = 0.0;         // guidance_scale range (inclusive)
+  double max_guidance = 100.0;
+  int64_t max_images = 4;            // num_images upper bound
+  int64_t max_prompt_bytes = 8192;   // prompt / negative_prompt bound
+  bool uses_cfg = false;             // the model takes a negative prompt
+  bool quality_high_enabled = false; // --enable-quality-high
+};
+
+// Image side used when width / height is 0 (issue 4).
+constexpr int32_t kDefaultImageSide = 1024;
+// request_id bound: ids are logged, so keep them short and printable.
+constexpr size_t kMaxRequestIdBytes = 128;
+// Type URL of google.rpc.BadRequest in absl::Status payloads and google.protobuf.Any.
+inline constexpr char kBadRequestTypeUrl[] = "type.googleapis.com/google.rpc.BadRequest";
+
+struct FieldViolation {
+  std::string field;        // request field name, e.g. "width"
+  std::string description;  // why it is invalid
+};
+
+// Validates `request` against `limits`. `random_seed` is the seed used when the request has none.
+absl::StatusOr<JobSpec> validate_generate_request(const flux2::v1::GenerateImageRequest& request,
+                                                  const RequestLimits& limits, uint64_t random_seed);
+
+// InvalidArgument naming every violation, with a serialized google.rpc.BadRequest payload under
+// kBadRequestTypeUrl.
+absl::Status invalid_argument_status(const std::vector<FieldViolation>& violations);
+
+// Re-expresses an engine validation error ("field: reason", model/pipeline.h) as a field violation.
+absl::Status engine_validation_status(const absl::Status& engine_status);
+
+// The violations carried by a status built by invalid_argument_status (empty when none).
+std::vector<FieldViolation> field_violations_of(const absl::Status& status);
+
+}  // namespace flux2::server

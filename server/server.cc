@@ -1,0 +1,267 @@
+// flux2_server lifecycle: start, health, admission, drain; see server.h.
+// Tested by tests/server/server_test.cc (fake engine) and the end-to-end tests.
+#include "server/server.h"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "kernels/base/status.h"
+#include "server/pipeline_engine.h"
+
+#ifndef FLUX2_VERSION
+#define FLUX2_VERSION "unknown"
+#endif
+
+namespace flux2::server {
+namespace {
+
+// Guidance range the server accepts (the pipeline rejects values above 100 as well).
+constexpr double kMinGuidance = 0.0;
+constexpr double kMaxGuidance = 100.0;
+// After the drain deadline the running job is cancelled; it stops at its next step boundary,
+// which this bounds (a step of FLUX.2-dev at 4 MP takes seconds, not minutes).
+constexpr auto kCancelGrace = std::chrono::seconds(60);
+// Time gRPC gets to flush the last replies and close the streams once all jobs are done.
+constexpr auto kGrpcShutdownGrace = std::chrono::seconds(5);
+
+absl::StatusOr<std::string> read_file(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot open ", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::string host_port(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';
+  return ipv6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options, EngineFactory factory) {
+  FLUX_RETURN_IF_ERROR(validate_server_options(options));
+  if (!options.probe.empty()) return absl::InvalidArgumentError("--probe: probe mode does not serve");
+  if (!factory) {
+    factory = [options]() {
+      return load_pipeline_engine(options.backend, !options.model_dir.empty(), resolved_model_dir(options));
+    };
+  }
+  std::unique_ptr<Server> server(new Server(options, std::move(factory)));
+  if (!options.auth_token_file.empty()) {
+    FLUX_ASSIGN_OR_RETURN(std::string contents, read_file(options.auth_token_file, "--auth-token-file"));
+    const size_t newline = contents.find('\n');
+    server->auth_token_ = std::string(absl::StripAsciiWhitespace(contents.substr(0, newline)));
+    if (server->auth_token_.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--auth-token-file: ", options.auth_token_file, " has an empty first line"));
+    }
+  }
+  if (!options.tls_cert.empty()) {
+    FLUX_ASSIGN_OR_RETURN(server->tls_cert_pem_, read_file(options.tls_cert, "--tls-cert"));
+    FLUX_ASSIGN_OR_RETURN(server->tls_key_pem_, read_file(options.tls_key, "--tls-key"));
+  }
+  return server;
+}
+
+Server::Server(const ServerOptions& options, EngineFactory factory)
+    : options_(options),
+      factory_(std::move(factory)),
+      queue_(options.queue_depth, [this](int depth) { metrics_.set_queue_depth(depth); }),
+      encoder_(metrics_) {
+  WorkerOptions worker_options;
+  worker_options.warmup_steps = options.warmup_steps;
+  worker_options.test_step_delay_s = options.test_step_delay_s;
+  worker_ = std::make_unique<EngineWorker>(
+      factory_, queue_, encoder_, metrics_, worker_options,
+      [this](WorkerPhase phase, const absl::Status& status) { on_worker_phase(phase, status); });
+}
+
+Server::~Server() {
+  bool running;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running = started_ && !stopped_;
+  }
+  if (running) GracefulStop(Clock::now()).IgnoreError();
+}
+
+absl::Status Server::Start() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (started_) return absl::FailedPreconditionError("Server::Start called twice");
+    started_ = true;
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (!tls_cert_pem_.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({tls_key_pem_, tls_cert_pem_});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  const std::string address = host_port(options_.host, options_.port);
+  builder.AddListeningPort(address, credentials, &grpc_port_);
+  service_ = std::make_unique<ImageGenerationService>(*this);
+  builder.RegisterService(service_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (!grpc_server_ || grpc_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("--port: cannot listen on ", address, " (in use?)"));
+  }
+  set_health(/*ready=*/false, /*live=*/true);
+
+  const std::string metrics_address = host_port(options_.host, options_.metrics_port);
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(metrics_address);
+  } catch (const std::exception& e) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now());
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-port: cannot serve metrics on ", metrics_address, ": ", e.what()));
+  }
+  for (const auto& collectable : metrics_.collectables()) exposer_->RegisterCollectable(collectable);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  metrics_port_ = ports.empty() ? options_.metrics_port : ports.front();
+  metrics_.set_ready(false);
+
+  encoder_.start();
+  worker_->start();
+  return absl::OkStatus();
+}
+
+void Server::set_health(bool ready, bool live) {
+  if (!grpc_server_) return;
+  grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("", ready);  // overall: the server can take generation requests
+  health->SetServingStatus("readiness", ready);
+  health->SetServingStatus("liveness", live);
+}
+
+void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
+  if (phase == WorkerPhase::kServing) {
+    const Engine* engine = worker_->engine();
+    auto model = std::make_shared<ServingModel>();
+    model->info = engine->info();
+    model->engine = engine;
+    model->queue_depth = options_.queue_depth;
+    RequestLimits& limits = model->limits;
+    limits.pixel_multiple = model->info.pixel_multiple;
+    limits.max_pixels = options_.max_pixels;
+    limits.max_steps = options_.max_steps;
+    limits.min_guidance = kMinGuidance;
+    limits.max_guidance = kMaxGuidance;
+    limits.max_images = options_.max_images;
+    limits.max_prompt_bytes = options_.max_prompt_bytes;
+    limits.uses_cfg = model->info.uses_cfg;
+    limits.quality_high_enabled = options_.enable_quality_high;
+    metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (draining_) return;
+      serving_ = std::move(model);
+    }
+    set_health(/*ready=*/true, /*live=*/true);
+    metrics_.set_ready(true);
+    std::fprintf(stderr, "flux2_server: ready\n");
+  } else if (phase == WorkerPhase::kFailed) {
+    set_health(/*ready=*/false, /*live=*/false);
+    std::lock_guard<std::mutex> lock(mu_);
+    load_error_ = status;
+    stop_requested_ = true;
+    cv_.notify_all();
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const ServingModel>> Server::serving_model() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (serving_) return serving_;
+  if (draining_) return absl::UnavailableError("the server is shutting down; retry on another replica");
+  if (!load_error_.ok()) return absl::UnavailableError("the model failed to load");
+  return absl::UnavailableError("the model is still loading; retry later");
+}
+
+absl::Status Server::admit(const std::shared_ptr<Job>& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (draining_) return absl::UnavailableError("the server is shutting down; retry on another replica");
+    ++outstanding_jobs_;
+  }
+  job->set_on_finished([this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    --outstanding_jobs_;
+    cv_.notify_all();
+  });
+  absl::Status status = queue_.push(job);
+  if (!status.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --outstanding_jobs_;
+    cv_.notify_all();
+  }
+  return status;
+}
+
+void Server::withdraw(const std::shared_ptr<Job>& job, const absl::Status& reason) {
+  job->cancel(reason);
+  if (queue_.remove(job.get())) job->finish(reason);
+}
+
+void Server::RequestStop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_requested_ = true;
+  cv_.notify_all();
+}
+
+absl::Status Server::WaitForStopRequest() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return stop_requested_; });
+  return load_error_;
+}
+
+absl::Status Server::GracefulStop(Clock::time_point deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_ || !started_) return absl::OkStatus();
+    stopped_ = true;
+    draining_ = true;
+    serving_ = nullptr;
+  }
+  set_health(/*ready=*/false, /*live=*/true);
+  metrics_.set_ready(false);
+  queue_.close();  // queued jobs still run; new ones get UNAVAILABLE
+  std::fprintf(stderr, "flux2_server: draining\n");
+
+  absl::Status result = absl::OkStatus();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline, [this] { return outstanding_jobs_ == 0; })) {
+      result = absl::DeadlineExceededError(
+          absl::StrCat(outstanding_jobs_, " requests were still running at the drain deadline"));
+    }
+  }
+  if (!result.ok()) {
+    const absl::Status reason =
+        absl::UnavailableError("the server is shutting down and the drain timeout passed");
+    for (const std::shared_ptr<Job>& job : queue_.take_all()) job->finish(reason);
+    worker_->cancel_running(reason);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, kCancelGrace, [this] { return outstanding_jobs_ == 0; });
+  }
+  // A worker still loading the model cannot be interrupted; the caller exits without it.
+  const bool loading = worker_->phase() == WorkerPhase::kLoading;
+  worker_joined_ = worker_->join_until(Clock::now() + (loading ? std::chrono::seconds(0) : kCancelGrace));
+  encoder_.stop();
+  grpc_server_->Shutdown(std::chrono::system_clock::now() + kGrpcShutdownGrace);
+  exposer_.reset();
+  std::fprintf(stderr, "flux2_server: stopped (%s)\n", result.ok() ? "drained" : "drain timeout");
+  return result;
+}
+
+}  // namespace flux2::server

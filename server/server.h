@@ -1,0 +1,93 @@
+// flux2_server as an object (style.md P14): Create(options) validates the configuration, Start()
+// binds the gRPC and metrics ports and starts the worker (which loads the model and warms up
+// before readiness turns SERVING), GracefulStop(deadline) drains. Health: "" and "readiness" are
+// SERVING only while the model serves and the server is not draining; "liveness" is SERVING while
+// the process is responsive (NOT_SERVING after a fatal load error).
+// Tested by tests/server/server_test.cc (fake engine, in process) and the end-to-end tests.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/server.h"
+#include "prometheus/exposer.h"
+#include "server/encode_stage.h"
+#include "server/engine.h"
+#include "server/engine_worker.h"
+#include "server/grpc_service.h"
+#include "server/job_queue.h"
+#include "server/metrics.h"
+#include "server/server_options.h"
+
+namespace flux2::server {
+
+class Server final : public GenerationHost {
+ public:
+  // Validates `options` and reads the TLS and token files. `factory` creates the engine on the
+  // worker thread; nullptr loads the checkpoint the options name (server/pipeline_engine.h).
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options,
+                                                        EngineFactory factory = nullptr);
+  ~Server() override;  // GracefulStop()s with a zero deadline if still running
+
+  // Binds the ports and starts serving health, metrics and (once the model is loaded and warm)
+  // generation. Fails when a port cannot be bound.
+  absl::Status Start();
+  // The bound ports (useful with port 0).
+  int grpc_port() const { return grpc_port_; }
+  int metrics_port() const { return metrics_port_; }
+
+  // Asks WaitForStopRequest to return (signal handler thread).
+  void RequestStop();
+  // Blocks until RequestStop() (returns OK) or the model failed to load (returns that error).
+  absl::Status WaitForStopRequest();
+  // Drains: readiness NOT_SERVING and new generation RPCs UNAVAILABLE at once; queued and running
+  // jobs finish until `deadline`, then the rest are cancelled (UNAVAILABLE); then gRPC and the
+  // metrics endpoint shut down. Returns OK when all admitted work finished in time, and
+  // DeadlineExceeded otherwise (the work was cancelled; the process may still exit 0). Idempotent.
+  absl::Status GracefulStop(Clock::time_point deadline);
+  // False when the worker thread could not be joined (still loading at the deadline).
+  bool worker_joined() const { return worker_joined_; }
+
+  // GenerationHost
+  absl::StatusOr<std::shared_ptr<const ServingModel>> serving_model() const override;
+  absl::Status admit(const std::shared_ptr<Job>& job) override;
+  void withdraw(const std::shared_ptr<Job>& job, const absl::Status& reason) override;
+  Metrics& metrics() override { return metrics_; }
+  const std::string& auth_token() const override { return auth_token_; }
+
+ private:
+  Server(const ServerOptions& options, EngineFactory factory);
+  void on_worker_phase(WorkerPhase phase, const absl::Status& status);
+  void set_health(bool ready, bool live);
+
+  const ServerOptions options_;
+  EngineFactory factory_;
+  std::string auth_token_;
+  std::string tls_cert_pem_, tls_key_pem_;
+
+  Metrics metrics_;
+  JobQueue queue_;
+  EncodeStage encoder_;
+  std::unique_ptr<EngineWorker> worker_;
+  std::unique_ptr<ImageGenerationService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int grpc_port_ = 0;
+  int metrics_port_ = 0;
+  bool worker_joined_ = true;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<const ServingModel> serving_;  // guarded by mu_; null unless serving
+  bool started_ = false;                         // guarded by mu_
+  bool draining_ = false;                        // guarded by mu_
+  bool stopped_ = false;                         // guarded by mu_
+  bool stop_requested_ = false;                  // guarded by mu_
+  absl::Status load_error_;                      // guarded by mu_
+  int outstanding_jobs_ = 0;                     // guarded by mu_: admitted, not finished
+};
+
+}  // namespace flux2::server

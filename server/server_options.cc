@@ -1,0 +1,187 @@
+// flux2_server flag parsing and validation; see server_options.h.
+// Tested by tests/server/server_options_test.cc.
+#include "server/server_options.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status.h"
+#include "server/cli/args.h"
+
+#ifndef FLUX2_TINY_CHECKPOINT_DIR
+#error "FLUX2_TINY_CHECKPOINT_DIR must be defined by the build"
+#endif
+
+namespace flux2::server {
+namespace {
+
+const std::set<std::string> kValueFlags = {
+    "--host", "--port", "--metrics-port", "--model-dir", "--backend", "--queue-depth",
+    "--max-pixels", "--max-images", "--max-steps", "--max-prompt-bytes", "--drain-timeout-s",
+    "--warmup-steps", "--tls-cert", "--tls-key", "--auth-token-file", "--fast-paths",
+    "--test-step-delay-ms", "--probe", "--addr"};
+const std::set<std::string> kBoolFlags = {"--help", "--enable-quality-high"};
+
+absl::Status read_int(const Args& args, absl::string_view name, int* out) {
+  FLUX_ASSIGN_OR_RETURN(int64_t value, args.get_int(name, *out));
+  if (value < INT32_MIN || value > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", value, " is out of range"));
+  }
+  *out = static_cast<int>(value);
+  return absl::OkStatus();
+}
+
+absl::Status check_range(absl::string_view name, double value, double lo, double hi) {
+  if (!(value >= lo && value <= hi)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", value, " is outside ", lo, "..", hi));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
+  FLUX_ASSIGN_OR_RETURN(Args args, Args::parse(argc, argv, 1, kBoolFlags));
+  if (!args.positional().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument \"", args.positional().front(), "\" (see --help)"));
+  }
+  std::set<std::string> known = kValueFlags;
+  known.insert(kBoolFlags.begin(), kBoolFlags.end());
+  FLUX_RETURN_IF_ERROR(args.check_known(known));
+
+  ParsedFlags parsed;
+  parsed.help = args.has("--help");
+  ServerOptions& o = parsed.options;
+  o.host = args.get("--host", o.host);
+  FLUX_RETURN_IF_ERROR(read_int(args, "--port", &o.port));
+  FLUX_RETURN_IF_ERROR(read_int(args, "--metrics-port", &o.metrics_port));
+  o.model_dir = args.get("--model-dir", o.model_dir);
+  o.backend = args.get("--backend", o.backend);
+  FLUX_RETURN_IF_ERROR(read_int(args, "--queue-depth", &o.queue_depth));
+  {
+    FLUX_ASSIGN_OR_RETURN(o.max_pixels, args.get_int("--max-pixels", o.max_pixels));
+  }
+  FLUX_RETURN_IF_ERROR(read_int(args, "--max-images", &o.max_images));
+  FLUX_RETURN_IF_ERROR(read_int(args, "--max-steps", &o.max_steps));
+  FLUX_RETURN_IF_ERROR(read_int(args, "--max-prompt-bytes", &o.max_prompt_bytes));
+  {
+    FLUX_ASSIGN_OR_RETURN(o.drain_timeout_s, args.get_double("--drain-timeout-s", o.drain_timeout_s));
+  }
+  FLUX_RETURN_IF_ERROR(read_int(args, "--warmup-steps", &o.warmup_steps));
+  o.tls_cert = args.get("--tls-cert", o.tls_cert);
+  o.tls_key = args.get("--tls-key", o.tls_key);
+  o.auth_token_file = args.get("--auth-token-file", o.auth_token_file);
+  const std::string fast_paths = args.get("--fast-paths", o.fast_paths ? "on" : "off");
+  if (fast_paths != "on" && fast_paths != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fast-paths: \"", fast_paths, "\" is not on or off"));
+  }
+  o.fast_paths = fast_paths == "on";
+  o.enable_quality_high = args.has("--enable-quality-high") && args.get("--enable-quality-high") != "false";
+  {
+    FLUX_ASSIGN_OR_RETURN(double delay_ms, args.get_double("--test-step-delay-ms", 0.0));
+    o.test_step_delay_s = delay_ms / 1000.0;
+  }
+  o.probe = args.get("--probe", o.probe);
+  o.probe_addr = args.get("--addr", o.probe_addr);
+  return parsed;
+}
+
+absl::Status validate_server_options(const ServerOptions& o) {
+  if (!o.probe.empty()) {
+    if (o.probe != "liveness" && o.probe != "readiness") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--probe: \"", o.probe, "\" is not liveness or readiness"));
+    }
+    if (o.probe_addr.empty()) return absl::InvalidArgumentError("--addr: empty address");
+    return absl::OkStatus();
+  }
+  if (o.host.empty()) return absl::InvalidArgumentError("--host: empty address");
+  FLUX_RETURN_IF_ERROR(check_range("--port", o.port, 0, 65535));
+  FLUX_RETURN_IF_ERROR(check_range("--metrics-port", o.metrics_port, 0, 65535));
+  if (o.port != 0 && o.port == o.metrics_port) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port: ", o.metrics_port, " is also the gRPC --port"));
+  }
+  if (o.backend != "auto" && o.backend != "cpu" && o.backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend: \"", o.backend, "\" is not auto, cpu or cuda"));
+  }
+  // A queue of 0 would reject everything behind the running request; 4096 bounds memory.
+  FLUX_RETURN_IF_ERROR(check_range("--queue-depth", o.queue_depth, 1, 4096));
+  // 256 x 256 is the smallest useful budget; 64 MP bounds a single image's activations.
+  FLUX_RETURN_IF_ERROR(check_range("--max-pixels", static_cast<double>(o.max_pixels), 256.0 * 256.0,
+                                   64.0 * 1024 * 1024));
+  FLUX_RETURN_IF_ERROR(check_range("--max-images", o.max_images, 1, 64));
+  FLUX_RETURN_IF_ERROR(check_range("--max-steps", o.max_steps, 1, 1000));
+  FLUX_RETURN_IF_ERROR(check_range("--max-prompt-bytes", o.max_prompt_bytes, 1, 1 << 20));
+  if (!std::isfinite(o.drain_timeout_s)) {
+    return absl::InvalidArgumentError("--drain-timeout-s: not a finite number");
+  }
+  FLUX_RETURN_IF_ERROR(check_range("--drain-timeout-s", o.drain_timeout_s, 0.0, 86400.0));
+  FLUX_RETURN_IF_ERROR(check_range("--warmup-steps", o.warmup_steps, 0, 1000));
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError(o.tls_cert.empty() ? "--tls-cert: required with --tls-key"
+                                                         : "--tls-key: required with --tls-cert");
+  }
+  if (!std::isfinite(o.test_step_delay_s)) {
+    return absl::InvalidArgumentError("--test-step-delay-ms: not a finite number");
+  }
+  FLUX_RETURN_IF_ERROR(check_range("--test-step-delay-ms", o.test_step_delay_s * 1000.0, 0.0, 60000.0));
+  return absl::OkStatus();
+}
+
+std::string resolved_model_dir(const ServerOptions& options) {
+  return options.model_dir.empty() ? std::string(FLUX2_TINY_CHECKPOINT_DIR) : options.model_dir;
+}
+
+std::string server_help_text() {
+  return absl::StrCat(
+      "usage: flux2_server [flags]\n"
+      "       flux2_server --probe liveness|readiness [--addr HOST:PORT] [--tls-cert FILE]\n"
+      "\n"
+      "Serves FLUX.2 text-to-image generation over gRPC (flux2.v1.ImageGeneration, grpc.health.v1,\n"
+      "server reflection) with Prometheus metrics on a separate HTTP port.\n"
+      "\n"
+      "network:\n"
+      "  --host ADDR              address to bind (default 0.0.0.0)\n"
+      "  --port N                 gRPC port (default 50051; 0 picks a free port)\n"
+      "  --metrics-port N         Prometheus /metrics HTTP port (default 9464; 0 picks a free port)\n"
+      "  --tls-cert FILE          PEM certificate chain; with --tls-key serves TLS instead of plaintext\n"
+      "  --tls-key FILE           PEM private key for --tls-cert\n"
+      "  --auth-token-file FILE   require `authorization: Bearer <token>` metadata (token = the file's\n"
+      "                           first line) on ImageGeneration RPCs; health and reflection stay open\n"
+      "model:\n"
+      "  --model-dir DIR          FLUX.2-klein checkpoint directory (Hugging Face layout). Absent: the\n"
+      "                           embedded tiny checkpoint (",
+      FLUX2_TINY_CHECKPOINT_DIR,
+      ")\n"
+      "                           on the CPU backend\n"
+      "  --backend auto|cpu|cuda  (default auto: cuda when --model-dir is given and a GPU is usable,\n"
+      "                           else cpu)\n"
+      "  --warmup-steps N         steps of the warm-up generation run before readiness (default 1;\n"
+      "                           0 skips it)\n"
+      "  --fast-paths on|off      fused fast paths (default on; off runs the eager chains only)\n"
+      "  --enable-quality-high    accept QUALITY_HIGH requests (numerically different fast paths)\n"
+      "admission and limits:\n"
+      "  --queue-depth N          requests that may wait behind the running one; more are rejected at\n"
+      "                           once with RESOURCE_EXHAUSTED (default 8)\n"
+      "  --max-pixels N           width x height budget per image (default 4194304 = 2048 x 2048)\n"
+      "  --max-images N           largest num_images per request (default 4)\n"
+      "  --max-steps N            largest num_inference_steps (default 200)\n"
+      "  --max-prompt-bytes N     largest prompt / negative_prompt in bytes (default 8192)\n"
+      "  --drain-timeout-s S      on SIGTERM/SIGINT, time queued and running requests get to finish\n"
+      "                           before they are cancelled (default 600); the exit code is 0\n"
+      "probe mode (container HEALTHCHECK):\n"
+      "  --probe liveness|readiness  run one grpc.health.v1 Check against --addr within 2 s and exit\n"
+      "                           0 when SERVING, 1 otherwise (TLS when --tls-cert names the CA/cert)\n"
+      "  --addr HOST:PORT         server to probe (default 127.0.0.1:50051)\n"
+      "testing only:\n"
+      "  --test-step-delay-ms MS  TEST ONLY: sleep MS after every denoising step so requests are slow\n"
+      "                           enough for overload/cancellation/drain tests; never in production\n"
+      "  --help                   this text\n");
+}
+
+}  // namespace flux2::server

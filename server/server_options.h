@@ -1,0 +1,58 @@
+// flux2_server configuration: the flag set of the server contract (`flux2_server --help`), parsed
+// into a plain struct and validated with errors that name the flag.
+// Tested by tests/server/server_options_test.cc.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace flux2::server {
+
+struct ServerOptions {
+  std::string host = "0.0.0.0";      // address the gRPC port binds to
+  int port = 50051;                  // gRPC port; 0 picks a free one (printed at start-up)
+  int metrics_port = 9464;           // Prometheus /metrics over HTTP; 0 picks a free one
+  std::string model_dir;             // empty: the embedded tiny checkpoint on the CPU backend
+  std::string backend = "auto";      // auto | cpu | cuda
+  int queue_depth = 8;               // requests that may wait behind the running one
+  int64_t max_pixels = 4194304;      // width x height budget per image (2048 x 2048)
+  int max_images = 4;                // num_images upper bound
+  int max_steps = 200;               // num_inference_steps upper bound
+  int max_prompt_bytes = 8192;       // prompt / negative_prompt size bound
+  double drain_timeout_s = 600.0;    // SIGTERM: time in-flight and queued work gets to finish
+  int warmup_steps = 1;              // steps of the warm-up generation before readiness; 0: none
+  std::string tls_cert;              // PEM certificate chain; with tls_key enables TLS
+  std::string tls_key;               // PEM private key
+  std::string auth_token_file;       // file holding the bearer token ImageGeneration requires
+  bool fast_paths = true;            // --fast-paths on|off (off: eager chains only)
+  bool enable_quality_high = false;  // accept QUALITY_HIGH requests
+  double test_step_delay_s = 0.0;    // TEST ONLY: sleep after every denoising step (slow requests)
+
+  // Probe mode (container HEALTHCHECK): check one health service of a running server and exit.
+  std::string probe;                 // "" (serve), "liveness" or "readiness"
+  std::string probe_addr = "127.0.0.1:50051";
+};
+
+// The result of parsing argv: the options, or a request for the help text.
+struct ParsedFlags {
+  ServerOptions options;
+  bool help = false;
+};
+
+// Parses `--name value` / `--name=value` flags (argv[1..]); errors name the flag. Does not
+// validate cross-field constraints; call validate_server_options next.
+absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv);
+
+// Checks ranges and combinations (ports, depth, TLS cert without key, probe service names).
+absl::Status validate_server_options(const ServerOptions& options);
+
+// The --help text: every flag, its default and its meaning.
+std::string server_help_text();
+
+// The model directory to serve: --model-dir, or the embedded tiny checkpoint.
+std::string resolved_model_dir(const ServerOptions& options);
+
+}  // namespace flux2::server
