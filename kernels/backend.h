@@ -62,6 +62,9 @@ class Backend {
   virtual absl::Status copy(const Tensor& src, const Tensor& dst) = 0;
   // Waits for all work issued so far.
   virtual absl::Status synchronize() = 0;
+  // Fills a contiguous tensor with reproducible uniform values in [-scale, scale] drawn from a
+  // counter-based hash of (seed, index): random weights for benchmarks and tests.
+  virtual absl::Status fill_uniform(const Tensor& t, uint64_t seed, float scale) = 0;
   virtual BackendMemoryStats memory_stats() const { return {}; }
   virtual void reset_peak_memory() {}
   // Request-scoped switch: false forces every fused fast path onto its eager chain (same results

@@ -44,6 +44,12 @@ class Flux2Transformer {
   static absl::StatusOr<std::unique_ptr<Flux2Transformer>> load(Backend& backend,
                                                                 const ComponentWeights& checkpoint);
 
+  // A transformer of `config` with reproducible random weights (fill_random_weights): the real
+  // shapes without a checkpoint, for `flux2 bench` and GPU tests.
+  static absl::StatusOr<std::unique_ptr<Flux2Transformer>> create_random(Backend& backend,
+                                                                         Flux2Config config,
+                                                                         uint64_t seed);
+
   const Flux2Config& config() const { return config_; }
   const LoadReport& load_report() const { return load_report_; }
 

@@ -36,7 +36,8 @@ std::string model_name_of(const std::string& model_dir) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend, const std::string& model_dir) {
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend, const std::string& model_dir,
+                                                          const PipelineOptions& options) {
   const Clock::time_point start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(ModelIndex index, ModelIndex::read(model_dir));
   if (index.class_name != "Flux2KleinPipeline") {
@@ -49,10 +50,10 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend, const
   info.model_dir = model_dir;
   info.model_name = model_name_of(model_dir);
   info.pipeline_class = index.class_name;
-  info.is_distilled = index.is_distilled;
-  info.uses_cfg = !index.is_distilled;
-  info.variant = index.is_distilled ? "klein-distilled" : "klein-base";
-  info.default_steps = index.is_distilled ? 4 : 50;
+  info.is_distilled = options.is_distilled.value_or(index.is_distilled);
+  info.uses_cfg = !info.is_distilled;
+  info.variant = info.is_distilled ? "klein-distilled" : "klein-base";
+  info.default_steps = info.is_distilled ? 4 : 50;
   info.default_guidance = 4.0;
   info.backend = std::string(backend.name());
 
@@ -127,6 +128,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
                                                   const GenerateHooks& hooks) const {
   FLUX_RETURN_IF_ERROR(validate(params));
   Backend& be = backend_;
+  be.set_fast_paths(params.fast_paths);
   const DType act = be.activation_dtype();
   const Flux2Config& flux = transformer_->config();
   const int64_t steps = params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;
@@ -170,6 +172,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   }
   FLUX_ASSIGN_OR_RETURN(Tensor latents, be.empty(act, {n, channels}));
   FLUX_RETURN_IF_ERROR(be.upload(packed.data(), DType::kF32, latents));
+  if (hooks.on_latents) hooks.on_latents(-1, latents);
 
   // Schedule and per-request conditioning (modulation for every step, RoPE tables).
   const Schedule schedule = make_schedule(scheduler_config_, steps, n);
@@ -215,6 +218,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   // Decode: BatchNorm de-normalisation, unpatchify, VAE decoder, uint8.
   start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(Tensor pixels, vae_->decode_tokens(latents, h, w));                  // [H, W, 3]
+  if (hooks.on_image) hooks.on_image(pixels);
   std::vector<float> host(static_cast<size_t>(pixels.numel()));
   FLUX_RETURN_IF_ERROR(be.download(pixels, host.data()));
   image.rgb = image_to_u8(host);

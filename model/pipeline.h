@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,11 @@ struct PipelineInfo {
   double load_seconds = 0.0;
 };
 
+// Load-time overrides, for tests that run one checkpoint both ways.
+struct PipelineOptions {
+  std::optional<bool> is_distilled;  // replaces model_index.json's is_distilled
+};
+
 struct GenerateParams {
   std::string prompt;
   std::string negative_prompt;       // CFG models only ("" = the empty prompt, as diffusers)
@@ -54,6 +60,7 @@ struct GenerateParams {
   uint64_t seed = 0;
   int64_t max_sequence_length = 0;   // 0: the model default (512)
   Quality quality = Quality::kLossless;
+  bool fast_paths = true;            // false: every fused fast path runs its eager chain
 };
 
 // Wall-clock seconds per stage of one generation.
@@ -79,15 +86,19 @@ struct GenerateHooks {
   std::function<absl::Status()> check_continue;
   // Called after each step with its index (0-based), the step count and its wall time.
   std::function<void(int64_t step, int64_t steps, double seconds)> on_step;
-  // Called after each step with the latent tokens [N, 128] (for golden checks).
+  // Called with the latent tokens [N, 128]: step -1 is the initial noise, then after each step
+  // (for golden checks).
   std::function<void(int64_t step, const Tensor& latents)> on_latents;
+  // Called with the decoded image [H, W, 3] in about [-1, 1], before post-processing.
+  std::function<void(const Tensor& image)> on_image;
 };
 
 class Pipeline {
  public:
   // Loads a checkpoint directory (model_index.json, tokenizer/, text_encoder/, transformer/,
   // vae/, scheduler/) onto `backend`, which must outlive the pipeline.
-  static absl::StatusOr<std::unique_ptr<Pipeline>> load(Backend& backend, const std::string& model_dir);
+  static absl::StatusOr<std::unique_ptr<Pipeline>> load(Backend& backend, const std::string& model_dir,
+                                                        const PipelineOptions& options = {});
 
   const PipelineInfo& info() const { return info_; }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
@@ -77,12 +78,7 @@ absl::Status validate_weights(const ComponentWeights& checkpoint, const std::vec
   return absl::InvalidArgumentError(message);
 }
 
-absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
-                                        const std::vector<WeightSpec>& table,
-                                        const UnusedTensorFilter& unused) {
-  const auto start = std::chrono::steady_clock::now();
-  FLUX_RETURN_IF_ERROR(validate_weights(checkpoint, table, unused));
-
+absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<WeightSpec>& table) {
   // Size every target from the specs that fill it: rows add up, the rest must agree.
   std::map<Tensor*, Shape> shapes;
   for (const WeightSpec& spec : table) {
@@ -95,11 +91,33 @@ absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights
       shape[0] += piece[0];
     }
   }
-  LoadReport report;
+  int64_t bytes = 0;
   for (auto& [target, shape] : shapes) {
     FLUX_ASSIGN_OR_RETURN(*target, backend.empty(backend.weight_dtype(), shape));
-    report.device_bytes += target->bytes();
+    bytes += target->bytes();
   }
+  return bytes;
+}
+
+absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>& table, uint64_t seed) {
+  std::set<Tensor*> filled;
+  for (const WeightSpec& spec : table) {
+    if (!filled.insert(spec.target).second) continue;
+    const Tensor& t = *spec.target;
+    const float scale = t.rank() >= 2 ? 1.0f / std::sqrt(static_cast<float>(t.numel() / t.dim(0))) : 1.0f;
+    FLUX_RETURN_IF_ERROR(backend.fill_uniform(t, seed + filled.size(), scale));
+  }
+  return backend.synchronize();
+}
+
+absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
+                                        const std::vector<WeightSpec>& table,
+                                        const UnusedTensorFilter& unused) {
+  const auto start = std::chrono::steady_clock::now();
+  FLUX_RETURN_IF_ERROR(validate_weights(checkpoint, table, unused));
+
+  LoadReport report;
+  FLUX_ASSIGN_OR_RETURN(report.device_bytes, allocate_weights(backend, table));
 
   for (const WeightSpec& spec : table) {
     const TensorRef& ref = *checkpoint.find(spec.name);

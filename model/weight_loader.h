@@ -44,6 +44,14 @@ struct LoadReport {
 absl::Status validate_weights(const ComponentWeights& checkpoint, const std::vector<WeightSpec>& table,
                               const UnusedTensorFilter& unused);
 
+// Allocates every target of `table` on `backend` (rows = the rows its specs fill, the other
+// dimensions must agree) and returns the bytes allocated. Targets are left uninitialised.
+absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<WeightSpec>& table);
+
+// Fills every target of `table` (already allocated) with reproducible random values: uniform in
+// ±1/sqrt(columns) for matrices, ±1 for vectors. For benchmarks at real shapes without a checkpoint.
+absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>& table, uint64_t seed);
+
 // Validates, allocates each target (rows = the rows its specs fill), and uploads with dtype
 // conversion to backend.weight_dtype().
 absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,

@@ -19,6 +19,7 @@ class CpuBackend final : public Backend {
   absl::Status download(const Tensor& src, float* host) override;
   absl::Status copy(const Tensor& src, const Tensor& dst) override;
   absl::Status synchronize() override { return absl::OkStatus(); }
+  absl::Status fill_uniform(const Tensor& t, uint64_t seed, float scale) override;
 
   absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias,
                       const Tensor& y) override;

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/base/uniform_hash.h"
 #include "kernels/cpu/cpu_access.h"
 #include "kernels/cpu/cpu_backend.h"
 
@@ -61,6 +62,16 @@ absl::Status CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   FLUX_RETURN_IF_ERROR(check_matrix("copy", "dst", dst, src.rows(), src.cols()));
   for (int64_t r = 0; r < src.rows(); ++r) {
     std::memcpy(cpu::row(dst, r), cpu::row(src, r), static_cast<size_t>(src.cols()) * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::fill_uniform(const Tensor& t, uint64_t seed, float scale) {
+  FLUX_RETURN_IF_ERROR(cpu::check_f32("fill_uniform", "t", t));
+  if (!t.contiguous()) return op_error("fill_uniform", "tensor must be contiguous");
+  float* out = t.data_as<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    out[i] = (2.0f * uniform_hash(seed, static_cast<uint64_t>(i)) - 1.0f) * scale;
   }
   return absl::OkStatus();
 }

@@ -150,6 +150,13 @@ absl::Status CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   return cuda::convert_copy(mat(src), src.dtype(), mat(dst), dst.dtype(), stream());
 }
 
+absl::Status CudaBackend::fill_uniform(const Tensor& t, uint64_t seed, float scale) {
+  if (t.device() != Device::kCuda || t.dtype() != DType::kBF16 || !t.contiguous()) {
+    return op_error("fill_uniform", absl::StrCat("expected a contiguous bf16 GPU tensor, got ", t.describe()));
+  }
+  return cuda::fill_uniform_bf16(t.data(), t.numel(), seed, scale, stream());
+}
+
 absl::Status CudaBackend::synchronize() { return cuda_status(cudaStreamSynchronize(stream()), "synchronize"); }
 
 BackendMemoryStats CudaBackend::memory_stats() const {

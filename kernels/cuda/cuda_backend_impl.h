@@ -37,6 +37,7 @@ class CudaBackend final : public Backend {
   absl::Status download(const Tensor& src, float* host) override;
   absl::Status copy(const Tensor& src, const Tensor& dst) override;
   absl::Status synchronize() override;
+  absl::Status fill_uniform(const Tensor& t, uint64_t seed, float scale) override;
   BackendMemoryStats memory_stats() const override;
   void reset_peak_memory() override;
   void set_fast_paths(bool enabled) override { fast_paths_ = enabled; }

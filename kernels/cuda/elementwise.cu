@@ -2,6 +2,7 @@
 // once; fused kernels call the same rounding sequence with __fmul_rn/__fadd_rn so nvcc cannot
 // contract across an eager op boundary (kernels.md §4.3).
 #include "absl/strings/str_cat.h"
+#include "kernels/base/uniform_hash.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/launch.cuh"
@@ -270,13 +271,7 @@ namespace {
 __global__ void fill_uniform_kernel(bf16* data, int64_t count, uint64_t seed, float scale) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
-    // splitmix64 of (seed, i): independent, reproducible values.
-    uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    const float unit = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-    data[i] = to_bf16((2.0f * unit - 1.0f) * scale);
+    data[i] = to_bf16((2.0f * uniform_hash(seed, static_cast<uint64_t>(i)) - 1.0f) * scale);
   }
 }
 
