@@ -68,6 +68,7 @@ AddedTokenMatcher::AddedTokenMatcher(std::vector<AddedToken> tokens) {
 std::vector<TextPiece> AddedTokenMatcher::split(absl::string_view text) const {
   std::vector<TextPiece> pieces;
   if (text.empty()) return pieces;
+  if (tokens_.empty()) return {{0, text.size(), -1}};
   size_t covered = 0;  // everything before this offset is in `pieces`
   size_t pos = 0;
   while (pos < text.size()) {
