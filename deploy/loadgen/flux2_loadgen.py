@@ -156,6 +156,8 @@ def run(args) -> dict:
             sample = Sample(time.perf_counter() - t0, code, images)
             with lock:
                 samples.append(sample)
+            if code in ("RESOURCE_EXHAUSTED", "UNAVAILABLE") and args.reject_pause > 0:
+                time.sleep(args.reject_pause)  # a full queue answers at once: do not spin on it
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(args.concurrency)]
     for t in threads:
@@ -180,6 +182,8 @@ def parse_args(argv):
     p.add_argument("--request", default=json.dumps(DEFAULT_REQUEST),
                    help="GenerateImageRequest as proto3 JSON (field names as in the .proto)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request deadline in seconds")
+    p.add_argument("--reject-pause", type=float, default=0.1,
+                   help="seconds a caller waits after RESOURCE_EXHAUSTED/UNAVAILABLE (default 0.1; 0: none)")
     p.add_argument("--token-file", help="bearer token file (server --auth-token-file)")
     p.add_argument("--tls-ca", help="PEM root certificate: use TLS")
     p.add_argument("--wait-ready", type=float, default=0.0,
@@ -188,8 +192,8 @@ def parse_args(argv):
     p.add_argument("--json-out", help="also write the report as JSON to this file")
     p.add_argument("-v", "--verbose", action="store_true", help="print every failed request")
     args = p.parse_args(argv)
-    if args.concurrency < 1 or args.duration <= 0 or args.requests < 0:
-        p.error("--concurrency must be >= 1, --duration > 0 and --requests >= 0")
+    if args.concurrency < 1 or args.duration <= 0 or args.requests < 0 or args.reject_pause < 0:
+        p.error("--concurrency must be >= 1, --duration > 0, --requests >= 0 and --reject-pause >= 0")
     return args
 
 
