@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
@@ -65,6 +66,9 @@ class Backend {
   // Fills a contiguous tensor with reproducible uniform values in [-scale, scale] drawn from a
   // counter-based hash of (seed, index): random weights for benchmarks and tests.
   virtual absl::Status fill_uniform(const Tensor& t, uint64_t seed, float scale) = 0;
+  // Runs `work` and returns its device time in milliseconds (CUDA events on the GPU, a host clock
+  // around synchronize() on the CPU). For benchmarks; `work` must only enqueue backend ops.
+  virtual absl::StatusOr<double> time_ms(const std::function<absl::Status()>& work);
   virtual BackendMemoryStats memory_stats() const { return {}; }
   virtual void reset_peak_memory() {}
   // Request-scoped switch: false forces every fused fast path onto its eager chain (same results

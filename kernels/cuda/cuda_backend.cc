@@ -159,6 +159,22 @@ absl::Status CudaBackend::fill_uniform(const Tensor& t, uint64_t seed, float sca
 
 absl::Status CudaBackend::synchronize() { return cuda_status(cudaStreamSynchronize(stream()), "synchronize"); }
 
+absl::StatusOr<double> CudaBackend::time_ms(const std::function<absl::Status()>& work) {
+  cudaEvent_t start, stop;
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&start), "event"));
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&stop), "event"));
+  absl::Status status = cuda_status(cudaEventRecord(start, stream()), "event record");
+  if (status.ok()) status = work();
+  if (status.ok()) status = cuda_status(cudaEventRecord(stop, stream()), "event record");
+  if (status.ok()) status = cuda_status(cudaEventSynchronize(stop), "event sync");
+  float ms = 0.0f;
+  if (status.ok()) status = cuda_status(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (!status.ok()) return status;
+  return static_cast<double>(ms);
+}
+
 BackendMemoryStats CudaBackend::memory_stats() const {
   BackendMemoryStats stats;
   stats.total_bytes = total_bytes_;

@@ -1,13 +1,135 @@
-// `flux2 bench`: placeholder until it lands; reports that it is not implemented.
+// `flux2 bench`: per-step latency of the FLUX.2 transformer at real shapes with random weights
+// (performance.md "How to measure"): warm-up, then the median of >= 10 timed steps (device
+// events), TFLOP/s, the fraction of the floor and peak device memory; `--json` prints one JSON
+// object per line. Run on the GPU machine by tests/gpu/run_on_device.sh.
+#include <algorithm>
 #include <cstdio>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/backend_factory.h"
+#include "kernels/base/status.h"
+#include "model/flux2_presets.h"
+#include "model/flux2_transformer.h"
+#include "model/rope.h"
+#include "model/scheduler.h"
+#include "nlohmann/json.hpp"
+#include "server/cli/args.h"
 #include "server/cli/commands.h"
 
 namespace flux2 {
+namespace {
+
+int fail(absl::string_view message) {
+  std::fprintf(stderr, "flux2 bench: %s\n", std::string(message).c_str());
+  return 1;
+}
+
+struct BenchOptions {
+  std::string model;
+  std::string quality = "lossless";
+  int64_t height = 1024, width = 1024, text_len = 512;
+  int64_t steps = 10, warmup = 3;
+  bool fast_paths = true;
+  bool json = false;
+};
+
+absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
+  FLUX_ASSIGN_OR_RETURN(Flux2Config config, flux2_preset(o.model));
+  if (o.quality != "lossless") {
+    return absl::UnimplementedError(absl::StrCat("--quality ", o.quality, " is not implemented yet"));
+  }
+  if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
+    return absl::InvalidArgumentError("--height/--width must be positive multiples of 16");
+  }
+  be.set_fast_paths(o.fast_paths);
+  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Transformer> model, Flux2Transformer::create_random(be, config, 1));
+  const int64_t h = o.height / 16, w = o.width / 16, n = h * w, l = o.text_len;
+  const DType act = be.activation_dtype();
+  FLUX_ASSIGN_OR_RETURN(Tensor prompt, be.empty(act, {l, config.joint_attention_dim}));
+  FLUX_ASSIGN_OR_RETURN(Tensor x, be.empty(act, {n, config.in_channels}));
+  FLUX_ASSIGN_OR_RETURN(Tensor v, be.empty(act, {n, config.out_channels}));
+  FLUX_RETURN_IF_ERROR(be.fill_uniform(prompt, 11, 1.0f));
+  FLUX_RETURN_IF_ERROR(be.fill_uniform(x, 12, 1.0f));
+  const int64_t total = o.warmup + o.steps;
+  const Schedule schedule = make_schedule(SchedulerConfig{}, total, n);
+  std::vector<float> timesteps(schedule.timesteps.begin(), schedule.timesteps.end());
+  for (float& t : timesteps) t /= 1000.0f;
+  std::vector<float> guidance;
+  if (config.guidance_embeds) guidance.assign(static_cast<size_t>(total), 4.0f);
+  be.reset_peak_memory();
+  FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond, model->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w),
+                                                               timesteps, guidance));
+  std::vector<double> times;
+  for (int64_t i = 0; i < total; ++i) {
+    FLUX_ASSIGN_OR_RETURN(double ms, be.time_ms([&]() -> absl::Status {
+      FLUX_RETURN_IF_ERROR(model->forward(cond, i, x, v));
+      return be.euler_step(x, v, schedule.dt(i));
+    }));
+    if (i >= o.warmup) times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  const StepFlops flops = flux2_step_flops(config, n, l);
+  const double floor = flux2_floor_ms(config, n, l);
+  const BackendMemoryStats memory = be.memory_stats();
+  nlohmann::json result = {
+      {"model", o.model}, {"quality", o.quality}, {"height", o.height}, {"width", o.width}, {"text_len", l},
+      {"backend", std::string(be.name())}, {"fast_paths", o.fast_paths}, {"steps_timed", o.steps},
+      {"ms_per_step_median", median}, {"ms_per_step_min", times.front()}, {"ms_per_step_max", times.back()},
+      {"tflops", (flops.linear + flops.attention) / (median * 1e9)},
+      {"linear_tflop", flops.linear / 1e12}, {"attention_tflop", flops.attention / 1e12},
+      {"floor_ms", floor}, {"floor_fraction", floor / median},
+      {"peak_device_bytes", memory.peak_bytes}, {"weight_bytes", model->load_report().device_bytes}};
+  return result;
+}
+
+}  // namespace
 
 int run_bench(int argc, char** argv, int first) {
-  std::fprintf(stderr, "flux2 bench: not implemented yet\n");
-  return 2;
+  auto args = Args::parse(argc, argv, first, {"--json", "--no-fast-paths", "--e2e"});
+  if (!args.ok()) return fail(args.status().message());
+  if (auto known = args->check_known({"--model", "--height", "--width", "--text-len", "--quality", "--steps",
+                                      "--warmup", "--json", "--no-fast-paths", "--backend", "--e2e"});
+      !known.ok()) {
+    return fail(known.message());
+  }
+  BenchOptions o;
+  o.model = args->get("--model", "klein-4b");
+  o.quality = args->get("--quality", "lossless");
+  o.json = args->has("--json");
+  o.fast_paths = !args->has("--no-fast-paths");
+  auto height = args->get_int("--height", 1024), width = args->get_int("--width", 1024);
+  auto text_len = args->get_int("--text-len", 512), steps = args->get_int("--steps", 10);
+  auto warmup = args->get_int("--warmup", 3);
+  for (const absl::Status& s : {height.status(), width.status(), text_len.status(), steps.status(), warmup.status()}) {
+    if (!s.ok()) return fail(s.message());
+  }
+  o.height = *height;
+  o.width = *width;
+  o.text_len = *text_len;
+  o.steps = *steps;
+  o.warmup = *warmup;
+  if (o.steps < 10) return fail("--steps: time at least 10 steps (performance.md)");
+  if (args->has("--e2e")) return fail("--e2e is not implemented yet");
+  auto backend = create_backend(args->get("--backend", "cuda"));
+  if (!backend.ok()) return fail(backend.status().message());
+  auto result = bench_step(**backend, o);
+  if (!result.ok()) return fail(result.status().message());
+  if (o.json) {
+    std::printf("%s\n", result->dump().c_str());
+  } else {
+    const nlohmann::json& r = *result;
+    std::printf("%s %s %lldx%lld text %lld: %.2f ms/step median (min %.2f, max %.2f), %.0f TFLOP/s, floor %.1f ms "
+                "(fraction %.3f), peak %.2f GB\n",
+                o.model.c_str(), o.quality.c_str(), static_cast<long long>(o.width), static_cast<long long>(o.height),
+                static_cast<long long>(o.text_len), r["ms_per_step_median"].get<double>(),
+                r["ms_per_step_min"].get<double>(), r["ms_per_step_max"].get<double>(), r["tflops"].get<double>(),
+                r["floor_ms"].get<double>(), r["floor_fraction"].get<double>(),
+                r["peak_device_bytes"].get<int64_t>() / 1e9);
+  }
+  return 0;
 }
 
 }  // namespace flux2

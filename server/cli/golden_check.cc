@@ -20,6 +20,8 @@ namespace {
 
 using PartFn = void (*)(const GoldenContext&, GoldenReport&);
 
+constexpr int kExitBackendUnavailable = 77;  // ctest's SKIP_RETURN_CODE for GPU tests
+
 struct GoldenPart {
   const char* name;  // --only spelling
   const char* file;  // the vector file whose presence means the part is in the directory
@@ -110,7 +112,8 @@ int run_check_golden(int argc, char** argv, int first) {
   if (!backend.ok()) {
     std::fprintf(stderr, "check-golden: --backend %s: %s\n", context.backend_name.c_str(),
                  std::string(backend.status().message()).c_str());
-    return 2;
+    // 77: the backend exists in this build but not on this machine (no GPU): tests skip on it.
+    return backend.status().code() == absl::StatusCode::kUnavailable ? kExitBackendUnavailable : 2;
   }
   context.backend = backend->get();
   const std::string bf16_path = context.dir + "/bf16_reference.json";

@@ -1,0 +1,117 @@
+// CUDA backend ops against the CPU reference backend on the same (bf16-representable) inputs.
+// Tolerance (style.md P4 (b)): bf16 unit roundoff u = 2^-9 ≈ 1.95e-3; an op whose eager chain
+// rounds r <= 4 times has a relative error within r·u ≈ 8e-3 (GEMMs and attention accumulate in
+// fp32 and round once or twice more); 1e-2 bounds all of them, and every case also checks the
+// reference is far from zero so a missing term cannot hide.
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "kernels/base/numerics.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/cuda/gpu_test_util.h"
+
+namespace flux2 {
+namespace {
+
+constexpr double kTolerance = 1e-2;
+
+class BackendOpsTest : public ::testing::Test {
+ protected:
+  // The same random bf16 values on both backends.
+  std::pair<Tensor, Tensor> pair(Backend& gpu, int64_t rows, int64_t cols, uint64_t seed, float scale = 1.0f) {
+    Tensor g = testing::random_bf16(gpu, rows, cols, seed, scale);
+    std::vector<float> host = testing::values(gpu, g);
+    Tensor c = cpu_.empty(DType::kF32, {rows, cols}).value();
+    EXPECT_TRUE(cpu_.upload(host.data(), DType::kF32, c).ok());
+    return {g, c};
+  }
+  void expect_close(Backend& gpu, const Tensor& g, const Tensor& c, const char* what) {
+    const std::vector<float> got = testing::values(gpu, g), ref = testing::values(cpu_, c);
+    double norm = 0;
+    for (float v : ref) norm += double(v) * v;
+    EXPECT_GT(std::sqrt(norm), 1e-3) << what << ": trivial reference";
+    EXPECT_LE(relative_l2_error(got, ref), kTolerance) << what;
+  }
+  CpuBackend cpu_;
+};
+
+TEST_F(BackendOpsTest, LinearWithBiasIntoSlice) {
+  FLUX2_REQUIRE_GPU(gpu);
+  auto [xg, xc] = pair(*gpu, 77, 3072, 1);
+  auto [wg, wc] = pair(*gpu, 512, 3072, 2, 0.02f);
+  auto [bg, bc] = pair(*gpu, 1, 512, 3);
+  Tensor yg = gpu->empty(DType::kBF16, {77, 1024}).value(), yc = cpu_.empty(DType::kF32, {77, 1024}).value();
+  ASSERT_TRUE(gpu->linear(xg, wg, bg.reshape({512}), yg.col_slice(256, 512)).ok());
+  ASSERT_TRUE(cpu_.linear(xc, wc, bc.reshape({512}), yc.col_slice(256, 512)).ok());
+  expect_close(*gpu, yg.col_slice(256, 512), yc.col_slice(256, 512), "linear");
+}
+
+TEST_F(BackendOpsTest, AttentionCudnnAndFallbackAgreeWithCpu) {
+  FLUX2_REQUIRE_GPU(gpu);
+  struct Case { int64_t s, h, hk, d; bool causal; int64_t valid; };
+  for (const Case c : {Case{600, 4, 4, 128, false, -1}, Case{77, 3, 3, 32, false, -1}, Case{64, 4, 2, 16, true, 21},
+                       Case{100, 1, 1, 512, false, -1}}) {
+    auto [qg, qc] = pair(*gpu, c.s, c.h * c.d, 4);
+    auto [kg, kc] = pair(*gpu, c.s, c.hk * c.d, 5);
+    auto [vg, vc] = pair(*gpu, c.s, c.hk * c.d, 6);
+    const AttentionParams p{c.h, c.hk, c.d, static_cast<float>(1 / std::sqrt(double(c.d))), c.causal, c.valid};
+    Tensor og = gpu->empty(DType::kBF16, {c.s, c.h * c.d}).value(), oc = cpu_.empty(DType::kF32, {c.s, c.h * c.d}).value();
+    ASSERT_TRUE(gpu->attention(qg, kg, vg, p, og).ok());
+    ASSERT_TRUE(cpu_.attention(qc, kc, vc, p, oc).ok());
+    expect_close(*gpu, og, oc, ("attention d=" + std::to_string(c.d)).c_str());
+  }
+}
+
+TEST_F(BackendOpsTest, NormsAndElementwise) {
+  FLUX2_REQUIRE_GPU(gpu);
+  const int64_t m = 33, d = 256;
+  auto [xg, xc] = pair(*gpu, m, d, 7, 3.0f);
+  auto [sg, sc] = pair(*gpu, 1, d, 8);
+  auto [tg, tc] = pair(*gpu, 1, d, 9);
+  Tensor og = gpu->empty(DType::kBF16, {m, d}).value(), oc = cpu_.empty(DType::kF32, {m, d}).value();
+  ASSERT_TRUE(gpu->layer_norm_modulate(xg, sg.reshape({d}), tg.reshape({d}), 1e-6f, og).ok());
+  ASSERT_TRUE(cpu_.layer_norm_modulate(xc, sc.reshape({d}), tc.reshape({d}), 1e-6f, oc).ok());
+  expect_close(*gpu, og, oc, "layer_norm_modulate");
+  ASSERT_TRUE(gpu->rms_norm(xg, sg.reshape({d}), 1e-6f, og).ok());
+  ASSERT_TRUE(cpu_.rms_norm(xc, sc.reshape({d}), 1e-6f, oc).ok());
+  expect_close(*gpu, og, oc, "rms_norm");
+  ASSERT_TRUE(gpu->swiglu(xg, xg, og).ok());
+  ASSERT_TRUE(cpu_.swiglu(xc, xc, oc).ok());
+  expect_close(*gpu, og, oc, "swiglu");
+  ASSERT_TRUE(gpu->group_norm(xg, 8, sg.reshape({d}), tg.reshape({d}), 1e-6f, true, og).ok());
+  ASSERT_TRUE(cpu_.group_norm(xc, 8, sc.reshape({d}), tc.reshape({d}), 1e-6f, true, oc).ok());
+  expect_close(*gpu, og, oc, "group_norm");
+}
+
+TEST_F(BackendOpsTest, ConvUpsampleAndLatentUnpack) {
+  FLUX2_REQUIRE_GPU(gpu);
+  const int64_t h = 12, w = 20, cin = 32, cout = 64;
+  auto [xg, xc] = pair(*gpu, h * w, cin, 10);
+  auto [wg, wc] = pair(*gpu, cout, 9 * cin, 11, 0.1f);
+  auto [bg, bc] = pair(*gpu, 1, cout, 12);
+  Tensor og = gpu->empty(DType::kBF16, {h, w, cout}).value(), oc = cpu_.empty(DType::kF32, {h, w, cout}).value();
+  ASSERT_TRUE(gpu->conv2d(xg.reshape({h, w, cin}), wg.reshape({cout, 3, 3, cin}), bg.reshape({cout}), og).ok());
+  ASSERT_TRUE(cpu_.conv2d(xc.reshape({h, w, cin}), wc.reshape({cout, 3, 3, cin}), bc.reshape({cout}), oc).ok());
+  expect_close(*gpu, og, oc, "conv2d");
+  Tensor ug = gpu->empty(DType::kBF16, {2 * h, 2 * w, cout}).value(), uc = cpu_.empty(DType::kF32, {2 * h, 2 * w, cout}).value();
+  ASSERT_TRUE(gpu->upsample_nearest_2x(og, ug).ok());
+  ASSERT_TRUE(cpu_.upsample_nearest_2x(oc, uc).ok());
+  expect_close(*gpu, ug, uc, "upsample");
+  auto [tg, tc] = pair(*gpu, 6 * 10, 128, 13);
+  auto [mg, mc] = pair(*gpu, 1, 128, 14);
+  Tensor var_g = testing::random_bf16(*gpu, 1, 128, 15, 0.5f);
+  std::vector<float> var = testing::values(*gpu, var_g);
+  for (float& v : var) v = std::fabs(v) + 0.25f;  // positive variances, bf16-exact (|x| + 1/4 of bf16 x... rounded)
+  Tensor vg = gpu->empty(DType::kBF16, {128}).value(), vc = cpu_.empty(DType::kF32, {128}).value();
+  ASSERT_TRUE(gpu->upload(var.data(), DType::kF32, vg).ok());
+  std::vector<float> var_rounded = testing::values(*gpu, vg);
+  ASSERT_TRUE(cpu_.upload(var_rounded.data(), DType::kF32, vc).ok());
+  Tensor lg = gpu->empty(DType::kBF16, {12, 20, 32}).value(), lc = cpu_.empty(DType::kF32, {12, 20, 32}).value();
+  ASSERT_TRUE(gpu->latent_unpack(tg, mg.reshape({128}), vg, 1e-4f, lg).ok());
+  ASSERT_TRUE(cpu_.latent_unpack(tc, mc.reshape({128}), vc, 1e-4f, lc).ok());
+  expect_close(*gpu, lg, lc, "latent_unpack");
+}
+
+}  // namespace
+}  // namespace flux2

@@ -1,0 +1,54 @@
+// GPU test helpers; see gpu_test_util.h.
+#include "tests/cuda/gpu_test_util.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+
+#include "kernels/base/dtype.h"
+
+namespace flux2::testing {
+
+std::string test_data_dir() {
+  const char* env = std::getenv("FLUX2_TEST_DATA");
+  return env != nullptr ? env : FLUX2_TEST_DATA;
+}
+
+Backend* gpu_backend(std::string* why) {
+  static absl::StatusOr<std::unique_ptr<Backend>> backend = create_cuda_backend();
+  if (!backend.ok()) {
+    *why = std::string(backend.status().message());
+    return nullptr;
+  }
+  return backend->get();
+}
+
+Tensor random_bf16(Backend& be, int64_t rows, int64_t cols, uint64_t seed, float scale) {
+  Tensor t = be.empty(DType::kBF16, {rows, cols}).value();
+  EXPECT_TRUE(be.fill_uniform(t, seed, scale).ok());
+  return t;
+}
+
+std::vector<uint16_t> bits(Backend& be, const Tensor& t) {
+  EXPECT_TRUE(be.synchronize().ok());
+  std::vector<uint16_t> out(static_cast<size_t>(t.numel()));
+  const size_t row_bytes = static_cast<size_t>(t.cols()) * 2;
+  EXPECT_EQ(cudaMemcpy2D(out.data(), row_bytes, t.data(), static_cast<size_t>(t.row_stride()) * 2, row_bytes,
+                         static_cast<size_t>(t.rows()), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return out;
+}
+
+std::vector<float> values(Backend& be, const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  EXPECT_TRUE(be.download(t, out.data()).ok());
+  return out;
+}
+
+Tensor clone(Backend& be, const Tensor& t) {
+  Tensor copy = be.empty(t.dtype(), {t.rows(), t.cols()}).value();
+  EXPECT_TRUE(be.copy(t, copy).ok());
+  return copy;
+}
+
+}  // namespace flux2::testing

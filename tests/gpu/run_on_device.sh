@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine from the repository root (device `run`, carrying .device-bin from
+# tests/gpu/build_bundle.sh): the GPU tests, the goldens on the CUDA backend and `flux2 bench` at
+# the real shapes. Logs go to $OUT; a summary prints last.
+#   tests/gpu/run_on_device.sh [tests] [golden] [bench] [bench-dev]   (default: all)
+set -uo pipefail
+if [[ -f .device-bin/lib.tar.xz && ! -d .device-bin/lib ]]; then tar -C .device-bin -xJf .device-bin/lib.tar.xz; fi
+tokenizer_json=tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json
+[[ -f $tokenizer_json ]] || xz -dc .device-bin/tokenizer.json.xz >"$tokenizer_json"
+export LD_LIBRARY_PATH="$PWD/.device-bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export FLUX2_TEST_DATA="$PWD/tests/data"
+bin="$PWD/.device-bin/bin"
+out="${OUT:-/tmp/flux2-out}"
+mkdir -p "$out"
+parts=("$@")
+(( ${#parts[@]} )) || parts=(tests golden bench bench-dev)
+want() { [[ " ${parts[*]} " == *" $1 "* ]]; }
+summary=()
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
+if want tests; then
+  for t in gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
+           gpu_pipeline_fast_paths_test; do
+    "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
+    summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$t.log" | tr '\n' ' '))")
+  done
+fi
+if want golden; then
+  for dir in tiny-klein tiny-dev; do
+    "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda >"$out/golden-$dir.log" 2>&1
+    summary+=("golden $dir (cuda): exit $? $(tail -n1 "$out/golden-$dir.log")")
+  done
+fi
+if want bench; then
+  for model in klein-4b klein-9b; do
+    "$bin/flux2" bench --model "$model" --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
+    summary+=("bench $model: $(tail -n1 "$out/bench.jsonl")")
+  done
+  "$bin/flux2" bench --model klein-4b --no-fast-paths --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
+  summary+=("bench klein-4b eager: $(tail -n1 "$out/bench.jsonl")")
+fi
+if want bench-dev; then
+  "$bin/flux2" bench --model dev --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
+  summary+=("bench dev: $(tail -n1 "$out/bench.jsonl")")
+fi
+echo "==== summary"
+printf '%s\n' "${summary[@]}"
