@@ -8,8 +8,8 @@
       --request '{"prompt": "a lighthouse at dusk", "width": 1024, "height": 1024}' --json-out run.json
 
 Message types come from proto/flux2/v1/*.proto, compiled at run time with protoc into a descriptor
-set (no generated stubs to keep in sync). Needs Debian's python3-grpcio, python3-protobuf and
-protobuf-compiler. A dns:/// target with round_robin spreads requests over every pod behind the
+set (no generated stubs to keep in sync), or from --descriptor-set. Needs Debian's python3-grpcio,
+python3-protobuf and protobuf-compiler. A dns:/// target with round_robin spreads requests over every pod behind the
 headless Service.
 """
 import argparse
@@ -37,10 +37,23 @@ DEFAULT_REQUEST = {"prompt": "a red fox in the snow, watercolor", "width": 1024,
 class Api:
     """Message classes of the flux2 and health protos, built from a protoc descriptor set."""
 
-    def __init__(self, proto_dir: pathlib.Path):
+    def __init__(self, proto_dir: pathlib.Path, descriptor_set: str | None = None):
+        if descriptor_set:
+            fds = descriptor_pb2.FileDescriptorSet.FromString(pathlib.Path(descriptor_set).read_bytes())
+        else:
+            fds = self.compile(proto_dir)
+        self.pool = descriptor_pool.DescriptorPool()
+        for fdp in fds.file:
+            self.pool.Add(fdp)
+        self.service = self.pool.FindServiceByName(SERVICE)
+
+    @staticmethod
+    def compile(proto_dir: pathlib.Path):
+        """flux2/v1/*.proto (+ the health proto) -> FileDescriptorSet, with protoc."""
         protoc = shutil.which("protoc")
         if protoc is None:
-            raise SystemExit("flux2_loadgen: protoc not found (Debian package protobuf-compiler)")
+            raise SystemExit("flux2_loadgen: protoc not found (Debian package protobuf-compiler); "
+                             "or pass --descriptor-set")
         files = sorted(str(p.relative_to(proto_dir)) for p in proto_dir.glob("flux2/v1/*.proto"))
         health = proto_dir / "grpc/health/v1/health.proto"
         if health.exists():
@@ -51,11 +64,7 @@ class Api:
             out = pathlib.Path(tmp) / "flux2.pb"
             subprocess.run([protoc, f"--proto_path={proto_dir}", "--include_imports",
                             f"--descriptor_set_out={out}", *files], check=True)
-            fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
-        self.pool = descriptor_pool.DescriptorPool()
-        for fdp in fds.file:
-            self.pool.Add(fdp)
-        self.service = self.pool.FindServiceByName(SERVICE)
+            return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
 
     def message_class(self, descriptor):
         if hasattr(message_factory, "GetMessageClass"):  # protobuf >= 4.22
@@ -104,7 +113,7 @@ def wait_ready(api: Api, channel: grpc.Channel, timeout_s: float) -> None:
 
 
 def run(args) -> dict:
-    api = Api(pathlib.Path(args.proto_dir))
+    api = Api(pathlib.Path(args.proto_dir), args.descriptor_set)
     method, req_cls, resp_cls = api.method(args.method)
     try:
         request = json_format.ParseDict(json.loads(args.request), req_cls())
@@ -189,6 +198,8 @@ def parse_args(argv):
     p.add_argument("--wait-ready", type=float, default=0.0,
                    help="first wait up to this many seconds for readiness SERVING")
     p.add_argument("--proto-dir", default=str(REPO / "proto"), help="root of the .proto files")
+    p.add_argument("--descriptor-set", help="use this FileDescriptorSet (protoc --include_imports "
+                   "--descriptor_set_out) instead of compiling --proto-dir; for machines without protoc")
     p.add_argument("--json-out", help="also write the report as JSON to this file")
     p.add_argument("-v", "--verbose", action="store_true", help="print every failed request")
     args = p.parse_args(argv)
