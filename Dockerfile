@@ -27,8 +27,9 @@ RUN set -eux; \
 
 FROM nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04 AS cuda-runtime
 # The CUDA libraries flux2_server loads, dereferenced to their sonames: cudart, cuBLASLt (dlopen),
-# cuDNN 9 (all sub-libraries: the shim loads them on demand) and NVRTC + nvJitLink, which cuDNN's
-# runtime-compiled fusion engines (fused attention) need.
+# cuDNN 9 (all sub-libraries: the shim loads them on demand) and NVRTC, which cuDNN's runtime-compiled
+# engines (fused attention) use; the set was read from /proc/PID/maps of the server on an H200.
+# nvJitLink was not loaded there; it is kept because cuDNN can link runtime-compiled kernels with it.
 RUN set -eux; \
     mkdir -p /opt/cuda-runtime/lib; \
     for soname in libcudart.so.13 libcublasLt.so.13 libnvrtc.so.13 libnvrtc-builtins.so.13.0 \
