@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
@@ -71,6 +73,11 @@ class Backend {
   virtual absl::StatusOr<double> time_ms(const std::function<absl::Status()>& work);
   virtual BackendMemoryStats memory_stats() const { return {}; }
   virtual void reset_peak_memory() {}
+  // Op profiling for `flux2 bench --profile`: while on, the device time of every op is summed by
+  // category ("gemm", "attention", "norm", "elementwise", "conv", "other"); take_op_profile()
+  // waits for the device, returns the sums in milliseconds and clears them.
+  virtual void set_op_profiling(bool enabled) {}
+  virtual std::map<std::string, double> take_op_profile() { return {}; }
   // Request-scoped switch: false forces every fused fast path onto its eager chain (same results
   // by contract, used by tests and the request field). Backends without fast paths ignore it.
   virtual void set_fast_paths(bool enabled) {}

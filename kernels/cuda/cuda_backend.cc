@@ -145,6 +145,7 @@ absl::Status CudaBackend::download(const Tensor& src, float* host) {
 }
 
 absl::Status CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  OpProfileScope profile(*this, "elementwise");
   if (src.device() != Device::kCuda || dst.device() != Device::kCuda) return op_error("copy", "tensors must be on the GPU");
   FLUX_RETURN_IF_ERROR(check_matrix("copy", "dst", dst, src.rows(), src.cols()));
   return cuda::convert_copy(mat(src), src.dtype(), mat(dst), dst.dtype(), stream());
@@ -195,6 +196,36 @@ void CudaBackend::reset_peak_memory() {
   if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return;
   uint64_t zero = 0;
   cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
+}
+
+OpProfileScope::OpProfileScope(CudaBackend& backend, const char* category) : backend_(backend), category_(category) {
+  if (backend_.profiling_ && backend_.profile_depth_++ == 0) {
+    cudaEventCreate(&start_);
+    cudaEventRecord(start_, backend_.stream());
+  }
+}
+
+OpProfileScope::~OpProfileScope() {
+  if (!backend_.profiling_) return;
+  if (--backend_.profile_depth_ == 0 && start_ != nullptr) {
+    cudaEvent_t stop;
+    cudaEventCreate(&stop);
+    cudaEventRecord(stop, backend_.stream());
+    backend_.profiled_.push_back({category_, start_, stop});
+  }
+}
+
+std::map<std::string, double> CudaBackend::take_op_profile() {
+  std::map<std::string, double> totals;
+  cudaStreamSynchronize(stream());
+  for (const ProfiledOp& op : profiled_) {
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, op.start, op.stop) == cudaSuccess) totals[op.category] += ms;
+    cudaEventDestroy(op.start);
+    cudaEventDestroy(op.stop);
+  }
+  profiled_.clear();
+  return totals;
 }
 
 absl::StatusOr<Tensor> CudaBackend::scratch(Shape shape, DType dtype) { return empty(dtype, std::move(shape)); }

@@ -4,7 +4,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/base/fast_path_registry.h"
@@ -42,6 +45,8 @@ class CudaBackend final : public Backend {
   BackendMemoryStats memory_stats() const override;
   void reset_peak_memory() override;
   void set_fast_paths(bool enabled) override { fast_paths_ = enabled; }
+  void set_op_profiling(bool enabled) override { profiling_ = enabled; }
+  std::map<std::string, double> take_op_profile() override;
 
   absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override;
   absl::Status embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
@@ -66,6 +71,7 @@ class CudaBackend final : public Backend {
   absl::Status cfg_combine(const Tensor& uncond, const Tensor& cond, float scale, const Tensor& out) override;
 
  private:
+  friend class OpProfileScope;
   CudaBackend() = default;
 
   // Runs `fused` for fast path `path` unless fast paths are off, the path is disabled or
@@ -85,6 +91,25 @@ class CudaBackend final : public Backend {
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};
   int64_t total_bytes_ = 0;
   bool fast_paths_ = true;
+  bool profiling_ = false;
+  int profile_depth_ = 0;  // ops called by ops are timed once, by the outermost
+  struct ProfiledOp {
+    const char* category;
+    cudaEvent_t start, stop;
+  };
+  std::vector<ProfiledOp> profiled_;
+};
+
+// Times the op it lives in when profiling is on (events on the backend's stream).
+class OpProfileScope {
+ public:
+  OpProfileScope(CudaBackend& backend, const char* category);
+  ~OpProfileScope();
+
+ private:
+  CudaBackend& backend_;
+  const char* category_;
+  cudaEvent_t start_ = nullptr;
 };
 
 // A tensor as a launcher matrix.

@@ -83,6 +83,7 @@ absl::Status CudaBackend::run_fast_path(FastPath& path, absl::string_view unsupp
 }
 
 absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+  OpProfileScope profile(*this, "gemm");
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "w", w));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "y", y));
@@ -96,6 +97,7 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
 }
 
 absl::Status CudaBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  OpProfileScope profile(*this, "other");
   FLUX_RETURN_IF_ERROR(check_tensor("embedding", "ids", ids, Device::kCuda, DType::kI32));
   FLUX_RETURN_IF_ERROR(check_bf16("embedding", "table", table));
   FLUX_RETURN_IF_ERROR(check_bf16("embedding", "out", out));
@@ -113,12 +115,14 @@ absl::Status CudaBackend::embedding(const Tensor& ids, const Tensor& table, cons
 }
 
 absl::Status CudaBackend::silu(const Tensor& x, const Tensor& out) {
+  OpProfileScope profile(*this, "elementwise");
   FLUX_RETURN_IF_ERROR(check_bf16("silu", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("silu", x, "out", out));
   return cuda::silu_bf16(mat(x), mat(out), stream());
 }
 
 absl::Status CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  OpProfileScope profile(*this, "elementwise");
   FLUX_RETURN_IF_ERROR(check_bf16("add", "a", a));
   FLUX_RETURN_IF_ERROR(check_same_bf16("add", a, "b", b));
   FLUX_RETURN_IF_ERROR(check_same_bf16("add", a, "out", out));
@@ -126,6 +130,7 @@ absl::Status CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& ou
 }
 
 absl::Status CudaBackend::gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) {
+  OpProfileScope profile(*this, "elementwise");
   FLUX_RETURN_IF_ERROR(check_bf16("gate_residual", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("gate_residual", x, "update", update));
   FLUX_RETURN_IF_ERROR(check_bf16("gate_residual", "gate", gate));
@@ -142,6 +147,7 @@ absl::Status CudaBackend::gate_residual(const Tensor& x, const Tensor& gate, con
 }
 
 absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  OpProfileScope profile(*this, "elementwise");
   FLUX_RETURN_IF_ERROR(check_bf16("swiglu", "gate", gate));
   FLUX_RETURN_IF_ERROR(check_same_bf16("swiglu", gate, "up", up));
   FLUX_RETURN_IF_ERROR(check_same_bf16("swiglu", gate, "out", out));
@@ -167,6 +173,7 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
 
 absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps,
                                               const Tensor& out) {
+  OpProfileScope profile(*this, "norm");
   constexpr absl::string_view kOp = "layer_norm_modulate";
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16(kOp, x, "out", out));
@@ -190,6 +197,7 @@ absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shi
 }
 
 absl::Status CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+  OpProfileScope profile(*this, "norm");
   FLUX_RETURN_IF_ERROR(check_bf16("rms_norm", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("rms_norm", x, "out", out));
   FLUX_RETURN_IF_ERROR(check_bf16("rms_norm", "weight", weight));
@@ -199,6 +207,7 @@ absl::Status CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float 
 
 absl::Status CudaBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight, float eps,
                                        const Tensor& cos, const Tensor& sin, RopeStyle style) {
+  OpProfileScope profile(*this, "norm");
   constexpr absl::string_view kOp = "qk_norm_rope";
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "norm_weight", norm_weight));
@@ -218,6 +227,7 @@ absl::Status CudaBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const 
 
 absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta, float eps,
                                      bool silu, const Tensor& out) {
+  OpProfileScope profile(*this, "norm");
   FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("group_norm", x, "out", out));
   FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "gamma", gamma));
@@ -229,6 +239,7 @@ absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tens
 
 absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                                     const Tensor& out) {
+  OpProfileScope profile(*this, "attention");
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "q", q));
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "k", k));
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "v", v));
@@ -263,6 +274,7 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  OpProfileScope profile(*this, "conv");
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "w", w));
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "bias", bias));
@@ -277,6 +289,7 @@ absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor&
 }
 
 absl::Status CudaBackend::upsample_nearest_2x(const Tensor& x, const Tensor& out) {
+  OpProfileScope profile(*this, "other");
   FLUX_RETURN_IF_ERROR(check_bf16("upsample_nearest_2x", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("upsample_nearest_2x", "out", out));
   if (x.rank() != 3 || out.rank() != 3 || !x.contiguous() || !out.contiguous() || out.dim(0) != 2 * x.dim(0) ||
@@ -288,6 +301,7 @@ absl::Status CudaBackend::upsample_nearest_2x(const Tensor& x, const Tensor& out
 
 absl::Status CudaBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_mean, const Tensor& bn_var, float eps,
                                         const Tensor& out) {
+  OpProfileScope profile(*this, "other");
   FLUX_RETURN_IF_ERROR(check_bf16("latent_unpack", "tokens", tokens));
   FLUX_RETURN_IF_ERROR(check_bf16("latent_unpack", "out", out));
   FLUX_RETURN_IF_ERROR(check_bf16("latent_unpack", "bn_mean", bn_mean));
@@ -303,12 +317,14 @@ absl::Status CudaBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_m
 }
 
 absl::Status CudaBackend::euler_step(const Tensor& x, const Tensor& v, float dt) {
+  OpProfileScope profile(*this, "elementwise");
   FLUX_RETURN_IF_ERROR(check_bf16("euler_step", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("euler_step", x, "v", v));
   return cuda::euler_step_bf16(mat(x), mat(v), dt, stream());
 }
 
 absl::Status CudaBackend::cfg_combine(const Tensor& uncond, const Tensor& cond, float scale, const Tensor& out) {
+  OpProfileScope profile(*this, "elementwise");
   FLUX_RETURN_IF_ERROR(check_bf16("cfg_combine", "uncond", uncond));
   FLUX_RETURN_IF_ERROR(check_same_bf16("cfg_combine", uncond, "cond", cond));
   FLUX_RETURN_IF_ERROR(check_same_bf16("cfg_combine", uncond, "out", out));

@@ -3,6 +3,11 @@
 // column-major Yᵀ [N, M] — exactly row-major Y [M, N] with ld = Y's row stride.
 #include "kernels/cuda/gemm.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 #include "kernels/cuda/cublaslt_api.h"
@@ -20,6 +25,12 @@ absl::Status lt_status(cublasStatus_t status, const char* what) {
 }
 
 // Largest power of two (<= 256) dividing the address: cuBLASLt's alignment preference classes.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &status);
+  return status != cudaStreamCaptureStatusNone;
+}
+
 int alignment_of(const void* p) {
   const uintptr_t address = reinterpret_cast<uintptr_t>(p);
   int alignment = 256;
@@ -33,7 +44,20 @@ struct Gemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates;  // heuristic order; tuned once if asked
 };
+
+namespace {
+
+bool autotune_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("FLUX2_GEMM_AUTOTUNE");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  return enabled;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Gemm>> Gemm::create(cudaStream_t stream) {
   FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
@@ -112,6 +136,7 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
                                                  " (lda ", lda, ", ldb ", ldb, ", ldc ", ldc, ")"));
   }
   plan->algo = results[0].algo;
+  plan->candidates.assign(results, results + returned);
   Plan* raw = plan.get();
   plans_.emplace(key, std::move(plan));
   return raw;
@@ -135,6 +160,32 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
                                                                   sizeof(bias)), "BIAS_POINTER"));
   }
   const float beta = 0.0f;
+  if (autotune_enabled() && !p->candidates.empty() && !capturing(stream_)) {
+    // Time each candidate on the real operands (the output is rewritten by the final call).
+    constexpr int kRepeats = 3;
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    float best = INFINITY;
+    for (const cublasLtMatmulHeuristicResult_t& candidate : p->candidates) {
+      cudaEventRecord(start, stream_);
+      cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+      for (int r = 0; r < kRepeats && status == CUBLAS_STATUS_SUCCESS; ++r) {
+        status = api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, b.data, p->a, a.data, p->b,
+                             &beta, c.data, p->d, c.data, p->d, &candidate.algo, workspace_, kWorkspaceBytes, stream_);
+      }
+      cudaEventRecord(stop, stream_);
+      cudaEventSynchronize(stop);
+      float ms = 0.0f;
+      if (status == CUBLAS_STATUS_SUCCESS && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && ms < best) {
+        best = ms;
+        p->algo = candidate.algo;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    p->candidates.clear();
+  }
   return lt_status(api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, b.data, p->a, a.data, p->b,
                                &beta, c.data, p->d, c.data, p->d, &p->algo, workspace_, kWorkspaceBytes, stream_),
                    "matmul");

@@ -4,6 +4,7 @@
 // object per line. Run on the GPU machine by tests/gpu/run_on_device.sh.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,7 @@ struct BenchOptions {
   int64_t steps = 10, warmup = 3;
   bool fast_paths = true;
   bool json = false;
+  bool profile = false;  // also report device time per op category
 };
 
 absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
@@ -69,6 +71,18 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
     }));
     if (i >= o.warmup) times.push_back(ms);
   }
+  std::map<std::string, double> profile;
+  if (o.profile) {
+    // A few more steps with events around every op: where the step's time goes.
+    constexpr int kProfiledSteps = 3;
+    be.set_op_profiling(true);
+    for (int i = 0; i < kProfiledSteps; ++i) {
+      FLUX_RETURN_IF_ERROR(model->forward(cond, total - 1, x, v));
+      FLUX_RETURN_IF_ERROR(be.euler_step(x, v, 0.0f));
+    }
+    be.set_op_profiling(false);
+    for (const auto& [category, ms] : be.take_op_profile()) profile[category] = ms / kProfiledSteps;
+  }
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   const StepFlops flops = flux2_step_flops(config, n, l);
@@ -82,16 +96,24 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
       {"linear_tflop", flops.linear / 1e12}, {"attention_tflop", flops.attention / 1e12},
       {"floor_ms", floor}, {"floor_fraction", floor / median},
       {"peak_device_bytes", memory.peak_bytes}, {"weight_bytes", model->load_report().device_bytes}};
+  if (o.profile) {
+    double sum = 0.0;
+    for (const auto& [category, ms] : profile) sum += ms;
+    result["profile_ms"] = profile;
+    result["profile_gaps_ms"] = median - sum;  // launch gaps and host overhead between ops
+    result["gemm_floor_ms"] = flops.linear / 870e9;
+    result["attention_floor_ms"] = flops.attention / 655e9;
+  }
   return result;
 }
 
 }  // namespace
 
 int run_bench(int argc, char** argv, int first) {
-  auto args = Args::parse(argc, argv, first, {"--json", "--no-fast-paths", "--e2e"});
+  auto args = Args::parse(argc, argv, first, {"--json", "--no-fast-paths", "--e2e", "--profile"});
   if (!args.ok()) return fail(args.status().message());
   if (auto known = args->check_known({"--model", "--height", "--width", "--text-len", "--quality", "--steps",
-                                      "--warmup", "--json", "--no-fast-paths", "--backend", "--e2e"});
+                                      "--warmup", "--json", "--no-fast-paths", "--backend", "--e2e", "--profile"});
       !known.ok()) {
     return fail(known.message());
   }
@@ -100,6 +122,7 @@ int run_bench(int argc, char** argv, int first) {
   o.quality = args->get("--quality", "lossless");
   o.json = args->has("--json");
   o.fast_paths = !args->has("--no-fast-paths");
+  o.profile = args->has("--profile");
   auto height = args->get_int("--height", 1024), width = args->get_int("--width", 1024);
   auto text_len = args->get_int("--text-len", 512), steps = args->get_int("--steps", 10);
   auto warmup = args->get_int("--warmup", 3);

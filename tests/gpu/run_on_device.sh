@@ -2,7 +2,7 @@
 # Runs on the lent GPU machine from the repository root (device `run`, carrying .device-bin from
 # tests/gpu/build_bundle.sh): the GPU tests, the goldens on the CUDA backend and `flux2 bench` at
 # the real shapes. Logs go to $OUT; a summary prints last.
-#   tests/gpu/run_on_device.sh [tests] [golden] [bench] [bench-dev]   (default: all)
+#   tests/gpu/run_on_device.sh [tests] [golden] [bench] [bench-dev] [profile]   (default: all but profile)
 set -uo pipefail
 if [[ -f .device-bin/lib.tar.xz && ! -d .device-bin/lib ]]; then tar -C .device-bin -xJf .device-bin/lib.tar.xz; fi
 tokenizer_json=tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json
@@ -38,6 +38,14 @@ if want bench; then
   done
   "$bin/flux2" bench --model klein-4b --no-fast-paths --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
   summary+=("bench klein-4b eager: $(tail -n1 "$out/bench.jsonl")")
+fi
+if want profile; then
+  for tune in 0 1; do
+    for model in klein-4b dev; do
+      FLUX2_GEMM_AUTOTUNE=$tune "$bin/flux2" bench --model "$model" --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
+      summary+=("profile $model autotune=$tune: $(tail -n1 "$out/profile.jsonl")")
+    done
+  done
 fi
 if want bench-dev; then
   "$bin/flux2" bench --model dev --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
