@@ -20,7 +20,7 @@ summary=()
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 if want tests; then
   for t in gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
-           gpu_pipeline_fast_paths_test; do
+           gpu_pipeline_fast_paths_test gpu_quantize_test; do
     "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$t.log" | tr '\n' ' '))")
   done
