@@ -76,24 +76,48 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend, const
     FLUX_ASSIGN_OR_RETURN(pipeline->vae_, VaeDecoder::load(backend, weights));
   }
 
-  const Flux2Config& flux = pipeline->transformer_->config();
-  const int64_t text_width = pipeline->text_encoder_->config().hidden_size *
-                             static_cast<int64_t>(pipeline->text_encoder_->taps().size());
+  FLUX_RETURN_IF_ERROR(pipeline->connect_components(model_dir));
+  info.load_seconds = seconds_since(start);
+  return pipeline;
+}
+
+absl::Status Pipeline::connect_components(const std::string& source) {
+  const Flux2Config& flux = transformer_->config();
+  const int64_t text_width = text_encoder_->config().hidden_size * static_cast<int64_t>(text_encoder_->taps().size());
   if (text_width != flux.joint_attention_dim) {
     return absl::InvalidArgumentError(absl::StrCat(
-        model_dir, ": the text encoder yields ", text_width, " channels per token but the transformer's ",
+        source, ": the text encoder yields ", text_width, " channels per token but the transformer's ",
         "joint_attention_dim is ", flux.joint_attention_dim));
   }
-  const VaeConfig& vae = pipeline->vae_->config();
+  const VaeConfig& vae = vae_->config();
   if (vae.latent_channels * kPatchChannels != flux.in_channels || flux.in_channels != flux.out_channels) {
     return absl::InvalidArgumentError(absl::StrCat(
-        model_dir, ": VAE latent_channels ", vae.latent_channels, " x 4 does not match the transformer's ",
+        source, ": VAE latent_channels ", vae.latent_channels, " x 4 does not match the transformer's ",
         flux.in_channels, " in / ", flux.out_channels, " out channels"));
   }
-  info.pixel_multiple = 2 * vae.scale_factor();
-  info.device_bytes = pipeline->text_encoder_->device_bytes() +
-                      pipeline->transformer_->load_report().device_bytes +
-                      pipeline->vae_->device_bytes();
+  info_.pixel_multiple = 2 * vae.scale_factor();
+  info_.device_bytes = text_encoder_->device_bytes() + transformer_->load_report().device_bytes + vae_->device_bytes();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backend, const RandomPipelineSpec& spec) {
+  const Clock::time_point start = Clock::now();
+  std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
+  PipelineInfo& info = pipeline->info_;
+  info.model_dir = "(random weights)";
+  info.model_name = spec.name;
+  info.pipeline_class = "Flux2KleinPipeline";
+  info.is_distilled = spec.is_distilled;
+  info.uses_cfg = !spec.is_distilled;
+  info.variant = spec.is_distilled ? "klein-distilled" : "klein-base";
+  info.default_steps = spec.is_distilled ? 4 : 50;
+  info.backend = std::string(backend.name());
+  FLUX_ASSIGN_OR_RETURN(pipeline->tokenizer_, Tokenizer::load(spec.tokenizer_dir));
+  FLUX_ASSIGN_OR_RETURN(pipeline->text_encoder_,
+                        Qwen3Encoder::create_random(backend, spec.text_encoder, spec.taps, spec.seed));
+  FLUX_ASSIGN_OR_RETURN(pipeline->transformer_, Flux2Transformer::create_random(backend, spec.transformer, spec.seed + 1));
+  FLUX_ASSIGN_OR_RETURN(pipeline->vae_, VaeDecoder::create_random(backend, spec.vae, spec.seed + 2));
+  FLUX_RETURN_IF_ERROR(pipeline->connect_components(spec.name));
   info.load_seconds = seconds_since(start);
   return pipeline;
 }

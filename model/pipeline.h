@@ -45,6 +45,18 @@ struct PipelineInfo {
   double load_seconds = 0.0;
 };
 
+// The shapes of a pipeline built with random weights (benchmarks at the published shapes).
+struct RandomPipelineSpec {
+  std::string name;            // e.g. "klein-4b (random weights)"
+  Flux2Config transformer;
+  Qwen3Config text_encoder;
+  std::vector<int64_t> taps = {9, 18, 27};
+  VaeConfig vae;
+  std::string tokenizer_dir;   // a real tokenizer.json (tokenization cost is part of a request)
+  bool is_distilled = true;
+  uint64_t seed = 1;
+};
+
 // Load-time overrides, for tests that run one checkpoint both ways.
 struct PipelineOptions {
   std::optional<bool> is_distilled;  // replaces model_index.json's is_distilled
@@ -100,6 +112,9 @@ class Pipeline {
   static absl::StatusOr<std::unique_ptr<Pipeline>> load(Backend& backend, const std::string& model_dir,
                                                         const PipelineOptions& options = {});
 
+  // A pipeline with random weights at `spec`'s shapes (no checkpoint), for `flux2 bench --e2e`.
+  static absl::StatusOr<std::unique_ptr<Pipeline>> create_random(Backend& backend, const RandomPipelineSpec& spec);
+
   const PipelineInfo& info() const { return info_; }
 
   // Checks params against the model and returns InvalidArgument naming the field (width,
@@ -111,6 +126,8 @@ class Pipeline {
 
  private:
   Pipeline(Backend& backend) : backend_(backend) {}
+  // Checks that the components fit together and fills the derived PipelineInfo fields.
+  absl::Status connect_components(const std::string& source);
 
   Backend& backend_;
   PipelineInfo info_;

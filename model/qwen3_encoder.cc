@@ -184,4 +184,18 @@ absl::StatusOr<std::unique_ptr<Qwen3Encoder>> Qwen3Encoder::load(Backend& backen
   return std::unique_ptr<Qwen3Encoder>(std::move(model));
 }
 
+absl::StatusOr<std::unique_ptr<Qwen3Encoder>> Qwen3Encoder::create_random(Backend& backend, Qwen3Config config,
+                                                                         std::vector<int64_t> taps, uint64_t seed) {
+  FLUX_RETURN_IF_ERROR(check_taps(taps, config, "random Qwen3 encoder"));
+  const int64_t num_layers = *std::max_element(taps.begin(), taps.end());
+  auto model = std::make_unique<Qwen3EncoderImpl>(backend, config, std::move(taps));
+  const std::vector<WeightSpec> table = model->weights().table(config, num_layers);
+  LoadReport report;
+  FLUX_ASSIGN_OR_RETURN(report.device_bytes, allocate_weights(backend, table));
+  FLUX_RETURN_IF_ERROR(fill_random_weights(backend, table, seed));
+  report.tensors = static_cast<int64_t>(table.size());
+  model->set_load_report(report);
+  return std::unique_ptr<Qwen3Encoder>(std::move(model));
+}
+
 }  // namespace flux2

@@ -41,6 +41,10 @@ class Qwen3Encoder {
   static absl::StatusOr<std::unique_ptr<Qwen3Encoder>> load(Backend& backend,
                                                             const ComponentWeights& checkpoint,
                                                             std::vector<int64_t> taps = {9, 18, 27});
+  // The encoder of `config` with reproducible random weights (fill_random_weights) and the same
+  // tap rules: real shapes without a checkpoint, for `flux2 bench --e2e`.
+  static absl::StatusOr<std::unique_ptr<Qwen3Encoder>> create_random(Backend& backend, Qwen3Config config,
+                                                                     std::vector<int64_t> taps, uint64_t seed);
   virtual ~Qwen3Encoder() = default;
 
   virtual const Qwen3Config& config() const = 0;

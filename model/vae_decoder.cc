@@ -27,6 +27,17 @@ class BackendVaeDecoder final : public VaeDecoder {
   absl::StatusOr<Tensor> decode(const Tensor& latents) const override;
   absl::StatusOr<Tensor> decode_tokens(const Tensor& tokens, int64_t h, int64_t w) const override;
 
+  absl::Status fill_random(uint64_t seed) {
+    const std::vector<WeightSpec> table = weights_.table(config_);
+    FLUX_ASSIGN_OR_RETURN(load_report_.device_bytes, allocate_weights(backend_, table));
+    FLUX_RETURN_IF_ERROR(fill_random_weights(backend_, table, seed));
+    // Variances must be positive: sqrt(var + eps) de-normalises the latents.
+    const std::vector<float> ones(static_cast<size_t>(weights_.bn_var.numel()), 1.0f);
+    FLUX_RETURN_IF_ERROR(backend_.upload(ones.data(), DType::kF32, weights_.bn_var));
+    load_report_.tensors = static_cast<int64_t>(table.size());
+    return backend_.synchronize();
+  }
+
   absl::Status load_weights_from(const ComponentWeights& checkpoint) {
     const std::vector<WeightSpec> table = weights_.table(config_);
     FLUX_ASSIGN_OR_RETURN(load_report_, load_weights(backend_, checkpoint, table, vae_unused_tensor));
@@ -242,6 +253,13 @@ absl::StatusOr<std::unique_ptr<VaeDecoder>> VaeDecoder::load(Backend& backend,
   FLUX_ASSIGN_OR_RETURN(VaeConfig config, VaeConfig::from_json(checkpoint.config(), checkpoint.config_path()));
   auto decoder = std::make_unique<BackendVaeDecoder>(backend, std::move(config));
   FLUX_RETURN_IF_ERROR(decoder->load_weights_from(checkpoint));
+  return std::unique_ptr<VaeDecoder>(std::move(decoder));
+}
+
+absl::StatusOr<std::unique_ptr<VaeDecoder>> VaeDecoder::create_random(Backend& backend, VaeConfig config,
+                                                                     uint64_t seed) {
+  auto decoder = std::make_unique<BackendVaeDecoder>(backend, std::move(config));
+  FLUX_RETURN_IF_ERROR(decoder->fill_random(seed));
   return std::unique_ptr<VaeDecoder>(std::move(decoder));
 }
 

@@ -37,6 +37,10 @@ class VaeDecoder {
   // are left unread.
   static absl::StatusOr<std::unique_ptr<VaeDecoder>> load(Backend& backend,
                                                           const ComponentWeights& checkpoint);
+  // The decoder of `config` with reproducible random weights (positive BatchNorm variances), for
+  // `flux2 bench --e2e`.
+  static absl::StatusOr<std::unique_ptr<VaeDecoder>> create_random(Backend& backend, VaeConfig config,
+                                                                   uint64_t seed);
   virtual ~VaeDecoder() = default;
 
   virtual const VaeConfig& config() const = 0;

@@ -82,6 +82,9 @@ class CudaBackend final : public Backend {
   // A scratch tensor for eager chains (stream-ordered, freed when the returned tensor dies).
   absl::StatusOr<Tensor> scratch(Shape shape, DType dtype = DType::kBF16);
   bool capturing() const;
+  // Attention for one wide head (the VAE mid block, head_dim 512): Q·Kᵀ, row softmax, P·V.
+  absl::Status attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                                  const cuda::Mat& out);
 
   std::shared_ptr<CudaStream> stream_;
   std::unique_ptr<cuda::Gemm> gemm_;

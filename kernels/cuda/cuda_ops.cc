@@ -14,6 +14,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/image_ops.h"
 #include "kernels/cuda/norms.h"
+#include "kernels/cuda/softmax.h"
 
 namespace flux2 {
 namespace {
@@ -249,6 +250,11 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
   auto into = [&](const cuda::Mat& target) -> absl::Status {
     FastPath& path = cudnn_attention_path();
     const bool supported = cuda::CudnnSdpa::supports(mat(q), mat(k), mat(v), params, target);
+    if (!supported && params.num_heads == 1 && params.num_kv_heads == 1 && !params.causal &&
+        params.num_valid_keys < 0 && params.head_dim > 256) {
+      // The VAE's single wide head: two GEMMs around a row softmax, in query chunks.
+      return attention_by_gemms(q, k, v, params.scale, target);
+    }
     if (!path.enabled() || !supported) {
       path.count_fallback(!path.enabled() ? "disabled_after_error" : "unsupported_shape");
       return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream());
@@ -271,6 +277,25 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
         FLUX_RETURN_IF_ERROR(into(mat(separate)));
         return copy(separate, out);
       });
+}
+
+absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                                             const cuda::Mat& out) {
+  // 4096 query rows x 16384 keys of f32 scores is 256 MiB: bounded whatever the image size.
+  constexpr int64_t kMaxScoreElements = int64_t{1} << 26;
+  const int64_t keys = k.rows();
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(q.rows(), kMaxScoreElements / keys));
+  FLUX_ASSIGN_OR_RETURN(Tensor scores, scratch({chunk, keys}, DType::kF32));
+  FLUX_ASSIGN_OR_RETURN(Tensor probs, scratch({chunk, keys}));
+  for (int64_t r0 = 0; r0 < q.rows(); r0 += chunk) {
+    const int64_t n = std::min(chunk, q.rows() - r0);
+    const cuda::Mat s{scores.data(), n, keys, keys}, p{probs.data(), n, keys, keys};
+    FLUX_RETURN_IF_ERROR(gemm_->matmul(mat(q.row_slice(r0, n)), mat(k), /*b_transposed=*/true, scale, s, true));
+    FLUX_RETURN_IF_ERROR(cuda::softmax_rows_f32_to_bf16(s, p, stream()));
+    const cuda::Mat o{static_cast<char*>(out.data) + r0 * out.stride * 2, n, out.cols, out.stride};
+    FLUX_RETURN_IF_ERROR(gemm_->matmul(p, mat(v), /*b_transposed=*/false, 1.0f, o, false));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {

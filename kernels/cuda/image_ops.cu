@@ -86,15 +86,26 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
   group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(partial, static_cast<int>(groups), count, eps, true, mean, rstd);
   const bf16* g = static_cast<const bf16*>(gamma);
   const bf16* b = static_cast<const bf16*>(beta);
+  auto normalise = [=] __device__(float v, int64_t c) {
+    const int64_t grp = c / per_group;
+    float y = round_bf16(__fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(v, mean[grp]), rstd[grp]), to_f32(g[c])),
+                                   to_f32(b[c])));
+    return silu ? silu_f32(y) : y;
+  };
+  const bool vectorized = per_group % 8 == 0 && rows_aligned16(x, 2) && rows_aligned16(out, 2) &&
+                          reinterpret_cast<uintptr_t>(gamma) % 16 == 0 && reinterpret_cast<uintptr_t>(beta) % 16 == 0;
   launch_rows(
-      x.rows, x.cols, false, stream, [=] __device__(int64_t, int64_t) {},
+      x.rows, x.cols, vectorized, stream,
       [=] __device__(int64_t r, int64_t c) {
-        const int64_t grp = c / per_group;
+        float v[8];
+        load8(static_cast<const bf16*>(x.data) + r * x.stride + c, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = normalise(v[i], c + i);
+        store8(static_cast<bf16*>(out.data) + r * out.stride + c, v);
+      },
+      [=] __device__(int64_t r, int64_t c) {
         const float v = to_f32(static_cast<const bf16*>(x.data)[r * x.stride + c]);
-        float y = round_bf16(__fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(v, mean[grp]), rstd[grp]), to_f32(g[c])),
-                                       to_f32(b[c])));
-        if (silu) y = silu_f32(y);
-        static_cast<bf16*>(out.data)[r * out.stride + c] = to_bf16(y);
+        static_cast<bf16*>(out.data)[r * out.stride + c] = to_bf16(normalise(v, c));
       });
   FLUX_RETURN_IF_LAUNCH_FAILED("group_norm");
   return cuda_status(cudaFreeAsync(scratch, stream), "group_norm scratch free");

@@ -42,6 +42,87 @@ __device__ __forceinline__ float ln_value(float x, float mean, float rstd) {
   return round_bf16(__fmul_rn(__fsub_rn(x, mean), rstd));
 }
 
+// ---- vectorized LayerNorm: a row held in registers as 16-byte packs, one global read ----
+// Used by both the eager LN kernel and the fused LN + modulation kernel whenever
+// ln_vectorized(x) holds, so the two always share one reduction order.
+constexpr int kVecThreads = 128;
+constexpr int kMaxPacksPerThread = 8;  // rows up to 128 x 8 x 8 = 8192 columns
+
+bool ln_vectorized(const Mat& x) {
+  return x.cols % 8 == 0 && x.cols / 8 <= kVecThreads * kMaxPacksPerThread && rows_aligned16(x, 2);
+}
+
+template <typename Epilogue>
+__global__ void __launch_bounds__(kVecThreads) layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const int packs = static_cast<int>(x.cols / 8);
+  const bf16* in = row_ptr(x, r);
+  Bf16x8 held[kMaxPacksPerThread];
+#pragma unroll
+  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+    const int p = threadIdx.x + j * kVecThreads;
+    if (p < packs) held[j] = reinterpret_cast<const Bf16x8*>(in)[p];
+  }
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+    if (threadIdx.x + j * kVecThreads < packs) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum = __fadd_rn(sum, to_f32(held[j].v[i]));
+    }
+  }
+  const float mean = __fdiv_rn(block_sum(sum, scratch), static_cast<float>(x.cols));
+  float squares = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+    if (threadIdx.x + j * kVecThreads < packs) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float d = __fsub_rn(to_f32(held[j].v[i]), mean);
+        squares = __fadd_rn(squares, __fmul_rn(d, d));
+      }
+    }
+  }
+  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(block_sum(squares, scratch), static_cast<float>(x.cols)), eps));
+  bf16* o = row_ptr_mut(out, r);
+  const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
+#pragma unroll
+  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+    const int p = threadIdx.x + j * kVecThreads;
+    if (p >= packs) continue;
+    Bf16x8 result;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      result.v[i] = to_bf16(epilogue(r, p * 8 + i, ln_value(to_f32(held[j].v[i]), mean, rstd)));
+    }
+    if (vector_store) {
+      reinterpret_cast<Bf16x8*>(o)[p] = result;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[p * 8 + i] = result.v[i];
+    }
+  }
+}
+
+// The eager LN output: the rounded normalised value itself.
+struct PlainLn {
+  __device__ float operator()(int64_t, int64_t, float n) const { return n; }
+};
+
+// bf16(bf16(bf16(1 + scale) · n) + shift), the three eager modulation ops.
+struct ModulateLn {
+  Mat shift, scale;
+  int64_t rows_per_mod;
+  __device__ float operator()(int64_t r, int64_t c, float n) const {
+    const bf16* sh = static_cast<const bf16*>(shift.data) + (r / rows_per_mod) * shift.stride;
+    const bf16* sc = static_cast<const bf16*>(scale.data) + (r / rows_per_mod) * scale.stride;
+    const float one_plus = round_bf16(__fadd_rn(1.0f, to_f32(sc[c])));
+    const float scaled = round_bf16(__fmul_rn(one_plus, n));
+    return __fadd_rn(scaled, to_f32(sh[c]));
+  }
+};
+
 __global__ void layer_norm_kernel(Mat x, float eps, Mat out) {
   const int64_t r = blockIdx.x;
   const bf16* in = row_ptr(x, r);
@@ -175,6 +256,98 @@ __global__ void qk_norm_rope_kernel(Mat x, int64_t head_dim, const bf16* weight,
   }
 }
 
+// ---- head_dim 128: lane l holds elements 4l..4l+3 (8-byte loads); used by both the eager norm
+// kernel and the fused kernel whenever heads_vectorized() holds (same reduction order) ----
+constexpr int kVecHeadDim = 128;
+
+bool heads_vectorized(const Mat& x, int64_t head_dim) {
+  return head_dim == kVecHeadDim && reinterpret_cast<uintptr_t>(x.data) % 8 == 0 && (x.stride * 2) % 8 == 0;
+}
+
+struct Bf16x4 {
+  __nv_bfloat162 lo, hi;
+};
+
+__device__ __forceinline__ void load4(const bf16* p, float v[4]) {
+  const Bf16x4 pack = *reinterpret_cast<const Bf16x4*>(p);
+  v[0] = __low2float(pack.lo);
+  v[1] = __high2float(pack.lo);
+  v[2] = __low2float(pack.hi);
+  v[3] = __high2float(pack.hi);
+}
+
+__device__ __forceinline__ void store4(bf16* p, const float v[4]) {
+  Bf16x4 pack;
+  pack.lo = __floats2bfloat162_rn(v[0], v[1]);
+  pack.hi = __floats2bfloat162_rn(v[2], v[3]);
+  *reinterpret_cast<Bf16x4*>(p) = pack;
+}
+
+// Normalised (and rounded) values of this lane's four elements.
+__device__ __forceinline__ void head_norm4(const bf16* head, const bf16* weight, float eps, RopeStyle style,
+                                           float v[4]) {
+  const int lane = threadIdx.x & 31;
+  load4(head + 4 * lane, v);
+  float squares = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) squares = __fadd_rn(squares, __fmul_rn(v[i], v[i]));
+  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(squares), static_cast<float>(kVecHeadDim)), eps));
+  float w[4];
+  load4(weight + 4 * lane, w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = head_norm_value(v[i], rstd, w[i], style);
+}
+
+// RoPE of this lane's four (already rounded) values.
+__device__ __forceinline__ void rope4(float v[4], const float* cos_row, const float* sin_row, RopeStyle style) {
+  const int lane = threadIdx.x & 31;
+  const float4 c = reinterpret_cast<const float4*>(cos_row)[lane];
+  const float4 s = reinterpret_cast<const float4*>(sin_row)[lane];
+  const float cs[4] = {c.x, c.y, c.z, c.w}, sn[4] = {s.x, s.y, s.z, s.w};
+  float partner[4], sign[4];
+  if (style == RopeStyle::kInterleaved) {
+    partner[0] = v[1], partner[1] = v[0], partner[2] = v[3], partner[3] = v[2];
+    sign[0] = sign[2] = -1.0f, sign[1] = sign[3] = 1.0f;
+  } else {
+    // Half split: element d pairs with d ± 64, four elements per lane -> lane ^ 16.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      partner[i] = __shfl_xor_sync(0xffffffffu, v[i], 16);
+      sign[i] = lane < 16 ? -1.0f : 1.0f;
+    }
+  }
+  float result[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) result[i] = rope_value(v[i], partner[i], sign[i], cs[i], sn[i], style);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = result[i];
+}
+
+__global__ void qk_rms_norm_vec_kernel(Mat x, const bf16* weight, float eps, RopeStyle style) {
+  const HeadIndex at = warp_head(x, kVecHeadDim);
+  if (!at.valid) return;
+  bf16* head = row_ptr_mut(x, at.row) + at.head * kVecHeadDim;
+  float v[4];
+  head_norm4(head, weight, eps, style, v);
+  store4(head + 4 * (threadIdx.x & 31), v);
+}
+
+__global__ void qk_norm_rope_vec_kernel(Mat x, const bf16* weight, float eps, Mat cos, Mat sin, RopeStyle style) {
+  const HeadIndex at = warp_head(x, kVecHeadDim);
+  if (!at.valid) return;
+  bf16* head = row_ptr_mut(x, at.row) + at.head * kVecHeadDim;
+  float v[4];
+  head_norm4(head, weight, eps, style, v);
+  rope4(v, static_cast<const float*>(cos.data) + at.row * cos.stride,
+        static_cast<const float*>(sin.data) + at.row * sin.stride, style);
+  store4(head + 4 * (threadIdx.x & 31), v);
+}
+
+bool tables_vectorized(const Mat& cos, const Mat& sin) {
+  return reinterpret_cast<uintptr_t>(cos.data) % 16 == 0 && reinterpret_cast<uintptr_t>(sin.data) % 16 == 0 &&
+         (cos.stride * 4) % 16 == 0 && (sin.stride * 4) % 16 == 0;
+}
+
 absl::Status check_heads(const char* op, const Mat& x, int64_t head_dim) {
   if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim || x.cols % head_dim != 0) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", x.cols, " columns are not whole heads of even dim ",
@@ -200,7 +373,11 @@ int head_blocks(const Mat& x, int64_t head_dim) {
 absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream_t stream) {
   if (x.rows != out.rows || x.cols != out.cols) return absl::InvalidArgumentError("layer_norm: shape mismatch");
   if (x.rows == 0) return absl::OkStatus();
-  layer_norm_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, eps, out);
+  if (ln_vectorized(x)) {
+    layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(x, eps, out, PlainLn{});
+  } else {
+    layer_norm_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, eps, out);
+  }
   FLUX_RETURN_IF_LAUNCH_FAILED("layer_norm");
   return absl::OkStatus();
 }
@@ -212,8 +389,13 @@ absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat
     return absl::InvalidArgumentError("layer_norm_modulate: shape mismatch");
   }
   if (x.rows == 0) return absl::OkStatus();
-  layer_norm_modulate_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, shift, scale,
-                                                                                        rows_per_mod, eps, out);
+  if (ln_vectorized(x)) {
+    layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(
+        x, eps, out, ModulateLn{shift, scale, rows_per_mod});
+  } else {
+    layer_norm_modulate_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, shift, scale,
+                                                                                          rows_per_mod, eps, out);
+  }
   FLUX_RETURN_IF_LAUNCH_FAILED("layer_norm_modulate");
   return absl::OkStatus();
 }
@@ -231,8 +413,13 @@ absl::Status qk_rms_norm_bf16(const Mat& x, int64_t head_dim, const void* weight
                               cudaStream_t stream) {
   if (auto s = check_heads("qk_rms_norm", x, head_dim); !s.ok()) return s;
   if (x.rows == 0) return absl::OkStatus();
-  qk_rms_norm_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
-      x, head_dim, static_cast<const bf16*>(weight), eps, style);
+  if (heads_vectorized(x, head_dim)) {
+    qk_rms_norm_vec_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
+        x, static_cast<const bf16*>(weight), eps, style);
+  } else {
+    qk_rms_norm_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
+        x, head_dim, static_cast<const bf16*>(weight), eps, style);
+  }
   FLUX_RETURN_IF_LAUNCH_FAILED("qk_rms_norm");
   return absl::OkStatus();
 }
@@ -252,8 +439,19 @@ absl::Status qk_norm_rope_fused(const Mat& x, int64_t head_dim, const void* weig
   if (auto s = check_heads("qk_norm_rope", x, head_dim); !s.ok()) return s;
   if (auto s = check_tables("qk_norm_rope", x, head_dim, cos, sin); !s.ok()) return s;
   if (x.rows == 0) return absl::OkStatus();
-  qk_norm_rope_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
-      x, head_dim, static_cast<const bf16*>(weight), eps, cos, sin, style);
+  // The fused kernel takes the vectorised layout exactly when the eager norm kernel does, so
+  // both reduce in the same order (its table reads must also be 16-byte aligned).
+  if (heads_vectorized(x, head_dim) && tables_vectorized(cos, sin)) {
+    qk_norm_rope_vec_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
+        x, static_cast<const bf16*>(weight), eps, cos, sin, style);
+  } else if (heads_vectorized(x, head_dim)) {
+    // Unaligned tables: the eager pair keeps the shared reduction order.
+    FLUX_RETURN_IF_ERROR(qk_rms_norm_bf16(x, head_dim, weight, eps, style, stream));
+    return rope_bf16(x, head_dim, cos, sin, style, stream);
+  } else {
+    qk_norm_rope_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
+        x, head_dim, static_cast<const bf16*>(weight), eps, cos, sin, style);
+  }
   FLUX_RETURN_IF_LAUNCH_FAILED("qk_norm_rope");
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 // events), TFLOP/s, the fraction of the floor and peak device memory; `--json` prints one JSON
 // object per line. Run on the GPU machine by tests/gpu/run_on_device.sh.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <vector>
@@ -13,6 +14,8 @@
 #include "kernels/base/status.h"
 #include "model/flux2_presets.h"
 #include "model/flux2_transformer.h"
+#include "model/image_encode.h"
+#include "model/pipeline_presets.h"
 #include "model/rope.h"
 #include "model/scheduler.h"
 #include "nlohmann/json.hpp"
@@ -107,13 +110,68 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   return result;
 }
 
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
+}
+
+// The whole request (tokenize, text encode, denoise, decode, PNG encode) with random weights at
+// the model's shapes, 1024x1024 by default: the median of `repeats` runs after one warm-up.
+absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o, const std::string& tokenizer_dir,
+                                         int repeats) {
+  FLUX_ASSIGN_OR_RETURN(RandomPipelineSpec spec, random_pipeline_spec(o.model, tokenizer_dir));
+  be.set_fast_paths(o.fast_paths);
+  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline, Pipeline::create_random(be, spec));
+  GenerateParams params;
+  params.prompt = "A photo of a red fox in fresh snow at golden hour, watercolor style, highly detailed";
+  params.height = o.height;
+  params.width = o.width;
+  params.num_inference_steps = o.model == "dev" ? 50 : 4;  // the published defaults
+  params.max_sequence_length = o.text_len;
+  params.fast_paths = o.fast_paths;
+  std::vector<double> e2e, tokenize, text_encode, denoise, decode, encode, steps;
+  be.reset_peak_memory();
+  for (int run = -1; run < repeats; ++run) {  // run -1 warms up
+    const auto start = std::chrono::steady_clock::now();
+    FLUX_ASSIGN_OR_RETURN(GeneratedImage image, pipeline->generate(params));
+    const auto encode_start = std::chrono::steady_clock::now();
+    FLUX_ASSIGN_OR_RETURN(std::vector<uint8_t> png, encode_png(image.rgb, image.width, image.height));
+    const auto end = std::chrono::steady_clock::now();
+    if (run < 0) continue;
+    e2e.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+    encode.push_back(std::chrono::duration<double, std::milli>(end - encode_start).count());
+    tokenize.push_back(1e3 * image.timings.tokenize);
+    text_encode.push_back(1e3 * image.timings.text_encode);
+    denoise.push_back(1e3 * image.timings.denoise);
+    decode.push_back(1e3 * image.timings.decode);
+    for (double s : image.timings.steps) steps.push_back(1e3 * s);
+  }
+  const BackendMemoryStats memory = be.memory_stats();
+  const double step_median = median_of(steps);
+  const int64_t n = (o.height / 16) * (o.width / 16);
+  const StepFlops flops = flux2_step_flops(spec.transformer, n, o.text_len);
+  const double floor = flux2_floor_ms(spec.transformer, n, o.text_len);
+  return nlohmann::json{
+      {"model", o.model}, {"quality", o.quality}, {"height", o.height}, {"width", o.width}, {"text_len", o.text_len},
+      {"backend", std::string(be.name())}, {"fast_paths", o.fast_paths}, {"e2e", true},
+      {"request_steps", params.num_inference_steps}, {"repeats", repeats},
+      {"ms_e2e_median", median_of(e2e)}, {"ms_tokenize", median_of(tokenize)},
+      {"ms_text_encode", median_of(text_encode)}, {"ms_denoise", median_of(denoise)},
+      {"ms_decode", median_of(decode)}, {"ms_encode", median_of(encode)},
+      {"ms_per_step_median", step_median}, {"tflops", (flops.linear + flops.attention) / (step_median * 1e9)},
+      {"floor_ms", floor}, {"floor_fraction", floor / step_median},
+      {"peak_device_bytes", memory.peak_bytes}, {"weight_bytes", pipeline->info().device_bytes},
+      {"load_seconds", pipeline->info().load_seconds}};
+}
+
 }  // namespace
 
 int run_bench(int argc, char** argv, int first) {
   auto args = Args::parse(argc, argv, first, {"--json", "--no-fast-paths", "--e2e", "--profile"});
   if (!args.ok()) return fail(args.status().message());
   if (auto known = args->check_known({"--model", "--height", "--width", "--text-len", "--quality", "--steps",
-                                      "--warmup", "--json", "--no-fast-paths", "--backend", "--e2e", "--profile"});
+                                      "--warmup", "--json", "--no-fast-paths", "--backend", "--e2e", "--profile",
+                                      "--tokenizer", "--repeats"});
       !known.ok()) {
     return fail(known.message());
   }
@@ -135,13 +193,25 @@ int run_bench(int argc, char** argv, int first) {
   o.steps = *steps;
   o.warmup = *warmup;
   if (o.steps < 10) return fail("--steps: time at least 10 steps (performance.md)");
-  if (args->has("--e2e")) return fail("--e2e is not implemented yet");
   auto backend = create_backend(args->get("--backend", "cuda"));
   if (!backend.ok()) return fail(backend.status().message());
-  auto result = bench_step(**backend, o);
+  auto repeats = args->get_int("--repeats", 5);
+  if (!repeats.ok() || *repeats < 1) return fail("--repeats must be a positive integer");
+  auto result = args->has("--e2e") ? bench_e2e(**backend, o, args->get("--tokenizer", std::string(FLUX2_TINY_CHECKPOINT_DIR) + "/tokenizer"),
+                                               static_cast<int>(*repeats))
+                                   : bench_step(**backend, o);
   if (!result.ok()) return fail(result.status().message());
   if (o.json) {
     std::printf("%s\n", result->dump().c_str());
+  } else if (result->contains("e2e")) {
+    const nlohmann::json& r = *result;
+    std::printf("%s e2e %lldx%lld, %d steps: %.1f ms (tokenize %.2f, text encode %.1f, denoise %.1f, decode %.1f, "
+                "encode %.1f), %.2f ms/step, peak %.2f GB\n",
+                o.model.c_str(), static_cast<long long>(o.width), static_cast<long long>(o.height),
+                r["request_steps"].get<int>(), r["ms_e2e_median"].get<double>(), r["ms_tokenize"].get<double>(),
+                r["ms_text_encode"].get<double>(), r["ms_denoise"].get<double>(), r["ms_decode"].get<double>(),
+                r["ms_encode"].get<double>(), r["ms_per_step_median"].get<double>(),
+                r["peak_device_bytes"].get<int64_t>() / 1e9);
   } else {
     const nlohmann::json& r = *result;
     std::printf("%s %s %lldx%lld text %lld: %.2f ms/step median (min %.2f, max %.2f), %.0f TFLOP/s, floor %.1f ms "

@@ -2,7 +2,7 @@
 # Runs on the lent GPU machine from the repository root (device `run`, carrying .device-bin from
 # tests/gpu/build_bundle.sh): the GPU tests, the goldens on the CUDA backend and `flux2 bench` at
 # the real shapes. Logs go to $OUT; a summary prints last.
-#   tests/gpu/run_on_device.sh [tests] [golden] [bench] [bench-dev] [profile]   (default: all but profile)
+#   tests/gpu/run_on_device.sh [tests] [golden] [bench] [bench-dev] [profile] [e2e]   (default: tests golden bench bench-dev)
 set -uo pipefail
 if [[ -f .device-bin/lib.tar.xz && ! -d .device-bin/lib ]]; then tar -C .device-bin -xJf .device-bin/lib.tar.xz; fi
 tokenizer_json=tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json
@@ -36,6 +36,8 @@ if want bench; then
     "$bin/flux2" bench --model "$model" --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
     summary+=("bench $model: $(tail -n1 "$out/bench.jsonl")")
   done
+  "$bin/flux2" bench --model klein-4b --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
+  summary+=("profile klein-4b: $(tail -n1 "$out/profile.jsonl")")
   "$bin/flux2" bench --model klein-4b --no-fast-paths --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
   summary+=("bench klein-4b eager: $(tail -n1 "$out/bench.jsonl")")
 fi
@@ -46,6 +48,16 @@ if want profile; then
       summary+=("profile $model autotune=$tune: $(tail -n1 "$out/profile.jsonl")")
     done
   done
+fi
+if want e2e; then
+  for model in klein-4b klein-9b; do
+    "$bin/flux2" bench --e2e --model "$model" --json --tokenizer tests/data/tiny-klein/checkpoint/tokenizer \
+      >>"$out/e2e.jsonl" 2>>"$out/bench.err"
+    summary+=("e2e $model: $(tail -n1 "$out/e2e.jsonl")")
+  done
+  "$bin/flux2" bench --e2e --model dev --repeats 1 --json --tokenizer tests/data/tiny-klein/checkpoint/tokenizer \
+    >>"$out/e2e.jsonl" 2>>"$out/bench.err"
+  summary+=("e2e dev: $(tail -n1 "$out/e2e.jsonl")")
 fi
 if want bench-dev; then
   "$bin/flux2" bench --model dev --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
