@@ -3,6 +3,7 @@
 #include "model/flux2_transformer.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
@@ -32,6 +33,22 @@ absl::StatusOr<std::unique_ptr<Flux2Transformer>> Flux2Transformer::create_rando
   return model;
 }
 
+absl::StatusOr<std::pair<Tensor, Tensor>> Flux2Transformer::rope_tables(const std::vector<int64_t>& ids) const {
+  constexpr size_t kCachedTables = 8;  // distinct (size, text length) pairs kept on the device
+  auto found = rope_cache_.find(ids);
+  if (found != rope_cache_.end()) return found->second;
+  Backend& be = backend_;
+  const int64_t seq = static_cast<int64_t>(ids.size() / config_.axes_dims_rope.size());
+  const RopeTables rope = flux2_rope_tables(ids, config_.axes_dims_rope, config_.rope_theta);
+  FLUX_ASSIGN_OR_RETURN(Tensor cos, be.empty(DType::kF32, {seq, config_.attention_head_dim}));
+  FLUX_ASSIGN_OR_RETURN(Tensor sin, be.empty(DType::kF32, {seq, config_.attention_head_dim}));
+  FLUX_RETURN_IF_ERROR(be.upload(rope.cos.data(), DType::kF32, cos));
+  FLUX_RETURN_IF_ERROR(be.upload(rope.sin.data(), DType::kF32, sin));
+  if (rope_cache_.size() >= kCachedTables) rope_cache_.erase(rope_cache_.begin());
+  rope_cache_[ids] = {cos, sin};
+  return std::make_pair(cos, sin);
+}
+
 absl::StatusOr<Tensor> Flux2Transformer::embed_conditioning(std::span<const float> values,
                                                             const Tensor& linear_1,
                                                             const Tensor& linear_2) const {
@@ -58,7 +75,7 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(const Tensor& prompt
                                                             std::span<const float> guidance) const {
   Backend& be = backend_;
   const DType act = be.activation_dtype();
-  const int64_t d = config_.hidden(), f = config_.mlp_hidden(), dh = config_.attention_head_dim;
+  const int64_t d = config_.hidden(), f = config_.mlp_hidden();
   const int64_t axes = static_cast<int64_t>(config_.axes_dims_rope.size());
   const int64_t steps = static_cast<int64_t>(timesteps.size());
   Flux2Conditioning cond;
@@ -89,11 +106,7 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(const Tensor& prompt
   // RoPE over the joint sequence, text rows first.
   std::vector<int64_t> ids(txt_ids.begin(), txt_ids.end());
   ids.insert(ids.end(), img_ids.begin(), img_ids.end());
-  const RopeTables rope = flux2_rope_tables(ids, config_.axes_dims_rope, config_.rope_theta);
-  FLUX_ASSIGN_OR_RETURN(cond.rope_cos, be.empty(DType::kF32, {seq, dh}));
-  FLUX_ASSIGN_OR_RETURN(cond.rope_sin, be.empty(DType::kF32, {seq, dh}));
-  FLUX_RETURN_IF_ERROR(be.upload(rope.cos.data(), DType::kF32, cond.rope_cos));
-  FLUX_RETURN_IF_ERROR(be.upload(rope.sin.data(), DType::kF32, cond.rope_sin));
+  FLUX_ASSIGN_OR_RETURN(std::tie(cond.rope_cos, cond.rope_sin), rope_tables(ids));
 
   // Timestep (+ guidance) embedding and the shared modulation for every step (§1.3 steps 1-3).
   FLUX_ASSIGN_OR_RETURN(Tensor temb, embed_conditioning(timesteps, weights_.time_linear_1,

@@ -5,6 +5,9 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <utility>
+#include <vector>
 #include <memory>
 #include <span>
 #include "absl/strings/string_view.h"
@@ -77,10 +80,15 @@ class Flux2Transformer {
   absl::StatusOr<Tensor> embed_conditioning(std::span<const float> values, const Tensor& linear_1,
                                             const Tensor& linear_2) const;
 
+  // RoPE tables [S, Dh] of the position ids of recent requests (same size and text length share
+  // them): computing them in float64 costs milliseconds per request.
+  absl::StatusOr<std::pair<Tensor, Tensor>> rope_tables(const std::vector<int64_t>& ids) const;
+
   Backend& backend_;
   Flux2Config config_;
   Flux2Weights weights_;
   LoadReport load_report_;
+  mutable std::map<std::vector<int64_t>, std::pair<Tensor, Tensor>> rope_cache_;
 };
 
 }  // namespace flux2

@@ -1,4 +1,4 @@
-// Encoding RGB pixels as PNG (and JPEG) bytes with stb_image_write.
+// Encoding RGB pixels as PNG bytes (zlib, parallel) and JPEG bytes (stb_image_write).
 // Tested by tests/host/image_encode_test.cc (round trip through stb_image).
 #pragma once
 

@@ -36,7 +36,8 @@ absl::StatusOr<RandomPipelineSpec> random_pipeline_spec(const std::string& model
     te.hidden_size = 5120;
     te.num_hidden_layers = 40;
     te.intermediate_size = 32768;
-    te.vocab_size = 131072;
+    // Mistral's vocabulary has 131072 ids; the embedding is only a lookup, so it keeps Qwen's
+    // 151936 rows here to accept the Qwen tokenizer's ids.
     te.rms_norm_eps = 1e-5;
     te.rope_theta = 1e9;
     spec.taps = {10, 20, 30};

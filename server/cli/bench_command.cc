@@ -147,6 +147,13 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o, con
     for (double s : image.timings.steps) steps.push_back(1e3 * s);
   }
   const BackendMemoryStats memory = be.memory_stats();
+  std::map<std::string, double> profile;
+  if (o.profile) {  // one more request with events around every op: where its time goes
+    be.set_op_profiling(true);
+    FLUX_ASSIGN_OR_RETURN(GeneratedImage image, pipeline->generate(params));
+    be.set_op_profiling(false);
+    profile = be.take_op_profile();
+  }
   const double step_median = median_of(steps);
   const int64_t n = (o.height / 16) * (o.width / 16);
   const StepFlops flops = flux2_step_flops(spec.transformer, n, o.text_len);
@@ -161,7 +168,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o, con
       {"ms_per_step_median", step_median}, {"tflops", (flops.linear + flops.attention) / (step_median * 1e9)},
       {"floor_ms", floor}, {"floor_fraction", floor / step_median},
       {"peak_device_bytes", memory.peak_bytes}, {"weight_bytes", pipeline->info().device_bytes},
-      {"load_seconds", pipeline->info().load_seconds}};
+      {"load_seconds", pipeline->info().load_seconds}, {"profile_ms", profile}};
 }
 
 }  // namespace
