@@ -191,8 +191,11 @@ FLUX_HOST_DEVICE inline float nvfp4_global_scale(float amax) {
 // Our one deviation, for the degenerate case the recipe leaves to the conversion's inf/NaN
 // handling (kernels.md §2.2 "Edge case"): when sf8 == 0 every code is 0 (the block dequantizes to
 // 0 either way).
+constexpr float kOneSixth = 0x1.555556p-3f;  // 1/6 correctly rounded to f32 (0x3E2AAAAB)
+static_assert(kOneSixth == 1.0f / 6.0f, "1/6 must be the correctly rounded f32");
+
 FLUX_HOST_DEVICE inline float nvfp4_block_scale_value(float vmax, float global_scale) {
-  return mul_rn(vmax, mul_rn(global_scale, 1.0f / 6.0f));
+  return mul_rn(vmax, mul_rn(global_scale, kOneSixth));
 }
 
 FLUX_HOST_DEVICE inline float nvfp4_out_scale(uint8_t sf8, float global_scale) {
