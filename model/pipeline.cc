@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/base/status.h"
 #include "model/checkpoint.h"
 #include "model/json_util.h"
@@ -31,6 +32,10 @@ constexpr int64_t kPatchChannels = 4;  // 2x2 patch: packed channels = 4 x laten
 std::string model_name_of(const std::string& model_dir) {
   std::filesystem::path path = std::filesystem::path(model_dir).lexically_normal();
   if (path.filename().empty()) path = path.parent_path();
+  // A directory called "checkpoint" (as in tests/data/<model>/checkpoint) is named by its parent.
+  if (path.filename() == "checkpoint" && !path.parent_path().filename().empty()) {
+    return path.parent_path().filename().string();
+  }
   return path.filename().string();
 }
 
@@ -81,6 +86,12 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend, const
   return pipeline;
 }
 
+std::string PipelineInfo::load_summary() const {
+  return absl::StrFormat("loaded %s (%s) on %s in %.2f s: text_encoder %.3f GB, transformer %.3f GB, vae %.3f GB",
+                         model_name, variant, backend, load_seconds, text_encoder_bytes / 1e9, transformer_bytes / 1e9,
+                         vae_bytes / 1e9);
+}
+
 absl::Status Pipeline::connect_components(const std::string& source) {
   const Flux2Config& flux = transformer_->config();
   const int64_t text_width = text_encoder_->config().hidden_size * static_cast<int64_t>(text_encoder_->taps().size());
@@ -96,7 +107,10 @@ absl::Status Pipeline::connect_components(const std::string& source) {
         flux.in_channels, " in / ", flux.out_channels, " out channels"));
   }
   info_.pixel_multiple = 2 * vae.scale_factor();
-  info_.device_bytes = text_encoder_->device_bytes() + transformer_->load_report().device_bytes + vae_->device_bytes();
+  info_.text_encoder_bytes = text_encoder_->device_bytes();
+  info_.transformer_bytes = transformer_->load_report().device_bytes;
+  info_.vae_bytes = vae_->device_bytes();
+  info_.device_bytes = info_.text_encoder_bytes + info_.transformer_bytes + info_.vae_bytes;
   return absl::OkStatus();
 }
 

@@ -41,8 +41,14 @@ struct PipelineInfo {
   int64_t max_sequence_length = 512;
   int64_t pixel_multiple = 16;   // width and height must be multiples of this
   std::string backend;           // "cpu" / "cuda"
-  int64_t device_bytes = 0;      // weights held by the backend
+  int64_t device_bytes = 0;      // weights held by the backend, all components
+  int64_t text_encoder_bytes = 0;
+  int64_t transformer_bytes = 0;
+  int64_t vae_bytes = 0;
   double load_seconds = 0.0;
+
+  // One log line: model, backend, bytes per component and load time.
+  std::string load_summary() const;
 };
 
 // The shapes of a pipeline built with random weights (benchmarks at the published shapes).

@@ -57,6 +57,7 @@ int run_generate(int argc, char** argv, int first) {
   if (!backend.ok()) return fail(backend.status().message());
   auto pipeline = Pipeline::load(**backend, model_dir);
   if (!pipeline.ok()) return fail(pipeline.status().message());
+  std::fprintf(stderr, "flux2 generate: %s\n", (*pipeline)->info().load_summary().c_str());
   auto image = (*pipeline)->generate(params);
   if (!image.ok()) return fail(image.status().message());
   auto png = encode_png(image->rgb, image->width, image->height);
