@@ -30,6 +30,12 @@ struct AttentionParams {
   int64_t num_valid_keys = -1;  // keys at index >= this are masked out (right padding); -1: none
 };
 
+// What a request trades for speed (request-scoped; design.md "Lossless by default").
+enum class Quality : uint8_t {
+  kLossless,  // reference numerics; only fast paths proven bit-identical to their eager chain
+  kHigh,      // also numerically different fast paths (FP8 GEMMs), each with a measured bound
+};
+
 // Device memory as the backend sees it (zeros on the CPU backend).
 struct BackendMemoryStats {
   int64_t used_bytes = 0;   // currently allocated by this backend
@@ -78,6 +84,13 @@ class Backend {
   // waits for the device, returns the sums in milliseconds and clears them.
   virtual void set_op_profiling(bool enabled) {}
   virtual std::map<std::string, double> take_op_profile() { return {}; }
+  // quality=high: keeps an FP8 copy of weight `w` [N, K] that linear() uses for that weight while
+  // the quality is kHigh; returns the device bytes added. Unimplemented without an FP8 path.
+  virtual absl::StatusOr<int64_t> add_fp8_weight(const Tensor& w) {
+    return absl::UnimplementedError(std::string(name()) + " backend has no FP8 path for quality=high");
+  }
+  // Request-scoped quality (kLossless unless a request asks for kHigh).
+  virtual void set_quality(Quality quality) {}
   // Request-scoped switch: false forces every fused fast path onto its eager chain (same results
   // by contract, used by tests and the request field). Backends without fast paths ignore it.
   virtual void set_fast_paths(bool enabled) {}

@@ -53,6 +53,10 @@ class Flux2Transformer {
                                                                          Flux2Config config,
                                                                          uint64_t seed);
 
+  // quality=high: registers FP8 copies of every block projection with the backend (the
+  // embedders, modulation and output projection stay bf16); returns the bytes added.
+  absl::StatusOr<int64_t> enable_quality_high();
+
   const Flux2Config& config() const { return config_; }
   const LoadReport& load_report() const { return load_report_; }
 

@@ -82,14 +82,19 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend, const
   }
 
   FLUX_RETURN_IF_ERROR(pipeline->connect_components(model_dir));
+  if (options.enable_quality_high) {
+    FLUX_ASSIGN_OR_RETURN(info.fp8_bytes, pipeline->transformer_->enable_quality_high());
+    info.quality_high = true;
+  }
   info.load_seconds = seconds_since(start);
   return pipeline;
 }
 
 std::string PipelineInfo::load_summary() const {
-  return absl::StrFormat("loaded %s (%s) on %s in %.2f s: text_encoder %.3f GB, transformer %.3f GB, vae %.3f GB",
-                         model_name, variant, backend, load_seconds, text_encoder_bytes / 1e9, transformer_bytes / 1e9,
-                         vae_bytes / 1e9);
+  return absl::StrFormat(
+      "loaded %s (%s) on %s in %.2f s: text_encoder %.3f GB, transformer %.3f GB, vae %.3f GB%s", model_name,
+      variant, backend, load_seconds, text_encoder_bytes / 1e9, transformer_bytes / 1e9, vae_bytes / 1e9,
+      quality_high ? absl::StrFormat(", fp8 copies for quality=high %.3f GB", fp8_bytes / 1e9) : "");
 }
 
 absl::Status Pipeline::connect_components(const std::string& source) {
@@ -132,6 +137,10 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
   FLUX_ASSIGN_OR_RETURN(pipeline->transformer_, Flux2Transformer::create_random(backend, spec.transformer, spec.seed + 1));
   FLUX_ASSIGN_OR_RETURN(pipeline->vae_, VaeDecoder::create_random(backend, spec.vae, spec.seed + 2));
   FLUX_RETURN_IF_ERROR(pipeline->connect_components(spec.name));
+  if (spec.enable_quality_high) {
+    FLUX_ASSIGN_OR_RETURN(info.fp8_bytes, pipeline->transformer_->enable_quality_high());
+    info.quality_high = true;
+  }
   info.load_seconds = seconds_since(start);
   return pipeline;
 }
@@ -154,6 +163,10 @@ absl::Status Pipeline::validate(const GenerateParams& params) const {
     return absl::InvalidArgumentError(absl::StrCat("guidance_scale: ", params.guidance_scale,
                                                    " is not a finite value in 0..", kMaxGuidance));
   }
+  if (params.quality == Quality::kHigh && !info_.quality_high) {
+    return absl::InvalidArgumentError(
+        "quality: QUALITY_HIGH is not enabled for this model (load it with quality=high enabled)");
+  }
   if (params.max_sequence_length < 0 || params.max_sequence_length > info_.max_sequence_length) {
     return absl::InvalidArgumentError(absl::StrCat("max_sequence_length: ", params.max_sequence_length,
                                                    " is outside 1..", info_.max_sequence_length,
@@ -167,6 +180,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   FLUX_RETURN_IF_ERROR(validate(params));
   Backend& be = backend_;
   be.set_fast_paths(params.fast_paths);
+  be.set_quality(params.quality);
   const DType act = be.activation_dtype();
   const Flux2Config& flux = transformer_->config();
   const int64_t steps = params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;

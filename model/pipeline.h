@@ -22,12 +22,6 @@
 
 namespace flux2 {
 
-// What the request trades for speed (request-scoped; design.md "Lossless by default").
-enum class Quality : uint8_t {
-  kLossless,  // reference numerics; only fast paths proven bit-identical to their eager chain
-  kHigh,      // also numerically different fast paths (FP8 GEMMs, faster VAE), bounded error
-};
-
 // Everything about the loaded model that callers (GetModelInfo, validation) need.
 struct PipelineInfo {
   std::string model_dir;
@@ -45,6 +39,8 @@ struct PipelineInfo {
   int64_t text_encoder_bytes = 0;
   int64_t transformer_bytes = 0;
   int64_t vae_bytes = 0;
+  int64_t fp8_bytes = 0;         // FP8 weight copies for quality=high (0 when not enabled)
+  bool quality_high = false;     // quality=high requests are served
   double load_seconds = 0.0;
 
   // One log line: model, backend, bytes per component and load time.
@@ -60,12 +56,16 @@ struct RandomPipelineSpec {
   VaeConfig vae;
   std::string tokenizer_dir;   // a real tokenizer.json (tokenization cost is part of a request)
   bool is_distilled = true;
+  bool enable_quality_high = false;
   uint64_t seed = 1;
 };
 
 // Load-time overrides, for tests that run one checkpoint both ways.
 struct PipelineOptions {
   std::optional<bool> is_distilled;  // replaces model_index.json's is_distilled
+  // Keep FP8 copies of the transformer's block weights so requests may ask for Quality::kHigh
+  // (costs about half the transformer's bf16 bytes; reported in PipelineInfo::fp8_bytes).
+  bool enable_quality_high = false;
 };
 
 struct GenerateParams {

@@ -46,6 +46,8 @@ class CudaBackend final : public Backend {
   void reset_peak_memory() override;
   void set_fast_paths(bool enabled) override { fast_paths_ = enabled; }
   void set_op_profiling(bool enabled) override { profiling_ = enabled; }
+  absl::StatusOr<int64_t> add_fp8_weight(const Tensor& w) override;
+  void set_quality(Quality quality) override { quality_ = quality; }
   std::map<std::string, double> take_op_profile() override;
 
   absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override;
@@ -94,6 +96,15 @@ class CudaBackend final : public Backend {
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};
   int64_t total_bytes_ = 0;
   bool fast_paths_ = true;
+  Quality quality_ = Quality::kLossless;
+  // quality=high: FP8 copies of weights by the bf16 weight's address.
+  struct Fp8Weight {
+    Tensor source;  // the bf16 weight, kept alive so its address cannot be reused by another tensor
+    Tensor values;  // E4M3 [N, K]
+    Tensor scale;   // f32 [1]: dequantization scale (amax / 448)
+  };
+  std::map<const void*, Fp8Weight> fp8_weights_;
+  absl::Status linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& y);
   bool profiling_ = false;
   int profile_depth_ = 0;  // ops called by ops are timed once, by the outermost
   struct ProfiledOp {

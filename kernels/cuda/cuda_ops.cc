@@ -14,6 +14,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/image_ops.h"
 #include "kernels/cuda/norms.h"
+#include "kernels/cuda/quantize.h"
 #include "kernels/cuda/softmax.h"
 
 namespace flux2 {
@@ -29,6 +30,8 @@ FastPath& qk_norm_rope_path() { static FastPath path("qk_norm_rope"); return pat
 // block's concatenation) instead of a separate buffer plus a copy.
 FastPath& token_concat_path() { static FastPath path("token_concat"); return path; }
 FastPath& cudnn_attention_path() { static FastPath path("cudnn_attention"); return path; }
+// quality=high: FP8 GEMM with the activation quantized per tensor just before it.
+FastPath& fp8_linear_path() { static FastPath path("fp8_linear"); return path; }
 
 std::mutex injected_mutex;
 std::set<std::string>& injected_failures() {
@@ -94,7 +97,67 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
     FLUX_RETURN_IF_ERROR(check_bf16("linear", "bias", bias));
     FLUX_RETURN_IF_ERROR(check_vector("linear", "bias", bias, w.rows()));
   }
+  if (quality_ == Quality::kHigh) {
+    auto found = fp8_weights_.find(w.data());
+    if (found != fp8_weights_.end()) {
+      FastPath& path = fp8_linear_path();
+      const bool fits = bias.data() == nullptr && x.cols() % 16 == 0;
+      if (path.enabled() && fits) {
+        absl::Status status = linear_fp8(x, found->second, y);
+        if (status.ok()) {
+          path.count_invocation();
+          return status;
+        }
+        if (capturing()) return status;
+        path.disable(status.message());
+      } else {
+        path.count_fallback(!path.enabled() ? "disabled_after_error" : "unsupported_shape");
+      }
+    }
+  }
   return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
+}
+
+absl::Status CudaBackend::linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& y) {
+  const int64_t m = x.rows(), k = x.cols();
+  FLUX_ASSIGN_OR_RETURN(Tensor x8, scratch({m, k}, DType::kF8E4M3));
+  FLUX_ASSIGN_OR_RETURN(Tensor x_scale, scratch({1}, DType::kF32));
+  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+  cuda::Fp8QuantizeArgs args;
+  args.in.first = mat(x);
+  args.out = x8.data();
+  args.out_bytes = x8.bytes();
+  args.scale = x_scale.data_as<float>();
+  args.workspace = workspace.data();
+  args.workspace_bytes = workspace.bytes();
+  FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
+  return gemm_->linear_fp8(cuda::Mat{x8.data(), m, k, k}, x_scale.data_as<float>(),
+                           cuda::Mat{w.values.data(), w.values.rows(), w.values.cols(), w.values.cols()},
+                           w.scale.data_as<float>(), mat(y));
+}
+
+absl::StatusOr<int64_t> CudaBackend::add_fp8_weight(const Tensor& w) {
+  FLUX_RETURN_IF_ERROR(check_bf16("add_fp8_weight", "w", w));
+  if (fp8_weights_.count(w.data())) return int64_t{0};
+  if (w.rank() != 2 || !w.contiguous() || w.cols() % 16 != 0) {
+    return op_error("add_fp8_weight", absl::StrCat("w ", w.describe(), " is not a contiguous [N, K] with K % 16 == 0"));
+  }
+  Fp8Weight fp8;
+  fp8.source = w;
+  FLUX_ASSIGN_OR_RETURN(fp8.values, empty(DType::kF8E4M3, {w.rows(), w.cols()}));
+  FLUX_ASSIGN_OR_RETURN(fp8.scale, empty(DType::kF32, {1}));
+  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+  cuda::Fp8QuantizeArgs args;  // per-tensor scale: cuBLASLt's full-speed FP8 mode on sm_90
+  args.in.first = mat(w);
+  args.out = fp8.values.data();
+  args.out_bytes = fp8.values.bytes();
+  args.scale = fp8.scale.data_as<float>();
+  args.workspace = workspace.data();
+  args.workspace_bytes = workspace.bytes();
+  FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
+  const int64_t bytes = fp8.values.bytes() + 256;
+  fp8_weights_.emplace(w.data(), std::move(fp8));
+  return bytes;
 }
 
 absl::Status CudaBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {

@@ -88,7 +88,8 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second.get();
   FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
-  const auto [m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, align_a, align_b, align_c, align_bias] = key;
+  const auto [m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, align_a, align_b, align_c, align_bias, fp8] = key;
+  const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
   auto plan = std::make_unique<Plan>();
   // cuBLASLt sees: A_lt = B (the "weight" side, [N, K] or [K, N] row-major), B_lt = A, D = C.
   FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
@@ -104,11 +105,11 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
   }
   // Column-major shapes: op(A_lt) is [N, K] (rows = N), B_lt = Aᵀ [K, M], D [N, M].
   if (b_transposed) {
-    FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->a, CUDA_R_16BF, k, n, ldb), "layout B"));
+    FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->a, in_type, k, n, ldb), "layout B"));
   } else {
-    FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->a, CUDA_R_16BF, n, k, ldb), "layout B"));
+    FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->a, in_type, n, k, ldb), "layout B"));
   }
-  FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->b, CUDA_R_16BF, k, m, lda), "layout A"));
+  FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->b, in_type, k, m, lda), "layout A"));
   FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->d, c_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, ldc),
                                  "layout C"));
 
@@ -143,7 +144,8 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
 }
 
 absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha, const Mat& c,
-                       bool c_f32) {
+                       bool c_f32, const float* a_scale, const float* b_scale) {
+  const bool fp8 = a_scale != nullptr;
   const int64_t m = a.rows, k = a.cols, n = c.cols;
   const int64_t b_k = b_transposed ? b.cols : b.rows, b_n = b_transposed ? b.rows : b.cols;
   if (b_k != k || b_n != n || c.rows != m) {
@@ -152,12 +154,19 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
   }
   if (m == 0 || n == 0) return absl::OkStatus();
   const Key key{m, n, k, a.stride, b.stride, c.stride, b_transposed, c_f32, bias != nullptr,
-                alignment_of(a.data), alignment_of(b.data), alignment_of(c.data), alignment_of(bias)};
+                alignment_of(a.data), alignment_of(b.data), alignment_of(c.data), alignment_of(bias), fp8};
   FLUX_ASSIGN_OR_RETURN(Plan* p, plan(key));
   FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
   if (bias != nullptr) {
     FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                                   sizeof(bias)), "BIAS_POINTER"));
+  }
+  if (fp8) {
+    // cuBLASLt's A is our weight side (b), its B our activations (a): D = alpha·(sA·sB·Σ A·B).
+    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                                  &b_scale, sizeof(b_scale)), "A_SCALE_POINTER"));
+    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                                  &a_scale, sizeof(a_scale)), "B_SCALE_POINTER"));
   }
   const float beta = 0.0f;
   if (autotune_enabled() && !p->candidates.empty() && !capturing(stream_)) {
@@ -193,6 +202,16 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
 
 absl::Status Gemm::linear(const Mat& x, const Mat& w, const void* bias, const Mat& y) {
   return run(x, w, /*b_transposed=*/true, bias, 1.0f, y, /*c_f32=*/false);
+}
+
+absl::Status Gemm::linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8, const float* w_scale,
+                              const Mat& y) {
+  if (x8.cols % 16 != 0 || x8.stride % 16 != 0 || w8.stride % 16 != 0 || alignment_of(x8.data) < 16 ||
+      alignment_of(w8.data) < 16 || x_scale == nullptr || w_scale == nullptr) {
+    return absl::InvalidArgumentError("linear_fp8: FP8 needs K and leading dimensions multiples of 16, 16-byte aligned "
+                                      "operands and both scales");
+  }
+  return run(x8, w8, /*b_transposed=*/true, nullptr, 1.0f, y, /*c_f32=*/false, x_scale, w_scale);
 }
 
 absl::Status Gemm::matmul(const Mat& a, const Mat& b, bool b_transposed, float alpha, const Mat& c, bool c_f32) {

@@ -33,17 +33,24 @@ class Gemm {
   absl::Status matmul(const Mat& a, const Mat& b, bool b_transposed, float alpha, const Mat& c,
                       bool c_f32);
 
+  // FP8 (E4M3) TN GEMM (kernels.md §1.7): y[M, N] (bf16) = (x_scale · x8[M, K]) · (w_scale · w8[N, K])ᵀ
+  // with per-tensor dequantization scales in device memory; fp32 accumulation. K % 16 == 0 and
+  // 16-byte aligned operands (the FP8 requirements on Hopper).
+  absl::Status linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8, const float* w_scale,
+                          const Mat& y);
+
   size_t plan_count() const { return plans_.size(); }
 
  private:
   struct Plan;
-  // (m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, alignment classes of a, b, c, bias)
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, int, int, int, int>;
+  // (m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, alignment classes of a, b, c, bias, fp8)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, int, int, int, int,
+                         bool>;
 
   Gemm() = default;
   absl::StatusOr<Plan*> plan(const Key& key);
   absl::Status run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha,
-                   const Mat& c, bool c_f32);
+                   const Mat& c, bool c_f32, const float* a_scale = nullptr, const float* b_scale = nullptr);
 
   cudaStream_t stream_ = nullptr;
   void* handle_ = nullptr;      // cublasLtHandle_t

@@ -42,14 +42,19 @@ struct BenchOptions {
 
 absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   FLUX_ASSIGN_OR_RETURN(Flux2Config config, flux2_preset(o.model));
-  if (o.quality != "lossless") {
-    return absl::UnimplementedError(absl::StrCat("--quality ", o.quality, " is not implemented yet"));
+  if (o.quality != "lossless" && o.quality != "high") {
+    return absl::InvalidArgumentError(absl::StrCat("--quality ", o.quality, ": expected lossless or high"));
   }
   if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
     return absl::InvalidArgumentError("--height/--width must be positive multiples of 16");
   }
   be.set_fast_paths(o.fast_paths);
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Transformer> model, Flux2Transformer::create_random(be, config, 1));
+  int64_t fp8_bytes = 0;
+  if (o.quality == "high") {
+    FLUX_ASSIGN_OR_RETURN(fp8_bytes, model->enable_quality_high());
+  }
+  be.set_quality(o.quality == "high" ? Quality::kHigh : Quality::kLossless);
   const int64_t h = o.height / 16, w = o.width / 16, n = h * w, l = o.text_len;
   const DType act = be.activation_dtype();
   FLUX_ASSIGN_OR_RETURN(Tensor prompt, be.empty(act, {l, config.joint_attention_dim}));
@@ -98,7 +103,8 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
       {"tflops", (flops.linear + flops.attention) / (median * 1e9)},
       {"linear_tflop", flops.linear / 1e12}, {"attention_tflop", flops.attention / 1e12},
       {"floor_ms", floor}, {"floor_fraction", floor / median},
-      {"peak_device_bytes", memory.peak_bytes}, {"weight_bytes", model->load_report().device_bytes}};
+      {"peak_device_bytes", memory.peak_bytes}, {"weight_bytes", model->load_report().device_bytes},
+      {"fp8_weight_bytes", fp8_bytes}};
   if (o.profile) {
     double sum = 0.0;
     for (const auto& [category, ms] : profile) sum += ms;
@@ -120,6 +126,7 @@ double median_of(std::vector<double> values) {
 absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o, const std::string& tokenizer_dir,
                                          int repeats) {
   FLUX_ASSIGN_OR_RETURN(RandomPipelineSpec spec, random_pipeline_spec(o.model, tokenizer_dir));
+  spec.enable_quality_high = o.quality == "high";
   be.set_fast_paths(o.fast_paths);
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline, Pipeline::create_random(be, spec));
   GenerateParams params;
@@ -129,6 +136,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o, con
   params.num_inference_steps = o.model == "dev" ? 50 : 4;  // the published defaults
   params.max_sequence_length = o.text_len;
   params.fast_paths = o.fast_paths;
+  params.quality = o.quality == "high" ? Quality::kHigh : Quality::kLossless;
   std::vector<double> e2e, tokenize, text_encode, denoise, decode, encode, steps;
   be.reset_peak_memory();
   for (int run = -1; run < repeats; ++run) {  // run -1 warms up

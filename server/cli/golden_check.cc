@@ -41,7 +41,7 @@ const GoldenPart kParts[] = {
 
 void print_usage() {
   std::fprintf(stderr,
-               "usage: flux2 check-golden --golden DIR [--backend cpu|cuda] [--only PART,...]\n"
+               "usage: flux2 check-golden --golden DIR [--backend cpu|cuda] [--only PART,...] [--quality lossless|high]\n"
                "parts: tokenizer, text_encoder, transformer, vae, scheduler, randn, pipeline\n");
 }
 
@@ -72,6 +72,7 @@ double GoldenContext::tolerance(const std::string& key) const {
   if (backend == nullptr || backend->activation_dtype() == DType::kF32) return 1e-4;
   auto it = bf16_errors.find(key);
   const double reference = it == bf16_errors.end() ? 0.0 : it->second;
+  if (quality == Quality::kHigh) return std::max(5.0 * reference, 5e-2);
   return std::max(2.0 * reference, 1e-2);
 }
 
@@ -82,7 +83,7 @@ int run_check_golden(int argc, char** argv, int first) {
     print_usage();
     return 2;
   }
-  if (auto known = args->check_known({"--golden", "--backend", "--only"}); !known.ok()) {
+  if (auto known = args->check_known({"--golden", "--backend", "--only", "--quality"}); !known.ok()) {
     std::fprintf(stderr, "check-golden: %s\n", std::string(known.message()).c_str());
     print_usage();
     return 2;
@@ -90,6 +91,12 @@ int run_check_golden(int argc, char** argv, int first) {
   GoldenContext context;
   context.dir = args->get("--golden");
   context.backend_name = args->get("--backend", "cpu");
+  const std::string quality = args->get("--quality", "lossless");
+  if (quality != "lossless" && quality != "high") {
+    std::fprintf(stderr, "check-golden: --quality must be lossless or high\n");
+    return 2;
+  }
+  context.quality = quality == "high" ? Quality::kHigh : Quality::kLossless;
   if (context.dir.empty() || !std::filesystem::is_directory(context.dir)) {
     std::fprintf(stderr, "check-golden: --golden must name a directory (got \"%s\")\n",
                  context.dir.c_str());

@@ -39,12 +39,13 @@ struct GoldenContext {
   std::string dir;          // the golden directory (holds checkpoint/ and the vector files)
   std::string backend_name; // "cpu" or "cuda"
   Backend* backend = nullptr;
+  Quality quality = Quality::kLossless;  // kHigh: FP8 transformer GEMMs, looser bounds
   // Relative L2 error of diffusers' bf16 path per tensor ("transformer.case0.output"), from
   // bf16_reference.json; empty when the file is absent.
   std::map<std::string, double> bf16_errors;
 
   // The tolerance for `key` (golden/README.md): 1e-4 relative on the float32 CPU backend;
-  // max(2 x e_ref, 1e-2) on a bf16 backend.
+  // max(2 x e_ref, 1e-2) on a bf16 backend; max(5 x e_ref, 5e-2) for quality=high (issue 8).
   double tolerance(const std::string& key) const;
   std::string checkpoint_dir() const { return dir + "/checkpoint"; }
 };

@@ -95,6 +95,10 @@ void check_golden_transformer(const GoldenContext& context, GoldenReport& report
   if (!checkpoint.ok()) return report.fail(kFile, "-", checkpoint.status().message());
   auto model = Flux2Transformer::load(*context.backend, *checkpoint);
   if (!model.ok()) return report.fail(kFile, "-", model.status().message());
+  if (context.quality == Quality::kHigh) {
+    if (auto added = (*model)->enable_quality_high(); !added.ok()) return report.fail(kFile, "-", added.status().message());
+  }
+  context.backend->set_quality(context.quality);
 
   for (int k = 0;; ++k) {
     const std::string name = absl::StrCat("case", k);

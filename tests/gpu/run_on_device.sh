@@ -20,7 +20,7 @@ summary=()
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 if want tests; then
   for t in gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
-           gpu_pipeline_fast_paths_test gpu_quantize_test; do
+           gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test; do
     "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$t.log" | tr '\n' ' '))")
   done
@@ -29,6 +29,9 @@ if want golden; then
   for dir in tiny-klein tiny-dev; do
     "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda >"$out/golden-$dir.log" 2>&1
     summary+=("golden $dir (cuda): exit $? $(tail -n1 "$out/golden-$dir.log")")
+    "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda --only transformer --quality high \
+      >"$out/golden-high-$dir.log" 2>&1
+    summary+=("golden $dir (cuda, quality=high): exit $? $(tail -n1 "$out/golden-high-$dir.log")")
   done
 fi
 if want bench; then
@@ -40,6 +43,13 @@ if want bench; then
   summary+=("profile klein-4b: $(tail -n1 "$out/profile.jsonl")")
   "$bin/flux2" bench --model klein-4b --no-fast-paths --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
   summary+=("bench klein-4b eager: $(tail -n1 "$out/bench.jsonl")")
+fi
+if want high; then
+  for model in klein-4b dev; do
+    "$bin/flux2" bench --model "$model" --quality high --profile --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
+    summary+=("bench $model high: $(tail -n1 "$out/bench.jsonl")")
+  done
+  grep -h "relative L2" "$out/gpu_quality_high_test.log" | while read -r line; do echo "quality: $line"; done
 fi
 if want profile; then
   for tune in 0 1; do
