@@ -90,6 +90,7 @@ void EncodeStage::run_finish(Task& task) {
     job.finish(task.status);
     return;
   }
+  if (job.state() != JobState::kRunning) return;  // an encoding error already finished it
   if (static_cast<int>(job.encoded_images().size()) != job.spec().num_images) {
     job.finish(absl::InternalError("an image was not encoded"));  // only after a failed encode
     return;
@@ -100,12 +101,11 @@ void EncodeStage::run_finish(Task& task) {
   result.encode_seconds = job.encode_seconds();
   int64_t pixels = 0;
   for (const EncodedImage& image : result.images) pixels += image.width * image.height;
-  const int64_t count = static_cast<int64_t>(result.images.size());
-  const double encode_seconds = result.encode_seconds;
-  if (job.finish(absl::OkStatus(), std::move(result))) {
-    metrics_.observe_stage(Stage::kEncode, encode_seconds);
-    metrics_.count_images(count, pixels);
-  }
+  // Metrics first: the reply unblocks the client, which may read /metrics at once. Only this
+  // thread finishes running jobs, so the finish below cannot be preempted.
+  metrics_.observe_stage(Stage::kEncode, result.encode_seconds);
+  metrics_.count_images(static_cast<int64_t>(result.images.size()), pixels);
+  job.finish(absl::OkStatus(), std::move(result));
 }
 
 }  // namespace flux2::server

@@ -33,9 +33,14 @@ Clock::time_point steady_deadline(const grpc::CallbackServerContext& context) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - now);
 }
 
+// A client whose own deadline expires cancels the stream itself, and that cancel can reach the
+// server just before the server's copy of the deadline (which starts later, when the request
+// arrives). Cancels this close to the deadline are counted as DEADLINE_EXCEEDED.
+constexpr auto kDeadlineSlack = std::chrono::milliseconds(100);
+
 // Why a call was cancelled: its deadline passed, or the client (or the transport) gave up.
 absl::Status cancel_reason(const grpc::CallbackServerContext& context) {
-  if (std::chrono::system_clock::now() >= context.deadline()) {
+  if (std::chrono::system_clock::now() + kDeadlineSlack >= context.deadline()) {
     return absl::DeadlineExceededError("the request deadline passed");
   }
   return absl::CancelledError("the client cancelled the request");
@@ -129,9 +134,14 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
   }
 
   void OnWriteDone(bool ok) override {
+    if (!ok && job_) {
+      // The stream is broken (client cancelled or gone, or the deadline passed): stop the job now
+      // rather than at OnCancel, which may come later. withdraw() is idempotent.
+      service_.host().withdraw(job_, cancel_reason(*context_));
+    }
     std::lock_guard<std::mutex> lock(mu_);
     writing_ = false;
-    if (!ok) pending_.clear();  // the stream is broken; OnCancel stops the job
+    if (!ok) pending_.clear();
     write_next_locked();
   }
   void OnCancel() override {

@@ -1,0 +1,184 @@
+// The fake engine for server tests; see fake_engine.h.
+#include "tests/server/fake_engine.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace flux2::server::testing {
+namespace {
+
+constexpr auto kWaitLimit = std::chrono::seconds(60);
+
+class FakeEngine final : public Engine {
+ public:
+  explicit FakeEngine(std::shared_ptr<FakeEngineControl> control) : control_(std::move(control)) {
+    info_.model_dir = "/fake";
+    info_.model_name = "fake-klein";
+    info_.pipeline_class = "Flux2KleinPipeline";
+    info_.variant = control_->uses_cfg ? "klein-base" : "klein-distilled";
+    info_.is_distilled = !control_->uses_cfg;
+    info_.uses_cfg = control_->uses_cfg;
+    info_.default_steps = control_->default_steps;
+    info_.default_guidance = 4.0;
+    info_.pixel_multiple = 16;
+    info_.backend = "cpu";
+  }
+
+  const PipelineInfo& info() const override { return info_; }
+
+  absl::Status validate(const GenerateParams& params) const override {
+    if (params.width % 16 != 0 || params.width <= 0) return absl::InvalidArgumentError("width: bad");
+    if (params.height % 16 != 0 || params.height <= 0) return absl::InvalidArgumentError("height: bad");
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<GeneratedImage> generate(const GenerateParams& params, const GenerateHooks& hooks) override {
+    control_->on_generate(params.seed);
+    const int64_t steps = params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;
+    GeneratedImage image;
+    image.width = params.width;
+    image.height = params.height;
+    image.seed = params.seed;
+    image.timings.tokenize = 1e-4;
+    image.timings.text_encode = 2e-3;
+    image.timings.decode = 3e-3;
+    for (int64_t i = 0; i < steps; ++i) {
+      if (hooks.check_continue) {
+        absl::Status status = hooks.check_continue();
+        if (!status.ok()) return status;
+      }
+      control_->before_step();
+      const double seconds = 1e-3 * static_cast<double>(i + 1);
+      image.timings.steps.push_back(seconds);
+      image.timings.denoise += seconds;
+      control_->after_step();
+      if (hooks.on_step) hooks.on_step(i, steps, seconds);
+    }
+    image.rgb.resize(static_cast<size_t>(params.width * params.height * 3));
+    for (int64_t y = 0; y < params.height; ++y) {
+      for (int64_t x = 0; x < params.width; ++x) {
+        for (int c = 0; c < 3; ++c) image.rgb[(y * params.width + x) * 3 + c] = fake_pixel(params.seed, x, y, c);
+      }
+    }
+    return image;
+  }
+
+  BackendMemoryStats memory_stats() const override { return {}; }
+
+ private:
+  std::shared_ptr<FakeEngineControl> control_;
+  PipelineInfo info_;
+};
+
+}  // namespace
+
+uint8_t fake_pixel(uint64_t seed, int64_t x, int64_t y, int c) {
+  return static_cast<uint8_t>((seed * 31 + static_cast<uint64_t>(x * 7 + y * 13 + c * 101)) & 0xff);
+}
+
+void FakeEngineControl::close_gate() {
+  std::lock_guard<std::mutex> lock(mu_);
+  gate_closed_ = true;
+  allowed_ = started_;
+}
+
+void FakeEngineControl::open_gate() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gate_closed_ = false;
+  }
+  cv_.notify_all();
+}
+
+void FakeEngineControl::allow_steps(int n) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    allowed_ += n;
+  }
+  cv_.notify_all();
+}
+
+bool FakeEngineControl::wait_steps_started(int n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, kWaitLimit, [&] { return started_ >= n; });
+}
+
+bool FakeEngineControl::wait_generations(int n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, kWaitLimit, [&] { return generations_ >= n; });
+}
+
+void FakeEngineControl::hold_load() {
+  std::lock_guard<std::mutex> lock(mu_);
+  load_held_ = true;
+}
+
+void FakeEngineControl::release_load() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    load_held_ = false;
+  }
+  cv_.notify_all();
+}
+
+void FakeEngineControl::fail_load(absl::Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  load_status_ = std::move(status);
+}
+
+int FakeEngineControl::steps_started() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_;
+}
+
+int FakeEngineControl::steps_finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_;
+}
+
+int FakeEngineControl::generations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generations_;
+}
+
+std::vector<uint64_t> FakeEngineControl::seeds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seeds_;
+}
+
+void FakeEngineControl::before_step() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !gate_closed_ || started_ < allowed_; });
+  ++started_;
+  cv_.notify_all();
+}
+
+void FakeEngineControl::after_step() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++finished_;
+  cv_.notify_all();
+}
+
+void FakeEngineControl::on_generate(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++generations_;
+  seeds_.push_back(seed);
+  cv_.notify_all();
+}
+
+absl::Status FakeEngineControl::wait_load() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !load_held_; });
+  return load_status_;
+}
+
+EngineFactory fake_engine_factory(std::shared_ptr<FakeEngineControl> control) {
+  return [control]() -> absl::StatusOr<std::unique_ptr<Engine>> {
+    absl::Status loaded = control->wait_load();
+    if (!loaded.ok()) return loaded;
+    return std::unique_ptr<Engine>(new FakeEngine(control));
+  };
+}
+
+}  // namespace flux2::server::testing

@@ -1,0 +1,65 @@
+// A fake Engine for the server tests: no model, deterministic pixels from the seed, and steps that
+// can be held at a gate by the test, so queueing, cancellation, deadlines and drain are tested by
+// ordering instead of by timing. Used by tests/server/*_test.cc (not by the end-to-end tests).
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "server/engine.h"
+
+namespace flux2::server::testing {
+
+// Shared between the test and the engine (the engine lives on the worker thread).
+class FakeEngineControl {
+ public:
+  // Gate: while closed, a step may start only when fewer than `allowed` steps have started.
+  void close_gate();
+  void open_gate();
+  void allow_steps(int n);  // lets n more steps start (gate closed)
+  // Blocks until `n` steps in total have started (true) or 60 s passed (false).
+  bool wait_steps_started(int n);
+  // Blocks until `n` generate() calls in total have begun (true) or 60 s passed (false).
+  bool wait_generations(int n);
+  // Load: while held, the factory blocks (simulates loading weights).
+  void hold_load();
+  void release_load();
+  void fail_load(absl::Status status);
+
+  int steps_started() const;
+  int steps_finished() const;
+  int generations() const;
+  // Seeds of every generate() call, in order (including the warm-up).
+  std::vector<uint64_t> seeds() const;
+
+  // Engine side.
+  void before_step();   // waits at the gate, counts the start
+  void after_step();
+  void on_generate(uint64_t seed);
+  absl::Status wait_load();
+
+  bool uses_cfg = false;
+  int default_steps = 4;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool gate_closed_ = false;
+  int allowed_ = 0;
+  int started_ = 0;
+  int finished_ = 0;
+  int generations_ = 0;
+  std::vector<uint64_t> seeds_;
+  bool load_held_ = false;
+  absl::Status load_status_;
+};
+
+// Pixels: rgb[(y * W + x) * 3 + c] = (seed * 31 + x * 7 + y * 13 + c * 101) mod 256.
+uint8_t fake_pixel(uint64_t seed, int64_t x, int64_t y, int c);
+
+// A factory producing a FakeEngine bound to `control` (which must outlive it).
+EngineFactory fake_engine_factory(std::shared_ptr<FakeEngineControl> control);
+
+}  // namespace flux2::server::testing

@@ -1,0 +1,149 @@
+// flux2_server flag parsing and validation (server/server_options.h): the contract's defaults,
+// every flag parsed, and errors that name the flag. Run: build/bin/server_unit_tests --gtest_filter='ServerOptions*'
+#include "server/server_options.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace flux2::server {
+namespace {
+
+absl::StatusOr<ParsedFlags> parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "flux2_server");
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  return parse_server_flags(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(ServerOptions, DefaultsFollowTheServerContract) {
+  absl::StatusOr<ParsedFlags> parsed = parse({});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const ServerOptions& o = parsed->options;
+  EXPECT_EQ(o.port, 50051);
+  EXPECT_EQ(o.metrics_port, 9464);
+  EXPECT_EQ(o.host, "0.0.0.0");
+  EXPECT_EQ(o.model_dir, "");
+  EXPECT_EQ(o.backend, "auto");
+  EXPECT_EQ(o.queue_depth, 8);
+  EXPECT_EQ(o.max_pixels, 4194304);
+  EXPECT_EQ(o.max_images, 4);
+  EXPECT_EQ(o.drain_timeout_s, 600.0);
+  EXPECT_EQ(o.warmup_steps, 1);
+  EXPECT_TRUE(o.fast_paths);
+  EXPECT_FALSE(o.enable_quality_high);
+  EXPECT_EQ(o.test_step_delay_s, 0.0);
+  EXPECT_TRUE(o.probe.empty());
+  EXPECT_FALSE(parsed->help);
+  EXPECT_TRUE(validate_server_options(o).ok());
+  EXPECT_NE(resolved_model_dir(o).find("tiny-klein/checkpoint"), std::string::npos);
+}
+
+TEST(ServerOptions, ParsesEveryFlag) {
+  absl::StatusOr<ParsedFlags> parsed =
+      parse({"--port", "1234", "--metrics-port=2345", "--host", "127.0.0.1", "--model-dir", "/m",
+             "--backend", "cuda", "--queue-depth", "3", "--max-pixels", "1048576", "--max-images", "2",
+             "--max-steps", "60", "--max-prompt-bytes", "100", "--drain-timeout-s", "1.5", "--warmup-steps",
+             "0", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--auth-token-file", "t", "--fast-paths", "off",
+             "--enable-quality-high", "--test-step-delay-ms", "250"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const ServerOptions& o = parsed->options;
+  EXPECT_EQ(o.port, 1234);
+  EXPECT_EQ(o.metrics_port, 2345);
+  EXPECT_EQ(o.host, "127.0.0.1");
+  EXPECT_EQ(o.model_dir, "/m");
+  EXPECT_EQ(resolved_model_dir(o), "/m");
+  EXPECT_EQ(o.backend, "cuda");
+  EXPECT_EQ(o.queue_depth, 3);
+  EXPECT_EQ(o.max_pixels, 1048576);
+  EXPECT_EQ(o.max_images, 2);
+  EXPECT_EQ(o.max_steps, 60);
+  EXPECT_EQ(o.max_prompt_bytes, 100);
+  EXPECT_EQ(o.drain_timeout_s, 1.5);
+  EXPECT_EQ(o.warmup_steps, 0);
+  EXPECT_EQ(o.tls_cert, "c.pem");
+  EXPECT_EQ(o.tls_key, "k.pem");
+  EXPECT_EQ(o.auth_token_file, "t");
+  EXPECT_FALSE(o.fast_paths);
+  EXPECT_TRUE(o.enable_quality_high);
+  EXPECT_DOUBLE_EQ(o.test_step_delay_s, 0.25);
+  EXPECT_TRUE(validate_server_options(o).ok());
+}
+
+TEST(ServerOptions, ProbeMode) {
+  absl::StatusOr<ParsedFlags> parsed = parse({"--probe", "readiness", "--addr", "127.0.0.1:6000"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.probe, "readiness");
+  EXPECT_EQ(parsed->options.probe_addr, "127.0.0.1:6000");
+  EXPECT_TRUE(validate_server_options(parsed->options).ok());
+  parsed = parse({"--probe", "startup"});
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_NE(validate_server_options(parsed->options).message().find("--probe"), std::string::npos);
+}
+
+TEST(ServerOptions, ParseErrorsNameTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string flag;
+  };
+  const std::vector<Case> cases = {
+      {{"--port", "abc"}, "--port"},
+      {{"--bogus", "1"}, "--bogus"},
+      {{"--fast-paths", "maybe"}, "--fast-paths"},
+      {{"--queue-depth"}, "--queue-depth"},
+      {{"--drain-timeout-s", "soon"}, "--drain-timeout-s"},
+      {{"extra"}, "extra"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ParsedFlags> parsed = parse(c.args);
+    ASSERT_FALSE(parsed.ok()) << c.flag;
+    EXPECT_NE(parsed.status().message().find(c.flag), std::string::npos) << parsed.status();
+  }
+}
+
+TEST(ServerOptions, ValidationErrorsNameTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string flag;
+  };
+  const std::vector<Case> cases = {
+      {{"--port", "70000"}, "--port"},
+      {{"--metrics-port", "-1"}, "--metrics-port"},
+      {{"--port", "5000", "--metrics-port", "5000"}, "--metrics-port"},
+      {{"--backend", "tpu"}, "--backend"},
+      {{"--queue-depth", "0"}, "--queue-depth"},
+      {{"--max-pixels", "100"}, "--max-pixels"},
+      {{"--max-images", "0"}, "--max-images"},
+      {{"--max-steps", "0"}, "--max-steps"},
+      {{"--drain-timeout-s", "-1"}, "--drain-timeout-s"},
+      {{"--warmup-steps", "-1"}, "--warmup-steps"},
+      {{"--tls-cert", "c.pem"}, "--tls-key"},
+      {{"--tls-key", "k.pem"}, "--tls-cert"},
+      {{"--test-step-delay-ms", "-5"}, "--test-step-delay-ms"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ParsedFlags> parsed = parse(c.args);
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    const absl::Status status = validate_server_options(parsed->options);
+    ASSERT_FALSE(status.ok()) << c.flag;
+    EXPECT_NE(status.message().find(c.flag), std::string::npos) << status;
+  }
+}
+
+TEST(ServerOptions, HelpDocumentsEveryFlag) {
+  absl::StatusOr<ParsedFlags> parsed = parse({"--help"});
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_TRUE(parsed->help);
+  const std::string help = server_help_text();
+  for (const char* flag : {"--port", "--metrics-port", "--host", "--model-dir", "--backend", "--queue-depth",
+                           "--max-pixels", "--max-images", "--drain-timeout-s", "--warmup-steps", "--tls-cert",
+                           "--tls-key", "--auth-token-file", "--fast-paths", "--enable-quality-high", "--probe",
+                           "--addr", "--max-steps", "--max-prompt-bytes", "--test-step-delay-ms", "--help"}) {
+    EXPECT_NE(help.find(flag), std::string::npos) << flag;
+  }
+  EXPECT_NE(help.find("TEST ONLY"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flux2::server

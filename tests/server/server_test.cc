@@ -1,0 +1,340 @@
+// The whole Server in process (server/server.h) over real gRPC, with the fake engine whose steps
+// wait at a gate the test opens, so every assertion is an ordering: readiness after load and
+// warm-up, a failed load, both generation RPCs, validation with BadRequest details, overload
+// (RESOURCE_EXHAUSTED at once, counted), deadlines while queued, cancellation freeing the worker,
+// bearer-token auth, and the drain (SIGTERM path) with and without a timeout.
+// Run: build/bin/server_unit_tests --gtest_filter='ServerTest*'
+#include "server/server.h"
+
+#include <stb_image.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "tests/server/fake_engine.h"
+#include "tests/server/test_support.h"
+
+namespace flux2::server {
+namespace {
+
+namespace v1 = flux2::v1;
+using testing::bad_request_fields;
+using testing::fake_pixel;
+using testing::FakeEngineControl;
+using testing::health_status;
+using testing::metric_value;
+using testing::small_request;
+using testing::StreamCall;
+using testing::UnaryCall;
+using testing::wait_for_health;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    control_ = std::make_shared<FakeEngineControl>();
+    options_.host = "127.0.0.1";
+    options_.port = 0;
+    options_.metrics_port = 0;
+    options_.warmup_steps = 1;
+  }
+
+  // Creates and starts the server; waits for readiness unless `wait_ready` is false.
+  void start(bool wait_ready = true) {
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options_, testing::fake_engine_factory(control_));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_TRUE(server_->Start().ok());
+    channel_ = testing::local_channel(server_->grpc_port());
+    stub_ = v1::ImageGeneration::NewStub(channel_);
+    if (wait_ready) {
+      ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
+    }
+  }
+
+  void TearDown() override {
+    control_->open_gate();
+    control_->release_load();
+    if (server_) server_->GracefulStop(Clock::now() + std::chrono::seconds(60)).IgnoreError();
+  }
+
+  std::string metrics_text() { return server_->metrics().render(); }
+  bool wait_metric(const std::string& name, const std::map<std::string, std::string>& labels, double value) {
+    return testing::wait_for_metric(server_->metrics_port(), name, labels, value);
+  }
+
+  ServerOptions options_;
+  std::shared_ptr<FakeEngineControl> control_;
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ImageGeneration::Stub> stub_;
+};
+
+TEST_F(ServerTest, ReadinessWaitsForLoadAndWarmup) {
+  control_->hold_load();
+  start(/*wait_ready=*/false);
+  EXPECT_EQ(health_status(channel_, "liveness"), "SERVING");
+  EXPECT_EQ(health_status(channel_, "readiness"), "NOT_SERVING");
+  EXPECT_EQ(health_status(channel_, ""), "NOT_SERVING");
+  grpc::ClientContext context;
+  v1::GenerateImageResponse response;
+  EXPECT_EQ(stub_->GenerateImage(&context, small_request(1), &response).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  grpc::ClientContext info_context;
+  v1::GetModelInfoResponse info;
+  EXPECT_EQ(stub_->GetModelInfo(&info_context, {}, &info).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_ready"), 0.0);
+
+  control_->release_load();
+  ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
+  EXPECT_EQ(health_status(channel_, ""), "SERVING");
+  EXPECT_EQ(control_->generations(), 1);  // the warm-up ran before readiness
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_ready"), 1.0);
+}
+
+TEST_F(ServerTest, FailedLoadMakesTheProcessNotLive) {
+  control_->fail_load(absl::NotFoundError("no weights here"));
+  start(/*wait_ready=*/false);
+  const absl::Status stop = server_->WaitForStopRequest();
+  EXPECT_TRUE(absl::IsNotFound(stop)) << stop;
+  EXPECT_TRUE(wait_for_health(channel_, "liveness", "NOT_SERVING"));
+  EXPECT_EQ(health_status(channel_, "readiness"), "NOT_SERVING");
+}
+
+TEST_F(ServerTest, GenerateImageReturnsTheImageSeedAndTimings) {
+  start();
+  grpc::ClientContext context;
+  v1::GenerateImageRequest request = small_request(/*seed=*/123, /*steps=*/3);
+  request.set_num_images(2);
+  request.set_request_id("abc-1");
+  v1::GenerateImageResponse response;
+  const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.seed(), 123u);
+  EXPECT_EQ(response.request_id(), "abc-1");
+  EXPECT_EQ(response.model_name(), "fake-klein");
+  EXPECT_EQ(response.quality(), v1::QUALITY_LOSSLESS);
+  ASSERT_EQ(response.images_size(), 2);
+  for (int i = 0; i < 2; ++i) {
+    const v1::Image& image = response.images(i);
+    EXPECT_EQ(image.seed(), 123u + i);
+    EXPECT_EQ(image.mime_type(), "image/png");
+    int w = 0, h = 0, n = 0;
+    stbi_uc* pixels = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(image.data().data()),
+                                            static_cast<int>(image.data().size()), &w, &h, &n, 3);
+    ASSERT_NE(pixels, nullptr);
+    EXPECT_EQ(w, 64);
+    EXPECT_EQ(h, 48);
+    EXPECT_EQ(pixels[(5 * w + 7) * 3 + 1], fake_pixel(123 + i, 7, 5, 1));
+    stbi_image_free(pixels);
+  }
+  EXPECT_EQ(response.timings().step_seconds_size(), 6);
+  EXPECT_GT(response.timings().denoise_seconds(), 0.0);
+  EXPECT_GT(response.timings().encode_seconds(), 0.0);
+  EXPECT_GT(response.timings().total_seconds(), 0.0);  // the fake's step times are not wall time
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total", {{"method", "GenerateImage"}, {"code", "OK"}}), 1.0);
+}
+
+TEST_F(ServerTest, RandomSeedIsReturnedAndReproduces) {
+  start();
+  v1::GenerateImageRequest request = small_request(0, 1);
+  request.clear_seed();
+  grpc::ClientContext context;
+  v1::GenerateImageResponse first;
+  ASSERT_TRUE(stub_->GenerateImage(&context, request, &first).ok());
+  request.set_seed(first.seed());
+  grpc::ClientContext again_context;
+  v1::GenerateImageResponse again;
+  ASSERT_TRUE(stub_->GenerateImage(&again_context, request, &again).ok());
+  EXPECT_EQ(again.seed(), first.seed());
+  EXPECT_EQ(again.images(0).data(), first.images(0).data());
+  EXPECT_EQ(control_->seeds().back(), first.seed());
+}
+
+TEST_F(ServerTest, StreamSendsOneProgressEventPerStepThenTheResult) {
+  start();
+  StreamCall call(stub_.get(), small_request(9, /*steps=*/4));
+  ASSERT_TRUE(call.finish().ok());
+  EXPECT_EQ(call.event_kinds(), "ppppr");
+  const std::vector<v1::Progress> progress = call.progress();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(progress[i].step_index(), i);
+    EXPECT_EQ(progress[i].step_count(), 4);
+  }
+  EXPECT_EQ(call.result().seed(), 9u);
+  EXPECT_EQ(call.result().images_size(), 1);
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total", {{"method", "GenerateImageStream"}, {"code", "OK"}}),
+            1.0);
+}
+
+TEST_F(ServerTest, GetModelInfoDescribesModelAndLimits) {
+  options_.enable_quality_high = true;
+  options_.queue_depth = 5;
+  start();
+  grpc::ClientContext context;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(stub_->GetModelInfo(&context, {}, &info).ok());
+  EXPECT_EQ(info.model_name(), "fake-klein");
+  EXPECT_EQ(info.variant(), "klein-distilled");
+  EXPECT_EQ(info.default_steps(), 4);
+  EXPECT_FALSE(info.uses_cfg());
+  EXPECT_EQ(info.limits().pixel_multiple(), 16);
+  EXPECT_EQ(info.limits().max_pixels(), options_.max_pixels);
+  EXPECT_EQ(info.limits().max_images(), options_.max_images);
+  EXPECT_EQ(info.limits().queue_depth(), 5);
+  ASSERT_EQ(info.quality_levels_size(), 2);
+  EXPECT_EQ(info.quality_levels(1), v1::QUALITY_HIGH);
+}
+
+TEST_F(ServerTest, InvalidRequestsNameTheFieldAndTheServerKeepsServing) {
+  start();
+  const std::vector<std::pair<std::function<void(v1::GenerateImageRequest&)>, std::string>> cases = {
+      {[](auto& r) { r.set_width(65); }, "width"},
+      {[](auto& r) { r.set_guidance_scale(std::nan("")); }, "guidance_scale"},
+      {[](auto& r) { r.set_num_images(99); }, "num_images"},
+      {[](auto& r) { r.set_quality(v1::QUALITY_HIGH); }, "quality"},
+  };
+  for (const auto& [mutate, field] : cases) {
+    v1::GenerateImageRequest request = small_request(1);
+    mutate(request);
+    grpc::ClientContext context;
+    v1::GenerateImageResponse response;
+    const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_NE(status.error_message().find(field), std::string::npos) << status.error_message();
+    const std::vector<std::string> fields = bad_request_fields(status);
+    EXPECT_NE(std::find(fields.begin(), fields.end(), field), fields.end()) << field;
+  }
+  grpc::ClientContext context;
+  v1::GenerateImageResponse response;
+  EXPECT_TRUE(stub_->GenerateImage(&context, small_request(1), &response).ok());
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total", {{"code", "INVALID_ARGUMENT"}}), 4.0);
+  EXPECT_EQ(control_->generations(), 2);  // the warm-up and the valid request only
+}
+
+TEST_F(ServerTest, OverloadIsRejectedAtOnceAndCounted) {
+  options_.queue_depth = 2;
+  start();
+  control_->close_gate();
+  StreamCall running(stub_.get(), small_request(1, /*steps=*/3));
+  ASSERT_TRUE(control_->wait_steps_started(control_->steps_started() + 0));
+  control_->allow_steps(1);
+  ASSERT_TRUE(running.wait_progress(1));  // the worker is busy with it
+  UnaryCall queued_1(stub_.get(), small_request(2));
+  UnaryCall queued_2(stub_.get(), small_request(3));
+  ASSERT_TRUE(wait_metric("flux2_queue_depth", {}, 2.0));
+  // N = 6 > Q + 1 = 3 concurrent requests: the 3 beyond the running one and the queue are refused
+  // while the running one is still held at the gate.
+  std::vector<std::unique_ptr<UnaryCall>> excess;
+  for (int i = 0; i < 3; ++i) excess.push_back(std::make_unique<UnaryCall>(stub_.get(), small_request(10 + i)));
+  for (auto& call : excess) {
+    const grpc::Status status = call->finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  }
+  EXPECT_FALSE(running.done());
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total",
+                         {{"method", "GenerateImage"}, {"code", "RESOURCE_EXHAUSTED"}}),
+            3.0);
+  control_->open_gate();
+  EXPECT_TRUE(running.finish().ok());
+  EXPECT_TRUE(queued_1.finish().ok());
+  EXPECT_TRUE(queued_2.finish().ok());
+}
+
+TEST_F(ServerTest, DeadlineWhileQueuedFreesTheSlot) {
+  start();
+  control_->close_gate();
+  StreamCall running(stub_.get(), small_request(1, 3));
+  control_->allow_steps(1);
+  ASSERT_TRUE(running.wait_progress(1));
+  UnaryCall late(stub_.get(), small_request(2), std::chrono::milliseconds(50));
+  EXPECT_EQ(late.finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The server withdrew it from the queue while the running request is still held.
+  ASSERT_TRUE(wait_metric("flux2_requests_total", {{"method", "GenerateImage"}, {"code", "DEADLINE_EXCEEDED"}}, 1.0));
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_queue_depth"), 0.0);
+  EXPECT_FALSE(running.done());
+  control_->open_gate();
+  EXPECT_TRUE(running.finish().ok());
+  EXPECT_EQ(control_->seeds().back(), 1u);  // the expired request never reached the engine
+}
+
+TEST_F(ServerTest, CancelMidRunFreesTheWorker) {
+  // Slow steps (test-only delay: 100 steps x 50 ms = 5 s) instead of the gate: the client's cancel
+  // travels asynchronously, and gated fake steps would all run before it arrives. The exact
+  // "stops within one step" bound is proven by EngineWorkerTest.CancelMidRunFreesTheWorkerWithinOneStep;
+  // here the cancel must travel from the client through OnCancel to the job.
+  options_.test_step_delay_s = 0.05;
+  start();
+  const int warmup_steps = control_->steps_started();
+  StreamCall victim(stub_.get(), small_request(1, /*steps=*/100));
+  ASSERT_TRUE(victim.wait_progress(2));
+  UnaryCall next(stub_.get(), small_request(2, /*steps=*/2));
+  ASSERT_TRUE(wait_metric("flux2_queue_depth", {}, 1.0));
+  victim.cancel();
+  EXPECT_EQ(victim.finish().error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(next.finish().ok());
+  const int victim_steps = control_->steps_started() - warmup_steps - 2;
+  EXPECT_LT(victim_steps, 100);  // it stopped early and the next request got the worker
+  ASSERT_TRUE(wait_metric("flux2_requests_total", {{"method", "GenerateImageStream"}, {"code", "CANCELLED"}}, 1.0));
+}
+
+TEST_F(ServerTest, BearerTokenGuardsGenerationButNotHealth) {
+  const std::string path = ::testing::TempDir() + "/flux2_token";
+  std::ofstream(path) << "s3cret\n";
+  options_.auth_token_file = path;
+  start();
+  EXPECT_EQ(health_status(channel_, "readiness"), "SERVING");
+  UnaryCall none(stub_.get(), small_request(1));
+  EXPECT_EQ(none.finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  UnaryCall wrong(stub_.get(), small_request(1), std::chrono::milliseconds(0), "guess");
+  EXPECT_EQ(wrong.finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  UnaryCall right(stub_.get(), small_request(1), std::chrono::milliseconds(0), "s3cret");
+  EXPECT_TRUE(right.finish().ok());
+  grpc::ClientContext context;
+  v1::GetModelInfoResponse info;
+  EXPECT_EQ(stub_->GetModelInfo(&context, {}, &info).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(ServerTest, DrainFinishesInFlightWorkAndRefusesNewWork) {
+  start();
+  control_->close_gate();
+  StreamCall running(stub_.get(), small_request(1, 3));
+  control_->allow_steps(1);
+  ASSERT_TRUE(running.wait_progress(1));
+  UnaryCall queued(stub_.get(), small_request(2, 2));
+  ASSERT_TRUE(wait_metric("flux2_queue_depth", {}, 1.0));
+
+  absl::Status drained = absl::UnknownError("not run");
+  std::thread stopper([&] { drained = server_->GracefulStop(Clock::now() + std::chrono::seconds(120)); });
+  ASSERT_TRUE(wait_for_health(channel_, "readiness", "NOT_SERVING"));
+  EXPECT_EQ(health_status(channel_, "liveness"), "SERVING");
+  UnaryCall refused(stub_.get(), small_request(3));
+  EXPECT_EQ(refused.finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  control_->open_gate();
+  EXPECT_TRUE(running.finish().ok());
+  EXPECT_TRUE(queued.finish().ok());
+  stopper.join();
+  EXPECT_TRUE(drained.ok()) << drained;
+}
+
+TEST_F(ServerTest, DrainTimeoutCancelsWhatIsLeft) {
+  // Slow steps (test-only delay) so the running request is far from done at the drain deadline:
+  // 200 steps x 100 ms = 20 s against a 200 ms drain bound.
+  options_.test_step_delay_s = 0.1;
+  start();
+  StreamCall running(stub_.get(), small_request(1, 200));
+  ASSERT_TRUE(running.wait_progress(1));
+  UnaryCall queued(stub_.get(), small_request(2, 2));
+  ASSERT_TRUE(wait_metric("flux2_queue_depth", {}, 1.0));
+  const absl::Status drained = server_->GracefulStop(Clock::now() + std::chrono::milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(drained)) << drained;
+  EXPECT_EQ(queued.finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  const grpc::Status status = running.finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_LT(running.progress().size(), 200u);
+}
+
+}  // namespace
+}  // namespace flux2::server
