@@ -210,11 +210,8 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
     FLUX_ASSIGN_OR_RETURN(negative_embeds,
                           text_encoder_->encode(negative_tokens.ids, negative_tokens.num_tokens));
   }
-  FLUX_RETURN_IF_ERROR(be.synchronize());
-  timings.text_encode = seconds_since(start);
-
   // Noise drawn like diffusers: randn([1, 128, h, w]) in the activation dtype, packed to tokens.
-  start = Clock::now();
+  // Drawn on the host while the device runs the text encoder (its ops are asynchronous).
   const std::vector<float> noise = act == DType::kBF16 ? torch_randn_bf16(params.seed, channels * n)
                                                        : torch_randn_f32(params.seed, channels * n);
   if (static_cast<int64_t>(noise.size()) != channels * n) return absl::InternalError("noise generation failed");
@@ -222,6 +219,10 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   for (int64_t c = 0; c < channels; ++c) {
     for (int64_t t = 0; t < n; ++t) packed[t * channels + c] = noise[c * n + t];
   }
+  FLUX_RETURN_IF_ERROR(be.synchronize());
+  timings.text_encode = seconds_since(start);  // text encoding, overlapped with drawing the noise
+
+  start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(Tensor latents, be.empty(act, {n, channels}));
   FLUX_RETURN_IF_ERROR(be.upload(packed.data(), DType::kF32, latents));
   if (hooks.on_latents) hooks.on_latents(-1, latents);

@@ -198,7 +198,8 @@ void CudaBackend::reset_peak_memory() {
   cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
 }
 
-OpProfileScope::OpProfileScope(CudaBackend& backend, const char* category) : backend_(backend), category_(category) {
+OpProfileScope::OpProfileScope(CudaBackend& backend, std::string category)
+    : backend_(backend), category_(std::move(category)) {
   if (backend_.profiling_ && backend_.profile_depth_++ == 0) {
     cudaEventCreate(&start_);
     cudaEventRecord(start_, backend_.stream());
@@ -211,7 +212,7 @@ OpProfileScope::~OpProfileScope() {
     cudaEvent_t stop;
     cudaEventCreate(&stop);
     cudaEventRecord(stop, backend_.stream());
-    backend_.profiled_.push_back({category_, start_, stop});
+    backend_.profiled_.push_back({std::move(category_), start_, stop});
   }
 }
 

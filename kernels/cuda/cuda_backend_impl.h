@@ -108,7 +108,7 @@ class CudaBackend final : public Backend {
   bool profiling_ = false;
   int profile_depth_ = 0;  // ops called by ops are timed once, by the outermost
   struct ProfiledOp {
-    const char* category;
+    std::string category;
     cudaEvent_t start, stop;
   };
   std::vector<ProfiledOp> profiled_;
@@ -117,12 +117,12 @@ class CudaBackend final : public Backend {
 // Times the op it lives in when profiling is on (events on the backend's stream).
 class OpProfileScope {
  public:
-  OpProfileScope(CudaBackend& backend, const char* category);
+  OpProfileScope(CudaBackend& backend, std::string category);
   ~OpProfileScope();
 
  private:
   CudaBackend& backend_;
-  const char* category_;
+  std::string category_;
   cudaEvent_t start_ = nullptr;
 };
 

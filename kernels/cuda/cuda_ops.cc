@@ -1,5 +1,6 @@
 // CudaBackend compute ops: precondition checks, fast-path dispatch (fused kernel or its eager
 // chain, with fallbacks counted by reason) and the library calls. Tested by tests/cuda/.
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <string>
@@ -87,7 +88,10 @@ absl::Status CudaBackend::run_fast_path(FastPath& path, absl::string_view unsupp
 }
 
 absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
-  OpProfileScope profile(*this, "gemm");
+  // FLUX2_PROFILE_GEMM_SHAPES=1 splits the "gemm" profile category by shape (M x N x K).
+  static const bool by_shape = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
+  OpProfileScope profile(*this, by_shape && profiling_ ? absl::StrCat("gemm ", x.rows(), "x", w.rows(), "x", x.cols())
+                                                       : std::string("gemm"));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "w", w));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "y", y));

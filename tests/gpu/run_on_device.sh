@@ -44,12 +44,26 @@ if want bench; then
   "$bin/flux2" bench --model klein-4b --no-fast-paths --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
   summary+=("bench klein-4b eager: $(tail -n1 "$out/bench.jsonl")")
 fi
+if want server; then
+  # issue 6: the server on a klein-4B-shaped checkpoint directory with random weights.
+  model_dir=/tmp/flux2-random-klein-4b
+  [[ -d $model_dir ]] || "$bin/flux2_make_random_checkpoint" --model klein-4b --out "$model_dir" \
+      --tokenizer tests/data/tiny-klein/checkpoint/tokenizer >"$out/make_checkpoint.log" 2>&1
+  FLUX2_GPU_MODEL_DIR=$model_dir FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server.log" 2>&1
+  summary+=("gpu_server_test: exit $? $(grep -E '1024x1024|PASSED|FAILED' "$out/server.log" | tr '\n' ' ')")
+fi
 if want high; then
   for model in klein-4b dev; do
     "$bin/flux2" bench --model "$model" --quality high --profile --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
     summary+=("bench $model high: $(tail -n1 "$out/bench.jsonl")")
   done
   grep -h "relative L2" "$out/gpu_quality_high_test.log" | while read -r line; do echo "quality: $line"; done
+fi
+if want gemm-shapes; then
+  FLUX2_PROFILE_GEMM_SHAPES=1 "$bin/flux2" bench --model klein-4b --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
+  summary+=("gemm shapes klein-4b lossless: $(tail -n1 "$out/profile.jsonl")")
+  FLUX2_PROFILE_GEMM_SHAPES=1 "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
+  summary+=("gemm shapes klein-4b high: $(tail -n1 "$out/profile.jsonl")")
 fi
 if want profile; then
   for tune in 0 1; do
