@@ -73,6 +73,13 @@ if want profile; then
     done
   done
 fi
+if want e2e-4b; then
+  for quality in lossless high; do
+    "$bin/flux2" bench --e2e --model klein-4b --quality $quality --json --tokenizer tests/data/tiny-klein/checkpoint/tokenizer \
+      >>"$out/e2e.jsonl" 2>>"$out/bench.err"
+    summary+=("e2e klein-4b $quality: $(tail -n1 "$out/e2e.jsonl")")
+  done
+fi
 if want e2e; then
   for model in klein-4b klein-9b; do
     "$bin/flux2" bench --e2e --model "$model" --json --tokenizer tests/data/tiny-klein/checkpoint/tokenizer \
