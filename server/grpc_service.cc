@@ -139,10 +139,10 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
       // rather than at OnCancel, which may come later. withdraw() is idempotent.
       service_.host().withdraw(job_, cancel_reason(*context_));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     writing_ = false;
     if (!ok) pending_.clear();
-    write_next_locked();
+    pump(lock);
   }
   void OnCancel() override {
     if (job_) service_.host().withdraw(job_, cancel_reason(*context_));
@@ -159,9 +159,9 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
     progress->set_elapsed_seconds(event.elapsed_seconds);
     progress->set_image_index(event.image_index);
     progress->set_num_images(event.num_images);
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     pending_.push_back(std::move(message));
-    write_next_locked();
+    pump(lock);
   }
 
   void on_job_done(const absl::Status& status, JobResult&& result) {
@@ -169,22 +169,24 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
     if (status.ok()) {
       fill_generate_response(job_->spec(), std::move(result), *model_, arrival_, message.mutable_result());
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (status.ok()) pending_.push_back(std::move(message));
     final_status_ = status;
     finishing_ = true;
-    write_next_locked();
+    pump(lock);
   }
 
   void finish_with(const absl::Status& status) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     final_status_ = status;
     finishing_ = true;
-    write_next_locked();
+    pump(lock);
   }
 
-  // Starts the next write, or finishes the call once everything queued is written.
-  void write_next_locked() {
+  // Starts the next write, or finishes the call once the job is over and everything queued is
+  // written. Finish() runs after unlocking: OnDone (which deletes this) may follow it at once on
+  // another thread, so nothing may touch the reactor after it.
+  void pump(std::unique_lock<std::mutex>& lock) {
     if (writing_ || finished_) return;
     if (!pending_.empty()) {
       current_ = std::move(pending_.front());
@@ -197,7 +199,9 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
     finished_ = true;
     service_.host().metrics().count_request("GenerateImageStream", code_name(final_status_),
                                             seconds_since(arrival_));
-    Finish(to_grpc_status(final_status_));
+    const grpc::Status status = to_grpc_status(final_status_);
+    lock.unlock();
+    Finish(status);
   }
 
   ImageGenerationService& service_;
