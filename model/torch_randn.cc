@@ -38,6 +38,7 @@
 #include <random>
 
 #include "kernels/base/dtype.h"
+#include "kernels/base/parallel.h"
 
 namespace flux2 {
 namespace {
@@ -199,7 +200,10 @@ std::vector<float> chunked_normal_fill(CpuGenerator& gen, int64_t numel, Uniform
                                        Transform transform) {
   std::vector<float> data(static_cast<size_t>(numel));
   for (float& value : data) value = uniform(gen);
-  for (int64_t i = 0; i + kChunk <= numel; i += kChunk) transform(data.data() + i);
+  // Chunks are independent once their draws are in place: transform them in parallel.
+  parallel_for(numel / kChunk, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) transform(data.data() + c * kChunk);
+  });
   if (numel % kChunk != 0) {
     float* tail = data.data() + numel - kChunk;
     for (int64_t i = 0; i < kChunk; ++i) tail[i] = uniform(gen);
