@@ -3,6 +3,7 @@
 #include "server/grpc_service.h"
 
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <utility>
 
@@ -61,12 +62,32 @@ std::string code_name(const absl::Status& status) {
   return grpc_code_name(static_cast<grpc::StatusCode>(static_cast<int>(status.code())));
 }
 
+// One access-log line per finished generation RPC (stderr): method, request id, code, seconds.
+void log_finished(absl::string_view method, const std::string& request_id, const absl::Status& status,
+                  double seconds) {
+  std::fprintf(stderr, "flux2_server: %s request_id=%s code=%s seconds=%.3f%s%s\n", std::string(method).c_str(),
+               request_id.empty() ? "-" : request_id.c_str(), code_name(status).c_str(), seconds,
+               status.ok() ? "" : " error=", status.ok() ? "" : std::string(status.message()).c_str());
+}
+
+// The request id as logged: printable ASCII only, at most kMaxRequestIdBytes (validation rejects
+// anything else, but rejected requests are logged too).
+std::string loggable_request_id(const std::string& id) {
+  std::string out;
+  for (char c : id.substr(0, kMaxRequestIdBytes)) out += (c >= 0x20 && c <= 0x7e) ? c : '?';
+  return out;
+}
+
 // GenerateImage: one reactor per call; deletes itself when gRPC is done with it.
 class GenerateImageReactor final : public grpc::ServerUnaryReactor {
  public:
   GenerateImageReactor(ImageGenerationService& service, grpc::CallbackServerContext* context,
                        const v1::GenerateImageRequest& request, v1::GenerateImageResponse* response)
-      : service_(service), context_(context), response_(response), arrival_(Clock::now()) {
+      : service_(service),
+        context_(context),
+        response_(response),
+        arrival_(Clock::now()),
+        request_id_(loggable_request_id(request.request_id())) {
     absl::StatusOr<std::shared_ptr<Job>> job = service_.make_job(
         context, request, arrival_, nullptr,
         [this](const absl::Status& status, JobResult&& result) { on_job_done(status, std::move(result)); },
@@ -98,7 +119,9 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
   }
 
   void reply(const absl::Status& status) {
-    service_.host().metrics().count_request("GenerateImage", code_name(status), seconds_since(arrival_));
+    const double seconds = seconds_since(arrival_);
+    service_.host().metrics().count_request("GenerateImage", code_name(status), seconds);
+    log_finished("GenerateImage", request_id_, status, seconds);
     Finish(to_grpc_status(status));
   }
 
@@ -106,6 +129,7 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
   grpc::CallbackServerContext* context_;
   v1::GenerateImageResponse* response_;
   const Clock::time_point arrival_;
+  const std::string request_id_;
   std::shared_ptr<const ServingModel> model_;
   std::shared_ptr<Job> job_;  // set before the reactor is returned to gRPC; OnCancel reads it
 };
@@ -116,7 +140,10 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
  public:
   GenerateImageStreamReactor(ImageGenerationService& service, grpc::CallbackServerContext* context,
                              const v1::GenerateImageRequest& request)
-      : service_(service), context_(context), arrival_(Clock::now()) {
+      : service_(service),
+        context_(context),
+        arrival_(Clock::now()),
+        request_id_(loggable_request_id(request.request_id())) {
     absl::StatusOr<std::shared_ptr<Job>> job = service_.make_job(
         context, request, arrival_, [this](const ProgressEvent& event) { on_progress(event); },
         [this](const absl::Status& status, JobResult&& result) { on_job_done(status, std::move(result)); },
@@ -197,8 +224,9 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
     }
     if (!finishing_) return;
     finished_ = true;
-    service_.host().metrics().count_request("GenerateImageStream", code_name(final_status_),
-                                            seconds_since(arrival_));
+    const double seconds = seconds_since(arrival_);
+    service_.host().metrics().count_request("GenerateImageStream", code_name(final_status_), seconds);
+    log_finished("GenerateImageStream", request_id_, final_status_, seconds);
     const grpc::Status status = to_grpc_status(final_status_);
     lock.unlock();
     Finish(status);
@@ -207,6 +235,7 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
   ImageGenerationService& service_;
   grpc::CallbackServerContext* context_;
   const Clock::time_point arrival_;
+  const std::string request_id_;
   std::shared_ptr<const ServingModel> model_;
   std::shared_ptr<Job> job_;
 

@@ -6,11 +6,14 @@
 // Run: build/bin/server_unit_tests --gtest_filter='ServerTest*'
 #include "server/server.h"
 
+#include "server/probe.h"
+
 #include <stb_image.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -295,6 +298,46 @@ TEST_F(ServerTest, BearerTokenGuardsGenerationButNotHealth) {
   grpc::ClientContext context;
   v1::GetModelInfoResponse info;
   EXPECT_EQ(stub_->GetModelInfo(&context, {}, &info).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(ServerTest, TlsServesTlsClientsOnlyAndTheProbeSpeaksTls) {
+  // A throwaway self-signed certificate for 127.0.0.1 (openssl is a test-time tool only).
+  const std::string dir = ::testing::TempDir();
+  const std::string cert = dir + "/flux2_tls_cert.pem", key = dir + "/flux2_tls_key.pem";
+  const std::string command = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 "
+                              "-addext subjectAltName=IP:127.0.0.1 -keyout " + key + " -out " + cert +
+                              " >/dev/null 2>&1";
+  if (std::system(command.c_str()) != 0) GTEST_SKIP() << "openssl is not available to make a test certificate";
+  options_.tls_cert = cert;
+  options_.tls_key = key;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options_, testing::fake_engine_factory(control_));
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = std::move(*server);
+  ASSERT_TRUE(server_->Start().ok());
+  const std::string address = "127.0.0.1:" + std::to_string(server_->grpc_port());
+
+  std::ifstream in(cert);
+  std::stringstream pem;
+  pem << in.rdbuf();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = pem.str();
+  auto tls_channel = grpc::CreateChannel(address, grpc::SslCredentials(ssl));
+  ASSERT_TRUE(wait_for_health(tls_channel, "readiness", "SERVING"));
+  auto tls_stub = v1::ImageGeneration::NewStub(tls_channel);
+  UnaryCall over_tls(tls_stub.get(), small_request(1), std::chrono::seconds(60));
+  EXPECT_TRUE(over_tls.finish().ok());
+
+  auto plain_stub = v1::ImageGeneration::NewStub(testing::local_channel(server_->grpc_port()));
+  UnaryCall plaintext(plain_stub.get(), small_request(1), std::chrono::seconds(5));
+  EXPECT_EQ(plaintext.finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  ServerOptions probe;
+  probe.probe = "readiness";
+  probe.probe_addr = address;
+  probe.tls_cert = cert;
+  EXPECT_EQ(run_health_probe(probe), 0);
+  probe.tls_cert.clear();  // a plaintext probe cannot talk to a TLS server
+  EXPECT_EQ(run_health_probe(probe), 1);
 }
 
 TEST_F(ServerTest, DrainFinishesInFlightWorkAndRefusesNewWork) {
