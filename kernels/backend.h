@@ -146,6 +146,11 @@ class Backend {
   virtual absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean,
                                      const Tensor& bn_var, float eps, const Tensor& out) = 0;
 
+  // diffusers' post-processing of an image [H, W, 3] in about [-1, 1] into H·W·3 host bytes:
+  // round(clamp(x / 2 + 0.5, 0, 1) · 255), the first two ops in the activation dtype (bf16 ops on
+  // the CUDA backend, as a bf16 pipeline does them). Waits for pending work.
+  virtual absl::Status to_rgb8(const Tensor& image, uint8_t* host) = 0;
+
   // ---- sampling -----------------------------------------------------------------------------
   // In place: x += dt · v (flow-matching Euler step; x is the latent, v the velocity).
   virtual absl::Status euler_step(const Tensor& x, const Tensor& v, float dt) = 0;

@@ -272,9 +272,8 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(Tensor pixels, vae_->decode_tokens(latents, h, w));                  // [H, W, 3]
   if (hooks.on_image) hooks.on_image(pixels);
-  std::vector<float> host(static_cast<size_t>(pixels.numel()));
-  FLUX_RETURN_IF_ERROR(be.download(pixels, host.data()));
-  image.rgb = image_to_u8(host);
+  image.rgb.resize(static_cast<size_t>(pixels.numel()));
+  FLUX_RETURN_IF_ERROR(be.to_rgb8(pixels, image.rgb.data()));
   timings.decode = seconds_since(start);
   if (static_cast<int64_t>(image.rgb.size()) != params.width * params.height * 3) {
     return absl::InternalError("decoded image has the wrong size");

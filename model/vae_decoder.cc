@@ -3,6 +3,8 @@
 // tests/host/vae_test.cc (config and weight-table errors, decode_tokens, image_to_u8).
 #include "model/vae_decoder.h"
 
+#include "kernels/base/postprocess.h"
+
 #include <algorithm>
 #include <cmath>
 
@@ -265,13 +267,8 @@ absl::StatusOr<std::unique_ptr<VaeDecoder>> VaeDecoder::create_random(Backend& b
 
 std::vector<uint8_t> image_to_u8(std::span<const float> image) {
   std::vector<uint8_t> out(image.size());
-  for (size_t i = 0; i < image.size(); ++i) {
-    // Float32 steps as in diffusers: (x / 2 + 0.5).clamp(0, 1), then numpy (x * 255).round()
-    // (half to even under the default rounding mode); NaN becomes 0.
-    const float unit = std::clamp(image[i] / 2.0f + 0.5f, 0.0f, 1.0f);
-    const float scaled = std::nearbyint(unit * 255.0f);
-    out[i] = std::isnan(scaled) ? 0 : static_cast<uint8_t>(scaled);
-  }
+  // Float32 steps as in diffusers: (x / 2 + 0.5).clamp(0, 1), then numpy (x * 255).round().
+  for (size_t i = 0; i < image.size(); ++i) out[i] = unit_to_u8(image[i] / 2.0f + 0.5f);
   return out;
 }
 

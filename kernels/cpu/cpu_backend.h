@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
   absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean, const Tensor& bn_var,
                              float eps, const Tensor& out) override;
 
+  absl::Status to_rgb8(const Tensor& image, uint8_t* host) override;
   absl::Status euler_step(const Tensor& x, const Tensor& v, float dt) override;
   absl::Status cfg_combine(const Tensor& uncond, const Tensor& cond, float scale,
                            const Tensor& out) override;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/base/parallel.h"
+#include "kernels/base/postprocess.h"
 #include "kernels/cpu/cpu_access.h"
 #include "kernels/cpu/cpu_backend.h"
 
@@ -76,6 +77,15 @@ absl::Status CpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tens
     float* o = cpu::row(out, r);
     for (int64_t c = 0; c < gate.cols(); ++c) o[c] = silu_f32(g[c]) * u[c];
   });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::to_rgb8(const Tensor& image, uint8_t* host) {
+  FLUX_RETURN_IF_ERROR(cpu::check_f32("to_rgb8", "image", image));
+  for (int64_t r = 0; r < image.rows(); ++r) {
+    const float* in = cpu::row(image, r);
+    for (int64_t c = 0; c < image.cols(); ++c) host[r * image.cols() + c] = unit_to_u8(in[c] / 2.0f + 0.5f);
+  }
   return absl::OkStatus();
 }
 

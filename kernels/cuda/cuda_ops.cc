@@ -408,6 +408,18 @@ absl::Status CudaBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_m
   return cuda::latent_unpack_bf16(mat(tokens), bn_mean.data(), bn_var.data(), eps, h, w, c, out.data(), stream());
 }
 
+absl::Status CudaBackend::to_rgb8(const Tensor& image, uint8_t* host) {
+  OpProfileScope profile(*this, "other");
+  FLUX_RETURN_IF_ERROR(check_bf16("to_rgb8", "image", image));
+  if (!image.contiguous()) return op_error("to_rgb8", "image must be contiguous");
+  FLUX_ASSIGN_OR_RETURN(Tensor bytes, scratch({image.numel()}, DType::kU8));
+  FLUX_RETURN_IF_ERROR(cuda::image_to_rgb8_bf16(image.data(), image.numel(), bytes.data_as<uint8_t>(), stream()));
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(host, bytes.data(), static_cast<size_t>(image.numel()),
+                                                   cudaMemcpyDeviceToHost, stream()),
+                                   "to_rgb8 copy"));
+  return synchronize();
+}
+
 absl::Status CudaBackend::euler_step(const Tensor& x, const Tensor& v, float dt) {
   OpProfileScope profile(*this, "elementwise");
   FLUX_RETURN_IF_ERROR(check_bf16("euler_step", "x", x));

@@ -1,5 +1,6 @@
 // Image and lookup kernels; see image_ops.h.
 #include "absl/strings/str_cat.h"
+#include "kernels/base/postprocess.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/image_ops.h"
@@ -155,6 +156,25 @@ absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table,
             static_cast<const bf16*>(table.data)[int64_t{ids[i]} * table.stride + ch];
       });
   FLUX_RETURN_IF_LAUNCH_FAILED("embedding");
+  return absl::OkStatus();
+}
+
+namespace {
+
+__global__ void rgb8_kernel(const bf16* image, int64_t count, uint8_t* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    // bf16 pipeline: image / 2 + 0.5 as two bf16 ops, then float32 x 255 and round.
+    const float unit = round_bf16(__fadd_rn(round_bf16(__fdiv_rn(to_f32(image[i]), 2.0f)), 0.5f));
+    out[i] = unit_to_u8(unit);
+  }
+}
+
+}  // namespace
+
+absl::Status image_to_rgb8_bf16(const void* image, int64_t count, uint8_t* out, cudaStream_t stream) {
+  if (count == 0) return absl::OkStatus();
+  rgb8_kernel<<<grid_for(count, 256), 256, 0, stream>>>(static_cast<const bf16*>(image), count, out);
+  FLUX_RETURN_IF_LAUNCH_FAILED("image_to_rgb8");
   return absl::OkStatus();
 }
 

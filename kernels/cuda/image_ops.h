@@ -27,4 +27,8 @@ absl::Status latent_unpack_bf16(const Mat& tokens, const void* mean, const void*
 absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table, const Mat& out,
                             cudaStream_t stream);
 
+// out[i] = round(clamp(bf16(bf16(x / 2) + 0.5), 0, 1) · 255) as uint8 (device bytes), for a
+// contiguous bf16 image.
+absl::Status image_to_rgb8_bf16(const void* image, int64_t count, uint8_t* out, cudaStream_t stream);
+
 }  // namespace flux2::cuda

@@ -3,6 +3,7 @@
 // rounds r <= 4 times has a relative error within r·u ≈ 8e-3 (GEMMs and attention accumulate in
 // fp32 and round once or twice more); 1e-2 bounds all of them, and every case also checks the
 // reference is far from zero so a missing term cannot hide.
+#include <algorithm>
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -111,6 +112,24 @@ TEST_F(BackendOpsTest, ConvUpsampleAndLatentUnpack) {
   ASSERT_TRUE(gpu->latent_unpack(tg, mg.reshape({128}), vg, 1e-4f, lg).ok());
   ASSERT_TRUE(cpu_.latent_unpack(tc, mc.reshape({128}), vc, 1e-4f, lc).ok());
   expect_close(*gpu, lg, lc, "latent_unpack");
+}
+
+TEST_F(BackendOpsTest, ToRgb8MatchesCpuWithinOneLevel) {
+  FLUX2_REQUIRE_GPU(gpu);
+  // Values in about [-1.2, 1.2] so clamping is exercised on both ends.
+  auto [ig, ic] = pair(*gpu, 64 * 48, 3, 16, 1.2f);
+  std::vector<uint8_t> g(64 * 48 * 3), c(64 * 48 * 3);
+  ASSERT_TRUE(gpu->to_rgb8(ig.reshape({64, 48, 3}), g.data()).ok());
+  ASSERT_TRUE(cpu_.to_rgb8(ic.reshape({64, 48, 3}), c.data()).ok());
+  // The GPU adds 0.5 in bf16 as a bf16 pipeline does (CPU: float32): at most one level apart.
+  int64_t equal = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_LE(std::abs(int(g[i]) - int(c[i])), 1) << i;
+    equal += g[i] == c[i];
+  }
+  EXPECT_GT(equal, static_cast<int64_t>(g.size()) / 2);
+  EXPECT_NE(std::count(g.begin(), g.end(), 0), 0);
+  EXPECT_NE(std::count(g.begin(), g.end(), 255), 0);
 }
 
 }  // namespace
