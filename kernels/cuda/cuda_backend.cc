@@ -2,6 +2,8 @@
 // Memory comes from the device's stream-ordered pool (release threshold at max, so freed blocks
 // are reused, not returned); transfers go through two pinned staging buffers, converting dtypes
 // on the host while the previous chunk is in flight. Tested by tests/cuda/backend_ops_test.cc.
+#include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -73,6 +75,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
   FLUX_ASSIGN_OR_RETURN(backend->gemm_, cuda::Gemm::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->sdpa_, cuda::CudnnSdpa::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->conv_, cuda::CudnnConv::create(backend->stream()));
+  backend->fp8_rowwise_ = std::getenv("FLUX2_FP8_PER_TENSOR") == nullptr && backend->gemm_->supports_rowwise_fp8();
+  std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB); quality=high FP8 scaling: %s\n",
+               info.name.c_str(), info.major, info.minor, info.total_bytes / 1e9,
+               backend->fp8_rowwise_ ? "per token x per channel" : "per tensor");
   return backend;
 }
 

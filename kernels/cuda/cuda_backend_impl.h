@@ -102,8 +102,11 @@ class CudaBackend final : public Backend {
   struct Fp8Weight {
     Tensor source;  // the bf16 weight, kept alive so its address cannot be reused by another tensor
     Tensor values;  // E4M3 [N, K]
-    Tensor scale;   // f32 [1]: dequantization scale (amax / 448)
+    Tensor scale;   // f32 [N] per output channel (rowwise) or [1] per tensor: amax / 448
   };
+  // Rowwise FP8 (per-token activation, per-channel weight scales) when cuBLASLt offers it on this
+  // device: one quantize kernel per activation and better accuracy; else per-tensor scales.
+  bool fp8_rowwise_ = false;
   std::map<const void*, Fp8Weight> fp8_weights_;
   absl::Status linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& y);
   bool profiling_ = false;

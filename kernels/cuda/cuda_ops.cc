@@ -125,19 +125,24 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
 absl::Status CudaBackend::linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& y) {
   const int64_t m = x.rows(), k = x.cols();
   FLUX_ASSIGN_OR_RETURN(Tensor x8, scratch({m, k}, DType::kF8E4M3));
-  FLUX_ASSIGN_OR_RETURN(Tensor x_scale, scratch({1}, DType::kF32));
-  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+  FLUX_ASSIGN_OR_RETURN(Tensor x_scale, scratch({fp8_rowwise_ ? m : 1}, DType::kF32));
   cuda::Fp8QuantizeArgs args;
   args.in.first = mat(x);
   args.out = x8.data();
   args.out_bytes = x8.bytes();
   args.scale = x_scale.data_as<float>();
-  args.workspace = workspace.data();
-  args.workspace_bytes = workspace.bytes();
-  FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
+  Tensor workspace;
+  if (fp8_rowwise_) {
+    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_rows(args, stream()));  // one kernel: per-token amax
+  } else {
+    FLUX_ASSIGN_OR_RETURN(workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+    args.workspace = workspace.data();
+    args.workspace_bytes = workspace.bytes();
+    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
+  }
   return gemm_->linear_fp8(cuda::Mat{x8.data(), m, k, k}, x_scale.data_as<float>(),
                            cuda::Mat{w.values.data(), w.values.rows(), w.values.cols(), w.values.cols()},
-                           w.scale.data_as<float>(), mat(y));
+                           w.scale.data_as<float>(), mat(y), fp8_rowwise_);
 }
 
 absl::StatusOr<int64_t> CudaBackend::add_fp8_weight(const Tensor& w) {
@@ -149,17 +154,21 @@ absl::StatusOr<int64_t> CudaBackend::add_fp8_weight(const Tensor& w) {
   Fp8Weight fp8;
   fp8.source = w;
   FLUX_ASSIGN_OR_RETURN(fp8.values, empty(DType::kF8E4M3, {w.rows(), w.cols()}));
-  FLUX_ASSIGN_OR_RETURN(fp8.scale, empty(DType::kF32, {1}));
-  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
-  cuda::Fp8QuantizeArgs args;  // per-tensor scale: cuBLASLt's full-speed FP8 mode on sm_90
+  FLUX_ASSIGN_OR_RETURN(fp8.scale, empty(DType::kF32, {fp8_rowwise_ ? w.rows() : 1}));
+  cuda::Fp8QuantizeArgs args;
   args.in.first = mat(w);
   args.out = fp8.values.data();
   args.out_bytes = fp8.values.bytes();
   args.scale = fp8.scale.data_as<float>();
-  args.workspace = workspace.data();
-  args.workspace_bytes = workspace.bytes();
-  FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
-  const int64_t bytes = fp8.values.bytes() + 256;
+  if (fp8_rowwise_) {
+    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_rows(args, stream()));  // per output channel
+  } else {
+    FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+    args.workspace = workspace.data();
+    args.workspace_bytes = workspace.bytes();
+    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
+  }
+  const int64_t bytes = fp8.values.bytes() + fp8.scale.bytes();
   fp8_weights_.emplace(w.data(), std::move(fp8));
   return bytes;
 }

@@ -34,23 +34,28 @@ class Gemm {
                       bool c_f32);
 
   // FP8 (E4M3) TN GEMM (kernels.md §1.7): y[M, N] (bf16) = (x_scale · x8[M, K]) · (w_scale · w8[N, K])ᵀ
-  // with per-tensor dequantization scales in device memory; fp32 accumulation. K % 16 == 0 and
-  // 16-byte aligned operands (the FP8 requirements on Hopper).
+  // with dequantization scales in device memory, fp32 accumulation. `rowwise`: x_scale holds M
+  // per-token and w_scale N per-output-channel scales (cuBLASLt OUTER_VEC_32F); else one each.
+  // K % 16 == 0 and 16-byte aligned operands (the FP8 requirements on Hopper).
   absl::Status linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8, const float* w_scale,
-                          const Mat& y);
+                          const Mat& y, bool rowwise);
+  // Whether cuBLASLt offers rowwise-scaled FP8 GEMMs on this device (heuristic probe, host only).
+  bool supports_rowwise_fp8();
 
   size_t plan_count() const { return plans_.size(); }
 
  private:
   struct Plan;
-  // (m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, alignment classes of a, b, c, bias, fp8)
+  // (m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, alignment classes of a, b, c, bias,
+  //  fp8, rowwise fp8 scales)
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, int, int, int, int,
-                         bool>;
+                         bool, bool>;
 
   Gemm() = default;
   absl::StatusOr<Plan*> plan(const Key& key);
   absl::Status run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha,
-                   const Mat& c, bool c_f32, const float* a_scale = nullptr, const float* b_scale = nullptr);
+                   const Mat& c, bool c_f32, const float* a_scale = nullptr, const float* b_scale = nullptr,
+                   bool rowwise = false);
 
   cudaStream_t stream_ = nullptr;
   void* handle_ = nullptr;      // cublasLtHandle_t
