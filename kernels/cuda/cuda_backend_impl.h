@@ -82,6 +82,10 @@ class CudaBackend final : public Backend {
   // fused launch error disables the path and falls back, except during graph capture.
   template <typename Fused, typename Eager>
   absl::Status run_fast_path(FastPath& path, absl::string_view unsupported, Fused fused, Eager eager);
+  // Runs into(target) for an output that may be a column range of a wider buffer: straight into
+  // it (the token_concat fast path) or into a separate buffer then copied (its eager chain).
+  template <typename Into>
+  absl::Status write_output(const Tensor& out, Into into);
   // A scratch tensor for eager chains (stream-ordered, freed when the returned tensor dies).
   absl::StatusOr<Tensor> scratch(Shape shape, DType dtype = DType::kBF16);
   bool capturing() const;

@@ -87,6 +87,18 @@ absl::Status CudaBackend::run_fast_path(FastPath& path, absl::string_view unsupp
   return eager();
 }
 
+template <typename Into>
+absl::Status CudaBackend::write_output(const Tensor& out, Into into) {
+  if (out.contiguous()) return into(mat(out));
+  return run_fast_path(
+      token_concat_path(), "", [&] { return into(mat(out)); },
+      [&]() -> absl::Status {
+        FLUX_ASSIGN_OR_RETURN(Tensor separate, scratch({out.rows(), out.cols()}));
+        FLUX_RETURN_IF_ERROR(into(mat(separate)));
+        return copy(separate, out);
+      });
+}
+
 absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
   // FLUX2_PROFILE_GEMM_SHAPES=1 splits the "gemm" profile category by shape (M x N x K).
   static const bool by_shape = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
@@ -238,14 +250,7 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
           return cuda::mul_bf16(mat(activated), mat(up), target, stream());
         });
   };
-  if (out.contiguous()) return into(mat(out));
-  return run_fast_path(
-      token_concat_path(), "", [&] { return into(mat(out)); },
-      [&]() -> absl::Status {
-        FLUX_ASSIGN_OR_RETURN(Tensor separate, scratch({out.rows(), out.cols()}));
-        FLUX_RETURN_IF_ERROR(into(mat(separate)));
-        return copy(separate, out);
-      });
+  return write_output(out, into);
 }
 
 absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps,
@@ -345,14 +350,7 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     path.disable(status.message());
     return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream());
   };
-  if (out.contiguous()) return into(mat(out));
-  return run_fast_path(
-      token_concat_path(), "", [&] { return into(mat(out)); },
-      [&]() -> absl::Status {
-        FLUX_ASSIGN_OR_RETURN(Tensor separate, scratch({out.rows(), out.cols()}));
-        FLUX_RETURN_IF_ERROR(into(mat(separate)));
-        return copy(separate, out);
-      });
+  return write_output(out, into);
 }
 
 absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v, float scale,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/backend_factory.h"
 #include "kernels/base/numerics.h"
+#include "kernels/base/status.h"
 #include "model/json_util.h"
 #include "server/cli/args.h"
 #include "server/cli/commands.h"
@@ -66,6 +67,18 @@ void GoldenReport::record(bool passed, absl::string_view file, absl::string_view
               std::string(detail).c_str());
   std::fflush(stdout);
   (passed ? passed_ : failed_)++;
+}
+
+absl::StatusOr<std::vector<float>> download_values(Backend& backend, const Tensor& tensor) {
+  std::vector<float> values(static_cast<size_t>(tensor.numel()));
+  FLUX_RETURN_IF_ERROR(backend.download(tensor, values.data()));
+  return values;
+}
+
+absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>& values, Shape shape) {
+  FLUX_ASSIGN_OR_RETURN(Tensor tensor, backend.empty(backend.activation_dtype(), std::move(shape)));
+  FLUX_RETURN_IF_ERROR(backend.upload(values.data(), DType::kF32, tensor));
+  return tensor;
 }
 
 double GoldenContext::tolerance(const std::string& key) const {

@@ -8,6 +8,9 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 #include "kernels/backend.h"
@@ -49,6 +52,11 @@ struct GoldenContext {
   double tolerance(const std::string& key) const;
   std::string checkpoint_dir() const { return dir + "/checkpoint"; }
 };
+
+// A backend tensor's values as host floats (waits for the device).
+absl::StatusOr<std::vector<float>> download_values(Backend& backend, const Tensor& tensor);
+// A new tensor in the backend's activation dtype holding `values` with `shape`.
+absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>& values, Shape shape);
 
 // The parts, each defined in golden_<part>.cc.
 void check_golden_tokenizer(const GoldenContext& context, GoldenReport& report);

@@ -54,9 +54,9 @@ absl::Status run_case(const GoldenContext& context, const nlohmann::json& item, 
   std::map<std::string, std::vector<float>> produced;
   absl::Status hook_status;
   auto keep = [&](const std::string& key, const Tensor& t) {
-    std::vector<float> values(static_cast<size_t>(t.numel()));
-    if (absl::Status s = be.download(t, values.data()); !s.ok()) hook_status = s;
-    produced[key] = std::move(values);
+    auto values = download_values(be, t);
+    if (!values.ok()) hook_status = values.status();
+    else produced[key] = std::move(*values);
   };
   GenerateHooks hooks;
   hooks.on_latents = [&](int64_t step, const Tensor& latents) {

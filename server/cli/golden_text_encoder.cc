@@ -39,12 +39,6 @@ absl::StatusOr<std::vector<int64_t>> golden_taps(const SafetensorsFile& vectors)
   return taps;
 }
 
-absl::StatusOr<std::vector<float>> download(Backend& backend, const Tensor& tensor) {
-  std::vector<float> values(static_cast<size_t>(tensor.numel()));
-  FLUX_RETURN_IF_ERROR(backend.download(tensor, values.data()));
-  return values;
-}
-
 // Runs case `name` ("case0") and reports every hidden state and prompt_embeds it has.
 absl::Status run_case(const GoldenContext& context, const Qwen3Encoder& model,
                       const SafetensorsFile& vectors, const std::string& name, GoldenReport& report) {
@@ -71,13 +65,13 @@ absl::Status run_case(const GoldenContext& context, const Qwen3Encoder& model,
   std::map<std::string, std::vector<float>> outputs;
   absl::Status tap_status;
   auto tap = [&](absl::string_view tensor_name, const Tensor& value) {
-    auto values = download(be, value);
+    auto values = download_values(be, value);
     if (!values.ok()) tap_status = values.status();
     else outputs[std::string(tensor_name)] = std::move(*values);
   };
   FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, model.encode(ids, num_valid, tap));
   FLUX_RETURN_IF_ERROR(tap_status);
-  FLUX_ASSIGN_OR_RETURN(outputs["prompt_embeds"], download(be, prompt_embeds));
+  FLUX_ASSIGN_OR_RETURN(outputs["prompt_embeds"], download_values(be, prompt_embeds));
 
   for (const SafetensorsEntry& entry : vectors.entries()) {
     if (entry.name.rfind(p, 0) != 0) continue;

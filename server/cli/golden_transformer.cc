@@ -21,18 +21,6 @@ absl::StatusOr<std::vector<int64_t>> read_ids(const SafetensorsFile& file, const
   return std::vector<int64_t>(values.begin(), values.end());
 }
 
-absl::StatusOr<Tensor> upload_f32(Backend& backend, const std::vector<float>& values, Shape shape) {
-  FLUX_ASSIGN_OR_RETURN(Tensor tensor, backend.empty(backend.activation_dtype(), std::move(shape)));
-  FLUX_RETURN_IF_ERROR(backend.upload(values.data(), DType::kF32, tensor));
-  return tensor;
-}
-
-absl::StatusOr<std::vector<float>> download(Backend& backend, const Tensor& tensor) {
-  std::vector<float> values(static_cast<size_t>(tensor.numel()));
-  FLUX_RETURN_IF_ERROR(backend.download(tensor, values.data()));
-  return values;
-}
-
 // Runs case `name` ("case0") and reports every reference tensor it has.
 absl::Status run_case(const GoldenContext& context, const Flux2Transformer& model,
                       const SafetensorsFile& vectors, const std::string& name, GoldenReport& report) {
@@ -51,8 +39,8 @@ absl::Status run_case(const GoldenContext& context, const Flux2Transformer& mode
   const int64_t n = static_cast<int64_t>(hidden.size()) / config.in_channels;
   const int64_t l = static_cast<int64_t>(text.size()) / config.joint_attention_dim;
 
-  FLUX_ASSIGN_OR_RETURN(Tensor prompt, upload_f32(be, text, {l, config.joint_attention_dim}));
-  FLUX_ASSIGN_OR_RETURN(Tensor x, upload_f32(be, hidden, {n, config.in_channels}));
+  FLUX_ASSIGN_OR_RETURN(Tensor prompt, upload_values(be, text, {l, config.joint_attention_dim}));
+  FLUX_ASSIGN_OR_RETURN(Tensor x, upload_values(be, hidden, {n, config.in_channels}));
   FLUX_ASSIGN_OR_RETURN(Tensor out, be.empty(be.activation_dtype(), {n, config.out_channels}));
   FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond,
                         model.prepare(prompt, txt_ids, img_ids, timestep, guidance));
@@ -62,13 +50,13 @@ absl::Status run_case(const GoldenContext& context, const Flux2Transformer& mode
   auto tap = [&](absl::string_view tensor_name, const Tensor& value) {
     const std::string key = p + std::string(tensor_name);
     if (vectors.find(key) == nullptr) return;
-    auto values = download(be, value);
+    auto values = download_values(be, value);
     if (!values.ok()) tap_status = values.status();
     else taps[std::string(tensor_name)] = std::move(*values);
   };
   FLUX_RETURN_IF_ERROR(model.forward(cond, 0, x, out, tap));
   FLUX_RETURN_IF_ERROR(tap_status);
-  FLUX_ASSIGN_OR_RETURN(taps["output"], download(be, out));
+  FLUX_ASSIGN_OR_RETURN(taps["output"], download_values(be, out));
 
   for (const SafetensorsEntry& entry : vectors.entries()) {
     if (entry.name.rfind(p, 0) != 0) continue;
