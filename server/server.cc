@@ -96,12 +96,15 @@ Server::~Server() {
 absl::Status Server::Start() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (started_) return absl::FailedPreconditionError("Server::Start called twice");
-    started_ = true;
+    if (start_called_) return absl::FailedPreconditionError("Server::Start called twice");
+    start_called_ = true;
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default, which lets a second server bind the same port and silently
+  // take half the connections; a port in use must be an error instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (!tls_cert_pem_.empty()) {
     grpc::SslServerCredentialsOptions ssl;
@@ -133,6 +136,8 @@ absl::Status Server::Start() {
 
   encoder_.start();
   worker_->start();
+  std::lock_guard<std::mutex> lock(mu_);
+  started_ = true;  // from here on GracefulStop has something to stop
   return absl::OkStatus();
 }
 

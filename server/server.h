@@ -82,7 +82,8 @@ class Server final : public GenerationHost {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<const ServingModel> serving_;  // guarded by mu_; null unless serving
-  bool started_ = false;                         // guarded by mu_
+  bool start_called_ = false;                    // guarded by mu_
+  bool started_ = false;                         // guarded by mu_: Start() succeeded
   bool draining_ = false;                        // guarded by mu_
   bool stopped_ = false;                         // guarded by mu_
   bool stop_requested_ = false;                  // guarded by mu_

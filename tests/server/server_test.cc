@@ -106,6 +106,24 @@ TEST_F(ServerTest, FailedLoadMakesTheProcessNotLive) {
   EXPECT_EQ(health_status(channel_, "readiness"), "NOT_SERVING");
 }
 
+TEST_F(ServerTest, PortInUseFailsStartNamingTheFlag) {
+  start();
+  ServerOptions clash = options_;
+  clash.port = server_->grpc_port();
+  absl::StatusOr<std::unique_ptr<Server>> second = Server::Create(clash, testing::fake_engine_factory(control_));
+  ASSERT_TRUE(second.ok());
+  const absl::Status started = (*second)->Start();
+  EXPECT_TRUE(absl::IsUnavailable(started)) << started;
+  EXPECT_NE(started.message().find("--port"), std::string::npos) << started;
+  second->reset();  // destroying a server that never started returns at once
+  clash.port = 0;
+  clash.metrics_port = server_->metrics_port();
+  second = Server::Create(clash, testing::fake_engine_factory(control_));
+  ASSERT_TRUE(second.ok());
+  const absl::Status metrics_clash = (*second)->Start();
+  EXPECT_NE(metrics_clash.message().find("--metrics-port"), std::string::npos) << metrics_clash;
+}
+
 TEST_F(ServerTest, GenerateImageReturnsTheImageSeedAndTimings) {
   start();
   grpc::ClientContext context;
