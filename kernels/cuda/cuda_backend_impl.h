@@ -105,12 +105,18 @@ class CudaBackend final : public Backend {
   // quality=high: FP8 copies of weights by the bf16 weight's address.
   struct Fp8Weight {
     Tensor source;  // the bf16 weight, kept alive so its address cannot be reused by another tensor
-    Tensor values;  // E4M3 [N, K]
-    Tensor scale;   // f32 [N] per output channel (rowwise) or [1] per tensor: amax / 448
+    Tensor values;  // E4M3 [N, K], or packed E2M1 [N, K / 2] bytes on the NVFP4 path
+    Tensor scale;   // FP8: f32 [N] per output channel (rowwise) or [1] per tensor (amax / 448);
+                    // NVFP4: UE4M3 block scales, 128x4 swizzled
+    Tensor global;  // NVFP4 only: f32 [1] global encode scale
   };
   // Rowwise FP8 (per-token activation, per-channel weight scales) when cuBLASLt offers it on this
   // device: one quantize kernel per activation and better accuracy; else per-tensor scales.
   bool fp8_rowwise_ = false;
+  // Blackwell (compute capability >= 10.0) with cuBLASLt's block-scaled FP4 GEMM: quality=high
+  // uses NVFP4 instead of FP8 there (kernels.md §1.8). Never on the H200.
+  bool nvfp4_ = false;
+  absl::Status linear_nvfp4(const Tensor& x, const Fp8Weight& w, const Tensor& y);
   std::map<const void*, Fp8Weight> fp8_weights_;
   absl::Status linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& y);
   bool profiling_ = false;

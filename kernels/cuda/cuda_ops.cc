@@ -15,6 +15,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/image_ops.h"
 #include "kernels/cuda/norms.h"
+#include "kernels/base/fp8_nvfp4.h"
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/softmax.h"
 
@@ -117,9 +118,10 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
     auto found = fp8_weights_.find(w.data());
     if (found != fp8_weights_.end()) {
       FastPath& path = fp8_linear_path();
-      const bool fits = bias.data() == nullptr && x.cols() % 16 == 0;
+      // FP8 needs K % 16 == 0, the NVFP4 GEMM K % 32 == 0 (16-byte rows of packed values).
+      const bool fits = bias.data() == nullptr && x.cols() % (nvfp4_ ? 32 : 16) == 0;
       if (path.enabled() && fits) {
-        absl::Status status = linear_fp8(x, found->second, y);
+        absl::Status status = nvfp4_ ? linear_nvfp4(x, found->second, y) : linear_fp8(x, found->second, y);
         if (status.ok()) {
           path.count_invocation();
           return status;
@@ -157,6 +159,28 @@ absl::Status CudaBackend::linear_fp8(const Tensor& x, const Fp8Weight& w, const 
                            w.scale.data_as<float>(), mat(y), fp8_rowwise_);
 }
 
+absl::Status CudaBackend::linear_nvfp4(const Tensor& x, const Fp8Weight& w, const Tensor& y) {
+  const int64_t m = x.rows(), k = x.cols();
+  FLUX_ASSIGN_OR_RETURN(Tensor x4, scratch({m, k / 2}, DType::kU8));
+  FLUX_ASSIGN_OR_RETURN(Tensor scales, scratch({nvfp4_scale_bytes(m, k)}, DType::kU8));
+  FLUX_ASSIGN_OR_RETURN(Tensor globals, scratch({2}, DType::kF32));  // x's global scale, then alpha
+  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+  cuda::Nvfp4QuantizeArgs args;
+  args.in.first = mat(x);
+  args.out = x4.data();
+  args.out_bytes = x4.bytes();
+  args.scales = scales.data();
+  args.scales_bytes = scales.bytes();
+  args.global_scale = globals.data_as<float>();
+  args.workspace = workspace.data();
+  args.workspace_bytes = workspace.bytes();
+  FLUX_RETURN_IF_ERROR(cuda::nvfp4_quantize_dynamic(args, stream()));
+  float* alpha = globals.data_as<float>() + 1;
+  FLUX_RETURN_IF_ERROR(cuda::inverse_product(globals.data_as<float>(), w.global.data_as<float>(), alpha, stream()));
+  return gemm_->linear_nvfp4(cuda::Mat{x4.data(), m, k, k}, scales.data(),
+                             cuda::Mat{w.values.data(), w.values.rows(), k, k}, w.scale.data(), alpha, mat(y));
+}
+
 absl::StatusOr<int64_t> CudaBackend::add_fp8_weight(const Tensor& w) {
   FLUX_RETURN_IF_ERROR(check_bf16("add_fp8_weight", "w", w));
   if (fp8_weights_.count(w.data())) return int64_t{0};
@@ -165,6 +189,25 @@ absl::StatusOr<int64_t> CudaBackend::add_fp8_weight(const Tensor& w) {
   }
   Fp8Weight fp8;
   fp8.source = w;
+  if (nvfp4_) {  // Blackwell: packed E2M1 weights with swizzled UE4M3 block scales
+    FLUX_ASSIGN_OR_RETURN(fp8.values, empty(DType::kU8, {w.rows(), w.cols() / 2}));
+    FLUX_ASSIGN_OR_RETURN(fp8.scale, empty(DType::kU8, {nvfp4_scale_bytes(w.rows(), w.cols())}));
+    FLUX_ASSIGN_OR_RETURN(fp8.global, empty(DType::kF32, {1}));
+    FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+    cuda::Nvfp4QuantizeArgs args;
+    args.in.first = mat(w);
+    args.out = fp8.values.data();
+    args.out_bytes = fp8.values.bytes();
+    args.scales = fp8.scale.data();
+    args.scales_bytes = fp8.scale.bytes();
+    args.global_scale = fp8.global.data_as<float>();
+    args.workspace = workspace.data();
+    args.workspace_bytes = workspace.bytes();
+    FLUX_RETURN_IF_ERROR(cuda::nvfp4_quantize_dynamic(args, stream()));
+    const int64_t bytes = fp8.values.bytes() + fp8.scale.bytes();
+    fp8_weights_.emplace(w.data(), std::move(fp8));
+    return bytes;
+  }
   FLUX_ASSIGN_OR_RETURN(fp8.values, empty(DType::kF8E4M3, {w.rows(), w.cols()}));
   FLUX_ASSIGN_OR_RETURN(fp8.scale, empty(DType::kF32, {fp8_rowwise_ ? w.rows() : 1}));
   cuda::Fp8QuantizeArgs args;

@@ -277,6 +277,20 @@ __global__ void fill_uniform_kernel(bf16* data, int64_t count, uint64_t seed, fl
 
 }  // namespace
 
+namespace {
+
+__global__ void inverse_product_kernel(const float* a, const float* b, float* out) {
+  out[0] = __fdiv_rn(1.0f, __fmul_rn(a[0], b[0]));
+}
+
+}  // namespace
+
+absl::Status inverse_product(const float* a, const float* b, float* out, cudaStream_t stream) {
+  inverse_product_kernel<<<1, 1, 0, stream>>>(a, b, out);
+  FLUX_RETURN_IF_LAUNCH_FAILED("inverse_product");
+  return absl::OkStatus();
+}
+
 absl::Status fill_uniform_bf16(void* data, int64_t count, uint64_t seed, float scale, cudaStream_t stream) {
   if (count == 0) return absl::OkStatus();
   constexpr int kThreads = 256;

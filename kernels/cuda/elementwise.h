@@ -44,6 +44,9 @@ absl::Status cfg_combine_bf16(const Mat& uncond, const Mat& cond, float scale, c
 absl::Status convert_copy(const Mat& src, DType src_dtype, const Mat& dst, DType dst_dtype,
                           cudaStream_t stream);
 
+// out[0] = 1 / (a[0] · b[0]) (device floats): the NVFP4 GEMM's alpha from two global scales.
+absl::Status inverse_product(const float* a, const float* b, float* out, cudaStream_t stream);
+
 // Fills a contiguous bf16 buffer of `count` values with uniform values in [-scale, scale] from a
 // counter-based hash of (seed, index): random weights for benchmarks.
 absl::Status fill_uniform_bf16(void* data, int64_t count, uint64_t seed, float scale,

@@ -67,6 +67,8 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::create(cudaStream_t stream) {
   FLUX_RETURN_IF_ERROR(lt_status(api->create(&handle), "create"));
   gemm->handle_ = handle;
   FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&gemm->workspace_, kWorkspaceBytes), "gemm workspace"));
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&gemm->zero_, sizeof(float)), "gemm zero"));
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaMemset(gemm->zero_, 0, sizeof(float)), "gemm zero"));
   return gemm;
 }
 
@@ -82,15 +84,18 @@ Gemm::~Gemm() {
     if (handle_ != nullptr) (*api)->destroy(static_cast<cublasLtHandle_t>(handle_));
   }
   if (workspace_ != nullptr) cudaFree(workspace_);
+  if (zero_ != nullptr) cudaFree(zero_);
 }
 
 absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second.get();
   FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
-  const auto [m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, align_a, align_b, align_c, align_bias, fp8,
-              rowwise] = key;
-  const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  const auto [m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, align_a, align_b, align_c, align_bias, format] =
+      key;
+  const cudaDataType_t in_type = format == Format::kBf16 ? CUDA_R_16BF
+                                 : format == Format::kNvfp4 ? CUDA_R_4F_E2M1
+                                                            : CUDA_R_8F_E4M3;
   auto plan = std::make_unique<Plan>();
   // cuBLASLt sees: A_lt = B (the "weight" side, [N, K] or [K, N] row-major), B_lt = A, D = C.
   FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
@@ -99,12 +104,18 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
                                                                 sizeof(trans_a)), "TRANSA"));
   FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
                                                                 sizeof(trans_b)), "TRANSB"));
-  if (rowwise) {
-    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  if (format == Format::kFp8Rowwise || format == Format::kNvfp4) {
+    const int32_t mode = format == Format::kNvfp4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3
+                                                  : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
                                                                   sizeof(mode)), "A_SCALE_MODE"));
     FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
                                                                   sizeof(mode)), "B_SCALE_MODE"));
+  }
+  if (format == Format::kNvfp4) {  // alpha = 1 / (gs_x · gs_w) lives on the device
+    const cublasLtPointerMode_t pointer_mode = CUBLASLT_POINTER_MODE_DEVICE;
+    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_POINTER_MODE,
+                                                                  &pointer_mode, sizeof(pointer_mode)), "POINTER_MODE"));
   }
   if (has_bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -152,8 +163,8 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
 }
 
 absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha, const Mat& c,
-                       bool c_f32, const float* a_scale, const float* b_scale, bool rowwise) {
-  const bool fp8 = a_scale != nullptr;
+                       bool c_f32, Format format, const void* a_scale, const void* b_scale, const float* alpha_device) {
+  const bool scaled = format != Format::kBf16;
   const int64_t m = a.rows, k = a.cols, n = c.cols;
   const int64_t b_k = b_transposed ? b.cols : b.rows, b_n = b_transposed ? b.rows : b.cols;
   if (b_k != k || b_n != n || c.rows != m) {
@@ -162,14 +173,14 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
   }
   if (m == 0 || n == 0) return absl::OkStatus();
   const Key key{m, n, k, a.stride, b.stride, c.stride, b_transposed, c_f32, bias != nullptr,
-                alignment_of(a.data), alignment_of(b.data), alignment_of(c.data), alignment_of(bias), fp8, rowwise};
+                alignment_of(a.data), alignment_of(b.data), alignment_of(c.data), alignment_of(bias), format};
   FLUX_ASSIGN_OR_RETURN(Plan* p, plan(key));
   FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
   if (bias != nullptr) {
     FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                                   sizeof(bias)), "BIAS_POINTER"));
   }
-  if (fp8) {
+  if (scaled) {
     // cuBLASLt's A is our weight side (b), its B our activations (a): D = alpha·(sA·sB·Σ A·B).
     FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                                   &b_scale, sizeof(b_scale)), "A_SCALE_POINTER"));
@@ -177,6 +188,9 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
                                                                   &a_scale, sizeof(a_scale)), "B_SCALE_POINTER"));
   }
   const float beta = 0.0f;
+  // Device pointer mode (NVFP4): alpha and beta are device floats.
+  const void* alpha_arg = format == Format::kNvfp4 ? static_cast<const void*>(alpha_device) : &alpha;
+  const void* beta_arg = format == Format::kNvfp4 ? static_cast<const void*>(zero_) : &beta;
   if (autotune_enabled() && !p->candidates.empty() && !capturing(stream_)) {
     // Time each candidate on the real operands (the output is rewritten by the final call).
     constexpr int kRepeats = 3;
@@ -188,8 +202,8 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
       cudaEventRecord(start, stream_);
       cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
       for (int r = 0; r < kRepeats && status == CUBLAS_STATUS_SUCCESS; ++r) {
-        status = api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, b.data, p->a, a.data, p->b,
-                             &beta, c.data, p->d, c.data, p->d, &candidate.algo, workspace_, kWorkspaceBytes, stream_);
+        status = api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, alpha_arg, b.data, p->a, a.data, p->b,
+                             beta_arg, c.data, p->d, c.data, p->d, &candidate.algo, workspace_, kWorkspaceBytes, stream_);
       }
       cudaEventRecord(stop, stream_);
       cudaEventSynchronize(stop);
@@ -203,8 +217,8 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
     cudaEventDestroy(stop);
     p->candidates.clear();
   }
-  return lt_status(api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, b.data, p->a, a.data, p->b,
-                               &beta, c.data, p->d, c.data, p->d, &p->algo, workspace_, kWorkspaceBytes, stream_),
+  return lt_status(api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, alpha_arg, b.data, p->a, a.data, p->b,
+                               beta_arg, c.data, p->d, c.data, p->d, &p->algo, workspace_, kWorkspaceBytes, stream_),
                    "matmul");
 }
 
@@ -214,8 +228,24 @@ absl::Status Gemm::linear(const Mat& x, const Mat& w, const void* bias, const Ma
 
 bool Gemm::supports_rowwise_fp8() {
   // A FLUX-like shape with 256-byte aligned stand-in pointers: the heuristic does no GPU work.
-  const Key key{256, 256, 256, 256, 256, 256, true, false, false, 256, 256, 256, 256, true, true};
+  const Key key{256, 256, 256, 256, 256, 256, true, false, false, 256, 256, 256, 256, Format::kFp8Rowwise};
   return plan(key).ok();
+}
+
+bool Gemm::supports_nvfp4() {
+  const Key key{256, 256, 256, 256, 256, 256, true, false, false, 256, 256, 256, 256, Format::kNvfp4};
+  return plan(key).ok();
+}
+
+absl::Status Gemm::linear_nvfp4(const Mat& x4, const void* x_scales, const Mat& w4, const void* w_scales,
+                                const float* alpha, const Mat& y) {
+  if (x4.cols % 32 != 0 || x4.stride % 32 != 0 || w4.stride % 32 != 0 || alignment_of(x4.data) < 16 ||
+      alignment_of(w4.data) < 16 || x_scales == nullptr || w_scales == nullptr || alpha == nullptr) {
+    return absl::InvalidArgumentError("linear_nvfp4: NVFP4 needs K and leading dimensions multiples of 32, 16-byte "
+                                      "aligned operands, block scales and alpha");
+  }
+  return run(x4, w4, /*b_transposed=*/true, nullptr, 1.0f, y, /*c_f32=*/false, Format::kNvfp4, x_scales, w_scales,
+             alpha);
 }
 
 absl::Status Gemm::linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8, const float* w_scale,
@@ -225,7 +255,8 @@ absl::Status Gemm::linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8
     return absl::InvalidArgumentError("linear_fp8: FP8 needs K and leading dimensions multiples of 16, 16-byte aligned "
                                       "operands and both scales");
   }
-  return run(x8, w8, /*b_transposed=*/true, nullptr, 1.0f, y, /*c_f32=*/false, x_scale, w_scale, rowwise);
+  return run(x8, w8, /*b_transposed=*/true, nullptr, 1.0f, y, /*c_f32=*/false,
+             rowwise ? Format::kFp8Rowwise : Format::kFp8Tensor, x_scale, w_scale);
 }
 
 absl::Status Gemm::matmul(const Mat& a, const Mat& b, bool b_transposed, float alpha, const Mat& c, bool c_f32) {

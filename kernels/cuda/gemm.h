@@ -42,24 +42,37 @@ class Gemm {
   // Whether cuBLASLt offers rowwise-scaled FP8 GEMMs on this device (heuristic probe, host only).
   bool supports_rowwise_fp8();
 
+  // NVFP4 block-scaled GEMM (Blackwell, compute capability >= 10.0; kernels.md §1.8):
+  // y[M, N] (bf16) = alpha · Σ_k (x4·sx)(w4·sw), x4 [M, K] and w4 [N, K] packed E2M1 (two per
+  // byte; Mat cols/stride in elements), UE4M3 scales per 16 elements of K in the 128x4 swizzled
+  // layout, alpha a device float (1 / (global scale of x · global scale of w)).
+  absl::Status linear_nvfp4(const Mat& x4, const void* x_scales, const Mat& w4, const void* w_scales,
+                            const float* alpha, const Mat& y);
+  // Whether cuBLASLt offers the NVFP4 GEMM on this device (heuristic probe, host only).
+  bool supports_nvfp4();
+
   size_t plan_count() const { return plans_.size(); }
 
  private:
   struct Plan;
-  // (m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, alignment classes of a, b, c, bias,
-  //  fp8, rowwise fp8 scales)
+  // Operand formats.
+  enum class Format : int { kBf16, kFp8Tensor, kFp8Rowwise, kNvfp4 };
+  // (m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, alignment classes of a, b, c, bias, format)
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, int, int, int, int,
-                         bool, bool>;
+                         Format>;
 
   Gemm() = default;
   absl::StatusOr<Plan*> plan(const Key& key);
+  // a_scale / b_scale: dequantization scales of a and b for the low-precision formats; for
+  // kNvfp4 `alpha_device` replaces `alpha`.
   absl::Status run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha,
-                   const Mat& c, bool c_f32, const float* a_scale = nullptr, const float* b_scale = nullptr,
-                   bool rowwise = false);
+                   const Mat& c, bool c_f32, Format format = Format::kBf16, const void* a_scale = nullptr,
+                   const void* b_scale = nullptr, const float* alpha_device = nullptr);
 
   cudaStream_t stream_ = nullptr;
   void* handle_ = nullptr;      // cublasLtHandle_t
   void* workspace_ = nullptr;   // kWorkspaceBytes of device memory
+  float* zero_ = nullptr;       // a device 0.0f: beta in device pointer mode
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
