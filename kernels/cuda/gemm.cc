@@ -67,7 +67,7 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::create(cudaStream_t stream) {
   FLUX_RETURN_IF_ERROR(lt_status(api->create(&handle), "create"));
   gemm->handle_ = handle;
   FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&gemm->workspace_, kWorkspaceBytes), "gemm workspace"));
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&gemm->zero_, sizeof(float)), "gemm zero"));
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(reinterpret_cast<void**>(&gemm->zero_), sizeof(float)), "gemm zero"));
   FLUX_RETURN_IF_ERROR(cuda_status(cudaMemset(gemm->zero_, 0, sizeof(float)), "gemm zero"));
   return gemm;
 }
