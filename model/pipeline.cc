@@ -145,6 +145,17 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
   return pipeline;
 }
 
+absl::StatusOr<Tensor> Pipeline::negative_embeddings(const TokenizedPrompt& tokens) const {
+  // Requests almost always use the default negative prompt "": encode each distinct one once.
+  constexpr size_t kCachedNegativePrompts = 4;
+  auto found = negative_cache_.find(tokens.ids);
+  if (found != negative_cache_.end()) return found->second;
+  FLUX_ASSIGN_OR_RETURN(Tensor embeds, text_encoder_->encode(tokens.ids, tokens.num_tokens));
+  if (negative_cache_.size() >= kCachedNegativePrompts) negative_cache_.erase(negative_cache_.begin());
+  negative_cache_[tokens.ids] = embeds;
+  return embeds;
+}
+
 absl::Status Pipeline::validate(const GenerateParams& params) const {
   const int64_t multiple = info_.pixel_multiple;
   for (auto [name, value] : {std::pair<const char*, int64_t>{"width", params.width},
@@ -207,8 +218,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, text_encoder_->encode(tokens.ids, tokens.num_tokens));
   Tensor negative_embeds;
   if (cfg) {
-    FLUX_ASSIGN_OR_RETURN(negative_embeds,
-                          text_encoder_->encode(negative_tokens.ids, negative_tokens.num_tokens));
+    FLUX_ASSIGN_OR_RETURN(negative_embeds, negative_embeddings(negative_tokens));
   }
   // Noise drawn like diffusers: randn([1, 128, h, w]) in the activation dtype, packed to tokens.
   // Drawn on the host while the device runs the text encoder (its ops are asynchronous).

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -134,6 +135,9 @@ class Pipeline {
   Pipeline(Backend& backend) : backend_(backend) {}
   // Checks that the components fit together and fills the derived PipelineInfo fields.
   absl::Status connect_components(const std::string& source);
+  // The CFG negative prompt's embeddings, cached per distinct token sequence (the default "" is
+  // encoded once per model, not per request).
+  absl::StatusOr<Tensor> negative_embeddings(const TokenizedPrompt& tokens) const;
 
   Backend& backend_;
   PipelineInfo info_;
@@ -142,6 +146,7 @@ class Pipeline {
   std::unique_ptr<Qwen3Encoder> text_encoder_;
   std::unique_ptr<Flux2Transformer> transformer_;
   std::unique_ptr<VaeDecoder> vae_;
+  mutable std::map<std::vector<int32_t>, Tensor> negative_cache_;
 };
 
 }  // namespace flux2

@@ -1,0 +1,97 @@
+// The pipeline on the tiny checkpoint (CPU): argument validation names the field, a seed fixes
+// the image, the CFG path (with its cached negative-prompt embeddings) repeats exactly, and
+// quality=high is refused unless the pipeline was loaded with it.
+#include "model/pipeline.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/host/test_util.h"
+
+namespace flux2 {
+namespace {
+
+using ::testing::HasSubstr;
+
+class PipelineTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Pipeline> load(std::optional<bool> distilled = std::nullopt) {
+    PipelineOptions options;
+    options.is_distilled = distilled;
+    auto pipeline = Pipeline::load(backend_, testing::test_data_dir() + "/tiny-klein/checkpoint", options);
+    EXPECT_TRUE(pipeline.ok()) << pipeline.status();
+    return pipeline.ok() ? std::move(*pipeline) : nullptr;
+  }
+  static GenerateParams small(uint64_t seed) {
+    GenerateParams p;
+    p.prompt = "a lighthouse at dusk";
+    p.width = 48;
+    p.height = 32;
+    p.num_inference_steps = 2;
+    p.max_sequence_length = 32;
+    p.seed = seed;
+    return p;
+  }
+  CpuBackend backend_;
+};
+
+TEST_F(PipelineTest, ValidationNamesTheField) {
+  auto pipeline = load();
+  ASSERT_NE(pipeline, nullptr);
+  GenerateParams p = small(1);
+  p.width = 50;
+  EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("width"));
+  p = small(1);
+  p.height = 0;
+  EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("height"));
+  p = small(1);
+  p.num_inference_steps = 1000;
+  EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("num_inference_steps"));
+  p = small(1);
+  p.guidance_scale = std::nan("");
+  EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("guidance_scale"));
+  p = small(1);
+  p.max_sequence_length = 4096;
+  EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("max_sequence_length"));
+  p = small(1);
+  p.quality = Quality::kHigh;
+  EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("quality"));
+  EXPECT_TRUE(pipeline->validate(small(1)).ok());
+}
+
+TEST_F(PipelineTest, SeedFixesTheImage) {
+  auto pipeline = load();
+  ASSERT_NE(pipeline, nullptr);
+  auto a = pipeline->generate(small(3)), b = pipeline->generate(small(3)), c = pipeline->generate(small(4));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->rgb.size(), 48u * 32u * 3u);
+  EXPECT_EQ(a->rgb, b->rgb);
+  EXPECT_NE(a->rgb, c->rgb);
+  EXPECT_EQ(a->timings.steps.size(), 2u);
+}
+
+TEST_F(PipelineTest, CfgRepeatsExactlyWithCachedNegativeEmbeddings) {
+  auto pipeline = load(/*distilled=*/false);
+  ASSERT_NE(pipeline, nullptr);
+  EXPECT_TRUE(pipeline->info().uses_cfg);
+  GenerateParams p = small(5);
+  p.guidance_scale = 4.0;
+  auto first = pipeline->generate(p), second = pipeline->generate(p);  // second uses the cache
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first->rgb, second->rgb);
+  p.negative_prompt = "blurry";
+  auto other = pipeline->generate(p);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->rgb, first->rgb);  // a different negative prompt is not served from the cache
+}
+
+TEST_F(PipelineTest, TinyCheckpointIsNamedByItsDirectory) {
+  auto pipeline = load();
+  ASSERT_NE(pipeline, nullptr);
+  EXPECT_EQ(pipeline->info().model_name, "tiny-klein");
+  EXPECT_THAT(pipeline->info().load_summary(), HasSubstr("tiny-klein"));
+}
+
+}  // namespace
+}  // namespace flux2
