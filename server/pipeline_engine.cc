@@ -61,13 +61,19 @@ absl::StatusOr<std::unique_ptr<Backend>> create_server_backend(absl::string_view
 
 absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view backend_name,
                                                              bool model_dir_given,
-                                                             const std::string& model_dir) {
+                                                             const std::string& model_dir,
+                                                             bool enable_quality_high) {
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                         create_server_backend(backend_name, model_dir_given));
-  absl::StatusOr<std::unique_ptr<Pipeline>> pipeline = Pipeline::load(*backend, model_dir);
+  PipelineOptions options;
+  options.enable_quality_high = enable_quality_high;
+  absl::StatusOr<std::unique_ptr<Pipeline>> pipeline = Pipeline::load(*backend, model_dir, options);
   if (!pipeline.ok()) {
+    // quality=high needs backend support (FP8 GEMMs): say which flag asked for it.
+    const bool high_unsupported = enable_quality_high && absl::IsUnimplemented(pipeline.status());
     return absl::Status(pipeline.status().code(),
-                        absl::StrCat("loading ", model_dir, ": ", pipeline.status().message()));
+                        absl::StrCat(high_unsupported ? "--enable-quality-high: " : "", "loading ", model_dir, ": ",
+                                     pipeline.status().message()));
   }
   return std::unique_ptr<Engine>(new PipelineEngine(std::move(backend), std::move(*pipeline)));
 }

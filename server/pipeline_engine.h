@@ -14,9 +14,11 @@ namespace flux2::server {
 absl::StatusOr<std::unique_ptr<Backend>> create_server_backend(absl::string_view requested,
                                                                bool model_dir_given);
 
-// Creates the backend (as create_server_backend) and loads `model_dir` onto it.
+// Creates the backend (as create_server_backend) and loads `model_dir` onto it;
+// `enable_quality_high` also prepares what QUALITY_HIGH requests need (FP8 weight copies).
 absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view backend,
                                                              bool model_dir_given,
-                                                             const std::string& model_dir);
+                                                             const std::string& model_dir,
+                                                             bool enable_quality_high);
 
 }  // namespace flux2::server

@@ -51,7 +51,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
   if (!options.probe.empty()) return absl::InvalidArgumentError("--probe: probe mode does not serve");
   if (!factory) {
     factory = [options]() {
-      return load_pipeline_engine(options.backend, !options.model_dir.empty(), resolved_model_dir(options));
+      return load_pipeline_engine(options.backend, !options.model_dir.empty(), resolved_model_dir(options),
+                                  options.enable_quality_high);
     };
   }
   std::unique_ptr<Server> server(new Server(options, std::move(factory)));
@@ -166,7 +167,7 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     limits.max_images = options_.max_images;
     limits.max_prompt_bytes = options_.max_prompt_bytes;
     limits.uses_cfg = model->info.uses_cfg;
-    limits.quality_high_enabled = options_.enable_quality_high;
+    limits.quality_high_enabled = options_.enable_quality_high && model->info.quality_high;
     metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -23,6 +23,7 @@ class FakeEngine final : public Engine {
     info_.default_guidance = 4.0;
     info_.pixel_multiple = 16;
     info_.backend = "cpu";
+    info_.quality_high = true;  // the server still gates it on --enable-quality-high
   }
 
   const PipelineInfo& info() const override { return info_; }
