@@ -13,7 +13,7 @@ build_packages=(build-essential cmake ninja-build pkg-config git
                 libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
                 prometheus-cpp-dev libstb-dev libgtest-dev nlohmann-json3-dev libpcre2-dev
                 libutf8proc-dev libopenblas-dev zlib1g-dev
-                python3 python3-grpcio python3-protobuf prometheus yamllint nodejs npm curl)
+                python3 python3-grpcio python3-protobuf prometheus yamllint nodejs npm curl openssl)
 
 packages=("${runtime_packages[@]}")
 if [[ "${1:-}" != "--runtime" ]]; then packages+=("${build_packages[@]}"); fi
