@@ -3,6 +3,7 @@
 
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fast_path_registry.h"
@@ -108,23 +109,29 @@ absl::Status EngineWorker::load_and_warm_up() {
   if (!engine.ok()) return engine.status();
   engine_ = std::move(*engine);
   const PipelineInfo& info = engine_->info();
-  std::fprintf(stderr, "flux2_server: loaded %s (%s, %s backend) in %.2f s\n", info.model_name.c_str(),
-               info.variant.c_str(), info.backend.c_str(), seconds_since(start));
+  std::fprintf(stderr, "flux2_server: %s\n", info.load_summary().c_str());
   if (options_.warmup_steps > 0) {
-    // A small generation touches every stage once (allocations, GEMM plans, kernel loading) so
-    // the first request does not pay for it. 16 x 16 latent tokens keep it cheap on any model.
+    // A generation touches every stage once (allocations, GEMM / attention / convolution plans,
+    // kernel loading) so the first request does not pay for it. On the GPU plans are per shape,
+    // so it runs at the API's default 1024 x 1024 (and at quality=high too when served); on the
+    // CPU 16 x 16 latent tokens keep it cheap.
     GenerateParams params;
     params.prompt = "warm-up";
-    params.width = params.height = 16 * info.pixel_multiple;
+    params.width = params.height = info.backend == "cuda" ? 1024 : 16 * info.pixel_multiple;
     params.num_inference_steps = options_.warmup_steps;
     params.seed = 0;
-    absl::StatusOr<GeneratedImage> image = engine_->generate(params, {});
-    if (!image.ok()) {
-      return absl::Status(image.status().code(),
-                          absl::StrCat("warm-up generation failed: ", image.status().message()));
+    std::vector<Quality> qualities = {Quality::kLossless};
+    if (info.quality_high) qualities.push_back(Quality::kHigh);
+    for (Quality quality : qualities) {
+      params.quality = quality;
+      absl::StatusOr<GeneratedImage> image = engine_->generate(params, {});
+      if (!image.ok()) {
+        return absl::Status(image.status().code(),
+                            absl::StrCat("warm-up generation failed: ", image.status().message()));
+      }
     }
-    std::fprintf(stderr, "flux2_server: warm-up (%d steps at %lldx%lld) done\n", options_.warmup_steps,
-                 static_cast<long long>(params.width), static_cast<long long>(params.height));
+    std::fprintf(stderr, "flux2_server: warm-up (%d steps at %lldx%lld, %zu qualities) done\n", options_.warmup_steps,
+                 static_cast<long long>(params.width), static_cast<long long>(params.height), qualities.size());
   }
   metrics_.set_model_load_seconds(seconds_since(start));
   if (info.backend == "cuda") metrics_.set_gpu_memory(engine_->memory_stats());
