@@ -1,5 +1,5 @@
 // Creates a backend by name ("cpu", "cuda"); "cuda" exists only in builds with the CUDA toolkit
-// and on machines with a GPU. Tested by tests/host/backend_factory_test.cc.
+// and on machines with a GPU. Tested by tests/host/small_units_test.cc.
 #pragma once
 
 #include <memory>

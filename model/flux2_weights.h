@@ -1,6 +1,6 @@
 // Flux2Weights: the FLUX.2 transformer's parameters on a backend, one typed member per use, and
 // the tensor table that maps diffusers checkpoint names onto them (style.md P8). Projections that
-// run on the same input are fused along rows at load (q|k|v). Tested by tests/host/weight_loader_test.cc.
+// run on the same input are fused along rows at load (q|k|v). Tested by tests/host/checkpoint_test.cc.
 #pragma once
 
 #include <vector>

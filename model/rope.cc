@@ -1,4 +1,4 @@
-// Rotary-embedding tables; see rope.h. Tested by tests/host/rope_test.cc.
+// Rotary-embedding tables; see rope.h. Tested by tests/host/small_units_test.cc.
 #include "model/rope.h"
 
 #include <cmath>

@@ -1,6 +1,6 @@
 // The sinusoidal timestep / guidance embedding of FLUX.2 (architecture §1.4), computed on the
 // host in float32 exactly as diffusers' get_timestep_embedding with flip_sin_to_cos.
-// Tested by tests/host/timestep_embedding_test.cc.
+// Tested by tests/host/small_units_test.cc.
 #pragma once
 
 #include <cstdint>

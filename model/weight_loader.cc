@@ -1,5 +1,5 @@
 // Tensor-table driven validation and upload; see weight_loader.h.
-// Tested by tests/host/weight_loader_test.cc.
+// Tested by tests/host/checkpoint_test.cc.
 #include "model/weight_loader.h"
 
 #include <algorithm>

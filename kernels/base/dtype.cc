@@ -1,4 +1,4 @@
-// Element types and conversions; see dtype.h. Tested by tests/host/dtype_test.cc.
+// Element types and conversions; see dtype.h. Tested by tests/host/tensor_test.cc (DTypeTest).
 #include "kernels/base/dtype.h"
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // Element types shared by checkpoints, tensors and backends, and exact bf16 <-> f32 conversion.
-// Tested by tests/host/dtype_test.cc.
+// Tested by tests/host/tensor_test.cc (DTypeTest).
 #pragma once
 
 #include <cstdint>

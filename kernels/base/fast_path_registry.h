@@ -2,7 +2,7 @@
 // registers a FastPath, counts its invocations and its fallbacks by reason, and is disabled for
 // the process after a runtime error (logged once). server/ exports the counters to Prometheus as
 // flux2_fast_path_invocations_total{path} and flux2_fast_path_fallbacks_total{path,reason}.
-// Tested by tests/host/fast_path_registry_test.cc.
+// Tested by tests/host/tensor_test.cc (FastPathRegistryTest) and tests/cuda/fast_path_fallback_test.cc.
 #pragma once
 
 #include <cstdint>

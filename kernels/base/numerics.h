@@ -1,5 +1,5 @@
 // Error measures used by the golden checker and the tests (golden/README.md: relative error =
-// ||out − ref||₂ / ||ref||₂ over the whole tensor). Tested by tests/host/numerics_test.cc.
+// ||out − ref||₂ / ||ref||₂ over the whole tensor). Tested by tests/host/small_units_test.cc.
 #pragma once
 
 #include <cmath>

@@ -1,5 +1,5 @@
 // CUDA device discovery and the backend factory entry; see cuda_backend.h.
-// Tested by tests/cuda/cuda_device_test.cc (skips without a GPU).
+// Exercised by every test in tests/cuda (they skip without a GPU).
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"

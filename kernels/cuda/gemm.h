@@ -2,7 +2,8 @@
 // layout, fp32 accumulation, one plan per shape and pointer-alignment class (descriptors + the
 // heuristic's best algorithm without split-K reductions, for run-to-run determinism), one 32 MiB
 // workspace per stream. FLUX2_GEMM_AUTOTUNE=1 times the heuristic's top candidates on the first
-// call of each shape instead (faster, but the choice may differ between processes). Tested by tests/cuda/gemm_test.cc against the CPU backend.
+// call of each shape instead (faster, but the choice may differ between processes). Tested by
+// tests/cuda/backend_ops_test.cc (against the CPU backend) and tests/cuda/quality_high_test.cc (FP8).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,5 +1,5 @@
 // A small command-line parser for the `flux2` subcommands: `--name value` and `--name=value`
-// options plus positional words, with errors that name the option. Tested by tests/host/args_test.cc.
+// options plus positional words, with errors that name the option. Tested by tests/host/small_units_test.cc.
 #pragma once
 
 #include <map>
