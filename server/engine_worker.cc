@@ -121,7 +121,7 @@ absl::Status EngineWorker::load_and_warm_up() {
     params.num_inference_steps = options_.warmup_steps;
     params.seed = 0;
     std::vector<Quality> qualities = {Quality::kLossless};
-    if (info.quality_high) qualities.push_back(Quality::kHigh);
+    if (info.quality_high && info.backend == "cuda") qualities.push_back(Quality::kHigh);  // FP8 plans
     for (Quality quality : qualities) {
       params.quality = quality;
       absl::StatusOr<GeneratedImage> image = engine_->generate(params, {});
