@@ -81,6 +81,11 @@ absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>&
   return tensor;
 }
 
+void GoldenReport::skip(absl::string_view file, absl::string_view reason) {
+  std::printf("SKIP %s %s\n", std::string(file).c_str(), std::string(reason).c_str());
+  std::fflush(stdout);
+}
+
 double GoldenContext::tolerance(const std::string& key) const {
   if (backend == nullptr || backend->activation_dtype() == DType::kF32) return 1e-4;
   auto it = bf16_errors.find(key);
