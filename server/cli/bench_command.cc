@@ -4,6 +4,7 @@
 // object per line. Run on the GPU machine by tests/gpu/run_on_device.sh.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <vector>
@@ -116,6 +117,39 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   return result;
 }
 
+double median_of(std::vector<double> values);
+
+// Attention alone at the model's joint shape, reading q/k/v from the single block's fused
+// [S, 9D] projection buffer (strided) and from separate contiguous [S, D] buffers: what the
+// operand layout costs cuDNN.
+absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const BenchOptions& o) {
+  FLUX_ASSIGN_OR_RETURN(Flux2Config config, flux2_preset(o.model));
+  const int64_t s = (o.height / 16) * (o.width / 16) + o.text_len, d = config.hidden();
+  const int64_t dh = config.attention_head_dim, wide = 3 * d + 2 * config.mlp_hidden();
+  const DType act = be.activation_dtype();
+  FLUX_ASSIGN_OR_RETURN(Tensor fused, be.empty(act, {s, wide}));
+  FLUX_ASSIGN_OR_RETURN(Tensor q, be.empty(act, {s, d}));
+  FLUX_ASSIGN_OR_RETURN(Tensor k, be.empty(act, {s, d}));
+  FLUX_ASSIGN_OR_RETURN(Tensor v, be.empty(act, {s, d}));
+  FLUX_ASSIGN_OR_RETURN(Tensor out, be.empty(act, {s, d}));
+  for (const Tensor* t : {&fused, &q, &k, &v}) FLUX_RETURN_IF_ERROR(be.fill_uniform(*t, 3, 1.0f));
+  const AttentionParams params{config.num_attention_heads, config.num_attention_heads, dh,
+                               static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
+  auto time_layout = [&](const Tensor& qq, const Tensor& kk, const Tensor& vv) -> absl::StatusOr<double> {
+    std::vector<double> times;
+    for (int i = 0; i < 13; ++i) {
+      FLUX_ASSIGN_OR_RETURN(double ms, be.time_ms([&] { return be.attention(qq, kk, vv, params, out); }));
+      if (i >= 3) times.push_back(ms);
+    }
+    return median_of(times);
+  };
+  FLUX_ASSIGN_OR_RETURN(double strided, time_layout(fused.col_slice(0, d), fused.col_slice(d, d), fused.col_slice(2 * d, d)));
+  FLUX_ASSIGN_OR_RETURN(double contiguous, time_layout(q, k, v));
+  const double flops = 4.0 * static_cast<double>(s) * s * d;
+  return nlohmann::json{{"model", o.model}, {"tokens", s}, {"ms_strided", strided}, {"ms_contiguous", contiguous},
+                        {"tflops_strided", flops / (strided * 1e9)}, {"tflops_contiguous", flops / (contiguous * 1e9)}};
+}
+
 double median_of(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return values.empty() ? 0.0 : values[values.size() / 2];
@@ -182,11 +216,11 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o, con
 }  // namespace
 
 int run_bench(int argc, char** argv, int first) {
-  auto args = Args::parse(argc, argv, first, {"--json", "--no-fast-paths", "--e2e", "--profile"});
+  auto args = Args::parse(argc, argv, first, {"--json", "--no-fast-paths", "--e2e", "--profile", "--attention-only"});
   if (!args.ok()) return fail(args.status().message());
   if (auto known = args->check_known({"--model", "--height", "--width", "--text-len", "--quality", "--steps",
                                       "--warmup", "--json", "--no-fast-paths", "--backend", "--e2e", "--profile",
-                                      "--tokenizer", "--repeats"});
+                                      "--tokenizer", "--repeats", "--attention-only"});
       !known.ok()) {
     return fail(known.message());
   }
@@ -212,11 +246,12 @@ int run_bench(int argc, char** argv, int first) {
   if (!backend.ok()) return fail(backend.status().message());
   auto repeats = args->get_int("--repeats", 5);
   if (!repeats.ok() || *repeats < 1) return fail("--repeats must be a positive integer");
-  auto result = args->has("--e2e") ? bench_e2e(**backend, o, args->get("--tokenizer", std::string(FLUX2_TINY_CHECKPOINT_DIR) + "/tokenizer"),
+  auto result = args->has("--attention-only") ? bench_attention(**backend, o)
+                : args->has("--e2e") ? bench_e2e(**backend, o, args->get("--tokenizer", std::string(FLUX2_TINY_CHECKPOINT_DIR) + "/tokenizer"),
                                                static_cast<int>(*repeats))
                                    : bench_step(**backend, o);
   if (!result.ok()) return fail(result.status().message());
-  if (o.json) {
+  if (o.json || args->has("--attention-only")) {
     std::printf("%s\n", result->dump().c_str());
   } else if (result->contains("e2e")) {
     const nlohmann::json& r = *result;

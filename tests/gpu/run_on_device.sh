@@ -59,6 +59,11 @@ if want high; then
   done
   grep -h "relative L2" "$out/gpu_quality_high_test.log" | while read -r line; do echo "quality: $line"; done
 fi
+if want attention; then
+  for model in klein-4b dev; do
+    summary+=("attention $model: $("$bin/flux2" bench --model "$model" --attention-only 2>>"$out/bench.err")")
+  done
+fi
 if want gemm-shapes; then
   FLUX2_PROFILE_GEMM_SHAPES=1 "$bin/flux2" bench --model klein-4b --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
   summary+=("gemm shapes klein-4b lossless: $(tail -n1 "$out/profile.jsonl")")
