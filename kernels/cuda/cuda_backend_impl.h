@@ -82,6 +82,10 @@ class CudaBackend final : public Backend {
   // fused launch error disables the path and falls back, except during graph capture.
   template <typename Fused, typename Eager>
   absl::Status run_fast_path(FastPath& path, absl::string_view unsupported, Fused fused, Eager eager);
+  // The same rule without the request switch, for library paths whose fallback is not an eager
+  // chain with identical bits (cuDNN attention, FP8 GEMMs at quality=high).
+  template <typename Fast, typename Fallback>
+  absl::Status run_path(FastPath& path, absl::string_view unsupported, Fast fast, Fallback fallback);
   // Runs into(target) for an output that may be a column range of a wider buffer: straight into
   // it (the token_concat fast path) or into a separate buffer then copied (its eager chain).
   template <typename Into>
@@ -116,9 +120,11 @@ class CudaBackend final : public Backend {
   // Blackwell (compute capability >= 10.0) with cuBLASLt's block-scaled FP4 GEMM: quality=high
   // uses NVFP4 instead of FP8 there (kernels.md §1.8). Never on the H200.
   bool nvfp4_ = false;
-  absl::Status linear_nvfp4(const Tensor& x, const Fp8Weight& w, const Tensor& y);
   std::map<const void*, Fp8Weight> fp8_weights_;
-  absl::Status linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& y);
+  // The activation (or, at registration, the weight) in the backend's low-precision format.
+  absl::StatusOr<Fp8Weight> quantize_low_precision(const Tensor& x);
+  // y = x · wᵀ through the FP8 (or, on Blackwell, NVFP4) GEMM.
+  absl::Status linear_low_precision(const Tensor& x, const Fp8Weight& w, const Tensor& y);
   bool profiling_ = false;
   int profile_depth_ = 0;  // ops called by ops are timed once, by the outermost
   struct ProfiledOp {

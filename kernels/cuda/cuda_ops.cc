@@ -68,24 +68,29 @@ absl::Status CudaBackend::run_fast_path(FastPath& path, absl::string_view unsupp
     path.count_fallback("switched_off");
     return eager();
   }
+  return run_path(path, unsupported, fused, eager);
+}
+
+template <typename Fast, typename Fallback>
+absl::Status CudaBackend::run_path(FastPath& path, absl::string_view unsupported, Fast fast, Fallback fallback) {
   if (!path.enabled()) {
     path.count_fallback("disabled_after_error");
-    return eager();
+    return fallback();
   }
   if (!unsupported.empty()) {
     path.count_fallback(unsupported);
-    return eager();
+    return fallback();
   }
   absl::Status status = take_injected_failure(path.name())
                             ? absl::InternalError(absl::StrCat(path.name(), ": injected kernel failure"))
-                            : fused();
+                            : fast();
   if (status.ok()) {
     path.count_invocation();
     return status;
   }
   if (capturing()) return status;  // a fallback captured into a graph would hide the error
   path.disable(status.message());
-  return eager();
+  return fallback();
 }
 
 template <typename Into>
@@ -117,68 +122,66 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
   if (quality_ == Quality::kHigh) {
     auto found = fp8_weights_.find(w.data());
     if (found != fp8_weights_.end()) {
-      FastPath& path = fp8_linear_path();
       // FP8 needs K % 16 == 0, the NVFP4 GEMM K % 32 == 0 (16-byte rows of packed values).
       const bool fits = bias.data() == nullptr && x.cols() % (nvfp4_ ? 32 : 16) == 0;
-      if (path.enabled() && fits) {
-        absl::Status status = nvfp4_ ? linear_nvfp4(x, found->second, y) : linear_fp8(x, found->second, y);
-        if (status.ok()) {
-          path.count_invocation();
-          return status;
-        }
-        if (capturing()) return status;
-        path.disable(status.message());
-      } else {
-        path.count_fallback(!path.enabled() ? "disabled_after_error" : "unsupported_shape");
-      }
+      const Fp8Weight& low = found->second;
+      return run_path(
+          fp8_linear_path(), fits ? "" : "unsupported_shape",
+          [&] { return linear_low_precision(x, low, y); },
+          [&] { return gemm_->linear(mat(x), mat(w), bias.data(), mat(y)); });
     }
   }
   return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
 }
 
-absl::Status CudaBackend::linear_fp8(const Tensor& x, const Fp8Weight& w, const Tensor& y) {
+absl::StatusOr<CudaBackend::Fp8Weight> CudaBackend::quantize_low_precision(const Tensor& x) {
   const int64_t m = x.rows(), k = x.cols();
-  FLUX_ASSIGN_OR_RETURN(Tensor x8, scratch({m, k}, DType::kF8E4M3));
-  FLUX_ASSIGN_OR_RETURN(Tensor x_scale, scratch({fp8_rowwise_ ? m : 1}, DType::kF32));
+  Fp8Weight low;
+  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+  if (nvfp4_) {  // Blackwell: packed E2M1 values, swizzled UE4M3 block scales, a global scale
+    FLUX_ASSIGN_OR_RETURN(low.values, empty(DType::kU8, {m, k / 2}));
+    FLUX_ASSIGN_OR_RETURN(low.scale, empty(DType::kU8, {nvfp4_scale_bytes(m, k)}));
+    FLUX_ASSIGN_OR_RETURN(low.global, empty(DType::kF32, {1}));
+    cuda::Nvfp4QuantizeArgs args;
+    args.in.first = mat(x);
+    args.out = low.values.data();
+    args.out_bytes = low.values.bytes();
+    args.scales = low.scale.data();
+    args.scales_bytes = low.scale.bytes();
+    args.global_scale = low.global.data_as<float>();
+    args.workspace = workspace.data();
+    args.workspace_bytes = workspace.bytes();
+    FLUX_RETURN_IF_ERROR(cuda::nvfp4_quantize_dynamic(args, stream()));
+    return low;
+  }
+  FLUX_ASSIGN_OR_RETURN(low.values, empty(DType::kF8E4M3, {m, k}));
+  FLUX_ASSIGN_OR_RETURN(low.scale, empty(DType::kF32, {fp8_rowwise_ ? m : 1}));
   cuda::Fp8QuantizeArgs args;
   args.in.first = mat(x);
-  args.out = x8.data();
-  args.out_bytes = x8.bytes();
-  args.scale = x_scale.data_as<float>();
-  Tensor workspace;
+  args.out = low.values.data();
+  args.out_bytes = low.values.bytes();
+  args.scale = low.scale.data_as<float>();
   if (fp8_rowwise_) {
-    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_rows(args, stream()));  // one kernel: per-token amax
+    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_rows(args, stream()));  // one kernel, one scale per row
   } else {
-    FLUX_ASSIGN_OR_RETURN(workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
     args.workspace = workspace.data();
     args.workspace_bytes = workspace.bytes();
     FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
   }
-  return gemm_->linear_fp8(cuda::Mat{x8.data(), m, k, k}, x_scale.data_as<float>(),
-                           cuda::Mat{w.values.data(), w.values.rows(), w.values.cols(), w.values.cols()},
-                           w.scale.data_as<float>(), mat(y), fp8_rowwise_);
+  return low;
 }
 
-absl::Status CudaBackend::linear_nvfp4(const Tensor& x, const Fp8Weight& w, const Tensor& y) {
+absl::Status CudaBackend::linear_low_precision(const Tensor& x, const Fp8Weight& w, const Tensor& y) {
   const int64_t m = x.rows(), k = x.cols();
-  FLUX_ASSIGN_OR_RETURN(Tensor x4, scratch({m, k / 2}, DType::kU8));
-  FLUX_ASSIGN_OR_RETURN(Tensor scales, scratch({nvfp4_scale_bytes(m, k)}, DType::kU8));
-  FLUX_ASSIGN_OR_RETURN(Tensor globals, scratch({2}, DType::kF32));  // x's global scale, then alpha
-  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
-  cuda::Nvfp4QuantizeArgs args;
-  args.in.first = mat(x);
-  args.out = x4.data();
-  args.out_bytes = x4.bytes();
-  args.scales = scales.data();
-  args.scales_bytes = scales.bytes();
-  args.global_scale = globals.data_as<float>();
-  args.workspace = workspace.data();
-  args.workspace_bytes = workspace.bytes();
-  FLUX_RETURN_IF_ERROR(cuda::nvfp4_quantize_dynamic(args, stream()));
-  float* alpha = globals.data_as<float>() + 1;
-  FLUX_RETURN_IF_ERROR(cuda::inverse_product(globals.data_as<float>(), w.global.data_as<float>(), alpha, stream()));
-  return gemm_->linear_nvfp4(cuda::Mat{x4.data(), m, k, k}, scales.data(),
-                             cuda::Mat{w.values.data(), w.values.rows(), k, k}, w.scale.data(), alpha, mat(y));
+  FLUX_ASSIGN_OR_RETURN(Fp8Weight xq, quantize_low_precision(x));
+  const cuda::Mat x_mat{xq.values.data(), m, k, k}, w_mat{w.values.data(), w.values.rows(), k, k};
+  if (nvfp4_) {
+    FLUX_ASSIGN_OR_RETURN(Tensor alpha, scratch({1}, DType::kF32));  // 1 / (gs_x · gs_w)
+    FLUX_RETURN_IF_ERROR(cuda::inverse_product(xq.global.data_as<float>(), w.global.data_as<float>(),
+                                               alpha.data_as<float>(), stream()));
+    return gemm_->linear_nvfp4(x_mat, xq.scale.data(), w_mat, w.scale.data(), alpha.data_as<float>(), mat(y));
+  }
+  return gemm_->linear_fp8(x_mat, xq.scale.data_as<float>(), w_mat, w.scale.data_as<float>(), mat(y), fp8_rowwise_);
 }
 
 absl::StatusOr<int64_t> CudaBackend::add_fp8_weight(const Tensor& w) {
@@ -187,44 +190,10 @@ absl::StatusOr<int64_t> CudaBackend::add_fp8_weight(const Tensor& w) {
   if (w.rank() != 2 || !w.contiguous() || w.cols() % 16 != 0) {
     return op_error("add_fp8_weight", absl::StrCat("w ", w.describe(), " is not a contiguous [N, K] with K % 16 == 0"));
   }
-  Fp8Weight fp8;
-  fp8.source = w;
-  if (nvfp4_) {  // Blackwell: packed E2M1 weights with swizzled UE4M3 block scales
-    FLUX_ASSIGN_OR_RETURN(fp8.values, empty(DType::kU8, {w.rows(), w.cols() / 2}));
-    FLUX_ASSIGN_OR_RETURN(fp8.scale, empty(DType::kU8, {nvfp4_scale_bytes(w.rows(), w.cols())}));
-    FLUX_ASSIGN_OR_RETURN(fp8.global, empty(DType::kF32, {1}));
-    FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
-    cuda::Nvfp4QuantizeArgs args;
-    args.in.first = mat(w);
-    args.out = fp8.values.data();
-    args.out_bytes = fp8.values.bytes();
-    args.scales = fp8.scale.data();
-    args.scales_bytes = fp8.scale.bytes();
-    args.global_scale = fp8.global.data_as<float>();
-    args.workspace = workspace.data();
-    args.workspace_bytes = workspace.bytes();
-    FLUX_RETURN_IF_ERROR(cuda::nvfp4_quantize_dynamic(args, stream()));
-    const int64_t bytes = fp8.values.bytes() + fp8.scale.bytes();
-    fp8_weights_.emplace(w.data(), std::move(fp8));
-    return bytes;
-  }
-  FLUX_ASSIGN_OR_RETURN(fp8.values, empty(DType::kF8E4M3, {w.rows(), w.cols()}));
-  FLUX_ASSIGN_OR_RETURN(fp8.scale, empty(DType::kF32, {fp8_rowwise_ ? w.rows() : 1}));
-  cuda::Fp8QuantizeArgs args;
-  args.in.first = mat(w);
-  args.out = fp8.values.data();
-  args.out_bytes = fp8.values.bytes();
-  args.scale = fp8.scale.data_as<float>();
-  if (fp8_rowwise_) {
-    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_rows(args, stream()));  // per output channel
-  } else {
-    FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
-    args.workspace = workspace.data();
-    args.workspace_bytes = workspace.bytes();
-    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
-  }
-  const int64_t bytes = fp8.values.bytes() + fp8.scale.bytes();
-  fp8_weights_.emplace(w.data(), std::move(fp8));
+  FLUX_ASSIGN_OR_RETURN(Fp8Weight low, quantize_low_precision(w));  // per output channel when rowwise
+  low.source = w;
+  const int64_t bytes = low.values.bytes() + low.scale.bytes();
+  fp8_weights_.emplace(w.data(), std::move(low));
   return bytes;
 }
 
@@ -379,19 +348,9 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
       // The VAE's single wide head: two GEMMs around a row softmax, in query chunks.
       return attention_by_gemms(q, k, v, params.scale, target);
     }
-    if (!path.enabled() || !supported) {
-      path.count_fallback(!path.enabled() ? "disabled_after_error" : "unsupported_shape");
-      return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream());
-    }
-    absl::Status status = take_injected_failure(path.name()) ? absl::InternalError("cudnn_attention: injected failure")
-                                                             : sdpa_->run(mat(q), mat(k), mat(v), params, target);
-    if (status.ok()) {
-      path.count_invocation();
-      return status;
-    }
-    if (capturing()) return status;
-    path.disable(status.message());
-    return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream());
+    return run_path(
+        path, supported ? "" : "unsupported_shape", [&] { return sdpa_->run(mat(q), mat(k), mat(v), params, target); },
+        [&] { return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream()); });
   };
   return write_output(out, into);
 }
