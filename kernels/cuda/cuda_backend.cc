@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
   }
   FLUX_ASSIGN_OR_RETURN(backend->gemm_, cuda::Gemm::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->sdpa_, cuda::CudnnSdpa::create(backend->stream()));
+  FLUX_ASSIGN_OR_RETURN(backend->sdpa_fp8_, cuda::CudnnSdpaFp8::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->conv_, cuda::CudnnConv::create(backend->stream()));
   backend->fp8_rowwise_ = std::getenv("FLUX2_FP8_PER_TENSOR") == nullptr && backend->gemm_->supports_rowwise_fp8();
   backend->nvfp4_ = info.major >= 10 && backend->gemm_->supports_nvfp4();
@@ -89,6 +90,7 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream());
   gemm_.reset();
   sdpa_.reset();
+  sdpa_fp8_.reset();
   conv_.reset();
   for (int i = 0; i < 2; ++i) {
     if (staging_[i] != nullptr) cudaFreeHost(staging_[i]);

@@ -13,6 +13,7 @@
 #include "kernels/base/fast_path_registry.h"
 #include "kernels/cuda/cudnn_conv.h"
 #include "kernels/cuda/cudnn_sdpa.h"
+#include "kernels/cuda/cudnn_sdpa_fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kernel_args.h"
 
@@ -94,12 +95,16 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Tensor> scratch(Shape shape, DType dtype = DType::kBF16);
   bool capturing() const;
   // Attention for one wide head (the VAE mid block, head_dim 512): Q·Kᵀ, row softmax, P·V.
+  // quality=high: Q, K, V quantized to E4M3 (one per-tensor scale), cuDNN FP8 SDPA, O back to bf16.
+  absl::Status attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
+                             const cuda::Mat& out);
   absl::Status attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                                   const cuda::Mat& out);
 
   std::shared_ptr<CudaStream> stream_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::CudnnSdpa> sdpa_;
+  std::unique_ptr<cuda::CudnnSdpaFp8> sdpa_fp8_;  // quality=high attention
   std::unique_ptr<cuda::CudnnConv> conv_;
   void* staging_[2] = {nullptr, nullptr};  // pinned host buffers for transfers
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};

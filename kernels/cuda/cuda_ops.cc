@@ -32,6 +32,8 @@ FastPath& qk_norm_rope_path() { static FastPath path("qk_norm_rope"); return pat
 // block's concatenation) instead of a separate buffer plus a copy.
 FastPath& token_concat_path() { static FastPath path("token_concat"); return path; }
 FastPath& cudnn_attention_path() { static FastPath path("cudnn_attention"); return path; }
+// quality=high: FP8 attention (cuDNN's FP8 flash-attention engine); falls back to bf16 cuDNN.
+FastPath& fp8_attention_path() { static FastPath path("fp8_attention"); return path; }
 // quality=high: FP8 GEMM with the activation quantized per tensor just before it.
 FastPath& fp8_linear_path() { static FastPath path("fp8_linear"); return path; }
 
@@ -348,11 +350,76 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
       // The VAE's single wide head: two GEMMs around a row softmax, in query chunks.
       return attention_by_gemms(q, k, v, params.scale, target);
     }
+    auto bf16_attention = [&] {
+      return run_path(
+          path, supported ? "" : "unsupported_shape", [&] { return sdpa_->run(mat(q), mat(k), mat(v), params, target); },
+          [&] { return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream()); });
+    };
+    // FP8 attention serves the transformer's (non-causal) attention; the text encoder's causal
+    // attention stays bf16 without counting a fallback.
+    if (quality_ != Quality::kHigh || params.causal) return bf16_attention();
+    const bool fp8_supported = cuda::CudnnSdpaFp8::supports(params, q.rows(), k.rows());
     return run_path(
-        path, supported ? "" : "unsupported_shape", [&] { return sdpa_->run(mat(q), mat(k), mat(v), params, target); },
-        [&] { return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream()); });
+        fp8_attention_path(), fp8_supported ? "" : "unsupported_shape",
+        [&] { return attention_fp8(q, k, v, params, target); }, bf16_attention);
   };
   return write_output(out, into);
+}
+
+absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionParams& params, const cuda::Mat& out) {
+  // One scale for Q, K and V: E4M3 keeps 3 mantissa bits over 2^15 of range below its maximum, so
+  // sharing the largest amax costs no precision unless a tensor sits 2^15 below another. When
+  // Q, K and V are adjacent column ranges of one buffer (the fused projections), one pass reads them.
+  const int64_t s_q = q.rows(), s_kv = k.rows(), width = q.cols();
+  FLUX_ASSIGN_OR_RETURN(Tensor scales, scratch({8}, DType::kF32));  // descale_qkv, descale_s, scale_s, scale_o, amax_s, amax_o
+  float* f = scales.data_as<float>();
+  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+  const auto* q_bytes = static_cast<const char*>(q.data());
+  const bool adjacent = s_q == s_kv && k.cols() == width && v.cols() == width && q.row_stride() == k.row_stride() &&
+                        q.row_stride() == v.row_stride() && static_cast<const char*>(k.data()) == q_bytes + 2 * width &&
+                        static_cast<const char*>(v.data()) == q_bytes + 4 * width;
+  FLUX_ASSIGN_OR_RETURN(Tensor qkv8, scratch({s_q + 2 * s_kv, width}, DType::kF8E4M3));
+  cuda::Mat q8{qkv8.data(), s_q, width, width};
+  cuda::Mat k8{static_cast<char*>(qkv8.data()) + s_q * width, s_kv, width, width};
+  cuda::Mat v8{static_cast<char*>(qkv8.data()) + (s_q + s_kv) * width, s_kv, width, width};
+  cuda::Fp8QuantizeArgs args;
+  args.scale = f;
+  args.workspace = workspace.data();
+  args.workspace_bytes = workspace.bytes();
+  if (adjacent) {  // [q | k | v] as one [S, 3·width] matrix, stored row-interleaved
+    args.in.first = cuda::Mat{q.data(), s_q, 3 * width, q.row_stride()};
+    args.out = qkv8.data();
+    args.out_bytes = qkv8.bytes();
+    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
+    q8 = cuda::Mat{qkv8.data(), s_q, width, 3 * width};
+    k8 = cuda::Mat{static_cast<char*>(qkv8.data()) + width, s_kv, width, 3 * width};
+    v8 = cuda::Mat{static_cast<char*>(qkv8.data()) + 2 * width, s_kv, width, 3 * width};
+  } else {  // the largest of three amaxes: quantize the concatenation [q; k; v] by rows
+    FLUX_ASSIGN_OR_RETURN(Tensor stacked, scratch({s_q + 2 * s_kv, width}));
+    FLUX_RETURN_IF_ERROR(copy(q, stacked.row_slice(0, s_q)));
+    FLUX_RETURN_IF_ERROR(copy(k, stacked.row_slice(s_q, s_kv)));
+    FLUX_RETURN_IF_ERROR(copy(v, stacked.row_slice(s_q + s_kv, s_kv)));
+    args.in.first = mat(stacked);
+    args.out = qkv8.data();
+    args.out_bytes = qkv8.bytes();
+    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
+  }
+  FLUX_RETURN_IF_ERROR(cuda::fp8_attention_scales(f, f + 1, stream()));
+  FLUX_ASSIGN_OR_RETURN(Tensor o8, scratch({s_q, width}, DType::kF8E4M3));
+  cuda::Fp8AttentionArgs a;
+  a.q = q8;
+  a.k = k8;
+  a.v = v8;
+  a.o = cuda::Mat{o8.data(), s_q, width, width};
+  a.descale_q = a.descale_k = a.descale_v = f;
+  a.descale_s = f + 1;
+  a.scale_s = f + 2;
+  a.scale_o = f + 3;
+  a.amax_s = f + 4;
+  a.amax_o = f + 5;
+  FLUX_RETURN_IF_ERROR(sdpa_fp8_->run(a, params));
+  return cuda::fp8_dequantize(a.o, f, out, stream());  // O stored with V's scale
 }
 
 absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v, float scale,

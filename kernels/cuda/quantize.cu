@@ -248,6 +248,36 @@ __global__ void nvfp4_quantize_kernel(CatSource s, const float* global_scale_ptr
   }
 }
 
+__global__ void fp8_dequantize_kernel(Mat in, const float* scale_ptr, Mat out, bool vec) {
+  const float scale = *scale_ptr;
+  const int64_t per_row = vec ? in.cols / 8 : in.cols, items = in.rows * per_row;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < items; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / per_row;
+    const uint8_t* src = static_cast<const uint8_t*>(in.data) + r * in.stride;
+    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(out.data) + r * out.stride;
+    if (!vec) {
+      const int64_t c = i % per_row;
+      dst[c] = __float2bfloat16_rn(e4m3_to_f32(src[c]) * scale);
+      continue;
+    }
+    const int64_t c = (i % per_row) * 8;
+    const uint2 codes = *reinterpret_cast<const uint2*>(src + c);
+    float x[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t word = j < 4 ? codes.x : codes.y;
+      x[j] = e4m3_to_f32(static_cast<uint8_t>(word >> (8 * (j % 4)))) * scale;
+    }
+    store8(dst + c, x);
+  }
+}
+
+__global__ void fp8_attention_scales_kernel(const float* descale_v, float* out) {
+  out[0] = __fdiv_rn(1.0f, kE4M3Max);
+  out[1] = kE4M3Max;
+  out[2] = __fdiv_rn(1.0f, *descale_v);
+}
+
 // ---- launcher helpers ----
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -449,6 +479,28 @@ absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream)
     fp8_quantize_rows_kernel<true><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
   }
   FLUX_RETURN_IF_LAUNCH_FAILED(kOp);
+  return absl::OkStatus();
+}
+
+absl::Status fp8_dequantize(const Mat& in, const float* scale, const Mat& out, cudaStream_t stream) {
+  constexpr const char* kOp = "fp8_dequantize";
+  if (in.rows != out.rows || in.cols != out.cols || in.stride < in.cols || out.stride < out.cols) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": in [", in.rows, ", ", in.cols, "] and out [", out.rows,
+                                                   ", ", out.cols, "] differ or are not valid matrices"));
+  }
+  if (auto st = check_mat(kOp, "out", out); !st.ok()) return st;
+  if (auto st = check_scalar(kOp, "scale", scale, false); !st.ok()) return st;
+  if (in.rows == 0 || in.cols == 0) return absl::OkStatus();
+  const bool vec = in.cols % 8 == 0 && aligned(in.data, 8) && in.stride % 8 == 0 && rows_aligned16(out, 2);
+  const int64_t items = in.rows * (vec ? in.cols / 8 : in.cols);
+  fp8_dequantize_kernel<<<grid_for(items, kThreads), kThreads, 0, stream>>>(in, scale, out, vec);
+  FLUX_RETURN_IF_LAUNCH_FAILED(kOp);
+  return absl::OkStatus();
+}
+
+absl::Status fp8_attention_scales(const float* descale_v, float* out, cudaStream_t stream) {
+  fp8_attention_scales_kernel<<<1, 1, 0, stream>>>(descale_v, out);
+  FLUX_RETURN_IF_LAUNCH_FAILED("fp8_attention_scales");
   return absl::OkStatus();
 }
 

@@ -133,6 +133,7 @@ absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const BenchOptions& 
   FLUX_ASSIGN_OR_RETURN(Tensor v, be.empty(act, {s, d}));
   FLUX_ASSIGN_OR_RETURN(Tensor out, be.empty(act, {s, d}));
   for (const Tensor* t : {&fused, &q, &k, &v}) FLUX_RETURN_IF_ERROR(be.fill_uniform(*t, 3, 1.0f));
+  be.set_quality(o.quality == "high" ? Quality::kHigh : Quality::kLossless);  // high: FP8 attention
   const AttentionParams params{config.num_attention_heads, config.num_attention_heads, dh,
                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
   auto time_layout = [&](const Tensor& qq, const Tensor& kk, const Tensor& vv) -> absl::StatusOr<double> {
@@ -146,7 +147,7 @@ absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const BenchOptions& 
   FLUX_ASSIGN_OR_RETURN(double strided, time_layout(fused.col_slice(0, d), fused.col_slice(d, d), fused.col_slice(2 * d, d)));
   FLUX_ASSIGN_OR_RETURN(double contiguous, time_layout(q, k, v));
   const double flops = 4.0 * static_cast<double>(s) * s * d;
-  return nlohmann::json{{"model", o.model}, {"tokens", s}, {"ms_strided", strided}, {"ms_contiguous", contiguous},
+  return nlohmann::json{{"model", o.model}, {"quality", o.quality}, {"tokens", s}, {"ms_strided", strided}, {"ms_contiguous", contiguous},
                         {"tflops_strided", flops / (strided * 1e9)}, {"tflops_contiguous", flops / (contiguous * 1e9)}};
 }
 

@@ -2,7 +2,8 @@
 # Runs on the lent GPU machine from the repository root (device `run`, carrying .device-bin from
 # tests/gpu/build_bundle.sh): the GPU tests, the goldens on the CUDA backend and `flux2 bench` at
 # the real shapes. Logs go to $OUT; a summary prints last.
-#   tests/gpu/run_on_device.sh [tests] [golden] [bench] [bench-dev] [profile] [e2e]   (default: tests golden bench bench-dev)
+#   tests/gpu/run_on_device.sh [tests] [golden] [bench] [bench-dev] [high] [fp8] [attention] [profile]
+#                              [gemm-shapes] [e2e] [e2e-4b] [server]   (default: tests golden bench bench-dev)
 set -uo pipefail
 if [[ -f .device-bin/lib.tar.xz && ! -d .device-bin/lib ]]; then tar -C .device-bin -xJf .device-bin/lib.tar.xz; fi
 tokenizer_json=tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json
@@ -20,7 +21,7 @@ summary=()
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 if want tests; then
   for t in gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
-           gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test; do
+           gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_attention_fp8_test; do
     "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$t.log" | tr '\n' ' '))")
   done
@@ -63,8 +64,25 @@ if want high; then
 fi
 if want attention; then
   for model in klein-4b dev; do
-    summary+=("attention $model: $("$bin/flux2" bench --model "$model" --attention-only 2>>"$out/bench.err")")
+    for quality in lossless high; do
+      summary+=("attention $model $quality: $("$bin/flux2" bench --model "$model" --attention-only --quality $quality 2>>"$out/bench.err")")
+    done
   done
+fi
+if want fp8; then  # quality=high only: its tests, attention alone and the klein-4B step
+  for t in gpu_attention_fp8_test gpu_quality_high_test gpu_quantize_test; do
+    "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
+    summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)|relative L2' "$out/$t.log" | tr '\n' ' '))")
+  done
+  for quality in lossless high; do
+    summary+=("attention klein-4b $quality: $("$bin/flux2" bench --model klein-4b --attention-only --quality $quality 2>>"$out/bench.err")")
+  done
+  for i in 1 2; do
+    "$bin/flux2" bench --model klein-4b --quality high --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
+    summary+=("bench klein-4b high: $(tail -n1 "$out/bench.jsonl")")
+  done
+  "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
+  summary+=("profile klein-4b high: $(tail -n1 "$out/profile.jsonl")")
 fi
 if want gemm-shapes; then
   FLUX2_PROFILE_GEMM_SHAPES=1 "$bin/flux2" bench --model klein-4b --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"

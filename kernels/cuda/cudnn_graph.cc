@@ -1,0 +1,100 @@
+// cuDNN backend-API helpers; see cudnn_graph.h. Every descriptor is created, configured with
+// cudnnBackendSetAttribute and finalized. Exercised through the SDPA tests in tests/cuda/.
+#include "kernels/cuda/cudnn_graph.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status.h"
+
+namespace flux2::cuda::dnn {
+namespace {
+constexpr int kMaxEngineConfigs = 16;
+}  // namespace
+
+absl::Status check(cudnnStatus_t status, const char* what) {
+  if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cuDNN ", what, ": ", cudnnGetErrorString(status)));
+}
+
+absl::StatusOr<Descriptor> make_tensor(const TensorSpec& spec) {
+  Descriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  FLUX_RETURN_IF_ERROR(check(t.created(), "create tensor"));
+  const int64_t alignment = 16;
+  FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, &spec.type, 1));
+  FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, spec.dims, 4));
+  FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, spec.strides, 4));
+  FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, &spec.id, 1));
+  FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, &alignment, 1));
+  const bool yes = true;
+  if (spec.is_virtual) FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &yes, 1));
+  if (spec.by_value) FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &yes, 1));
+  FLUX_RETURN_IF_ERROR(t.finalize());
+  return t;
+}
+
+absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector<const Descriptor*>& operations) {
+  ExecutionPlan result;
+  Descriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  FLUX_RETURN_IF_ERROR(check(graph.created(), "create graph"));
+  FLUX_RETURN_IF_ERROR(graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &handle, 1));
+  std::vector<cudnnBackendDescriptor_t> ops;
+  for (const Descriptor* op : operations) ops.push_back(op->get());
+  FLUX_RETURN_IF_ERROR(graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops.data(),
+                                 static_cast<int64_t>(ops.size())));
+  FLUX_RETURN_IF_ERROR(graph.finalize());
+
+  Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  FLUX_RETURN_IF_ERROR(check(heuristics.created(), "create heuristics"));
+  FLUX_RETURN_IF_ERROR(heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph));
+  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+  FLUX_RETURN_IF_ERROR(heuristics.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode, 1));
+  FLUX_RETURN_IF_ERROR(heuristics.finalize());
+
+  std::vector<Descriptor> configs;
+  std::vector<cudnnBackendDescriptor_t> config_raw;
+  for (int i = 0; i < kMaxEngineConfigs; ++i) {
+    configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    FLUX_RETURN_IF_ERROR(check(configs.back().created(), "create engine config"));
+    config_raw.push_back(configs.back().get());
+  }
+  int64_t returned = 0;
+  FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxEngineConfigs, &returned,
+                                                      config_raw.data()),
+                             "heuristic results"));
+  absl::Status last = absl::UnimplementedError("cuDNN returned no engine for this graph");
+  for (int64_t i = 0; i < returned; ++i) {
+    Descriptor candidate(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    if (!candidate.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle, 1).ok()) continue;
+    if (!candidate.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &config_raw[i], 1).ok()) {
+      continue;
+    }
+    last = candidate.finalize();
+    if (!last.ok()) continue;
+    int64_t count = 0;
+    FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(candidate.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                                        CUDNN_TYPE_INT64, 1, &count, &result.workspace_bytes),
+                               "workspace size"));
+    result.plan = std::move(candidate);
+    break;
+  }
+  if (result.plan.get() == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("no cuDNN engine finalized: ", last.message()));
+  }
+  result.keep_alive.push_back(std::move(graph));
+  for (Descriptor& c : configs) result.keep_alive.push_back(std::move(c));
+  return result;
+}
+
+absl::Status execute(cudnnHandle_t handle, const Descriptor& plan, const std::vector<int64_t>& ids,
+                     const std::vector<void*>& pointers, void* workspace) {
+  Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  FLUX_RETURN_IF_ERROR(check(pack.created(), "create variant pack"));
+  const auto count = static_cast<int64_t>(ids.size());
+  FLUX_RETURN_IF_ERROR(pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, ids.data(), count));
+  FLUX_RETURN_IF_ERROR(pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pointers.data(), count));
+  FLUX_RETURN_IF_ERROR(pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &workspace, 1));
+  FLUX_RETURN_IF_ERROR(pack.finalize());
+  return check(cudnnBackendExecute(handle, plan.get(), pack.get()), "execute");
+}
+
+}  // namespace flux2::cuda::dnn
