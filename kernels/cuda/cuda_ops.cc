@@ -2,6 +2,7 @@
 // chain, with fallbacks counted by reason) and the library calls. Tested by tests/cuda/.
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -108,10 +109,6 @@ absl::Status CudaBackend::write_output(const Tensor& out, Into into) {
 }
 
 absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
-  // FLUX2_PROFILE_GEMM_SHAPES=1 splits the "gemm" profile category by shape (M x N x K).
-  static const bool by_shape = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
-  OpProfileScope profile(*this, by_shape && profiling_ ? absl::StrCat("gemm ", x.rows(), "x", w.rows(), "x", x.cols())
-                                                       : std::string("gemm"));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "w", w));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "y", y));
@@ -128,12 +125,21 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
       const bool fits = bias.data() == nullptr && x.cols() % (nvfp4_ ? 32 : 16) == 0;
       const Fp8Weight& low = found->second;
       return run_path(
-          fp8_linear_path(), fits ? "" : "unsupported_shape",
-          [&] { return linear_low_precision(x, low, y); },
-          [&] { return gemm_->linear(mat(x), mat(w), bias.data(), mat(y)); });
+          fp8_linear_path(), fits ? "" : "unsupported_shape", [&] { return linear_low_precision(x, low, y); },
+          [&] {
+            OpProfileScope profile(*this, gemm_category(x, w));
+            return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
+          });
     }
   }
+  OpProfileScope profile(*this, gemm_category(x, w));
   return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
+}
+
+std::string CudaBackend::gemm_category(const Tensor& x, const Tensor& w) const {
+  // FLUX2_PROFILE_GEMM_SHAPES=1 splits the "gemm" profile category by shape (M x N x K).
+  static const bool by_shape = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
+  return by_shape && profiling_ ? absl::StrCat("gemm ", x.rows(), "x", w.rows(), "x", x.cols()) : std::string("gemm");
 }
 
 absl::StatusOr<CudaBackend::Fp8Weight> CudaBackend::quantize_low_precision(const Tensor& x) {
@@ -175,7 +181,12 @@ absl::StatusOr<CudaBackend::Fp8Weight> CudaBackend::quantize_low_precision(const
 
 absl::Status CudaBackend::linear_low_precision(const Tensor& x, const Fp8Weight& w, const Tensor& y) {
   const int64_t m = x.rows(), k = x.cols();
-  FLUX_ASSIGN_OR_RETURN(Fp8Weight xq, quantize_low_precision(x));
+  Fp8Weight xq;
+  {
+    OpProfileScope profile(*this, "quantize");
+    FLUX_ASSIGN_OR_RETURN(xq, quantize_low_precision(x));
+  }
+  OpProfileScope profile(*this, gemm_category(x, w.source));
   const cuda::Mat x_mat{xq.values.data(), m, k, k}, w_mat{w.values.data(), w.values.rows(), k, k};
   if (nvfp4_) {
     FLUX_ASSIGN_OR_RETURN(Tensor alpha, scratch({1}, DType::kF32));  // 1 / (gs_x · gs_w)
@@ -335,7 +346,6 @@ absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tens
 
 absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                                     const Tensor& out) {
-  OpProfileScope profile(*this, "attention");
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "q", q));
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "k", k));
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "v", v));
@@ -348,9 +358,11 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     if (!supported && params.num_heads == 1 && params.num_kv_heads == 1 && !params.causal &&
         params.num_valid_keys < 0 && params.head_dim > 256) {
       // The VAE's single wide head: two GEMMs around a row softmax, in query chunks.
+      OpProfileScope profile(*this, "attention");
       return attention_by_gemms(q, k, v, params.scale, target);
     }
     auto bf16_attention = [&] {
+      OpProfileScope profile(*this, "attention");
       return run_path(
           path, supported ? "" : "unsupported_shape", [&] { return sdpa_->run(mat(q), mat(k), mat(v), params, target); },
           [&] { return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream()); });
@@ -379,6 +391,7 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
   const bool adjacent = s_q == s_kv && k.cols() == width && v.cols() == width && q.row_stride() == k.row_stride() &&
                         q.row_stride() == v.row_stride() && static_cast<const char*>(k.data()) == q_bytes + 2 * width &&
                         static_cast<const char*>(v.data()) == q_bytes + 4 * width;
+  std::optional<OpProfileScope> profile(std::in_place, *this, "quantize");  // then "attention", "quantize"
   FLUX_ASSIGN_OR_RETURN(Tensor qkv8, scratch({s_q + 2 * s_kv, width}, DType::kF8E4M3));
   cuda::Mat q8{qkv8.data(), s_q, width, width};
   cuda::Mat k8{static_cast<char*>(qkv8.data()) + s_q * width, s_kv, width, width};
@@ -418,7 +431,9 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
   a.scale_o = f + 3;
   a.amax_s = f + 4;
   a.amax_o = f + 5;
+  profile.emplace(*this, "attention");
   FLUX_RETURN_IF_ERROR(sdpa_fp8_->run(a, params));
+  profile.emplace(*this, "quantize");
   return cuda::fp8_dequantize(a.o, f, out, stream());  // O stored with V's scale
 }
 

@@ -8,6 +8,33 @@
 namespace flux2::cuda::dnn {
 namespace {
 constexpr int kMaxEngineConfigs = 16;
+struct EngineNotes {
+  int64_t index = -1;
+  bool nondeterministic = false;
+};
+
+// The engine behind an engine config: its global index and whether cuDNN notes it as
+// nondeterministic (atomics across thread blocks).
+absl::StatusOr<EngineNotes> engine_notes(cudnnBackendDescriptor_t config) {
+  Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  FLUX_RETURN_IF_ERROR(check(engine.created(), "create engine"));
+  cudnnBackendDescriptor_t raw = engine.get();
+  int64_t count = 0;
+  FLUX_RETURN_IF_ERROR(check(
+      cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &raw),
+      "engine of a config"));
+  EngineNotes notes;
+  FLUX_RETURN_IF_ERROR(check(
+      cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count, &notes.index),
+      "engine index"));
+  cudnnBackendNumericalNote_t numerical[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                                      CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, numerical),
+                             "engine notes"));
+  for (int64_t i = 0; i < count; ++i) notes.nondeterministic |= numerical[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+  return notes;
+}
+
 }  // namespace
 
 absl::Status check(cudnnStatus_t status, const char* what) {
@@ -63,6 +90,11 @@ absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector
                              "heuristic results"));
   absl::Status last = absl::UnimplementedError("cuDNN returned no engine for this graph");
   for (int64_t i = 0; i < returned; ++i) {
+    FLUX_ASSIGN_OR_RETURN(const EngineNotes notes, engine_notes(config_raw[i]));
+    if (notes.nondeterministic) {  // the same request must give the same bits every time
+      last = absl::UnimplementedError(absl::StrCat("engine ", notes.index, " is nondeterministic"));
+      continue;
+    }
     Descriptor candidate(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     if (!candidate.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle, 1).ok()) continue;
     if (!candidate.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &config_raw[i], 1).ok()) {
@@ -75,6 +107,7 @@ absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector
                                                         CUDNN_TYPE_INT64, 1, &count, &result.workspace_bytes),
                                "workspace size"));
     result.plan = std::move(candidate);
+    result.engine_index = notes.index;
     break;
   }
   if (result.plan.get() == nullptr) {

@@ -59,11 +59,12 @@ struct TensorSpec {
 absl::StatusOr<Descriptor> make_tensor(const TensorSpec& spec);
 
 // A finalized execution plan for one operation graph: the first engine config of heuristic mode A
-// that finalizes, with its workspace size.
+// that finalizes and is not noted nondeterministic, with its workspace size.
 struct ExecutionPlan {
   std::vector<Descriptor> keep_alive;  // graph and engine configs
   Descriptor plan;
   int64_t workspace_bytes = 0;
+  int64_t engine_index = -1;  // cuDNN's global engine index (for logs)
 };
 absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector<const Descriptor*>& operations);
 

@@ -7,6 +7,7 @@
 
 #include <cudnn.h>
 
+#include <cstdio>
 #include <deque>
 #include <utility>
 #include <vector>
@@ -216,6 +217,9 @@ absl::StatusOr<CudnnSdpaFp8::Plan*> CudnnSdpaFp8::plan(const Key& key) {
   if (plan->exec.workspace_bytes > 0) {
     FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&plan->workspace, plan->exec.workspace_bytes), "FP8 SDPA workspace"));
   }
+  std::fprintf(stderr, "flux2: FP8 attention plan for %lld x %lld tokens, %lld heads: cuDNN engine %lld\n",
+               static_cast<long long>(s_q), static_cast<long long>(s_kv), static_cast<long long>(h),
+               static_cast<long long>(plan->exec.engine_index));
   plan->keep_alive = std::move(g.descriptors);
   Plan* raw = plan.get();
   plans_.emplace(key, std::move(plan));
