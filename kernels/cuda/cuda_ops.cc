@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/op_checks.h"
 #include "kernels/cuda/attention_fallback.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -16,7 +17,6 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/image_ops.h"
 #include "kernels/cuda/norms.h"
-#include "kernels/base/fp8_nvfp4.h"
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/softmax.h"
 
@@ -25,18 +25,42 @@ namespace {
 
 // The fused fast paths of the lossless path (each proven bit-identical to its eager chain by
 // tests/cuda/fused_ops_test.cc) and the library fast path for attention.
-FastPath& gate_residual_path() { static FastPath path("gate_residual"); return path; }
-FastPath& swiglu_path() { static FastPath path("swiglu"); return path; }
-FastPath& layer_norm_modulate_path() { static FastPath path("layer_norm_modulate"); return path; }
-FastPath& qk_norm_rope_path() { static FastPath path("qk_norm_rope"); return path; }
+FastPath& gate_residual_path() {
+  static FastPath path("gate_residual");
+  return path;
+}
+FastPath& swiglu_path() {
+  static FastPath path("swiglu");
+  return path;
+}
+FastPath& layer_norm_modulate_path() {
+  static FastPath path("layer_norm_modulate");
+  return path;
+}
+FastPath& qk_norm_rope_path() {
+  static FastPath path("qk_norm_rope");
+  return path;
+}
 // Writing attention / SwiGLU outputs straight into a column range of a wider buffer (the single
 // block's concatenation) instead of a separate buffer plus a copy.
-FastPath& token_concat_path() { static FastPath path("token_concat"); return path; }
-FastPath& cudnn_attention_path() { static FastPath path("cudnn_attention"); return path; }
+FastPath& token_concat_path() {
+  static FastPath path("token_concat");
+  return path;
+}
+FastPath& cudnn_attention_path() {
+  static FastPath path("cudnn_attention");
+  return path;
+}
 // quality=high: FP8 attention (cuDNN's FP8 flash-attention engine); falls back to bf16 cuDNN.
-FastPath& fp8_attention_path() { static FastPath path("fp8_attention"); return path; }
+FastPath& fp8_attention_path() {
+  static FastPath path("fp8_attention");
+  return path;
+}
 // quality=high: FP8 GEMM with the activation quantized per tensor just before it.
-FastPath& fp8_linear_path() { static FastPath path("fp8_linear"); return path; }
+FastPath& fp8_linear_path() {
+  static FastPath path("fp8_linear");
+  return path;
+}
 
 std::mutex injected_mutex;
 std::set<std::string>& injected_failures() {
@@ -53,7 +77,8 @@ absl::Status check_bf16(absl::string_view op, absl::string_view name, const Tens
   return check_tensor(op, name, t, Device::kCuda, DType::kBF16);
 }
 
-absl::Status check_same_bf16(absl::string_view op, const Tensor& a, absl::string_view name, const Tensor& b) {
+absl::Status check_same_bf16(absl::string_view op, const Tensor& a, absl::string_view name,
+                             const Tensor& b) {
   FLUX_RETURN_IF_ERROR(check_bf16(op, name, b));
   return check_matrix(op, name, b, a.rows(), a.cols());
 }
@@ -66,7 +91,8 @@ void inject_fast_path_failure(absl::string_view path) {
 }
 
 template <typename Fused, typename Eager>
-absl::Status CudaBackend::run_fast_path(FastPath& path, absl::string_view unsupported, Fused fused, Eager eager) {
+absl::Status CudaBackend::run_fast_path(FastPath& path, absl::string_view unsupported, Fused fused,
+                                        Eager eager) {
   if (!fast_paths_ || !fast_paths_enabled()) {
     path.count_fallback("switched_off");
     return eager();
@@ -75,7 +101,8 @@ absl::Status CudaBackend::run_fast_path(FastPath& path, absl::string_view unsupp
 }
 
 template <typename Fast, typename Fallback>
-absl::Status CudaBackend::run_path(FastPath& path, absl::string_view unsupported, Fast fast, Fallback fallback) {
+absl::Status CudaBackend::run_path(FastPath& path, absl::string_view unsupported, Fast fast,
+                                   Fallback fallback) {
   if (!path.enabled()) {
     path.count_fallback("disabled_after_error");
     return fallback();
@@ -84,9 +111,10 @@ absl::Status CudaBackend::run_path(FastPath& path, absl::string_view unsupported
     path.count_fallback(unsupported);
     return fallback();
   }
-  absl::Status status = take_injected_failure(path.name())
-                            ? absl::InternalError(absl::StrCat(path.name(), ": injected kernel failure"))
-                            : fast();
+  absl::Status status =
+      take_injected_failure(path.name())
+          ? absl::InternalError(absl::StrCat(path.name(), ": injected kernel failure"))
+          : fast();
   if (status.ok()) {
     path.count_invocation();
     return status;
@@ -108,7 +136,8 @@ absl::Status CudaBackend::write_output(const Tensor& out, Into into) {
       });
 }
 
-absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                 const Tensor& y) {
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "w", w));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "y", y));
@@ -125,7 +154,8 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
       const bool fits = bias.data() == nullptr && x.cols() % (nvfp4_ ? 32 : 16) == 0;
       const Fp8Weight& low = found->second;
       return run_path(
-          fp8_linear_path(), fits ? "" : "unsupported_shape", [&] { return linear_low_precision(x, low, y); },
+          fp8_linear_path(), fits ? "" : "unsupported_shape",
+          [&] { return linear_low_precision(x, low, y); },
           [&] {
             OpProfileScope profile(*this, gemm_category(x, w));
             return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
@@ -139,7 +169,8 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
 std::string CudaBackend::gemm_category(const Tensor& x, const Tensor& w) const {
   // FLUX2_PROFILE_GEMM_SHAPES=1 splits the "gemm" profile category by shape (M x N x K).
   static const bool by_shape = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
-  return by_shape && profiling_ ? absl::StrCat("gemm ", x.rows(), "x", w.rows(), "x", x.cols()) : std::string("gemm");
+  return by_shape && profiling_ ? absl::StrCat("gemm ", x.rows(), "x", w.rows(), "x", x.cols())
+                                : std::string("gemm");
 }
 
 absl::StatusOr<CudaBackend::Fp8Weight> CudaBackend::quantize_low_precision(const Tensor& x) {
@@ -179,7 +210,8 @@ absl::StatusOr<CudaBackend::Fp8Weight> CudaBackend::quantize_low_precision(const
   return low;
 }
 
-absl::Status CudaBackend::linear_low_precision(const Tensor& x, const Fp8Weight& w, const Tensor& y) {
+absl::Status CudaBackend::linear_low_precision(const Tensor& x, const Fp8Weight& w,
+                                               const Tensor& y) {
   const int64_t m = x.rows(), k = x.cols();
   Fp8Weight xq;
   {
@@ -190,20 +222,24 @@ absl::Status CudaBackend::linear_low_precision(const Tensor& x, const Fp8Weight&
   const cuda::Mat x_mat{xq.values.data(), m, k, k}, w_mat{w.values.data(), w.values.rows(), k, k};
   if (nvfp4_) {
     FLUX_ASSIGN_OR_RETURN(Tensor alpha, scratch({1}, DType::kF32));  // 1 / (gs_x · gs_w)
-    FLUX_RETURN_IF_ERROR(cuda::inverse_product(xq.global.data_as<float>(), w.global.data_as<float>(),
-                                               alpha.data_as<float>(), stream()));
-    return gemm_->linear_nvfp4(x_mat, xq.scale.data(), w_mat, w.scale.data(), alpha.data_as<float>(), mat(y));
+    FLUX_RETURN_IF_ERROR(cuda::inverse_product(
+        xq.global.data_as<float>(), w.global.data_as<float>(), alpha.data_as<float>(), stream()));
+    return gemm_->linear_nvfp4(x_mat, xq.scale.data(), w_mat, w.scale.data(),
+                               alpha.data_as<float>(), mat(y));
   }
-  return gemm_->linear_fp8(x_mat, xq.scale.data_as<float>(), w_mat, w.scale.data_as<float>(), mat(y), fp8_rowwise_);
+  return gemm_->linear_fp8(x_mat, xq.scale.data_as<float>(), w_mat, w.scale.data_as<float>(),
+                           mat(y), fp8_rowwise_);
 }
 
 absl::StatusOr<int64_t> CudaBackend::add_fp8_weight(const Tensor& w) {
   FLUX_RETURN_IF_ERROR(check_bf16("add_fp8_weight", "w", w));
   if (fp8_weights_.count(w.data())) return int64_t{0};
   if (w.rank() != 2 || !w.contiguous() || w.cols() % 16 != 0) {
-    return op_error("add_fp8_weight", absl::StrCat("w ", w.describe(), " is not a contiguous [N, K] with K % 16 == 0"));
+    return op_error("add_fp8_weight", absl::StrCat("w ", w.describe(),
+                                                   " is not a contiguous [N, K] with K % 16 == 0"));
   }
-  FLUX_ASSIGN_OR_RETURN(Fp8Weight low, quantize_low_precision(w));  // per output channel when rowwise
+  FLUX_ASSIGN_OR_RETURN(Fp8Weight low,
+                        quantize_low_precision(w));  // per output channel when rowwise
   low.source = w;
   const int64_t bytes = low.values.bytes() + low.scale.bytes();
   fp8_weights_.emplace(w.data(), std::move(low));
@@ -221,8 +257,9 @@ absl::Status CudaBackend::embedding(const Tensor& ids, const Tensor& table, cons
   FLUX_RETURN_IF_ERROR(download(ids, host.data()));
   for (size_t i = 0; i < host.size(); ++i) {
     if (host[i] < 0 || host[i] >= static_cast<float>(table.rows())) {
-      return op_error("embedding", absl::StrCat("id ", host[i], " at position ", i, " is outside the table of ",
-                                                table.rows(), " rows"));
+      return op_error("embedding",
+                      absl::StrCat("id ", host[i], " at position ", i, " is outside the table of ",
+                                   table.rows(), " rows"));
     }
   }
   return cuda::embedding_bf16(ids.data_as<int32_t>(), ids.numel(), mat(table), mat(out), stream());
@@ -278,8 +315,8 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
   return write_output(out, into);
 }
 
-absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps,
-                                              const Tensor& out) {
+absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shift,
+                                              const Tensor& scale, float eps, const Tensor& out) {
   OpProfileScope profile(*this, "norm");
   constexpr absl::string_view kOp = "layer_norm_modulate";
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
@@ -288,22 +325,27 @@ absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shi
   FLUX_RETURN_IF_ERROR(check_vector(kOp, "shift", shift, x.cols()));
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "scale", scale));
   FLUX_RETURN_IF_ERROR(check_vector(kOp, "scale", scale, x.cols()));
-  const cuda::Mat sh{shift.data(), 1, shift.cols(), shift.cols()}, sc{scale.data(), 1, scale.cols(), scale.cols()};
+  const cuda::Mat sh{shift.data(), 1, shift.cols(), shift.cols()},
+      sc{scale.data(), 1, scale.cols(), scale.cols()};
   return run_fast_path(
       layer_norm_modulate_path(), "",
-      [&] { return cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out), stream()); },
+      [&] {
+        return cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out), stream());
+      },
       [&]() -> absl::Status {
         // diffusers: norm = LN(x); (1 + scale) * norm + shift — four bf16 ops.
         FLUX_ASSIGN_OR_RETURN(Tensor normed, scratch({x.rows(), x.cols()}));
         FLUX_ASSIGN_OR_RETURN(Tensor one_plus, scratch({1, x.cols()}));
         FLUX_RETURN_IF_ERROR(cuda::layer_norm_bf16(mat(x), eps, mat(normed), stream()));
         FLUX_RETURN_IF_ERROR(cuda::one_plus_bf16(sc, mat(one_plus), stream()));
-        FLUX_RETURN_IF_ERROR(cuda::gate_mul_bf16(mat(one_plus), x.rows(), mat(normed), mat(normed), stream()));
+        FLUX_RETURN_IF_ERROR(
+            cuda::gate_mul_bf16(mat(one_plus), x.rows(), mat(normed), mat(normed), stream()));
         return cuda::add_row_bf16(mat(normed), sh, x.rows(), mat(out), stream());
       });
 }
 
-absl::Status CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+absl::Status CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps,
+                                   const Tensor& out) {
   OpProfileScope profile(*this, "norm");
   FLUX_RETURN_IF_ERROR(check_bf16("rms_norm", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("rms_norm", x, "out", out));
@@ -312,8 +354,9 @@ absl::Status CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float 
   return cuda::rms_norm_qwen_bf16(mat(x), weight.data(), eps, mat(out), stream());
 }
 
-absl::Status CudaBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight, float eps,
-                                       const Tensor& cos, const Tensor& sin, RopeStyle style) {
+absl::Status CudaBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight,
+                                       float eps, const Tensor& cos, const Tensor& sin,
+                                       RopeStyle style) {
   OpProfileScope profile(*this, "norm");
   constexpr absl::string_view kOp = "qk_norm_rope";
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
@@ -325,15 +368,19 @@ absl::Status CudaBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const 
   FLUX_RETURN_IF_ERROR(check_matrix(kOp, "sin", sin, x.rows(), head_dim));
   return run_fast_path(
       qk_norm_rope_path(), "",
-      [&] { return cuda::qk_norm_rope_fused(mat(x), head_dim, norm_weight.data(), eps, mat(cos), mat(sin), style, stream()); },
+      [&] {
+        return cuda::qk_norm_rope_fused(mat(x), head_dim, norm_weight.data(), eps, mat(cos),
+                                        mat(sin), style, stream());
+      },
       [&]() -> absl::Status {
-        FLUX_RETURN_IF_ERROR(cuda::qk_rms_norm_bf16(mat(x), head_dim, norm_weight.data(), eps, style, stream()));
+        FLUX_RETURN_IF_ERROR(
+            cuda::qk_rms_norm_bf16(mat(x), head_dim, norm_weight.data(), eps, style, stream()));
         return cuda::rope_bf16(mat(x), head_dim, mat(cos), mat(sin), style, stream());
       });
 }
 
-absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta, float eps,
-                                     bool silu, const Tensor& out) {
+absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tensor& gamma,
+                                     const Tensor& beta, float eps, bool silu, const Tensor& out) {
   OpProfileScope profile(*this, "norm");
   FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("group_norm", x, "out", out));
@@ -341,11 +388,12 @@ absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tens
   FLUX_RETURN_IF_ERROR(check_vector("group_norm", "gamma", gamma, x.cols()));
   FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "beta", beta));
   FLUX_RETURN_IF_ERROR(check_vector("group_norm", "beta", beta, x.cols()));
-  return cuda::group_norm_bf16(mat(x), groups, gamma.data(), beta.data(), eps, silu, mat(out), stream());
+  return cuda::group_norm_bf16(mat(x), groups, gamma.data(), beta.data(), eps, silu, mat(out),
+                               stream());
 }
 
-absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
-                                    const Tensor& out) {
+absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionParams& params, const Tensor& out) {
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "q", q));
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "k", k));
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "v", v));
@@ -364,67 +412,95 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     auto bf16_attention = [&] {
       OpProfileScope profile(*this, "attention");
       return run_path(
-          path, supported ? "" : "unsupported_shape", [&] { return sdpa_->run(mat(q), mat(k), mat(v), params, target); },
-          [&] { return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream()); });
+          path, supported ? "" : "unsupported_shape",
+          [&] { return sdpa_->run(mat(q), mat(k), mat(v), params, target); },
+          [&] {
+            return cuda::attention_fallback(mat(q), mat(k), mat(v), params, target, stream());
+          });
     };
     // FP8 attention serves the transformer's (non-causal) attention; the text encoder's causal
     // attention stays bf16 without counting a fallback.
     if (quality_ != Quality::kHigh || params.causal) return bf16_attention();
-    const bool fp8_supported = cuda::CudnnSdpaFp8::supports(params, q.rows(), k.rows());
+    const bool adjacent = fp8_qkv_adjacent(q, k, v);
+    absl::string_view unsupported = "";
+    if (!cuda::CudnnSdpaFp8::supports(params, q.rows(), k.rows())) {
+      unsupported = "unsupported_shape";
+    } else {
+      FLUX_ASSIGN_OR_RETURN(const bool usable,
+                            sdpa_fp8_->usable(fp8_attention_operands(q, k, v, adjacent), params));
+      if (!usable) unsupported = "no_deterministic_engine";
+    }
     return run_path(
-        fp8_attention_path(), fp8_supported ? "" : "unsupported_shape",
-        [&] { return attention_fp8(q, k, v, params, target); }, bf16_attention);
+        fp8_attention_path(), unsupported,
+        [&] { return attention_fp8(q, k, v, params, adjacent, target); }, bf16_attention);
   };
   return write_output(out, into);
 }
 
-absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const AttentionParams& params, const cuda::Mat& out) {
-  // One scale for Q, K and V: E4M3 keeps 3 mantissa bits over 2^15 of range below its maximum, so
-  // sharing the largest amax costs no precision unless a tensor sits 2^15 below another. When
-  // Q, K and V are adjacent column ranges of one buffer (the fused projections), one pass reads them.
+bool CudaBackend::fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t width = q.cols();
+  const auto* q_bytes = static_cast<const char*>(q.data());
+  return q.rows() == k.rows() && k.cols() == width && v.cols() == width &&
+         q.row_stride() == k.row_stride() && q.row_stride() == v.row_stride() &&
+         static_cast<const char*>(k.data()) == q_bytes + 2 * width &&
+         static_cast<const char*>(v.data()) == q_bytes + 4 * width;
+}
+
+cuda::Fp8AttentionArgs CudaBackend::fp8_attention_operands(const Tensor& q, const Tensor& k,
+                                                           const Tensor& v, bool adjacent,
+                                                           void* qkv8, void* o8) {
+  // Adjacent: [q | k | v] quantized as one [S, 3·width] matrix (rows interleaved); else the row
+  // concatenation [q; k; v]. O is a contiguous [S_q, width] E4M3 matrix.
   const int64_t s_q = q.rows(), s_kv = k.rows(), width = q.cols();
-  FLUX_ASSIGN_OR_RETURN(Tensor scales, scratch({8}, DType::kF32));  // descale_qkv, descale_s, scale_s, scale_o, amax_s, amax_o
+  auto* base = static_cast<char*>(qkv8);
+  cuda::Fp8AttentionArgs a;
+  if (adjacent) {
+    a.q = cuda::Mat{base, s_q, width, 3 * width};
+    a.k = cuda::Mat{base + width, s_kv, width, 3 * width};
+    a.v = cuda::Mat{base + 2 * width, s_kv, width, 3 * width};
+  } else {
+    a.q = cuda::Mat{base, s_q, width, width};
+    a.k = cuda::Mat{base + s_q * width, s_kv, width, width};
+    a.v = cuda::Mat{base + (s_q + s_kv) * width, s_kv, width, width};
+  }
+  a.o = cuda::Mat{o8, s_q, width, width};
+  return a;
+}
+
+absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionParams& params, bool adjacent,
+                                        const cuda::Mat& out) {
+  // One scale for Q, K and V: E4M3 keeps 3 mantissa bits over 2^15 of range below its maximum, so
+  // sharing the largest amax costs no precision unless a tensor sits 2^15 below another.
+  const int64_t s_q = q.rows(), s_kv = k.rows(), width = q.cols();
+  std::optional<OpProfileScope> profile(std::in_place, *this,
+                                        "quantize");  // then "attention", "quantize"
+  FLUX_ASSIGN_OR_RETURN(
+      Tensor scales,
+      scratch({8}, DType::kF32));  // descale_qkv, descale_s, scale_s, scale_o, amax_s, amax_o
   float* f = scales.data_as<float>();
   FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
-  const auto* q_bytes = static_cast<const char*>(q.data());
-  const bool adjacent = s_q == s_kv && k.cols() == width && v.cols() == width && q.row_stride() == k.row_stride() &&
-                        q.row_stride() == v.row_stride() && static_cast<const char*>(k.data()) == q_bytes + 2 * width &&
-                        static_cast<const char*>(v.data()) == q_bytes + 4 * width;
-  std::optional<OpProfileScope> profile(std::in_place, *this, "quantize");  // then "attention", "quantize"
   FLUX_ASSIGN_OR_RETURN(Tensor qkv8, scratch({s_q + 2 * s_kv, width}, DType::kF8E4M3));
-  cuda::Mat q8{qkv8.data(), s_q, width, width};
-  cuda::Mat k8{static_cast<char*>(qkv8.data()) + s_q * width, s_kv, width, width};
-  cuda::Mat v8{static_cast<char*>(qkv8.data()) + (s_q + s_kv) * width, s_kv, width, width};
+  FLUX_ASSIGN_OR_RETURN(Tensor o8, scratch({s_q, width}, DType::kF8E4M3));
   cuda::Fp8QuantizeArgs args;
   args.scale = f;
   args.workspace = workspace.data();
   args.workspace_bytes = workspace.bytes();
-  if (adjacent) {  // [q | k | v] as one [S, 3·width] matrix, stored row-interleaved
+  args.out = qkv8.data();
+  args.out_bytes = qkv8.bytes();
+  Tensor stacked;
+  if (adjacent) {
     args.in.first = cuda::Mat{q.data(), s_q, 3 * width, q.row_stride()};
-    args.out = qkv8.data();
-    args.out_bytes = qkv8.bytes();
-    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
-    q8 = cuda::Mat{qkv8.data(), s_q, width, 3 * width};
-    k8 = cuda::Mat{static_cast<char*>(qkv8.data()) + width, s_kv, width, 3 * width};
-    v8 = cuda::Mat{static_cast<char*>(qkv8.data()) + 2 * width, s_kv, width, 3 * width};
-  } else {  // the largest of three amaxes: quantize the concatenation [q; k; v] by rows
-    FLUX_ASSIGN_OR_RETURN(Tensor stacked, scratch({s_q + 2 * s_kv, width}));
+  } else {
+    FLUX_ASSIGN_OR_RETURN(stacked, scratch({s_q + 2 * s_kv, width}));
     FLUX_RETURN_IF_ERROR(copy(q, stacked.row_slice(0, s_q)));
     FLUX_RETURN_IF_ERROR(copy(k, stacked.row_slice(s_q, s_kv)));
     FLUX_RETURN_IF_ERROR(copy(v, stacked.row_slice(s_q + s_kv, s_kv)));
     args.in.first = mat(stacked);
-    args.out = qkv8.data();
-    args.out_bytes = qkv8.bytes();
-    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
   }
+  FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
   FLUX_RETURN_IF_ERROR(cuda::fp8_attention_scales(f, f + 1, stream()));
-  FLUX_ASSIGN_OR_RETURN(Tensor o8, scratch({s_q, width}, DType::kF8E4M3));
-  cuda::Fp8AttentionArgs a;
-  a.q = q8;
-  a.k = k8;
-  a.v = v8;
-  a.o = cuda::Mat{o8.data(), s_q, width, width};
+  cuda::Fp8AttentionArgs a = fp8_attention_operands(q, k, v, adjacent, qkv8.data(), o8.data());
   a.descale_q = a.descale_k = a.descale_v = f;
   a.descale_s = f + 1;
   a.scale_s = f + 2;
@@ -437,8 +513,8 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
   return cuda::fp8_dequantize(a.o, f, out, stream());  // O stored with V's scale
 }
 
-absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
-                                             const cuda::Mat& out) {
+absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             float scale, const cuda::Mat& out) {
   // 4096 query rows x 16384 keys of f32 scores is 256 MiB: bounded whatever the image size.
   constexpr int64_t kMaxScoreElements = int64_t{1} << 26;
   const int64_t keys = k.rows();
@@ -448,7 +524,8 @@ absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, c
   for (int64_t r0 = 0; r0 < q.rows(); r0 += chunk) {
     const int64_t n = std::min(chunk, q.rows() - r0);
     const cuda::Mat s{scores.data(), n, keys, keys}, p{probs.data(), n, keys, keys};
-    FLUX_RETURN_IF_ERROR(gemm_->matmul(mat(q.row_slice(r0, n)), mat(k), /*b_transposed=*/true, scale, s, true));
+    FLUX_RETURN_IF_ERROR(
+        gemm_->matmul(mat(q.row_slice(r0, n)), mat(k), /*b_transposed=*/true, scale, s, true));
     FLUX_RETURN_IF_ERROR(cuda::softmax_rows_f32_to_bf16(s, p, stream()));
     const cuda::Mat o{static_cast<char*>(out.data) + r0 * out.stride * 2, n, out.cols, out.stride};
     FLUX_RETURN_IF_ERROR(gemm_->matmul(p, mat(v), /*b_transposed=*/false, 1.0f, o, false));
@@ -456,7 +533,8 @@ absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, c
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                 const Tensor& out) {
   OpProfileScope profile(*this, "conv");
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "w", w));
@@ -465,25 +543,27 @@ absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor&
   if (x.rank() != 3 || w.rank() != 4 || out.rank() != 3 || !x.contiguous() || !out.contiguous() ||
       w.dim(3) != x.dim(2) || w.dim(1) != w.dim(2) || w.dim(1) % 2 == 0 || out.dim(0) != x.dim(0) ||
       out.dim(1) != x.dim(1) || out.dim(2) != w.dim(0) || bias.numel() != w.dim(0)) {
-    return op_error("conv2d", absl::StrCat("shapes do not match: x ", x.describe(), ", w ", w.describe(), ", out ",
-                                           out.describe()));
+    return op_error("conv2d", absl::StrCat("shapes do not match: x ", x.describe(), ", w ",
+                                           w.describe(), ", out ", out.describe()));
   }
-  return conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1), bias.data(), out.data());
+  return conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1),
+                    bias.data(), out.data());
 }
 
 absl::Status CudaBackend::upsample_nearest_2x(const Tensor& x, const Tensor& out) {
   OpProfileScope profile(*this, "other");
   FLUX_RETURN_IF_ERROR(check_bf16("upsample_nearest_2x", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("upsample_nearest_2x", "out", out));
-  if (x.rank() != 3 || out.rank() != 3 || !x.contiguous() || !out.contiguous() || out.dim(0) != 2 * x.dim(0) ||
-      out.dim(1) != 2 * x.dim(1) || out.dim(2) != x.dim(2)) {
+  if (x.rank() != 3 || out.rank() != 3 || !x.contiguous() || !out.contiguous() ||
+      out.dim(0) != 2 * x.dim(0) || out.dim(1) != 2 * x.dim(1) || out.dim(2) != x.dim(2)) {
     return op_error("upsample_nearest_2x", "expected contiguous [H, W, C] -> [2H, 2W, C]");
   }
-  return cuda::upsample_nearest_2x_bf16(x.data(), x.dim(0), x.dim(1), x.dim(2), out.data(), stream());
+  return cuda::upsample_nearest_2x_bf16(x.data(), x.dim(0), x.dim(1), x.dim(2), out.data(),
+                                        stream());
 }
 
-absl::Status CudaBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_mean, const Tensor& bn_var, float eps,
-                                        const Tensor& out) {
+absl::Status CudaBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_mean,
+                                        const Tensor& bn_var, float eps, const Tensor& out) {
   OpProfileScope profile(*this, "other");
   FLUX_RETURN_IF_ERROR(check_bf16("latent_unpack", "tokens", tokens));
   FLUX_RETURN_IF_ERROR(check_bf16("latent_unpack", "out", out));
@@ -496,7 +576,8 @@ absl::Status CudaBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_m
   FLUX_RETURN_IF_ERROR(check_matrix("latent_unpack", "tokens", tokens, h * w, 4 * c));
   FLUX_RETURN_IF_ERROR(check_vector("latent_unpack", "bn_mean", bn_mean, 4 * c));
   FLUX_RETURN_IF_ERROR(check_vector("latent_unpack", "bn_var", bn_var, 4 * c));
-  return cuda::latent_unpack_bf16(mat(tokens), bn_mean.data(), bn_var.data(), eps, h, w, c, out.data(), stream());
+  return cuda::latent_unpack_bf16(mat(tokens), bn_mean.data(), bn_var.data(), eps, h, w, c,
+                                  out.data(), stream());
 }
 
 absl::Status CudaBackend::to_rgb8(const Tensor& image, uint8_t* host) {
@@ -504,10 +585,12 @@ absl::Status CudaBackend::to_rgb8(const Tensor& image, uint8_t* host) {
   FLUX_RETURN_IF_ERROR(check_bf16("to_rgb8", "image", image));
   if (!image.contiguous()) return op_error("to_rgb8", "image must be contiguous");
   FLUX_ASSIGN_OR_RETURN(Tensor bytes, scratch({image.numel()}, DType::kU8));
-  FLUX_RETURN_IF_ERROR(cuda::image_to_rgb8_bf16(image.data(), image.numel(), bytes.data_as<uint8_t>(), stream()));
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(host, bytes.data(), static_cast<size_t>(image.numel()),
-                                                   cudaMemcpyDeviceToHost, stream()),
-                                   "to_rgb8 copy"));
+  FLUX_RETURN_IF_ERROR(
+      cuda::image_to_rgb8_bf16(image.data(), image.numel(), bytes.data_as<uint8_t>(), stream()));
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpyAsync(host, bytes.data(), static_cast<size_t>(image.numel()),
+                                  cudaMemcpyDeviceToHost, stream()),
+                  "to_rgb8 copy"));
   return synchronize();
 }
 
@@ -518,7 +601,8 @@ absl::Status CudaBackend::euler_step(const Tensor& x, const Tensor& v, float dt)
   return cuda::euler_step_bf16(mat(x), mat(v), dt, stream());
 }
 
-absl::Status CudaBackend::cfg_combine(const Tensor& uncond, const Tensor& cond, float scale, const Tensor& out) {
+absl::Status CudaBackend::cfg_combine(const Tensor& uncond, const Tensor& cond, float scale,
+                                      const Tensor& out) {
   OpProfileScope profile(*this, "elementwise");
   FLUX_RETURN_IF_ERROR(check_bf16("cfg_combine", "uncond", uncond));
   FLUX_RETURN_IF_ERROR(check_same_bf16("cfg_combine", uncond, "cond", cond));

@@ -20,18 +20,21 @@ absl::StatusOr<EngineNotes> engine_notes(cudnnBackendDescriptor_t config) {
   FLUX_RETURN_IF_ERROR(check(engine.created(), "create engine"));
   cudnnBackendDescriptor_t raw = engine.get();
   int64_t count = 0;
-  FLUX_RETURN_IF_ERROR(check(
-      cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &raw),
-      "engine of a config"));
+  FLUX_RETURN_IF_ERROR(
+      check(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE,
+                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &raw),
+            "engine of a config"));
   EngineNotes notes;
-  FLUX_RETURN_IF_ERROR(check(
-      cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &count, &notes.index),
-      "engine index"));
+  FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
+                                                      CUDNN_TYPE_INT64, 1, &count, &notes.index),
+                             "engine index"));
   cudnnBackendNumericalNote_t numerical[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-  FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                                                      CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, numerical),
-                             "engine notes"));
-  for (int64_t i = 0; i < count; ++i) notes.nondeterministic |= numerical[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+  FLUX_RETURN_IF_ERROR(check(
+      cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, numerical),
+      "engine notes"));
+  for (int64_t i = 0; i < count; ++i)
+    notes.nondeterministic |= numerical[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
   return notes;
 }
 
@@ -52,21 +55,24 @@ absl::StatusOr<Descriptor> make_tensor(const TensorSpec& spec) {
   FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, &spec.id, 1));
   FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, &alignment, 1));
   const bool yes = true;
-  if (spec.is_virtual) FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &yes, 1));
-  if (spec.by_value) FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &yes, 1));
+  if (spec.is_virtual)
+    FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &yes, 1));
+  if (spec.by_value)
+    FLUX_RETURN_IF_ERROR(t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &yes, 1));
   FLUX_RETURN_IF_ERROR(t.finalize());
   return t;
 }
 
-absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector<const Descriptor*>& operations) {
+absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle,
+                                         const std::vector<const Descriptor*>& operations) {
   ExecutionPlan result;
   Descriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   FLUX_RETURN_IF_ERROR(check(graph.created(), "create graph"));
   FLUX_RETURN_IF_ERROR(graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, &handle, 1));
   std::vector<cudnnBackendDescriptor_t> ops;
   for (const Descriptor* op : operations) ops.push_back(op->get());
-  FLUX_RETURN_IF_ERROR(graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops.data(),
-                                 static_cast<int64_t>(ops.size())));
+  FLUX_RETURN_IF_ERROR(graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                 ops.data(), static_cast<int64_t>(ops.size())));
   FLUX_RETURN_IF_ERROR(graph.finalize());
 
   Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
@@ -84,10 +90,11 @@ absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector
     config_raw.push_back(configs.back().get());
   }
   int64_t returned = 0;
-  FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                                      CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxEngineConfigs, &returned,
-                                                      config_raw.data()),
-                             "heuristic results"));
+  FLUX_RETURN_IF_ERROR(
+      check(cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxEngineConfigs, &returned,
+                                     config_raw.data()),
+            "heuristic results"));
   absl::Status last = absl::UnimplementedError("cuDNN returned no engine for this graph");
   for (int64_t i = 0; i < returned; ++i) {
     FLUX_ASSIGN_OR_RETURN(const EngineNotes notes, engine_notes(config_raw[i]));
@@ -96,16 +103,21 @@ absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector
       continue;
     }
     Descriptor candidate(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-    if (!candidate.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle, 1).ok()) continue;
-    if (!candidate.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &config_raw[i], 1).ok()) {
+    if (!candidate.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle, 1).ok())
+      continue;
+    if (!candidate
+             .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                  &config_raw[i], 1)
+             .ok()) {
       continue;
     }
     last = candidate.finalize();
     if (!last.ok()) continue;
     int64_t count = 0;
-    FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(candidate.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                        CUDNN_TYPE_INT64, 1, &count, &result.workspace_bytes),
-                               "workspace size"));
+    FLUX_RETURN_IF_ERROR(
+        check(cudnnBackendGetAttribute(candidate.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                       CUDNN_TYPE_INT64, 1, &count, &result.workspace_bytes),
+              "workspace size"));
     result.plan = std::move(candidate);
     result.engine_index = notes.index;
     break;
@@ -123,9 +135,12 @@ absl::Status execute(cudnnHandle_t handle, const Descriptor& plan, const std::ve
   Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   FLUX_RETURN_IF_ERROR(check(pack.created(), "create variant pack"));
   const auto count = static_cast<int64_t>(ids.size());
-  FLUX_RETURN_IF_ERROR(pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, ids.data(), count));
-  FLUX_RETURN_IF_ERROR(pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pointers.data(), count));
-  FLUX_RETURN_IF_ERROR(pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &workspace, 1));
+  FLUX_RETURN_IF_ERROR(
+      pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, ids.data(), count));
+  FLUX_RETURN_IF_ERROR(
+      pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pointers.data(), count));
+  FLUX_RETURN_IF_ERROR(
+      pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &workspace, 1));
   FLUX_RETURN_IF_ERROR(pack.finalize());
   return check(cudnnBackendExecute(handle, plan.get(), pack.get()), "execute");
 }

@@ -19,8 +19,12 @@ absl::Status check(cudnnStatus_t status, const char* what);
 class Descriptor {
  public:
   Descriptor() = default;
-  explicit Descriptor(cudnnBackendDescriptorType_t type) { status_ = cudnnBackendCreateDescriptor(type, &desc_); }
-  Descriptor(Descriptor&& other) noexcept : desc_(other.desc_), status_(other.status_) { other.desc_ = nullptr; }
+  explicit Descriptor(cudnnBackendDescriptorType_t type) {
+    status_ = cudnnBackendCreateDescriptor(type, &desc_);
+  }
+  Descriptor(Descriptor&& other) noexcept : desc_(other.desc_), status_(other.status_) {
+    other.desc_ = nullptr;
+  }
   Descriptor& operator=(Descriptor&& other) noexcept {
     std::swap(desc_, other.desc_);
     std::swap(status_, other.status_);
@@ -33,7 +37,8 @@ class Descriptor {
   cudnnStatus_t created() const { return status_; }
 
   template <typename T>
-  absl::Status set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, const T* values, int64_t count) {
+  absl::Status set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                   const T* values, int64_t count) {
     return check(cudnnBackendSetAttribute(desc_, name, type, count, values), "set attribute");
   }
   // Sets a descriptor-valued attribute.
@@ -66,7 +71,8 @@ struct ExecutionPlan {
   int64_t workspace_bytes = 0;
   int64_t engine_index = -1;  // cuDNN's global engine index (for logs)
 };
-absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector<const Descriptor*>& operations);
+absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle,
+                                         const std::vector<const Descriptor*>& operations);
 
 // Runs `plan` with (unique id, data pointer) pairs and a workspace.
 absl::Status execute(cudnnHandle_t handle, const Descriptor& plan, const std::vector<int64_t>& ids,

@@ -41,6 +41,10 @@ class CudnnSdpaFp8 {
   // Non-causal, unmasked multi-head attention (kv heads == heads), head_dim a multiple of 16 and
   // <= 256, on a device of compute capability >= 9.0 (checked when building a plan).
   static bool supports(const AttentionParams& params, int64_t s_q, int64_t s_kv);
+  // Builds the plan for this shape (once) and reports whether it is usable: an engine finalized
+  // and two runs on the same random inputs gave the same bits (cuDNN does not note every engine
+  // that is nondeterministic for some shapes). Synchronizes the stream when it builds a plan.
+  absl::StatusOr<bool> usable(const Fp8AttentionArgs& args, const AttentionParams& params);
   // o = E4M3(SDPA(q·descale_q, k·descale_k, v·descale_v) · scale_o); Unimplemented when no engine
   // finalizes for the shape.
   absl::Status run(const Fp8AttentionArgs& args, const AttentionParams& params);
@@ -51,7 +55,13 @@ class CudnnSdpaFp8 {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
   CudnnSdpaFp8() = default;
+  static Key key_of(const Fp8AttentionArgs& args, const AttentionParams& params);
   absl::StatusOr<Plan*> plan(const Key& key);
+  absl::Status execute(Plan& plan, const Fp8AttentionArgs& args, float attn_scale);
+  // Runs the plan twice on random E4M3 inputs of its shape and compares the outputs.
+  absl::StatusOr<bool> runs_deterministically(Plan& plan, const Key& key);
+
+  cudaStream_t stream_ = nullptr;
 
   void* handle_ = nullptr;  // cudnnHandle_t
   std::map<Key, std::unique_ptr<Plan>> plans_;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fp8_nvfp4.h"
+#include "kernels/base/uniform_hash.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.cuh"
@@ -33,7 +34,8 @@ namespace flux2::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kAmaxMaxBlocks = static_cast<int>(kQuantizeWorkspaceBytes / sizeof(uint32_t));  // 1024
+constexpr int kAmaxMaxBlocks =
+    static_cast<int>(kQuantizeWorkspaceBytes / sizeof(uint32_t));  // 1024
 
 // The conversions the kernels use: the cvt instructions when kHw and compiled for the target,
 // else the software ones. Host-device only so the fp8_nvfp4.h block template can take it.
@@ -52,13 +54,16 @@ struct DeviceCvt {
       return static_cast<uint16_t>(f32_to_e4m3(lo) | (f32_to_e4m3(hi) << 8));
     }
   }
-  FLUX_HOST_DEVICE static uint8_t e4m3(float x) { return static_cast<uint8_t>(e4m3x2(x, 0.0f) & 0xffu); }
+  FLUX_HOST_DEVICE static uint8_t e4m3(float x) {
+    return static_cast<uint8_t>(e4m3x2(x, 0.0f) & 0xffu);
+  }
   // Two E2M1 codes, `lo` in the low nibble.
   FLUX_HOST_DEVICE static uint8_t e2m1x2(float lo, float hi) {
 #if FLUX_HAS_E2M1_CVT
     if constexpr (kHw) {
       uint16_t r;
-      asm("{\n\t.reg .b8 fq;\n\tcvt.rn.satfinite.e2m1x2.f32 fq, %1, %2;\n\tmov.b16 %0, {fq, 0};\n\t}"
+      asm("{\n\t.reg .b8 fq;\n\tcvt.rn.satfinite.e2m1x2.f32 fq, %1, %2;\n\tmov.b16 %0, {fq, "
+          "0};\n\t}"
           : "=h"(r)
           : "f"(hi), "f"(lo));
       return static_cast<uint8_t>(r);
@@ -75,7 +80,7 @@ struct CatSource {
   const uint16_t* a = nullptr;
   const uint16_t* b = nullptr;
   int64_t a_stride = 0, b_stride = 0;
-  int64_t d = 0;     // columns of a
+  int64_t d = 0;  // columns of a
   int64_t rows = 0;
   int64_t cols = 0;  // d + columns of b
   bool vec = false;  // 16-byte loads: all row starts 16-byte aligned and d % 8 == 0
@@ -111,14 +116,16 @@ __device__ __forceinline__ void load8(const CatSource& s, int64_t r, int64_t c, 
 __device__ __forceinline__ uint32_t block_max_bits(uint32_t v, uint32_t* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
     uint32_t t = lane < warps ? scratch[lane] : 0u;
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) t = max(t, __shfl_xor_sync(0xffffffffu, t, offset));
+    for (int offset = 16; offset > 0; offset >>= 1)
+      t = max(t, __shfl_xor_sync(0xffffffffu, t, offset));
     if (lane == 0) scratch[0] = t;
   }
   __syncthreads();
@@ -131,7 +138,8 @@ __global__ void amax_partials_kernel(CatSource s, uint32_t* partials) {
   __shared__ uint32_t scratch[32];
   const int64_t segments = s.rows * (s.cols / 8);
   uint32_t m = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < segments; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < segments;
+       i += int64_t{gridDim.x} * blockDim.x) {
     float x[8];
     load8(s, i / (s.cols / 8), (i % (s.cols / 8)) * 8, x);
 #pragma unroll
@@ -142,13 +150,13 @@ __global__ void amax_partials_kernel(CatSource s, uint32_t* partials) {
 }
 
 enum class ScaleKind : uint8_t {
-  kFp8Dequant,    // fp8_dequant_scale(amax)
-  kNvfp4Global,   // nvfp4_global_scale(amax)
+  kFp8Dequant,   // fp8_dequant_scale(amax)
+  kNvfp4Global,  // nvfp4_global_scale(amax)
 };
 
 // Pass 2: one block reduces the partials and writes amax (optional) and the scale.
-__global__ void amax_finalize_kernel(const uint32_t* partials, int count, ScaleKind kind, float* amax_out,
-                                     float* scale_out) {
+__global__ void amax_finalize_kernel(const uint32_t* partials, int count, ScaleKind kind,
+                                     float* amax_out, float* scale_out) {
   __shared__ uint32_t scratch[32];
   uint32_t m = 0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) m = max(m, partials[i]);
@@ -156,7 +164,8 @@ __global__ void amax_finalize_kernel(const uint32_t* partials, int count, ScaleK
   if (threadIdx.x == 0) {
     const float amax = __uint_as_float(m);
     if (amax_out != nullptr) *amax_out = amax;
-    *scale_out = kind == ScaleKind::kFp8Dequant ? fp8_dequant_scale(amax) : nvfp4_global_scale(amax);
+    *scale_out =
+        kind == ScaleKind::kFp8Dequant ? fp8_dequant_scale(amax) : nvfp4_global_scale(amax);
   }
 }
 
@@ -166,8 +175,10 @@ __device__ __forceinline__ uint4 fp8_pack16(const float x[16], float scale) {
   uint32_t w[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t lo = DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i], scale), div_rn(x[4 * i + 1], scale));
-    const uint32_t hi = DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i + 2], scale), div_rn(x[4 * i + 3], scale));
+    const uint32_t lo =
+        DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i], scale), div_rn(x[4 * i + 1], scale));
+    const uint32_t hi =
+        DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i + 2], scale), div_rn(x[4 * i + 3], scale));
     w[i] = lo | (hi << 16);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
@@ -178,7 +189,55 @@ template <bool kHw>
 __global__ void fp8_quantize_kernel(CatSource s, const float* scale_ptr, uint8_t* out) {
   const float scale = *scale_ptr;
   const int64_t per_row = s.cols / 16, items = s.rows * per_row;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < items; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < items;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / per_row, c = (i % per_row) * 16;
+    float x[16];
+    load8(s, r, c, x);
+    load8(s, r, c + 8, x + 8);
+    *reinterpret_cast<uint4*>(out + r * s.cols + c) = fp8_pack16<kHw>(x, scale);
+  }
+}
+
+// The whole dynamic FP8 quantizer in one cooperative launch (every block resident): each block
+// takes the max over the 16-element items it will quantize, the blocks meet at a grid barrier,
+// every block reduces the partials in the same order (the same scale everywhere), then quantizes
+// its items while they are likely still in L2. Bit-identical to amax pass + finalize + quantize.
+// barrier[0] counts arrivals; the launcher zeroes it.
+template <bool kHw>
+__global__ void fp8_quantize_dynamic_kernel(CatSource s, uint32_t* partials, unsigned int* barrier,
+                                            float* amax_out, float* scale_out, uint8_t* out) {
+  __shared__ uint32_t scratch[32];
+  const int64_t per_row = s.cols / 16, items = s.rows * per_row;
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x,
+                step = int64_t{gridDim.x} * blockDim.x;
+  uint32_t m = 0;
+  for (int64_t i = first; i < items; i += step) {
+    const int64_t r = i / per_row, c = (i % per_row) * 16;
+    float x[16];
+    load8(s, r, c, x);
+    load8(s, r, c + 8, x + 8);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) m = max(m, abs_bits(x[j]));
+  }
+  m = block_max_bits(m, scratch);
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = m;
+    __threadfence();
+    atomicAdd(barrier, 1u);
+    while (atomicAdd(barrier, 0u) < gridDim.x) __nanosleep(64);
+  }
+  __syncthreads();
+  uint32_t t = 0;
+  for (unsigned int i = threadIdx.x; i < gridDim.x; i += blockDim.x)
+    t = max(t, __ldcg(partials + i));
+  t = block_max_bits(t, scratch);
+  const float amax = __uint_as_float(t), scale = fp8_dequant_scale(amax);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (amax_out != nullptr) *amax_out = amax;
+    *scale_out = scale;
+  }
+  for (int64_t i = first; i < items; i += step) {
     const int64_t r = i / per_row, c = (i % per_row) * 16;
     float x[16];
     load8(s, r, c, x);
@@ -215,14 +274,16 @@ __global__ void fp8_quantize_rows_kernel(CatSource s, float* scales, uint8_t* ou
 // row and sit in lanes 4l..4l+3 of a warp, which gather their 4 scale bytes into one 32-bit store
 // (the 4 bytes are contiguous in the 128x4 layout).
 template <bool kHw>
-__global__ void nvfp4_quantize_kernel(CatSource s, const float* global_scale_ptr, uint8_t* out, uint8_t* scales) {
+__global__ void nvfp4_quantize_kernel(CatSource s, const float* global_scale_ptr, uint8_t* out,
+                                      uint8_t* scales) {
   const float gs = *global_scale_ptr;
   const int64_t k_blocks = s.cols / kNvfp4BlockSize;
   const int64_t padded_blocks = nvfp4_scale_padded_blocks(s.cols);
   const int64_t k_tiles = padded_blocks / kNvfp4ScaleTileBlocks;
   const int64_t items = nvfp4_scale_padded_rows(s.rows) * padded_blocks;  // a multiple of 512
   const int lane = threadIdx.x & 31;
-  // The loop bound is warp-uniform (items and the stride are multiples of 32), as the shuffles need.
+  // The loop bound is warp-uniform (items and the stride are multiples of 32), as the shuffles
+  // need.
   for (int64_t base = blockIdx.x * int64_t{blockDim.x} + (threadIdx.x - lane); base < items;
        base += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = base + lane;
@@ -235,15 +296,20 @@ __global__ void nvfp4_quantize_kernel(CatSource s, const float* global_scale_ptr
       uint8_t packed[8];
       sf = nvfp4_quantize_block16<DeviceCvt<kHw>>(x, gs, packed);
       uint2 word;
-      word.x = packed[0] | (packed[1] << 8) | (packed[2] << 16) | (static_cast<uint32_t>(packed[3]) << 24);
-      word.y = packed[4] | (packed[5] << 8) | (packed[6] << 16) | (static_cast<uint32_t>(packed[7]) << 24);
+      word.x = packed[0] | (packed[1] << 8) | (packed[2] << 16) |
+               (static_cast<uint32_t>(packed[3]) << 24);
+      word.y = packed[4] | (packed[5] << 8) | (packed[6] << 16) |
+               (static_cast<uint32_t>(packed[7]) << 24);
       *reinterpret_cast<uint2*>(out + m * (s.cols / 2) + kb * 8) = word;
     }
     const int first = lane & ~3;
-    const uint32_t s0 = __shfl_sync(0xffffffffu, sf, first), s1 = __shfl_sync(0xffffffffu, sf, first + 1);
-    const uint32_t s2 = __shfl_sync(0xffffffffu, sf, first + 2), s3 = __shfl_sync(0xffffffffu, sf, first + 3);
+    const uint32_t s0 = __shfl_sync(0xffffffffu, sf, first),
+                   s1 = __shfl_sync(0xffffffffu, sf, first + 1);
+    const uint32_t s2 = __shfl_sync(0xffffffffu, sf, first + 2),
+                   s3 = __shfl_sync(0xffffffffu, sf, first + 3);
     if ((lane & 3) == 0) {
-      *reinterpret_cast<uint32_t*>(scales + nvfp4_scale_offset(m, kb, k_tiles)) = s0 | (s1 << 8) | (s2 << 16) | (s3 << 24);
+      *reinterpret_cast<uint32_t*>(scales + nvfp4_scale_offset(m, kb, k_tiles)) =
+          s0 | (s1 << 8) | (s2 << 16) | (s3 << 24);
     }
   }
 }
@@ -251,7 +317,8 @@ __global__ void nvfp4_quantize_kernel(CatSource s, const float* global_scale_ptr
 __global__ void fp8_dequantize_kernel(Mat in, const float* scale_ptr, Mat out, bool vec) {
   const float scale = *scale_ptr;
   const int64_t per_row = vec ? in.cols / 8 : in.cols, items = in.rows * per_row;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < items; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < items;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / per_row;
     const uint8_t* src = static_cast<const uint8_t*>(in.data) + r * in.stride;
     __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(out.data) + r * out.stride;
@@ -278,19 +345,32 @@ __global__ void fp8_attention_scales_kernel(const float* descale_v, float* out) 
   out[2] = __fdiv_rn(1.0f, *descale_v);
 }
 
+__global__ void fill_random_e4m3_kernel(uint8_t* data, int64_t bytes, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < bytes;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const uint8_t code =
+        static_cast<uint8_t>(uniform_hash(seed, static_cast<uint64_t>(i)) * 256.0f);
+    data[i] = (code & 0x7F) == 0x7F ? static_cast<uint8_t>(code - 1) : code;  // NaN -> 448
+  }
+}
+
 // ---- launcher helpers ----
 
-bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+bool aligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
 
 absl::Status check_mat(const char* op, const char* name, const Mat& m) {
   if (m.rows < 0 || m.cols < 0 || m.stride < m.cols) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " [", m.rows, ", ", m.cols, "] stride ", m.stride,
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " [", m.rows, ", ", m.cols,
+                                                   "] stride ", m.stride,
                                                    " is not a valid matrix"));
   }
   if (m.rows > 0 && m.cols > 0 && m.data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is null"));
   }
-  if (!aligned(m.data, 2)) return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is not 2-byte aligned"));
+  if (!aligned(m.data, 2))
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is not 2-byte aligned"));
   return absl::OkStatus();
 }
 
@@ -301,13 +381,14 @@ absl::Status make_source(const char* op, const QuantizeInput& in, CatSource* s) 
   if (has_second) {
     if (auto st = check_mat(op, "second", in.second); !st.ok()) return st;
     if (in.second.rows != in.first.rows) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, ": the concatenated inputs have ", in.first.rows, " and ", in.second.rows, " rows"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": the concatenated inputs have ", in.first.rows, " and ", in.second.rows, " rows"));
     }
   }
   const int64_t cols = in.first.cols + (has_second ? in.second.cols : 0);
   if (cols <= 0 || cols % kNvfp4BlockSize != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": K = ", cols, " is not a positive multiple of 16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": K = ", cols, " is not a positive multiple of 16"));
   }
   s->a = static_cast<const uint16_t*>(in.first.data);
   s->a_stride = in.first.stride;
@@ -321,9 +402,12 @@ absl::Status make_source(const char* op, const QuantizeInput& in, CatSource* s) 
   return absl::OkStatus();
 }
 
-absl::Status check_output(const char* op, const char* name, const void* p, int64_t capacity, int64_t needed) {
-  if (needed > 0 && p == nullptr) return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is null"));
-  if (!aligned(p, 16)) return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is not 16-byte aligned"));
+absl::Status check_output(const char* op, const char* name, const void* p, int64_t capacity,
+                          int64_t needed) {
+  if (needed > 0 && p == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is null"));
+  if (!aligned(p, 16))
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is not 16-byte aligned"));
   if (capacity < needed) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": ", name, " holds ", capacity, " bytes, ", needed, " needed"));
@@ -332,24 +416,27 @@ absl::Status check_output(const char* op, const char* name, const void* p, int64
 }
 
 absl::Status check_scalar(const char* op, const char* name, const float* p, bool optional) {
-  if (p == nullptr && !optional) return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is null"));
-  if (!aligned(p, 4)) return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is not 4-byte aligned"));
+  if (p == nullptr && !optional)
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is null"));
+  if (!aligned(p, 4))
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " is not 4-byte aligned"));
   return absl::OkStatus();
 }
 
 absl::Status check_workspace(const char* op, const void* workspace, int64_t bytes) {
   if (workspace == nullptr || !aligned(workspace, 4) || bytes < kQuantizeWorkspaceBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": the workspace must be 4-byte aligned and hold ", kQuantizeWorkspaceBytes, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": the workspace must be 4-byte aligned and hold ", kQuantizeWorkspaceBytes, " bytes"));
   }
   return absl::OkStatus();
 }
 
 // Passes 1 and 2 of a dynamic quantizer.
-absl::Status launch_amax(const char* op, const CatSource& s, void* workspace, ScaleKind kind, float* amax,
-                         float* scale, cudaStream_t stream) {
+absl::Status launch_amax(const char* op, const CatSource& s, void* workspace, ScaleKind kind,
+                         float* amax, float* scale, cudaStream_t stream) {
   const int64_t segments = s.rows * (s.cols / 8);
-  const int blocks = static_cast<int>(std::clamp<int64_t>((segments + kThreads - 1) / kThreads, 1, kAmaxMaxBlocks));
+  const int blocks = static_cast<int>(
+      std::clamp<int64_t>((segments + kThreads - 1) / kThreads, 1, kAmaxMaxBlocks));
   uint32_t* partials = static_cast<uint32_t*>(workspace);
   amax_partials_kernel<<<blocks, kThreads, 0, stream>>>(s, partials);
   amax_finalize_kernel<<<1, kThreads, 0, stream>>>(partials, blocks, kind, amax, scale);
@@ -359,7 +446,8 @@ absl::Status launch_amax(const char* op, const CatSource& s, void* workspace, Sc
 
 absl::Status validate_fp8(const char* op, const Fp8QuantizeArgs& args, CatSource* s) {
   if (auto st = make_source(op, args.in, s); !st.ok()) return st;
-  if (auto st = check_output(op, "out", args.out, args.out_bytes, s->rows * s->cols); !st.ok()) return st;
+  if (auto st = check_output(op, "out", args.out, args.out_bytes, s->rows * s->cols); !st.ok())
+    return st;
   return check_scalar(op, "scale", args.scale, false);
 }
 
@@ -378,16 +466,18 @@ absl::Status launch_fp8_quantize(const char* op, const Fp8QuantizeArgs& args, co
 
 absl::Status validate_nvfp4(const char* op, const Nvfp4QuantizeArgs& args, CatSource* s) {
   if (auto st = make_source(op, args.in, s); !st.ok()) return st;
-  if (auto st = check_output(op, "out", args.out, args.out_bytes, s->rows * s->cols / 2); !st.ok()) return st;
-  if (auto st = check_output(op, "scales", args.scales, args.scales_bytes, nvfp4_scale_bytes(s->rows, s->cols));
+  if (auto st = check_output(op, "out", args.out, args.out_bytes, s->rows * s->cols / 2); !st.ok())
+    return st;
+  if (auto st = check_output(op, "scales", args.scales, args.scales_bytes,
+                             nvfp4_scale_bytes(s->rows, s->cols));
       !st.ok()) {
     return st;
   }
   return check_scalar(op, "global_scale", args.global_scale, false);
 }
 
-absl::Status launch_nvfp4_quantize(const char* op, const Nvfp4QuantizeArgs& args, const CatSource& s,
-                                   cudaStream_t stream) {
+absl::Status launch_nvfp4_quantize(const char* op, const Nvfp4QuantizeArgs& args,
+                                   const CatSource& s, cudaStream_t stream) {
   const int grid = grid_for(nvfp4_scale_bytes(s.rows, s.cols), kThreads);
   uint8_t* out = static_cast<uint8_t*>(args.out);
   uint8_t* scales = static_cast<uint8_t*>(args.scales);
@@ -418,7 +508,8 @@ __global__ void mismatch_init_kernel(unsigned long long* counts, unsigned long l
 // of the x2 instructions are compared.
 __global__ void mismatch_kernel(uint64_t first, uint64_t count, unsigned long long* counts) {
   unsigned long long bad4 = 0, bad2 = 0, min4 = 1ull << 32, min2 = 1ull << 32;
-  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count; i += uint64_t{gridDim.x} * blockDim.x) {
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < count;
+       i += uint64_t{gridDim.x} * blockDim.x) {
     const uint32_t bits = static_cast<uint32_t>(first + i);
     const float x = __uint_as_float(bits), y = __uint_as_float(bits ^ 0x80000000u);
 #if FLUX_HAS_E4M3_CVT
@@ -453,10 +544,49 @@ absl::Status fp8_quantize_dynamic(const Fp8QuantizeArgs& args, cudaStream_t stre
   if (auto st = validate_fp8(kOp, args, &s); !st.ok()) return st;
   if (auto st = check_scalar(kOp, "amax", args.amax, true); !st.ok()) return st;
   if (auto st = check_workspace(kOp, args.workspace, args.workspace_bytes); !st.ok()) return st;
-  if (auto st = launch_amax(kOp, s, args.workspace, ScaleKind::kFp8Dequant, args.amax, args.scale, stream); !st.ok()) {
+  // One cooperative kernel: as many blocks as are resident at once (the grid barrier needs every
+  // block running), at most the workspace's partial slots; the last word is the barrier.
+  const bool hw = args.conversion != QuantizeConversion::kSoftware;
+  const void* kernel = hw ? reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<true>)
+                          : reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<false>);
+  static int resident[2] = {0, 0};  // per conversion flavour: blocks resident on the whole device
+  int& capacity = resident[hw ? 1 : 0];
+  if (capacity == 0) {
+    int device = 0, sms = 0, per_sm = 0;
+    if (auto st = cuda_status(cudaGetDevice(&device), kOp); !st.ok()) {
+      return st;
+    }
+    if (auto st =
+            cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), kOp);
+        !st.ok()) {
+      return st;
+    }
+    if (auto st = cuda_status(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0), kOp);
+        !st.ok()) {
+      return st;
+    }
+    capacity = std::max(1, sms * per_sm);
+  }
+  const int64_t items = s.rows * (s.cols / 16);
+  const int grid = static_cast<int>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1,
+                                                        std::min(capacity, kAmaxMaxBlocks - 1)));
+  uint32_t* partials = static_cast<uint32_t*>(args.workspace);
+  unsigned int* barrier = reinterpret_cast<unsigned int*>(partials + kAmaxMaxBlocks - 1);
+  if (auto st = cuda_status(cudaMemsetAsync(barrier, 0, sizeof(unsigned int), stream), kOp);
+      !st.ok()) {
     return st;
   }
-  return launch_fp8_quantize(kOp, args, s, stream);
+  uint8_t* out = static_cast<uint8_t*>(args.out);
+  float* amax = args.amax;
+  float* scale = args.scale;
+  void* params[] = {&s, &partials, &barrier, &amax, &scale, &out};
+  if (auto st = cuda_status(
+          cudaLaunchCooperativeKernel(kernel, dim3(grid), dim3(kThreads), params, 0, stream), kOp);
+      !st.ok()) {
+    return st;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status fp8_quantize_static(const Fp8QuantizeArgs& args, cudaStream_t stream) {
@@ -482,16 +612,19 @@ absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream)
   return absl::OkStatus();
 }
 
-absl::Status fp8_dequantize(const Mat& in, const float* scale, const Mat& out, cudaStream_t stream) {
+absl::Status fp8_dequantize(const Mat& in, const float* scale, const Mat& out,
+                            cudaStream_t stream) {
   constexpr const char* kOp = "fp8_dequantize";
   if (in.rows != out.rows || in.cols != out.cols || in.stride < in.cols || out.stride < out.cols) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": in [", in.rows, ", ", in.cols, "] and out [", out.rows,
-                                                   ", ", out.cols, "] differ or are not valid matrices"));
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": in [", in.rows, ", ", in.cols,
+                                                   "] and out [", out.rows, ", ", out.cols,
+                                                   "] differ or are not valid matrices"));
   }
   if (auto st = check_mat(kOp, "out", out); !st.ok()) return st;
   if (auto st = check_scalar(kOp, "scale", scale, false); !st.ok()) return st;
   if (in.rows == 0 || in.cols == 0) return absl::OkStatus();
-  const bool vec = in.cols % 8 == 0 && aligned(in.data, 8) && in.stride % 8 == 0 && rows_aligned16(out, 2);
+  const bool vec =
+      in.cols % 8 == 0 && aligned(in.data, 8) && in.stride % 8 == 0 && rows_aligned16(out, 2);
   const int64_t items = in.rows * (vec ? in.cols / 8 : in.cols);
   fp8_dequantize_kernel<<<grid_for(items, kThreads), kThreads, 0, stream>>>(in, scale, out, vec);
   FLUX_RETURN_IF_LAUNCH_FAILED(kOp);
@@ -504,13 +637,22 @@ absl::Status fp8_attention_scales(const float* descale_v, float* out, cudaStream
   return absl::OkStatus();
 }
 
+absl::Status fill_random_e4m3(void* data, int64_t bytes, uint64_t seed, cudaStream_t stream) {
+  if (bytes <= 0) return absl::OkStatus();
+  fill_random_e4m3_kernel<<<grid_for(bytes, kThreads), kThreads, 0, stream>>>(
+      static_cast<uint8_t*>(data), bytes, seed);
+  FLUX_RETURN_IF_LAUNCH_FAILED("fill_random_e4m3");
+  return absl::OkStatus();
+}
+
 absl::Status nvfp4_quantize_dynamic(const Nvfp4QuantizeArgs& args, cudaStream_t stream) {
   constexpr const char* kOp = "nvfp4_quantize_dynamic";
   CatSource s;
   if (auto st = validate_nvfp4(kOp, args, &s); !st.ok()) return st;
   if (auto st = check_scalar(kOp, "amax", args.amax, true); !st.ok()) return st;
   if (auto st = check_workspace(kOp, args.workspace, args.workspace_bytes); !st.ok()) return st;
-  if (auto st = launch_amax(kOp, s, args.workspace, ScaleKind::kNvfp4Global, args.amax, args.global_scale, stream);
+  if (auto st = launch_amax(kOp, s, args.workspace, ScaleKind::kNvfp4Global, args.amax,
+                            args.global_scale, stream);
       !st.ok()) {
     return st;
   }
@@ -526,7 +668,8 @@ absl::Status nvfp4_quantize_static(const Nvfp4QuantizeArgs& args, cudaStream_t s
 
 absl::StatusOr<QuantizeHardware> quantize_hardware_conversions() {
   int* flags = nullptr;
-  if (auto st = cuda_status(cudaMalloc(&flags, 2 * sizeof(int)), "quantize_hardware_conversions: cudaMalloc");
+  if (auto st = cuda_status(cudaMalloc(&flags, 2 * sizeof(int)),
+                            "quantize_hardware_conversions: cudaMalloc");
       !st.ok()) {
     return st;
   }
@@ -542,13 +685,15 @@ absl::StatusOr<QuantizeHardware> quantize_hardware_conversions() {
   return hw;
 }
 
-absl::Status quantize_conversion_mismatches(uint64_t first, uint64_t count, unsigned long long* counts,
-                                            cudaStream_t stream) {
+absl::Status quantize_conversion_mismatches(uint64_t first, uint64_t count,
+                                            unsigned long long* counts, cudaStream_t stream) {
   if (counts == nullptr || !aligned(counts, 8)) {
-    return absl::InvalidArgumentError("quantize_conversion_mismatches: counts must be 8-byte aligned device memory");
+    return absl::InvalidArgumentError(
+        "quantize_conversion_mismatches: counts must be 8-byte aligned device memory");
   }
   if (count == 0 || first + count > (uint64_t{1} << 32)) {
-    return absl::InvalidArgumentError("quantize_conversion_mismatches: [first, first + count) must lie in [0, 2^32)");
+    return absl::InvalidArgumentError(
+        "quantize_conversion_mismatches: [first, first + count) must lie in [0, 2^32)");
   }
   mismatch_init_kernel<<<1, 1, 0, stream>>>(counts, count);
   mismatch_kernel<<<132 * 16, kThreads, 0, stream>>>(first, count, counts);

@@ -71,6 +71,10 @@ absl::Status fp8_dequantize(const Mat& in, const float* scale, const Mat& out, c
 // max |V| because softmax rows are convex weights, so O stored with V's scale never saturates).
 absl::Status fp8_attention_scales(const float* descale_v, float* out, cudaStream_t stream);
 
+// Fills `bytes` bytes with pseudo-random finite E4M3 codes (hash of seed and index; never the NaN
+// codes 0x7F / 0xFF): inputs for self-checks of FP8 kernels.
+absl::Status fill_random_e4m3(void* data, int64_t bytes, uint64_t seed, cudaStream_t stream);
+
 // ---- NVFP4 (E2M1 values, UE4M3 scales per 16 elements, per-tensor fp32 global scale) ----
 
 struct Nvfp4QuantizeArgs {

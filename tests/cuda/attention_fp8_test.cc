@@ -47,6 +47,9 @@ struct Case {
   const char* name;
   int64_t tokens, heads;
   bool fused_qkv;  // q, k, v adjacent column ranges of one [S, 3·H·d] buffer (the model's layout)
+  // The FP8 path must serve this shape; otherwise cuDNN may lack a deterministic engine for it and
+  // the counted bf16 fallback (bit-identical to lossless attention) is the expected result.
+  bool required;
 };
 
 class Fp8AttentionTest : public ::testing::TestWithParam<Case> {};
@@ -58,7 +61,8 @@ TEST_P(Fp8AttentionTest, CloseToBf16AttentionDeterministicAndCounted) {
   // Logits with a standard deviation of about 1.3 (q, k uniform in [-2, 2]); V zero-mean, the case
   // where the convex sum cancels most and rounding errors show most.
   Tensor fused = random_bf16(*be, c.tokens, 3 * width, 11, 2.0f);
-  Tensor q = fused.col_slice(0, width), k = fused.col_slice(width, width), v = fused.col_slice(2 * width, width);
+  Tensor q = fused.col_slice(0, width), k = fused.col_slice(width, width),
+         v = fused.col_slice(2 * width, width);
   Tensor v_unit = random_bf16(*be, c.tokens, width, 12, 1.0f);
   ASSERT_TRUE(be->copy(v_unit, v).ok());
   if (!c.fused_qkv) {
@@ -71,34 +75,47 @@ TEST_P(Fp8AttentionTest, CloseToBf16AttentionDeterministicAndCounted) {
   ASSERT_TRUE(be->attention(q, k, v, params, reference).ok());
 
   const int64_t before = invocations("fp8_attention");
+  const int64_t no_engine = fallbacks("fp8_attention", "no_deterministic_engine");
   be->set_quality(Quality::kHigh);
   Tensor high = be->empty(DType::kBF16, {c.tokens, width}).value();
   Tensor again = be->empty(DType::kBF16, {c.tokens, width}).value();
   ASSERT_TRUE(be->attention(q, k, v, params, high).ok());
   ASSERT_TRUE(be->attention(q, k, v, params, again).ok());
   be->set_quality(Quality::kLossless);
-  EXPECT_EQ(invocations("fp8_attention"), before + 2) << "the FP8 path did not run (see its fallback counters)";
+  if (!c.required && fallbacks("fp8_attention", "no_deterministic_engine") == no_engine + 2) {
+    std::printf("%s: no deterministic FP8 engine; bf16 attention served it\n", c.name);
+    EXPECT_EQ(bits(*be, high), bits(*be, reference));
+    return;
+  }
+  EXPECT_EQ(invocations("fp8_attention"), before + 2)
+      << "the FP8 path did not run (see its fallback counters)";
 
   const double error = relative_l2_error(values(*be, high), values(*be, reference));
-  std::printf("%s: FP8 attention vs bf16, relative L2 error %.4e (bound %.3f)\n", c.name, error, kFp8AttentionBound);
+  std::printf("%s: FP8 attention vs bf16, relative L2 error %.4e (bound %.3f)\n", c.name, error,
+              kFp8AttentionBound);
   EXPECT_GT(error, 0.0);
   EXPECT_LE(error, kFp8AttentionBound);
   const std::vector<uint16_t> first = bits(*be, high), second = bits(*be, again);
   int64_t differing = 0;
   for (size_t i = 0; i < first.size(); ++i) differing += first[i] != second[i];
-  EXPECT_EQ(differing, 0) << "FP8 attention is not deterministic: " << differing << " of " << first.size()
-                          << " outputs differ between two identical calls";
+  EXPECT_EQ(differing, 0) << "FP8 attention is not deterministic: " << differing << " of "
+                          << first.size() << " outputs differ between two identical calls";
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, Fp8AttentionTest,
-                         ::testing::Values(Case{"klein-4B 1024^2 (S=4608, 24 heads)", 4608, 24, true},
-                                           Case{"dev-like (S=1280, 48 heads)", 1280, 48, true},
-                                           Case{"separate q/k/v, S=300", 300, 4, false}),
-                         [](const ::testing::TestParamInfo<Case>& info) { return "case" + std::to_string(info.index); });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8AttentionTest,
+    ::testing::Values(Case{"klein-4B 1024^2 (S=4608, 24 heads)", 4608, 24, true, true},
+                      Case{"dev 1024^2 (S=4608, 48 heads)", 4608, 48, true, true},
+                      Case{"klein-9B 512^2 (S=1536, 32 heads)", 1536, 32, true, false},
+                      Case{"S=1280, 48 heads", 1280, 48, true, false},
+                      Case{"S=1280, 24 heads", 1280, 24, true, false},
+                      Case{"separate q/k/v, S=300", 300, 4, false, false}),
+    [](const ::testing::TestParamInfo<Case>& info) { return "case" + std::to_string(info.index); });
 
 TEST(Fp8AttentionRulesTest, LosslessAndCausalNeverTakeIt) {
   FLUX2_REQUIRE_GPU(be);
-  Tensor q = random_bf16(*be, 64, 256, 21), k = random_bf16(*be, 64, 256, 22), v = random_bf16(*be, 64, 256, 23);
+  Tensor q = random_bf16(*be, 64, 256, 21), k = random_bf16(*be, 64, 256, 22),
+         v = random_bf16(*be, 64, 256, 23);
   Tensor out = be->empty(DType::kBF16, {64, 256}).value();
   const AttentionParams params{2, 2, 128, 0.088f};
   const int64_t before = invocations("fp8_attention");
@@ -108,7 +125,8 @@ TEST(Fp8AttentionRulesTest, LosslessAndCausalNeverTakeIt) {
   causal.causal = true;
   const int64_t unsupported = fallbacks("fp8_attention", "unsupported_shape");
   ASSERT_TRUE(be->attention(q, k, v, causal, out).ok());
-  EXPECT_EQ(fallbacks("fp8_attention", "unsupported_shape"), unsupported) << "causal attention is not FP8's to serve";
+  EXPECT_EQ(fallbacks("fp8_attention", "unsupported_shape"), unsupported)
+      << "causal attention is not FP8's to serve";
   // A head_dim FP8 cannot serve (not a multiple of 16) falls back to bf16 and is counted.
   const AttentionParams narrow{32, 32, 8, 0.35f};
   ASSERT_TRUE(be->attention(q, k, v, narrow, out).ok());
@@ -120,13 +138,15 @@ TEST(Fp8AttentionRulesTest, LosslessAndCausalNeverTakeIt) {
 TEST(Fp8DequantizeTest, EveryCodeExactlyScaledStridedRows) {
   FLUX2_REQUIRE_GPU(be);
   auto* cuda_be = static_cast<CudaBackend*>(be);
-  // All 256 codes in each of 3 rows (row stride 264 bytes: not a multiple of 8, so the scalar path),
-  // then a vectorized copy; scale 0.75 keeps every product exact in f32 and bf16 rounding decides.
+  // All 256 codes in each of 3 rows (row stride 264 bytes: not a multiple of 8, so the scalar
+  // path), then a vectorized copy; scale 0.75 keeps every product exact in f32 and bf16 rounding
+  // decides.
   const int64_t rows = 3, cols = 256;
   for (const int64_t stride : {int64_t{264}, int64_t{256}}) {
     std::vector<uint8_t> codes(static_cast<size_t>(rows * stride), 0);
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) codes[r * stride + c] = static_cast<uint8_t>((c + 37 * r) & 0xFF);
+      for (int64_t c = 0; c < cols; ++c)
+        codes[r * stride + c] = static_cast<uint8_t>((c + 37 * r) & 0xFF);
     }
     Tensor in = be->empty(DType::kU8, {rows * stride}).value();
     ASSERT_TRUE(be->upload(codes.data(), DType::kU8, in).ok());
@@ -134,8 +154,8 @@ TEST(Fp8DequantizeTest, EveryCodeExactlyScaledStridedRows) {
     const float scale_value = 0.75f;
     ASSERT_TRUE(be->upload(&scale_value, DType::kF32, scale).ok());
     Tensor out = be->empty(DType::kBF16, {rows, cols}).value();
-    ASSERT_TRUE(cuda::fp8_dequantize(cuda::Mat{in.data(), rows, cols, stride}, scale.data_as<float>(), mat(out),
-                                     cuda_be->stream())
+    ASSERT_TRUE(cuda::fp8_dequantize(cuda::Mat{in.data(), rows, cols, stride},
+                                     scale.data_as<float>(), mat(out), cuda_be->stream())
                     .ok());
     const std::vector<float> got = values(*be, out);
     for (int64_t r = 0; r < rows; ++r) {
@@ -143,7 +163,8 @@ TEST(Fp8DequantizeTest, EveryCodeExactlyScaledStridedRows) {
         const float want = round_to_bf16(e4m3_to_f32(codes[r * stride + c]) * scale_value);
         const float have = got[r * cols + c];
         ASSERT_TRUE((std::isnan(want) && std::isnan(have)) || want == have)
-            << "stride " << stride << " code " << int{codes[r * stride + c]} << ": " << have << " vs " << want;
+            << "stride " << stride << " code " << int{codes[r * stride + c]} << ": " << have
+            << " vs " << want;
       }
     }
   }
