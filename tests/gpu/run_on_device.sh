@@ -5,7 +5,9 @@
 #   tests/gpu/run_on_device.sh [tests] [golden] [bench] [bench-dev] [high] [fp8] [attention] [profile]
 #                              [gemm-shapes] [e2e] [e2e-4b] [server]   (default: tests golden bench bench-dev)
 set -uo pipefail
-if [[ -f .device-bin/lib.tar.xz && ! -d .device-bin/lib ]]; then tar -C .device-bin -xJf .device-bin/lib.tar.xz; fi
+for part in lib bin; do
+  if [[ -f .device-bin/$part.tar.xz && ! -d .device-bin/$part ]]; then tar -C .device-bin -xJf .device-bin/$part.tar.xz; fi
+done
 tokenizer_json=tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json
 [[ -f $tokenizer_json ]] || xz -dc .device-bin/tokenizer.json.xz >"$tokenizer_json"
 export LD_LIBRARY_PATH="$PWD/.device-bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
