@@ -243,13 +243,12 @@ absl::StatusOr<CudnnSdpaFp8::Plan*> CudnnSdpaFp8::plan(const Key& key) {
   }
   plan->keep_alive = std::move(g.descriptors);
   FLUX_ASSIGN_OR_RETURN(plan->deterministic, runs_deterministically(*plan, key));
-  std::fprintf(
-      stderr,
-      "flux2: FP8 attention plan for %lld x %lld tokens, %lld heads: cuDNN engine %lld, %s\n",
-      static_cast<long long>(s_q), static_cast<long long>(s_kv), static_cast<long long>(h),
-      static_cast<long long>(plan->exec.engine_index),
-      plan->deterministic ? "deterministic"
-                          : "NOT deterministic (bf16 attention serves this shape)");
+  std::fprintf(stderr,
+               "flux2: FP8 attention plan for %lld x %lld tokens, %lld heads: cuDNN engine %lld, workspace "
+               "%lld bytes, %s\n",
+               static_cast<long long>(s_q), static_cast<long long>(s_kv), static_cast<long long>(h),
+               static_cast<long long>(plan->exec.engine_index), static_cast<long long>(plan->exec.workspace_bytes),
+               plan->deterministic ? "deterministic" : "NOT deterministic (bf16 attention serves this shape)");
   Plan* raw = plan.get();
   plans_.emplace(key, std::move(plan));
   return raw;
@@ -323,6 +322,9 @@ CudnnSdpaFp8::Key CudnnSdpaFp8::key_of(const Fp8AttentionArgs& a, const Attentio
 }
 
 absl::Status CudnnSdpaFp8::execute(Plan& p, const Fp8AttentionArgs& a, float attn_scale) {
+  if (p.workspace != nullptr && zero_workspace_) {
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(p.workspace, 0, p.exec.workspace_bytes, stream_), "workspace"));
+  }
   auto in = [](const float* x) { return const_cast<float*>(x); };
   return dnn::execute(
       static_cast<cudnnHandle_t>(handle_), p.exec.plan,

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -62,6 +63,7 @@ class CudnnSdpaFp8 {
   absl::StatusOr<bool> runs_deterministically(Plan& plan, const Key& key);
 
   cudaStream_t stream_ = nullptr;
+  bool zero_workspace_ = std::getenv("FLUX2_FP8_SDPA_ZERO_WORKSPACE") != nullptr;  // experiment
 
   void* handle_ = nullptr;  // cudnnHandle_t
   std::map<Key, std::unique_ptr<Plan>> plans_;
