@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
   FLUX_ASSIGN_OR_RETURN(backend->sdpa_fp8_, cuda::CudnnSdpaFp8::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->conv_, cuda::CudnnConv::create(backend->stream()));
   backend->fp8_rowwise_ = std::getenv("FLUX2_FP8_PER_TENSOR") == nullptr && backend->gemm_->supports_rowwise_fp8();
+  backend->fp8_attention_ = std::getenv("FLUX2_FP8_ATTENTION") != nullptr;
   backend->nvfp4_ = info.major >= 10 && backend->gemm_->supports_nvfp4();
   std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB); quality=high: %s\n", info.name.c_str(),
                info.major, info.minor, info.total_bytes / 1e9,

@@ -49,6 +49,9 @@ class CudaBackend final : public Backend {
   void set_op_profiling(bool enabled) override { profiling_ = enabled; }
   absl::StatusOr<int64_t> add_fp8_weight(const Tensor& w) override;
   void set_quality(Quality quality) override { quality_ = quality; }
+  // Opts quality=high attention into FP8 (cuDNN's FP8 engine; see fp8_attention_).
+  void set_fp8_attention(bool enabled) { fp8_attention_ = enabled; }
+  bool fp8_attention() const { return fp8_attention_; }
   std::map<std::string, double> take_op_profile() override;
 
   absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override;
@@ -109,7 +112,10 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CudaStream> stream_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::CudnnSdpa> sdpa_;
-  std::unique_ptr<cuda::CudnnSdpaFp8> sdpa_fp8_;  // quality=high attention
+  std::unique_ptr<cuda::CudnnSdpaFp8> sdpa_fp8_;  // quality=high attention, when fp8_attention_
+  // FP8 attention at quality=high: off unless FLUX2_FP8_ATTENTION=1 (or set_fp8_attention), because
+  // cuDNN 9.14's FP8 engine is not deterministic for most FLUX shapes (cudnn_sdpa_fp8.h).
+  bool fp8_attention_ = false;
   std::unique_ptr<cuda::CudnnConv> conv_;
   void* staging_[2] = {nullptr, nullptr};  // pinned host buffers for transfers
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};

@@ -420,7 +420,7 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     };
     // FP8 attention serves the transformer's (non-causal) attention; the text encoder's causal
     // attention stays bf16 without counting a fallback.
-    if (quality_ != Quality::kHigh || params.causal) return bf16_attention();
+    if (quality_ != Quality::kHigh || params.causal || !fp8_attention_) return bf16_attention();
     const bool adjacent = fp8_qkv_adjacent(q, k, v);
     absl::string_view unsupported = "";
     if (!cuda::CudnnSdpaFp8::supports(params, q.rows(), k.rows())) {

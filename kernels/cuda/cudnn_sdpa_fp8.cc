@@ -322,9 +322,6 @@ CudnnSdpaFp8::Key CudnnSdpaFp8::key_of(const Fp8AttentionArgs& a, const Attentio
 }
 
 absl::Status CudnnSdpaFp8::execute(Plan& p, const Fp8AttentionArgs& a, float attn_scale) {
-  if (p.workspace != nullptr && zero_workspace_) {
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(p.workspace, 0, p.exec.workspace_bytes, stream_), "workspace"));
-  }
   auto in = [](const float* x) { return const_cast<float*>(x); };
   return dnn::execute(
       static_cast<cudnnHandle_t>(handle_), p.exec.plan,

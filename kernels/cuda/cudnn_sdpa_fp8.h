@@ -1,12 +1,13 @@
 // FP8 (E4M3) fused attention through cuDNN's backend API for quality=high (issue 8): the
 // composite graph cuDNN's FP8 flash-attention engine recognises (Q·Kᵀ, descales, softmax, P
 // scaled to E4M3, P·V, descales, O scaled to E4M3, amax outputs), one plan per shape.
+// Opt-in (FLUX2_FP8_ATTENTION=1): with cuDNN 9.14 on the H200 the only engine offered (engine 2)
+// gives different bits on repeated identical calls for most FLUX shapes (PERF_NOTES.md, run 12).
 // Tested against bf16 cuDNN attention by tests/cuda/attention_fp8_test.cc.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -63,7 +64,6 @@ class CudnnSdpaFp8 {
   absl::StatusOr<bool> runs_deterministically(Plan& plan, const Key& key);
 
   cudaStream_t stream_ = nullptr;
-  bool zero_workspace_ = std::getenv("FLUX2_FP8_SDPA_ZERO_WORKSPACE") != nullptr;  // experiment
 
   void* handle_ = nullptr;  // cudnnHandle_t
   std::map<Key, std::unique_ptr<Plan>> plans_;
