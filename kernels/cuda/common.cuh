@@ -66,6 +66,27 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 }
 
 // True when p is 16-byte aligned.
+// Max of magnitude bit patterns across the block (all threads get it); `scratch` holds 32 words.
+// Integer max: exact and the same in any order. Contains __syncthreads.
+__device__ __forceinline__ uint32_t block_max_bits(uint32_t v, uint32_t* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    uint32_t t = lane < warps ? scratch[lane] : 0u;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+      t = max(t, __shfl_xor_sync(0xffffffffu, t, offset));
+    if (lane == 0) scratch[0] = t;
+  }
+  __syncthreads();
+  return scratch[0];
+}
+
 __host__ __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }

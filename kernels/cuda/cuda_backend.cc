@@ -117,6 +117,7 @@ absl::StatusOr<Tensor> CudaBackend::empty(DType dtype, Shape shape) {
 }
 
 absl::Status CudaBackend::upload(const void* host, DType host_dtype, const Tensor& dst) {
+  OpProfileScope op(*this, "");  // untimed: ends any hand-off
   if (dst.device() != Device::kCuda) return op_error("upload", "destination is not on the GPU");
   const int64_t cols = dst.cols(), rows = dst.rows();
   const int64_t dst_elem = dtype_size(dst.dtype()), host_elem = dtype_size(host_dtype);
@@ -164,6 +165,7 @@ absl::Status CudaBackend::copy(const Tensor& src, const Tensor& dst) {
 }
 
 absl::Status CudaBackend::fill_uniform(const Tensor& t, uint64_t seed, float scale) {
+  OpProfileScope op(*this, "");  // untimed: ends any hand-off
   if (t.device() != Device::kCuda || t.dtype() != DType::kBF16 || !t.contiguous()) {
     return op_error("fill_uniform", absl::StrCat("expected a contiguous bf16 GPU tensor, got ", t.describe()));
   }
@@ -212,20 +214,51 @@ void CudaBackend::reset_peak_memory() {
 
 OpProfileScope::OpProfileScope(CudaBackend& backend, std::string category)
     : backend_(backend), category_(std::move(category)) {
-  if (backend_.profiling_ && backend_.profile_depth_++ == 0) {
-    cudaEventCreate(&start_);
-    cudaEventRecord(start_, backend_.stream());
+  if (backend_.op_depth_++ == 0) {
+    backend_.incoming_ = std::move(backend_.handoff_);
+    backend_.handoff_.reset();
+  }
+  if (backend_.profiling_ && !category_.empty()) {
+    counted_ = true;
+    if (backend_.profile_depth_++ == 0) {
+      cudaEventCreate(&start_);
+      cudaEventRecord(start_, backend_.stream());
+    }
   }
 }
 
 OpProfileScope::~OpProfileScope() {
-  if (!backend_.profiling_) return;
+  --backend_.op_depth_;
+  if (!counted_) return;
   if (--backend_.profile_depth_ == 0 && start_ != nullptr) {
     cudaEvent_t stop;
     cudaEventCreate(&stop);
     cudaEventRecord(stop, backend_.stream());
     backend_.profiled_.push_back({std::move(category_), start_, stop});
   }
+}
+
+absl::StatusOr<Tensor> CudaBackend::zeroed_row_amax(int64_t rows) {
+  FLUX_ASSIGN_OR_RETURN(Tensor t, scratch({rows}, DType::kI32));  // u32 bits in an i32 buffer
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(t.data(), 0, t.bytes(), stream()), "row amax"));
+  return t;
+}
+
+void CudaBackend::hand_off(const Tensor& out, Tensor row_amax) {
+  handoff_ = AmaxHandoff{static_cast<const char*>(out.data()), out.rows(), out.cols(), out.row_stride(),
+                         std::move(row_amax)};
+}
+
+const uint32_t* CudaBackend::incoming_row_amax(const Tensor& x) const {
+  if (!incoming_ || !handoff_wanted()) return nullptr;
+  const AmaxHandoff& h = *incoming_;
+  const auto* data = static_cast<const char*>(x.data());
+  if (x.cols() != h.cols || x.row_stride() != h.stride || data < h.data) return nullptr;
+  const int64_t offset = data - h.data, row_bytes = h.stride * 2;
+  if (offset % row_bytes != 0) return nullptr;
+  const int64_t first_row = offset / row_bytes;
+  if (first_row + x.rows() > h.rows) return nullptr;
+  return static_cast<const uint32_t*>(h.row_amax.data()) + first_row;
 }
 
 std::map<std::string, double> CudaBackend::take_op_profile() {

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,27 @@ class CudaBackend final : public Backend {
   std::string profile_category(absl::string_view category, const Tensor& x, const Tensor& w) const;
   // y = x · wᵀ through the FP8 (or, on Blackwell, NVFP4) GEMM.
   absl::Status linear_low_precision(const Tensor& x, const Fp8Weight& w, const Tensor& y);
+  // quality=high hand-off: the op that wrote a bf16 activation also left each row's max |x|; an FP8
+  // GEMM that reads exactly that region (or a row range of it) next takes the scale from those
+  // maxima and skips the quantizer's amax pass (bit-identical). It lives from the end of the
+  // producer to the start of the next op, and through linears that consumed it (the double
+  // block's image and text GEMMs read two row ranges of one output).
+  struct AmaxHandoff {
+    const char* data = nullptr;  // the region's first element
+    int64_t rows = 0, cols = 0, stride = 0;
+    Tensor row_amax;             // u32 [rows]: f32 magnitude bits of max |x| per row
+  };
+  std::optional<AmaxHandoff> handoff_;   // left by the op that finished last
+  std::optional<AmaxHandoff> incoming_;  // what the running (outermost) op found
+  int op_depth_ = 0;                     // ops called by ops see their caller's hand-off
+  // Whether quality=high ops produce and consume hand-offs (per-tensor FP8 GEMMs only).
+  bool handoff_wanted() const { return quality_ == Quality::kHigh && !nvfp4_ && !fp8_rowwise_; }
+  // A zero-filled u32 [rows] for row maxima.
+  absl::StatusOr<Tensor> zeroed_row_amax(int64_t rows);
+  // Leaves `out` with its row maxima for the next op.
+  void hand_off(const Tensor& out, Tensor row_amax);
+  // The incoming hand-off's row maxima for x (a row range of its region), or null.
+  const uint32_t* incoming_row_amax(const Tensor& x) const;
   bool profiling_ = false;
   int profile_depth_ = 0;  // ops called by ops are timed once, by the outermost
   struct ProfiledOp {
@@ -152,7 +174,9 @@ class CudaBackend final : public Backend {
   std::vector<ProfiledOp> profiled_;
 };
 
-// Times the op it lives in when profiling is on (events on the backend's stream).
+// Opened first by every op: the outermost one takes over the hand-off the previous op left
+// (CudaBackend::incoming_). Times the op when profiling is on and `category` is not empty
+// (events on the backend's stream); nested timed scopes are counted once, by the outermost.
 class OpProfileScope {
  public:
   OpProfileScope(CudaBackend& backend, std::string category);
@@ -161,6 +185,7 @@ class OpProfileScope {
  private:
   CudaBackend& backend_;
   std::string category_;
+  bool counted_ = false;  // incremented the profile depth
   cudaEvent_t start_ = nullptr;
 };
 

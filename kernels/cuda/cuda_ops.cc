@@ -61,6 +61,11 @@ FastPath& fp8_linear_path() {
   static FastPath path("fp8_linear");
   return path;
 }
+// quality=high: an FP8 GEMM whose input's producer left its row maxima (no amax pass).
+FastPath& fp8_handoff_path() {
+  static FastPath path("fp8_amax_handoff");
+  return path;
+}
 
 std::mutex injected_mutex;
 std::set<std::string>& injected_failures() {
@@ -138,6 +143,7 @@ absl::Status CudaBackend::write_output(const Tensor& out, Into into) {
 
 absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias,
                                  const Tensor& y) {
+  OpProfileScope op(*this, "");  // timed below, by part
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "w", w));
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "y", y));
@@ -216,7 +222,22 @@ absl::Status CudaBackend::linear_low_precision(const Tensor& x, const Fp8Weight&
   Fp8Weight xq;
   {
     OpProfileScope profile(*this, profile_category("quantize", x, w.source));
-    FLUX_ASSIGN_OR_RETURN(xq, quantize_low_precision(x));
+    if (const uint32_t* row_amax = incoming_row_amax(x); row_amax != nullptr) {
+      // The producer left x's row maxima: scale from them, then one quantize pass.
+      FLUX_ASSIGN_OR_RETURN(xq.values, scratch({m, k}, DType::kF8E4M3));
+      FLUX_ASSIGN_OR_RETURN(xq.scale, scratch({1}, DType::kF32));
+      FLUX_RETURN_IF_ERROR(cuda::fp8_scale_from_row_amax(row_amax, m, xq.scale.data_as<float>(), stream()));
+      cuda::Fp8QuantizeArgs args;
+      args.in.first = mat(x);
+      args.out = xq.values.data();
+      args.out_bytes = xq.values.bytes();
+      args.scale = xq.scale.data_as<float>();
+      FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_static(args, stream()));
+      fp8_handoff_path().count_invocation();
+      handoff_ = incoming_;  // another row range of the same region may follow
+    } else {
+      FLUX_ASSIGN_OR_RETURN(xq, quantize_low_precision(x));
+    }
   }
   OpProfileScope profile(*this, profile_category("gemm", x, w.source));
   const cuda::Mat x_mat{xq.values.data(), m, k, k}, w_mat{w.values.data(), w.values.rows(), k, k};
@@ -305,7 +326,34 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
   // The concatenation fast path: write straight into a column range of a wider buffer.
   auto into = [&](const cuda::Mat& target) {
     return run_fast_path(
-        swiglu_path(), "", [&] { return cuda::swiglu_fused(mat(gate), mat(up), target, stream()); },
+        swiglu_path(), "",
+        [&]() -> absl::Status {
+          if (!handoff_wanted() || target.data != out.data() ||
+              !cuda::row_amax_supported({&target})) {
+            return cuda::swiglu_fused(mat(gate), mat(up), target, stream());
+          }
+          // quality=high: also the row maxima, extending the hand-off of a producer that wrote
+          // the columns just left of these (attention, in the single block's [attn | mlp]).
+          Tensor row_amax;
+          const bool extends = incoming_ && incoming_->rows == out.rows() &&
+                               incoming_->stride == out.row_stride() &&
+                               incoming_->data + incoming_->cols * 2 == static_cast<const char*>(out.data());
+          if (extends) {
+            row_amax = incoming_->row_amax;
+          } else {
+            FLUX_ASSIGN_OR_RETURN(row_amax, zeroed_row_amax(out.rows()));
+          }
+          FLUX_RETURN_IF_ERROR(cuda::swiglu_fused_row_amax(mat(gate), mat(up), target,
+                                                           row_amax.data_as<uint32_t>(), stream()));
+          if (extends) {
+            AmaxHandoff wider = *incoming_;
+            wider.cols += out.cols();
+            handoff_ = std::move(wider);
+          } else {
+            hand_off(out, std::move(row_amax));
+          }
+          return absl::OkStatus();
+        },
         [&]() -> absl::Status {
           FLUX_ASSIGN_OR_RETURN(Tensor activated, scratch({gate.rows(), gate.cols()}));
           FLUX_RETURN_IF_ERROR(cuda::silu_bf16(mat(gate), mat(activated), stream()));
@@ -329,8 +377,16 @@ absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shi
       sc{scale.data(), 1, scale.cols(), scale.cols()};
   return run_fast_path(
       layer_norm_modulate_path(), "",
-      [&] {
-        return cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out), stream());
+      [&]() -> absl::Status {
+        if (!handoff_wanted()) {
+          return cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out), stream());
+        }
+        // quality=high: each row's max |out| too (every row is written: no zeroing needed).
+        FLUX_ASSIGN_OR_RETURN(Tensor row_amax, scratch({x.rows()}, DType::kI32));
+        FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out),
+                                                             stream(), row_amax.data_as<uint32_t>()));
+        hand_off(out, std::move(row_amax));
+        return absl::OkStatus();
       },
       [&]() -> absl::Status {
         // diffusers: norm = LN(x); (1 + scale) * norm + shift — four bf16 ops.
@@ -394,6 +450,7 @@ absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tens
 
 absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const AttentionParams& params, const Tensor& out) {
+  OpProfileScope op(*this, "");  // timed below, by part
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "q", q));
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "k", k));
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "v", v));
@@ -434,7 +491,17 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
         fp8_attention_path(), unsupported,
         [&] { return attention_fp8(q, k, v, params, adjacent, target); }, bf16_attention);
   };
-  return write_output(out, into);
+  FLUX_RETURN_IF_ERROR(write_output(out, into));
+  const cuda::Mat out_mat = mat(out);
+  if (handoff_wanted() && !params.causal && cuda::row_amax_supported({&out_mat})) {
+    // quality=high: the output's row maxima, for the FP8 GEMM (or the SwiGLU extending them into
+    // the single block's [attn | mlp]) that reads it next.
+    OpProfileScope profile(*this, "quantize");
+    FLUX_ASSIGN_OR_RETURN(Tensor row_amax, zeroed_row_amax(out.rows()));
+    FLUX_RETURN_IF_ERROR(cuda::row_amax_bf16(out_mat, row_amax.data_as<uint32_t>(), stream()));
+    hand_off(out, std::move(row_amax));
+  }
+  return absl::OkStatus();
 }
 
 bool CudaBackend::fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v) {

@@ -66,7 +66,80 @@ struct SwiGluOp {  // bf16(bf16(silu(g)) · u)
   __device__ float operator()(float g, float u) const { return __fmul_rn(round_bf16(silu_f32(g)), u); }
 };
 
+// Folds per-thread maxima into row_amax[r] with one atomic per group of lanes on the same row.
+__device__ __forceinline__ void row_max_atomic(uint32_t* row_amax, int64_t r, uint32_t magnitude) {
+  const unsigned same_row = __match_any_sync(__activemask(), static_cast<unsigned long long>(r));
+  const uint32_t group_max = __reduce_max_sync(same_row, magnitude);
+  if ((threadIdx.x & 31) == __ffs(same_row) - 1) atomicMax(row_amax + r, group_max);
+}
+
+// swiglu_fused's vectorized path that also folds each row's max |out| (of the rounded values)
+// into row_amax (zeroed by the caller).
+__global__ void swiglu_row_amax_kernel(Mat gate, Mat up, Mat out, uint32_t* row_amax) {
+  const int64_t vec_cols = gate.cols / 8, total = gate.rows * vec_cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / vec_cols, c = (i % vec_cols) * 8;
+    float g[8], u[8];
+    load8(at(gate, r, c), g);
+    load8(at(up, r, c), u);
+    uint32_t magnitude = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      g[k] = SwiGluOp{}(g[k], u[k]);
+      magnitude = max(magnitude, __float_as_uint(round_bf16(g[k])) & 0x7fffffffu);
+    }
+    store8(at(out, r, c), g);
+    row_max_atomic(row_amax, r, magnitude);
+  }
+}
+
+__global__ void row_amax_kernel(Mat x, uint32_t* row_amax) {
+  const int64_t vec_cols = x.cols / 8, total = x.rows * vec_cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / vec_cols, c = (i % vec_cols) * 8;
+    float v[8];
+    load8(at(x, r, c), v);
+    uint32_t magnitude = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) magnitude = max(magnitude, __float_as_uint(v[k]) & 0x7fffffffu);
+    row_max_atomic(row_amax, r, magnitude);
+  }
+}
+
 }  // namespace
+
+bool row_amax_supported(std::initializer_list<const Mat*> mats) {
+  for (const Mat* m : mats) {
+    if (m->cols % 8 != 0) return false;
+  }
+  return vec_ok(mats);
+}
+
+absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& out, uint32_t* row_amax,
+                                   cudaStream_t stream) {
+  if (auto s = check_same_shape("swiglu", gate, up); !s.ok()) return s;
+  if (auto s = check_same_shape("swiglu", gate, out); !s.ok()) return s;
+  if (!row_amax_supported({&gate, &up, &out}) || row_amax == nullptr) {
+    return absl::InvalidArgumentError("swiglu: row amax needs 16-byte aligned rows and columns % 8 == 0");
+  }
+  if (gate.rows == 0 || gate.cols == 0) return absl::OkStatus();
+  constexpr int kThreads = 256;
+  swiglu_row_amax_kernel<<<grid_for(gate.rows * (gate.cols / 8), kThreads), kThreads, 0, stream>>>(gate, up, out,
+                                                                                                  row_amax);
+  FLUX_RETURN_IF_LAUNCH_FAILED("swiglu_row_amax");
+  return absl::OkStatus();
+}
+
+absl::Status row_amax_bf16(const Mat& x, uint32_t* row_amax, cudaStream_t stream) {
+  if (!row_amax_supported({&x}) || row_amax == nullptr) {
+    return absl::InvalidArgumentError("row_amax: needs 16-byte aligned rows and columns % 8 == 0");
+  }
+  if (x.rows == 0 || x.cols == 0) return absl::OkStatus();
+  constexpr int kThreads = 256;
+  row_amax_kernel<<<grid_for(x.rows * (x.cols / 8), kThreads), kThreads, 0, stream>>>(x, row_amax);
+  FLUX_RETURN_IF_LAUNCH_FAILED("row_amax");
+  return absl::OkStatus();
+}
 
 absl::Status silu_bf16(const Mat& x, const Mat& out, cudaStream_t stream) {
   if (auto s = check_same_shape("silu", x, out); !s.ok()) return s;

@@ -5,6 +5,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <initializer_list>
+
 #include "absl/status/status.h"
 #include "kernels/base/dtype.h"
 #include "kernels/cuda/kernel_args.h"
@@ -31,6 +34,15 @@ absl::Status gate_residual_fused(const Mat& x, const Mat& gate, int64_t rows_per
                                  const Mat& update, cudaStream_t stream);
 // out = bf16(bf16(silu(gate)) ⊙ up)  (= silu_bf16 then mul_bf16)
 absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, cudaStream_t stream);
+
+// ---- quality=high: row maxima for the FP8 quantizer (u32 [rows], f32 magnitude bits) ----
+// Whether the row-amax kernels below serve these matrices (16-byte rows, columns % 8 == 0).
+bool row_amax_supported(std::initializer_list<const Mat*> mats);
+// swiglu_fused, and atomically folds each row's max |out| into row_amax[r] (the caller zeroes it).
+absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& out, uint32_t* row_amax,
+                                   cudaStream_t stream);
+// Folds each row's max |x| into row_amax[r] (the caller zeroes it).
+absl::Status row_amax_bf16(const Mat& x, uint32_t* row_amax, cudaStream_t stream);
 
 // ---- single kernels with PyTorch's rounding points inside ----
 // x = bf16(f32(x) + dt·f32(v)): the scheduler's float32 Euler update (product and sum rounded

@@ -52,8 +52,11 @@ bool ln_vectorized(const Mat& x) {
   return x.cols % 8 == 0 && x.cols / 8 <= kVecThreads * kMaxPacksPerThread && rows_aligned16(x, 2);
 }
 
+// row_amax (optional): receives the f32 magnitude bits of max |out| over the row (the rounded
+// values), for the FP8 quantizer that reads this output next.
 template <typename Epilogue>
-__global__ void __launch_bounds__(kVecThreads) layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue) {
+__global__ void __launch_bounds__(kVecThreads)
+    layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue, uint32_t* row_amax) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const int packs = static_cast<int>(x.cols / 8);
@@ -87,6 +90,7 @@ __global__ void __launch_bounds__(kVecThreads) layer_norm_vec_kernel(Mat x, floa
   const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(block_sum(squares, scratch), static_cast<float>(x.cols)), eps));
   bf16* o = row_ptr_mut(out, r);
   const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
+  uint32_t magnitude = 0;
 #pragma unroll
   for (int j = 0; j < kMaxPacksPerThread; ++j) {
     const int p = threadIdx.x + j * kVecThreads;
@@ -95,6 +99,7 @@ __global__ void __launch_bounds__(kVecThreads) layer_norm_vec_kernel(Mat x, floa
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       result.v[i] = to_bf16(epilogue(r, p * 8 + i, ln_value(to_f32(held[j].v[i]), mean, rstd)));
+      magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
     }
     if (vector_store) {
       reinterpret_cast<Bf16x8*>(o)[p] = result;
@@ -102,6 +107,11 @@ __global__ void __launch_bounds__(kVecThreads) layer_norm_vec_kernel(Mat x, floa
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[p * 8 + i] = result.v[i];
     }
+  }
+  if (row_amax != nullptr) {
+    __shared__ uint32_t max_scratch[32];
+    magnitude = block_max_bits(magnitude, max_scratch);
+    if (threadIdx.x == 0) row_amax[r] = magnitude;
   }
 }
 
@@ -132,7 +142,8 @@ __global__ void layer_norm_kernel(Mat x, float eps, Mat out) {
   for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) o[c] = to_bf16(ln_value(to_f32(in[c]), mean, rstd));
 }
 
-__global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t rows_per_mod, float eps, Mat out) {
+__global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t rows_per_mod, float eps, Mat out,
+                                           uint32_t* row_amax) {
   const int64_t r = blockIdx.x;
   const bf16* in = row_ptr(x, r);
   const bf16* sh = row_ptr(shift, r / rows_per_mod);
@@ -140,11 +151,18 @@ __global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t 
   float mean, rstd;
   row_stats(in, x.cols, eps, &mean, &rstd);
   bf16* o = row_ptr_mut(out, r);
+  uint32_t magnitude = 0;
   for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) {
     const float n = ln_value(to_f32(in[c]), mean, rstd);
     const float one_plus = round_bf16(__fadd_rn(1.0f, to_f32(sc[c])));   // bf16(1 + scale)
     const float scaled = round_bf16(__fmul_rn(one_plus, n));              // bf16(· LN(x))
     o[c] = to_bf16(__fadd_rn(scaled, to_f32(sh[c])));                      // bf16(+ shift)
+    magnitude = max(magnitude, __float_as_uint(to_f32(o[c])) & 0x7fffffffu);
+  }
+  if (row_amax != nullptr) {
+    __shared__ uint32_t max_scratch[32];
+    magnitude = block_max_bits(magnitude, max_scratch);
+    if (threadIdx.x == 0) row_amax[r] = magnitude;
   }
 }
 
@@ -374,7 +392,7 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
   if (x.rows != out.rows || x.cols != out.cols) return absl::InvalidArgumentError("layer_norm: shape mismatch");
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
-    layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(x, eps, out, PlainLn{});
+    layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(x, eps, out, PlainLn{}, nullptr);
   } else {
     layer_norm_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, eps, out);
   }
@@ -383,7 +401,7 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
 }
 
 absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat& scale, int64_t rows_per_mod,
-                                       float eps, const Mat& out, cudaStream_t stream) {
+                                       float eps, const Mat& out, cudaStream_t stream, uint32_t* row_amax) {
   if (x.rows != out.rows || x.cols != out.cols || shift.cols != x.cols || scale.cols != x.cols ||
       rows_per_mod <= 0 || shift.rows * rows_per_mod != x.rows || scale.rows != shift.rows) {
     return absl::InvalidArgumentError("layer_norm_modulate: shape mismatch");
@@ -391,10 +409,10 @@ absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
     layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(
-        x, eps, out, ModulateLn{shift, scale, rows_per_mod});
+        x, eps, out, ModulateLn{shift, scale, rows_per_mod}, row_amax);
   } else {
-    layer_norm_modulate_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, shift, scale,
-                                                                                          rows_per_mod, eps, out);
+    layer_norm_modulate_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(
+        x, shift, scale, rows_per_mod, eps, out, row_amax);
   }
   FLUX_RETURN_IF_LAUNCH_FAILED("layer_norm_modulate");
   return absl::OkStatus();

@@ -16,10 +16,11 @@ namespace flux2::cuda {
 absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream_t stream);
 // out = bf16(bf16(bf16(1 + scale) · bf16(LN(x))) + shift) in one kernel; scale/shift rows [1, D]
 // (rows_per_mod rows of x share one modulation row). Bit-identical to layer_norm_bf16 followed by
-// one_plus_bf16, gate_mul_bf16 and add_row_bf16.
+// one_plus_bf16, gate_mul_bf16 and add_row_bf16. row_amax (optional, u32 [rows]) receives each
+// row's max |out| as f32 magnitude bits (quality=high: the FP8 quantizer's amax, for free).
 absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat& scale,
                                        int64_t rows_per_mod, float eps, const Mat& out,
-                                       cudaStream_t stream);
+                                       cudaStream_t stream, uint32_t* row_amax = nullptr);
 
 // Qwen3RMSNorm: out = bf16(weight · bf16(x · rsqrt(mean(x²) + eps))).
 absl::Status rms_norm_qwen_bf16(const Mat& x, const void* weight, float eps, const Mat& out,

@@ -111,26 +111,6 @@ __device__ __forceinline__ void load8(const CatSource& s, int64_t r, int64_t c, 
   }
 }
 
-// Max of magnitude bit patterns across the block (all threads get it); `scratch` holds 32 words.
-// Integer max: exact and the same in any order. Contains __syncthreads.
-__device__ __forceinline__ uint32_t block_max_bits(uint32_t v, uint32_t* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    uint32_t t = lane < warps ? scratch[lane] : 0u;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1)
-      t = max(t, __shfl_xor_sync(0xffffffffu, t, offset));
-    if (lane == 0) scratch[0] = t;
-  }
-  __syncthreads();
-  return scratch[0];
-}
 
 // Pass 1 of the dynamic quantizers: partials[blockIdx.x] = max |x| (f32 magnitude bits) over the
 // 8-element segments this block's threads visit.
@@ -351,6 +331,14 @@ __global__ void fill_random_e4m3_kernel(uint8_t* data, int64_t bytes, uint64_t s
         static_cast<uint8_t>(uniform_hash(seed, static_cast<uint64_t>(i)) * 256.0f);
     data[i] = (code & 0x7F) == 0x7F ? static_cast<uint8_t>(code - 1) : code;  // NaN -> 448
   }
+}
+
+__global__ void fp8_scale_from_row_amax_kernel(const uint32_t* row_amax, int64_t rows, float* scale) {
+  __shared__ uint32_t scratch[32];
+  uint32_t m = 0;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) m = max(m, row_amax[r]);
+  m = block_max_bits(m, scratch);
+  if (threadIdx.x == 0) *scale = fp8_dequant_scale(__uint_as_float(m));
 }
 
 // ---- launcher helpers ----
@@ -638,6 +626,15 @@ absl::Status fp8_dequantize(const Mat& in, const float* scale, const Mat& out,
 absl::Status fp8_attention_scales(const float* descale_v, float* out, cudaStream_t stream) {
   fp8_attention_scales_kernel<<<1, 1, 0, stream>>>(descale_v, out);
   FLUX_RETURN_IF_LAUNCH_FAILED("fp8_attention_scales");
+  return absl::OkStatus();
+}
+
+absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, float* scale, cudaStream_t stream) {
+  if (rows <= 0 || row_amax == nullptr || scale == nullptr) {
+    return absl::InvalidArgumentError("fp8_scale_from_row_amax: needs rows > 0, row maxima and a scale");
+  }
+  fp8_scale_from_row_amax_kernel<<<1, 1024, 0, stream>>>(row_amax, rows, scale);
+  FLUX_RETURN_IF_LAUNCH_FAILED("fp8_scale_from_row_amax");
   return absl::OkStatus();
 }
 

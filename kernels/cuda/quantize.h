@@ -63,6 +63,11 @@ absl::Status fp8_quantize_static(const Fp8QuantizeArgs& args, cudaStream_t strea
 // For cuBLASLt's OUTER_VEC_32F scale mode on the weight operand. One kernel.
 absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream);
 
+// *scale = fp8_dequant_scale(max over rows of row_amax[r]) (f32 magnitude bits, as the producers'
+// row-amax outputs hold them): with fp8_quantize_static, bit-identical to fp8_quantize_dynamic
+// over the same matrix. One kernel.
+absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, float* scale, cudaStream_t stream);
+
 // out = bf16(e4m3(in) · *scale): an E4M3 matrix [M, K] (row stride in bytes) back to bf16 (rows
 // may be strided; the FP8 attention output). Exact up to the final bf16 rounding. One kernel.
 absl::Status fp8_dequantize(const Mat& in, const float* scale, const Mat& out, cudaStream_t stream);

@@ -23,7 +23,7 @@ summary=()
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 if want tests; then
   for t in gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
-           gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_attention_fp8_test; do
+           gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_attention_fp8_test gpu_fp8_handoff_test; do
     "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$t.log" | tr '\n' ' '))")
   done
@@ -72,12 +72,12 @@ if want attention; then
   done
 fi
 if want fp8; then  # quality=high only: its tests, attention alone and the klein-4B step
-  for t in gpu_attention_fp8_test gpu_quality_high_test gpu_quantize_test; do
+  for t in gpu_attention_fp8_test gpu_fp8_handoff_test gpu_quality_high_test gpu_quantize_test; do
     "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)|relative L2' "$out/$t.log" | tr '\n' ' '))")
   done
   for quality in lossless high; do
-    summary+=("attention klein-4b $quality: $("$bin/flux2" bench --model klein-4b --attention-only --quality $quality 2>>"$out/bench.err")")
+    summary+=("attention klein-4b $quality (FP8 opted in): $(FLUX2_FP8_ATTENTION=1 "$bin/flux2" bench --model klein-4b --attention-only --quality $quality 2>>"$out/bench.err")")
   done
   for i in 1 2; do
     "$bin/flux2" bench --model klein-4b --quality high --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
@@ -85,8 +85,8 @@ if want fp8; then  # quality=high only: its tests, attention alone and the klein
   done
   "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
   summary+=("profile klein-4b high: $(tail -n1 "$out/profile.jsonl")")
-  FLUX2_GEMM_AUTOTUNE=1 "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
-  summary+=("profile klein-4b high autotune: $(tail -n1 "$out/profile.jsonl")")
+  FLUX2_FP8_ATTENTION=1 "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
+  summary+=("profile klein-4b high, FP8 attention opted in: $(tail -n1 "$out/profile.jsonl")")
 fi
 if want gemm-shapes; then
   FLUX2_PROFILE_GEMM_SHAPES=1 "$bin/flux2" bench --model klein-4b --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
