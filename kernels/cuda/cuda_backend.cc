@@ -238,12 +238,6 @@ OpProfileScope::~OpProfileScope() {
   }
 }
 
-absl::StatusOr<Tensor> CudaBackend::zeroed_row_amax(int64_t rows) {
-  FLUX_ASSIGN_OR_RETURN(Tensor t, scratch({rows}, DType::kI32));  // u32 bits in an i32 buffer
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(t.data(), 0, t.bytes(), stream()), "row amax"));
-  return t;
-}
-
 void CudaBackend::hand_off(const Tensor& out, Tensor row_amax) {
   handoff_ = AmaxHandoff{static_cast<const char*>(out.data()), out.rows(), out.cols(), out.row_stride(),
                          std::move(row_amax)};

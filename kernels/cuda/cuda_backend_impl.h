@@ -159,8 +159,6 @@ class CudaBackend final : public Backend {
   int op_depth_ = 0;                     // ops called by ops see their caller's hand-off
   // Whether quality=high ops produce and consume hand-offs (per-tensor FP8 GEMMs only).
   bool handoff_wanted() const { return quality_ == Quality::kHigh && !nvfp4_ && !fp8_rowwise_; }
-  // A zero-filled u32 [rows] for row maxima.
-  absl::StatusOr<Tensor> zeroed_row_amax(int64_t rows);
   // Leaves `out` with its row maxima for the next op.
   void hand_off(const Tensor& out, Tensor row_amax);
   // The incoming hand-off's row maxima for x (a row range of its region), or null.

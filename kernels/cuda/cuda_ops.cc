@@ -341,10 +341,10 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
           if (extends) {
             row_amax = incoming_->row_amax;
           } else {
-            FLUX_ASSIGN_OR_RETURN(row_amax, zeroed_row_amax(out.rows()));
+            FLUX_ASSIGN_OR_RETURN(row_amax, scratch({out.rows()}, DType::kI32));
           }
           FLUX_RETURN_IF_ERROR(cuda::swiglu_fused_row_amax(mat(gate), mat(up), target,
-                                                           row_amax.data_as<uint32_t>(), stream()));
+                                                           row_amax.data_as<uint32_t>(), extends, stream()));
           if (extends) {
             AmaxHandoff wider = *incoming_;
             wider.cols += out.cols();
@@ -497,7 +497,7 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     // quality=high: the output's row maxima, for the FP8 GEMM (or the SwiGLU extending them into
     // the single block's [attn | mlp]) that reads it next.
     OpProfileScope profile(*this, "quantize");
-    FLUX_ASSIGN_OR_RETURN(Tensor row_amax, zeroed_row_amax(out.rows()));
+    FLUX_ASSIGN_OR_RETURN(Tensor row_amax, scratch({out.rows()}, DType::kI32));
     FLUX_RETURN_IF_ERROR(cuda::row_amax_bf16(out_mat, row_amax.data_as<uint32_t>(), stream()));
     hand_off(out, std::move(row_amax));
   }

@@ -66,44 +66,42 @@ struct SwiGluOp {  // bf16(bf16(silu(g)) · u)
   __device__ float operator()(float g, float u) const { return __fmul_rn(round_bf16(silu_f32(g)), u); }
 };
 
-// Folds per-thread maxima into row_amax[r] with one atomic per group of lanes on the same row.
-__device__ __forceinline__ void row_max_atomic(uint32_t* row_amax, int64_t r, uint32_t magnitude) {
-  const unsigned same_row = __match_any_sync(__activemask(), static_cast<unsigned long long>(r));
-  const uint32_t group_max = __reduce_max_sync(same_row, magnitude);
-  if ((threadIdx.x & 31) == __ffs(same_row) - 1) atomicMax(row_amax + r, group_max);
+// One block per row: the row's max |value| (f32 magnitude bits) into row_amax[r], merged with the
+// value already there when `merge` (a producer extending another's hand-off), else stored.
+__device__ __forceinline__ void store_row_max(uint32_t* row_amax, int64_t r, uint32_t magnitude, bool merge) {
+  __shared__ uint32_t scratch[32];
+  magnitude = block_max_bits(magnitude, scratch);
+  if (threadIdx.x == 0) row_amax[r] = merge ? max(row_amax[r], magnitude) : magnitude;
 }
 
-// swiglu_fused's vectorized path that also folds each row's max |out| (of the rounded values)
-// into row_amax (zeroed by the caller).
-__global__ void swiglu_row_amax_kernel(Mat gate, Mat up, Mat out, uint32_t* row_amax) {
-  const int64_t vec_cols = gate.cols / 8, total = gate.rows * vec_cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / vec_cols, c = (i % vec_cols) * 8;
+// swiglu_fused's vectorized path that also records each row's max |out| (of the rounded values).
+__global__ void swiglu_row_amax_kernel(Mat gate, Mat up, Mat out, uint32_t* row_amax, bool merge) {
+  const int64_t r = blockIdx.x;
+  uint32_t magnitude = 0;
+  for (int64_t c = threadIdx.x * int64_t{8}; c < gate.cols; c += int64_t{blockDim.x} * 8) {
     float g[8], u[8];
     load8(at(gate, r, c), g);
     load8(at(up, r, c), u);
-    uint32_t magnitude = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       g[k] = SwiGluOp{}(g[k], u[k]);
       magnitude = max(magnitude, __float_as_uint(round_bf16(g[k])) & 0x7fffffffu);
     }
     store8(at(out, r, c), g);
-    row_max_atomic(row_amax, r, magnitude);
   }
+  store_row_max(row_amax, r, magnitude, merge);
 }
 
 __global__ void row_amax_kernel(Mat x, uint32_t* row_amax) {
-  const int64_t vec_cols = x.cols / 8, total = x.rows * vec_cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / vec_cols, c = (i % vec_cols) * 8;
+  const int64_t r = blockIdx.x;
+  uint32_t magnitude = 0;
+  for (int64_t c = threadIdx.x * int64_t{8}; c < x.cols; c += int64_t{blockDim.x} * 8) {
     float v[8];
     load8(at(x, r, c), v);
-    uint32_t magnitude = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) magnitude = max(magnitude, __float_as_uint(v[k]) & 0x7fffffffu);
-    row_max_atomic(row_amax, r, magnitude);
   }
+  store_row_max(row_amax, r, magnitude, false);
 }
 
 }  // namespace
@@ -115,7 +113,7 @@ bool row_amax_supported(std::initializer_list<const Mat*> mats) {
   return vec_ok(mats);
 }
 
-absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& out, uint32_t* row_amax,
+absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& out, uint32_t* row_amax, bool merge,
                                    cudaStream_t stream) {
   if (auto s = check_same_shape("swiglu", gate, up); !s.ok()) return s;
   if (auto s = check_same_shape("swiglu", gate, out); !s.ok()) return s;
@@ -123,9 +121,8 @@ absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& ou
     return absl::InvalidArgumentError("swiglu: row amax needs 16-byte aligned rows and columns % 8 == 0");
   }
   if (gate.rows == 0 || gate.cols == 0) return absl::OkStatus();
-  constexpr int kThreads = 256;
-  swiglu_row_amax_kernel<<<grid_for(gate.rows * (gate.cols / 8), kThreads), kThreads, 0, stream>>>(gate, up, out,
-                                                                                                  row_amax);
+  if (gate.rows > 0x7fffffff) return absl::InvalidArgumentError("swiglu: too many rows for one block per row");
+  swiglu_row_amax_kernel<<<static_cast<unsigned>(gate.rows), 256, 0, stream>>>(gate, up, out, row_amax, merge);
   FLUX_RETURN_IF_LAUNCH_FAILED("swiglu_row_amax");
   return absl::OkStatus();
 }
@@ -135,8 +132,8 @@ absl::Status row_amax_bf16(const Mat& x, uint32_t* row_amax, cudaStream_t stream
     return absl::InvalidArgumentError("row_amax: needs 16-byte aligned rows and columns % 8 == 0");
   }
   if (x.rows == 0 || x.cols == 0) return absl::OkStatus();
-  constexpr int kThreads = 256;
-  row_amax_kernel<<<grid_for(x.rows * (x.cols / 8), kThreads), kThreads, 0, stream>>>(x, row_amax);
+  if (x.rows > 0x7fffffff) return absl::InvalidArgumentError("row_amax: too many rows for one block per row");
+  row_amax_kernel<<<static_cast<unsigned>(x.rows), 256, 0, stream>>>(x, row_amax);
   FLUX_RETURN_IF_LAUNCH_FAILED("row_amax");
   return absl::OkStatus();
 }
