@@ -66,6 +66,9 @@ struct SwiGluOp {  // bf16(bf16(silu(g)) · u)
   __device__ float operator()(float g, float u) const { return __fmul_rn(round_bf16(silu_f32(g)), u); }
 };
 
+// Row-amax kernels: one block per row; 128 threads divide FLUX's rows of 3072 and 9216 evenly.
+constexpr int kRowAmaxThreads = 128;
+
 // One block per row: the row's max |value| (f32 magnitude bits) into row_amax[r], merged with the
 // value already there when `merge` (a producer extending another's hand-off), else stored.
 __device__ __forceinline__ void store_row_max(uint32_t* row_amax, int64_t r, uint32_t magnitude, bool merge) {
@@ -122,7 +125,7 @@ absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& ou
   }
   if (gate.rows == 0 || gate.cols == 0) return absl::OkStatus();
   if (gate.rows > 0x7fffffff) return absl::InvalidArgumentError("swiglu: too many rows for one block per row");
-  swiglu_row_amax_kernel<<<static_cast<unsigned>(gate.rows), 256, 0, stream>>>(gate, up, out, row_amax, merge);
+  swiglu_row_amax_kernel<<<static_cast<unsigned>(gate.rows), kRowAmaxThreads, 0, stream>>>(gate, up, out, row_amax, merge);
   FLUX_RETURN_IF_LAUNCH_FAILED("swiglu_row_amax");
   return absl::OkStatus();
 }
@@ -133,7 +136,7 @@ absl::Status row_amax_bf16(const Mat& x, uint32_t* row_amax, cudaStream_t stream
   }
   if (x.rows == 0 || x.cols == 0) return absl::OkStatus();
   if (x.rows > 0x7fffffff) return absl::InvalidArgumentError("row_amax: too many rows for one block per row");
-  row_amax_kernel<<<static_cast<unsigned>(x.rows), 256, 0, stream>>>(x, row_amax);
+  row_amax_kernel<<<static_cast<unsigned>(x.rows), kRowAmaxThreads, 0, stream>>>(x, row_amax);
   FLUX_RETURN_IF_LAUNCH_FAILED("row_amax");
   return absl::OkStatus();
 }
