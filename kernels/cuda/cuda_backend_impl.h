@@ -8,7 +8,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -103,10 +102,6 @@ class CudaBackend final : public Backend {
   // quality=high: Q, K, V quantized to E4M3 (one per-tensor scale), cuDNN FP8 SDPA, O back to bf16.
   absl::Status attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                              bool adjacent, const cuda::Mat& out);
-  // The FP8 attention call for the group of heads starting at first_head (operands sliced).
-  static std::pair<cuda::Fp8AttentionArgs, AttentionParams> fp8_head_group(const cuda::Fp8AttentionArgs& a,
-                                                                           const AttentionParams& params,
-                                                                           int64_t first_head);
   // Whether q, k, v are adjacent column ranges of one buffer (the fused projections' layout).
   static bool fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v);
   // The E4M3 operand layout attention_fp8 uses (pointers into qkv8 / o8; null for a shape query).

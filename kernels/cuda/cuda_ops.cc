@@ -1,12 +1,10 @@
 // CudaBackend compute ops: precondition checks, fast-path dispatch (fused kernel or its eager
 // chain, with fallbacks counted by reason) and the library calls. Tested by tests/cuda/.
-#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -485,13 +483,9 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     if (!cuda::CudnnSdpaFp8::supports(params, q.rows(), k.rows())) {
       unsupported = "unsupported_shape";
     } else {
-      const cuda::Fp8AttentionArgs operands = fp8_attention_operands(q, k, v, adjacent);
-      for (int64_t head = 0; head < params.num_heads && unsupported.empty();) {
-        const auto [group_args, group_params] = fp8_head_group(operands, params, head);
-        FLUX_ASSIGN_OR_RETURN(const bool usable, sdpa_fp8_->usable(group_args, group_params));
-        if (!usable) unsupported = "no_deterministic_engine";
-        head += group_params.num_heads;
-      }
+      FLUX_ASSIGN_OR_RETURN(const bool usable,
+                            sdpa_fp8_->usable(fp8_attention_operands(q, k, v, adjacent), params));
+      if (!usable) unsupported = "no_deterministic_engine";
     }
     return run_path(
         fp8_attention_path(), unsupported,
@@ -508,36 +502,6 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     hand_off(out, std::move(row_amax));
   }
   return absl::OkStatus();
-}
-
-std::pair<cuda::Fp8AttentionArgs, AttentionParams> CudaBackend::fp8_head_group(const cuda::Fp8AttentionArgs& a,
-                                                                              const AttentionParams& params,
-                                                                              int64_t first_head) {
-  // One call per group of heads, each at most kMaxTiles query tiles of 128 rows: cuDNN 9.14's FP8
-  // engine gave differing bits on repeated calls above ~380 tiles and never at <= 240 (PERF_NOTES,
-  // runs 12-15). FLUX2_FP8_ATTENTION_MAX_TILES overrides the bound (0: one call for all heads).
-  static const int64_t max_tiles = [] {
-    const char* env = std::getenv("FLUX2_FP8_ATTENTION_MAX_TILES");
-    return env != nullptr ? std::atoll(env) : int64_t{240};
-  }();
-  const int64_t heads = params.num_heads, tiles_per_head = (a.q.rows + 127) / 128;
-  int64_t per_call = max_tiles <= 0 ? heads : std::clamp<int64_t>(max_tiles / tiles_per_head, 1, heads);
-  const int64_t calls = (heads + per_call - 1) / per_call;
-  per_call = (heads + calls - 1) / calls;  // balanced groups
-  const int64_t count = std::min(per_call, heads - first_head), d = params.head_dim;
-  auto slice = [&](cuda::Mat m) {
-    m.data = static_cast<char*>(m.data) + first_head * d;  // E4M3: one byte per element
-    m.cols = count * d;
-    return m;
-  };
-  cuda::Fp8AttentionArgs g = a;
-  g.q = slice(a.q);
-  g.k = slice(a.k);
-  g.v = slice(a.v);
-  g.o = slice(a.o);
-  AttentionParams p = params;
-  p.num_heads = p.num_kv_heads = count;
-  return {g, p};
 }
 
 bool CudaBackend::fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -613,11 +577,7 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
   a.amax_s = f + 4;
   a.amax_o = f + 5;
   profile.emplace(*this, "attention");
-  for (int64_t head = 0; head < params.num_heads;) {  // in head groups (fp8_head_group)
-    const auto [group_args, group_params] = fp8_head_group(a, params, head);
-    FLUX_RETURN_IF_ERROR(sdpa_fp8_->run(group_args, group_params));
-    head += group_params.num_heads;
-  }
+  FLUX_RETURN_IF_ERROR(sdpa_fp8_->run(a, params));
   profile.emplace(*this, quantize);
   return cuda::fp8_dequantize(a.o, f, out, stream());  // O stored with V's scale
 }
