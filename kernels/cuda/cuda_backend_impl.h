@@ -140,6 +140,8 @@ class CudaBackend final : public Backend {
   std::map<const void*, Fp8Weight> fp8_weights_;
   // The activation (or, at registration, the weight) in the backend's low-precision format.
   absl::StatusOr<Fp8Weight> quantize_low_precision(const Tensor& x);
+  // An op's profile category, split by op name under FLUX2_PROFILE_GEMM_SHAPES.
+  std::string op_category(absl::string_view category, absl::string_view op) const;
   // A GEMM's profile category ("gemm", "quantize"), split by shape under FLUX2_PROFILE_GEMM_SHAPES.
   std::string profile_category(absl::string_view category, const Tensor& x, const Tensor& w) const;
   // y = x · wᵀ through the FP8 (or, on Blackwell, NVFP4) GEMM.

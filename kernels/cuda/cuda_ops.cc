@@ -172,6 +172,12 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
   return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
 }
 
+std::string CudaBackend::op_category(absl::string_view category, absl::string_view op) const {
+  // FLUX2_PROFILE_GEMM_SHAPES=1 also splits the "norm" and "elementwise" categories by op.
+  static const bool by_op = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
+  return by_op && profiling_ ? absl::StrCat(category, " ", op) : std::string(category);
+}
+
 std::string CudaBackend::profile_category(absl::string_view category, const Tensor& x, const Tensor& w) const {
   // FLUX2_PROFILE_GEMM_SHAPES=1 splits the "gemm" and "quantize" categories by shape (M x N x K).
   static const bool by_shape = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
@@ -287,14 +293,14 @@ absl::Status CudaBackend::embedding(const Tensor& ids, const Tensor& table, cons
 }
 
 absl::Status CudaBackend::silu(const Tensor& x, const Tensor& out) {
-  OpProfileScope profile(*this, "elementwise");
+  OpProfileScope profile(*this, op_category("elementwise", "silu"));
   FLUX_RETURN_IF_ERROR(check_bf16("silu", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("silu", x, "out", out));
   return cuda::silu_bf16(mat(x), mat(out), stream());
 }
 
 absl::Status CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
-  OpProfileScope profile(*this, "elementwise");
+  OpProfileScope profile(*this, op_category("elementwise", "add"));
   FLUX_RETURN_IF_ERROR(check_bf16("add", "a", a));
   FLUX_RETURN_IF_ERROR(check_same_bf16("add", a, "b", b));
   FLUX_RETURN_IF_ERROR(check_same_bf16("add", a, "out", out));
@@ -302,7 +308,7 @@ absl::Status CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& ou
 }
 
 absl::Status CudaBackend::gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) {
-  OpProfileScope profile(*this, "elementwise");
+  OpProfileScope profile(*this, op_category("elementwise", "gate_residual"));
   FLUX_RETURN_IF_ERROR(check_bf16("gate_residual", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("gate_residual", x, "update", update));
   FLUX_RETURN_IF_ERROR(check_bf16("gate_residual", "gate", gate));
@@ -319,7 +325,7 @@ absl::Status CudaBackend::gate_residual(const Tensor& x, const Tensor& gate, con
 }
 
 absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
-  OpProfileScope profile(*this, "elementwise");
+  OpProfileScope profile(*this, op_category("elementwise", "swiglu"));
   FLUX_RETURN_IF_ERROR(check_bf16("swiglu", "gate", gate));
   FLUX_RETURN_IF_ERROR(check_same_bf16("swiglu", gate, "up", up));
   FLUX_RETURN_IF_ERROR(check_same_bf16("swiglu", gate, "out", out));
@@ -365,7 +371,7 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
 
 absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shift,
                                               const Tensor& scale, float eps, const Tensor& out) {
-  OpProfileScope profile(*this, "norm");
+  OpProfileScope profile(*this, op_category("norm", "layer_norm_modulate"));
   constexpr absl::string_view kOp = "layer_norm_modulate";
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16(kOp, x, "out", out));
@@ -402,7 +408,7 @@ absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shi
 
 absl::Status CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps,
                                    const Tensor& out) {
-  OpProfileScope profile(*this, "norm");
+  OpProfileScope profile(*this, op_category("norm", "rms_norm"));
   FLUX_RETURN_IF_ERROR(check_bf16("rms_norm", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("rms_norm", x, "out", out));
   FLUX_RETURN_IF_ERROR(check_bf16("rms_norm", "weight", weight));
@@ -413,7 +419,7 @@ absl::Status CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float 
 absl::Status CudaBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight,
                                        float eps, const Tensor& cos, const Tensor& sin,
                                        RopeStyle style) {
-  OpProfileScope profile(*this, "norm");
+  OpProfileScope profile(*this, op_category("norm", "qk_norm_rope"));
   constexpr absl::string_view kOp = "qk_norm_rope";
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "norm_weight", norm_weight));
@@ -437,7 +443,7 @@ absl::Status CudaBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const 
 
 absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tensor& gamma,
                                      const Tensor& beta, float eps, bool silu, const Tensor& out) {
-  OpProfileScope profile(*this, "norm");
+  OpProfileScope profile(*this, op_category("norm", "group_norm"));
   FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("group_norm", x, "out", out));
   FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "gamma", gamma));
@@ -664,7 +670,7 @@ absl::Status CudaBackend::to_rgb8(const Tensor& image, uint8_t* host) {
 }
 
 absl::Status CudaBackend::euler_step(const Tensor& x, const Tensor& v, float dt) {
-  OpProfileScope profile(*this, "elementwise");
+  OpProfileScope profile(*this, op_category("elementwise", "euler_step"));
   FLUX_RETURN_IF_ERROR(check_bf16("euler_step", "x", x));
   FLUX_RETURN_IF_ERROR(check_same_bf16("euler_step", x, "v", v));
   return cuda::euler_step_bf16(mat(x), mat(v), dt, stream());
@@ -672,7 +678,7 @@ absl::Status CudaBackend::euler_step(const Tensor& x, const Tensor& v, float dt)
 
 absl::Status CudaBackend::cfg_combine(const Tensor& uncond, const Tensor& cond, float scale,
                                       const Tensor& out) {
-  OpProfileScope profile(*this, "elementwise");
+  OpProfileScope profile(*this, op_category("elementwise", "cfg_combine"));
   FLUX_RETURN_IF_ERROR(check_bf16("cfg_combine", "uncond", uncond));
   FLUX_RETURN_IF_ERROR(check_same_bf16("cfg_combine", uncond, "cond", cond));
   FLUX_RETURN_IF_ERROR(check_same_bf16("cfg_combine", uncond, "out", out));

@@ -112,6 +112,13 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
     FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
                                                                   sizeof(mode)), "B_SCALE_MODE"));
   }
+  if (fast_accum_ && (format == Format::kFp8Tensor || format == Format::kFp8Rowwise)) {
+    // FLUX2_FP8_FAST_ACCUM=1 (experiment, off by default, kernels.md §1.7): no periodic promotion
+    // of the tensor-core accumulator to fp32.
+    const int8_t fast = 1;
+    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                                                  sizeof(fast)), "FAST_ACCUM"));
+  }
   if (format == Format::kNvfp4) {  // alpha = 1 / (gs_x · gs_w) lives on the device
     const cublasLtPointerMode_t pointer_mode = CUBLASLT_POINTER_MODE_DEVICE;
     FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_POINTER_MODE,

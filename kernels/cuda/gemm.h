@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -75,6 +76,7 @@ class Gemm {
   void* workspace_ = nullptr;   // kWorkspaceBytes of device memory
   float* zero_ = nullptr;       // a device 0.0f: beta in device pointer mode
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  bool fast_accum_ = std::getenv("FLUX2_FP8_FAST_ACCUM") != nullptr;  // FP8 GEMMs: see plan()
 };
 
 }  // namespace flux2::cuda
