@@ -42,75 +42,44 @@ __device__ __forceinline__ float ln_value(float x, float mean, float rstd) {
   return round_bf16(__fmul_rn(__fsub_rn(x, mean), rstd));
 }
 
-// ---- vectorized LayerNorm: one warp per row, the row held in registers as 16-byte packs (lane l
-// holds packs l, l + 32, ...), one global read, warp-shuffle reductions only. Used by both the
-// eager LN kernel and the fused LN + modulation kernel whenever ln_vectorized(x) holds, so the
-// two always share one reduction order. ----
-constexpr int kLnWarpsPerBlock = 8;
-constexpr int kLnMaxPacksPerLane = 32;  // rows up to 32 x 32 x 8 = 8192 columns
+// ---- vectorized LayerNorm: a row held in registers as 16-byte packs, one global read ----
+// Used by both the eager LN kernel and the fused LN + modulation kernel whenever
+// ln_vectorized(x) holds, so the two always share one reduction order.
+constexpr int kVecThreads = 128;
+constexpr int kMaxPacksPerThread = 8;  // rows up to 128 x 8 x 8 = 8192 columns
 
 bool ln_vectorized(const Mat& x) {
-  return x.cols % 8 == 0 && x.cols / 8 <= 32 * kLnMaxPacksPerLane && rows_aligned16(x, 2);
+  return x.cols % 8 == 0 && x.cols / 8 <= kVecThreads * kMaxPacksPerThread && rows_aligned16(x, 2);
 }
 
-// The eager LN output: the rounded normalised values themselves.
-struct PlainLn {
-  __device__ void operator()(int64_t, int64_t, float v[8]) const {}
-};
-
-// bf16(bf16(bf16(1 + scale) · n) + shift), the three eager modulation ops, on one pack of 8.
-struct ModulateLn {
-  Mat shift, scale;
-  int64_t rows_per_mod;
-  __device__ void operator()(int64_t r, int64_t p, float v[8]) const {
-    const bf16* sh = static_cast<const bf16*>(shift.data) + (r / rows_per_mod) * shift.stride;
-    const bf16* sc = static_cast<const bf16*>(scale.data) + (r / rows_per_mod) * scale.stride;
-    float shift8[8], scale8[8];
-    if (aligned16(sh + p * 8) && aligned16(sc + p * 8)) {
-      load8(sh + p * 8, shift8);
-      load8(sc + p * 8, scale8);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) shift8[i] = to_f32(sh[p * 8 + i]), scale8[i] = to_f32(sc[p * 8 + i]);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float one_plus = round_bf16(__fadd_rn(1.0f, scale8[i]));
-      const float scaled = round_bf16(__fmul_rn(one_plus, v[i]));
-      v[i] = __fadd_rn(scaled, shift8[i]);
-    }
-  }
-};
-
 // row_amax (optional): receives the f32 magnitude bits of max |out| over the row (the rounded
-// values), for the FP8 quantizer that reads this output next. kPacks: packs per lane (>= the row's
-// packs / 32), a compile-time bound so the row stays in registers.
-template <int kPacks, typename Epilogue>
-__global__ void __launch_bounds__(32 * kLnWarpsPerBlock)
-    layer_norm_warp_kernel(Mat x, float eps, Mat out, Epilogue epilogue, uint32_t* row_amax) {
-  const int64_t r = int64_t{blockIdx.x} * kLnWarpsPerBlock + (threadIdx.x >> 5);
-  if (r >= x.rows) return;
-  const int lane = threadIdx.x & 31, packs = static_cast<int>(x.cols / 8);
+// values), for the FP8 quantizer that reads this output next.
+template <typename Epilogue>
+__global__ void __launch_bounds__(kVecThreads)
+    layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue, uint32_t* row_amax) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const int packs = static_cast<int>(x.cols / 8);
   const bf16* in = row_ptr(x, r);
-  Bf16x8 held[kPacks];
+  Bf16x8 held[kMaxPacksPerThread];
 #pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    const int p = lane + 32 * j;
+  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+    const int p = threadIdx.x + j * kVecThreads;
     if (p < packs) held[j] = reinterpret_cast<const Bf16x8*>(in)[p];
   }
   float sum = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    if (lane + 32 * j < packs) {
+  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+    if (threadIdx.x + j * kVecThreads < packs) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) sum = __fadd_rn(sum, to_f32(held[j].v[i]));
     }
   }
-  const float mean = __fdiv_rn(warp_sum(sum), static_cast<float>(x.cols));
+  const float mean = __fdiv_rn(block_sum(sum, scratch), static_cast<float>(x.cols));
   float squares = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    if (lane + 32 * j < packs) {
+  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+    if (threadIdx.x + j * kVecThreads < packs) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const float d = __fsub_rn(to_f32(held[j].v[i]), mean);
@@ -118,22 +87,18 @@ __global__ void __launch_bounds__(32 * kLnWarpsPerBlock)
       }
     }
   }
-  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(squares), static_cast<float>(x.cols)), eps));
+  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(block_sum(squares, scratch), static_cast<float>(x.cols)), eps));
   bf16* o = row_ptr_mut(out, r);
   const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
   uint32_t magnitude = 0;
 #pragma unroll
-  for (int j = 0; j < kPacks; ++j) {
-    const int p = lane + 32 * j;
+  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+    const int p = threadIdx.x + j * kVecThreads;
     if (p >= packs) continue;
-    float v[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = ln_value(to_f32(held[j].v[i]), mean, rstd);
-    epilogue(r, p, v);
     Bf16x8 result;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      result.v[i] = to_bf16(v[i]);
+      result.v[i] = to_bf16(epilogue(r, p * 8 + i, ln_value(to_f32(held[j].v[i]), mean, rstd)));
       magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
     }
     if (vector_store) {
@@ -144,35 +109,29 @@ __global__ void __launch_bounds__(32 * kLnWarpsPerBlock)
     }
   }
   if (row_amax != nullptr) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      magnitude = max(magnitude, __shfl_xor_sync(0xffffffffu, magnitude, offset));
-    }
-    if (lane == 0) row_amax[r] = magnitude;
+    __shared__ uint32_t max_scratch[32];
+    magnitude = block_max_bits(magnitude, max_scratch);
+    if (threadIdx.x == 0) row_amax[r] = magnitude;
   }
 }
 
-// Launches layer_norm_warp_kernel with the smallest packs-per-lane bound that holds the row.
-template <typename Epilogue>
-void launch_layer_norm_warp(const Mat& x, float eps, const Mat& out, Epilogue epilogue, uint32_t* row_amax,
-                            cudaStream_t stream) {
-  const int per_lane = static_cast<int>((x.cols / 8 + 31) / 32);
-  const unsigned blocks = static_cast<unsigned>((x.rows + kLnWarpsPerBlock - 1) / kLnWarpsPerBlock);
-  const unsigned threads = 32 * kLnWarpsPerBlock;
-  if (per_lane <= 4) {
-    layer_norm_warp_kernel<4><<<blocks, threads, 0, stream>>>(x, eps, out, epilogue, row_amax);
-  } else if (per_lane <= 8) {
-    layer_norm_warp_kernel<8><<<blocks, threads, 0, stream>>>(x, eps, out, epilogue, row_amax);
-  } else if (per_lane <= 12) {
-    layer_norm_warp_kernel<12><<<blocks, threads, 0, stream>>>(x, eps, out, epilogue, row_amax);
-  } else if (per_lane <= 16) {
-    layer_norm_warp_kernel<16><<<blocks, threads, 0, stream>>>(x, eps, out, epilogue, row_amax);
-  } else if (per_lane <= 24) {
-    layer_norm_warp_kernel<24><<<blocks, threads, 0, stream>>>(x, eps, out, epilogue, row_amax);
-  } else {
-    layer_norm_warp_kernel<kLnMaxPacksPerLane><<<blocks, threads, 0, stream>>>(x, eps, out, epilogue, row_amax);
+// The eager LN output: the rounded normalised value itself.
+struct PlainLn {
+  __device__ float operator()(int64_t, int64_t, float n) const { return n; }
+};
+
+// bf16(bf16(bf16(1 + scale) · n) + shift), the three eager modulation ops.
+struct ModulateLn {
+  Mat shift, scale;
+  int64_t rows_per_mod;
+  __device__ float operator()(int64_t r, int64_t c, float n) const {
+    const bf16* sh = static_cast<const bf16*>(shift.data) + (r / rows_per_mod) * shift.stride;
+    const bf16* sc = static_cast<const bf16*>(scale.data) + (r / rows_per_mod) * scale.stride;
+    const float one_plus = round_bf16(__fadd_rn(1.0f, to_f32(sc[c])));
+    const float scaled = round_bf16(__fmul_rn(one_plus, n));
+    return __fadd_rn(scaled, to_f32(sh[c]));
   }
-}
+};
 
 __global__ void layer_norm_kernel(Mat x, float eps, Mat out) {
   const int64_t r = blockIdx.x;
@@ -315,97 +274,91 @@ __global__ void qk_norm_rope_kernel(Mat x, int64_t head_dim, const bf16* weight,
   }
 }
 
-// ---- head_dim 128: a half-warp per (row, head), lane l of it holding elements 8l..8l+7 (16-byte
-// loads), two heads per warp; used by both the eager norm kernel and the fused kernel whenever
-// heads_vectorized() holds (same reduction order) ----
+// ---- head_dim 128: lane l holds elements 4l..4l+3 (8-byte loads); used by both the eager norm
+// kernel and the fused kernel whenever heads_vectorized() holds (same reduction order) ----
 constexpr int kVecHeadDim = 128;
 
-bool heads_vectorized(const Mat& x, int64_t head_dim, const void* weight) {
-  return head_dim == kVecHeadDim && rows_aligned16(x, 2) && reinterpret_cast<uintptr_t>(weight) % 16 == 0;
+bool heads_vectorized(const Mat& x, int64_t head_dim) {
+  return head_dim == kVecHeadDim && reinterpret_cast<uintptr_t>(x.data) % 8 == 0 && (x.stride * 2) % 8 == 0;
 }
 
-// The (row, head) of this half-warp; invalid halves still take part in the shuffles.
-__device__ __forceinline__ HeadIndex half_warp_head(const Mat& x) {
-  const int64_t heads = x.cols / kVecHeadDim;
-  const int64_t item = int64_t{blockIdx.x} * (2 * kWarpsPerBlock) + (threadIdx.x >> 4);
-  const bool valid = item < x.rows * heads;
-  return {valid ? item / heads : 0, valid ? item % heads : 0, valid};
+struct Bf16x4 {
+  __nv_bfloat162 lo, hi;
+};
+
+__device__ __forceinline__ void load4(const bf16* p, float v[4]) {
+  const Bf16x4 pack = *reinterpret_cast<const Bf16x4*>(p);
+  v[0] = __low2float(pack.lo);
+  v[1] = __high2float(pack.lo);
+  v[2] = __low2float(pack.hi);
+  v[3] = __high2float(pack.hi);
 }
 
-// Sum across the 16 lanes of a half-warp by xor butterfly (order-fixed, same result in every lane).
-__device__ __forceinline__ float half_warp_sum(float v) {
-#pragma unroll
-  for (int offset = 8; offset > 0; offset >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
+__device__ __forceinline__ void store4(bf16* p, const float v[4]) {
+  Bf16x4 pack;
+  pack.lo = __floats2bfloat162_rn(v[0], v[1]);
+  pack.hi = __floats2bfloat162_rn(v[2], v[3]);
+  *reinterpret_cast<Bf16x4*>(p) = pack;
 }
 
-// Normalised (and rounded) values of this lane's eight elements.
-__device__ __forceinline__ void head_norm8(const bf16* head, const bf16* weight, float eps, RopeStyle style,
-                                           bool valid, float v[8]) {
-  const int sub = threadIdx.x & 15;
-  if (valid) {
-    load8(head + 8 * sub, v);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-  }
+// Normalised (and rounded) values of this lane's four elements.
+__device__ __forceinline__ void head_norm4(const bf16* head, const bf16* weight, float eps, RopeStyle style,
+                                           float v[4]) {
+  const int lane = threadIdx.x & 31;
+  load4(head + 4 * lane, v);
   float squares = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) squares = __fadd_rn(squares, __fmul_rn(v[i], v[i]));
-  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(half_warp_sum(squares), static_cast<float>(kVecHeadDim)), eps));
-  float w[8];
-  load8(weight + 8 * sub, w);
+  for (int i = 0; i < 4; ++i) squares = __fadd_rn(squares, __fmul_rn(v[i], v[i]));
+  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(squares), static_cast<float>(kVecHeadDim)), eps));
+  float w[4];
+  load4(weight + 4 * lane, w);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = head_norm_value(v[i], rstd, w[i], style);
+  for (int i = 0; i < 4; ++i) v[i] = head_norm_value(v[i], rstd, w[i], style);
 }
 
-// RoPE of this lane's eight (already rounded) values.
-__device__ __forceinline__ void rope8(float v[8], const float* cos_row, const float* sin_row, RopeStyle style) {
-  const int sub = threadIdx.x & 15;
-  const float4 c0 = reinterpret_cast<const float4*>(cos_row)[2 * sub];
-  const float4 c1 = reinterpret_cast<const float4*>(cos_row)[2 * sub + 1];
-  const float4 s0 = reinterpret_cast<const float4*>(sin_row)[2 * sub];
-  const float4 s1 = reinterpret_cast<const float4*>(sin_row)[2 * sub + 1];
-  const float cs[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-  const float sn[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-  float partner[8], sign[8];
+// RoPE of this lane's four (already rounded) values.
+__device__ __forceinline__ void rope4(float v[4], const float* cos_row, const float* sin_row, RopeStyle style) {
+  const int lane = threadIdx.x & 31;
+  const float4 c = reinterpret_cast<const float4*>(cos_row)[lane];
+  const float4 s = reinterpret_cast<const float4*>(sin_row)[lane];
+  const float cs[4] = {c.x, c.y, c.z, c.w}, sn[4] = {s.x, s.y, s.z, s.w};
+  float partner[4], sign[4];
   if (style == RopeStyle::kInterleaved) {
-#pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      partner[i] = v[i + 1], partner[i + 1] = v[i];
-      sign[i] = -1.0f, sign[i + 1] = 1.0f;
-    }
+    partner[0] = v[1], partner[1] = v[0], partner[2] = v[3], partner[3] = v[2];
+    sign[0] = sign[2] = -1.0f, sign[1] = sign[3] = 1.0f;
   } else {
-    // Half split: element d pairs with d ± 64, eight elements per lane -> lane ^ 8.
+    // Half split: element d pairs with d ± 64, four elements per lane -> lane ^ 16.
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      partner[i] = __shfl_xor_sync(0xffffffffu, v[i], 8);
-      sign[i] = sub < 8 ? -1.0f : 1.0f;
+    for (int i = 0; i < 4; ++i) {
+      partner[i] = __shfl_xor_sync(0xffffffffu, v[i], 16);
+      sign[i] = lane < 16 ? -1.0f : 1.0f;
     }
   }
-  float result[8];
+  float result[4];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) result[i] = rope_value(v[i], partner[i], sign[i], cs[i], sn[i], style);
+  for (int i = 0; i < 4; ++i) result[i] = rope_value(v[i], partner[i], sign[i], cs[i], sn[i], style);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = result[i];
+  for (int i = 0; i < 4; ++i) v[i] = result[i];
 }
 
 __global__ void qk_rms_norm_vec_kernel(Mat x, const bf16* weight, float eps, RopeStyle style) {
-  const HeadIndex at = half_warp_head(x);
+  const HeadIndex at = warp_head(x, kVecHeadDim);
+  if (!at.valid) return;
   bf16* head = row_ptr_mut(x, at.row) + at.head * kVecHeadDim;
-  float v[8];
-  head_norm8(head, weight, eps, style, at.valid, v);
-  if (at.valid) store8(head + 8 * (threadIdx.x & 15), v);
+  float v[4];
+  head_norm4(head, weight, eps, style, v);
+  store4(head + 4 * (threadIdx.x & 31), v);
 }
 
 __global__ void qk_norm_rope_vec_kernel(Mat x, const bf16* weight, float eps, Mat cos, Mat sin, RopeStyle style) {
-  const HeadIndex at = half_warp_head(x);
+  const HeadIndex at = warp_head(x, kVecHeadDim);
+  if (!at.valid) return;
   bf16* head = row_ptr_mut(x, at.row) + at.head * kVecHeadDim;
-  float v[8];
-  head_norm8(head, weight, eps, style, at.valid, v);
-  rope8(v, static_cast<const float*>(cos.data) + at.row * cos.stride,
+  float v[4];
+  head_norm4(head, weight, eps, style, v);
+  rope4(v, static_cast<const float*>(cos.data) + at.row * cos.stride,
         static_cast<const float*>(sin.data) + at.row * sin.stride, style);
-  if (at.valid) store8(head + 8 * (threadIdx.x & 15), v);
+  store4(head + 4 * (threadIdx.x & 31), v);
 }
 
 bool tables_vectorized(const Mat& cos, const Mat& sin) {
@@ -433,19 +386,13 @@ int head_blocks(const Mat& x, int64_t head_dim) {
   return static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
-// The vectorized kernels: two heads per warp.
-int half_warp_head_blocks(const Mat& x) {
-  const int64_t items = x.rows * (x.cols / kVecHeadDim);
-  return static_cast<int>((items + 2 * kWarpsPerBlock - 1) / (2 * kWarpsPerBlock));
-}
-
 }  // namespace
 
 absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream_t stream) {
   if (x.rows != out.rows || x.cols != out.cols) return absl::InvalidArgumentError("layer_norm: shape mismatch");
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
-    launch_layer_norm_warp(x, eps, out, PlainLn{}, nullptr, stream);
+    layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(x, eps, out, PlainLn{}, nullptr);
   } else {
     layer_norm_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, eps, out);
   }
@@ -461,7 +408,8 @@ absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat
   }
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
-    launch_layer_norm_warp(x, eps, out, ModulateLn{shift, scale, rows_per_mod}, row_amax, stream);
+    layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(
+        x, eps, out, ModulateLn{shift, scale, rows_per_mod}, row_amax);
   } else {
     layer_norm_modulate_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(
         x, shift, scale, rows_per_mod, eps, out, row_amax);
@@ -483,8 +431,8 @@ absl::Status qk_rms_norm_bf16(const Mat& x, int64_t head_dim, const void* weight
                               cudaStream_t stream) {
   if (auto s = check_heads("qk_rms_norm", x, head_dim); !s.ok()) return s;
   if (x.rows == 0) return absl::OkStatus();
-  if (heads_vectorized(x, head_dim, weight)) {
-    qk_rms_norm_vec_kernel<<<half_warp_head_blocks(x), kWarpsPerBlock * 32, 0, stream>>>(
+  if (heads_vectorized(x, head_dim)) {
+    qk_rms_norm_vec_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
         x, static_cast<const bf16*>(weight), eps, style);
   } else {
     qk_rms_norm_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
@@ -511,10 +459,10 @@ absl::Status qk_norm_rope_fused(const Mat& x, int64_t head_dim, const void* weig
   if (x.rows == 0) return absl::OkStatus();
   // The fused kernel takes the vectorised layout exactly when the eager norm kernel does, so
   // both reduce in the same order (its table reads must also be 16-byte aligned).
-  if (heads_vectorized(x, head_dim, weight) && tables_vectorized(cos, sin)) {
-    qk_norm_rope_vec_kernel<<<half_warp_head_blocks(x), kWarpsPerBlock * 32, 0, stream>>>(
+  if (heads_vectorized(x, head_dim) && tables_vectorized(cos, sin)) {
+    qk_norm_rope_vec_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
         x, static_cast<const bf16*>(weight), eps, cos, sin, style);
-  } else if (heads_vectorized(x, head_dim, weight)) {
+  } else if (heads_vectorized(x, head_dim)) {
     // Unaligned tables: the eager pair keeps the shared reduction order.
     FLUX_RETURN_IF_ERROR(qk_rms_norm_bf16(x, head_dim, weight, eps, style, stream));
     return rope_bf16(x, head_dim, cos, sin, style, stream);
