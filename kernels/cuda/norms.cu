@@ -52,6 +52,35 @@ bool ln_vectorized(const Mat& x) {
   return x.cols % 8 == 0 && x.cols / 8 <= kVecThreads * kMaxPacksPerThread && rows_aligned16(x, 2);
 }
 
+// The eager LN output: the rounded normalised values themselves.
+struct PlainLn {
+  __device__ void operator()(int64_t, int64_t, float[8]) const {}
+};
+
+// bf16(bf16(bf16(1 + scale) · n) + shift), the three eager modulation ops, on pack p (8 values).
+struct ModulateLn {
+  Mat shift, scale;
+  int64_t rows_per_mod;
+  __device__ void operator()(int64_t r, int64_t p, float v[8]) const {
+    const bf16* sh = static_cast<const bf16*>(shift.data) + (r / rows_per_mod) * shift.stride + p * 8;
+    const bf16* sc = static_cast<const bf16*>(scale.data) + (r / rows_per_mod) * scale.stride + p * 8;
+    float shift8[8], scale8[8];
+    if (aligned16(sh) && aligned16(sc)) {
+      load8(sh, shift8);
+      load8(sc, scale8);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) shift8[i] = to_f32(sh[i]), scale8[i] = to_f32(sc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float one_plus = round_bf16(__fadd_rn(1.0f, scale8[i]));
+      const float scaled = round_bf16(__fmul_rn(one_plus, v[i]));
+      v[i] = __fadd_rn(scaled, shift8[i]);
+    }
+  }
+};
+
 // row_amax (optional): receives the f32 magnitude bits of max |out| over the row (the rounded
 // values), for the FP8 quantizer that reads this output next.
 template <typename Epilogue>
@@ -95,10 +124,14 @@ __global__ void __launch_bounds__(kVecThreads)
   for (int j = 0; j < kMaxPacksPerThread; ++j) {
     const int p = threadIdx.x + j * kVecThreads;
     if (p >= packs) continue;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = ln_value(to_f32(held[j].v[i]), mean, rstd);
+    epilogue(r, p, v);
     Bf16x8 result;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      result.v[i] = to_bf16(epilogue(r, p * 8 + i, ln_value(to_f32(held[j].v[i]), mean, rstd)));
+      result.v[i] = to_bf16(v[i]);
       magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
     }
     if (vector_store) {
@@ -114,24 +147,6 @@ __global__ void __launch_bounds__(kVecThreads)
     if (threadIdx.x == 0) row_amax[r] = magnitude;
   }
 }
-
-// The eager LN output: the rounded normalised value itself.
-struct PlainLn {
-  __device__ float operator()(int64_t, int64_t, float n) const { return n; }
-};
-
-// bf16(bf16(bf16(1 + scale) · n) + shift), the three eager modulation ops.
-struct ModulateLn {
-  Mat shift, scale;
-  int64_t rows_per_mod;
-  __device__ float operator()(int64_t r, int64_t c, float n) const {
-    const bf16* sh = static_cast<const bf16*>(shift.data) + (r / rows_per_mod) * shift.stride;
-    const bf16* sc = static_cast<const bf16*>(scale.data) + (r / rows_per_mod) * scale.stride;
-    const float one_plus = round_bf16(__fadd_rn(1.0f, to_f32(sc[c])));
-    const float scaled = round_bf16(__fmul_rn(one_plus, n));
-    return __fadd_rn(scaled, to_f32(sh[c]));
-  }
-};
 
 __global__ void layer_norm_kernel(Mat x, float eps, Mat out) {
   const int64_t r = blockIdx.x;
