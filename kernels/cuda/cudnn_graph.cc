@@ -2,8 +2,6 @@
 // cudnnBackendSetAttribute and finalized. Exercised through the SDPA tests in tests/cuda/.
 #include "kernels/cuda/cudnn_graph.h"
 
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 
@@ -15,68 +13,29 @@ struct EngineNotes {
   bool nondeterministic = false;
 };
 
-// An engine's global index and whether cuDNN notes it as nondeterministic (atomics across blocks).
-absl::StatusOr<EngineNotes> engine_notes_of(cudnnBackendDescriptor_t engine) {
-  int64_t count = 0;
-  EngineNotes notes;
-  FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
-                                                      &count, &notes.index),
-                             "engine index"));
-  cudnnBackendNumericalNote_t numerical[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-  FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-                                                      CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
-                                                      &count, numerical),
-                             "engine notes"));
-  for (int64_t i = 0; i < count; ++i) notes.nondeterministic |= numerical[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
-  return notes;
-}
-
-// The same for the engine behind an engine config.
+// The engine behind an engine config: its global index and whether cuDNN notes it as
+// nondeterministic (atomics across thread blocks).
 absl::StatusOr<EngineNotes> engine_notes(cudnnBackendDescriptor_t config) {
   Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   FLUX_RETURN_IF_ERROR(check(engine.created(), "create engine"));
   cudnnBackendDescriptor_t raw = engine.get();
   int64_t count = 0;
+  FLUX_RETURN_IF_ERROR(
+      check(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE,
+                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &raw),
+            "engine of a config"));
+  EngineNotes notes;
+  FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
+                                                      CUDNN_TYPE_INT64, 1, &count, &notes.index),
+                             "engine index"));
+  cudnnBackendNumericalNote_t numerical[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
   FLUX_RETURN_IF_ERROR(check(
-      cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &raw),
-      "engine of a config"));
-  return engine_notes_of(raw);
-}
-
-// An experiment's plan: engine `index` of the graph's global list, default knobs.
-absl::StatusOr<ExecutionPlan> plan_with_engine(cudnnHandle_t handle, Descriptor graph, int64_t index) {
-  int64_t count = 0, engines = 0;
-  FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
-                                                      CUDNN_TYPE_INT64, 1, &count, &engines),
-                             "engine count"));
-  std::fprintf(stderr, "flux2: cuDNN graph has %lld engines; forcing engine %lld\n", static_cast<long long>(engines),
-               static_cast<long long>(index));
-  Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  FLUX_RETURN_IF_ERROR(check(engine.created(), "create engine"));
-  FLUX_RETURN_IF_ERROR(engine.set(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph));
-  FLUX_RETURN_IF_ERROR(engine.set(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, &index, 1));
-  FLUX_RETURN_IF_ERROR(engine.finalize());
-  FLUX_ASSIGN_OR_RETURN(const EngineNotes notes, engine_notes_of(engine.get()));
-  Descriptor config(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-  FLUX_RETURN_IF_ERROR(check(config.created(), "create engine config"));
-  FLUX_RETURN_IF_ERROR(config.set(CUDNN_ATTR_ENGINECFG_ENGINE, engine));
-  FLUX_RETURN_IF_ERROR(config.finalize());
-  ExecutionPlan result;
-  Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  FLUX_RETURN_IF_ERROR(plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle, 1));
-  FLUX_RETURN_IF_ERROR(plan.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config));
-  FLUX_RETURN_IF_ERROR(plan.finalize());
-  FLUX_RETURN_IF_ERROR(check(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                                      CUDNN_TYPE_INT64, 1, &count, &result.workspace_bytes),
-                             "workspace size"));
-  std::fprintf(stderr, "flux2: engine %lld finalized (noted nondeterministic: %d)\n", static_cast<long long>(index),
-               notes.nondeterministic ? 1 : 0);
-  result.plan = std::move(plan);
-  result.engine_index = index;
-  result.keep_alive.push_back(std::move(graph));
-  result.keep_alive.push_back(std::move(engine));
-  result.keep_alive.push_back(std::move(config));
-  return result;
+      cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, numerical),
+      "engine notes"));
+  for (int64_t i = 0; i < count; ++i)
+    notes.nondeterministic |= numerical[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+  return notes;
 }
 
 }  // namespace
@@ -104,8 +63,8 @@ absl::StatusOr<Descriptor> make_tensor(const TensorSpec& spec) {
   return t;
 }
 
-absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector<const Descriptor*>& operations,
-                                         int64_t forced_engine) {
+absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle,
+                                         const std::vector<const Descriptor*>& operations) {
   ExecutionPlan result;
   Descriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   FLUX_RETURN_IF_ERROR(check(graph.created(), "create graph"));
@@ -115,7 +74,6 @@ absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector
   FLUX_RETURN_IF_ERROR(graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                  ops.data(), static_cast<int64_t>(ops.size())));
   FLUX_RETURN_IF_ERROR(graph.finalize());
-  if (forced_engine >= 0) return plan_with_engine(handle, std::move(graph), forced_engine);
 
   Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   FLUX_RETURN_IF_ERROR(check(heuristics.created(), "create heuristics"));

@@ -71,9 +71,8 @@ struct ExecutionPlan {
   int64_t workspace_bytes = 0;
   int64_t engine_index = -1;  // cuDNN's global engine index (for logs)
 };
-// forced_engine >= 0 (experiments): that engine of the graph's global list, not the heuristic's.
-absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle, const std::vector<const Descriptor*>& operations,
-                                         int64_t forced_engine = -1);
+absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle,
+                                         const std::vector<const Descriptor*>& operations);
 
 // Runs `plan` with (unique id, data pointer) pairs and a workspace.
 absl::Status execute(cudnnHandle_t handle, const Descriptor& plan, const std::vector<int64_t>& ids,

@@ -8,7 +8,6 @@
 #include <cudnn.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <deque>
 #include <utility>
 #include <vector>
@@ -135,15 +134,6 @@ class GraphBuilder {
   int64_t next_virtual_ = kFirstVirtual;
 };
 
-// FLUX2_FP8_SDPA_ENGINE=<index> (experiments): that cuDNN engine instead of the heuristic's pick.
-int64_t forced_engine() {
-  static const int64_t index = [] {
-    const char* env = std::getenv("FLUX2_FP8_SDPA_ENGINE");
-    return env != nullptr ? std::atoll(env) : int64_t{-1};
-  }();
-  return index;
-}
-
 }  // namespace
 
 struct CudnnSdpaFp8::Plan {
@@ -246,7 +236,7 @@ absl::StatusOr<CudnnSdpaFp8::Plan*> CudnnSdpaFp8::plan(const Key& key) {
 
   auto plan = std::make_unique<Plan>();
   FLUX_ASSIGN_OR_RETURN(plan->exec,
-                        dnn::build_plan(static_cast<cudnnHandle_t>(handle_), g.operations, forced_engine()));
+                        dnn::build_plan(static_cast<cudnnHandle_t>(handle_), g.operations));
   if (plan->exec.workspace_bytes > 0) {
     FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&plan->workspace, plan->exec.workspace_bytes),
                                      "FP8 SDPA workspace"));
