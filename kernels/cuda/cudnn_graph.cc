@@ -130,6 +130,27 @@ absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle,
   return result;
 }
 
+OwnedPlan::~OwnedPlan() {
+  if (workspace != nullptr) cudaFree(workspace);
+}
+
+absl::Status OwnedPlan::allocate_workspace() {
+  if (exec.workspace_bytes <= 0 || workspace != nullptr) return absl::OkStatus();
+  const cudaError_t error = cudaMalloc(&workspace, exec.workspace_bytes);
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("cuDNN plan workspace: ", cudaGetErrorString(error)));
+}
+
+absl::StatusOr<cudnnHandle_t> create_handle(cudaStream_t stream) {
+  cudnnHandle_t handle = nullptr;
+  FLUX_RETURN_IF_ERROR(check(cudnnCreate(&handle), "create handle"));
+  if (absl::Status status = check(cudnnSetStream(handle, stream), "set stream"); !status.ok()) {
+    cudnnDestroy(handle);
+    return status;
+  }
+  return handle;
+}
+
 absl::Status execute(cudnnHandle_t handle, const Descriptor& plan, const std::vector<int64_t>& ids,
                      const std::vector<void*>& pointers, void* workspace) {
   Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);

@@ -1,10 +1,12 @@
 // Small RAII helpers for cuDNN's backend (graph) API, shared by the bf16 and FP8 SDPA plans:
 // an owned descriptor, tensor descriptors, and "first engine config that finalizes" plans.
-// Exercised through tests/cuda/attention_test.cc and tests/cuda/attention_fp8_test.cc.
+// Exercised through tests/cuda/backend_ops_test.cc and tests/cuda/attention_fp8_test.cc.
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -73,6 +75,22 @@ struct ExecutionPlan {
 };
 absl::StatusOr<ExecutionPlan> build_plan(cudnnHandle_t handle,
                                          const std::vector<const Descriptor*>& operations);
+
+// An execution plan, the descriptors it was built from and its device workspace.
+struct OwnedPlan {
+  std::deque<Descriptor> keep_alive;  // tensors and operations (a deque: pointers stay valid)
+  ExecutionPlan exec;
+  void* workspace = nullptr;
+  OwnedPlan() = default;
+  OwnedPlan(const OwnedPlan&) = delete;
+  OwnedPlan& operator=(const OwnedPlan&) = delete;
+  ~OwnedPlan();
+  // Allocates exec.workspace_bytes of device memory (none when 0).
+  absl::Status allocate_workspace();
+};
+
+// A cuDNN handle whose work goes to `stream`.
+absl::StatusOr<cudnnHandle_t> create_handle(cudaStream_t stream);
 
 // Runs `plan` with (unique id, data pointer) pairs and a workspace.
 absl::Status execute(cudnnHandle_t handle, const Descriptor& plan, const std::vector<int64_t>& ids,

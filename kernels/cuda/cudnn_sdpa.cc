@@ -1,6 +1,6 @@
 // cuDNN SDPA plans through the backend API (one SDPA_FWD operation); see cudnn_sdpa.h. Tensors
 // are (b, h, s, d) with token-major strides so Q, K and V are read straight out of fused
-// projection buffers. Tested against the fallback kernel by tests/cuda/attention_test.cc.
+// projection buffers. Tested by tests/cuda/backend_ops_test.cc (vs the CPU reference).
 #include "kernels/cuda/cudnn_sdpa.h"
 
 #include <cudnn.h>
@@ -17,21 +17,12 @@ namespace {
 enum TensorId : int64_t { kQ = 1, kK, kV, kO, kScale };
 }  // namespace
 
-struct CudnnSdpa::Plan {
-  std::vector<dnn::Descriptor> keep_alive;  // tensors and the operation
-  dnn::ExecutionPlan exec;
-  void* workspace = nullptr;
-  ~Plan() {
-    if (workspace != nullptr) cudaFree(workspace);
-  }
-};
+struct CudnnSdpa::Plan : dnn::OwnedPlan {};
 
 absl::StatusOr<std::unique_ptr<CudnnSdpa>> CudnnSdpa::create(cudaStream_t stream) {
   std::unique_ptr<CudnnSdpa> sdpa(new CudnnSdpa());
-  cudnnHandle_t handle;
-  FLUX_RETURN_IF_ERROR(dnn::check(cudnnCreate(&handle), "create handle"));
+  FLUX_ASSIGN_OR_RETURN(cudnnHandle_t handle, dnn::create_handle(stream));
   sdpa->handle_ = handle;
-  FLUX_RETURN_IF_ERROR(dnn::check(cudnnSetStream(handle, stream), "set stream"));
   return sdpa;
 }
 
@@ -74,9 +65,7 @@ absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::plan(const Key& key) {
   FLUX_RETURN_IF_ERROR(op.set(CUDNN_ATTR_OPERATION_SDPA_FWD_SCALEDESC, scale));
   FLUX_RETURN_IF_ERROR(op.finalize());
   FLUX_ASSIGN_OR_RETURN(plan->exec, dnn::build_plan(static_cast<cudnnHandle_t>(handle_), {&op}));
-  if (plan->exec.workspace_bytes > 0) {
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&plan->workspace, plan->exec.workspace_bytes), "SDPA workspace"));
-  }
+  FLUX_RETURN_IF_ERROR(plan->allocate_workspace());
   for (dnn::Descriptor* d : {&q, &k, &v, &o, &scale, &op}) plan->keep_alive.push_back(std::move(*d));
   Plan* raw = plan.get();
   plans_.emplace(key, std::move(plan));

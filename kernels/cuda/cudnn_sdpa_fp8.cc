@@ -136,23 +136,15 @@ class GraphBuilder {
 
 }  // namespace
 
-struct CudnnSdpaFp8::Plan {
-  std::deque<dnn::Descriptor> keep_alive;
-  dnn::ExecutionPlan exec;
-  bool deterministic = false;
-  void* workspace = nullptr;
-  ~Plan() {
-    if (workspace != nullptr) cudaFree(workspace);
-  }
+struct CudnnSdpaFp8::Plan : dnn::OwnedPlan {
+  bool deterministic = false;  // two runs on the same inputs gave the same bits
 };
 
 absl::StatusOr<std::unique_ptr<CudnnSdpaFp8>> CudnnSdpaFp8::create(cudaStream_t stream) {
   std::unique_ptr<CudnnSdpaFp8> sdpa(new CudnnSdpaFp8());
-  cudnnHandle_t handle;
-  FLUX_RETURN_IF_ERROR(dnn::check(cudnnCreate(&handle), "create handle"));
+  FLUX_ASSIGN_OR_RETURN(cudnnHandle_t handle, dnn::create_handle(stream));
   sdpa->handle_ = handle;
   sdpa->stream_ = stream;
-  FLUX_RETURN_IF_ERROR(dnn::check(cudnnSetStream(handle, stream), "set stream"));
   return sdpa;
 }
 
@@ -237,10 +229,7 @@ absl::StatusOr<CudnnSdpaFp8::Plan*> CudnnSdpaFp8::plan(const Key& key) {
   auto plan = std::make_unique<Plan>();
   FLUX_ASSIGN_OR_RETURN(plan->exec,
                         dnn::build_plan(static_cast<cudnnHandle_t>(handle_), g.operations));
-  if (plan->exec.workspace_bytes > 0) {
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&plan->workspace, plan->exec.workspace_bytes),
-                                     "FP8 SDPA workspace"));
-  }
+  FLUX_RETURN_IF_ERROR(plan->allocate_workspace());
   plan->keep_alive = std::move(g.descriptors);
   FLUX_ASSIGN_OR_RETURN(plan->deterministic, runs_deterministically(*plan, key));
   std::fprintf(stderr,
