@@ -87,6 +87,9 @@ if want fp8; then  # quality=high only: its tests, attention alone and the klein
   summary+=("profile klein-4b high: $(tail -n1 "$out/profile.jsonl")")
   FLUX2_FP8_ATTENTION=1 "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
   summary+=("profile klein-4b high, FP8 attention opted in: $(tail -n1 "$out/profile.jsonl")")
+  FLUX2_FP8_ATTENTION=1 FLUX2_FP8_FAST_ACCUM=1 "$bin/flux2" bench --model klein-4b --quality high --profile --json \
+    >>"$out/profile.jsonl" 2>>"$out/bench.err"
+  summary+=("profile klein-4b high, FP8 attention and fast accumulation opted in: $(tail -n1 "$out/profile.jsonl")")
 fi
 if want gemm-shapes; then
   FLUX2_PROFILE_GEMM_SHAPES=1 "$bin/flux2" bench --model klein-4b --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
