@@ -98,7 +98,6 @@ class CudaBackend final : public Backend {
   // A scratch tensor for eager chains (stream-ordered, freed when the returned tensor dies).
   absl::StatusOr<Tensor> scratch(Shape shape, DType dtype = DType::kBF16);
   bool capturing() const;
-  // Attention for one wide head (the VAE mid block, head_dim 512): Q·Kᵀ, row softmax, P·V.
   // quality=high: Q, K, V quantized to E4M3 (one per-tensor scale), cuDNN FP8 SDPA, O back to bf16.
   absl::Status attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                              bool adjacent, const cuda::Mat& out);
@@ -107,6 +106,7 @@ class CudaBackend final : public Backend {
   // The E4M3 operand layout attention_fp8 uses (pointers into qkv8 / o8; null for a shape query).
   static cuda::Fp8AttentionArgs fp8_attention_operands(const Tensor& q, const Tensor& k, const Tensor& v,
                                                        bool adjacent, void* qkv8 = nullptr, void* o8 = nullptr);
+  // Attention for one wide head (the VAE mid block, head_dim 512): Q·Kᵀ, row softmax, P·V.
   absl::Status attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                                   const cuda::Mat& out);
 
