@@ -238,21 +238,21 @@ OpProfileScope::~OpProfileScope() {
   }
 }
 
-void CudaBackend::hand_off(const Tensor& out, Tensor row_amax) {
+void CudaBackend::hand_off(const Tensor& out, Tensor row_amax, Tensor fp8, Tensor fp8_scale) {
   handoff_ = AmaxHandoff{static_cast<const char*>(out.data()), out.rows(), out.cols(), out.row_stride(),
-                         std::move(row_amax)};
+                         std::move(row_amax), std::move(fp8), std::move(fp8_scale)};
 }
 
-const uint32_t* CudaBackend::incoming_row_amax(const Tensor& x) const {
-  if (!incoming_ || !handoff_wanted()) return nullptr;
+std::optional<int64_t> CudaBackend::incoming_rows(const Tensor& x) const {
+  if (!incoming_ || !handoff_wanted()) return std::nullopt;
   const AmaxHandoff& h = *incoming_;
   const auto* data = static_cast<const char*>(x.data());
-  if (x.cols() != h.cols || x.row_stride() != h.stride || data < h.data) return nullptr;
+  if (x.cols() != h.cols || x.row_stride() != h.stride || data < h.data) return std::nullopt;
   const int64_t offset = data - h.data, row_bytes = h.stride * 2;
-  if (offset % row_bytes != 0) return nullptr;
+  if (offset % row_bytes != 0) return std::nullopt;
   const int64_t first_row = offset / row_bytes;
-  if (first_row + x.rows() > h.rows) return nullptr;
-  return static_cast<const uint32_t*>(h.row_amax.data()) + first_row;
+  if (first_row + x.rows() > h.rows) return std::nullopt;
+  return first_row;
 }
 
 std::map<std::string, double> CudaBackend::take_op_profile() {

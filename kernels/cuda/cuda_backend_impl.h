@@ -154,17 +154,18 @@ class CudaBackend final : public Backend {
   struct AmaxHandoff {
     const char* data = nullptr;  // the region's first element
     int64_t rows = 0, cols = 0, stride = 0;
-    Tensor row_amax;             // u32 [rows]: f32 magnitude bits of max |x| per row
+    Tensor row_amax;             // u32 [rows]: f32 magnitude bits of max |x| per row, or
+    Tensor fp8, fp8_scale;       // the region already in E4M3 [rows, cols] with its scale [1]
   };
   std::optional<AmaxHandoff> handoff_;   // left by the op that finished last
   std::optional<AmaxHandoff> incoming_;  // what the running (outermost) op found
   int op_depth_ = 0;                     // ops called by ops see their caller's hand-off
   // Whether quality=high ops produce and consume hand-offs (per-tensor FP8 GEMMs only).
   bool handoff_wanted() const { return quality_ == Quality::kHigh && !nvfp4_ && !fp8_rowwise_; }
-  // Leaves `out` with its row maxima for the next op.
-  void hand_off(const Tensor& out, Tensor row_amax);
-  // The incoming hand-off's row maxima for x (a row range of its region), or null.
-  const uint32_t* incoming_row_amax(const Tensor& x) const;
+  // Leaves `out` with its row maxima (or its E4M3 copy and scale) for the next op.
+  void hand_off(const Tensor& out, Tensor row_amax, Tensor fp8 = {}, Tensor fp8_scale = {});
+  // The first row of x within the incoming hand-off's region when x is a row range of it.
+  std::optional<int64_t> incoming_rows(const Tensor& x) const;
   bool profiling_ = false;
   int profile_depth_ = 0;  // ops called by ops are timed once, by the outermost
   struct ProfiledOp {

@@ -228,8 +228,16 @@ absl::Status CudaBackend::linear_low_precision(const Tensor& x, const Fp8Weight&
   Fp8Weight xq;
   {
     OpProfileScope profile(*this, profile_category("quantize", x, w.source));
-    if (const uint32_t* row_amax = incoming_row_amax(x); row_amax != nullptr) {
+    const std::optional<int64_t> first_row = incoming_rows(x);
+    if (first_row && incoming_->fp8.data() != nullptr) {
+      // The producer wrote x in E4M3 itself: no quantization at all.
+      xq.values = incoming_->fp8.row_slice(*first_row, m);
+      xq.scale = incoming_->fp8_scale;
+      fp8_handoff_path().count_invocation();
+      handoff_ = incoming_;  // another row range of the same region may follow
+    } else if (first_row && incoming_->row_amax.data() != nullptr) {
       // The producer left x's row maxima: scale from them, then one quantize pass.
+      const auto* row_amax = static_cast<const uint32_t*>(incoming_->row_amax.data()) + *first_row;
       FLUX_ASSIGN_OR_RETURN(xq.values, scratch({m, k}, DType::kF8E4M3));
       FLUX_ASSIGN_OR_RETURN(xq.scale, scratch({1}, DType::kF32));
       FLUX_RETURN_IF_ERROR(cuda::fp8_scale_from_row_amax(row_amax, m, xq.scale.data_as<float>(), stream()));
@@ -387,7 +395,20 @@ absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shi
         if (!handoff_wanted()) {
           return cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out), stream());
         }
-        // quality=high: each row's max |out| too (every row is written: no zeroing needed).
+        if (cuda::layer_norm_writes_fp8(mat(x))) {
+          // quality=high: the E4M3 copy for the next GEMM too, scaled by a bound that holds for
+          // every input (norms.h), so it needs no amax of the output.
+          FLUX_ASSIGN_OR_RETURN(Tensor fp8, scratch({x.rows(), x.cols()}, DType::kF8E4M3));
+          FLUX_ASSIGN_OR_RETURN(Tensor fp8_scale, scratch({1}, DType::kF32));
+          FLUX_RETURN_IF_ERROR(
+              cuda::fp8_layer_norm_modulate_scale(sh, sc, x.cols(), fp8_scale.data_as<float>(), stream()));
+          FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(
+              mat(x), sh, sc, x.rows(), eps, mat(out), stream(), nullptr,
+              cuda::Fp8Rows{static_cast<uint8_t*>(fp8.data()), fp8_scale.data_as<float>()}));
+          hand_off(out, Tensor(), std::move(fp8), std::move(fp8_scale));
+          return absl::OkStatus();
+        }
+        // Else each row's max |out| (every row is written: no zeroing needed).
         FLUX_ASSIGN_OR_RETURN(Tensor row_amax, scratch({x.rows()}, DType::kI32));
         FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out),
                                                              stream(), row_amax.data_as<uint32_t>()));

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/fp8_convert.cuh"
 #include "kernels/cuda/norms.h"
 
 namespace flux2::cuda {
@@ -83,9 +84,10 @@ struct ModulateLn {
 
 // row_amax (optional): receives the f32 magnitude bits of max |out| over the row (the rounded
 // values), for the FP8 quantizer that reads this output next.
+// fp8 (optional): also E4M3 [rows, cols] = e4m3(out / *fp8.scale) of the rounded outputs.
 template <typename Epilogue>
 __global__ void __launch_bounds__(kVecThreads)
-    layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue, uint32_t* row_amax) {
+    layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue, uint32_t* row_amax, Fp8Rows fp8) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const int packs = static_cast<int>(x.cols / 8);
@@ -139,6 +141,12 @@ __global__ void __launch_bounds__(kVecThreads)
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[p * 8 + i] = result.v[i];
+    }
+    if (fp8.values != nullptr) {
+      float rounded[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) rounded[i] = to_f32(result.v[i]);
+      *reinterpret_cast<uint2*>(fp8.values + r * x.cols + p * 8) = fp8_pack8<true>(rounded, *fp8.scale);
     }
   }
   if (row_amax != nullptr) {
@@ -401,13 +409,38 @@ int head_blocks(const Mat& x, int64_t head_dim) {
   return static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
+// A bound on |layer_norm_modulate's output| from the modulation alone: the normalised row has
+// sum n^2 = D var / (var + eps) <= D, so |n| <= sqrt(D); then |bf16(1 + scale)| · |n| + |shift|,
+// with (1 + 2^-7) for each of the two bf16 roundings and the rounding of n. One block.
+__global__ void fp8_layer_norm_modulate_scale_kernel(Mat shift, Mat scale, int64_t cols, float* dequant_scale) {
+  __shared__ uint32_t scratch[32];
+  uint32_t max_one_plus = 0, max_shift = 0;
+  for (int64_t r = 0; r < shift.rows; ++r) {
+    const bf16* sh = row_ptr(shift, r);
+    const bf16* sc = row_ptr(scale, r);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      max_one_plus = max(max_one_plus, __float_as_uint(round_bf16(__fadd_rn(1.0f, to_f32(sc[c])))) & 0x7fffffffu);
+      max_shift = max(max_shift, __float_as_uint(to_f32(sh[c])) & 0x7fffffffu);
+    }
+  }
+  max_one_plus = block_max_bits(max_one_plus, scratch);
+  max_shift = block_max_bits(max_shift, scratch);
+  if (threadIdx.x == 0) {
+    constexpr float kRounding = 1.0f + 1.0f / 128.0f;
+    const float bound = (__uint_as_float(max_one_plus) * sqrtf(static_cast<float>(cols)) * kRounding * kRounding +
+                         __uint_as_float(max_shift)) * kRounding;
+    *dequant_scale = fp8_dequant_scale(bound);
+  }
+}
+
 }  // namespace
 
 absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream_t stream) {
   if (x.rows != out.rows || x.cols != out.cols) return absl::InvalidArgumentError("layer_norm: shape mismatch");
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
-    layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(x, eps, out, PlainLn{}, nullptr);
+    layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(x, eps, out, PlainLn{}, nullptr,
+                                                                                    Fp8Rows{});
   } else {
     layer_norm_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, eps, out);
   }
@@ -416,20 +449,37 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
 }
 
 absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat& scale, int64_t rows_per_mod,
-                                       float eps, const Mat& out, cudaStream_t stream, uint32_t* row_amax) {
+                                       float eps, const Mat& out, cudaStream_t stream, uint32_t* row_amax,
+                                       Fp8Rows fp8) {
   if (x.rows != out.rows || x.cols != out.cols || shift.cols != x.cols || scale.cols != x.cols ||
       rows_per_mod <= 0 || shift.rows * rows_per_mod != x.rows || scale.rows != shift.rows) {
     return absl::InvalidArgumentError("layer_norm_modulate: shape mismatch");
   }
+  if (fp8.values != nullptr && (!ln_vectorized(x) || fp8.scale == nullptr)) {
+    return absl::InvalidArgumentError("layer_norm_modulate: an E4M3 output needs the vectorized layout and a scale");
+  }
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
     layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(
-        x, eps, out, ModulateLn{shift, scale, rows_per_mod}, row_amax);
+        x, eps, out, ModulateLn{shift, scale, rows_per_mod}, row_amax, fp8);
   } else {
     layer_norm_modulate_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(
         x, shift, scale, rows_per_mod, eps, out, row_amax);
   }
   FLUX_RETURN_IF_LAUNCH_FAILED("layer_norm_modulate");
+  return absl::OkStatus();
+}
+
+bool layer_norm_writes_fp8(const Mat& x) { return ln_vectorized(x); }
+
+absl::Status fp8_layer_norm_modulate_scale(const Mat& shift, const Mat& scale, int64_t cols, float* dequant_scale,
+                                           cudaStream_t stream) {
+  if (shift.cols != cols || scale.cols != cols || shift.rows != scale.rows || shift.rows <= 0 ||
+      dequant_scale == nullptr) {
+    return absl::InvalidArgumentError("fp8_layer_norm_modulate_scale: shift and scale must be [B, cols]");
+  }
+  fp8_layer_norm_modulate_scale_kernel<<<1, 1024, 0, stream>>>(shift, scale, cols, dequant_scale);
+  FLUX_RETURN_IF_LAUNCH_FAILED("fp8_layer_norm_modulate_scale");
   return absl::OkStatus();
 }
 

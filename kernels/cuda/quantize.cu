@@ -13,22 +13,8 @@
 #include "kernels/base/uniform_hash.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/fp8_convert.cuh"
 #include "kernels/cuda/launch.cuh"
-
-// cvt.rn.satfinite.e4m3x2.f32 exists from sm_89 (so on the H200); cvt.rn.satfinite.e2m1x2.f32 only
-// on the family-specific Blackwell targets (sm_100a/103a/110a/120a ...), the same condition as
-// cuda_fp8.h's __CUDA_FP8_INTERNAL_CAN_RELY_ON_PTX_FOR_SHORTTYPESCVT__ (kernels.md §2.3).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-#define FLUX_HAS_E4M3_CVT 1
-#else
-#define FLUX_HAS_E4M3_CVT 0
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000 && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && \
-    __CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000 && __CUDA_ARCH_FAMILY_SPECIFIC__ < 1300
-#define FLUX_HAS_E2M1_CVT 1
-#else
-#define FLUX_HAS_E2M1_CVT 0
-#endif
 
 namespace flux2::cuda {
 namespace {
@@ -37,43 +23,6 @@ constexpr int kThreads = 256;
 constexpr int kAmaxMaxBlocks =
     static_cast<int>(kQuantizeWorkspaceBytes / sizeof(uint32_t));  // 1024
 
-// The conversions the kernels use: the cvt instructions when kHw and compiled for the target,
-// else the software ones. Host-device only so the fp8_nvfp4.h block template can take it.
-template <bool kHw>
-struct DeviceCvt {
-  // Two E4M3 bytes, `lo` in the low byte (cvt puts its first source operand in the upper half).
-  FLUX_HOST_DEVICE static uint16_t e4m3x2(float lo, float hi) {
-#if FLUX_HAS_E4M3_CVT
-    if constexpr (kHw) {
-      uint16_t r;
-      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-      return r;
-    } else
-#endif
-    {
-      return static_cast<uint16_t>(f32_to_e4m3(lo) | (f32_to_e4m3(hi) << 8));
-    }
-  }
-  FLUX_HOST_DEVICE static uint8_t e4m3(float x) {
-    return static_cast<uint8_t>(e4m3x2(x, 0.0f) & 0xffu);
-  }
-  // Two E2M1 codes, `lo` in the low nibble.
-  FLUX_HOST_DEVICE static uint8_t e2m1x2(float lo, float hi) {
-#if FLUX_HAS_E2M1_CVT
-    if constexpr (kHw) {
-      uint16_t r;
-      asm("{\n\t.reg .b8 fq;\n\tcvt.rn.satfinite.e2m1x2.f32 fq, %1, %2;\n\tmov.b16 %0, {fq, "
-          "0};\n\t}"
-          : "=h"(r)
-          : "f"(hi), "f"(lo));
-      return static_cast<uint8_t>(r);
-    } else
-#endif
-    {
-      return SoftwareCvt::e2m1x2(lo, hi);
-    }
-  }
-};
 
 // The column concatenation [a | b] of two bf16 matrices (b may have no columns), as raw bits.
 struct CatSource {
@@ -149,20 +98,6 @@ __global__ void amax_finalize_kernel(const uint32_t* partials, int count, ScaleK
   }
 }
 
-// 16 values -> 16 E4M3 bytes e4m3(x / scale), element order = memory order.
-template <bool kHw>
-__device__ __forceinline__ uint4 fp8_pack16(const float x[16], float scale) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t lo =
-        DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i], scale), div_rn(x[4 * i + 1], scale));
-    const uint32_t hi =
-        DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i + 2], scale), div_rn(x[4 * i + 3], scale));
-    w[i] = lo | (hi << 16);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 // Pass 3 (or the static quantizer): out[r, c] = e4m3(x[r, c] / *scale), 16 elements per item.
 template <bool kHw>
