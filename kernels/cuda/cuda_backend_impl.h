@@ -146,11 +146,12 @@ class CudaBackend final : public Backend {
   std::string profile_category(absl::string_view category, const Tensor& x, const Tensor& w) const;
   // y = x · wᵀ through the FP8 (or, on Blackwell, NVFP4) GEMM.
   absl::Status linear_low_precision(const Tensor& x, const Fp8Weight& w, const Tensor& y);
-  // quality=high hand-off: the op that wrote a bf16 activation also left each row's max |x|; an FP8
-  // GEMM that reads exactly that region (or a row range of it) next takes the scale from those
-  // maxima and skips the quantizer's amax pass (bit-identical). It lives from the end of the
-  // producer to the start of the next op, and through linears that consumed it (the double
-  // block's image and text GEMMs read two row ranges of one output).
+  // quality=high hand-off: the op that wrote a bf16 activation also left each row's max |x|
+  // (SwiGLU, attention) or an E4M3 copy with its scale (LayerNorm+modulate); an FP8 GEMM that reads
+  // exactly that region (or a row range of it) next skips the quantizer's amax pass (bit-identical)
+  // or the whole quantization. It lives from the end of the producer to the start of the next op,
+  // and through linears that consumed it (the double block's image and text GEMMs read two row
+  // ranges of one output).
   struct AmaxHandoff {
     const char* data = nullptr;  // the region's first element
     int64_t rows = 0, cols = 0, stride = 0;
