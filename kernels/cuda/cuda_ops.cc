@@ -568,8 +568,7 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
   // sharing the largest amax costs no precision unless a tensor sits 2^15 below another.
   const int64_t s_q = q.rows(), s_kv = k.rows(), width = q.cols();
   // "quantize" (split out as "quantize attention" under FLUX2_PROFILE_GEMM_SHAPES), "attention".
-  const bool by_shape = profile_category("quantize", q, q) != "quantize";
-  const char* quantize = by_shape ? "quantize attention" : "quantize";
+  const std::string quantize = op_category("quantize", "attention");
   std::optional<OpProfileScope> profile(std::in_place, *this, quantize);
   FLUX_ASSIGN_OR_RETURN(
       Tensor scales,

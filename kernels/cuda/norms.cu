@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(kVecThreads)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       result.v[i] = to_bf16(v[i]);
-      magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
+      if (row_amax != nullptr) magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
     }
     if (vector_store) {
       reinterpret_cast<Bf16x8*>(o)[p] = result;
@@ -180,7 +180,7 @@ __global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t 
     const float one_plus = round_bf16(__fadd_rn(1.0f, to_f32(sc[c])));   // bf16(1 + scale)
     const float scaled = round_bf16(__fmul_rn(one_plus, n));              // bf16(· LN(x))
     o[c] = to_bf16(__fadd_rn(scaled, to_f32(sh[c])));                      // bf16(+ shift)
-    magnitude = max(magnitude, __float_as_uint(to_f32(o[c])) & 0x7fffffffu);
+    if (row_amax != nullptr) magnitude = max(magnitude, __float_as_uint(to_f32(o[c])) & 0x7fffffffu);
   }
   if (row_amax != nullptr) {
     __shared__ uint32_t max_scratch[32];
