@@ -16,6 +16,13 @@ __device__ __forceinline__ __nv_bfloat16 to_bf16(float v) { return __float2bfloa
 // The value a bf16 store then load would give.
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
+// r / n for the non-negative row arithmetic of the kernels: a 32-bit division whenever both fit
+// (the 64-bit one costs dozens of instructions), the same quotient either way.
+__device__ __forceinline__ int64_t row_div(int64_t r, int64_t n) {
+  if (((r | n) >> 31) == 0) return static_cast<uint32_t>(r) / static_cast<uint32_t>(n);
+  return r / n;
+}
+
 // 8 bf16 values = 16 bytes.
 struct alignas(16) Bf16x8 {
   __nv_bfloat16 v[8];

@@ -179,14 +179,14 @@ absl::Status gate_mul_bf16(const Mat& gate, int64_t rows_per_gate, const Mat& up
       update.rows, update.cols, vec_ok({&gate, &update, &out}), stream,
       [=] __device__(int64_t r, int64_t c) {
         float g[8], u[8];
-        load8(at(gate, r / rows_per_gate, c), g);
+        load8(at(gate, row_div(r, rows_per_gate), c), g);
         load8(at(update, r, c), u);
 #pragma unroll
         for (int i = 0; i < 8; ++i) g[i] = __fmul_rn(g[i], u[i]);
         store8(at(out, r, c), g);
       },
       [=] __device__(int64_t r, int64_t c) {
-        *at(out, r, c) = to_bf16(__fmul_rn(to_f32(*at(gate, r / rows_per_gate, c)), to_f32(*at(update, r, c))));
+        *at(out, r, c) = to_bf16(__fmul_rn(to_f32(*at(gate, row_div(r, rows_per_gate), c)), to_f32(*at(update, r, c))));
       });
   FLUX_RETURN_IF_LAUNCH_FAILED("gate_mul");
   return absl::OkStatus();
@@ -203,13 +203,13 @@ absl::Status add_row_bf16(const Mat& x, const Mat& row, int64_t rows_per_row, co
       [=] __device__(int64_t r, int64_t c) {
         float a[8], b[8];
         load8(at(x, r, c), a);
-        load8(at(row, r / rows_per_row, c), b);
+        load8(at(row, row_div(r, rows_per_row), c), b);
 #pragma unroll
         for (int i = 0; i < 8; ++i) a[i] = __fadd_rn(a[i], b[i]);
         store8(at(out, r, c), a);
       },
       [=] __device__(int64_t r, int64_t c) {
-        *at(out, r, c) = to_bf16(__fadd_rn(to_f32(*at(x, r, c)), to_f32(*at(row, r / rows_per_row, c))));
+        *at(out, r, c) = to_bf16(__fadd_rn(to_f32(*at(x, r, c)), to_f32(*at(row, row_div(r, rows_per_row), c))));
       });
   FLUX_RETURN_IF_LAUNCH_FAILED("add_row");
   return absl::OkStatus();
@@ -235,14 +235,14 @@ absl::Status gate_residual_fused(const Mat& x, const Mat& gate, int64_t rows_per
       [=] __device__(int64_t r, int64_t c) {
         float h[8], g[8], u[8];
         load8(at(x, r, c), h);
-        load8(at(gate, r / rows_per_gate, c), g);
+        load8(at(gate, row_div(r, rows_per_gate), c), g);
         load8(at(update, r, c), u);
 #pragma unroll
         for (int i = 0; i < 8; ++i) h[i] = __fadd_rn(h[i], round_bf16(__fmul_rn(g[i], u[i])));
         store8(at(x, r, c), h);
       },
       [=] __device__(int64_t r, int64_t c) {
-        const float t = round_bf16(__fmul_rn(to_f32(*at(gate, r / rows_per_gate, c)), to_f32(*at(update, r, c))));
+        const float t = round_bf16(__fmul_rn(to_f32(*at(gate, row_div(r, rows_per_gate), c)), to_f32(*at(update, r, c))));
         *at(x, r, c) = to_bf16(__fadd_rn(to_f32(*at(x, r, c)), t));
       });
   FLUX_RETURN_IF_LAUNCH_FAILED("gate_residual");

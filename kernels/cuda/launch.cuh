@@ -11,23 +11,26 @@
 
 namespace flux2::cuda {
 
-template <typename F>
-__global__ void for_each_vec8_kernel(int64_t rows, int64_t vec_cols, F f) {
-  const int64_t total = rows * vec_cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    f(i / vec_cols, (i % vec_cols) * 8);
+// Index: the loop's integer type — 32-bit whenever rows x columns fits (a 64-bit division or
+// modulo costs dozens of instructions per item, enough to slow these memory-bound loops).
+template <typename Index, typename F>
+__global__ void for_each_vec8_kernel(Index rows, Index vec_cols, F f) {
+  const Index total = rows * vec_cols;
+  for (Index i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    f(static_cast<int64_t>(i / vec_cols), static_cast<int64_t>(i % vec_cols) * 8);
   }
 }
 
-template <typename F>
-__global__ void for_each_scalar_kernel(int64_t rows, int64_t cols, F f) {
-  const int64_t total = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    f(i / cols, i % cols);
+template <typename Index, typename F>
+__global__ void for_each_scalar_kernel(Index rows, Index cols, F f) {
+  const Index total = rows * cols;
+  for (Index i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    f(static_cast<int64_t>(i / cols), static_cast<int64_t>(i % cols));
   }
 }
+
+// Whether `items` grid-stride iterations can use 32-bit indices (the last stride step included).
+inline bool fits_32bit(int64_t items) { return items < (int64_t{1} << 31); }
 
 inline int grid_for(int64_t items, int threads) {
   // Enough blocks to fill an H200 several times over; grid-stride loops cover the rest.
@@ -42,9 +45,21 @@ void launch_rows(int64_t rows, int64_t cols, bool vectorized, cudaStream_t strea
   if (rows == 0 || cols == 0) return;
   if (vectorized && cols % 8 == 0) {
     const int64_t vec_cols = cols / 8;
-    for_each_vec8_kernel<<<grid_for(rows * vec_cols, kThreads), kThreads, 0, stream>>>(rows, vec_cols, vec8);
+    const int grid = grid_for(rows * vec_cols, kThreads);
+    if (fits_32bit(rows * vec_cols + int64_t{grid} * kThreads)) {
+      for_each_vec8_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(static_cast<uint32_t>(rows),
+                                                                     static_cast<uint32_t>(vec_cols), vec8);
+    } else {
+      for_each_vec8_kernel<int64_t><<<grid, kThreads, 0, stream>>>(rows, vec_cols, vec8);
+    }
   } else {
-    for_each_scalar_kernel<<<grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(rows, cols, scalar);
+    const int grid = grid_for(rows * cols, kThreads);
+    if (fits_32bit(rows * cols + int64_t{grid} * kThreads)) {
+      for_each_scalar_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(static_cast<uint32_t>(rows),
+                                                                       static_cast<uint32_t>(cols), scalar);
+    } else {
+      for_each_scalar_kernel<int64_t><<<grid, kThreads, 0, stream>>>(rows, cols, scalar);
+    }
   }
 }
 

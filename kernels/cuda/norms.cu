@@ -63,8 +63,8 @@ struct ModulateLn {
   Mat shift, scale;
   int64_t rows_per_mod;
   __device__ void operator()(int64_t r, int64_t p, float v[8]) const {
-    const bf16* sh = static_cast<const bf16*>(shift.data) + (r / rows_per_mod) * shift.stride + p * 8;
-    const bf16* sc = static_cast<const bf16*>(scale.data) + (r / rows_per_mod) * scale.stride + p * 8;
+    const bf16* sh = static_cast<const bf16*>(shift.data) + row_div(r, rows_per_mod) * shift.stride + p * 8;
+    const bf16* sc = static_cast<const bf16*>(scale.data) + row_div(r, rows_per_mod) * scale.stride + p * 8;
     float shift8[8], scale8[8];
     if (aligned16(sh) && aligned16(sc)) {
       load8(sh, shift8);
@@ -85,22 +85,24 @@ struct ModulateLn {
 // row_amax (optional): receives the f32 magnitude bits of max |out| over the row (the rounded
 // values), for the FP8 quantizer that reads this output next.
 // fp8 (optional): also E4M3 [rows, cols] = e4m3(out / *fp8.scale) of the rounded outputs.
-template <typename Epilogue>
+// kPacks: packs held per thread, at least ceil(cols / 8 / kVecThreads) (registers scale with it;
+// the reduction order does not depend on it, so every instantiation gives the same bits).
+template <int kPacks, typename Epilogue>
 __global__ void __launch_bounds__(kVecThreads)
     layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue, uint32_t* row_amax, Fp8Rows fp8) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const int packs = static_cast<int>(x.cols / 8);
   const bf16* in = row_ptr(x, r);
-  Bf16x8 held[kMaxPacksPerThread];
+  Bf16x8 held[kPacks];
 #pragma unroll
-  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+  for (int j = 0; j < kPacks; ++j) {
     const int p = threadIdx.x + j * kVecThreads;
     if (p < packs) held[j] = reinterpret_cast<const Bf16x8*>(in)[p];
   }
   float sum = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+  for (int j = 0; j < kPacks; ++j) {
     if (threadIdx.x + j * kVecThreads < packs) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) sum = __fadd_rn(sum, to_f32(held[j].v[i]));
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(kVecThreads)
   const float mean = __fdiv_rn(block_sum(sum, scratch), static_cast<float>(x.cols));
   float squares = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+  for (int j = 0; j < kPacks; ++j) {
     if (threadIdx.x + j * kVecThreads < packs) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -123,7 +125,7 @@ __global__ void __launch_bounds__(kVecThreads)
   const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
   uint32_t magnitude = 0;
 #pragma unroll
-  for (int j = 0; j < kMaxPacksPerThread; ++j) {
+  for (int j = 0; j < kPacks; ++j) {
     const int p = threadIdx.x + j * kVecThreads;
     if (p >= packs) continue;
     float v[8];
@@ -156,6 +158,27 @@ __global__ void __launch_bounds__(kVecThreads)
   }
 }
 
+// Launches layer_norm_vec_kernel with the fewest packs per thread that hold x's rows.
+template <typename Epilogue>
+void launch_layer_norm_vec(const Mat& x, float eps, const Mat& out, Epilogue epilogue, uint32_t* row_amax, Fp8Rows fp8,
+                           cudaStream_t stream) {
+  const int64_t per_thread = (x.cols / 8 + kVecThreads - 1) / kVecThreads;
+  const unsigned grid = static_cast<unsigned>(x.rows);
+  if (per_thread <= 1) {
+    layer_norm_vec_kernel<1><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+  } else if (per_thread <= 2) {
+    layer_norm_vec_kernel<2><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+  } else if (per_thread <= 3) {
+    layer_norm_vec_kernel<3><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+  } else if (per_thread <= 4) {
+    layer_norm_vec_kernel<4><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+  } else if (per_thread <= 6) {
+    layer_norm_vec_kernel<6><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+  } else {
+    layer_norm_vec_kernel<kMaxPacksPerThread><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+  }
+}
+
 __global__ void layer_norm_kernel(Mat x, float eps, Mat out) {
   const int64_t r = blockIdx.x;
   const bf16* in = row_ptr(x, r);
@@ -169,8 +192,8 @@ __global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t 
                                            uint32_t* row_amax) {
   const int64_t r = blockIdx.x;
   const bf16* in = row_ptr(x, r);
-  const bf16* sh = row_ptr(shift, r / rows_per_mod);
-  const bf16* sc = row_ptr(scale, r / rows_per_mod);
+  const bf16* sh = row_ptr(shift, row_div(r, rows_per_mod));
+  const bf16* sc = row_ptr(scale, row_div(r, rows_per_mod));
   float mean, rstd;
   row_stats(in, x.cols, eps, &mean, &rstd);
   bf16* o = row_ptr_mut(out, r);
@@ -324,27 +347,41 @@ __device__ __forceinline__ void store4(bf16* p, const float v[4]) {
   *reinterpret_cast<Bf16x4*>(p) = pack;
 }
 
+// Normalises (and rounds) this lane's four elements v of a head, w the lane's norm weights.
+__device__ __forceinline__ void norm4(float v[4], const float w[4], float eps, RopeStyle style) {
+  float squares = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) squares = __fadd_rn(squares, __fmul_rn(v[i], v[i]));
+  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(squares), static_cast<float>(kVecHeadDim)), eps));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = head_norm_value(v[i], rstd, w[i], style);
+}
+
 // Normalised (and rounded) values of this lane's four elements.
 __device__ __forceinline__ void head_norm4(const bf16* head, const bf16* weight, float eps, RopeStyle style,
                                            float v[4]) {
   const int lane = threadIdx.x & 31;
   load4(head + 4 * lane, v);
-  float squares = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) squares = __fadd_rn(squares, __fmul_rn(v[i], v[i]));
-  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(squares), static_cast<float>(kVecHeadDim)), eps));
   float w[4];
   load4(weight + 4 * lane, w);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = head_norm_value(v[i], rstd, w[i], style);
+  norm4(v, w, eps, style);
 }
 
-// RoPE of this lane's four (already rounded) values.
-__device__ __forceinline__ void rope4(float v[4], const float* cos_row, const float* sin_row, RopeStyle style) {
+// This lane's four cos and sin values of a table row.
+struct Rope4 {
+  float cs[4], sn[4];
+};
+
+__device__ __forceinline__ Rope4 load_rope4(const float* cos_row, const float* sin_row) {
   const int lane = threadIdx.x & 31;
   const float4 c = reinterpret_cast<const float4*>(cos_row)[lane];
   const float4 s = reinterpret_cast<const float4*>(sin_row)[lane];
-  const float cs[4] = {c.x, c.y, c.z, c.w}, sn[4] = {s.x, s.y, s.z, s.w};
+  return Rope4{{c.x, c.y, c.z, c.w}, {s.x, s.y, s.z, s.w}};
+}
+
+// RoPE of this lane's four (already rounded) values.
+__device__ __forceinline__ void rope4(float v[4], const Rope4& t, RopeStyle style) {
+  const int lane = threadIdx.x & 31;
   float partner[4], sign[4];
   if (style == RopeStyle::kInterleaved) {
     partner[0] = v[1], partner[1] = v[0], partner[2] = v[3], partner[3] = v[2];
@@ -359,7 +396,7 @@ __device__ __forceinline__ void rope4(float v[4], const float* cos_row, const fl
   }
   float result[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) result[i] = rope_value(v[i], partner[i], sign[i], cs[i], sn[i], style);
+  for (int i = 0; i < 4; ++i) result[i] = rope_value(v[i], partner[i], sign[i], t.cs[i], t.sn[i], style);
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = result[i];
 }
@@ -373,15 +410,36 @@ __global__ void qk_rms_norm_vec_kernel(Mat x, const bf16* weight, float eps, Rop
   store4(head + 4 * (threadIdx.x & 31), v);
 }
 
+// The fused kernel: one warp per kHeadsPerWarp heads of a row, so the loads of all of them are in
+// flight together and the weights and the row's cos/sin are read once. Per head, the same
+// arithmetic as qk_rms_norm_vec_kernel followed by rope_kernel.
+constexpr int kHeadsPerWarp = 4;
+
+__host__ __device__ inline int64_t head_groups(const Mat& x) { return (x.cols / kVecHeadDim + kHeadsPerWarp - 1) / kHeadsPerWarp; }
+
 __global__ void qk_norm_rope_vec_kernel(Mat x, const bf16* weight, float eps, Mat cos, Mat sin, RopeStyle style) {
-  const HeadIndex at = warp_head(x, kVecHeadDim);
-  if (!at.valid) return;
-  bf16* head = row_ptr_mut(x, at.row) + at.head * kVecHeadDim;
-  float v[4];
-  head_norm4(head, weight, eps, style, v);
-  rope4(v, static_cast<const float*>(cos.data) + at.row * cos.stride,
-        static_cast<const float*>(sin.data) + at.row * sin.stride, style);
-  store4(head + 4 * (threadIdx.x & 31), v);
+  const int64_t heads = x.cols / kVecHeadDim, groups = head_groups(x);
+  const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (item >= x.rows * groups) return;
+  const int64_t row = item / groups, first = (item % groups) * kHeadsPerWarp;
+  const int lane = threadIdx.x & 31;
+  bf16* lane_base = row_ptr_mut(x, row) + first * kVecHeadDim + 4 * lane;
+  float v[kHeadsPerWarp][4];
+#pragma unroll
+  for (int h = 0; h < kHeadsPerWarp; ++h) {
+    if (first + h < heads) load4(lane_base + h * kVecHeadDim, v[h]);
+  }
+  float w[4];
+  load4(weight + 4 * lane, w);
+  const Rope4 table = load_rope4(static_cast<const float*>(cos.data) + row * cos.stride,
+                                 static_cast<const float*>(sin.data) + row * sin.stride);
+#pragma unroll
+  for (int h = 0; h < kHeadsPerWarp; ++h) {
+    if (first + h >= heads) break;
+    norm4(v[h], w, eps, style);
+    rope4(v[h], table, style);
+    store4(lane_base + h * kVecHeadDim, v[h]);
+  }
 }
 
 bool tables_vectorized(const Mat& cos, const Mat& sin) {
@@ -439,8 +497,7 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
   if (x.rows != out.rows || x.cols != out.cols) return absl::InvalidArgumentError("layer_norm: shape mismatch");
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
-    layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(x, eps, out, PlainLn{}, nullptr,
-                                                                                    Fp8Rows{});
+    launch_layer_norm_vec(x, eps, out, PlainLn{}, nullptr, Fp8Rows{}, stream);
   } else {
     layer_norm_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, eps, out);
   }
@@ -460,8 +517,7 @@ absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat
   }
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
-    layer_norm_vec_kernel<<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(
-        x, eps, out, ModulateLn{shift, scale, rows_per_mod}, row_amax, fp8);
+    launch_layer_norm_vec(x, eps, out, ModulateLn{shift, scale, rows_per_mod}, row_amax, fp8, stream);
   } else {
     layer_norm_modulate_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(
         x, shift, scale, rows_per_mod, eps, out, row_amax);
@@ -525,8 +581,9 @@ absl::Status qk_norm_rope_fused(const Mat& x, int64_t head_dim, const void* weig
   // The fused kernel takes the vectorised layout exactly when the eager norm kernel does, so
   // both reduce in the same order (its table reads must also be 16-byte aligned).
   if (heads_vectorized(x, head_dim) && tables_vectorized(cos, sin)) {
-    qk_norm_rope_vec_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(
-        x, static_cast<const bf16*>(weight), eps, cos, sin, style);
+    const auto blocks = static_cast<unsigned>((x.rows * head_groups(x) + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    qk_norm_rope_vec_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, static_cast<const bf16*>(weight), eps, cos,
+                                                                        sin, style);
   } else if (heads_vectorized(x, head_dim)) {
     // Unaligned tables: the eager pair keeps the shared reduction order.
     FLUX_RETURN_IF_ERROR(qk_rms_norm_bf16(x, head_dim, weight, eps, style, stream));

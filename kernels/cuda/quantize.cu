@@ -100,17 +100,17 @@ __global__ void amax_finalize_kernel(const uint32_t* partials, int count, ScaleK
 
 
 // Pass 3 (or the static quantizer): out[r, c] = e4m3(x[r, c] / *scale), 16 elements per item.
-template <bool kHw>
+// Index: 32-bit where the item count allows, as in the dynamic kernel below.
+template <bool kHw, typename Index>
 __global__ void fp8_quantize_kernel(CatSource s, const float* scale_ptr, uint8_t* out) {
   const float scale = *scale_ptr;
-  const int64_t per_row = s.cols / 16, items = s.rows * per_row;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < items;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / per_row, c = (i % per_row) * 16;
+  const Index per_row = static_cast<Index>(s.cols / 16), items = static_cast<Index>(s.rows) * per_row;
+  for (Index i = blockIdx.x * blockDim.x + threadIdx.x; i < items; i += gridDim.x * blockDim.x) {
+    const Index r = i / per_row, c = (i - r * per_row) * 16;
     float x[16];
     load8(s, r, c, x);
     load8(s, r, c + 8, x + 8);
-    *reinterpret_cast<uint4*>(out + r * s.cols + c) = fp8_pack16<kHw>(x, scale);
+    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * s.cols + c) = fp8_pack16<kHw>(x, scale);
   }
 }
 
@@ -377,10 +377,16 @@ absl::Status launch_fp8_quantize(const char* op, const Fp8QuantizeArgs& args, co
                                  cudaStream_t stream) {
   const int grid = grid_for(s.rows * (s.cols / 16), kThreads);
   uint8_t* out = static_cast<uint8_t*>(args.out);
-  if (args.conversion == QuantizeConversion::kSoftware) {
-    fp8_quantize_kernel<false><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
+  const bool hw = args.conversion != QuantizeConversion::kSoftware;
+  const bool narrow = s.rows * (s.cols / 16) + int64_t{grid} * kThreads < (int64_t{1} << 31);
+  if (hw && narrow) {
+    fp8_quantize_kernel<true, uint32_t><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
+  } else if (hw) {
+    fp8_quantize_kernel<true, int64_t><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
+  } else if (narrow) {
+    fp8_quantize_kernel<false, uint32_t><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
   } else {
-    fp8_quantize_kernel<true><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
+    fp8_quantize_kernel<false, int64_t><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
   }
   FLUX_RETURN_IF_LAUNCH_FAILED(op);
   return absl::OkStatus();
