@@ -173,7 +173,7 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
 }
 
 std::string CudaBackend::op_category(absl::string_view category, absl::string_view op) const {
-  // FLUX2_PROFILE_GEMM_SHAPES=1 also splits the "norm" and "elementwise" categories by op.
+  // FLUX2_PROFILE_GEMM_SHAPES=1 also splits the "norm", "elementwise" and "conv" categories by op.
   static const bool by_op = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
   return by_op && profiling_ ? absl::StrCat(category, " ", op) : std::string(category);
 }
@@ -630,7 +630,10 @@ absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, c
 
 absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                                  const Tensor& out) {
-  OpProfileScope profile(*this, "conv");
+  OpProfileScope profile(*this, op_category("conv", x.rank() == 3 && w.rank() == 4
+                                                        ? absl::StrCat(x.dim(0), "x", x.dim(1), "x", x.dim(2), "->",
+                                                                       w.dim(0), " k", w.dim(1))
+                                                        : std::string("?")));
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "w", w));
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "bias", bias));

@@ -61,6 +61,80 @@ __global__ void group_reduce_kernel(const float2* partial, int groups, float cou
   }
 }
 
+// ---- vectorized statistics (C % 8 == 0, C <= 8 x kStatThreads, 16-byte aligned rows) ----
+// Each of kStatBlocks blocks takes a contiguous range of pixels; thread t reads the 8 channels
+// [8 (t % P), 8 (t % P) + 8) (P = C / 8 packs per pixel) of every (256 / P)-th pixel with one
+// 16-byte load, so a block reads whole pixels, coalesced. Per channel, each thread sums its pixels
+// in order; the block then sums the threads' channel sums in thread-row order and the channels
+// of each group in channel order: a fixed tree, independent of the GPU (kStatBlocks is fixed).
+constexpr int kStatBlocks = 512;
+constexpr int kStatThreads = 256;
+
+bool group_stats_vectorized(const Mat& x) {
+  return x.cols % 8 == 0 && x.cols / 8 <= kStatThreads && rows_aligned16(x, 2);
+}
+
+// partial[b * groups + g]: block b's sum over group g of x (kSecond false) or of (x - mean[g])^2.
+template <bool kSecond>
+__global__ void __launch_bounds__(kStatThreads)
+    group_stats_vec_kernel(Mat x, int per_group, int groups, const float* mean, float* partial) {
+  __shared__ float channel_sums[kStatThreads * 8];  // [thread row][channel]
+  const int cols = static_cast<int>(x.cols), packs = cols / 8, rows_per_pass = kStatThreads / packs;
+  const int pack = threadIdx.x % packs, thread_row = threadIdx.x / packs;
+  const int64_t begin = x.rows * blockIdx.x / kStatBlocks, end = x.rows * (blockIdx.x + 1) / kStatBlocks;
+  if (thread_row < rows_per_pass) {
+    float centre[8], acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      centre[i] = kSecond ? mean[(pack * 8 + i) / per_group] : 0.0f;
+      acc[i] = 0.0f;
+    }
+    const bf16* column = static_cast<const bf16*>(x.data) + pack * 8;
+#pragma unroll 4
+    for (int64_t p = begin + thread_row; p < end; p += rows_per_pass) {
+      float v[8];
+      load8(column + p * x.stride, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        if (kSecond) {
+          const float d = __fsub_rn(v[i], centre[i]);
+          acc[i] = __fadd_rn(acc[i], __fmul_rn(d, d));
+        } else {
+          acc[i] = __fadd_rn(acc[i], v[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) channel_sums[thread_row * cols + pack * 8 + i] = acc[i];
+  }
+  __syncthreads();
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    float total = 0.0f;
+    for (int c = g * per_group; c < (g + 1) * per_group; ++c) {
+      float channel = 0.0f;
+      for (int r = 0; r < rows_per_pass; ++r) channel = __fadd_rn(channel, channel_sums[r * cols + c]);
+      total = __fadd_rn(total, channel);
+    }
+    partial[blockIdx.x * groups + g] = total;
+  }
+}
+
+// One warp per group: lane l sums the blocks l, l + 32, ... in order, then the fixed butterfly.
+__global__ void group_stats_finish_kernel(const float* partial, int groups, float count, float eps, bool second,
+                                          float* mean, float* rstd) {
+  const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (g >= groups) return;
+  float total = 0.0f;
+  for (int b = lane; b < kStatBlocks; b += 32) total = __fadd_rn(total, partial[b * groups + g]);
+  total = warp_sum(total);
+  if (lane != 0) return;
+  if (!second) {
+    mean[g] = __fdiv_rn(total, count);
+  } else {
+    rstd[g] = rsqrtf(__fadd_rn(__fdiv_rn(total, count), eps));
+  }
+}
+
 }  // namespace
 
 absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta, float eps, bool silu,
@@ -71,24 +145,39 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
   if (x.rows == 0) return absl::OkStatus();
   const int64_t per_group = x.cols / groups;
   // Scratch: partial sums, then mean and rstd per group (stream-ordered allocation).
+  const bool vec_stats = group_stats_vectorized(x);
+  const size_t partial_bytes = vec_stats ? sizeof(float) * groups * kStatBlocks : sizeof(float2) * groups * kSlices;
   void* scratch = nullptr;
-  const size_t partial_bytes = sizeof(float2) * groups * kSlices;
   FLUX_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(&scratch, partial_bytes + 2 * sizeof(float) * groups, stream),
                                    "group_norm scratch"));
-  auto* partial = static_cast<float2*>(scratch);
   auto* mean = reinterpret_cast<float*>(static_cast<char*>(scratch) + partial_bytes);
   float* rstd = mean + groups;
-  const dim3 grid(kSlices, static_cast<unsigned>(groups));
   const float count = static_cast<float>(x.rows * per_group);
-  const int reduce_blocks = static_cast<int>((groups + 127) / 128);
-  group_partials_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, partial);
-  group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(partial, static_cast<int>(groups), count, eps, false, mean, rstd);
-  group_variance_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, mean, partial);
-  group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(partial, static_cast<int>(groups), count, eps, true, mean, rstd);
+  if (vec_stats) {
+    auto* partial = static_cast<float*>(scratch);
+    const int finish_blocks = static_cast<int>((groups + 7) / 8);  // 8 warps per block
+    for (bool second : {false, true}) {
+      const auto kernel = second ? group_stats_vec_kernel<true> : group_stats_vec_kernel<false>;
+      kernel<<<kStatBlocks, kStatThreads, 0, stream>>>(x, static_cast<int>(per_group), static_cast<int>(groups), mean,
+                                                       partial);
+      group_stats_finish_kernel<<<finish_blocks, 256, 0, stream>>>(partial, static_cast<int>(groups), count, eps,
+                                                                   second, mean, rstd);
+    }
+  } else {
+    auto* partial = static_cast<float2*>(scratch);
+    const dim3 grid(kSlices, static_cast<unsigned>(groups));
+    const int reduce_blocks = static_cast<int>((groups + 127) / 128);
+    group_partials_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, partial);
+    group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(partial, static_cast<int>(groups), count, eps, false, mean,
+                                                          rstd);
+    group_variance_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, mean, partial);
+    group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(partial, static_cast<int>(groups), count, eps, true, mean,
+                                                          rstd);
+  }
   const bf16* g = static_cast<const bf16*>(gamma);
   const bf16* b = static_cast<const bf16*>(beta);
   auto normalise = [=] __device__(float v, int64_t c) {
-    const int64_t grp = c / per_group;
+    const uint32_t grp = static_cast<uint32_t>(c) / static_cast<uint32_t>(per_group);  // c < C: 32-bit
     float y = round_bf16(__fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(v, mean[grp]), rstd[grp]), to_f32(g[c])),
                                    to_f32(b[c])));
     return silu ? silu_f32(y) : y;
@@ -115,12 +204,19 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
 absl::Status upsample_nearest_2x_bf16(const void* x, int64_t h, int64_t w, int64_t c, void* out, cudaStream_t stream) {
   const bf16* in = static_cast<const bf16*>(x);
   bf16* o = static_cast<bf16*>(out);
+  // Source pixel of output pixel `pixel` (row_div: 32-bit divisions where they fit).
+  auto source = [=] __device__(int64_t pixel) {
+    const int64_t oy = row_div(pixel, 2 * w), ox = pixel - oy * 2 * w;
+    return (oy / 2) * w + ox / 2;
+  };
+  const bool vectorized = c % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                          reinterpret_cast<uintptr_t>(out) % 16 == 0;
   launch_rows(
-      4 * h * w, c, false, stream, [=] __device__(int64_t, int64_t) {},
+      4 * h * w, c, vectorized, stream,
       [=] __device__(int64_t pixel, int64_t ch) {
-        const int64_t oy = pixel / (2 * w), ox = pixel % (2 * w);
-        o[pixel * c + ch] = in[((oy / 2) * w + ox / 2) * c + ch];
-      });
+        *reinterpret_cast<Bf16x8*>(o + pixel * c + ch) = *reinterpret_cast<const Bf16x8*>(in + source(pixel) * c + ch);
+      },
+      [=] __device__(int64_t pixel, int64_t ch) { o[pixel * c + ch] = in[source(pixel) * c + ch]; });
   FLUX_RETURN_IF_LAUNCH_FAILED("upsample_nearest_2x");
   return absl::OkStatus();
 }

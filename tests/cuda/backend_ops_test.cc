@@ -85,6 +85,37 @@ TEST_F(BackendOpsTest, NormsAndElementwise) {
   expect_close(*gpu, og, oc, "group_norm");
 }
 
+// GroupNorm at the VAE decoder's channel counts and enough pixels that every statistics block
+// of the vectorized path has work (and one channel count it serves with idle threads, one it
+// leaves to the scalar path), with SiLU and without.
+TEST_F(BackendOpsTest, GroupNormAtDecoderShapes) {
+  FLUX2_REQUIRE_GPU(gpu);
+  struct Case { int64_t pixels, channels, groups; bool silu; };
+  for (const Case c : {Case{4099, 128, 32, true}, Case{2053, 512, 32, false}, Case{1031, 24, 8, true},
+                       Case{300, 36, 4, false}}) {
+    // A ramp over the pixels plus a per-channel offset, so that statistics which miss or repeat
+    // pixels, or mix channels of neighbouring groups, give visibly different outputs.
+    std::vector<float> host(static_cast<size_t>(c.pixels * c.channels));
+    for (int64_t p = 0; p < c.pixels; ++p) {
+      for (int64_t ch = 0; ch < c.channels; ++ch) {
+        host[p * c.channels + ch] = 3.0f * p / c.pixels + 0.25f * (ch % 7) + 0.5f * std::sin(0.37f * (p + 5 * ch));
+      }
+    }
+    Tensor xg = gpu->empty(DType::kBF16, {c.pixels, c.channels}).value();
+    ASSERT_TRUE(gpu->upload(host.data(), DType::kF32, xg).ok());
+    const std::vector<float> rounded = testing::values(*gpu, xg);
+    Tensor xc = cpu_.empty(DType::kF32, {c.pixels, c.channels}).value();
+    ASSERT_TRUE(cpu_.upload(rounded.data(), DType::kF32, xc).ok());
+    auto [sg, sc] = pair(*gpu, 1, c.channels, 22);
+    auto [tg, tc] = pair(*gpu, 1, c.channels, 23);
+    Tensor og = gpu->empty(DType::kBF16, {c.pixels, c.channels}).value();
+    Tensor oc = cpu_.empty(DType::kF32, {c.pixels, c.channels}).value();
+    ASSERT_TRUE(gpu->group_norm(xg, c.groups, sg.reshape({c.channels}), tg.reshape({c.channels}), 1e-6f, c.silu, og).ok());
+    ASSERT_TRUE(cpu_.group_norm(xc, c.groups, sc.reshape({c.channels}), tc.reshape({c.channels}), 1e-6f, c.silu, oc).ok());
+    expect_close(*gpu, og, oc, ("group_norm C=" + std::to_string(c.channels)).c_str());
+  }
+}
+
 TEST_F(BackendOpsTest, ConvUpsampleAndLatentUnpack) {
   FLUX2_REQUIRE_GPU(gpu);
   const int64_t h = 12, w = 20, cin = 32, cout = 64;
