@@ -135,6 +135,16 @@ __global__ void group_stats_finish_kernel(const float* partial, int groups, floa
   }
 }
 
+// Per-channel copies of the group statistics, so the normalising pass reads 8 channels' worth
+// with two 16-byte loads each instead of dividing every channel index by the group size.
+__global__ void group_channel_stats_kernel(const float* mean, const float* rstd, int channels, int per_group,
+                                           float* channel_mean, float* channel_rstd) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  channel_mean[c] = mean[c / per_group];
+  channel_rstd[c] = rstd[c / per_group];
+}
+
 }  // namespace
 
 absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta, float eps, bool silu,
@@ -146,12 +156,19 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
   const int64_t per_group = x.cols / groups;
   // Scratch: partial sums, then mean and rstd per group (stream-ordered allocation).
   const bool vec_stats = group_stats_vectorized(x);
-  const size_t partial_bytes = vec_stats ? sizeof(float) * groups * kStatBlocks : sizeof(float2) * groups * kSlices;
+  // Layout: partials | mean [G] | rstd [G] | channel mean [C] | channel rstd [C], 16-byte aligned.
+  auto aligned = [](size_t bytes) { return (bytes + 15) / 16 * 16; };
+  const size_t partial_bytes =
+      aligned(vec_stats ? sizeof(float) * groups * kStatBlocks : sizeof(float2) * groups * kSlices);
+  const size_t group_bytes = aligned(sizeof(float) * groups), channel_bytes = aligned(sizeof(float) * x.cols);
   void* scratch = nullptr;
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(&scratch, partial_bytes + 2 * sizeof(float) * groups, stream),
-                                   "group_norm scratch"));
-  auto* mean = reinterpret_cast<float*>(static_cast<char*>(scratch) + partial_bytes);
-  float* rstd = mean + groups;
+  FLUX_RETURN_IF_ERROR(cuda_status(
+      cudaMallocAsync(&scratch, partial_bytes + 2 * group_bytes + 2 * channel_bytes, stream), "group_norm scratch"));
+  char* base = static_cast<char*>(scratch);
+  auto* mean = reinterpret_cast<float*>(base + partial_bytes);
+  auto* rstd = reinterpret_cast<float*>(base + partial_bytes + group_bytes);
+  auto* channel_mean = reinterpret_cast<float*>(base + partial_bytes + 2 * group_bytes);
+  auto* channel_rstd = reinterpret_cast<float*>(base + partial_bytes + 2 * group_bytes + channel_bytes);
   const float count = static_cast<float>(x.rows * per_group);
   if (vec_stats) {
     auto* partial = static_cast<float*>(scratch);
@@ -176,26 +193,39 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
   }
   const bf16* g = static_cast<const bf16*>(gamma);
   const bf16* b = static_cast<const bf16*>(beta);
-  auto normalise = [=] __device__(float v, int64_t c) {
-    const uint32_t grp = static_cast<uint32_t>(c) / static_cast<uint32_t>(per_group);  // c < C: 32-bit
-    float y = round_bf16(__fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(v, mean[grp]), rstd[grp]), to_f32(g[c])),
-                                   to_f32(b[c])));
+  // bf16((x - mean) · rstd · gamma + beta), then SiLU: one rounding sequence for both paths.
+  auto normalise = [=] __device__(float v, float m, float r, float gm, float bt) {
+    const float y = round_bf16(__fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(v, m), r), gm), bt));
     return silu ? silu_f32(y) : y;
   };
-  const bool vectorized = per_group % 8 == 0 && rows_aligned16(x, 2) && rows_aligned16(out, 2) &&
+  const bool vectorized = x.cols % 8 == 0 && rows_aligned16(x, 2) && rows_aligned16(out, 2) &&
                           reinterpret_cast<uintptr_t>(gamma) % 16 == 0 && reinterpret_cast<uintptr_t>(beta) % 16 == 0;
+  if (vectorized) {
+    group_channel_stats_kernel<<<static_cast<unsigned>((x.cols + 255) / 256), 256, 0, stream>>>(
+        mean, rstd, static_cast<int>(x.cols), static_cast<int>(per_group), channel_mean, channel_rstd);
+  }
   launch_rows(
       x.rows, x.cols, vectorized, stream,
       [=] __device__(int64_t r, int64_t c) {
-        float v[8];
+        float v[8], gm[8], bt[8];
         load8(static_cast<const bf16*>(x.data) + r * x.stride + c, v);
+        load8(g + c, gm);
+        load8(b + c, bt);
+        const float4 m0 = *reinterpret_cast<const float4*>(channel_mean + c);
+        const float4 m1 = *reinterpret_cast<const float4*>(channel_mean + c + 4);
+        const float4 r0 = *reinterpret_cast<const float4*>(channel_rstd + c);
+        const float4 r1 = *reinterpret_cast<const float4*>(channel_rstd + c + 4);
+        const float m[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
+        const float rs[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = normalise(v[i], c + i);
+        for (int i = 0; i < 8; ++i) v[i] = normalise(v[i], m[i], rs[i], gm[i], bt[i]);
         store8(static_cast<bf16*>(out.data) + r * out.stride + c, v);
       },
       [=] __device__(int64_t r, int64_t c) {
         const float v = to_f32(static_cast<const bf16*>(x.data)[r * x.stride + c]);
-        static_cast<bf16*>(out.data)[r * out.stride + c] = to_bf16(normalise(v, c));
+        const int64_t grp = c / per_group;
+        static_cast<bf16*>(out.data)[r * out.stride + c] =
+            to_bf16(normalise(v, mean[grp], rstd[grp], to_f32(g[c]), to_f32(b[c])));
       });
   FLUX_RETURN_IF_LAUNCH_FAILED("group_norm");
   return cuda_status(cudaFreeAsync(scratch, stream), "group_norm scratch free");
