@@ -67,6 +67,13 @@ FastPath& fp8_handoff_path() {
   return path;
 }
 
+// quality=high: the convolution's bias added in cuDNN's epilogue (one rounding instead of
+// PyTorch's two, and no second pass over the output).
+FastPath& conv_fused_bias_path() {
+  static FastPath path("conv_fused_bias");
+  return path;
+}
+
 std::mutex injected_mutex;
 std::set<std::string>& injected_failures() {
   static std::set<std::string> paths;
@@ -644,8 +651,15 @@ absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor&
     return op_error("conv2d", absl::StrCat("shapes do not match: x ", x.describe(), ", w ",
                                            w.describe(), ", out ", out.describe()));
   }
-  return conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1),
-                    bias.data(), out.data());
+  auto separate = [&] {
+    return conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1), bias.data(), out.data());
+  };
+  if (quality_ != Quality::kHigh) return separate();
+  FLUX_ASSIGN_OR_RETURN(const bool fusable, conv_->fuses_bias(x.dim(0), x.dim(1), x.dim(2), w.dim(0), w.dim(1)));
+  return run_path(conv_fused_bias_path(), fusable ? "" : "algorithm_cannot_fuse", [&] {
+    return conv_->run_fused_bias(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1), bias.data(),
+                                 out.data());
+  }, separate);
 }
 
 absl::Status CudaBackend::upsample_nearest_2x(const Tensor& x, const Tensor& out) {

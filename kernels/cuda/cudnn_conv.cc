@@ -21,6 +21,7 @@ struct CudnnConv::Plan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
   cudnnFilterDescriptor_t w = nullptr;
   cudnnConvolutionDescriptor_t conv = nullptr;
+  cudnnActivationDescriptor_t identity = nullptr;  // for the fused bias
   cudnnConvolutionFwdAlgo_t algo{};
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -30,6 +31,7 @@ struct CudnnConv::Plan {
     if (bias) cudnnDestroyTensorDescriptor(bias);
     if (w) cudnnDestroyFilterDescriptor(w);
     if (conv) cudnnDestroyConvolutionDescriptor(conv);
+    if (identity) cudnnDestroyActivationDescriptor(identity);
     if (workspace) cudaFree(workspace);
   }
 };
@@ -68,6 +70,9 @@ absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
   FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetConvolution2dDescriptor(p->conv, pad, pad, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
                                                                   CUDNN_DATA_FLOAT), "conv"));
   FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetConvolutionMathType(p->conv, CUDNN_TENSOR_OP_MATH), "math type"));
+  FLUX_RETURN_IF_ERROR(dnn_status(cudnnCreateActivationDescriptor(&p->identity), "activation desc"));
+  FLUX_RETURN_IF_ERROR(dnn_status(
+      cudnnSetActivationDescriptor(p->identity, CUDNN_ACTIVATION_IDENTITY, CUDNN_PROPAGATE_NAN, 0.0), "identity"));
   cudnnConvolutionFwdAlgoPerf_t perf[8];
   int returned = 0;
   FLUX_RETURN_IF_ERROR(dnn_status(cudnnGetConvolutionForwardAlgorithm_v7(static_cast<cudnnHandle_t>(handle_), p->x, p->w,
@@ -100,6 +105,26 @@ absl::Status CudnnConv::run(const void* x, int64_t height, int64_t width, int64_
                                                           p->workspace_bytes, &zero, p->y, out),
                                   "convolution"));
   return dnn_status(cudnnAddTensor(handle, &one, p->bias, bias, &one, p->y, out), "bias");
+}
+
+absl::StatusOr<bool> CudnnConv::fuses_bias(int64_t height, int64_t width, int64_t cin, int64_t cout,
+                                           int64_t ksize) {
+  FLUX_ASSIGN_OR_RETURN(Plan* p, plan(Key{height, width, cin, cout, ksize}));
+  return p->algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+}
+
+absl::Status CudnnConv::run_fused_bias(const void* x, int64_t height, int64_t width, int64_t cin, const void* w,
+                                       int64_t cout, int64_t ksize, const void* bias, void* out) {
+  FLUX_ASSIGN_OR_RETURN(Plan* p, plan(Key{height, width, cin, cout, ksize}));
+  if (p->algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
+    return absl::FailedPreconditionError("cuDNN fuses the bias only into IMPLICIT_PRECOMP_GEMM");
+  }
+  const float one = 1.0f, zero = 0.0f;
+  // y = identity(1 · conv(x) + 0 · z + bias) with z = y (alpha2 = 0: not read for its value).
+  return dnn_status(cudnnConvolutionBiasActivationForward(static_cast<cudnnHandle_t>(handle_), &one, p->x, x, p->w, w,
+                                                          p->conv, p->algo, p->workspace, p->workspace_bytes, &zero,
+                                                          p->y, out, p->bias, bias, p->identity, p->y, out),
+                    "convolution with bias");
 }
 
 }  // namespace flux2::cuda

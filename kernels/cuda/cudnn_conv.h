@@ -1,5 +1,6 @@
 // NHWC bf16 convolution (stride 1, "same" padding) through cuDNN's legacy convolution API
-// (kernels.md §5.3): tensor-op math, algorithm chosen once per shape, bias added by cuDNN.
+// (kernels.md §5.3): tensor-op math, algorithm chosen once per shape, bias added by cuDNN — as a
+// separate pass (PyTorch's two roundings) or fused into the convolution's epilogue (one rounding).
 // Tested against the CPU backend by tests/cuda/backend_ops_test.cc.
 #pragma once
 
@@ -20,9 +21,17 @@ class CudnnConv {
   CudnnConv(const CudnnConv&) = delete;
   CudnnConv& operator=(const CudnnConv&) = delete;
 
-  // out [H, W, Cout] = conv(x [H, W, Cin], w [Cout, k, k, Cin]) + bias [Cout]; all contiguous bf16.
+  // out [H, W, Cout] = bf16(bf16(conv(x [H, W, Cin], w [Cout, k, k, Cin])) + bias [Cout]), as
+  // PyTorch computes it (the convolution, then a separate bias add); all contiguous bf16.
   absl::Status run(const void* x, int64_t height, int64_t width, int64_t cin, const void* w,
                    int64_t cout, int64_t ksize, const void* bias, void* out);
+  // out = bf16(conv(x, w) + bias) with the bias added in the convolution's epilogue: one rounding
+  // and no second pass over the output (which costs as much as the convolution at 128 channels).
+  // Only where fuses_bias() (cuDNN fuses an identity activation only into IMPLICIT_PRECOMP_GEMM).
+  absl::Status run_fused_bias(const void* x, int64_t height, int64_t width, int64_t cin, const void* w,
+                              int64_t cout, int64_t ksize, const void* bias, void* out);
+  // Whether the shape's algorithm (chosen once, as for run()) can take the bias in its epilogue.
+  absl::StatusOr<bool> fuses_bias(int64_t height, int64_t width, int64_t cin, int64_t cout, int64_t ksize);
 
  private:
   struct Plan;

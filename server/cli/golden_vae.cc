@@ -1,6 +1,7 @@
 // check-golden part "vae": vae.decode of every case of vae_decode.safetensors (post_quant_conv +
 // decoder on an unpatchified latent), comparing the image by relative L2 error. The vectors are
-// NCHW ([1, 32, h, w] latents, [1, 3, H, W] image); the decoder is NHWC. See golden_check.h.
+// NCHW ([1, 32, h, w] latents, [1, 3, H, W] image); the decoder is NHWC. With --quality high the
+// backend runs its quality=high decoder paths. See golden_check.h.
 #include <string>
 #include <vector>
 
@@ -70,6 +71,7 @@ void check_golden_vae(const GoldenContext& context, GoldenReport& report) {
   if (!checkpoint.ok()) return report.fail(kFile, "-", checkpoint.status().message());
   auto vae = VaeDecoder::load(*context.backend, *checkpoint);
   if (!vae.ok()) return report.fail(kFile, "-", vae.status().message());
+  context.backend->set_quality(context.quality);  // quality=high: the fused-bias convolutions
 
   for (int k = 0;; ++k) {
     const std::string name = absl::StrCat("case", k);

@@ -5,9 +5,11 @@
 // reference is far from zero so a missing term cannot hide.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include <gtest/gtest.h>
 
+#include "kernels/base/fast_path_registry.h"
 #include "kernels/base/numerics.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -83,6 +85,48 @@ TEST_F(BackendOpsTest, NormsAndElementwise) {
   ASSERT_TRUE(gpu->group_norm(xg, 8, sg.reshape({d}), tg.reshape({d}), 1e-6f, true, og).ok());
   ASSERT_TRUE(cpu_.group_norm(xc, 8, sc.reshape({d}), tc.reshape({d}), 1e-6f, true, oc).ok());
   expect_close(*gpu, og, oc, "group_norm");
+}
+
+int64_t invocations(const std::string& path) {
+  for (const FastPathCounters& c : fast_path_snapshot()) {
+    if (c.path == path) return c.invocations;
+  }
+  return 0;
+}
+
+// quality=high adds the convolution's bias in cuDNN's epilogue: f = bf16(c + b), one rounding,
+// where lossless rounds the convolution first (PyTorch's separate bias add): s = bf16(bf16(c) + b).
+// Both agree with the CPU backend, and with bf16's unit roundoff u = 2^-8 (8-bit significand):
+// |s - f| <= u|bf16(c) + b| + u|c| + u|c + b| and |c| <= |c + b| + |b|, so
+// |s - f| <= u (3 max(|s|, |f|) + |b|) up to terms of order u^2 (covered by a factor 1.01).
+TEST_F(BackendOpsTest, ConvBiasFusedAtQualityHigh) {
+  FLUX2_REQUIRE_GPU(gpu);
+  const int64_t h = 32, w = 24, cin = 128, cout = 128;
+  auto [xg, xc] = pair(*gpu, h * w, cin, 30);
+  auto [wg, wc] = pair(*gpu, cout, 9 * cin, 31, 0.05f);
+  auto [bg, bc] = pair(*gpu, 1, cout, 32, 4.0f);
+  const Tensor x = xg.reshape({h, w, cin}), weights = wg.reshape({cout, 3, 3, cin}), bias = bg.reshape({cout});
+  Tensor separate = gpu->empty(DType::kBF16, {h, w, cout}).value(), fused = gpu->empty(DType::kBF16, {h, w, cout}).value();
+  Tensor oc = cpu_.empty(DType::kF32, {h, w, cout}).value();
+  ASSERT_TRUE(gpu->conv2d(x, weights, bias, separate).ok());
+  const int64_t before = invocations("conv_fused_bias");
+  gpu->set_quality(Quality::kHigh);
+  ASSERT_TRUE(gpu->conv2d(x, weights, bias, fused).ok());
+  gpu->set_quality(Quality::kLossless);
+  EXPECT_EQ(invocations("conv_fused_bias"), before + 1) << "the fused bias did not run";
+  ASSERT_TRUE(cpu_.conv2d(xc.reshape({h, w, cin}), wc.reshape({cout, 3, 3, cin}), bc.reshape({cout}), oc).ok());
+  expect_close(*gpu, fused, oc, "conv2d, fused bias");
+  const std::vector<float> a = testing::values(*gpu, fused), b = testing::values(*gpu, separate);
+  const std::vector<float> bias_values = testing::values(*gpu, bg);
+  int64_t differing = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    differing += a[i] != b[i];
+    const double bound = 1.01 * std::ldexp(3.0 * std::max(std::fabs(a[i]), std::fabs(b[i])) +
+                                               std::fabs(bias_values[i % cout]), -8);
+    EXPECT_LE(std::fabs(a[i] - b[i]), bound) << "element " << i;
+  }
+  std::printf("conv fused bias: %lld of %zu outputs differ from the separate bias add by one rounding\n",
+              static_cast<long long>(differing), a.size());
 }
 
 // GroupNorm at the VAE decoder's channel counts and enough pixels that every statistics block

@@ -34,7 +34,8 @@ if want golden; then
   for dir in tiny-klein tiny-dev; do
     "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda >"$out/golden-$dir.log" 2>&1
     summary+=("golden $dir (cuda): exit $? $(tail -n1 "$out/golden-$dir.log")")
-    "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda --only transformer --quality high \
+    high_parts=transformer; [[ -f tests/data/$dir/vae_decode.safetensors ]] && high_parts=transformer,vae
+    "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda --only $high_parts --quality high \
       >"$out/golden-high-$dir.log" 2>&1
     summary+=("golden $dir (cuda, quality=high): exit $? $(tail -n1 "$out/golden-high-$dir.log")")
   done
