@@ -138,6 +138,13 @@ class Backend {
   // bias [Cout], out [H, W, Cout]. kh == kw, odd.
   virtual absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                               const Tensor& out) = 0;
+  // out = residual + conv2d(x, w, bias): a resnet's convolution and its shortcut add. By default
+  // the two ops (PyTorch's roundings); the CUDA backend fuses them at quality=high.
+  virtual absl::Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
+                                  const Tensor& out) {
+    if (absl::Status status = conv2d(x, w, bias, out); !status.ok()) return status;
+    return add(residual, out, out);
+  }
   // out [2H, 2W, C] = nearest-neighbour ×2 of x [H, W, C].
   virtual absl::Status upsample_nearest_2x(const Tensor& x, const Tensor& out) = 0;
   // Packed latent tokens [h·w, 4C] (token = row·w + col, channel = c·4 + dy·2 + dx) →

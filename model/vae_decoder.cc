@@ -83,13 +83,13 @@ absl::StatusOr<Tensor> BackendVaeDecoder::resnet(const VaeResnetWeights& w, cons
   FLUX_ASSIGN_OR_RETURN(Tensor h, group_norm(w.norm1, x, /*silu=*/true));  // [H, W, Cin]
   FLUX_ASSIGN_OR_RETURN(h, conv(w.conv1, h));                               // [H, W, Cout]
   FLUX_ASSIGN_OR_RETURN(h, group_norm(w.norm2, h, /*silu=*/true));          // [H, W, Cout]
-  FLUX_ASSIGN_OR_RETURN(h, conv(w.conv2, h));                               // [H, W, Cout]
   Tensor shortcut = x;                                                      // [H, W, Cin = Cout]
   if (w.conv_shortcut.weight.data() != nullptr) {
     FLUX_ASSIGN_OR_RETURN(shortcut, conv(w.conv_shortcut, x));              // [H, W, Cout]
   }
-  FLUX_ASSIGN_OR_RETURN(Tensor out, image(h.dim(0), h.dim(1), h.dim(2)));
-  FLUX_RETURN_IF_ERROR(backend_.add(shortcut, h, out));                     // [H, W, Cout]
+  const int64_t cout = w.conv2.weight.dim(0);
+  FLUX_ASSIGN_OR_RETURN(Tensor out, image(h.dim(0), h.dim(1), cout));
+  FLUX_RETURN_IF_ERROR(backend_.conv2d_add(h, w.conv2.weight, w.conv2.bias, shortcut, out));  // shortcut + conv2(h)
   return out;
 }
 

@@ -114,16 +114,19 @@ absl::StatusOr<bool> CudnnConv::fuses_bias(int64_t height, int64_t width, int64_
 }
 
 absl::Status CudnnConv::run_fused_bias(const void* x, int64_t height, int64_t width, int64_t cin, const void* w,
-                                       int64_t cout, int64_t ksize, const void* bias, void* out) {
+                                       int64_t cout, int64_t ksize, const void* bias, void* out, const void* residual) {
   FLUX_ASSIGN_OR_RETURN(Plan* p, plan(Key{height, width, cin, cout, ksize}));
   if (p->algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
     return absl::FailedPreconditionError("cuDNN fuses the bias only into IMPLICIT_PRECOMP_GEMM");
   }
   const float one = 1.0f, zero = 0.0f;
-  // y = identity(1 · conv(x) + 0 · z + bias) with z = y (alpha2 = 0: not read for its value).
+  // y = identity(1 · conv(x) + alpha2 · z + bias): z = the residual (alpha2 = 1), or y itself
+  // with alpha2 = 0 (not read for its value).
+  const void* z = residual != nullptr ? residual : out;
   return dnn_status(cudnnConvolutionBiasActivationForward(static_cast<cudnnHandle_t>(handle_), &one, p->x, x, p->w, w,
-                                                          p->conv, p->algo, p->workspace, p->workspace_bytes, &zero,
-                                                          p->y, out, p->bias, bias, p->identity, p->y, out),
+                                                          p->conv, p->algo, p->workspace, p->workspace_bytes,
+                                                          residual != nullptr ? &one : &zero, p->y, z, p->bias, bias,
+                                                          p->identity, p->y, out),
                     "convolution with bias");
 }
 

@@ -94,12 +94,12 @@ int64_t invocations(const std::string& path) {
   return 0;
 }
 
-// quality=high adds the convolution's bias in cuDNN's epilogue: f = bf16(c + b), one rounding,
+// quality=high adds the convolution's bias (and conv2d_add's residual) in cuDNN's epilogue: f = bf16(c + b), one rounding,
 // where lossless rounds the convolution first (PyTorch's separate bias add): s = bf16(bf16(c) + b).
 // Both agree with the CPU backend, and with bf16's unit roundoff u = 2^-8 (8-bit significand):
 // |s - f| <= u|bf16(c) + b| + u|c| + u|c + b| and |c| <= |c + b| + |b|, so
 // |s - f| <= u (3 max(|s|, |f|) + |b|) up to terms of order u^2 (covered by a factor 1.01).
-TEST_F(BackendOpsTest, ConvBiasFusedAtQualityHigh) {
+TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
   FLUX2_REQUIRE_GPU(gpu);
   const int64_t h = 32, w = 24, cin = 128, cout = 128;
   auto [xg, xc] = pair(*gpu, h * w, cin, 30);
@@ -127,6 +127,32 @@ TEST_F(BackendOpsTest, ConvBiasFusedAtQualityHigh) {
   }
   std::printf("conv fused bias: %lld of %zu outputs differ from the separate bias add by one rounding\n",
               static_cast<long long>(differing), a.size());
+
+  // The resnet's shortcut too: f = bf16(c + b + r) against s = bf16(bf16(bf16(c) + b) + r). Four
+  // roundings in all, each within u of its value: |s - f| <= u (|c| + |c + b| + |s| + |f|), and
+  // with |c| <= |f| + |b| + |r|, |c + b| <= |f| + |r|: <= u (4 max(|s|, |f|) + |b| + 2 |r|).
+  auto [rg, rc] = pair(*gpu, h * w, cout, 33, 2.0f);
+  const Tensor residual = rg.reshape({h, w, cout});
+  ASSERT_TRUE(gpu->conv2d_add(x, weights, bias, residual, separate).ok());
+  gpu->set_quality(Quality::kHigh);
+  ASSERT_TRUE(gpu->conv2d_add(x, weights, bias, residual, fused).ok());
+  gpu->set_quality(Quality::kLossless);
+  EXPECT_EQ(invocations("conv_fused_bias"), before + 2) << "the fused bias and residual did not run";
+  ASSERT_TRUE(cpu_.conv2d_add(xc.reshape({h, w, cin}), wc.reshape({cout, 3, 3, cin}), bc.reshape({cout}),
+                              rc.reshape({h, w, cout}), oc).ok());
+  expect_close(*gpu, fused, oc, "conv2d_add, fused bias and residual");
+  expect_close(*gpu, separate, oc, "conv2d_add, separate");
+  const std::vector<float> fa = testing::values(*gpu, fused), sa = testing::values(*gpu, separate);
+  const std::vector<float> r = testing::values(*gpu, rg);
+  differing = 0;
+  for (size_t i = 0; i < fa.size(); ++i) {
+    differing += fa[i] != sa[i];
+    const double bound = 1.01 * std::ldexp(4.0 * std::max(std::fabs(fa[i]), std::fabs(sa[i])) +
+                                               std::fabs(bias_values[i % cout]) + 2.0 * std::fabs(r[i]), -8);
+    EXPECT_LE(std::fabs(fa[i] - sa[i]), bound) << "element " << i;
+  }
+  std::printf("conv fused bias + residual: %lld of %zu outputs differ from the separate ops\n",
+              static_cast<long long>(differing), fa.size());
 }
 
 // GroupNorm at the VAE decoder's channel counts and enough pixels that every statistics block
