@@ -682,12 +682,16 @@ absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor&
 
 absl::Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
                                      const Tensor& out) {
-  auto separate = [&] { return Backend::conv2d_add(x, w, bias, residual, out); };  // two profiled ops
-  if (quality_ != Quality::kHigh) return separate();
+  if (quality_ != Quality::kHigh) return Backend::conv2d_add(x, w, bias, residual, out);  // two profiled ops
   OpProfileScope profile(*this, op_category("conv", absl::StrCat(conv_shape(x, w), " +residual")));
   FLUX_RETURN_IF_ERROR(check_conv2d(x, w, bias, out));
   FLUX_RETURN_IF_ERROR(check_same_bf16("conv2d_add", out, "residual", residual));
   if (!residual.contiguous()) return op_error("conv2d_add", "residual must be contiguous");
+  auto separate = [&]() -> absl::Status {  // the fallback: PyTorch's three roundings, counted once
+    FLUX_RETURN_IF_ERROR(
+        conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1), bias.data(), out.data()));
+    return add(residual, out, out);
+  };
   return conv2d_fused(x, w, bias, &residual, out, separate);
 }
 

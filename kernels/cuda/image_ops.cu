@@ -11,8 +11,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256;
-// Blocks per group for the statistics pass: partial sums per (group, slice) then a fixed-order
-// reduction keep GroupNorm deterministic without atomics.
+// The scalar statistics (any layout): blocks per group, partial sums per (group, slice) then a
+// fixed-order reduction keep GroupNorm deterministic without atomics.
 constexpr int kSlices = 64;
 
 __device__ __forceinline__ float silu_f32(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
@@ -147,49 +147,64 @@ __global__ void group_channel_stats_kernel(const float* mean, const float* rstd,
 
 }  // namespace
 
+absl::Status group_norm_statistics_bf16(const Mat& x, int64_t groups, float eps, float* mean, float* rstd,
+                                        cudaStream_t stream) {
+  if (groups <= 0 || x.cols <= 0 || x.cols % groups != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("group_norm: ", x.cols, " channels, ", groups, " groups"));
+  }
+  if (x.rows == 0) return absl::OkStatus();
+  const int64_t per_group = x.cols / groups;
+  const float count = static_cast<float>(x.rows * per_group);
+  const bool vectorized = group_stats_vectorized(x);
+  void* partial = nullptr;  // per-block partial sums (stream-ordered allocation)
+  const size_t partial_bytes = vectorized ? sizeof(float) * groups * kStatBlocks : sizeof(float2) * groups * kSlices;
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(&partial, partial_bytes, stream), "group_norm scratch"));
+  if (vectorized) {
+    const int finish_blocks = static_cast<int>((groups + 7) / 8);  // 8 warps per block
+    for (bool second : {false, true}) {
+      const auto kernel = second ? group_stats_vec_kernel<true> : group_stats_vec_kernel<false>;
+      kernel<<<kStatBlocks, kStatThreads, 0, stream>>>(x, static_cast<int>(per_group), static_cast<int>(groups), mean,
+                                                       static_cast<float*>(partial));
+      group_stats_finish_kernel<<<finish_blocks, 256, 0, stream>>>(static_cast<float*>(partial),
+                                                                   static_cast<int>(groups), count, eps, second, mean,
+                                                                   rstd);
+    }
+  } else {
+    auto* pairs = static_cast<float2*>(partial);
+    const dim3 grid(kSlices, static_cast<unsigned>(groups));
+    const int reduce_blocks = static_cast<int>((groups + 127) / 128);
+    group_partials_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, pairs);
+    group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(pairs, static_cast<int>(groups), count, eps, false, mean,
+                                                          rstd);
+    group_variance_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, mean, pairs);
+    group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(pairs, static_cast<int>(groups), count, eps, true, mean,
+                                                          rstd);
+  }
+  FLUX_RETURN_IF_LAUNCH_FAILED("group_norm statistics");
+  return cuda_status(cudaFreeAsync(partial, stream), "group_norm scratch free");
+}
+
 absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta, float eps, bool silu,
                              const Mat& out, cudaStream_t stream) {
   if (groups <= 0 || x.cols % groups != 0 || out.rows != x.rows || out.cols != x.cols) {
     return absl::InvalidArgumentError(absl::StrCat("group_norm: ", x.cols, " channels, ", groups, " groups"));
   }
-  if (x.rows == 0) return absl::OkStatus();
+  if (x.rows == 0 || x.cols == 0) return absl::OkStatus();
   const int64_t per_group = x.cols / groups;
-  // Scratch: partial sums, then mean and rstd per group (stream-ordered allocation).
-  const bool vec_stats = group_stats_vectorized(x);
-  // Layout: partials | mean [G] | rstd [G] | channel mean [C] | channel rstd [C], 16-byte aligned.
+  // Scratch: mean [G] | rstd [G] | channel mean [C] | channel rstd [C], 16-byte aligned.
   auto aligned = [](size_t bytes) { return (bytes + 15) / 16 * 16; };
-  const size_t partial_bytes =
-      aligned(vec_stats ? sizeof(float) * groups * kStatBlocks : sizeof(float2) * groups * kSlices);
   const size_t group_bytes = aligned(sizeof(float) * groups), channel_bytes = aligned(sizeof(float) * x.cols);
   void* scratch = nullptr;
-  FLUX_RETURN_IF_ERROR(cuda_status(
-      cudaMallocAsync(&scratch, partial_bytes + 2 * group_bytes + 2 * channel_bytes, stream), "group_norm scratch"));
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaMallocAsync(&scratch, 2 * group_bytes + 2 * channel_bytes, stream), "group_norm scratch"));
   char* base = static_cast<char*>(scratch);
-  auto* mean = reinterpret_cast<float*>(base + partial_bytes);
-  auto* rstd = reinterpret_cast<float*>(base + partial_bytes + group_bytes);
-  auto* channel_mean = reinterpret_cast<float*>(base + partial_bytes + 2 * group_bytes);
-  auto* channel_rstd = reinterpret_cast<float*>(base + partial_bytes + 2 * group_bytes + channel_bytes);
-  const float count = static_cast<float>(x.rows * per_group);
-  if (vec_stats) {
-    auto* partial = static_cast<float*>(scratch);
-    const int finish_blocks = static_cast<int>((groups + 7) / 8);  // 8 warps per block
-    for (bool second : {false, true}) {
-      const auto kernel = second ? group_stats_vec_kernel<true> : group_stats_vec_kernel<false>;
-      kernel<<<kStatBlocks, kStatThreads, 0, stream>>>(x, static_cast<int>(per_group), static_cast<int>(groups), mean,
-                                                       partial);
-      group_stats_finish_kernel<<<finish_blocks, 256, 0, stream>>>(partial, static_cast<int>(groups), count, eps,
-                                                                   second, mean, rstd);
-    }
-  } else {
-    auto* partial = static_cast<float2*>(scratch);
-    const dim3 grid(kSlices, static_cast<unsigned>(groups));
-    const int reduce_blocks = static_cast<int>((groups + 127) / 128);
-    group_partials_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, partial);
-    group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(partial, static_cast<int>(groups), count, eps, false, mean,
-                                                          rstd);
-    group_variance_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, mean, partial);
-    group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(partial, static_cast<int>(groups), count, eps, true, mean,
-                                                          rstd);
+  auto* mean = reinterpret_cast<float*>(base);
+  auto* rstd = reinterpret_cast<float*>(base + group_bytes);
+  auto* channel_mean = reinterpret_cast<float*>(base + 2 * group_bytes);
+  auto* channel_rstd = reinterpret_cast<float*>(base + 2 * group_bytes + channel_bytes);
+  if (absl::Status status = group_norm_statistics_bf16(x, groups, eps, mean, rstd, stream); !status.ok()) {
+    cudaFreeAsync(scratch, stream);
+    return status;
   }
   const bf16* g = static_cast<const bf16*>(gamma);
   const bf16* b = static_cast<const bf16*>(beta);

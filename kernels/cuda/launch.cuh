@@ -11,8 +11,9 @@
 
 namespace flux2::cuda {
 
-// Index: the loop's integer type — 32-bit whenever rows x columns fits (a 64-bit division or
-// modulo costs dozens of instructions per item, enough to slow these memory-bound loops).
+// Index: the loop's integer type — 32-bit whenever rows x columns plus one grid stride fits in 31
+// bits (a 64-bit division or modulo costs dozens of instructions per item, enough to slow these
+// memory-bound loops).
 template <typename Index, typename F>
 __global__ void for_each_vec8_kernel(Index rows, Index vec_cols, F f) {
   const Index total = rows * vec_cols;

@@ -12,7 +12,7 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 constexpr int kRowThreads = 256;     // LayerNorm: one block per row
-constexpr int kWarpsPerBlock = 8;    // per-head kernels: one warp per (row, head)
+constexpr int kWarpsPerBlock = 8;    // per-head kernels: one warp per (row, head), or per 4 heads
 constexpr int kMaxHeadDim = 512;
 
 __device__ __forceinline__ const bf16* row_ptr(const Mat& m, int64_t r) {
