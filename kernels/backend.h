@@ -141,8 +141,8 @@ class Backend {
   // out = residual + conv2d(x, w, bias): a resnet's convolution and its shortcut add. By default
   // the two ops (PyTorch's roundings); the CUDA backend fuses them at quality=high. out must not
   // alias x or residual.
-  virtual absl::Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
-                                  const Tensor& out) {
+  virtual absl::Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                  const Tensor& residual, const Tensor& out) {
     if (absl::Status status = conv2d(x, w, bias, out); !status.ok()) return status;
     return add(residual, out, out);
   }

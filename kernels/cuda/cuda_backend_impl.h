@@ -71,8 +71,8 @@ class CudaBackend final : public Backend {
   absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                          const Tensor& out) override;
   absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
-  absl::Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
-                          const Tensor& out) override;
+  absl::Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
+                          const Tensor& residual, const Tensor& out) override;
   absl::Status upsample_nearest_2x(const Tensor& x, const Tensor& out) override;
   absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean, const Tensor& bn_var, float eps,
                              const Tensor& out) override;
@@ -94,10 +94,11 @@ class CudaBackend final : public Backend {
   template <typename Fast, typename Fallback>
   absl::Status run_path(FastPath& path, absl::string_view unsupported, Fast fast, Fallback fallback);
   // conv2d's operand checks; the convolution with its bias (and residual) fused, else `separate`.
-  absl::Status check_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) const;
+  absl::Status check_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                            const Tensor& out) const;
   template <typename Separate>
-  absl::Status conv2d_fused(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor* residual,
-                            const Tensor& out, Separate separate);
+  absl::Status conv2d_fused(const Tensor& x, const Tensor& w, const Tensor& bias,
+                            const Tensor* residual, const Tensor& out, Separate separate);
   // Runs into(target) for an output that may be a column range of a wider buffer: straight into
   // it (the token_concat fast path) or into a separate buffer then copied (its eager chain).
   template <typename Into>

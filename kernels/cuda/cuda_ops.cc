@@ -644,7 +644,8 @@ std::string conv_shape(const Tensor& x, const Tensor& w) {
 
 }  // namespace
 
-absl::Status CudaBackend::check_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) const {
+absl::Status CudaBackend::check_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                       const Tensor& out) const {
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "w", w));
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "bias", bias));
@@ -660,13 +661,19 @@ absl::Status CudaBackend::check_conv2d(const Tensor& x, const Tensor& w, const T
 
 // quality=high: bias (and residual, when not null) in cuDNN's epilogue; else `separate`.
 template <typename Separate>
-absl::Status CudaBackend::conv2d_fused(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor* residual,
-                                       const Tensor& out, Separate separate) {
-  FLUX_ASSIGN_OR_RETURN(const bool fusable, conv_->fuses_bias(x.dim(0), x.dim(1), x.dim(2), w.dim(0), w.dim(1)));
-  return run_path(conv_fused_bias_path(), fusable ? "" : "algorithm_cannot_fuse", [&] {
-    return conv_->run_fused_bias(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1), bias.data(),
-                                 out.data(), residual != nullptr ? residual->data() : nullptr);
-  }, separate);
+absl::Status CudaBackend::conv2d_fused(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                       const Tensor* residual, const Tensor& out,
+                                       Separate separate) {
+  FLUX_ASSIGN_OR_RETURN(const bool fusable,
+                        conv_->fuses_bias(x.dim(0), x.dim(1), x.dim(2), w.dim(0), w.dim(1)));
+  return run_path(
+      conv_fused_bias_path(), fusable ? "" : "algorithm_cannot_fuse",
+      [&] {
+        return conv_->run_fused_bias(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0),
+                                     w.dim(1), bias.data(), out.data(),
+                                     residual != nullptr ? residual->data() : nullptr);
+      },
+      separate);
 }
 
 absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -674,22 +681,24 @@ absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor&
   OpProfileScope profile(*this, op_category("conv", conv_shape(x, w)));
   FLUX_RETURN_IF_ERROR(check_conv2d(x, w, bias, out));
   auto separate = [&] {
-    return conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1), bias.data(), out.data());
+    return conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1),
+                      bias.data(), out.data());
   };
   if (quality_ != Quality::kHigh) return separate();
   return conv2d_fused(x, w, bias, nullptr, out, separate);
 }
 
-absl::Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& residual,
-                                     const Tensor& out) {
-  if (quality_ != Quality::kHigh) return Backend::conv2d_add(x, w, bias, residual, out);  // two profiled ops
+absl::Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                     const Tensor& residual, const Tensor& out) {
+  if (quality_ != Quality::kHigh)
+    return Backend::conv2d_add(x, w, bias, residual, out);  // two profiled ops
   OpProfileScope profile(*this, op_category("conv", absl::StrCat(conv_shape(x, w), " +residual")));
   FLUX_RETURN_IF_ERROR(check_conv2d(x, w, bias, out));
   FLUX_RETURN_IF_ERROR(check_same_bf16("conv2d_add", out, "residual", residual));
   if (!residual.contiguous()) return op_error("conv2d_add", "residual must be contiguous");
   auto separate = [&]() -> absl::Status {  // the fallback: PyTorch's three roundings, counted once
-    FLUX_RETURN_IF_ERROR(
-        conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1), bias.data(), out.data()));
+    FLUX_RETURN_IF_ERROR(conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0),
+                                    w.dim(1), bias.data(), out.data()));
     return add(residual, out, out);
   };
   return conv2d_fused(x, w, bias, &residual, out, separate);

@@ -70,9 +70,12 @@ absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
   FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetConvolution2dDescriptor(p->conv, pad, pad, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
                                                                   CUDNN_DATA_FLOAT), "conv"));
   FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetConvolutionMathType(p->conv, CUDNN_TENSOR_OP_MATH), "math type"));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnCreateActivationDescriptor(&p->identity), "activation desc"));
-  FLUX_RETURN_IF_ERROR(dnn_status(
-      cudnnSetActivationDescriptor(p->identity, CUDNN_ACTIVATION_IDENTITY, CUDNN_PROPAGATE_NAN, 0.0), "identity"));
+  FLUX_RETURN_IF_ERROR(
+      dnn_status(cudnnCreateActivationDescriptor(&p->identity), "activation desc"));
+  FLUX_RETURN_IF_ERROR(
+      dnn_status(cudnnSetActivationDescriptor(p->identity, CUDNN_ACTIVATION_IDENTITY,
+                                              CUDNN_PROPAGATE_NAN, 0.0),
+                 "identity"));
   cudnnConvolutionFwdAlgoPerf_t perf[8];
   int returned = 0;
   FLUX_RETURN_IF_ERROR(dnn_status(cudnnGetConvolutionForwardAlgorithm_v7(static_cast<cudnnHandle_t>(handle_), p->x, p->w,
@@ -109,13 +112,14 @@ absl::Status CudnnConv::run(const void* x, int64_t height, int64_t width, int64_
 
 absl::StatusOr<bool> CudnnConv::fuses_bias(int64_t height, int64_t width, int64_t cin, int64_t cout,
                                            int64_t ksize) {
-  FLUX_ASSIGN_OR_RETURN(Plan* p, plan(Key{height, width, cin, cout, ksize}));
+  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize}));
   return p->algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
 }
 
-absl::Status CudnnConv::run_fused_bias(const void* x, int64_t height, int64_t width, int64_t cin, const void* w,
-                                       int64_t cout, int64_t ksize, const void* bias, void* out, const void* residual) {
-  FLUX_ASSIGN_OR_RETURN(Plan* p, plan(Key{height, width, cin, cout, ksize}));
+absl::Status CudnnConv::run_fused_bias(const void* x, int64_t height, int64_t width, int64_t cin,
+                                       const void* w, int64_t cout, int64_t ksize, const void* bias,
+                                       void* out, const void* residual) {
+  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize}));
   if (p->algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
     return absl::FailedPreconditionError("cuDNN fuses the bias only into IMPLICIT_PRECOMP_GEMM");
   }
@@ -123,11 +127,12 @@ absl::Status CudnnConv::run_fused_bias(const void* x, int64_t height, int64_t wi
   // y = identity(1 · conv(x) + alpha2 · z + bias): z = the residual (alpha2 = 1), or y itself
   // with alpha2 = 0 (not read for its value).
   const void* z = residual != nullptr ? residual : out;
-  return dnn_status(cudnnConvolutionBiasActivationForward(static_cast<cudnnHandle_t>(handle_), &one, p->x, x, p->w, w,
-                                                          p->conv, p->algo, p->workspace, p->workspace_bytes,
-                                                          residual != nullptr ? &one : &zero, p->y, z, p->bias, bias,
-                                                          p->identity, p->y, out),
-                    "convolution with bias");
+  return dnn_status(
+      cudnnConvolutionBiasActivationForward(static_cast<cudnnHandle_t>(handle_), &one, p->x, x,
+                                            p->w, w, p->conv, p->algo, p->workspace,
+                                            p->workspace_bytes, residual != nullptr ? &one : &zero,
+                                            p->y, z, p->bias, bias, p->identity, p->y, out),
+      "convolution with bias");
 }
 
 }  // namespace flux2::cuda

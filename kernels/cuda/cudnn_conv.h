@@ -29,11 +29,12 @@ class CudnnConv {
   // not null) added in the convolution's epilogue: one rounding and no second pass over the output
   // (which costs as much as the convolution at 128 channels). Only where fuses_bias() (cuDNN fuses
   // an identity activation only into IMPLICIT_PRECOMP_GEMM).
-  absl::Status run_fused_bias(const void* x, int64_t height, int64_t width, int64_t cin, const void* w,
-                              int64_t cout, int64_t ksize, const void* bias, void* out,
-                              const void* residual = nullptr);
+  absl::Status run_fused_bias(const void* x, int64_t height, int64_t width, int64_t cin,
+                              const void* w, int64_t cout, int64_t ksize, const void* bias,
+                              void* out, const void* residual = nullptr);
   // Whether the shape's algorithm (chosen once, as for run()) can take the bias in its epilogue.
-  absl::StatusOr<bool> fuses_bias(int64_t height, int64_t width, int64_t cin, int64_t cout, int64_t ksize);
+  absl::StatusOr<bool> fuses_bias(int64_t height, int64_t width, int64_t cin, int64_t cout,
+                                  int64_t ksize);
 
  private:
   struct Plan;

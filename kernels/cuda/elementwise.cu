@@ -186,7 +186,8 @@ absl::Status gate_mul_bf16(const Mat& gate, int64_t rows_per_gate, const Mat& up
         store8(at(out, r, c), g);
       },
       [=] __device__(int64_t r, int64_t c) {
-        *at(out, r, c) = to_bf16(__fmul_rn(to_f32(*at(gate, row_div(r, rows_per_gate), c)), to_f32(*at(update, r, c))));
+        *at(out, r, c) = to_bf16(
+            __fmul_rn(to_f32(*at(gate, row_div(r, rows_per_gate), c)), to_f32(*at(update, r, c))));
       });
   FLUX_RETURN_IF_LAUNCH_FAILED("gate_mul");
   return absl::OkStatus();
@@ -209,7 +210,8 @@ absl::Status add_row_bf16(const Mat& x, const Mat& row, int64_t rows_per_row, co
         store8(at(out, r, c), a);
       },
       [=] __device__(int64_t r, int64_t c) {
-        *at(out, r, c) = to_bf16(__fadd_rn(to_f32(*at(x, r, c)), to_f32(*at(row, row_div(r, rows_per_row), c))));
+        *at(out, r, c) =
+            to_bf16(__fadd_rn(to_f32(*at(x, r, c)), to_f32(*at(row, row_div(r, rows_per_row), c))));
       });
   FLUX_RETURN_IF_LAUNCH_FAILED("add_row");
   return absl::OkStatus();
@@ -242,7 +244,8 @@ absl::Status gate_residual_fused(const Mat& x, const Mat& gate, int64_t rows_per
         store8(at(x, r, c), h);
       },
       [=] __device__(int64_t r, int64_t c) {
-        const float t = round_bf16(__fmul_rn(to_f32(*at(gate, row_div(r, rows_per_gate), c)), to_f32(*at(update, r, c))));
+        const float t = round_bf16(
+            __fmul_rn(to_f32(*at(gate, row_div(r, rows_per_gate), c)), to_f32(*at(update, r, c))));
         *at(x, r, c) = to_bf16(__fadd_rn(to_f32(*at(x, r, c)), t));
       });
   FLUX_RETURN_IF_LAUNCH_FAILED("gate_residual");

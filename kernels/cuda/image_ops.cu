@@ -81,7 +81,8 @@ __global__ void __launch_bounds__(kStatThreads)
   __shared__ float channel_sums[kStatThreads * 8];  // [thread row][channel]
   const int cols = static_cast<int>(x.cols), packs = cols / 8, rows_per_pass = kStatThreads / packs;
   const int pack = threadIdx.x % packs, thread_row = threadIdx.x / packs;
-  const int64_t begin = x.rows * blockIdx.x / kStatBlocks, end = x.rows * (blockIdx.x + 1) / kStatBlocks;
+  const int64_t begin = x.rows * blockIdx.x / kStatBlocks,
+                end = x.rows * (blockIdx.x + 1) / kStatBlocks;
   if (thread_row < rows_per_pass) {
     float centre[8], acc[8];
 #pragma unroll
@@ -112,7 +113,8 @@ __global__ void __launch_bounds__(kStatThreads)
     float total = 0.0f;
     for (int c = g * per_group; c < (g + 1) * per_group; ++c) {
       float channel = 0.0f;
-      for (int r = 0; r < rows_per_pass; ++r) channel = __fadd_rn(channel, channel_sums[r * cols + c]);
+      for (int r = 0; r < rows_per_pass; ++r)
+        channel = __fadd_rn(channel, channel_sums[r * cols + c]);
       total = __fadd_rn(total, channel);
     }
     partial[blockIdx.x * groups + g] = total;
@@ -120,8 +122,8 @@ __global__ void __launch_bounds__(kStatThreads)
 }
 
 // One warp per group: lane l sums the blocks l, l + 32, ... in order, then the fixed butterfly.
-__global__ void group_stats_finish_kernel(const float* partial, int groups, float count, float eps, bool second,
-                                          float* mean, float* rstd) {
+__global__ void group_stats_finish_kernel(const float* partial, int groups, float count, float eps,
+                                          bool second, float* mean, float* rstd) {
   const int g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (g >= groups) return;
   float total = 0.0f;
@@ -137,8 +139,9 @@ __global__ void group_stats_finish_kernel(const float* partial, int groups, floa
 
 // Per-channel copies of the group statistics, so the normalising pass reads 8 channels' worth
 // with two 16-byte loads each instead of dividing every channel index by the group size.
-__global__ void group_channel_stats_kernel(const float* mean, const float* rstd, int channels, int per_group,
-                                           float* channel_mean, float* channel_rstd) {
+__global__ void group_channel_stats_kernel(const float* mean, const float* rstd, int channels,
+                                           int per_group, float* channel_mean,
+                                           float* channel_rstd) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= channels) return;
   channel_mean[c] = mean[c / per_group];
@@ -147,38 +150,41 @@ __global__ void group_channel_stats_kernel(const float* mean, const float* rstd,
 
 }  // namespace
 
-absl::Status group_norm_statistics_bf16(const Mat& x, int64_t groups, float eps, float* mean, float* rstd,
-                                        cudaStream_t stream) {
+absl::Status group_norm_statistics_bf16(const Mat& x, int64_t groups, float eps, float* mean,
+                                        float* rstd, cudaStream_t stream) {
   if (groups <= 0 || x.cols <= 0 || x.cols % groups != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("group_norm: ", x.cols, " channels, ", groups, " groups"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group_norm: ", x.cols, " channels, ", groups, " groups"));
   }
   if (x.rows == 0) return absl::OkStatus();
   const int64_t per_group = x.cols / groups;
   const float count = static_cast<float>(x.rows * per_group);
   const bool vectorized = group_stats_vectorized(x);
   void* partial = nullptr;  // per-block partial sums (stream-ordered allocation)
-  const size_t partial_bytes = vectorized ? sizeof(float) * groups * kStatBlocks : sizeof(float2) * groups * kSlices;
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaMallocAsync(&partial, partial_bytes, stream), "group_norm scratch"));
+  const size_t partial_bytes =
+      vectorized ? sizeof(float) * groups * kStatBlocks : sizeof(float2) * groups * kSlices;
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaMallocAsync(&partial, partial_bytes, stream), "group_norm scratch"));
   if (vectorized) {
     const int finish_blocks = static_cast<int>((groups + 7) / 8);  // 8 warps per block
     for (bool second : {false, true}) {
       const auto kernel = second ? group_stats_vec_kernel<true> : group_stats_vec_kernel<false>;
-      kernel<<<kStatBlocks, kStatThreads, 0, stream>>>(x, static_cast<int>(per_group), static_cast<int>(groups), mean,
+      kernel<<<kStatBlocks, kStatThreads, 0, stream>>>(x, static_cast<int>(per_group),
+                                                       static_cast<int>(groups), mean,
                                                        static_cast<float*>(partial));
-      group_stats_finish_kernel<<<finish_blocks, 256, 0, stream>>>(static_cast<float*>(partial),
-                                                                   static_cast<int>(groups), count, eps, second, mean,
-                                                                   rstd);
+      group_stats_finish_kernel<<<finish_blocks, 256, 0, stream>>>(
+          static_cast<float*>(partial), static_cast<int>(groups), count, eps, second, mean, rstd);
     }
   } else {
     auto* pairs = static_cast<float2*>(partial);
     const dim3 grid(kSlices, static_cast<unsigned>(groups));
     const int reduce_blocks = static_cast<int>((groups + 127) / 128);
     group_partials_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, pairs);
-    group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(pairs, static_cast<int>(groups), count, eps, false, mean,
-                                                          rstd);
+    group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(pairs, static_cast<int>(groups), count,
+                                                           eps, false, mean, rstd);
     group_variance_kernel<<<grid, kThreads, 0, stream>>>(x, per_group, mean, pairs);
-    group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(pairs, static_cast<int>(groups), count, eps, true, mean,
-                                                          rstd);
+    group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(pairs, static_cast<int>(groups), count,
+                                                           eps, true, mean, rstd);
   }
   FLUX_RETURN_IF_LAUNCH_FAILED("group_norm statistics");
   return cuda_status(cudaFreeAsync(partial, stream), "group_norm scratch free");
@@ -193,16 +199,19 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
   const int64_t per_group = x.cols / groups;
   // Scratch: mean [G] | rstd [G] | channel mean [C] | channel rstd [C], 16-byte aligned.
   auto aligned = [](size_t bytes) { return (bytes + 15) / 16 * 16; };
-  const size_t group_bytes = aligned(sizeof(float) * groups), channel_bytes = aligned(sizeof(float) * x.cols);
+  const size_t group_bytes = aligned(sizeof(float) * groups),
+               channel_bytes = aligned(sizeof(float) * x.cols);
   void* scratch = nullptr;
   FLUX_RETURN_IF_ERROR(
-      cuda_status(cudaMallocAsync(&scratch, 2 * group_bytes + 2 * channel_bytes, stream), "group_norm scratch"));
+      cuda_status(cudaMallocAsync(&scratch, 2 * group_bytes + 2 * channel_bytes, stream),
+                  "group_norm scratch"));
   char* base = static_cast<char*>(scratch);
   auto* mean = reinterpret_cast<float*>(base);
   auto* rstd = reinterpret_cast<float*>(base + group_bytes);
   auto* channel_mean = reinterpret_cast<float*>(base + 2 * group_bytes);
   auto* channel_rstd = reinterpret_cast<float*>(base + 2 * group_bytes + channel_bytes);
-  if (absl::Status status = group_norm_statistics_bf16(x, groups, eps, mean, rstd, stream); !status.ok()) {
+  if (absl::Status status = group_norm_statistics_bf16(x, groups, eps, mean, rstd, stream);
+      !status.ok()) {
     cudaFreeAsync(scratch, stream);
     return status;
   }
@@ -214,10 +223,12 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
     return silu ? silu_f32(y) : y;
   };
   const bool vectorized = x.cols % 8 == 0 && rows_aligned16(x, 2) && rows_aligned16(out, 2) &&
-                          reinterpret_cast<uintptr_t>(gamma) % 16 == 0 && reinterpret_cast<uintptr_t>(beta) % 16 == 0;
+                          reinterpret_cast<uintptr_t>(gamma) % 16 == 0 &&
+                          reinterpret_cast<uintptr_t>(beta) % 16 == 0;
   if (vectorized) {
     group_channel_stats_kernel<<<static_cast<unsigned>((x.cols + 255) / 256), 256, 0, stream>>>(
-        mean, rstd, static_cast<int>(x.cols), static_cast<int>(per_group), channel_mean, channel_rstd);
+        mean, rstd, static_cast<int>(x.cols), static_cast<int>(per_group), channel_mean,
+        channel_rstd);
   }
   launch_rows(
       x.rows, x.cols, vectorized, stream,
@@ -259,9 +270,12 @@ absl::Status upsample_nearest_2x_bf16(const void* x, int64_t h, int64_t w, int64
   launch_rows(
       4 * h * w, c, vectorized, stream,
       [=] __device__(int64_t pixel, int64_t ch) {
-        *reinterpret_cast<Bf16x8*>(o + pixel * c + ch) = *reinterpret_cast<const Bf16x8*>(in + source(pixel) * c + ch);
+        *reinterpret_cast<Bf16x8*>(o + pixel * c + ch) =
+            *reinterpret_cast<const Bf16x8*>(in + source(pixel) * c + ch);
       },
-      [=] __device__(int64_t pixel, int64_t ch) { o[pixel * c + ch] = in[source(pixel) * c + ch]; });
+      [=] __device__(int64_t pixel, int64_t ch) {
+        o[pixel * c + ch] = in[source(pixel) * c + ch];
+      });
   FLUX_RETURN_IF_LAUNCH_FAILED("upsample_nearest_2x");
   return absl::OkStatus();
 }

@@ -12,8 +12,8 @@ namespace flux2::cuda {
 
 // The statistics of GroupNorm over x [P, C] (bf16): per group, mean and rstd = 1/sqrt(var + eps)
 // (two passes in fp32, a fixed reduction tree) into the device arrays mean, rstd [groups].
-absl::Status group_norm_statistics_bf16(const Mat& x, int64_t groups, float eps, float* mean, float* rstd,
-                                        cudaStream_t stream);
+absl::Status group_norm_statistics_bf16(const Mat& x, int64_t groups, float eps, float* mean,
+                                        float* rstd, cudaStream_t stream);
 // out = GroupNorm(x [P, C]) with gamma/beta [C] (bf16): bf16((x − mean)·rstd·gamma + beta), then,
 // when `silu`, bf16(silu(·)) — PyTorch's GroupNorm followed by a separate SiLU.
 absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta,

@@ -31,7 +31,9 @@ __global__ void for_each_scalar_kernel(Index rows, Index cols, F f) {
 }
 
 // Whether `items` grid-stride iterations can use 32-bit indices (the last stride step included).
-inline bool fits_32bit(int64_t items) { return items < (int64_t{1} << 31); }
+inline bool fits_32bit(int64_t items) {
+  return items < (int64_t{1} << 31);
+}
 
 inline int grid_for(int64_t items, int threads) {
   // Enough blocks to fill an H200 several times over; grid-stride loops cover the rest.
@@ -48,16 +50,16 @@ void launch_rows(int64_t rows, int64_t cols, bool vectorized, cudaStream_t strea
     const int64_t vec_cols = cols / 8;
     const int grid = grid_for(rows * vec_cols, kThreads);
     if (fits_32bit(rows * vec_cols + int64_t{grid} * kThreads)) {
-      for_each_vec8_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(static_cast<uint32_t>(rows),
-                                                                     static_cast<uint32_t>(vec_cols), vec8);
+      for_each_vec8_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(
+          static_cast<uint32_t>(rows), static_cast<uint32_t>(vec_cols), vec8);
     } else {
       for_each_vec8_kernel<int64_t><<<grid, kThreads, 0, stream>>>(rows, vec_cols, vec8);
     }
   } else {
     const int grid = grid_for(rows * cols, kThreads);
     if (fits_32bit(rows * cols + int64_t{grid} * kThreads)) {
-      for_each_scalar_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(static_cast<uint32_t>(rows),
-                                                                       static_cast<uint32_t>(cols), scalar);
+      for_each_scalar_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(
+          static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), scalar);
     } else {
       for_each_scalar_kernel<int64_t><<<grid, kThreads, 0, stream>>>(rows, cols, scalar);
     }

@@ -63,8 +63,10 @@ struct ModulateLn {
   Mat shift, scale;
   int64_t rows_per_mod;
   __device__ void operator()(int64_t r, int64_t p, float v[8]) const {
-    const bf16* sh = static_cast<const bf16*>(shift.data) + row_div(r, rows_per_mod) * shift.stride + p * 8;
-    const bf16* sc = static_cast<const bf16*>(scale.data) + row_div(r, rows_per_mod) * scale.stride + p * 8;
+    const bf16* sh =
+        static_cast<const bf16*>(shift.data) + row_div(r, rows_per_mod) * shift.stride + p * 8;
+    const bf16* sc =
+        static_cast<const bf16*>(scale.data) + row_div(r, rows_per_mod) * scale.stride + p * 8;
     float shift8[8], scale8[8];
     if (aligned16(sh) && aligned16(sc)) {
       load8(sh, shift8);
@@ -89,7 +91,8 @@ struct ModulateLn {
 // the reduction order does not depend on it, so every instantiation gives the same bits).
 template <int kPacks, typename Epilogue>
 __global__ void __launch_bounds__(kVecThreads)
-    layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue, uint32_t* row_amax, Fp8Rows fp8) {
+    layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue, uint32_t* row_amax,
+                          Fp8Rows fp8) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const int packs = static_cast<int>(x.cols / 8);
@@ -160,22 +163,28 @@ __global__ void __launch_bounds__(kVecThreads)
 
 // Launches layer_norm_vec_kernel with the fewest packs per thread that hold x's rows.
 template <typename Epilogue>
-void launch_layer_norm_vec(const Mat& x, float eps, const Mat& out, Epilogue epilogue, uint32_t* row_amax, Fp8Rows fp8,
-                           cudaStream_t stream) {
+void launch_layer_norm_vec(const Mat& x, float eps, const Mat& out, Epilogue epilogue,
+                           uint32_t* row_amax, Fp8Rows fp8, cudaStream_t stream) {
   const int64_t per_thread = (x.cols / 8 + kVecThreads - 1) / kVecThreads;
   const unsigned grid = static_cast<unsigned>(x.rows);
   if (per_thread <= 1) {
-    layer_norm_vec_kernel<1><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    layer_norm_vec_kernel<1>
+        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
   } else if (per_thread <= 2) {
-    layer_norm_vec_kernel<2><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    layer_norm_vec_kernel<2>
+        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
   } else if (per_thread <= 3) {
-    layer_norm_vec_kernel<3><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    layer_norm_vec_kernel<3>
+        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
   } else if (per_thread <= 4) {
-    layer_norm_vec_kernel<4><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    layer_norm_vec_kernel<4>
+        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
   } else if (per_thread <= 6) {
-    layer_norm_vec_kernel<6><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    layer_norm_vec_kernel<6>
+        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
   } else {
-    layer_norm_vec_kernel<kMaxPacksPerThread><<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    layer_norm_vec_kernel<kMaxPacksPerThread>
+        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
   }
 }
 
@@ -352,7 +361,8 @@ __device__ __forceinline__ void norm4(float v[4], const float w[4], float eps, R
   float squares = 0.0f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) squares = __fadd_rn(squares, __fmul_rn(v[i], v[i]));
-  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(squares), static_cast<float>(kVecHeadDim)), eps));
+  const float rstd =
+      rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(squares), static_cast<float>(kVecHeadDim)), eps));
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = head_norm_value(v[i], rstd, w[i], style);
 }
@@ -396,7 +406,8 @@ __device__ __forceinline__ void rope4(float v[4], const Rope4& t, RopeStyle styl
   }
   float result[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) result[i] = rope_value(v[i], partner[i], sign[i], t.cs[i], t.sn[i], style);
+  for (int i = 0; i < 4; ++i)
+    result[i] = rope_value(v[i], partner[i], sign[i], t.cs[i], t.sn[i], style);
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = result[i];
 }
@@ -415,7 +426,9 @@ __global__ void qk_rms_norm_vec_kernel(Mat x, const bf16* weight, float eps, Rop
 // arithmetic as qk_rms_norm_vec_kernel followed by rope_kernel.
 constexpr int kHeadsPerWarp = 4;
 
-__host__ __device__ inline int64_t head_groups(const Mat& x) { return (x.cols / kVecHeadDim + kHeadsPerWarp - 1) / kHeadsPerWarp; }
+__host__ __device__ inline int64_t head_groups(const Mat& x) {
+  return (x.cols / kVecHeadDim + kHeadsPerWarp - 1) / kHeadsPerWarp;
+}
 
 __global__ void qk_norm_rope_vec_kernel(Mat x, const bf16* weight, float eps, Mat cos, Mat sin, RopeStyle style) {
   const int64_t heads = x.cols / kVecHeadDim, groups = head_groups(x);
@@ -517,7 +530,8 @@ absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat
   }
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
-    launch_layer_norm_vec(x, eps, out, ModulateLn{shift, scale, rows_per_mod}, row_amax, fp8, stream);
+    launch_layer_norm_vec(x, eps, out, ModulateLn{shift, scale, rows_per_mod}, row_amax, fp8,
+                          stream);
   } else {
     layer_norm_modulate_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(
         x, shift, scale, rows_per_mod, eps, out, row_amax);
@@ -581,9 +595,10 @@ absl::Status qk_norm_rope_fused(const Mat& x, int64_t head_dim, const void* weig
   // The fused kernel takes the vectorised layout exactly when the eager norm kernel does, so
   // both reduce in the same order (its table reads must also be 16-byte aligned).
   if (heads_vectorized(x, head_dim) && tables_vectorized(cos, sin)) {
-    const auto blocks = static_cast<unsigned>((x.rows * head_groups(x) + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    qk_norm_rope_vec_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(x, static_cast<const bf16*>(weight), eps, cos,
-                                                                        sin, style);
+    const auto blocks =
+        static_cast<unsigned>((x.rows * head_groups(x) + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    qk_norm_rope_vec_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+        x, static_cast<const bf16*>(weight), eps, cos, sin, style);
   } else if (heads_vectorized(x, head_dim)) {
     // Unaligned tables: the eager pair keeps the shared reduction order.
     FLUX_RETURN_IF_ERROR(qk_rms_norm_bf16(x, head_dim, weight, eps, style, stream));

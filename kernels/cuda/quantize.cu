@@ -98,19 +98,20 @@ __global__ void amax_finalize_kernel(const uint32_t* partials, int count, ScaleK
   }
 }
 
-
 // Pass 3 (or the static quantizer): out[r, c] = e4m3(x[r, c] / *scale), 16 elements per item.
 // Index: 32-bit where the item count allows, as in the dynamic kernel below.
 template <bool kHw, typename Index>
 __global__ void fp8_quantize_kernel(CatSource s, const float* scale_ptr, uint8_t* out) {
   const float scale = *scale_ptr;
-  const Index per_row = static_cast<Index>(s.cols / 16), items = static_cast<Index>(s.rows) * per_row;
+  const Index per_row = static_cast<Index>(s.cols / 16),
+              items = static_cast<Index>(s.rows) * per_row;
   for (Index i = blockIdx.x * blockDim.x + threadIdx.x; i < items; i += gridDim.x * blockDim.x) {
     const Index r = i / per_row, c = (i - r * per_row) * 16;
     float x[16];
     load8(s, r, c, x);
     load8(s, r, c + 8, x + 8);
-    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * s.cols + c) = fp8_pack16<kHw>(x, scale);
+    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * s.cols + c) =
+        fp8_pack16<kHw>(x, scale);
   }
 }
 

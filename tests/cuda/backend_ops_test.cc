@@ -133,15 +133,19 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
   auto [xg, xc] = pair(*gpu, h * w, cin, 30);
   auto [wg, wc] = pair(*gpu, cout, k, 31, 0.05f);
   auto [bg, bc] = pair(*gpu, 1, cout, 32, 4.0f);
-  const Tensor x = xg.reshape({h, w, cin}), weights = wg.reshape({cout, 3, 3, cin}), bias = bg.reshape({cout});
-  Tensor separate = gpu->empty(DType::kBF16, {h, w, cout}).value(), fused = gpu->empty(DType::kBF16, {h, w, cout}).value();
+  const Tensor x = xg.reshape({h, w, cin}), weights = wg.reshape({cout, 3, 3, cin}),
+               bias = bg.reshape({cout});
+  Tensor separate = gpu->empty(DType::kBF16, {h, w, cout}).value(),
+         fused = gpu->empty(DType::kBF16, {h, w, cout}).value();
   Tensor oc = cpu_.empty(DType::kF32, {h, w, cout}).value();
   // sum |x w| per output: the CPU convolution of |x| and |w| with a zero bias.
   std::vector<float> abs_x = testing::values(cpu_, xc), abs_w = testing::values(cpu_, wc);
   for (float& v : abs_x) v = std::fabs(v);
   for (float& v : abs_w) v = std::fabs(v);
-  Tensor ax = cpu_.empty(DType::kF32, {h, w, cin}).value(), aw = cpu_.empty(DType::kF32, {cout, 3, 3, cin}).value();
-  Tensor zero = cpu_.empty(DType::kF32, {cout}).value(), magnitude = cpu_.empty(DType::kF32, {h, w, cout}).value();
+  Tensor ax = cpu_.empty(DType::kF32, {h, w, cin}).value(),
+         aw = cpu_.empty(DType::kF32, {cout, 3, 3, cin}).value();
+  Tensor zero = cpu_.empty(DType::kF32, {cout}).value(),
+         magnitude = cpu_.empty(DType::kF32, {h, w, cout}).value();
   const std::vector<float> zeros(static_cast<size_t>(cout), 0.0f);
   ASSERT_TRUE(cpu_.upload(abs_x.data(), DType::kF32, ax).ok());
   ASSERT_TRUE(cpu_.upload(abs_w.data(), DType::kF32, aw).ok());
@@ -158,10 +162,14 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
   }
   const auto [fused_after, fallbacks_after] = runs("conv_fused_bias", "algorithm_cannot_fuse");
   if (fused_after == fused_before) {
-    EXPECT_EQ(fallbacks_after, fallbacks_before + 1) << "neither the fused bias nor its counted fallback ran";
-    GTEST_SKIP() << "cuDNN chose an algorithm that cannot fuse the bias for this shape (fallback counted)";
+    EXPECT_EQ(fallbacks_after, fallbacks_before + 1)
+        << "neither the fused bias nor its counted fallback ran";
+    GTEST_SKIP()
+        << "cuDNN chose an algorithm that cannot fuse the bias for this shape (fallback counted)";
   }
-  ASSERT_TRUE(cpu_.conv2d(xc.reshape({h, w, cin}), wc.reshape({cout, 3, 3, cin}), bc.reshape({cout}), oc).ok());
+  ASSERT_TRUE(
+      cpu_.conv2d(xc.reshape({h, w, cin}), wc.reshape({cout, 3, 3, cin}), bc.reshape({cout}), oc)
+          .ok());
   expect_close(*gpu, fused, oc, "conv2d, fused bias");
   const std::vector<float> a = testing::values(*gpu, fused), b = testing::values(*gpu, separate);
   const std::vector<float> bias_values = testing::values(*gpu, bg);
@@ -169,11 +177,14 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
   for (size_t i = 0; i < a.size(); ++i) {
     differing += a[i] != b[i];
     const double bound = 1.01 * std::ldexp(3.0 * std::max(std::fabs(a[i]), std::fabs(b[i])) +
-                                               std::fabs(bias_values[i % cout]), -8) + summation * products[i];
+                                               std::fabs(bias_values[i % cout]),
+                                           -8) +
+                         summation * products[i];
     EXPECT_LE(std::fabs(a[i] - b[i]), bound) << "element " << i;
   }
-  std::printf("conv fused bias: %lld of %zu outputs differ from the separate bias add by one rounding\n",
-              static_cast<long long>(differing), a.size());
+  std::printf(
+      "conv fused bias: %lld of %zu outputs differ from the separate bias add by one rounding\n",
+      static_cast<long long>(differing), a.size());
 
   // The resnet's shortcut too: f = bf16(c + b + r) against s = bf16(bf16(bf16(c') + b) + r). Four
   // roundings in all, each within u of its value: |s - f| <= u (|c'| + |c' + b| + |s| + |f|) +
@@ -188,8 +199,9 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
   }
   EXPECT_EQ(runs("conv_fused_bias", "algorithm_cannot_fuse").first, fused_before + 2)
       << "the fused bias and residual did not run";
-  ASSERT_TRUE(cpu_.conv2d_add(xc.reshape({h, w, cin}), wc.reshape({cout, 3, 3, cin}), bc.reshape({cout}),
-                              rc.reshape({h, w, cout}), oc).ok());
+  ASSERT_TRUE(cpu_.conv2d_add(xc.reshape({h, w, cin}), wc.reshape({cout, 3, 3, cin}),
+                              bc.reshape({cout}), rc.reshape({h, w, cout}), oc)
+                  .ok());
   expect_close(*gpu, fused, oc, "conv2d_add, fused bias and residual");
   expect_close(*gpu, separate, oc, "conv2d_add, separate");
   const std::vector<float> fa = testing::values(*gpu, fused), sa = testing::values(*gpu, separate);
@@ -197,9 +209,11 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
   differing = 0;
   for (size_t i = 0; i < fa.size(); ++i) {
     differing += fa[i] != sa[i];
-    const double bound = 1.01 * std::ldexp(4.0 * std::max(std::fabs(fa[i]), std::fabs(sa[i])) +
-                                               std::fabs(bias_values[i % cout]) + 2.0 * std::fabs(r[i]), -8) +
-                         summation * products[i];
+    const double bound =
+        1.01 * std::ldexp(4.0 * std::max(std::fabs(fa[i]), std::fabs(sa[i])) +
+                              std::fabs(bias_values[i % cout]) + 2.0 * std::fabs(r[i]),
+                          -8) +
+        summation * products[i];
     EXPECT_LE(std::fabs(fa[i] - sa[i]), bound) << "element " << i;
   }
   std::printf("conv fused bias + residual: %lld of %zu outputs differ from the separate ops\n",
@@ -208,19 +222,24 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
 
 // GroupNorm at the VAE decoder's channel counts, on inputs with a ramp over the pixels plus
 // per-channel offsets: the vectorized statistics (C = 128 and 512; 300 pixels leave most of the
-// 512 statistics blocks one pixel or none; C = 24 leaves threads idle) and the scalar ones (C = 36).
+// 512 statistics blocks one pixel or none; C = 24 leaves threads idle) and the scalar ones (C =
+// 36).
 struct GroupNormCase {
   int64_t pixels, channels, groups;
   bool silu;
 };
-constexpr GroupNormCase kGroupNormCases[] = {{4099, 128, 32, true}, {2053, 512, 32, false}, {300, 128, 32, true},
-                                             {1031, 24, 8, true},   {300, 36, 4, false}};
+constexpr GroupNormCase kGroupNormCases[] = {{4099, 128, 32, true},
+                                             {2053, 512, 32, false},
+                                             {300, 128, 32, true},
+                                             {1031, 24, 8, true},
+                                             {300, 36, 4, false}};
 
 Tensor group_norm_input(Backend& gpu, const GroupNormCase& c) {
   std::vector<float> host(static_cast<size_t>(c.pixels * c.channels));
   for (int64_t p = 0; p < c.pixels; ++p) {
     for (int64_t ch = 0; ch < c.channels; ++ch) {
-      host[p * c.channels + ch] = 3.0f * p / c.pixels + 0.25f * (ch % 7) + 0.5f * std::sin(0.37f * (p + 5 * ch));
+      host[p * c.channels + ch] =
+          3.0f * p / c.pixels + 0.25f * (ch % 7) + 0.5f * std::sin(0.37f * (p + 5 * ch));
     }
   }
   Tensor x = gpu.empty(DType::kBF16, {c.pixels, c.channels}).value();
@@ -240,13 +259,16 @@ TEST_F(BackendOpsTest, GroupNormStatisticsMatchDoubleSums) {
   for (const GroupNormCase& c : kGroupNormCases) {
     const Tensor x = group_norm_input(*gpu, c);
     const std::vector<float> values = testing::values(*gpu, x);
-    Tensor mean = gpu->empty(DType::kF32, {1, c.groups}).value(), rstd = gpu->empty(DType::kF32, {1, c.groups}).value();
+    Tensor mean = gpu->empty(DType::kF32, {1, c.groups}).value(),
+           rstd = gpu->empty(DType::kF32, {1, c.groups}).value();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    ASSERT_TRUE(cuda::group_norm_statistics_bf16(cuda::Mat{x.data(), x.rows(), x.cols(), x.row_stride()}, c.groups,
-                                                 1e-6f, static_cast<float*>(mean.data()),
-                                                 static_cast<float*>(rstd.data()), nullptr).ok());
+    ASSERT_TRUE(cuda::group_norm_statistics_bf16(
+                    cuda::Mat{x.data(), x.rows(), x.cols(), x.row_stride()}, c.groups, 1e-6f,
+                    static_cast<float*>(mean.data()), static_cast<float*>(rstd.data()), nullptr)
+                    .ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<float> got_mean = testing::values(*gpu, mean), got_rstd = testing::values(*gpu, rstd);
+    const std::vector<float> got_mean = testing::values(*gpu, mean),
+                             got_rstd = testing::values(*gpu, rstd);
     const int64_t per_group = c.channels / c.groups;
     for (int64_t g = 0; g < c.groups; ++g) {
       double sum = 0, magnitude = 0;
@@ -264,7 +286,8 @@ TEST_F(BackendOpsTest, GroupNormStatisticsMatchDoubleSums) {
         }
       }
       const double r = 1.0 / std::sqrt(squares / n + 1e-6);
-      EXPECT_LE(std::fabs(got_mean[g] - m), bound * magnitude / n) << "C=" << c.channels << " group " << g;
+      EXPECT_LE(std::fabs(got_mean[g] - m), bound * magnitude / n)
+          << "C=" << c.channels << " group " << g;
       EXPECT_LE(std::fabs(got_rstd[g] - r), bound * r) << "C=" << c.channels << " group " << g;
     }
   }
@@ -282,8 +305,12 @@ TEST_F(BackendOpsTest, GroupNormAtDecoderShapes) {
     auto [tg, tc] = pair(*gpu, 1, c.channels, 23);
     Tensor og = gpu->empty(DType::kBF16, {c.pixels, c.channels}).value();
     Tensor oc = cpu_.empty(DType::kF32, {c.pixels, c.channels}).value();
-    ASSERT_TRUE(gpu->group_norm(xg, c.groups, sg.reshape({c.channels}), tg.reshape({c.channels}), 1e-6f, c.silu, og).ok());
-    ASSERT_TRUE(cpu_.group_norm(xc, c.groups, sc.reshape({c.channels}), tc.reshape({c.channels}), 1e-6f, c.silu, oc).ok());
+    ASSERT_TRUE(gpu->group_norm(xg, c.groups, sg.reshape({c.channels}), tg.reshape({c.channels}),
+                                1e-6f, c.silu, og)
+                    .ok());
+    ASSERT_TRUE(cpu_.group_norm(xc, c.groups, sc.reshape({c.channels}), tc.reshape({c.channels}),
+                                1e-6f, c.silu, oc)
+                    .ok());
     expect_close(*gpu, og, oc, ("group_norm C=" + std::to_string(c.channels)).c_str());
   }
 }

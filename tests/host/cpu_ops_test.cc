@@ -144,10 +144,12 @@ TEST_F(CpuOpsTest, Conv2dMatchesDirectLoop) {
     // conv2d_add (the resnet's shortcut add) is the convolution, then the add: the same floats.
     const auto r = random(hgt * wid * cout);
     Tensor sum = be_.empty(DType::kF32, {hgt, wid, cout}).value();
-    ASSERT_TRUE(be_.conv2d_add(make(x, {hgt, wid, cin}), make(w, {cout, ksize, ksize, cin}), make(b, {cout}),
-                               make(r, {hgt, wid, cout}), sum).ok());
+    ASSERT_TRUE(be_.conv2d_add(make(x, {hgt, wid, cin}), make(w, {cout, ksize, ksize, cin}),
+                               make(b, {cout}), make(r, {hgt, wid, cout}), sum)
+                    .ok());
     const std::vector<float> conv = get(out), added = get(sum);
-    for (size_t i = 0; i < added.size(); ++i) EXPECT_EQ(added[i], r[i] + conv[i]) << "k=" << ksize << " i=" << i;
+    for (size_t i = 0; i < added.size(); ++i)
+      EXPECT_EQ(added[i], r[i] + conv[i]) << "k=" << ksize << " i=" << i;
   }
 }
 
