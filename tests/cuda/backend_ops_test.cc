@@ -220,6 +220,21 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
               static_cast<long long>(differing), fa.size());
 }
 
+// LayerNorm + modulation holds a row in registers, as many 16-byte packs per thread as the row
+// needs: every instantiation (1, 2, 3, 4, 6 and 8 packs; 128 threads) against the CPU backend.
+TEST_F(BackendOpsTest, LayerNormModulateAtEveryPackCount) {
+  FLUX2_REQUIRE_GPU(gpu);
+  for (int64_t d : {1024, 2048, 3072, 4096, 6144, 8192}) {
+    auto [xg, xc] = pair(*gpu, 19, d, 40, 3.0f);
+    auto [sg, sc] = pair(*gpu, 1, d, 41);
+    auto [tg, tc] = pair(*gpu, 1, d, 42);
+    Tensor og = gpu->empty(DType::kBF16, {19, d}).value(), oc = cpu_.empty(DType::kF32, {19, d}).value();
+    ASSERT_TRUE(gpu->layer_norm_modulate(xg, sg.reshape({d}), tg.reshape({d}), 1e-6f, og).ok());
+    ASSERT_TRUE(cpu_.layer_norm_modulate(xc, sc.reshape({d}), tc.reshape({d}), 1e-6f, oc).ok());
+    expect_close(*gpu, og, oc, ("layer_norm_modulate D=" + std::to_string(d)).c_str());
+  }
+}
+
 // GroupNorm at the VAE decoder's channel counts, on inputs with a ramp over the pixels plus
 // per-channel offsets: the vectorized statistics (C = 128 and 512; 300 pixels leave most of the
 // 512 statistics blocks one pixel or none; C = 24 leaves threads idle) and the scalar ones (C =

@@ -132,11 +132,13 @@ TEST_P(FusedOpsTest, QkNormRopeInterleavedAndHalfSplit) {
   }
 }
 
-// Real shapes (klein-4B D=3072 F=9216; dev D=6144; 4608 = 4096 image + 512 text tokens) and
-// awkward ones (17 text tokens, odd token counts).
+// Real shapes (klein-4B D=3072 F=9216; klein-9B D=4096; dev D=6144; 4608 = 4096 image + 512 text
+// tokens) and awkward ones (17 text tokens, odd token counts; 6 heads of 128: the fused QK kernel's
+// last group of 4 heads holds 2, a single head holds 1).
 INSTANTIATE_TEST_SUITE_P(Shapes, FusedOpsTest,
                          ::testing::Values(Shape2{4608, 3072}, Shape2{4608, 6144}, Shape2{17, 3072},
-                                           Shape2{4611, 3072}, Shape2{1, 128}),
+                                           Shape2{4611, 3072}, Shape2{1, 128}, Shape2{29, 4096},
+                                           Shape2{33, 768}),
                          [](const ::testing::TestParamInfo<Shape2>& info) {
                            return "S" + std::to_string(info.param.rows) + "_D" + std::to_string(info.param.cols);
                          });
