@@ -228,7 +228,8 @@ TEST_F(BackendOpsTest, LayerNormModulateAtEveryPackCount) {
     auto [xg, xc] = pair(*gpu, 19, d, 40, 3.0f);
     auto [sg, sc] = pair(*gpu, 1, d, 41);
     auto [tg, tc] = pair(*gpu, 1, d, 42);
-    Tensor og = gpu->empty(DType::kBF16, {19, d}).value(), oc = cpu_.empty(DType::kF32, {19, d}).value();
+    Tensor og = gpu->empty(DType::kBF16, {19, d}).value(),
+           oc = cpu_.empty(DType::kF32, {19, d}).value();
     ASSERT_TRUE(gpu->layer_norm_modulate(xg, sg.reshape({d}), tg.reshape({d}), 1e-6f, og).ok());
     ASSERT_TRUE(cpu_.layer_norm_modulate(xc, sc.reshape({d}), tc.reshape({d}), 1e-6f, oc).ok());
     expect_close(*gpu, og, oc, ("layer_norm_modulate D=" + std::to_string(d)).c_str());
