@@ -160,13 +160,11 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
     QualityScope high(*gpu, Quality::kHigh);
     ASSERT_TRUE(gpu->conv2d(x, weights, bias, fused).ok());
   }
+  // cuDNN's algorithm for this decoder-like shape takes the bias in its epilogue (on sm_90 it
+  // picks IMPLICIT_PRECOMP_GEMM for every decoder shape): the fused kernel must run, no fallback.
   const auto [fused_after, fallbacks_after] = runs("conv_fused_bias", "algorithm_cannot_fuse");
-  if (fused_after == fused_before) {
-    EXPECT_EQ(fallbacks_after, fallbacks_before + 1)
-        << "neither the fused bias nor its counted fallback ran";
-    GTEST_SKIP()
-        << "cuDNN chose an algorithm that cannot fuse the bias for this shape (fallback counted)";
-  }
+  EXPECT_EQ(fused_after, fused_before + 1) << "the fused bias did not run";
+  EXPECT_EQ(fallbacks_after, fallbacks_before) << "the fused bias fell back: algorithm_cannot_fuse";
   ASSERT_TRUE(
       cpu_.conv2d(xc.reshape({h, w, cin}), wc.reshape({cout, 3, 3, cin}), bc.reshape({cout}), oc)
           .ok());
