@@ -72,7 +72,6 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return scratch[0];
 }
 
-// True when p is 16-byte aligned.
 // Max of magnitude bit patterns across the block (all threads get it); `scratch` holds 32 words.
 // Integer max: exact and the same in any order. Contains __syncthreads.
 __device__ __forceinline__ uint32_t block_max_bits(uint32_t v, uint32_t* scratch) {
@@ -94,6 +93,7 @@ __device__ __forceinline__ uint32_t block_max_bits(uint32_t v, uint32_t* scratch
   return scratch[0];
 }
 
+// True when p is 16-byte aligned.
 __host__ __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }

@@ -96,6 +96,9 @@ class CudaBackend final : public Backend {
   // conv2d's operand checks; the convolution with its bias (and residual) fused, else `separate`.
   absl::Status check_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                             const Tensor& out) const;
+  // The convolution with PyTorch's separate bias add.
+  absl::Status conv_unfused(const Tensor& x, const Tensor& w, const Tensor& bias,
+                            const Tensor& out);
   template <typename Separate>
   absl::Status conv2d_fused(const Tensor& x, const Tensor& w, const Tensor& bias,
                             const Tensor* residual, const Tensor& out, Separate separate);
@@ -148,6 +151,8 @@ class CudaBackend final : public Backend {
   std::map<const void*, Fp8Weight> fp8_weights_;
   // The activation (or, at registration, the weight) in the backend's low-precision format.
   absl::StatusOr<Fp8Weight> quantize_low_precision(const Tensor& x);
+  // Whether the op profile splits its categories (profiling, with FLUX2_PROFILE_GEMM_SHAPES set).
+  bool profile_split() const;
   // An op's profile category, split by op name under FLUX2_PROFILE_GEMM_SHAPES.
   std::string op_category(absl::string_view category, absl::string_view op) const;
   // A GEMM's profile category ("gemm", "quantize"), split by shape under FLUX2_PROFILE_GEMM_SHAPES.

@@ -56,7 +56,8 @@ FastPath& fp8_attention_path() {
   static FastPath path("fp8_attention");
   return path;
 }
-// quality=high: FP8 GEMM with the activation quantized per tensor just before it.
+// quality=high: the low-precision GEMM (FP8 per tensor or rowwise; NVFP4 on Blackwell) with its
+// activation quantized just before it.
 FastPath& fp8_linear_path() {
   static FastPath path("fp8_linear");
   return path;
@@ -160,6 +161,10 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
     FLUX_RETURN_IF_ERROR(check_bf16("linear", "bias", bias));
     FLUX_RETURN_IF_ERROR(check_vector("linear", "bias", bias, w.rows()));
   }
+  auto bf16 = [&] {
+    OpProfileScope profile(*this, profile_category("gemm", x, w));
+    return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
+  };
   if (quality_ == Quality::kHigh) {
     auto found = fp8_weights_.find(w.data());
     if (found != fp8_weights_.end()) {
@@ -168,27 +173,25 @@ absl::Status CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor&
       const Fp8Weight& low = found->second;
       return run_path(
           fp8_linear_path(), fits ? "" : "unsupported_shape",
-          [&] { return linear_low_precision(x, low, y); },
-          [&] {
-            OpProfileScope profile(*this, profile_category("gemm", x, w));
-            return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
-          });
+          [&] { return linear_low_precision(x, low, y); }, bf16);
     }
   }
-  OpProfileScope profile(*this, profile_category("gemm", x, w));
-  return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
+  return bf16();
+}
+
+bool CudaBackend::profile_split() const {
+  // FLUX2_PROFILE_GEMM_SHAPES (set to any value) splits the profile's categories: "gemm" and
+  // "quantize" by shape (M x N x K), "norm", "elementwise" and "conv" by op.
+  static const bool split = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
+  return split && profiling_;
 }
 
 std::string CudaBackend::op_category(absl::string_view category, absl::string_view op) const {
-  // FLUX2_PROFILE_GEMM_SHAPES=1 also splits the "norm", "elementwise" and "conv" categories by op.
-  static const bool by_op = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
-  return by_op && profiling_ ? absl::StrCat(category, " ", op) : std::string(category);
+  return profile_split() ? absl::StrCat(category, " ", op) : std::string(category);
 }
 
 std::string CudaBackend::profile_category(absl::string_view category, const Tensor& x, const Tensor& w) const {
-  // FLUX2_PROFILE_GEMM_SHAPES=1 splits the "gemm" and "quantize" categories by shape (M x N x K).
-  static const bool by_shape = std::getenv("FLUX2_PROFILE_GEMM_SHAPES") != nullptr;
-  if (!by_shape || !profiling_) return std::string(category);
+  if (!profile_split()) return std::string(category);
   return absl::StrCat(category, " ", x.rows(), "x", w.rows(), "x", x.cols());
 }
 
@@ -349,8 +352,9 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
     return run_fast_path(
         swiglu_path(), "",
         [&]() -> absl::Status {
+          const cuda::Mat gate_mat = mat(gate), up_mat = mat(up);
           if (!handoff_wanted() || target.data != out.data() ||
-              !cuda::row_amax_supported({&target})) {
+              !cuda::row_amax_supported({&gate_mat, &up_mat, &target})) {
             return cuda::swiglu_fused(mat(gate), mat(up), target, stream());
           }
           // quality=high: also the row maxima, extending the hand-off of a producer that wrote
@@ -637,9 +641,10 @@ absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, c
 
 namespace {
 
-std::string conv_shape(const Tensor& x, const Tensor& w) {
+std::string conv_shape(const Tensor& x, const Tensor& w, absl::string_view suffix = "") {
   if (x.rank() != 3 || w.rank() != 4) return "?";
-  return absl::StrCat(x.dim(0), "x", x.dim(1), "x", x.dim(2), "->", w.dim(0), " k", w.dim(1));
+  return absl::StrCat(x.dim(0), "x", x.dim(1), "x", x.dim(2), "->", w.dim(0), " k", w.dim(1),
+                      suffix);
 }
 
 }  // namespace
@@ -657,6 +662,12 @@ absl::Status CudaBackend::check_conv2d(const Tensor& x, const Tensor& w, const T
                                            w.describe(), ", out ", out.describe()));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::conv_unfused(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                       const Tensor& out) {
+  return conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1),
+                    bias.data(), out.data());
 }
 
 // quality=high: bias (and residual, when not null) in cuDNN's epilogue; else `separate`.
@@ -678,12 +689,9 @@ absl::Status CudaBackend::conv2d_fused(const Tensor& x, const Tensor& w, const T
 
 absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                                  const Tensor& out) {
-  OpProfileScope profile(*this, op_category("conv", conv_shape(x, w)));
+  OpProfileScope profile(*this, profile_split() ? op_category("conv", conv_shape(x, w)) : "conv");
   FLUX_RETURN_IF_ERROR(check_conv2d(x, w, bias, out));
-  auto separate = [&] {
-    return conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0), w.dim(1),
-                      bias.data(), out.data());
-  };
+  auto separate = [&] { return conv_unfused(x, w, bias, out); };
   if (quality_ != Quality::kHigh) return separate();
   return conv2d_fused(x, w, bias, nullptr, out, separate);
 }
@@ -692,13 +700,13 @@ absl::Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Ten
                                      const Tensor& residual, const Tensor& out) {
   if (quality_ != Quality::kHigh)
     return Backend::conv2d_add(x, w, bias, residual, out);  // two profiled ops
-  OpProfileScope profile(*this, op_category("conv", absl::StrCat(conv_shape(x, w), " +residual")));
+  OpProfileScope profile(
+      *this, profile_split() ? op_category("conv", conv_shape(x, w, " +residual")) : "conv");
   FLUX_RETURN_IF_ERROR(check_conv2d(x, w, bias, out));
   FLUX_RETURN_IF_ERROR(check_same_bf16("conv2d_add", out, "residual", residual));
   if (!residual.contiguous()) return op_error("conv2d_add", "residual must be contiguous");
   auto separate = [&]() -> absl::Status {  // the fallback: PyTorch's three roundings, counted once
-    FLUX_RETURN_IF_ERROR(conv_->run(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(), w.dim(0),
-                                    w.dim(1), bias.data(), out.data()));
+    FLUX_RETURN_IF_ERROR(conv_unfused(x, w, bias, out));
     return add(residual, out, out);
   };
   return conv2d_fused(x, w, bias, &residual, out, separate);

@@ -6,16 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/cudnn_graph.h"
 
 namespace flux2::cuda {
-namespace {
 
-absl::Status dnn_status(cudnnStatus_t status, const char* what) {
-  if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cuDNN ", what, ": ", cudnnGetErrorString(status)));
-}
-
-}  // namespace
+using dnn::check;  // cuDNN status -> absl::Status, shared with the SDPA plans
 
 struct CudnnConv::Plan {
   cudnnTensorDescriptor_t x = nullptr, y = nullptr, bias = nullptr;
@@ -39,10 +34,8 @@ struct CudnnConv::Plan {
 absl::StatusOr<std::unique_ptr<CudnnConv>> CudnnConv::create(cudaStream_t stream) {
   std::unique_ptr<CudnnConv> conv(new CudnnConv());
   conv->stream_ = stream;
-  cudnnHandle_t handle;
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnCreate(&handle), "create handle"));
+  FLUX_ASSIGN_OR_RETURN(cudnnHandle_t handle, dnn::create_handle(stream));
   conv->handle_ = handle;
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetStream(handle, stream), "set stream"));
   return conv;
 }
 
@@ -56,31 +49,41 @@ absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
   if (found != plans_.end()) return found->second.get();
   const auto [h, w, cin, cout, k] = key;
   auto p = std::make_unique<Plan>();
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnCreateTensorDescriptor(&p->x), "x desc"));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnCreateTensorDescriptor(&p->y), "y desc"));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnCreateTensorDescriptor(&p->bias), "bias desc"));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnCreateFilterDescriptor(&p->w), "w desc"));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnCreateConvolutionDescriptor(&p->conv), "conv desc"));
+  FLUX_RETURN_IF_ERROR(check(cudnnCreateTensorDescriptor(&p->x), "x desc"));
+  FLUX_RETURN_IF_ERROR(check(cudnnCreateTensorDescriptor(&p->y), "y desc"));
+  FLUX_RETURN_IF_ERROR(check(cudnnCreateTensorDescriptor(&p->bias), "bias desc"));
+  FLUX_RETURN_IF_ERROR(check(cudnnCreateFilterDescriptor(&p->w), "w desc"));
+  FLUX_RETURN_IF_ERROR(check(cudnnCreateConvolutionDescriptor(&p->conv), "conv desc"));
   const int ih = static_cast<int>(h), iw = static_cast<int>(w), ic = static_cast<int>(cin);
   const int oc = static_cast<int>(cout), ks = static_cast<int>(k), pad = ks / 2;
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 1, ic, ih, iw), "x"));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 1, oc, ih, iw), "y"));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 1, oc, 1, 1), "bias"));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NHWC, oc, ic, ks, ks), "w"));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetConvolution2dDescriptor(p->conv, pad, pad, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
-                                                                  CUDNN_DATA_FLOAT), "conv"));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnSetConvolutionMathType(p->conv, CUDNN_TENSOR_OP_MATH), "math type"));
   FLUX_RETURN_IF_ERROR(
-      dnn_status(cudnnCreateActivationDescriptor(&p->identity), "activation desc"));
+      check(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 1, ic, ih, iw),
+            "x"));
   FLUX_RETURN_IF_ERROR(
-      dnn_status(cudnnSetActivationDescriptor(p->identity, CUDNN_ACTIVATION_IDENTITY,
-                                              CUDNN_PROPAGATE_NAN, 0.0),
-                 "identity"));
+      check(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 1, oc, ih, iw),
+            "y"));
+  FLUX_RETURN_IF_ERROR(check(
+      cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 1, oc, 1, 1),
+      "bias"));
+  FLUX_RETURN_IF_ERROR(check(
+      cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NHWC, oc, ic, ks, ks),
+      "w"));
+  FLUX_RETURN_IF_ERROR(
+      check(cudnnSetConvolution2dDescriptor(p->conv, pad, pad, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
+                                            CUDNN_DATA_FLOAT),
+            "conv"));
+  FLUX_RETURN_IF_ERROR(
+      check(cudnnSetConvolutionMathType(p->conv, CUDNN_TENSOR_OP_MATH), "math type"));
+  FLUX_RETURN_IF_ERROR(check(cudnnCreateActivationDescriptor(&p->identity), "activation desc"));
+  FLUX_RETURN_IF_ERROR(check(cudnnSetActivationDescriptor(p->identity, CUDNN_ACTIVATION_IDENTITY,
+                                                          CUDNN_PROPAGATE_NAN, 0.0),
+                             "identity"));
   cudnnConvolutionFwdAlgoPerf_t perf[8];
   int returned = 0;
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnGetConvolutionForwardAlgorithm_v7(static_cast<cudnnHandle_t>(handle_), p->x, p->w,
-                                                                         p->conv, p->y, 8, &returned, perf),
-                                  "algorithm"));
+  FLUX_RETURN_IF_ERROR(
+      check(cudnnGetConvolutionForwardAlgorithm_v7(static_cast<cudnnHandle_t>(handle_), p->x, p->w,
+                                                   p->conv, p->y, 8, &returned, perf),
+            "algorithm"));
   bool chosen = false;
   for (int i = 0; i < returned && !chosen; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
@@ -88,9 +91,10 @@ absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
     chosen = true;
   }
   if (!chosen) return absl::UnimplementedError(absl::StrCat("cuDNN has no convolution for ", h, "x", w, "x", cin, " -> ", cout));
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnGetConvolutionForwardWorkspaceSize(static_cast<cudnnHandle_t>(handle_), p->x, p->w,
-                                                                          p->conv, p->y, p->algo, &p->workspace_bytes),
-                                  "workspace size"));
+  FLUX_RETURN_IF_ERROR(
+      check(cudnnGetConvolutionForwardWorkspaceSize(static_cast<cudnnHandle_t>(handle_), p->x, p->w,
+                                                    p->conv, p->y, p->algo, &p->workspace_bytes),
+            "workspace size"));
   if (p->workspace_bytes > 0) {
     FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&p->workspace, p->workspace_bytes), "conv workspace"));
   }
@@ -104,10 +108,11 @@ absl::Status CudnnConv::run(const void* x, int64_t height, int64_t width, int64_
   FLUX_ASSIGN_OR_RETURN(Plan* p, plan(Key{height, width, cin, cout, ksize}));
   cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
   const float one = 1.0f, zero = 0.0f;
-  FLUX_RETURN_IF_ERROR(dnn_status(cudnnConvolutionForward(handle, &one, p->x, x, p->w, w, p->conv, p->algo, p->workspace,
-                                                          p->workspace_bytes, &zero, p->y, out),
-                                  "convolution"));
-  return dnn_status(cudnnAddTensor(handle, &one, p->bias, bias, &one, p->y, out), "bias");
+  FLUX_RETURN_IF_ERROR(
+      check(cudnnConvolutionForward(handle, &one, p->x, x, p->w, w, p->conv, p->algo, p->workspace,
+                                    p->workspace_bytes, &zero, p->y, out),
+            "convolution"));
+  return check(cudnnAddTensor(handle, &one, p->bias, bias, &one, p->y, out), "bias");
 }
 
 absl::StatusOr<bool> CudnnConv::fuses_bias(int64_t height, int64_t width, int64_t cin, int64_t cout,
@@ -127,12 +132,11 @@ absl::Status CudnnConv::run_fused_bias(const void* x, int64_t height, int64_t wi
   // y = identity(1 · conv(x) + alpha2 · z + bias): z = the residual (alpha2 = 1), or y itself
   // with alpha2 = 0 (not read for its value).
   const void* z = residual != nullptr ? residual : out;
-  return dnn_status(
-      cudnnConvolutionBiasActivationForward(static_cast<cudnnHandle_t>(handle_), &one, p->x, x,
-                                            p->w, w, p->conv, p->algo, p->workspace,
-                                            p->workspace_bytes, residual != nullptr ? &one : &zero,
-                                            p->y, z, p->bias, bias, p->identity, p->y, out),
-      "convolution with bias");
+  return check(cudnnConvolutionBiasActivationForward(
+                   static_cast<cudnnHandle_t>(handle_), &one, p->x, x, p->w, w, p->conv, p->algo,
+                   p->workspace, p->workspace_bytes, residual != nullptr ? &one : &zero, p->y, z,
+                   p->bias, bias, p->identity, p->y, out),
+               "convolution with bias");
 }
 
 }  // namespace flux2::cuda

@@ -197,7 +197,8 @@ absl::StatusOr<CudnnSdpaFp8::Plan*> CudnnSdpaFp8::plan(const Key& key) {
   FLUX_RETURN_IF_ERROR(g.pointwise(CUDNN_POINTWISE_MUL, scaled, descale_q, descaled_q));
   FLUX_ASSIGN_OR_RETURN(const dnn::Descriptor* logits, scores());
   FLUX_RETURN_IF_ERROR(g.pointwise(CUDNN_POINTWISE_MUL, descaled_q, descale_k, logits));
-  // Softmax: max, sub, exp, sum, (stats = max + log sum), div.
+  // Softmax: max, sub, exp, sum, (stats = max + log sum), div. Nothing reads the stats, but
+  // cuDNN 9.14 offers no engine for the graph without them (PERF_NOTES run 26).
   FLUX_ASSIGN_OR_RETURN(const dnn::Descriptor* row_max, per_row());
   FLUX_RETURN_IF_ERROR(g.reduction(CUDNN_REDUCE_TENSOR_MAX, logits, row_max));
   FLUX_ASSIGN_OR_RETURN(const dnn::Descriptor* shifted, scores());

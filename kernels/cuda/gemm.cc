@@ -233,15 +233,18 @@ absl::Status Gemm::linear(const Mat& x, const Mat& w, const void* bias, const Ma
   return run(x, w, /*b_transposed=*/true, bias, 1.0f, y, /*c_f32=*/false);
 }
 
-bool Gemm::supports_rowwise_fp8() {
+bool Gemm::supports(Format format) {
   // A FLUX-like shape with 256-byte aligned stand-in pointers: the heuristic does no GPU work.
-  const Key key{256, 256, 256, 256, 256, 256, true, false, false, 256, 256, 256, 256, Format::kFp8Rowwise};
+  const Key key{256, 256, 256, 256, 256, 256, true, false, false, 256, 256, 256, 256, format};
   return plan(key).ok();
 }
 
+bool Gemm::supports_rowwise_fp8() {
+  return supports(Format::kFp8Rowwise);
+}
+
 bool Gemm::supports_nvfp4() {
-  const Key key{256, 256, 256, 256, 256, 256, true, false, false, 256, 256, 256, 256, Format::kNvfp4};
-  return plan(key).ok();
+  return supports(Format::kNvfp4);
 }
 
 absl::Status Gemm::linear_nvfp4(const Mat& x4, const void* x_scales, const Mat& w4, const void* w_scales,

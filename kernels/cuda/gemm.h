@@ -65,6 +65,8 @@ class Gemm {
 
   Gemm() = default;
   absl::StatusOr<Plan*> plan(const Key& key);
+  // Whether cuBLASLt offers a GEMM in `format` on this device (heuristic probe, host only).
+  bool supports(Format format);
   // a_scale / b_scale: dequantization scales of a and b for the low-precision formats; for
   // kNvfp4 `alpha_device` replaces `alpha`.
   absl::Status run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha,

@@ -186,8 +186,9 @@ absl::Status group_norm_statistics_bf16(const Mat& x, int64_t groups, float eps,
     group_reduce_kernel<<<reduce_blocks, 128, 0, stream>>>(pairs, static_cast<int>(groups), count,
                                                            eps, true, mean, rstd);
   }
-  FLUX_RETURN_IF_LAUNCH_FAILED("group_norm statistics");
-  return cuda_status(cudaFreeAsync(partial, stream), "group_norm scratch free");
+  const cudaError_t launched = cudaGetLastError();
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaFreeAsync(partial, stream), "group_norm scratch free"));
+  return cuda_status(launched, "group_norm statistics launch");
 }
 
 absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta, float eps, bool silu,

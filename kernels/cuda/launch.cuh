@@ -11,22 +11,15 @@
 
 namespace flux2::cuda {
 
-// Index: the loop's integer type — 32-bit whenever rows x columns plus one grid stride fits in 31
-// bits (a 64-bit division or modulo costs dozens of instructions per item, enough to slow these
-// memory-bound loops).
-template <typename Index, typename F>
-__global__ void for_each_vec8_kernel(Index rows, Index vec_cols, F f) {
-  const Index total = rows * vec_cols;
-  for (Index i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    f(static_cast<int64_t>(i / vec_cols), static_cast<int64_t>(i % vec_cols) * 8);
-  }
-}
-
-template <typename Index, typename F>
-__global__ void for_each_scalar_kernel(Index rows, Index cols, F f) {
+// f(r, c · kWidth) for every item of a rows x cols grid (a grid-stride loop). Index: the loop's
+// integer type — 32-bit whenever rows x cols plus one grid stride fits in 31 bits (a 64-bit
+// division or modulo costs dozens of instructions per item, enough to slow these memory-bound
+// loops).
+template <int kWidth, typename Index, typename F>
+__global__ void for_each_kernel(Index rows, Index cols, F f) {
   const Index total = rows * cols;
   for (Index i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    f(static_cast<int64_t>(i / cols), static_cast<int64_t>(i % cols));
+    f(static_cast<int64_t>(i / cols), static_cast<int64_t>(i % cols) * kWidth);
   }
 }
 
@@ -40,29 +33,28 @@ inline int grid_for(int64_t items, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((items + threads - 1) / threads, 132 * 32)));
 }
 
+// Launches for_each_kernel<kWidth> over a rows x cols grid with the narrowest index that fits.
+template <int kWidth, typename F>
+void launch_grid(int64_t rows, int64_t cols, cudaStream_t stream, F f) {
+  constexpr int kThreads = 256;
+  const int grid = grid_for(rows * cols, kThreads);
+  if (fits_32bit(rows * cols + int64_t{grid} * kThreads)) {
+    for_each_kernel<kWidth, uint32_t><<<grid, kThreads, 0, stream>>>(
+        static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), f);
+  } else {
+    for_each_kernel<kWidth, int64_t><<<grid, kThreads, 0, stream>>>(rows, cols, f);
+  }
+}
+
 // Runs vec8(r, c) for c = 0, 8, 16, ... when `vectorized`, else scalar(r, c) for every c.
 template <typename Vec8, typename Scalar>
 void launch_rows(int64_t rows, int64_t cols, bool vectorized, cudaStream_t stream, Vec8 vec8,
                  Scalar scalar) {
-  constexpr int kThreads = 256;
   if (rows == 0 || cols == 0) return;
   if (vectorized && cols % 8 == 0) {
-    const int64_t vec_cols = cols / 8;
-    const int grid = grid_for(rows * vec_cols, kThreads);
-    if (fits_32bit(rows * vec_cols + int64_t{grid} * kThreads)) {
-      for_each_vec8_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(
-          static_cast<uint32_t>(rows), static_cast<uint32_t>(vec_cols), vec8);
-    } else {
-      for_each_vec8_kernel<int64_t><<<grid, kThreads, 0, stream>>>(rows, vec_cols, vec8);
-    }
+    launch_grid<8>(rows, cols / 8, stream, vec8);
   } else {
-    const int grid = grid_for(rows * cols, kThreads);
-    if (fits_32bit(rows * cols + int64_t{grid} * kThreads)) {
-      for_each_scalar_kernel<uint32_t><<<grid, kThreads, 0, stream>>>(
-          static_cast<uint32_t>(rows), static_cast<uint32_t>(cols), scalar);
-    } else {
-      for_each_scalar_kernel<int64_t><<<grid, kThreads, 0, stream>>>(rows, cols, scalar);
-    }
+    launch_grid<1>(rows, cols, stream, scalar);
   }
 }
 

@@ -23,7 +23,6 @@ constexpr int kThreads = 256;
 constexpr int kAmaxMaxBlocks =
     static_cast<int>(kQuantizeWorkspaceBytes / sizeof(uint32_t));  // 1024
 
-
 // The column concatenation [a | b] of two bf16 matrices (b may have no columns), as raw bits.
 struct CatSource {
   const uint16_t* a = nullptr;
@@ -60,7 +59,6 @@ __device__ __forceinline__ void load8(const CatSource& s, int64_t r, int64_t c, 
   }
 }
 
-
 // Pass 1 of the dynamic quantizers: partials[blockIdx.x] = max |x| (f32 magnitude bits) over the
 // 8-element segments this block's threads visit.
 __global__ void amax_partials_kernel(CatSource s, uint32_t* partials) {
@@ -84,11 +82,12 @@ enum class ScaleKind : uint8_t {
 };
 
 // Pass 2: one block reduces the partials and writes amax (optional) and the scale.
-__global__ void amax_finalize_kernel(const uint32_t* partials, int count, ScaleKind kind,
+// Also turns a producer's row maxima into the per-tensor scale (fp8_scale_from_row_amax).
+__global__ void amax_finalize_kernel(const uint32_t* partials, int64_t count, ScaleKind kind,
                                      float* amax_out, float* scale_out) {
   __shared__ uint32_t scratch[32];
   uint32_t m = 0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) m = max(m, partials[i]);
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) m = max(m, partials[i]);
   m = block_max_bits(m, scratch);
   if (threadIdx.x == 0) {
     const float amax = __uint_as_float(m);
@@ -98,14 +97,14 @@ __global__ void amax_finalize_kernel(const uint32_t* partials, int count, ScaleK
   }
 }
 
-// Pass 3 (or the static quantizer): out[r, c] = e4m3(x[r, c] / *scale), 16 elements per item.
-// Index: 32-bit where the item count allows, as in the dynamic kernel below.
+// out[r, c] = e4m3(x[r, c] / scale) for the 16-element items first, first + step, ... Index:
+// 32-bit where the item count allows (64-bit division costs dozens of instructions).
 template <bool kHw, typename Index>
-__global__ void fp8_quantize_kernel(CatSource s, const float* scale_ptr, uint8_t* out) {
-  const float scale = *scale_ptr;
+__device__ __forceinline__ void quantize_items(const CatSource& s, Index first, Index step,
+                                               float scale, uint8_t* out) {
   const Index per_row = static_cast<Index>(s.cols / 16),
               items = static_cast<Index>(s.rows) * per_row;
-  for (Index i = blockIdx.x * blockDim.x + threadIdx.x; i < items; i += gridDim.x * blockDim.x) {
+  for (Index i = first; i < items; i += step) {
     const Index r = i / per_row, c = (i - r * per_row) * 16;
     float x[16];
     load8(s, r, c, x);
@@ -113,6 +112,13 @@ __global__ void fp8_quantize_kernel(CatSource s, const float* scale_ptr, uint8_t
     *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * s.cols + c) =
         fp8_pack16<kHw>(x, scale);
   }
+}
+
+// Pass 3 (or the static quantizer): every item with the scale in device memory.
+template <bool kHw, typename Index>
+__global__ void fp8_quantize_kernel(CatSource s, const float* scale_ptr, uint8_t* out) {
+  quantize_items<kHw, Index>(s, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x,
+                             *scale_ptr, out);
 }
 
 // The whole dynamic FP8 quantizer in one cooperative launch (every block resident): each block
@@ -152,13 +158,7 @@ __global__ void fp8_quantize_dynamic_kernel(CatSource s, uint32_t* partials, uns
     if (amax_out != nullptr) *amax_out = amax;
     *scale_out = scale;
   }
-  for (Index i = first; i < items; i += step) {
-    const Index r = i / per_row, c = (i - r * per_row) * 16;
-    float x[16];
-    load8(s, r, c, x);
-    load8(s, r, c + 8, x + 8);
-    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * s.cols + c) = fp8_pack16<kHw>(x, scale);
-  }
+  quantize_items<kHw, Index>(s, first, step, scale, out);
 }
 
 // Per-row scales: one block per row (grid-stride over rows): row amax, scale[r], then the row.
@@ -269,14 +269,6 @@ __global__ void fill_random_e4m3_kernel(uint8_t* data, int64_t bytes, uint64_t s
   }
 }
 
-__global__ void fp8_scale_from_row_amax_kernel(const uint32_t* row_amax, int64_t rows, float* scale) {
-  __shared__ uint32_t scratch[32];
-  uint32_t m = 0;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) m = max(m, row_amax[r]);
-  m = block_max_bits(m, scratch);
-  if (threadIdx.x == 0) *scale = fp8_dequant_scale(__uint_as_float(m));
-}
-
 // ---- launcher helpers ----
 
 bool aligned(const void* p, uintptr_t bytes) {
@@ -379,7 +371,7 @@ absl::Status launch_fp8_quantize(const char* op, const Fp8QuantizeArgs& args, co
   const int grid = grid_for(s.rows * (s.cols / 16), kThreads);
   uint8_t* out = static_cast<uint8_t*>(args.out);
   const bool hw = args.conversion != QuantizeConversion::kSoftware;
-  const bool narrow = s.rows * (s.cols / 16) + int64_t{grid} * kThreads < (int64_t{1} << 31);
+  const bool narrow = fits_32bit(s.rows * (s.cols / 16) + int64_t{grid} * kThreads);
   if (hw && narrow) {
     fp8_quantize_kernel<true, uint32_t><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
   } else if (hw) {
@@ -477,7 +469,7 @@ absl::Status fp8_quantize_dynamic(const Fp8QuantizeArgs& args, cudaStream_t stre
   // block running), at most the workspace's partial slots; the last word is the barrier.
   const bool hw = args.conversion != QuantizeConversion::kSoftware;
   const int64_t items = s.rows * (s.cols / 16);
-  const bool narrow = items + int64_t{kAmaxMaxBlocks} * kThreads < (int64_t{1} << 31);  // 32-bit indices
+  const bool narrow = fits_32bit(items + int64_t{kAmaxMaxBlocks} * kThreads);  // 32-bit indices
   const void* kernels[2][2] = {
       {reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<false, int64_t>),
        reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<false, uint32_t>)},
@@ -575,7 +567,8 @@ absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, flo
   if (rows <= 0 || row_amax == nullptr || scale == nullptr) {
     return absl::InvalidArgumentError("fp8_scale_from_row_amax: needs rows > 0, row maxima and a scale");
   }
-  fp8_scale_from_row_amax_kernel<<<1, 1024, 0, stream>>>(row_amax, rows, scale);
+  amax_finalize_kernel<<<1, 1024, 0, stream>>>(row_amax, rows, ScaleKind::kFp8Dequant, nullptr,
+                                               scale);
   FLUX_RETURN_IF_LAUNCH_FAILED("fp8_scale_from_row_amax");
   return absl::OkStatus();
 }
