@@ -30,19 +30,11 @@ using testing::values;
 constexpr double kFp8AttentionBound = 0.125;
 
 int64_t invocations(const std::string& path) {
-  for (const FastPathCounters& c : fast_path_snapshot()) {
-    if (c.path == path) return c.invocations;
-  }
-  return 0;
+  return testing::fast_path_counters(path).invocations;
 }
 
 int64_t fallbacks(const std::string& path, const std::string& reason) {
-  for (const FastPathCounters& c : fast_path_snapshot()) {
-    if (c.path != path) continue;
-    auto it = c.fallbacks.find(reason);
-    return it == c.fallbacks.end() ? 0 : it->second;
-  }
-  return 0;
+  return testing::fast_path_fallbacks(path, reason);
 }
 
 struct Case {
@@ -51,18 +43,11 @@ struct Case {
   bool fused_qkv;  // q, k, v adjacent column ranges of one [S, 3·H·d] buffer (the model's layout)
 };
 
-// The process-wide CUDA backend with FP8 attention opted in (it is off by default).
-CudaBackend* fp8_attention_backend(Backend* be) {
-  auto* cuda = static_cast<CudaBackend*>(be);
-  cuda->set_fp8_attention(true);
-  return cuda;
-}
-
 class Fp8AttentionTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Fp8AttentionTest, CloseToBf16AttentionOrSelfCheckedFallback) {
   FLUX2_REQUIRE_GPU(be);
-  fp8_attention_backend(be);
+  static_cast<CudaBackend*>(be)->set_fp8_attention(true);  // opt in (it is off by default)
   const Case c = GetParam();
   const int64_t d = 128, width = c.heads * d;
   // Logits with a standard deviation of about 1.3 (q, k uniform in [-2, 2]); V zero-mean, the case
@@ -83,12 +68,13 @@ TEST_P(Fp8AttentionTest, CloseToBf16AttentionOrSelfCheckedFallback) {
 
   const int64_t before = invocations("fp8_attention");
   const int64_t no_engine = fallbacks("fp8_attention", "no_deterministic_engine");
-  be->set_quality(Quality::kHigh);
   Tensor high = be->empty(DType::kBF16, {c.tokens, width}).value();
   Tensor again = be->empty(DType::kBF16, {c.tokens, width}).value();
-  ASSERT_TRUE(be->attention(q, k, v, params, high).ok());
-  ASSERT_TRUE(be->attention(q, k, v, params, again).ok());
-  be->set_quality(Quality::kLossless);
+  {
+    testing::QualityScope quality(*be, Quality::kHigh);
+    ASSERT_TRUE(be->attention(q, k, v, params, high).ok());
+    ASSERT_TRUE(be->attention(q, k, v, params, again).ok());
+  }
   if (fallbacks("fp8_attention", "no_deterministic_engine") == no_engine + 2) {
     std::printf("%s: the FP8 plan failed its determinism self-check; bf16 attention served it\n", c.name);
     EXPECT_EQ(bits(*be, high), bits(*be, reference));
@@ -136,22 +122,24 @@ TEST(Fp8AttentionRulesTest, OffByDefaultAndNeverForLosslessOrCausal) {
   }
   const int64_t before = invocations("fp8_attention");
   cuda->set_fp8_attention(false);
-  be->set_quality(Quality::kHigh);
-  ASSERT_TRUE(be->attention(q, k, v, params, out).ok());  // high, FP8 attention not opted in
-  be->set_quality(Quality::kLossless);
+  {
+    testing::QualityScope quality(*be, Quality::kHigh);
+    ASSERT_TRUE(be->attention(q, k, v, params, out).ok());  // high, FP8 attention not opted in
+  }
   cuda->set_fp8_attention(true);
   ASSERT_TRUE(be->attention(q, k, v, params, out).ok());  // lossless
-  be->set_quality(Quality::kHigh);
-  AttentionParams causal = params;
-  causal.causal = true;
   const int64_t unsupported = fallbacks("fp8_attention", "unsupported_shape");
-  ASSERT_TRUE(be->attention(q, k, v, causal, out).ok());
-  EXPECT_EQ(fallbacks("fp8_attention", "unsupported_shape"), unsupported)
-      << "causal attention is not FP8's to serve";
-  // A head_dim FP8 cannot serve (not a multiple of 16) falls back to bf16 and is counted.
-  const AttentionParams narrow{32, 32, 8, 0.35f};
-  ASSERT_TRUE(be->attention(q, k, v, narrow, out).ok());
-  be->set_quality(Quality::kLossless);
+  {
+    testing::QualityScope quality(*be, Quality::kHigh);
+    AttentionParams causal = params;
+    causal.causal = true;
+    ASSERT_TRUE(be->attention(q, k, v, causal, out).ok());
+    EXPECT_EQ(fallbacks("fp8_attention", "unsupported_shape"), unsupported)
+        << "causal attention is not FP8's to serve";
+    // A head_dim FP8 cannot serve (not a multiple of 16) falls back to bf16 and is counted.
+    const AttentionParams narrow{32, 32, 8, 0.35f};
+    ASSERT_TRUE(be->attention(q, k, v, narrow, out).ok());
+  }
   EXPECT_EQ(fallbacks("fp8_attention", "unsupported_shape"), unsupported + 1);
   EXPECT_EQ(invocations("fp8_attention"), before);
 }

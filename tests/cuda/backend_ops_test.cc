@@ -92,32 +92,11 @@ TEST_F(BackendOpsTest, NormsAndElementwise) {
   expect_close(*gpu, og, oc, "group_norm");
 }
 
-const FastPathCounters* counters(const std::string& path, std::vector<FastPathCounters>& snapshot) {
-  snapshot = fast_path_snapshot();
-  for (const FastPathCounters& c : snapshot) {
-    if (c.path == path) return &c;
-  }
-  return nullptr;
-}
-
 // Fused runs plus the fallbacks for `reason` of a fast path.
 std::pair<int64_t, int64_t> runs(const std::string& path, const std::string& reason) {
-  std::vector<FastPathCounters> snapshot;
-  const FastPathCounters* c = counters(path, snapshot);
-  if (c == nullptr) return {0, 0};
-  const auto found = c->fallbacks.find(reason);
-  return {c->invocations, found == c->fallbacks.end() ? 0 : found->second};
+  return {testing::fast_path_counters(path).invocations,
+          testing::fast_path_fallbacks(path, reason)};
 }
-
-// Sets the backend's quality for a scope (the backend is shared by the tests of this process).
-class QualityScope {
- public:
-  QualityScope(Backend& be, Quality quality) : be_(be) { be_.set_quality(quality); }
-  ~QualityScope() { be_.set_quality(Quality::kLossless); }
-
- private:
-  Backend& be_;
-};
 
 // quality=high adds the convolution's bias (and conv2d_add's residual) in cuDNN's epilogue:
 // f = bf16(c + b), one rounding, where lossless rounds the convolution first (PyTorch's separate
@@ -157,7 +136,7 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
   ASSERT_TRUE(gpu->conv2d(x, weights, bias, separate).ok());
   const auto [fused_before, fallbacks_before] = runs("conv_fused_bias", "algorithm_cannot_fuse");
   {
-    QualityScope high(*gpu, Quality::kHigh);
+    testing::QualityScope high(*gpu, Quality::kHigh);
     ASSERT_TRUE(gpu->conv2d(x, weights, bias, fused).ok());
   }
   // cuDNN's algorithm for this decoder-like shape takes the bias in its epilogue (on sm_90 it
@@ -192,7 +171,7 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
   const Tensor residual = rg.reshape({h, w, cout});
   ASSERT_TRUE(gpu->conv2d_add(x, weights, bias, residual, separate).ok());
   {
-    QualityScope high(*gpu, Quality::kHigh);
+    testing::QualityScope high(*gpu, Quality::kHigh);
     ASSERT_TRUE(gpu->conv2d_add(x, weights, bias, residual, fused).ok());
   }
   EXPECT_EQ(runs("conv_fused_bias", "algorithm_cannot_fuse").first, fused_before + 2)

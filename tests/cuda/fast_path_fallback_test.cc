@@ -16,16 +16,10 @@ using testing::clone;
 using testing::random_bf16;
 
 FastPathCounters counters(const std::string& path) {
-  for (const FastPathCounters& c : fast_path_snapshot()) {
-    if (c.path == path) return c;
-  }
-  return FastPathCounters{path};
+  return testing::fast_path_counters(path);
 }
-
 int64_t fallbacks(const std::string& path, const std::string& reason) {
-  const FastPathCounters c = counters(path);
-  auto it = c.fallbacks.find(reason);
-  return it == c.fallbacks.end() ? 0 : it->second;
+  return testing::fast_path_fallbacks(path, reason);
 }
 
 TEST(FastPathFallbackTest, WrongDtypeIsRejectedBeforeAnyLaunch) {

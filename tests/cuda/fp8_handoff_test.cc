@@ -25,10 +25,7 @@ using testing::bits;
 using testing::random_bf16;
 
 int64_t handoffs() {
-  for (const FastPathCounters& c : fast_path_snapshot()) {
-    if (c.path == "fp8_amax_handoff") return c.invocations;
-  }
-  return 0;
+  return testing::fast_path_counters("fp8_amax_handoff").invocations;
 }
 
 class Fp8HandoffTest : public ::testing::Test {

@@ -16,10 +16,7 @@ using testing::clone;
 using testing::random_bf16;
 
 int64_t invocations(const std::string& path) {
-  for (const FastPathCounters& c : fast_path_snapshot()) {
-    if (c.path == path) return c.invocations;
-  }
-  return 0;
+  return testing::fast_path_counters(path).invocations;
 }
 
 // Runs `op` on fresh copies of the inputs with fast paths on and off and compares the outputs'

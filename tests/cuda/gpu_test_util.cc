@@ -51,4 +51,17 @@ Tensor clone(Backend& be, const Tensor& t) {
   return copy;
 }
 
+FastPathCounters fast_path_counters(const std::string& path) {
+  for (const FastPathCounters& c : fast_path_snapshot()) {
+    if (c.path == path) return c;
+  }
+  return FastPathCounters{path};
+}
+
+int64_t fast_path_fallbacks(const std::string& path, const std::string& reason) {
+  const FastPathCounters c = fast_path_counters(path);
+  const auto found = c.fallbacks.find(reason);
+  return found == c.fallbacks.end() ? 0 : found->second;
+}
+
 }  // namespace flux2::testing

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/base/fast_path_registry.h"
 #include "kernels/cuda/cuda_backend.h"
 
 namespace flux2::testing {
@@ -16,6 +17,23 @@ namespace flux2::testing {
 // tests/data: $FLUX2_TEST_DATA when set (the GPU machine runs a copy of the tree elsewhere), else
 // the path compiled in.
 std::string test_data_dir();
+
+// A fast path's counters now (zeros when it has not run yet), and one fallback reason's count.
+FastPathCounters fast_path_counters(const std::string& path);
+int64_t fast_path_fallbacks(const std::string& path, const std::string& reason);
+
+// Sets a backend's request quality for a scope, back to lossless at its end (the backend is
+// shared by the tests of a process, so a failed assertion must not leave it at high).
+class QualityScope {
+ public:
+  QualityScope(Backend& be, Quality quality) : be_(be) { be_.set_quality(quality); }
+  ~QualityScope() { be_.set_quality(Quality::kLossless); }
+  QualityScope(const QualityScope&) = delete;
+  QualityScope& operator=(const QualityScope&) = delete;
+
+ private:
+  Backend& be_;
+};
 
 // The process-wide CUDA backend, or null (with the reason) when there is no usable GPU.
 Backend* gpu_backend(std::string* why);
