@@ -147,6 +147,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
 
 absl::StatusOr<Tensor> Pipeline::negative_embeddings(const TokenizedPrompt& tokens) const {
   // Requests almost always use the default negative prompt "": encode each distinct one once.
+  // The key ignores quality and fast paths: the text encoder's numerics depend on neither (it has
+  // no FP8 weights, and its causal attention never runs FP8). When full, the smallest key goes.
   constexpr size_t kCachedNegativePrompts = 4;
   auto found = negative_cache_.find(tokens.ids);
   if (found != negative_cache_.end()) return found->second;

@@ -43,9 +43,6 @@ struct BenchOptions {
 
 absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   FLUX_ASSIGN_OR_RETURN(Flux2Config config, flux2_preset(o.model));
-  if (o.quality != "lossless" && o.quality != "high") {
-    return absl::InvalidArgumentError(absl::StrCat("--quality ", o.quality, ": expected lossless or high"));
-  }
   if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
     return absl::InvalidArgumentError("--height/--width must be positive multiples of 16");
   }
@@ -117,7 +114,10 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   return result;
 }
 
-double median_of(std::vector<double> values);
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
+}
 
 // Attention alone at the model's joint shape, reading q/k/v from the single block's fused
 // [S, 9D] projection buffer (strided) and from separate contiguous [S, D] buffers: what the
@@ -138,9 +138,9 @@ absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const BenchOptions& 
                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
   auto time_layout = [&](const Tensor& qq, const Tensor& kk, const Tensor& vv) -> absl::StatusOr<double> {
     std::vector<double> times;
-    for (int i = 0; i < 13; ++i) {
+    for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
       FLUX_ASSIGN_OR_RETURN(double ms, be.time_ms([&] { return be.attention(qq, kk, vv, params, out); }));
-      if (i >= 3) times.push_back(ms);
+      if (i >= o.warmup) times.push_back(ms);
     }
     return median_of(times);
   };
@@ -149,11 +149,6 @@ absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const BenchOptions& 
   const double flops = 4.0 * static_cast<double>(s) * s * d;
   return nlohmann::json{{"model", o.model}, {"quality", o.quality}, {"tokens", s}, {"ms_strided", strided}, {"ms_contiguous", contiguous},
                         {"tflops_strided", flops / (strided * 1e9)}, {"tflops_contiguous", flops / (contiguous * 1e9)}};
-}
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0.0 : values[values.size() / 2];
 }
 
 // The whole request (tokenize, text encode, denoise, decode, PNG encode) with random weights at
@@ -243,6 +238,9 @@ int run_bench(int argc, char** argv, int first) {
   o.steps = *steps;
   o.warmup = *warmup;
   if (o.steps < 10) return fail("--steps: time at least 10 steps (performance.md)");
+  if (o.quality != "lossless" && o.quality != "high") {
+    return fail(absl::StrCat("--quality ", o.quality, ": expected lossless or high"));
+  }
   auto backend = create_backend(args->get("--backend", "cuda"));
   if (!backend.ok()) return fail(backend.status().message());
   auto repeats = args->get_int("--repeats", 5);

@@ -48,15 +48,13 @@ absl::Status run_case(const GoldenContext& context, const VaeDecoder& vae, const
   FLUX_ASSIGN_OR_RETURN(std::vector<float> latents, read_f32(vectors, latents_entry->name));
   FLUX_ASSIGN_OR_RETURN(std::vector<float> reference, read_f32(vectors, image_entry->name));
 
-  FLUX_ASSIGN_OR_RETURN(Tensor input, be.empty(be.activation_dtype(), {h, w, channels}));
-  const std::vector<float> hwc = chw_to_hwc(latents, channels, h, w);
-  FLUX_RETURN_IF_ERROR(be.upload(hwc.data(), DType::kF32, input));
+  FLUX_ASSIGN_OR_RETURN(Tensor input,
+                        upload_values(be, chw_to_hwc(latents, channels, h, w), {h, w, channels}));
   FLUX_ASSIGN_OR_RETURN(Tensor image, vae.decode(input));                     // [H, W, 3]
   if (image.rank() != 3 || image.dim(0) != is[2] || image.dim(1) != is[3] || image.dim(2) != is[1]) {
     return absl::InternalError(absl::StrCat("decoded ", image.describe(), ", reference ", shape_string(is)));
   }
-  std::vector<float> pixels(static_cast<size_t>(image.numel()));
-  FLUX_RETURN_IF_ERROR(be.download(image, pixels.data()));
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> pixels, download_values(be, image));
   report.compare(kFile, name, "image", hwc_to_chw(pixels, is[1], is[2], is[3]), reference,
                  context.tolerance(absl::StrCat("vae_decode.", name, ".image")));
   return absl::OkStatus();

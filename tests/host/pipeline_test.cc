@@ -84,6 +84,10 @@ TEST_F(PipelineTest, CfgRepeatsExactlyWithCachedNegativeEmbeddings) {
   auto other = pipeline->generate(p);
   ASSERT_TRUE(other.ok());
   EXPECT_NE(other->rgb, first->rgb);  // a different negative prompt is not served from the cache
+  p.negative_prompt = "";
+  auto back = pipeline->generate(p);  // "" again, from the cache that now holds two prompts
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->rgb, first->rgb);
 }
 
 TEST_F(PipelineTest, TinyCheckpointIsNamedByItsDirectory) {
