@@ -20,6 +20,12 @@ namespace {
 constexpr size_t kStagingBytes = size_t{32} << 20;
 constexpr int64_t kAllocationAlignment = 256;  // cuBLASLt's default alignment assumption
 
+// Whether the environment variable `name` is set to exactly `value`.
+bool env_is(const char* name, const char* value) {
+  const char* set = std::getenv(name);
+  return set != nullptr && std::strcmp(set, value) == 0;
+}
+
 // Converts `count` host values of `from` into `to` at dst (host memory).
 absl::Status convert_host(const void* src, DType from, void* dst, DType to, int64_t count) {
   if (from == to) {
@@ -72,18 +78,26 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
     FLUX_RETURN_IF_ERROR(cuda_status(cudaMallocHost(&backend->staging_[i], kStagingBytes), "pinned staging"));
     FLUX_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&backend->staging_done_[i], cudaEventDisableTiming), "event"));
   }
-  FLUX_ASSIGN_OR_RETURN(backend->gemm_, cuda::Gemm::create(backend->stream()));
+  cuda::GemmOptions gemm_options;
+  gemm_options.fp8_fast_accumulation = !env_is("FLUX2_FP8_FAST_ACCUM", "0");
+  FLUX_ASSIGN_OR_RETURN(backend->gemm_, cuda::Gemm::create(backend->stream(), gemm_options));
   FLUX_ASSIGN_OR_RETURN(backend->sdpa_, cuda::CudnnSdpa::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->sdpa_fp8_, cuda::CudnnSdpaFp8::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->conv_, cuda::CudnnConv::create(backend->stream()));
-  backend->fp8_rowwise_ = std::getenv("FLUX2_FP8_PER_TENSOR") == nullptr && backend->gemm_->supports_rowwise_fp8();
+  // Per-token x per-channel FP8 scales only when asked: without the producers' hand-offs (which
+  // need one scale per tensor) the step is ~1.5 ms slower on the H200 (PERF_NOTES run 31).
+  backend->fp8_rowwise_ =
+      env_is("FLUX2_FP8_ROWWISE", "1") && backend->gemm_->supports_rowwise_fp8();
   backend->fp8_attention_ = std::getenv("FLUX2_FP8_ATTENTION") != nullptr;
   backend->nvfp4_ = info.major >= 10 && backend->gemm_->supports_nvfp4();
-  std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB); quality=high: %s\n", info.name.c_str(),
-               info.major, info.minor, info.total_bytes / 1e9,
-               backend->nvfp4_        ? "NVFP4 GEMMs"
+  std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB); quality=high: %s%s\n",
+               info.name.c_str(), info.major, info.minor, info.total_bytes / 1e9,
+               backend->nvfp4_         ? "NVFP4 GEMMs"
                : backend->fp8_rowwise_ ? "FP8 GEMMs, per-token x per-channel scales"
-                                       : "FP8 GEMMs, per-tensor scales");
+                                       : "FP8 GEMMs, per-tensor scales",
+               backend->nvfp4_                      ? ""
+               : gemm_options.fp8_fast_accumulation ? ", fast accumulation"
+                                                    : ", fp32-promoted accumulation");
   return backend;
 }
 

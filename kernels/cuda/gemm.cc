@@ -24,13 +24,13 @@ absl::Status lt_status(cublasStatus_t status, const char* what) {
   return absl::InternalError(absl::StrCat("cuBLASLt ", what, " failed with status ", static_cast<int>(status)));
 }
 
-// Largest power of two (<= 256) dividing the address: cuBLASLt's alignment preference classes.
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream, &status);
   return status != cudaStreamCaptureStatusNone;
 }
 
+// Largest power of two (<= 256) dividing the address: cuBLASLt's alignment preference classes.
 int alignment_of(const void* p) {
   const uintptr_t address = reinterpret_cast<uintptr_t>(p);
   int alignment = 256;
@@ -59,10 +59,12 @@ bool autotune_enabled() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Gemm>> Gemm::create(cudaStream_t stream) {
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::create(cudaStream_t stream,
+                                                   const GemmOptions& options) {
   FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
   std::unique_ptr<Gemm> gemm(new Gemm());
   gemm->stream_ = stream;
+  gemm->options_ = options;
   cublasLtHandle_t handle;
   FLUX_RETURN_IF_ERROR(lt_status(api->create(&handle), "create"));
   gemm->handle_ = handle;
@@ -112,9 +114,20 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
     FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
                                                                   sizeof(mode)), "B_SCALE_MODE"));
   }
-  if (fast_accum_ && (format == Format::kFp8Tensor || format == Format::kFp8Rowwise)) {
-    // FLUX2_FP8_FAST_ACCUM=1 (experiment, off by default, kernels.md §1.7): no periodic promotion
-    // of the tensor-core accumulator to fp32.
+  if (format != Format::kBf16) {
+    // The heuristic offers no algorithm for the vector and block scale modes while the scale
+    // pointers are unset (cuBLASLt 13.1 on sm_90 returned none for OUTER_VEC_32F at any shape):
+    // a stand-in device address here, the call's own scales in run().
+    for (const auto attribute :
+         {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER}) {
+      FLUX_RETURN_IF_ERROR(lt_status(
+          api->matmul_desc_set_attribute(plan->desc, attribute, &workspace_, sizeof(workspace_)),
+          "SCALE_POINTER"));
+    }
+  }
+  if (options_.fp8_fast_accumulation &&
+      (format == Format::kFp8Tensor || format == Format::kFp8Rowwise)) {
+    // No periodic promotion of the tensor-core accumulator to fp32 (GemmOptions).
     const int8_t fast = 1;
     FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
                                                                   sizeof(fast)), "FAST_ACCUM"));

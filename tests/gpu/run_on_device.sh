@@ -19,14 +19,19 @@ parts=("$@")
 (( ${#parts[@]} )) || parts=(tests golden bench bench-dev)
 want() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 summary=()
+# Runs GPU test executables; each adds a summary line (its gtest verdicts and measured numbers).
+run_gtests() {
+  for t in "$@"; do
+    "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
+    summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)|relative L2|accumulation fast' "$out/$t.log" | tr '\n' ' '))")
+  done
+}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 if want tests; then
-  for t in gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
-           gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_attention_fp8_test gpu_fp8_handoff_test; do
-    "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
-    summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$t.log" | tr '\n' ' '))")
-  done
+  run_gtests gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
+             gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_attention_fp8_test \
+             gpu_fp8_handoff_test gpu_fp8_accumulation_test
   FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1  # tiny checkpoint
   summary+=("gpu_server_test (tiny): exit $? $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')")
 fi
@@ -73,10 +78,8 @@ if want attention; then
   done
 fi
 if want fp8; then  # quality=high only: its tests, attention alone and the klein-4B step
-  for t in gpu_attention_fp8_test gpu_fp8_handoff_test gpu_quality_high_test gpu_quantize_test; do
-    "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
-    summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)|relative L2' "$out/$t.log" | tr '\n' ' '))")
-  done
+  want tests || run_gtests gpu_attention_fp8_test gpu_fp8_handoff_test gpu_quality_high_test gpu_quantize_test \
+                          gpu_fp8_accumulation_test
   for quality in lossless high; do
     summary+=("attention klein-4b $quality (FP8 opted in): $(FLUX2_FP8_ATTENTION=1 "$bin/flux2" bench --model klein-4b --attention-only --quality $quality 2>>"$out/bench.err")")
   done
@@ -88,9 +91,9 @@ if want fp8; then  # quality=high only: its tests, attention alone and the klein
   summary+=("profile klein-4b high: $(tail -n1 "$out/profile.jsonl")")
   FLUX2_FP8_ATTENTION=1 "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
   summary+=("profile klein-4b high, FP8 attention opted in: $(tail -n1 "$out/profile.jsonl")")
-  FLUX2_FP8_ATTENTION=1 FLUX2_FP8_FAST_ACCUM=1 "$bin/flux2" bench --model klein-4b --quality high --profile --json \
+  FLUX2_FP8_FAST_ACCUM=0 "$bin/flux2" bench --model klein-4b --quality high --profile --json \
     >>"$out/profile.jsonl" 2>>"$out/bench.err"
-  summary+=("profile klein-4b high, FP8 attention and fast accumulation opted in: $(tail -n1 "$out/profile.jsonl")")
+  summary+=("profile klein-4b high, fp32-promoted accumulation (fast accumulation off): $(tail -n1 "$out/profile.jsonl")")
 fi
 if want gemm-shapes; then
   FLUX2_PROFILE_GEMM_SHAPES=1 "$bin/flux2" bench --model klein-4b --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
