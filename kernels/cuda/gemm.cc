@@ -273,10 +273,12 @@ absl::Status Gemm::linear_nvfp4(const Mat& x4, const void* x_scales, const Mat& 
 
 absl::Status Gemm::linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8, const float* w_scale,
                               const Mat& y, bool rowwise) {
-  if (x8.cols % 16 != 0 || x8.stride % 16 != 0 || w8.stride % 16 != 0 || alignment_of(x8.data) < 16 ||
-      alignment_of(w8.data) < 16 || x_scale == nullptr || w_scale == nullptr) {
-    return absl::InvalidArgumentError("linear_fp8: FP8 needs K and leading dimensions multiples of 16, 16-byte aligned "
-                                      "operands and both scales");
+  if (x8.cols % 16 != 0 || x8.stride % 16 != 0 || w8.stride % 16 != 0 ||
+      alignment_of(x8.data) < 16 || alignment_of(w8.data) < 16 || x_scale == nullptr ||
+      w_scale == nullptr || alignment_of(x_scale) < 16 || alignment_of(w_scale) < 16) {
+    return absl::InvalidArgumentError(
+        "linear_fp8: FP8 needs K and leading dimensions multiples of 16, 16-byte aligned "
+        "operands and 16-byte aligned x_scale and w_scale");
   }
   return run(x8, w8, /*b_transposed=*/true, nullptr, 1.0f, y, /*c_f32=*/false,
              rowwise ? Format::kFp8Rowwise : Format::kFp8Tensor, x_scale, w_scale);

@@ -42,10 +42,10 @@ class Gemm {
   absl::Status matmul(const Mat& a, const Mat& b, bool b_transposed, float alpha, const Mat& c,
                       bool c_f32);
 
-  // FP8 (E4M3) TN GEMM (kernels.md §1.7): y[M, N] (bf16) = (x_scale · x8[M, K]) · (w_scale · w8[N, K])ᵀ
-  // with dequantization scales in device memory, fp32 accumulation. `rowwise`: x_scale holds M
+  // FP8 (E4M3) TN GEMM (kernels.md §1.7): y[M, N] (bf16) = (x_scale · x8[M, K]) · (w_scale · w8[N,
+  // K])ᵀ with dequantization scales in device memory, fp32 accumulation. `rowwise`: x_scale holds M
   // per-token and w_scale N per-output-channel scales (cuBLASLt OUTER_VEC_32F); else one each.
-  // K % 16 == 0 and 16-byte aligned operands (the FP8 requirements on Hopper).
+  // K % 16 == 0, 16-byte aligned operands and scales (the FP8 requirements on Hopper).
   absl::Status linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8, const float* w_scale,
                           const Mat& y, bool rowwise);
   // Whether cuBLASLt offers rowwise-scaled FP8 GEMMs on this device (heuristic probe, host only).

@@ -55,14 +55,15 @@ Errors measure(int64_t m, int64_t n, int64_t k, bool positive, uint32_t seed) {
   float x_scale = 0.0f, w_scale = 0.0f;
   const std::vector<uint8_t> x8 = quantize(x, &x_scale), w8 = quantize(w, &w_scale);
 
+  // Separate allocations: cuBLASLt takes scale pointers only 16-byte aligned.
   DeviceBytes x_dev(x8.size()), w_dev(w8.size()), y_dev(static_cast<size_t>(m * n * 2)),
-      scales(2 * sizeof(float));
-  const float scale_values[2] = {x_scale, w_scale};
+      x_scale_dev(sizeof(float)), w_scale_dev(sizeof(float));
   EXPECT_EQ(cudaMemcpy(x_dev.data, x8.data(), x8.size(), cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(w_dev.data, w8.data(), w8.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(scales.data, scale_values, sizeof(scale_values), cudaMemcpyHostToDevice),
+  EXPECT_EQ(cudaMemcpy(x_scale_dev.data, &x_scale, sizeof(float), cudaMemcpyHostToDevice),
             cudaSuccess);
-  const float* x_scale_dev = static_cast<const float*>(scales.data);
+  EXPECT_EQ(cudaMemcpy(w_scale_dev.data, &w_scale, sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
 
   constexpr int kSamples = 4096;
   std::uniform_int_distribution<int64_t> row(0, m - 1), col(0, n - 1);
@@ -90,7 +91,8 @@ Errors measure(int64_t m, int64_t n, int64_t k, bool positive, uint32_t seed) {
     const cuda::Mat x_mat{x_dev.data, m, k, k}, w_mat{w_dev.data, n, k, k},
         y_mat{y_dev.data, m, n, n};
     const absl::Status status =
-        (*gemm)->linear_fp8(x_mat, x_scale_dev, w_mat, x_scale_dev + 1, y_mat, false);
+        (*gemm)->linear_fp8(x_mat, static_cast<const float*>(x_scale_dev.data), w_mat,
+                            static_cast<const float*>(w_scale_dev.data), y_mat, false);
     EXPECT_TRUE(status.ok()) << status;
     std::vector<uint16_t> y(static_cast<size_t>(m * n));
     EXPECT_EQ(cudaMemcpy(y.data(), y_dev.data, y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
