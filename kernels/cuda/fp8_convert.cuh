@@ -62,16 +62,17 @@ struct DeviceCvt {
   }
 };
 
-// 8 values -> 8 E4M3 bytes e4m3(x / scale), element order = memory order.
+// 8 values -> 8 E4M3 bytes e4m3(x · encode), element order = memory order; encode =
+// fp8_encode_factor(scale), so each byte equals fp8_quantize_value(x, scale).
 template <bool kHw>
-__device__ __forceinline__ uint2 fp8_pack8(const float x[8], float scale) {
+__device__ __forceinline__ uint2 fp8_pack8(const float x[8], float encode) {
   uint32_t w[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const uint32_t lo =
-        DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i], scale), div_rn(x[4 * i + 1], scale));
+        DeviceCvt<kHw>::e4m3x2(mul_rn(x[4 * i], encode), mul_rn(x[4 * i + 1], encode));
     const uint32_t hi =
-        DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i + 2], scale), div_rn(x[4 * i + 3], scale));
+        DeviceCvt<kHw>::e4m3x2(mul_rn(x[4 * i + 2], encode), mul_rn(x[4 * i + 3], encode));
     w[i] = lo | (hi << 16);
   }
   return make_uint2(w[0], w[1]);
@@ -79,8 +80,8 @@ __device__ __forceinline__ uint2 fp8_pack8(const float x[8], float scale) {
 
 // 16 values -> 16 E4M3 bytes, the same conversion.
 template <bool kHw>
-__device__ __forceinline__ uint4 fp8_pack16(const float x[16], float scale) {
-  const uint2 lo = fp8_pack8<kHw>(x, scale), hi = fp8_pack8<kHw>(x + 8, scale);
+__device__ __forceinline__ uint4 fp8_pack16(const float x[16], float encode) {
+  const uint2 lo = fp8_pack8<kHw>(x, encode), hi = fp8_pack8<kHw>(x + 8, encode);
   return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 

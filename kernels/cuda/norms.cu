@@ -86,7 +86,8 @@ struct ModulateLn {
 
 // row_amax (optional): receives the f32 magnitude bits of max |out| over the row (the rounded
 // values), for the FP8 quantizer that reads this output next.
-// fp8 (optional): also E4M3 [rows, cols] = e4m3(out / *fp8.scale) of the rounded outputs.
+// fp8 (optional): also E4M3 [rows, cols] = fp8_quantize_value(out, *fp8.scale) of the rounded
+// outputs.
 // kPacks: packs held per thread, at least ceil(cols / 8 / kVecThreads) (registers scale with it;
 // the reduction order does not depend on it, so every instantiation gives the same bits).
 template <int kPacks, typename Epilogue>
@@ -127,6 +128,7 @@ __global__ void __launch_bounds__(kVecThreads)
   bf16* o = row_ptr_mut(out, r);
   const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
   uint32_t magnitude = 0;
+  const float fp8_encode = fp8.values != nullptr ? fp8_encode_factor(*fp8.scale) : 0.0f;
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
     const int p = threadIdx.x + j * kVecThreads;
@@ -151,7 +153,8 @@ __global__ void __launch_bounds__(kVecThreads)
       float rounded[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) rounded[i] = to_f32(result.v[i]);
-      *reinterpret_cast<uint2*>(fp8.values + r * x.cols + p * 8) = fp8_pack8<true>(rounded, *fp8.scale);
+      *reinterpret_cast<uint2*>(fp8.values + r * x.cols + p * 8) =
+          fp8_pack8<true>(rounded, fp8_encode);
     }
   }
   if (row_amax != nullptr) {

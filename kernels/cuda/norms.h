@@ -18,7 +18,7 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
 // (rows_per_mod rows of x share one modulation row). Bit-identical to layer_norm_bf16 followed by
 // one_plus_bf16, gate_mul_bf16 and add_row_bf16. row_amax (optional, u32 [rows]) receives each
 // row's max |out| as f32 magnitude bits. fp8 (optional, quality=high): also writes
-// E4M3 [rows, cols] = e4m3(out / *fp8.scale) of the rounded outputs (IEEE division, RNE,
+// E4M3 [rows, cols] = fp8_quantize_value(out, *fp8.scale) of the rounded outputs (RNE,
 // saturating), for the FP8 GEMM that reads `out` next; needs layer_norm_writes_fp8(x).
 struct Fp8Rows {
   uint8_t* values = nullptr;     // contiguous [rows, cols] E4M3, 8-byte aligned

@@ -97,20 +97,21 @@ __global__ void amax_finalize_kernel(const uint32_t* partials, int64_t count, Sc
   }
 }
 
-// out[r, c] = e4m3(x[r, c] / scale) for the 16-element items first, first + step, ... Index:
-// 32-bit where the item count allows (64-bit division costs dozens of instructions).
+// out[r, c] = fp8_quantize_value(x[r, c], scale) for the 16-element items first, first + step,
+// ... Index: 32-bit where the item count allows (64-bit division costs dozens of instructions).
 template <bool kHw, typename Index>
 __device__ __forceinline__ void quantize_items(const CatSource& s, Index first, Index step,
                                                float scale, uint8_t* out) {
   const Index per_row = static_cast<Index>(s.cols / 16),
               items = static_cast<Index>(s.rows) * per_row;
+  const float encode = fp8_encode_factor(scale);
   for (Index i = first; i < items; i += step) {
     const Index r = i / per_row, c = (i - r * per_row) * 16;
     float x[16];
     load8(s, r, c, x);
     load8(s, r, c + 8, x + 8);
     *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * s.cols + c) =
-        fp8_pack16<kHw>(x, scale);
+        fp8_pack16<kHw>(x, encode);
   }
 }
 
@@ -175,11 +176,12 @@ __global__ void fp8_quantize_rows_kernel(CatSource s, float* scales, uint8_t* ou
     }
     const float scale = fp8_dequant_scale(__uint_as_float(block_max_bits(m, scratch)));
     if (threadIdx.x == 0) scales[r] = scale;
+    const float encode = fp8_encode_factor(scale);
     for (int64_t c = threadIdx.x * int64_t{16}; c < s.cols; c += int64_t{blockDim.x} * 16) {
       float x[16];
       load8(s, r, c, x);
       load8(s, r, c + 8, x + 8);
-      *reinterpret_cast<uint4*>(out + r * s.cols + c) = fp8_pack16<kHw>(x, scale);
+      *reinterpret_cast<uint4*>(out + r * s.cols + c) = fp8_pack16<kHw>(x, encode);
     }
   }
 }

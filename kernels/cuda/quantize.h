@@ -52,14 +52,16 @@ struct Fp8QuantizeArgs {
 
 // Dynamic per-tensor scaling: amax = max |x| over [first | second] (exact and deterministic: block
 // partials of magnitude-bit maxima, then one fixed-order reduction; no float atomics), *scale =
-// fp8_dequant_scale(amax) = amax / 448 (1 for an all-zero input), out = e4m3(x / *scale) (IEEE
-// division, RNE, saturating at ±448). Three kernels on `stream`; no synchronization. Also the
-// per-tensor weight quantizer (run once at load). Non-finite inputs give a non-finite scale.
+// fp8_dequant_scale(amax) = amax / 448 (1 for an all-zero input), out = fp8_quantize_value(x,
+// *scale) = e4m3(x · (1 / *scale)) (RNE, saturating at ±448). Three kernels on `stream`; no
+// synchronization. Also the per-tensor weight quantizer (run once at load). Non-finite inputs give
+// a non-finite scale.
 absl::Status fp8_quantize_dynamic(const Fp8QuantizeArgs& args, cudaStream_t stream);
-// Static scaling: out = e4m3(x / *scale) with a given (calibrated) device scale; one kernel.
+// Static scaling: out = fp8_quantize_value(x, *scale) with a given device scale; one kernel.
 absl::Status fp8_quantize_static(const Fp8QuantizeArgs& args, cudaStream_t stream);
 // Per-row (per output channel) weight quantization: scale[r] = amax(row r) / 448 (1 for a zero
-// row), out[r, :] = e4m3(x[r, :] / scale[r]); `scale` holds M floats; `amax`/`workspace` unused.
+// row), out[r, :] = fp8_quantize_value(x[r, :], scale[r]); `scale` holds M floats;
+// `amax`/`workspace` unused.
 // For cuBLASLt's OUTER_VEC_32F scale mode on the weight operand. One kernel.
 absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream);
 

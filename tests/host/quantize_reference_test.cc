@@ -364,7 +364,7 @@ TEST_P(QuantizeMatrixTest, Fp8PerTensorMatchesSlowReferenceAndConcat) {
   int64_t saturated = 0;
   for (int64_t i = 0; i < rows * k; ++i) {
     const float x = from_bf16(cat.bits[i]);
-    ASSERT_EQ(plain[i], slow_e4m3(x / scale)) << i;
+    ASSERT_EQ(plain[i], slow_e4m3(x * (1.0f / scale))) << i;
     saturated += (plain[i] & 0x7f) == 0x7e;
     if (std::fabs(x) == amax) {
       EXPECT_EQ(plain[i] & 0x7f, 0x7e);  // the max maps to ±448
@@ -385,7 +385,8 @@ TEST_P(QuantizeMatrixTest, Fp8PerRowMatchesSlowReference) {
     for (int64_t c = 0; c < x.cols; ++c) amax = std::max(amax, std::fabs(from_bf16(x.bits[r * x.stride + c])));
     ASSERT_EQ(scales[r], amax / 448.0f);
     for (int64_t c = 0; c < x.cols; ++c) {
-      ASSERT_EQ(out[r * x.cols + c], slow_e4m3(from_bf16(x.bits[r * x.stride + c]) / scales[r]));
+      ASSERT_EQ(out[r * x.cols + c],
+                slow_e4m3(from_bf16(x.bits[r * x.stride + c]) * (1.0f / scales[r])));
     }
   }
 }
