@@ -53,22 +53,34 @@ bool ln_vectorized(const Mat& x) {
   return x.cols % 8 == 0 && x.cols / 8 <= kVecThreads * kMaxPacksPerThread && rows_aligned16(x, 2);
 }
 
-// The eager LN output: the rounded normalised values themselves.
+// The eager LN output: the rounded normalised values themselves. Epilogues take a row's state
+// once (row(r), before the pack loop), then each pack of 8 values.
 struct PlainLn {
-  __device__ void operator()(int64_t, int64_t, float[8]) const {}
+  struct Row {};
+  __device__ Row row(int64_t) const { return {}; }
+  __device__ void operator()(const Row&, int64_t, float[8]) const {}
 };
 
 // bf16(bf16(bf16(1 + scale) · n) + shift), the three eager modulation ops, on pack p (8 values).
 struct ModulateLn {
   Mat shift, scale;
   int64_t rows_per_mod;
-  __device__ void operator()(int64_t r, int64_t p, float v[8]) const {
-    const bf16* sh =
-        static_cast<const bf16*>(shift.data) + row_div(r, rows_per_mod) * shift.stride + p * 8;
-    const bf16* sc =
-        static_cast<const bf16*>(scale.data) + row_div(r, rows_per_mod) * scale.stride + p * 8;
+  struct Row {
+    const bf16* shift;
+    const bf16* scale;
+    bool vectorized;  // both rows 16-byte aligned (the packs then are too)
+  };
+  __device__ Row row(int64_t r) const {
+    const int64_t m = row_div(r, rows_per_mod);
+    const bf16* sh = static_cast<const bf16*>(shift.data) + m * shift.stride;
+    const bf16* sc = static_cast<const bf16*>(scale.data) + m * scale.stride;
+    return {sh, sc, aligned16(sh) && aligned16(sc)};
+  }
+  __device__ void operator()(const Row& row, int64_t p, float v[8]) const {
+    const bf16* sh = row.shift + p * 8;
+    const bf16* sc = row.scale + p * 8;
     float shift8[8], scale8[8];
-    if (aligned16(sh) && aligned16(sc)) {
+    if (row.vectorized) {
       load8(sh, shift8);
       load8(sc, scale8);
     } else {
@@ -129,6 +141,7 @@ __global__ void __launch_bounds__(kVecThreads)
   const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
   uint32_t magnitude = 0;
   const float fp8_encode = fp8.values != nullptr ? fp8_encode_factor(*fp8.scale) : 0.0f;
+  const typename Epilogue::Row mod = epilogue.row(r);
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
     const int p = threadIdx.x + j * kVecThreads;
@@ -136,7 +149,7 @@ __global__ void __launch_bounds__(kVecThreads)
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = ln_value(to_f32(held[j].v[i]), mean, rstd);
-    epilogue(r, p, v);
+    epilogue(mod, p, v);
     Bf16x8 result;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -437,7 +450,7 @@ __global__ void qk_norm_rope_vec_kernel(Mat x, const bf16* weight, float eps, Ma
   const int64_t heads = x.cols / kVecHeadDim, groups = head_groups(x);
   const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
   if (item >= x.rows * groups) return;
-  const int64_t row = item / groups, first = (item % groups) * kHeadsPerWarp;
+  const int64_t row = row_div(item, groups), first = (item - row * groups) * kHeadsPerWarp;
   const int lane = threadIdx.x & 31;
   bf16* lane_base = row_ptr_mut(x, row) + first * kVecHeadDim + 4 * lane;
   float v[kHeadsPerWarp][4];
