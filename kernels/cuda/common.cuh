@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/kernel_args.h"
+
 namespace flux2::cuda {
 
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -15,6 +17,18 @@ __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ __nv_bfloat16 to_bf16(float v) { return __float2bfloat16_rn(v); }
 // The value a bf16 store then load would give.
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// silu(x) = x / (1 + exp(-x)) in fp32. kExact: PyTorch's (expf, IEEE division). kFast: the
+// special-function unit (__expf: 2 + |1.17 x| ulp; __fdividef: 2 ulp, and 0 for a denominator
+// beyond 2^126, i.e. x < -87, where |silu(x)| < 2^-119).
+template <SiluMath kMath>
+__device__ __forceinline__ float silu_value(float x) {
+  if constexpr (kMath == SiluMath::kExact) {
+    return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x)));
+  } else {
+    return __fdividef(x, __fadd_rn(1.0f, __expf(-x)));
+  }
+}
 
 // r / n for the non-negative row arithmetic of the kernels: a 32-bit division whenever both fit
 // (the 64-bit one costs dozens of instructions), the same quotient either way.

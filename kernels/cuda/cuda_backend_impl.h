@@ -174,6 +174,10 @@ class CudaBackend final : public Backend {
   std::optional<AmaxHandoff> handoff_;   // left by the op that finished last
   std::optional<AmaxHandoff> incoming_;  // what the running (outermost) op found
   int op_depth_ = 0;                     // ops called by ops see their caller's hand-off
+  // The SiLU inside SwiGLU and the VAE's GroupNorm: SiluMath::kFast at quality=high.
+  cuda::SiluMath silu_math() const {
+    return quality_ == Quality::kHigh ? cuda::SiluMath::kFast : cuda::SiluMath::kExact;
+  }
   // Whether quality=high ops produce and consume hand-offs (per-tensor FP8 GEMMs only).
   bool handoff_wanted() const { return quality_ == Quality::kHigh && !nvfp4_ && !fp8_rowwise_; }
   // Leaves `out` with its row maxima (or its E4M3 copy and scale) for the next op.

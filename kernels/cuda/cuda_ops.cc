@@ -353,9 +353,10 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
         swiglu_path(), "",
         [&]() -> absl::Status {
           const cuda::Mat gate_mat = mat(gate), up_mat = mat(up);
+          const cuda::SiluMath math = silu_math();
           if (!handoff_wanted() || target.data != out.data() ||
               !cuda::row_amax_supported({&gate_mat, &up_mat, &target})) {
-            return cuda::swiglu_fused(mat(gate), mat(up), target, stream());
+            return cuda::swiglu_fused(mat(gate), mat(up), target, math, stream());
           }
           // quality=high: also the row maxima, extending the hand-off of a producer that wrote
           // the columns just left of these (attention, in the single block's [attn | mlp]).
@@ -368,8 +369,8 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
           } else {
             FLUX_ASSIGN_OR_RETURN(row_amax, scratch({out.rows()}, DType::kI32));
           }
-          FLUX_RETURN_IF_ERROR(cuda::swiglu_fused_row_amax(mat(gate), mat(up), target,
-                                                           row_amax.data_as<uint32_t>(), extends, stream()));
+          FLUX_RETURN_IF_ERROR(cuda::swiglu_fused_row_amax(
+              mat(gate), mat(up), target, row_amax.data_as<uint32_t>(), extends, math, stream()));
           if (extends) {
             AmaxHandoff wider = *incoming_;
             wider.cols += out.cols();
@@ -482,8 +483,8 @@ absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tens
   FLUX_RETURN_IF_ERROR(check_vector("group_norm", "gamma", gamma, x.cols()));
   FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "beta", beta));
   FLUX_RETURN_IF_ERROR(check_vector("group_norm", "beta", beta, x.cols()));
-  return cuda::group_norm_bf16(mat(x), groups, gamma.data(), beta.data(), eps, silu, mat(out),
-                               stream());
+  return cuda::group_norm_bf16(mat(x), groups, gamma.data(), beta.data(), eps, silu, silu_math(),
+                               mat(out), stream());
 }
 
 absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,

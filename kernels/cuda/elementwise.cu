@@ -16,9 +16,6 @@ __device__ __forceinline__ bf16* at(const Mat& m, int64_t r, int64_t c) {
   return static_cast<bf16*>(m.data) + r * m.stride + c;
 }
 
-// PyTorch's silu: x / (1 + exp(-x)) in fp32 with IEEE division and full-precision expf.
-__device__ __forceinline__ float silu_f32(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
-
 absl::Status check_same_shape(const char* op, const Mat& a, const Mat& b) {
   if (a.rows != b.rows || a.cols != b.cols) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": shapes [", a.rows, ", ", a.cols, "] and [",
@@ -62,8 +59,11 @@ struct AddOp {
 struct MulOp {
   __device__ float operator()(float x, float y) const { return __fmul_rn(x, y); }
 };
+template <SiluMath kMath>
 struct SwiGluOp {  // bf16(bf16(silu(g)) · u)
-  __device__ float operator()(float g, float u) const { return __fmul_rn(round_bf16(silu_f32(g)), u); }
+  __device__ float operator()(float g, float u) const {
+    return __fmul_rn(round_bf16(silu_value<kMath>(g)), u);
+  }
 };
 
 // Row-amax kernels: one block per row; 128 threads divide FLUX's rows of 3072 and 9216 evenly.
@@ -78,6 +78,7 @@ __device__ __forceinline__ void store_row_max(uint32_t* row_amax, int64_t r, uin
 }
 
 // swiglu_fused's vectorized path that also records each row's max |out| (of the rounded values).
+template <SiluMath kMath>
 __global__ void swiglu_row_amax_kernel(Mat gate, Mat up, Mat out, uint32_t* row_amax, bool merge) {
   const int64_t r = blockIdx.x;
   uint32_t magnitude = 0;
@@ -87,7 +88,7 @@ __global__ void swiglu_row_amax_kernel(Mat gate, Mat up, Mat out, uint32_t* row_
     load8(at(up, r, c), u);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      g[k] = SwiGluOp{}(g[k], u[k]);
+      g[k] = SwiGluOp<kMath>{}(g[k], u[k]);
       magnitude = max(magnitude, __float_as_uint(round_bf16(g[k])) & 0x7fffffffu);
     }
     store8(at(out, r, c), g);
@@ -116,7 +117,8 @@ bool row_amax_supported(std::initializer_list<const Mat*> mats) {
   return vec_ok(mats);
 }
 
-absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& out, uint32_t* row_amax, bool merge,
+absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& out,
+                                   uint32_t* row_amax, bool merge, SiluMath math,
                                    cudaStream_t stream) {
   if (auto s = check_same_shape("swiglu", gate, up); !s.ok()) return s;
   if (auto s = check_same_shape("swiglu", gate, out); !s.ok()) return s;
@@ -125,7 +127,14 @@ absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& ou
   }
   if (gate.rows == 0 || gate.cols == 0) return absl::OkStatus();
   if (gate.rows > 0x7fffffff) return absl::InvalidArgumentError("swiglu: too many rows for one block per row");
-  swiglu_row_amax_kernel<<<static_cast<unsigned>(gate.rows), kRowAmaxThreads, 0, stream>>>(gate, up, out, row_amax, merge);
+  const unsigned grid = static_cast<unsigned>(gate.rows);
+  if (math == SiluMath::kExact) {
+    swiglu_row_amax_kernel<SiluMath::kExact>
+        <<<grid, kRowAmaxThreads, 0, stream>>>(gate, up, out, row_amax, merge);
+  } else {
+    swiglu_row_amax_kernel<SiluMath::kFast>
+        <<<grid, kRowAmaxThreads, 0, stream>>>(gate, up, out, row_amax, merge);
+  }
   FLUX_RETURN_IF_LAUNCH_FAILED("swiglu_row_amax");
   return absl::OkStatus();
 }
@@ -149,10 +158,12 @@ absl::Status silu_bf16(const Mat& x, const Mat& out, cudaStream_t stream) {
         float v[8];
         load8(at(x, r, c), v);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = silu_f32(v[i]);
+        for (int i = 0; i < 8; ++i) v[i] = silu_value<SiluMath::kExact>(v[i]);
         store8(at(out, r, c), v);
       },
-      [=] __device__(int64_t r, int64_t c) { *at(out, r, c) = to_bf16(silu_f32(to_f32(*at(x, r, c)))); });
+      [=] __device__(int64_t r, int64_t c) {
+        *at(out, r, c) = to_bf16(silu_value<SiluMath::kExact>(to_f32(*at(x, r, c))));
+      });
   FLUX_RETURN_IF_LAUNCH_FAILED("silu");
   return absl::OkStatus();
 }
@@ -166,7 +177,14 @@ absl::Status mul_bf16(const Mat& a, const Mat& b, const Mat& out, cudaStream_t s
 }
 
 absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, cudaStream_t stream) {
-  return binary("swiglu", gate, up, out, stream, SwiGluOp{});
+  return swiglu_fused(gate, up, out, SiluMath::kExact, stream);
+}
+
+absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, SiluMath math,
+                          cudaStream_t stream) {
+  if (math == SiluMath::kExact)
+    return binary("swiglu", gate, up, out, stream, SwiGluOp<SiluMath::kExact>{});
+  return binary("swiglu", gate, up, out, stream, SwiGluOp<SiluMath::kFast>{});
 }
 
 absl::Status gate_mul_bf16(const Mat& gate, int64_t rows_per_gate, const Mat& update, const Mat& out,

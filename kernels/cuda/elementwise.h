@@ -34,14 +34,18 @@ absl::Status gate_residual_fused(const Mat& x, const Mat& gate, int64_t rows_per
                                  const Mat& update, cudaStream_t stream);
 // out = bf16(bf16(silu(gate)) ⊙ up)  (= silu_bf16 then mul_bf16)
 absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, cudaStream_t stream);
+// The same with silu computed as `math` says (kExact: the line above).
+absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, SiluMath math,
+                          cudaStream_t stream);
 
 // ---- quality=high: row maxima for the FP8 quantizer (u32 [rows], f32 magnitude bits) ----
 // Whether the row-amax kernels below serve these matrices (16-byte rows, columns % 8 == 0).
 bool row_amax_supported(std::initializer_list<const Mat*> mats);
 // swiglu_fused, and each row's max |out| into row_amax[r]: stored, or with `merge` max-ed into the
 // value there (extending the maxima of the columns to the left). One block per row.
-absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& out, uint32_t* row_amax,
-                                   bool merge, cudaStream_t stream);
+absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& out,
+                                   uint32_t* row_amax, bool merge, SiluMath math,
+                                   cudaStream_t stream);
 // row_amax[r] = max |x[r, :]|. One block per row.
 absl::Status row_amax_bf16(const Mat& x, uint32_t* row_amax, cudaStream_t stream);
 

@@ -15,8 +15,6 @@ constexpr int kThreads = 256;
 // fixed-order reduction keep GroupNorm deterministic without atomics.
 constexpr int kSlices = 64;
 
-__device__ __forceinline__ float silu_f32(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
-
 // partial[g * kSlices + s] = (sum, sum of squares) over slice s of group g.
 __global__ void group_partials_kernel(Mat x, int64_t per_group, float2* partial) {
   __shared__ float scratch[32];
@@ -191,8 +189,9 @@ absl::Status group_norm_statistics_bf16(const Mat& x, int64_t groups, float eps,
   return cuda_status(launched, "group_norm statistics launch");
 }
 
-absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta, float eps, bool silu,
-                             const Mat& out, cudaStream_t stream) {
+absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta,
+                             float eps, bool silu, SiluMath silu_math, const Mat& out,
+                             cudaStream_t stream) {
   if (groups <= 0 || x.cols % groups != 0 || out.rows != x.rows || out.cols != x.cols) {
     return absl::InvalidArgumentError(absl::StrCat("group_norm: ", x.cols, " channels, ", groups, " groups"));
   }
@@ -221,7 +220,9 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
   // bf16((x - mean) · rstd · gamma + beta), then SiLU: one rounding sequence for both paths.
   auto normalise = [=] __device__(float v, float m, float r, float gm, float bt) {
     const float y = round_bf16(__fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(v, m), r), gm), bt));
-    return silu ? silu_f32(y) : y;
+    if (!silu) return y;
+    return silu_math == SiluMath::kExact ? silu_value<SiluMath::kExact>(y)
+                                         : silu_value<SiluMath::kFast>(y);
   };
   const bool vectorized = x.cols % 8 == 0 && rows_aligned16(x, 2) && rows_aligned16(out, 2) &&
                           reinterpret_cast<uintptr_t>(gamma) % 16 == 0 &&

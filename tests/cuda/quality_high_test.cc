@@ -1,7 +1,9 @@
 // quality=high (FP8 GEMMs in the transformer blocks) at klein-4B shapes with random weights: the
 // transformer output stays within the bound of the lossless output (target <= 5e-2 relative,
 // failing above 1e-1), and enabling high in the process leaves lossless results byte-identical.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include <gtest/gtest.h>
 
@@ -48,6 +50,76 @@ TEST(QualityHighTest, Klein4bTransformerOutputWithinBoundAndLosslessUnchanged) {
   EXPECT_GT(error, 0.0) << "the FP8 path did not run";
   EXPECT_LE(error, kFailAbove);
   if (error > kTarget) std::printf("note: above the %.0e target\n", kTarget);
+}
+
+// SwiGLU at quality=high computes silu with __expf and __fdividef (cuda::SiluMath::kFast). For
+// |g| < 100 that silu is within ~2^-16 of the exact one (__expf: 2 + 1.17 |g| ulp, __fdividef:
+// 2 ulp), so bf16(silu) moves by at most one bf16 ulp (<= 2^-7 relative) and the product, after
+// its own rounding, by at most two: |high - lossless| <= 2^-6 |lossless|. Below g = -87 the fast
+// quotient is 0 where the exact one is below 2^-119 · |u|: the 2^-100 absolute term.
+TEST(QualityHighTest, SwigluFastSiluWithinTwoBf16UlpsOfExact) {
+  FLUX2_REQUIRE_GPU(be);
+  int64_t differing = 0;  // over both ranges: in [-4, 4] the two silus rounded alike everywhere
+  for (const float range : {4.0f, 100.0f}) {
+    const int64_t rows = 1024, f = 9216;  // klein-4B's MLP width
+    Tensor gate = testing::random_bf16(*be, rows, f, 11, range),
+           up = testing::random_bf16(*be, rows, f, 12, 2.0f);
+    Tensor exact = be->empty(DType::kBF16, {rows, f}).value(),
+           fast = be->empty(DType::kBF16, {rows, f}).value();
+    ASSERT_TRUE(be->swiglu(gate, up, exact).ok());
+    const int64_t before = testing::fast_path_counters("swiglu").invocations;
+    {
+      testing::QualityScope high(*be, Quality::kHigh);
+      ASSERT_TRUE(be->swiglu(gate, up, fast).ok());
+    }
+    ASSERT_GT(testing::fast_path_counters("swiglu").invocations, before)
+        << "the fused SwiGLU did not run";
+    const std::vector<float> want = testing::values(*be, exact), got = testing::values(*be, fast);
+    int64_t here = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float bound =
+          std::ldexp(std::max(std::fabs(want[i]), std::fabs(got[i])), -6) + std::ldexp(1.0f, -100);
+      ASSERT_LE(std::fabs(got[i] - want[i]), bound)
+          << "element " << i << ": high " << got[i] << ", lossless " << want[i];
+      here += got[i] != want[i];
+    }
+    std::printf(
+        "SwiGLU, gate in [-%g, %g]: %.3f%% of outputs differ between quality=high and lossless\n",
+        range, range, 100.0 * here / want.size());
+    differing += here;
+  }
+  EXPECT_GT(differing, 0) << "quality=high computed the exact silu";
+}
+
+// The VAE's GroupNorm + SiLU at quality=high: one rounding after the fast silu, so at most one bf16
+// ulp (<= 2^-7 relative) from lossless; 2^-100 absolute for the flushed silu below -87.
+TEST(QualityHighTest, GroupNormFastSiluWithinOneBf16UlpOfExact) {
+  FLUX2_REQUIRE_GPU(be);
+  const int64_t pixels = 64 * 64, channels = 512, groups = 32;  // a decoder mid-block shape
+  Tensor x = testing::random_bf16(*be, pixels, channels, 13, 30.0f);
+  // gamma up to 60: normalised values reach |y| ~ 100, where the fast silu's error (it grows with
+  // |y|) shows and y < -87 takes the flushed quotient.
+  Tensor gamma = testing::random_bf16(*be, 1, channels, 14, 60.0f).reshape({channels});
+  Tensor beta = testing::random_bf16(*be, 1, channels, 15, 4.0f).reshape({channels});
+  Tensor exact = be->empty(DType::kBF16, {pixels, channels}).value();
+  Tensor fast = be->empty(DType::kBF16, {pixels, channels}).value();
+  ASSERT_TRUE(be->group_norm(x, groups, gamma, beta, 1e-6f, /*silu=*/true, exact).ok());
+  {
+    testing::QualityScope high(*be, Quality::kHigh);
+    ASSERT_TRUE(be->group_norm(x, groups, gamma, beta, 1e-6f, /*silu=*/true, fast).ok());
+  }
+  const std::vector<float> want = testing::values(*be, exact), got = testing::values(*be, fast);
+  int64_t differing = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float bound =
+        std::ldexp(std::max(std::fabs(want[i]), std::fabs(got[i])), -7) + std::ldexp(1.0f, -100);
+    ASSERT_LE(std::fabs(got[i] - want[i]), bound)
+        << "element " << i << ": high " << got[i] << ", lossless " << want[i];
+    differing += got[i] != want[i];
+  }
+  std::printf("GroupNorm + SiLU: %.3f%% of outputs differ between quality=high and lossless\n",
+              100.0 * differing / want.size());
+  EXPECT_GT(differing, 0) << "quality=high computed the exact silu";
 }
 
 }  // namespace
