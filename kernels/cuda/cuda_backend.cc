@@ -85,7 +85,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
   FLUX_ASSIGN_OR_RETURN(backend->sdpa_fp8_, cuda::CudnnSdpaFp8::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->conv_, cuda::CudnnConv::create(backend->stream()));
   // Per-token x per-channel FP8 scales only when asked: without the producers' hand-offs (which
-  // need one scale per tensor) the step is ~1.5 ms slower on the H200 (PERF_NOTES run 31).
+  // need one scale per tensor) a klein-4B step is ~0.5 ms slower on the H200 (PERF_NOTES run 31).
   backend->fp8_rowwise_ =
       env_is("FLUX2_FP8_ROWWISE", "1") && backend->gemm_->supports_rowwise_fp8();
   backend->fp8_attention_ = std::getenv("FLUX2_FP8_ATTENTION") != nullptr;

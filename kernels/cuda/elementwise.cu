@@ -182,8 +182,9 @@ absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, cudaSt
 
 absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, SiluMath math,
                           cudaStream_t stream) {
-  if (math == SiluMath::kExact)
+  if (math == SiluMath::kExact) {
     return binary("swiglu", gate, up, out, stream, SwiGluOp<SiluMath::kExact>{});
+  }
   return binary("swiglu", gate, up, out, stream, SwiGluOp<SiluMath::kFast>{});
 }
 

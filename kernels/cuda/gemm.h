@@ -19,7 +19,7 @@ namespace flux2::cuda {
 
 struct GemmOptions {
   // FP8 GEMMs accumulate in the tensor cores for the whole K (cuBLASLt FAST_ACCUM) instead of
-  // promoting to fp32 every few k-steps: ~8% faster on the H200. Its error is measured against the
+  // promoting to fp32 every few k-steps: 5-8% faster on the H200. Its error is measured against the
   // error of the E4M3 operands themselves (tests/cuda/fp8_accumulation_test.cc, PERF_NOTES run 31).
   bool fp8_fast_accumulation = true;
 };
