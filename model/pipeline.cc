@@ -147,8 +147,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
 
 absl::StatusOr<Tensor> Pipeline::negative_embeddings(const TokenizedPrompt& tokens) const {
   // Requests almost always use the default negative prompt "": encode each distinct one once.
-  // The key ignores quality and fast paths: the text encoder's numerics depend on neither (it has
-  // no FP8 weights, and its causal attention never runs FP8). When full, the smallest key goes.
+  // The key ignores quality and fast paths: the text encoder's numerics depend on neither (generate
+  // runs it at lossless; its fast paths are bit-identical). When full, the smallest key goes.
   constexpr size_t kCachedNegativePrompts = 4;
   auto found = negative_cache_.find(tokens.ids);
   if (found != negative_cache_.end()) return found->second;
@@ -193,7 +193,9 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   FLUX_RETURN_IF_ERROR(validate(params));
   Backend& be = backend_;
   be.set_fast_paths(params.fast_paths);
-  be.set_quality(params.quality);
+  // The text encoder always runs at lossless numerics (quality=high is the transformer's and the
+  // VAE's), so the negative-prompt cache below may serve both qualities.
+  be.set_quality(Quality::kLossless);
   const DType act = be.activation_dtype();
   const Flux2Config& flux = transformer_->config();
   const int64_t steps = params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;
@@ -233,6 +235,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   }
   FLUX_RETURN_IF_ERROR(be.synchronize());
   timings.text_encode = seconds_since(start);  // text encoding, overlapped with drawing the noise
+  be.set_quality(params.quality);
 
   start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(Tensor latents, be.empty(act, {n, channels}));

@@ -1,5 +1,6 @@
 // A full tiny-checkpoint generation on the GPU with fast paths on and off: identical latents
-// after every step and identical pixels (byte equality), so lossless fast paths change nothing.
+// after every step and identical pixels (byte equality), so lossless fast paths change nothing;
+// and a lossless CFG request's pixels do not depend on a quality=high request served before it.
 #include <gtest/gtest.h>
 
 #include "model/pipeline.h"
@@ -13,8 +14,11 @@ struct GenerationRecord {
   std::vector<uint8_t> rgb;
 };
 
-GenerationRecord generate(Backend& be, Pipeline& pipeline, bool fast_paths) {
+GenerationRecord generate(Backend& be, Pipeline& pipeline, bool fast_paths,
+                          Quality quality = Quality::kLossless, double guidance = -1.0) {
   GenerateParams params;
+  params.quality = quality;
+  params.guidance_scale = guidance;
   params.prompt = "a red fox in the snow, watercolor";
   params.width = 80;
   params.height = 48;
@@ -41,6 +45,28 @@ TEST(PipelineFastPathsTest, TinyCheckpointLatentsIdenticalWithFastPathsOnAndOff)
   for (size_t i = 0; i < fast.latents.size(); ++i) EXPECT_EQ(fast.latents[i], eager.latents[i]) << "step " << i - 1;
   EXPECT_EQ(fast.rgb, eager.rgb);
   EXPECT_NE(fast.latents.front(), fast.latents.back());  // the steps did something
+}
+
+// The tiny checkpoint loaded as a base model (CFG, negative prompt ""): a lossless request gives
+// the same pixels in a fresh pipeline and in one that served a quality=high request first (the
+// negative-prompt cache is shared by both qualities, so the text encoder must not depend on it).
+TEST(PipelineFastPathsTest, LosslessCfgRequestUnchangedByAnEarlierHighOne) {
+  FLUX2_REQUIRE_GPU(be);
+  PipelineOptions options;
+  options.is_distilled = false;
+  options.enable_quality_high = true;
+  const std::string dir = testing::test_data_dir() + "/tiny-klein/checkpoint";
+  auto fresh = Pipeline::load(*be, dir, options);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  const GenerationRecord lossless = generate(*be, **fresh, true, Quality::kLossless, 4.0);
+  auto served = Pipeline::load(*be, dir, options);
+  ASSERT_TRUE(served.ok()) << served.status();
+  const GenerationRecord high = generate(*be, **served, true, Quality::kHigh, 4.0);
+  const GenerationRecord after_high = generate(*be, **served, true, Quality::kLossless, 4.0);
+  ASSERT_FALSE(lossless.rgb.empty());
+  EXPECT_EQ(after_high.rgb, lossless.rgb);
+  EXPECT_EQ(after_high.latents, lossless.latents);
+  EXPECT_NE(high.latents.back(), lossless.latents.back());  // the high request did run at high
 }
 
 }  // namespace
