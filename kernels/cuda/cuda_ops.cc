@@ -699,8 +699,9 @@ absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor&
 
 absl::Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
                                      const Tensor& residual, const Tensor& out) {
-  if (quality_ != Quality::kHigh)
+  if (quality_ != Quality::kHigh) {
     return Backend::conv2d_add(x, w, bias, residual, out);  // two profiled ops
+  }
   OpProfileScope profile(
       *this, profile_split() ? op_category("conv", conv_shape(x, w, " +residual")) : "conv");
   FLUX_RETURN_IF_ERROR(check_conv2d(x, w, bias, out));

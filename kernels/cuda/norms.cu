@@ -1,6 +1,8 @@
 // Normalisation kernels; see norms.h. The eager and fused variants share the statistics code
 // (same thread-to-element mapping, same reduction tree), so their bits can only differ where the
 // rounding sequences differ — and those are written out identically.
+#include <type_traits>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
@@ -182,25 +184,23 @@ template <typename Epilogue>
 void launch_layer_norm_vec(const Mat& x, float eps, const Mat& out, Epilogue epilogue,
                            uint32_t* row_amax, Fp8Rows fp8, cudaStream_t stream) {
   const int64_t per_thread = (x.cols / 8 + kVecThreads - 1) / kVecThreads;
-  const unsigned grid = static_cast<unsigned>(x.rows);
+  auto launch = [&](auto packs) {
+    layer_norm_vec_kernel<decltype(packs)::value>
+        <<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax,
+                                                                    fp8);
+  };
   if (per_thread <= 1) {
-    layer_norm_vec_kernel<1>
-        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    launch(std::integral_constant<int, 1>{});
   } else if (per_thread <= 2) {
-    layer_norm_vec_kernel<2>
-        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    launch(std::integral_constant<int, 2>{});
   } else if (per_thread <= 3) {
-    layer_norm_vec_kernel<3>
-        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    launch(std::integral_constant<int, 3>{});
   } else if (per_thread <= 4) {
-    layer_norm_vec_kernel<4>
-        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    launch(std::integral_constant<int, 4>{});
   } else if (per_thread <= 6) {
-    layer_norm_vec_kernel<6>
-        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    launch(std::integral_constant<int, 6>{});
   } else {
-    layer_norm_vec_kernel<kMaxPacksPerThread>
-        <<<grid, kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax, fp8);
+    launch(std::integral_constant<int, kMaxPacksPerThread>{});
   }
 }
 
