@@ -11,6 +11,7 @@
 #include "kernels/base/op_checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/cuda/flash_attention_fp8.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
 
@@ -89,15 +90,20 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
   backend->fp8_rowwise_ =
       env_is("FLUX2_FP8_ROWWISE", "1") && backend->gemm_->supports_rowwise_fp8();
   backend->fp8_attention_ = std::getenv("FLUX2_FP8_ATTENTION") != nullptr;
+  backend->flash_fp8_attention_ = !env_is("FLUX2_FLASH_FP8", "0");
   backend->nvfp4_ = info.major >= 10 && backend->gemm_->supports_nvfp4();
-  std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB); quality=high: %s%s\n",
+  std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB); quality=high: %s%s, %s\n",
                info.name.c_str(), info.major, info.minor, info.total_bytes / 1e9,
                backend->nvfp4_         ? "NVFP4 GEMMs"
                : backend->fp8_rowwise_ ? "FP8 GEMMs, per-token x per-channel scales"
                                        : "FP8 GEMMs, per-tensor scales",
                backend->nvfp4_                      ? ""
                : gemm_options.fp8_fast_accumulation ? ", fast accumulation"
-                                                    : ", fp32-promoted accumulation");
+                                                    : ", fp32-promoted accumulation",
+               backend->fp8_attention_ ? "cuDNN FP8 attention"
+               : backend->flash_fp8_attention_ && cuda::flash_attention_fp8_available()
+                   ? "FP8 flash attention"
+                   : "bf16 attention");
   return backend;
 }
 

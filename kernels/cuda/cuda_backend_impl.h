@@ -112,6 +112,10 @@ class CudaBackend final : public Backend {
   // quality=high: Q, K, V quantized to E4M3 (one per-tensor scale), cuDNN FP8 SDPA, O back to bf16.
   absl::Status attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                              bool adjacent, const cuda::Mat& out);
+  // quality=high: Q, K, V quantized to E4M3 (one per-tensor scale), V transposed, our FP8 flash
+  // attention straight into the bf16 output.
+  absl::Status attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const AttentionParams& params, bool adjacent, const cuda::Mat& out);
   // Whether q, k, v are adjacent column ranges of one buffer (the fused projections' layout).
   static bool fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v);
   // The E4M3 operand layout attention_fp8 uses (pointers into qkv8 / o8; null for a shape query).
@@ -125,9 +129,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::CudnnSdpa> sdpa_;
   std::unique_ptr<cuda::CudnnSdpaFp8> sdpa_fp8_;  // quality=high attention, when fp8_attention_
-  // FP8 attention at quality=high: off unless FLUX2_FP8_ATTENTION=1 (or set_fp8_attention), because
-  // cuDNN 9.14's FP8 engine is not deterministic for most FLUX shapes (cudnn_sdpa_fp8.h).
+  // cuDNN's FP8 attention at quality=high: off unless FLUX2_FP8_ATTENTION=1 (or set_fp8_attention),
+  // because cuDNN 9.14's FP8 engine is not deterministic for most FLUX shapes (cudnn_sdpa_fp8.h).
   bool fp8_attention_ = false;
+  // Our FP8 flash attention at quality=high (flash_attention_fp8.h): on unless FLUX2_FLASH_FP8=0.
+  bool flash_fp8_attention_ = true;
   std::unique_ptr<cuda::CudnnConv> conv_;
   void* staging_[2] = {nullptr, nullptr};  // pinned host buffers for transfers
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};

@@ -11,6 +11,7 @@
 #include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/op_checks.h"
 #include "kernels/cuda/attention_fallback.h"
+#include "kernels/cuda/flash_attention_fp8.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/cuda_status.h"
@@ -51,7 +52,12 @@ FastPath& cudnn_attention_path() {
   static FastPath path("cudnn_attention");
   return path;
 }
-// quality=high: FP8 attention (cuDNN's FP8 flash-attention engine); falls back to bf16 cuDNN.
+// quality=high: our FP8 flash attention (flash_attention_fp8.cu); falls back to bf16 cuDNN.
+FastPath& flash_fp8_attention_path() {
+  static FastPath path("flash_attention_fp8");
+  return path;
+}
+// quality=high, opt-in: FP8 attention through cuDNN's FP8 engine; falls back to bf16 cuDNN.
 FastPath& fp8_attention_path() {
   static FastPath path("fp8_attention");
   return path;
@@ -516,8 +522,22 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     };
     // FP8 attention serves the transformer's (non-causal) attention; the text encoder's causal
     // attention stays bf16 without counting a fallback.
-    if (quality_ != Quality::kHigh || params.causal || !fp8_attention_) return bf16_attention();
+    if (quality_ != Quality::kHigh || params.causal) return bf16_attention();
     const bool adjacent = fp8_qkv_adjacent(q, k, v);
+    if (!fp8_attention_) {
+      if (!flash_fp8_attention_) return bf16_attention();
+      absl::string_view unsupported = "";
+      if (!cuda::flash_attention_fp8_available()) {
+        unsupported = "unsupported_device";
+      } else if (params.head_dim != cuda::kFlashFp8HeadDim || params.num_kv_heads != params.num_heads ||
+                 params.num_valid_keys >= 0 || q.rows() != k.rows() || k.rows() != v.rows() ||
+                 q.rows() > (int64_t{1} << 30)) {
+        unsupported = "unsupported_shape";
+      }
+      return run_path(
+          flash_fp8_attention_path(), unsupported,
+          [&] { return attention_flash_fp8(q, k, v, params, adjacent, target); }, bf16_attention);
+    }
     absl::string_view unsupported = "";
     if (!cuda::CudnnSdpaFp8::supports(params, q.rows(), k.rows())) {
       unsupported = "unsupported_shape";
@@ -618,6 +638,50 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
   FLUX_RETURN_IF_ERROR(sdpa_fp8_->run(a, params));
   profile.emplace(*this, quantize);
   return cuda::fp8_dequantize(a.o, f, out, stream());  // O stored with V's scale
+}
+
+absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const AttentionParams& params, bool adjacent,
+                                              const cuda::Mat& out) {
+  // Q, K and V quantized with one per-tensor scale (as for cuDNN's FP8 engine above), V then
+  // transposed into the key-permuted layout the kernel reads.
+  const int64_t s = q.rows(), width = q.cols();
+  const std::string quantize = op_category("quantize", "attention");
+  std::optional<OpProfileScope> profile(std::in_place, *this, quantize);
+  FLUX_ASSIGN_OR_RETURN(Tensor scale, scratch({4}, DType::kF32));
+  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+  FLUX_ASSIGN_OR_RETURN(Tensor qkv8, scratch({s, 3 * width}, DType::kF8E4M3));
+  FLUX_ASSIGN_OR_RETURN(Tensor vt8, scratch({width, cuda::flash_fp8_padded_keys(s)}, DType::kF8E4M3));
+  cuda::Fp8QuantizeArgs args;
+  args.scale = scale.data_as<float>();
+  args.workspace = workspace.data();
+  args.workspace_bytes = workspace.bytes();
+  args.out = qkv8.data();
+  args.out_bytes = qkv8.bytes();
+  Tensor stacked;
+  if (adjacent) {
+    args.in.first = cuda::Mat{q.data(), s, 3 * width, q.row_stride()};
+  } else {
+    FLUX_ASSIGN_OR_RETURN(stacked, scratch({s, 3 * width}));
+    FLUX_RETURN_IF_ERROR(copy(q, stacked.col_slice(0, width)));
+    FLUX_RETURN_IF_ERROR(copy(k, stacked.col_slice(width, width)));
+    FLUX_RETURN_IF_ERROR(copy(v, stacked.col_slice(2 * width, width)));
+    args.in.first = mat(stacked);
+  }
+  FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
+  auto* base = static_cast<char*>(qkv8.data());
+  FLUX_RETURN_IF_ERROR(
+      cuda::transpose_keys_fp8(cuda::Mat{base + 2 * width, s, width, 3 * width}, vt8.data(), stream()));
+  cuda::FlashFp8Args a;
+  a.q = cuda::Mat{base, s, width, 3 * width};
+  a.k = cuda::Mat{base + width, s, width, 3 * width};
+  a.vt = vt8.data();
+  a.out = out;
+  a.heads = params.num_heads;
+  a.softmax_scale = params.scale;
+  a.scale_q = a.scale_k = a.scale_v = scale.data_as<float>();
+  profile.emplace(*this, "attention");
+  return cuda::flash_attention_fp8(a, stream());
 }
 
 absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -1,0 +1,56 @@
+// Our FP8 (E4M3) flash attention for Hopper (quality=high, issue 8): Q·Kᵀ and P·V on the tensor
+// cores (wgmma, operands in shared memory through TMA), online softmax in fp32, P rounded to E4M3,
+// bf16 output. Deterministic: every output element is computed by one CTA in a fixed order.
+// Tested against an fp64 reference of the same E4M3 operands by tests/cuda/flash_attention_fp8_test.cc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/kernel_args.h"
+
+namespace flux2::cuda {
+
+inline constexpr int64_t kFlashFp8HeadDim = 128;
+// V is stored transposed, [H · 128, keys], with the keys padded to a multiple of this.
+inline constexpr int64_t kFlashFp8KeyBlock = 128;
+
+// Keys of V's transposed layout (`vt_fp8`): column `position` of a row holds key
+// flash_fp8_key_at(position). Within each group of 32 the keys are permuted so that the softmax
+// probabilities can feed the P·V multiply straight from the registers that Q·Kᵀ left them in.
+inline int64_t flash_fp8_key_at(int64_t position) {
+  const int64_t within = position % 32;
+  const int64_t half = within / 16, t = (within / 4) % 4, a = (within / 2) % 2, b = within % 2;
+  return position - within + 16 * half + 8 * a + 2 * t + b;
+}
+inline int64_t flash_fp8_padded_keys(int64_t keys) {
+  return (keys + kFlashFp8KeyBlock - 1) / kFlashFp8KeyBlock * kFlashFp8KeyBlock;
+}
+
+struct FlashFp8Args {
+  // E4M3, token-major [S, H·128] with row strides in bytes (q.stride, k.stride; multiples of 16).
+  Mat q, k;
+  // E4M3 [H·128, flash_fp8_padded_keys(S_kv)] (row stride = that), keys permuted as above; the
+  // padding keys hold zeros. Written by transpose_keys_fp8.
+  const void* vt = nullptr;
+  Mat out;  // bf16 [S_q, H·128]
+  int64_t heads = 0;
+  float softmax_scale = 0.0f;
+  // Device fp32 dequantization scales (value = stored · scale).
+  const float* scale_q = nullptr;
+  const float* scale_k = nullptr;
+  const float* scale_v = nullptr;
+};
+
+// True when the kernel runs here: compiled for sm_90a and the device is compute capability 9.0.
+bool flash_attention_fp8_available();
+// Checks shapes, strides and alignment (naming the field) and launches on `stream`.
+absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream);
+
+// vt = V transposed into the layout above: v is E4M3 [S_kv, H·128] (row stride in bytes), vt has
+// H·128 rows of flash_fp8_padded_keys(S_kv) bytes.
+absl::Status transpose_keys_fp8(const Mat& v, void* vt, cudaStream_t stream);
+
+}  // namespace flux2::cuda
