@@ -11,6 +11,7 @@
 #include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/op_checks.h"
 #include "kernels/cuda/attention_fallback.h"
+#include "kernels/cuda/attention_fp8_operands.h"
 #include "kernels/cuda/flash_attention_fp8.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_backend_impl.h"
@@ -531,12 +532,13 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
         unsupported = "unsupported_device";
       } else if (params.head_dim != cuda::kFlashFp8HeadDim || params.num_kv_heads != params.num_heads ||
                  params.num_valid_keys >= 0 || q.rows() != k.rows() || k.rows() != v.rows() ||
-                 q.rows() > (int64_t{1} << 30)) {
+                 q.rows() > (int64_t{1} << 30) || !cuda::rows_aligned16(mat(q), 2) ||
+                 !cuda::rows_aligned16(mat(k), 2) || !cuda::rows_aligned16(mat(v), 2)) {
         unsupported = "unsupported_shape";
       }
       return run_path(
           flash_fp8_attention_path(), unsupported,
-          [&] { return attention_flash_fp8(q, k, v, params, adjacent, target); }, bf16_attention);
+          [&] { return attention_flash_fp8(q, k, v, params, target); }, bf16_attention);
     }
     absl::string_view unsupported = "";
     if (!cuda::CudnnSdpaFp8::supports(params, q.rows(), k.rows())) {
@@ -641,45 +643,30 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
 }
 
 absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
-                                              const AttentionParams& params, bool adjacent,
-                                              const cuda::Mat& out) {
-  // Q, K and V quantized with one per-tensor scale (as for cuDNN's FP8 engine above), V then
-  // transposed into the key-permuted layout the kernel reads.
-  const int64_t s = q.rows(), width = q.cols();
+                                              const AttentionParams& params, const cuda::Mat& out) {
+  const int64_t s = q.rows(), width = q.cols(), heads = params.num_heads;
   const std::string quantize = op_category("quantize", "attention");
   std::optional<OpProfileScope> profile(std::in_place, *this, quantize);
-  FLUX_ASSIGN_OR_RETURN(Tensor scale, scratch({4}, DType::kF32));
-  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
-  FLUX_ASSIGN_OR_RETURN(Tensor qkv8, scratch({s, 3 * width}, DType::kF8E4M3));
+  FLUX_ASSIGN_OR_RETURN(Tensor q8, scratch({s, width}, DType::kF8E4M3));
+  FLUX_ASSIGN_OR_RETURN(Tensor k8, scratch({s, width}, DType::kF8E4M3));
   FLUX_ASSIGN_OR_RETURN(Tensor vt8, scratch({width, cuda::flash_fp8_padded_keys(s)}, DType::kF8E4M3));
-  cuda::Fp8QuantizeArgs args;
-  args.scale = scale.data_as<float>();
-  args.workspace = workspace.data();
-  args.workspace_bytes = workspace.bytes();
-  args.out = qkv8.data();
-  args.out_bytes = qkv8.bytes();
-  Tensor stacked;
-  if (adjacent) {
-    args.in.first = cuda::Mat{q.data(), s, 3 * width, q.row_stride()};
-  } else {
-    FLUX_ASSIGN_OR_RETURN(stacked, scratch({s, 3 * width}));
-    FLUX_RETURN_IF_ERROR(copy(q, stacked.col_slice(0, width)));
-    FLUX_RETURN_IF_ERROR(copy(k, stacked.col_slice(width, width)));
-    FLUX_RETURN_IF_ERROR(copy(v, stacked.col_slice(2 * width, width)));
-    args.in.first = mat(stacked);
-  }
-  FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
-  auto* base = static_cast<char*>(qkv8.data());
+  FLUX_ASSIGN_OR_RETURN(Tensor scales, scratch({cuda::flash_fp8_scale_count(heads, s)}, DType::kF32));
+  FLUX_ASSIGN_OR_RETURN(Tensor v_amax, scratch({1}, DType::kI32));
+  cuda::FlashFp8Operands operands{q8.data(), k8.data(), vt8.data(), scales.data_as<float>(),
+                                  v_amax.data_as<uint32_t>()};
   FLUX_RETURN_IF_ERROR(
-      cuda::transpose_keys_fp8(cuda::Mat{base + 2 * width, s, width, 3 * width}, vt8.data(), stream()));
+      cuda::quantize_attention_operands_fp8(mat(q), mat(k), mat(v), heads, operands, stream()));
+  const int64_t tiles = cuda::flash_fp8_tiles(s);
   cuda::FlashFp8Args a;
-  a.q = cuda::Mat{base, s, width, 3 * width};
-  a.k = cuda::Mat{base + width, s, width, 3 * width};
+  a.q = cuda::Mat{q8.data(), s, width, width};
+  a.k = cuda::Mat{k8.data(), s, width, width};
   a.vt = vt8.data();
   a.out = out;
-  a.heads = params.num_heads;
+  a.heads = heads;
   a.softmax_scale = params.scale;
-  a.scale_q = a.scale_k = a.scale_v = scale.data_as<float>();
+  a.scale_q = operands.scales;
+  a.scale_k = operands.scales + heads * tiles;
+  a.scale_v = operands.scales + 2 * heads * tiles;
   profile.emplace(*this, "attention");
   return cuda::flash_attention_fp8(a, stream());
 }

@@ -354,7 +354,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
   const int t = lane % 4;
   const int my_turn = 1 + group, other_turn = 2 - group;
-  const float score_scale = scale_log2 * *scale_q * *scale_k;  // log2-domain logits per stored unit
+  // log2-domain logits per stored unit: Q's scale for this block of rows times K's for each tile.
+  const float q_scale_log2 = scale_log2 * scale_q[head * gridDim.x + m_block];
+  const float* k_scales = scale_k + head * tiles;
   const uint64_t q_desc = tile_descriptor(s.q + group * 64 * 128);
   float o[64], acc[64];
 #pragma unroll
@@ -376,10 +378,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
   fence_registers(acc);
   release(&s.k_empty[0]);
-  softmax_tile<kHalfExp>(acc, halves, s_kv, t, score_scale, stats, correction);
+  softmax_tile<kHalfExp>(acc, halves, s_kv, t, q_scale_log2 * k_scales[0], stats, correction);
   pack_probabilities<kHalfExp>(acc, halves, p);
   for (int j = 1; j < tiles; ++j) {
     const int k_stage = j % kStages, v_stage = (j - 1) % kStages;
+    const float score_scale = q_scale_log2 * k_scales[j];
     named_barrier_sync(my_turn);
     barrier_wait(&s.k_full[k_stage], (j / kStages) & 1);
     issue_scores(acc, q_desc, s.k[k_stage]);
@@ -394,7 +397,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_registers(o);
     fence_registers(p);
     release(&s.v_empty[v_stage]);
-    rescale(o, correction);
+    // Once the row maxima settle, most tiles leave them unchanged (correction 1: a no-op).
+    if (__any_sync(0xffffffff, correction[0] != 1.0f || correction[1] != 1.0f)) rescale(o, correction);
     pack_probabilities<kHalfExp>(acc, halves, p);
   }
   const int last = (tiles - 1) % kStages;
@@ -425,34 +429,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // FLUX2_FLASH_FP8_DEVICE
 }
 
-
-// V [S_kv, width] E4M3 -> Vᵀ [width, padded keys], keys permuted (flash_fp8_key_at). One block
-// per 128 keys x 128 channels: coalesced 16-byte reads of key rows, a shared-memory transpose,
-// coalesced 16-byte writes of channel rows.
-__global__ void transpose_keys_fp8_kernel(const uint8_t* v, int64_t v_stride, int s_kv, uint8_t* vt,
-                                          int64_t vt_stride) {
-  __shared__ uint8_t tile[128][128 + 16];  // [channel][position]
-  const int key0 = blockIdx.x * 128, channel0 = blockIdx.y * 128;
-  for (int i = threadIdx.x; i < 128 * 8; i += blockDim.x) {  // 128 keys x 8 packs of 16 channels
-    const int key = i / 8, pack = i % 8;
-    uint4 bytes = make_uint4(0, 0, 0, 0);
-    if (key0 + key < s_kv) {
-      bytes = *reinterpret_cast<const uint4*>(v + (key0 + key) * v_stride + channel0 + 16 * pack);
-    }
-    // Position of this key in the permuted order (the inverse of flash_fp8_key_at).
-    const int within = key % 32, half = within / 16, a = (within / 8) % 2, tq = (within / 2) % 4;
-    const int position = key - within + 16 * half + 4 * tq + 2 * a + within % 2;
-    const uint8_t* b = reinterpret_cast<const uint8_t*>(&bytes);
-#pragma unroll
-    for (int c = 0; c < 16; ++c) tile[16 * pack + c][position] = b[c];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 128 * 8; i += blockDim.x) {  // 128 channels x 8 packs of 16 keys
-    const int channel = i / 8, pack = i % 8;
-    *reinterpret_cast<uint4*>(vt + (channel0 + channel) * vt_stride + key0 + 16 * pack) =
-        *reinterpret_cast<const uint4*>(&tile[channel][16 * pack]);
-  }
-}
 
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
@@ -569,22 +545,6 @@ absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream) 
       static_cast<int>(s_q), static_cast<int>(s_kv), scale_log2, args.scale_q, args.scale_k,
       args.scale_v);
   FLUX_RETURN_IF_LAUNCH_FAILED("flash_attention_fp8");
-  return absl::OkStatus();
-}
-
-absl::Status transpose_keys_fp8(const Mat& v, void* vt, cudaStream_t stream) {
-  if (v.cols % 128 != 0 || v.rows <= 0 || v.rows > (int64_t{1} << 30) ||
-      reinterpret_cast<uintptr_t>(v.data) % 16 != 0 || v.stride % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(vt) % 16 != 0) {
-    return absl::InvalidArgumentError(
-        "transpose_keys_fp8: v must be [S, H·128] E4M3 with 16-byte aligned rows, vt 16-byte aligned");
-  }
-  const int64_t padded = flash_fp8_padded_keys(v.rows);
-  const dim3 grid(static_cast<unsigned>(padded / 128), static_cast<unsigned>(v.cols / 128));
-  transpose_keys_fp8_kernel<<<grid, 256, 0, stream>>>(static_cast<const uint8_t*>(v.data), v.stride,
-                                                      static_cast<int>(v.rows),
-                                                      static_cast<uint8_t*>(vt), padded);
-  FLUX_RETURN_IF_LAUNCH_FAILED("transpose_keys_fp8");
   return absl::OkStatus();
 }
 

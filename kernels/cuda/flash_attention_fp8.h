@@ -1,7 +1,8 @@
 // Our FP8 (E4M3) flash attention for Hopper (quality=high, issue 8): Q·Kᵀ and P·V on the tensor
 // cores (wgmma, operands in shared memory through TMA), online softmax in fp32, P rounded to E4M3,
 // bf16 output. Deterministic: every output element is computed by one CTA in a fixed order.
-// Tested against an fp64 reference of the same E4M3 operands by tests/cuda/flash_attention_fp8_test.cc.
+// Operands come from attention_fp8_operands.h. Tested against a float64 reference of the same
+// E4M3 operands by tests/cuda/flash_attention_fp8_test.cc.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,16 +30,21 @@ inline int64_t flash_fp8_padded_keys(int64_t keys) {
   return (keys + kFlashFp8KeyBlock - 1) / kFlashFp8KeyBlock * kFlashFp8KeyBlock;
 }
 
+inline int64_t flash_fp8_tiles(int64_t tokens) {
+  return (tokens + kFlashFp8KeyBlock - 1) / kFlashFp8KeyBlock;
+}
+
 struct FlashFp8Args {
   // E4M3, token-major [S, H·128] with row strides in bytes (q.stride, k.stride; multiples of 16).
   Mat q, k;
   // E4M3 [H·128, flash_fp8_padded_keys(S_kv)] (row stride = that), keys permuted as above; the
-  // padding keys hold zeros. Written by transpose_keys_fp8.
+  // padding keys hold zeros.
   const void* vt = nullptr;
   Mat out;  // bf16 [S_q, H·128]
   int64_t heads = 0;
   float softmax_scale = 0.0f;
-  // Device fp32 dequantization scales (value = stored · scale).
+  // Device fp32 dequantization scales (value = stored · scale): Q and K per head and block of 128
+  // tokens ([H][flash_fp8_tiles(S)], head-major), V one per tensor.
   const float* scale_q = nullptr;
   const float* scale_k = nullptr;
   const float* scale_v = nullptr;
@@ -48,9 +54,5 @@ struct FlashFp8Args {
 bool flash_attention_fp8_available();
 // Checks shapes, strides and alignment (naming the field) and launches on `stream`.
 absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream);
-
-// vt = V transposed into the layout above: v is E4M3 [S_kv, H·128] (row stride in bytes), vt has
-// H·128 rows of flash_fp8_padded_keys(S_kv) bytes.
-absl::Status transpose_keys_fp8(const Mat& v, void* vt, cudaStream_t stream);
 
 }  // namespace flux2::cuda

@@ -1,6 +1,7 @@
 // Our FP8 flash attention (kernels/cuda/flash_attention_fp8.cu) against a float64 reference of the
-// same E4M3 operands, within a per-element bound derived from the roundings the kernel makes; and
-// bit-identical on repeated calls. Sampled query rows; skips without a GPU or an sm_90a build.
+// same E4M3 operands, within a per-element bound derived from the roundings the kernel makes, and
+// bit-identical on repeated calls (sampled query rows); its operand quantizer bit for bit against a
+// CPU reference. Skips without a GPU or an sm_90a build.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/numerics.h"
+#include "kernels/cuda/attention_fp8_operands.h"
 #include "kernels/cuda/flash_attention_fp8.h"
 #include "tests/cuda/gpu_test_util.h"
 
@@ -60,39 +62,45 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
   }
   const Case c = GetParam();
   const int64_t d = 128, width = c.heads * d, s = c.tokens;
-  const int64_t padded = cuda::flash_fp8_padded_keys(s);
+  const int64_t padded = cuda::flash_fp8_padded_keys(s), tiles = cuda::flash_fp8_tiles(s);
   // Q and K as after RMSNorm (unit scale, |x| up to ~4), V zero-mean: logits with a standard
   // deviation of about 1 after the 1/sqrt(d) softmax scale, and V where cancellation is largest.
-  const float scale_q = 4.0f / 448, scale_k = 4.0f / 448, scale_v = 3.0f / 448;
-  // q, k, v adjacent in one [S, 3·width] buffer, as the model's fused projection leaves them.
-  std::vector<uint8_t> qkv(static_cast<size_t>(s * 3 * width));
-  const std::vector<uint8_t> q = random_e4m3(s * width, 1.0f, scale_q, 1),
-                             k = random_e4m3(s * width, 1.0f, scale_k, 2),
-                             v = random_e4m3(s * width, 0.7f, scale_v, 3);
-  for (int64_t r = 0; r < s; ++r) {
-    std::memcpy(&qkv[r * 3 * width], &q[r * width], width);
-    std::memcpy(&qkv[r * 3 * width + width], &k[r * width], width);
-    std::memcpy(&qkv[r * 3 * width + 2 * width], &v[r * width], width);
+  // Q's and K's scales differ per head and block of 128 tokens, as the operand quantizer makes them.
+  std::vector<float> scales(static_cast<size_t>(cuda::flash_fp8_scale_count(c.heads, s)));
+  for (size_t i = 0; i + 1 < scales.size(); ++i) scales[i] = (3.0f + static_cast<float>(i % 5)) / 448;
+  scales.back() = 3.0f / 448;
+  auto q_scale = [&](int64_t row, int64_t h) { return scales[h * tiles + row / 128]; };
+  auto k_scale = [&](int64_t key, int64_t h) { return scales[(c.heads + h) * tiles + key / 128]; };
+  const float v_scale = scales.back();
+  const std::vector<uint8_t> q = random_e4m3(s * width, 1.0f, 4.0f / 448, 1),
+                             k = random_e4m3(s * width, 1.0f, 4.0f / 448, 2),
+                             v = random_e4m3(s * width, 0.7f, v_scale, 3);
+  // Vᵀ with the keys permuted (flash_fp8_key_at), zeros for the padding keys.
+  std::vector<uint8_t> vt(static_cast<size_t>(width * padded), 0);
+  for (int64_t ch = 0; ch < width; ++ch) {
+    for (int64_t position = 0; position < padded; ++position) {
+      const int64_t key = cuda::flash_fp8_key_at(position);
+      if (key < s) vt[ch * padded + position] = v[key * width + ch];
+    }
   }
-  const float scales[3] = {scale_q, scale_k, scale_v};
-  DeviceBytes qkv_dev(qkv.size()), vt_dev(static_cast<size_t>(width * padded)),
+  DeviceBytes q_dev(q.size()), k_dev(k.size()), vt_dev(vt.size()),
       out_dev(static_cast<size_t>(s * width * 2)), again_dev(static_cast<size_t>(s * width * 2)),
-      scales_dev(sizeof(scales));
-  ASSERT_EQ(cudaMemcpy(qkv_dev.data, qkv.data(), qkv.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(scales_dev.data, scales, sizeof(scales), cudaMemcpyHostToDevice), cudaSuccess);
-  auto* base = static_cast<char*>(qkv_dev.data);
-  const cuda::Mat v_mat{base + 2 * width, s, width, 3 * width};
-  ASSERT_TRUE(cuda::transpose_keys_fp8(v_mat, vt_dev.data, nullptr).ok());
+      scales_dev(scales.size() * sizeof(float));
+  ASSERT_EQ(cudaMemcpy(q_dev.data, q.data(), q.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(k_dev.data, k.data(), k.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(vt_dev.data, vt.data(), vt.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(scales_dev.data, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
   cuda::FlashFp8Args args;
-  args.q = cuda::Mat{base, s, width, 3 * width};
-  args.k = cuda::Mat{base + width, s, width, 3 * width};
+  args.q = cuda::Mat{q_dev.data, s, width, width};
+  args.k = cuda::Mat{k_dev.data, s, width, width};
   args.vt = vt_dev.data;
   args.heads = c.heads;
   args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
   const auto* scale_dev = static_cast<const float*>(scales_dev.data);
   args.scale_q = scale_dev;
-  args.scale_k = scale_dev + 1;
-  args.scale_v = scale_dev + 2;
+  args.scale_k = scale_dev + c.heads * tiles;
+  args.scale_v = scale_dev + 2 * c.heads * tiles;
   args.out = cuda::Mat{out_dev.data, s, width, width};
   ASSERT_TRUE(cuda::flash_attention_fp8(args, nullptr).ok());
   args.out.data = again_dev.data;
@@ -117,8 +125,8 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
       for (int64_t key = 0; key < s; ++key) {
         double dot = 0.0;
         for (int64_t i = 0; i < d; ++i) {
-          dot += static_cast<double>(e4m3_to_f32(q[row * width + h * d + i])) * scale_q *
-                 e4m3_to_f32(k[key * width + h * d + i]) * scale_k;
+          dot += static_cast<double>(e4m3_to_f32(q[row * width + h * d + i])) * q_scale(row, h) *
+                 e4m3_to_f32(k[key * width + h * d + i]) * k_scale(key, h);
         }
         logits[key] = dot * args.softmax_scale;
         max_logit = std::max(max_logit, logits[key]);
@@ -128,7 +136,7 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
       for (int64_t i = 0; i < d; ++i) {
         double ref = 0.0, weighted_abs = 0.0, plain_abs = 0.0;
         for (int64_t key = 0; key < s; ++key) {
-          const double value = static_cast<double>(e4m3_to_f32(v[key * width + h * d + i])) * scale_v;
+          const double value = static_cast<double>(e4m3_to_f32(v[key * width + h * d + i])) * v_scale;
           const double p = std::exp(logits[key] - max_logit);
           ref += p * value;
           weighted_abs += p * std::fabs(value);
@@ -162,58 +170,77 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"dev_heads_1536", 1536, 48}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
-}  // namespace
-}  // namespace flux2
-
-namespace flux2 {
-namespace {
-// TEMPORARY timing probe (not committed).
-TEST(FlashAttentionFp8Timing, DISABLED_Time) {
+// The operand quantizer (attention_fp8_operands.cu) against the CPU: per head and block of 128
+// tokens for Q and K, per tensor for V, V transposed with the keys permuted and zero padding.
+TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
   FLUX2_REQUIRE_GPU(be);
-  for (int64_t heads : {24, 48}) {
-    const int64_t s = 4608, width = heads * 128, padded = cuda::flash_fp8_padded_keys(s);
-    DeviceBytes qkv(s * 3 * width), vt(width * padded), out(s * width * 2), sc(16);
-    cudaMemset(qkv.data, 0x30, s * 3 * width);
-    const float scales[3] = {0.01f, 0.01f, 0.01f};
-    cudaMemcpy(sc.data, scales, 12, cudaMemcpyHostToDevice);
-    auto* base = static_cast<char*>(qkv.data);
-    cuda::FlashFp8Args args;
-    args.q = cuda::Mat{base, s, width, 3 * width};
-    args.k = cuda::Mat{base + width, s, width, 3 * width};
-    args.vt = vt.data;
-    args.heads = heads;
-    args.softmax_scale = 0.088f;
-    args.scale_q = args.scale_k = args.scale_v = static_cast<float*>(sc.data);
-    args.out = cuda::Mat{out.data, s, width, width};
-    const cuda::Mat v_mat{base + 2 * width, s, width, 3 * width};
-    cudaEvent_t e0, e1, e2;
-    cudaEventCreate(&e0); cudaEventCreate(&e1); cudaEventCreate(&e2);
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(cuda::flash_attention_fp8(args, nullptr).ok());
-    cudaEventRecord(e0);
-    for (int i = 0; i < 20; ++i) ASSERT_TRUE(cuda::transpose_keys_fp8(v_mat, vt.data, nullptr).ok());
-    cudaEventRecord(e1);
-    for (int i = 0; i < 20; ++i) ASSERT_TRUE(cuda::flash_attention_fp8(args, nullptr).ok());
-    cudaEventRecord(e2);
-    cudaEventSynchronize(e2);
-    float t_transpose = 0, t_attn = 0;
-    cudaEventElapsedTime(&t_transpose, e0, e1);
-    cudaEventElapsedTime(&t_attn, e1, e2);
-    const double flops = 4.0 * s * s * 128 * heads;
-    std::printf("heads %ld: transpose %.4f ms, attention %.4f ms (%.0f TFLOP/s)\n", heads,
-                t_transpose / 20, t_attn / 20, flops / (t_attn / 20 * 1e-3) / 1e12);
-    // bf16 cuDNN through the backend, same shape.
-    Tensor fused = testing::random_bf16(*be, s, 3 * width, 11, 2.0f);
-    const AttentionParams params{heads, heads, 128, 0.088f};
-    Tensor o = be->empty(DType::kBF16, {s, width}).value();
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(be->attention(fused.col_slice(0, width), fused.col_slice(width, width), fused.col_slice(2 * width, width), params, o).ok());
-    cudaDeviceSynchronize();
-    cudaEventRecord(e0);
-    for (int i = 0; i < 20; ++i) ASSERT_TRUE(be->attention(fused.col_slice(0, width), fused.col_slice(width, width), fused.col_slice(2 * width, width), params, o).ok());
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    cudaEventElapsedTime(&t_attn, e0, e1);
-    std::printf("heads %ld: cuDNN bf16 %.4f ms\n", heads, t_attn / 20);
+  for (const Case c : {Case{"ragged_300", 300, 3}, Case{"klein_1024", 4608, 24}}) {
+    const int64_t width = c.heads * 128, s = c.tokens, tiles = cuda::flash_fp8_tiles(s);
+    const int64_t padded = cuda::flash_fp8_padded_keys(s);
+    // q, k, v adjacent column ranges of one [S, 3·width] buffer (the model's layout, strided rows).
+    Tensor fused = testing::random_bf16(*be, s, 3 * width, 31, 3.0f);
+    const std::vector<uint16_t> bits = testing::bits(*be, fused);
+    auto value = [&](int which, int64_t row, int64_t col) {
+      return bf16_bits_value(bits[row * 3 * width + which * width + col]);
+    };
+    DeviceBytes q8(s * width), k8(s * width), vt(width * padded),
+        scales(cuda::flash_fp8_scale_count(c.heads, s) * sizeof(float)), v_amax(sizeof(uint32_t));
+    cuda::FlashFp8Operands operands{q8.data, k8.data, vt.data, static_cast<float*>(scales.data),
+                                    static_cast<uint32_t*>(v_amax.data)};
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const cuda::Mat m = cuda::Mat{fused.data(), s, width, 3 * width};
+    auto column = [&](int which) {
+      return cuda::Mat{static_cast<char*>(m.data) + which * width * 2, s, width, m.stride};
+    };
+    ASSERT_TRUE(cuda::quantize_attention_operands_fp8(column(0), column(1), column(2), c.heads,
+                                                      operands, nullptr)
+                    .ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint8_t> got_q(s * width), got_k(s * width), got_vt(width * padded);
+    std::vector<float> got_scales(cuda::flash_fp8_scale_count(c.heads, s));
+    cudaMemcpy(got_q.data(), q8.data, got_q.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_k.data(), k8.data, got_k.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_vt.data(), vt.data, got_vt.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_scales.data(), scales.data, got_scales.size() * sizeof(float), cudaMemcpyDeviceToHost);
+
+    int64_t mismatches = 0;
+    for (int which = 0; which < 2; ++which) {
+      const std::vector<uint8_t>& got = which == 0 ? got_q : got_k;
+      for (int64_t h = 0; h < c.heads; ++h) {
+        for (int64_t tile = 0; tile < tiles; ++tile) {
+          const int64_t end = std::min(s, (tile + 1) * 128);
+          uint32_t amax = 0;
+          for (int64_t r = tile * 128; r < end; ++r) {
+            for (int64_t i = 0; i < 128; ++i) amax = std::max(amax, abs_bits(value(which, r, h * 128 + i)));
+          }
+          const float scale = fp8_dequant_scale(f32_from_bits(amax));
+          EXPECT_EQ(f32_bits(got_scales[(which * c.heads + h) * tiles + tile]), f32_bits(scale))
+              << c.name << ": scale of " << (which == 0 ? "q" : "k") << " head " << h << " block " << tile;
+          for (int64_t r = tile * 128; r < end; ++r) {
+            for (int64_t i = 0; i < 128; ++i) {
+              const int64_t col = h * 128 + i;
+              mismatches += got[r * width + col] != fp8_quantize_value(value(which, r, col), scale);
+            }
+          }
+        }
+      }
+    }
+    uint32_t v_bits = 0;
+    for (int64_t r = 0; r < s; ++r) {
+      for (int64_t col = 0; col < width; ++col) v_bits = std::max(v_bits, abs_bits(value(2, r, col)));
+    }
+    const float v_scale = fp8_dequant_scale(f32_from_bits(v_bits));
+    EXPECT_EQ(f32_bits(got_scales.back()), f32_bits(v_scale)) << c.name << ": V's scale";
+    for (int64_t col = 0; col < width; ++col) {
+      for (int64_t position = 0; position < padded; ++position) {
+        const int64_t key = cuda::flash_fp8_key_at(position);
+        const uint8_t want = key < s ? fp8_quantize_value(value(2, key, col), v_scale) : 0;
+        mismatches += got_vt[col * padded + position] != want;
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << c.name;
   }
 }
+
 }  // namespace
 }  // namespace flux2
