@@ -70,7 +70,9 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     transpose_values_kernel(Bf16Matrix v, int tokens, const uint32_t* v_amax, uint8_t* vt,
                             int64_t vt_stride, float* v_scale) {
-  __shared__ uint8_t tile[128][kTile + 16];  // [channel][position]
+  // [channel][position], 16-byte chunks of a row XOR-swizzled by (channel / 8) % 8, so that the
+  // byte stores of one warp (16 channel groups) spread over the banks.
+  __shared__ __align__(16) uint8_t tile[128][kTile];
   const float scale = fp8_dequant_scale(__uint_as_float(*v_amax));
   const float encode = fp8_encode_factor(scale);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *v_scale = scale;
@@ -84,14 +86,15 @@ __global__ void __launch_bounds__(kThreads)
     const int within = key % 32, half = within / 16, a = (within / 8) % 2, t = (within / 2) % 4;
     const int position = key - within + 16 * half + 4 * t + 2 * a + within % 2;
     const auto* bytes = reinterpret_cast<const uint8_t*>(&packed);
+    const int swizzled = position ^ ((pack % 8) * 16);  // (channel / 8) % 8 == pack % 8
 #pragma unroll
-    for (int c = 0; c < 8; ++c) tile[8 * pack + c][position] = bytes[c];
+    for (int c = 0; c < 8; ++c) tile[8 * pack + c][swizzled] = bytes[c];
   }
   __syncthreads();
   for (int i = threadIdx.x; i < 128 * (kTile / 16); i += kThreads) {  // 128 channels x 8 packs
     const int channel = i / (kTile / 16), pack = i % (kTile / 16);
     *reinterpret_cast<uint4*>(vt + (channel0 + channel) * vt_stride + key0 + 16 * pack) =
-        *reinterpret_cast<const uint4*>(&tile[channel][16 * pack]);
+        *reinterpret_cast<const uint4*>(&tile[channel][16 * (pack ^ ((channel / 8) % 8))]);
   }
 }
 
