@@ -7,12 +7,9 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <mutex>
-#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
@@ -150,36 +147,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-__device__ __forceinline__ uint32_t half2_exp2(uint32_t x) {
-  uint32_t y;
-  asm("ex2.approx.f16x2 %0, %1;" : "=r"(y) : "r"(x));
-  return y;
-}
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  uint32_t packed;
-  asm("cvt.rn.f16x2.f32 %0, %2, %1;" : "=r"(packed) : "f"(lo), "f"(hi));
-  return packed;
-}
-// Two f16x2 to four E4M3 (RNE, saturating), the low half of `lo` in the lowest byte.
-__device__ __forceinline__ uint32_t pack_e4m3_half(uint32_t lo, uint32_t hi) {
-  uint32_t packed;
-  asm("{\n.reg .b16 l, h;\n"
-      "cvt.rn.satfinite.e4m3x2.f16x2 l, %1;\n"
-      "cvt.rn.satfinite.e4m3x2.f16x2 h, %2;\n"
-      "mov.b32 %0, {l, h};\n}\n"
-      : "=r"(packed)
-      : "r"(lo), "r"(hi));
-  return packed;
-}
-__device__ __forceinline__ float half2_sum(uint32_t x) {
-  const __half2 h = *reinterpret_cast<const __half2*>(&x);
-  return __low2float(h) + __high2float(h);
-}
-__device__ __forceinline__ uint32_t half2_add(uint32_t a, uint32_t b) {
-  uint32_t y;
-  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(y) : "r"(a), "r"(b));
-  return y;
-}
 __device__ __forceinline__ void fence_registers(uint32_t (&regs)[4][4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -197,16 +164,15 @@ __device__ __forceinline__ void named_barrier_arrive(int id) {
 // Online softmax over one 64 x 128 score tile (rows r = 0: registers 4c, 4c+1; r = 1: 4c+2,
 // 4c+3). Keys at or past `valid` are masked. The probabilities are scaled by 256 (the exponent
 // offset 8) to use E4M3's range; the row sums carry the same factor. Leaves the exponentials in
-// `acc` (kHalfExp: as f16x2 pairs in `halves`) for pack_probabilities, and the factor by which
-// the output accumulated so far must be scaled in `correction`.
+// `acc` for pack_probabilities, and the factor by which the output accumulated so far must be
+// scaled in `correction`. Maxima and sums reduce in trees (fixed order), not chains: the
+// special-function unit's latency, not its throughput, bounds this part.
 struct RowStats {
   float max[2] = {-INFINITY, -INFINITY};
   float sum[2] = {0.0f, 0.0f};
 };
-template <bool kHalfExp>
-__device__ __forceinline__ void softmax_tile(float (&acc)[64], uint32_t (&halves)[2][16], int valid,
-                                             int t, float score_scale, RowStats& stats,
-                                             float (&correction)[2]) {
+__device__ __forceinline__ void softmax_tile(float (&acc)[64], int valid, int t, float score_scale,
+                                             RowStats& stats, float (&correction)[2]) {
   if (valid < 128) {
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
@@ -216,60 +182,48 @@ __device__ __forceinline__ void softmax_tile(float (&acc)[64], uint32_t (&halves
       }
     }
   }
+  float offset[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float tile_max = -INFINITY;
+    float m[16];
 #pragma unroll
-    for (int c = 0; c < 16; ++c) tile_max = fmaxf(tile_max, fmaxf(acc[4 * c + 2 * r], acc[4 * c + 2 * r + 1]));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 1));
+    for (int c = 0; c < 16; ++c) m[c] = fmaxf(acc[4 * c + 2 * r], acc[4 * c + 2 * r + 1]);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) m[c] = fmaxf(m[c], m[c + 8]);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) m[c] = fmaxf(m[c], m[c + 4]);
+    m[0] = fmaxf(fmaxf(m[0], m[2]), fmaxf(m[1], m[3]));
+    float tile_max = fmaxf(m[0], __shfl_xor_sync(0xffffffff, m[0], 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
     const float new_max = fmaxf(stats.max[r], tile_max * score_scale);
     correction[r] = fast_exp2(stats.max[r] - new_max);
     stats.max[r] = new_max;
-    const float offset = new_max - 8.0f;
-    float sum = 0.0f;
-    if constexpr (kHalfExp) {
-      uint32_t sum2 = 0;
+    offset[r] = new_max - 8.0f;
+  }
 #pragma unroll
-      for (int c = 0; c < 16; ++c) {
-        halves[r][c] = half2_exp2(pack_half2(fmaf(acc[4 * c + 2 * r], score_scale, -offset),
-                                             fmaf(acc[4 * c + 2 * r + 1], score_scale, -offset)));
-        sum2 = half2_add(sum2, halves[r][c]);
-      }
-      sum = half2_sum(sum2);
-    } else {
+  for (int r = 0; r < 2; ++r) {
+    float partial[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int c = 0; c < 16; ++c) {
+    for (int c = 0; c < 16; ++c) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = fast_exp2(fmaf(acc[4 * c + 2 * r + e], score_scale, -offset));
-          acc[4 * c + 2 * r + e] = p;
-          sum += p;
-        }
+      for (int e = 0; e < 2; ++e) {
+        const int i = 4 * c + 2 * r + e;
+        acc[i] = fast_exp2(fmaf(acc[i], score_scale, -offset[r]));
+        partial[(2 * c + e) % 4] += acc[i];
       }
     }
-    stats.sum[r] = stats.sum[r] * correction[r] + sum;
+    stats.sum[r] = stats.sum[r] * correction[r] + ((partial[0] + partial[1]) + (partial[2] + partial[3]));
   }
 }
 // The exponentials of softmax_tile as the A operand of four k32 steps (E4M3).
-template <bool kHalfExp>
-__device__ __forceinline__ void pack_probabilities(const float (&acc)[64], const uint32_t (&halves)[2][16],
-                                                   uint32_t (&p)[4][4]) {
+__device__ __forceinline__ void pack_probabilities(const float (&acc)[64], uint32_t (&p)[4][4]) {
 #pragma unroll
   for (int kc = 0; kc < 4; ++kc) {
-    if constexpr (kHalfExp) {
-      const int c = 4 * kc;
-      p[kc][0] = pack_e4m3_half(halves[0][c], halves[0][c + 1]);
-      p[kc][1] = pack_e4m3_half(halves[1][c], halves[1][c + 1]);
-      p[kc][2] = pack_e4m3_half(halves[0][c + 2], halves[0][c + 3]);
-      p[kc][3] = pack_e4m3_half(halves[1][c + 2], halves[1][c + 3]);
-    } else {
-      const float* a = acc + 16 * kc;
-      p[kc][0] = pack_e4m3(a[0], a[1], a[4], a[5]);
-      p[kc][1] = pack_e4m3(a[2], a[3], a[6], a[7]);
-      p[kc][2] = pack_e4m3(a[8], a[9], a[12], a[13]);
-      p[kc][3] = pack_e4m3(a[10], a[11], a[14], a[15]);
-    }
+    const float* a = acc + 16 * kc;
+    p[kc][0] = pack_e4m3(a[0], a[1], a[4], a[5]);
+    p[kc][1] = pack_e4m3(a[2], a[3], a[6], a[7]);
+    p[kc][2] = pack_e4m3(a[8], a[9], a[12], a[13]);
+    p[kc][3] = pack_e4m3(a[10], a[11], a[14], a[15]);
   }
 }
 __device__ __forceinline__ void rescale(float (&o)[64], const float (&correction)[2]) {
@@ -303,7 +257,6 @@ __device__ __forceinline__ void issue_values(float (&o)[64], const uint32_t (&p)
 // The A operand of a k32 step holds, per row, slots 4(l%4)..+3 and 16 + 4(l%4)..+3: packing the
 // accumulator columns {2t, 2t+1, 8+2t, 9+2t} and {16+2t, .., 25+2t} into them is the key
 // permutation of flash_fp8_key_at, which V's transposed layout carries.
-template <bool kHalfExp>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_fp8_kernel(const __grid_constant__ CUtensorMap q_map,
                                const __grid_constant__ CUtensorMap k_map,
@@ -361,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float o[64], acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = acc[i] = 0.0f;
-  uint32_t halves[2][16], p[4][4];
+  uint32_t p[4][4];
   RowStats stats;
   float correction[2];
   auto release = [&](uint64_t* bar) {
@@ -378,11 +331,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
   fence_registers(acc);
   release(&s.k_empty[0]);
-  softmax_tile<kHalfExp>(acc, halves, s_kv, t, q_scale_log2 * k_scales[0], stats, correction);
-  pack_probabilities<kHalfExp>(acc, halves, p);
+  softmax_tile(acc, s_kv, t, q_scale_log2 * k_scales[0], stats, correction);
+  pack_probabilities(acc, p);
+  float next_k_scale = tiles > 1 ? k_scales[1] : 0.0f;
   for (int j = 1; j < tiles; ++j) {
     const int k_stage = j % kStages, v_stage = (j - 1) % kStages;
-    const float score_scale = q_scale_log2 * k_scales[j];
+    const float score_scale = q_scale_log2 * next_k_scale;
+    if (j + 1 < tiles) next_k_scale = k_scales[j + 1];  // in flight during this tile
     named_barrier_sync(my_turn);
     barrier_wait(&s.k_full[k_stage], (j / kStages) & 1);
     issue_scores(acc, q_desc, s.k[k_stage]);
@@ -392,14 +347,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<1>();
     fence_registers(acc);
     release(&s.k_empty[k_stage]);
-    softmax_tile<kHalfExp>(acc, halves, s_kv - j * kBlockN, t, score_scale, stats, correction);
+    softmax_tile(acc, s_kv - j * kBlockN, t, score_scale, stats, correction);
     wgmma_wait<0>();
     fence_registers(o);
     fence_registers(p);
     release(&s.v_empty[v_stage]);
     // Once the row maxima settle, most tiles leave them unchanged (correction 1: a no-op).
     if (__any_sync(0xffffffff, correction[0] != 1.0f || correction[1] != 1.0f)) rescale(o, correction);
-    pack_probabilities<kHalfExp>(acc, halves, p);
+    pack_probabilities(acc, p);
   }
   const int last = (tiles - 1) % kStages;
   named_barrier_sync(my_turn);
@@ -491,7 +446,7 @@ bool flash_attention_fp8_available() {
     cudaFuncAttributes attributes{};
     // A kernel compiled for this device at all (the sm_90a image carries the real body).
     if (major != 9 || minor != 0 ||
-        cudaFuncGetAttributes(&attributes, flash_attention_fp8_kernel<false>) != cudaSuccess) {
+        cudaFuncGetAttributes(&attributes, flash_attention_fp8_kernel) != cudaSuccess) {
       return false;
     }
     return attributes.ptxVersion >= 90 && attributes.binaryVersion == 90 &&
@@ -528,19 +483,12 @@ absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream) 
   FLUX_RETURN_IF_ERROR(make_tile_map(&vt_map, args.vt, width, padded, padded, "vt"));
   static std::once_flag attribute_once;
   std::call_once(attribute_once, [] {
-    cudaFuncSetAttribute(flash_attention_fp8_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kSharedBytes);
-    cudaFuncSetAttribute(flash_attention_fp8_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(flash_attention_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          kSharedBytes);
   });
   const float scale_log2 = args.softmax_scale * static_cast<float>(M_LOG2E);
   const dim3 grid(static_cast<unsigned>((s_q + kBlockM - 1) / kBlockM), static_cast<unsigned>(args.heads));
-  static const bool half_exp = [] {
-    const char* v = std::getenv("FLUX2_FLASH_FP8_EXP");
-    return v != nullptr && std::string(v) == "half";
-  }();
-  auto kernel = half_exp ? flash_attention_fp8_kernel<true> : flash_attention_fp8_kernel<false>;
-  kernel<<<grid, kThreads, kSharedBytes, stream>>>(
+  flash_attention_fp8_kernel<<<grid, kThreads, kSharedBytes, stream>>>(
       q_map, k_map, vt_map, static_cast<__nv_bfloat16*>(args.out.data), args.out.stride,
       static_cast<int>(s_q), static_cast<int>(s_kv), scale_log2, args.scale_q, args.scale_k,
       args.scale_v);
