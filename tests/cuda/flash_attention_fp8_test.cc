@@ -242,5 +242,52 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
   }
 }
 
+// Through the backend: quality=high attention at a transformer shape runs our kernel (counted),
+// within the bound of FP8 against bf16 attention that tests/cuda/attention_fp8_test.cc derives
+// (2 x 2^-4: the E4M3 roundings of Q, K, V and P in quadrature at their worst), the same bits on
+// every call; lossless and causal attention never take it, other head sizes fall back counted.
+TEST(FlashAttentionFp8BackendTest, ServesHighAttentionWithinBoundAndCountsFallbacks) {
+  FLUX2_REQUIRE_GPU(be);
+  if (!cuda::flash_attention_fp8_available()) {
+    GTEST_SKIP() << "flash_attention_fp8 needs an sm_90a build on a compute capability 9.0 GPU";
+  }
+  constexpr double kBound = 0.125;
+  const int64_t s = 1536, heads = 24, width = heads * 128;  // klein-4B at 512²
+  Tensor fused = testing::random_bf16(*be, s, 3 * width, 11, 2.0f);
+  const Tensor q = fused.col_slice(0, width), k = fused.col_slice(width, width),
+               v = fused.col_slice(2 * width, width);
+  ASSERT_TRUE(be->copy(testing::random_bf16(*be, s, width, 12, 1.0f), v).ok());
+  const AttentionParams params{heads, heads, 128, 1.0f / std::sqrt(128.0f)};
+  auto invocations = [] { return testing::fast_path_counters("flash_attention_fp8").invocations; };
+  auto unsupported = [] { return testing::fast_path_fallbacks("flash_attention_fp8", "unsupported_shape"); };
+  Tensor reference = be->empty(DType::kBF16, {s, width}).value();
+  Tensor high = be->empty(DType::kBF16, {s, width}).value();
+  Tensor again = be->empty(DType::kBF16, {s, width}).value();
+  const int64_t before = invocations(), unsupported_before = unsupported();
+  ASSERT_TRUE(be->attention(q, k, v, params, reference).ok());  // lossless: bf16
+  EXPECT_EQ(invocations(), before);
+  {
+    testing::QualityScope quality(*be, Quality::kHigh);
+    ASSERT_TRUE(be->attention(q, k, v, params, high).ok());
+    ASSERT_TRUE(be->attention(q, k, v, params, again).ok());
+    EXPECT_EQ(invocations(), before + 2) << "the FP8 flash attention did not run";
+    AttentionParams causal = params;
+    causal.causal = true;
+    Tensor scratch = be->empty(DType::kBF16, {s, width}).value();
+    ASSERT_TRUE(be->attention(q, k, v, causal, scratch).ok());
+    EXPECT_EQ(unsupported(), unsupported_before) << "causal attention is not the kernel's to serve";
+    const AttentionParams narrow{heads * 2, heads * 2, 64, 0.125f};
+    ASSERT_TRUE(be->attention(q, k, v, narrow, scratch).ok());
+    EXPECT_EQ(unsupported(), unsupported_before + 1);
+    EXPECT_EQ(invocations(), before + 2);
+  }
+  EXPECT_EQ(testing::bits(*be, high), testing::bits(*be, again)) << "two identical calls differ";
+  const double error = relative_l2_error(testing::values(*be, high), testing::values(*be, reference));
+  std::printf("FP8 flash attention vs bf16 (S=%lld, %lld heads): relative L2 %.4e (bound %.3f)\n",
+              static_cast<long long>(s), static_cast<long long>(heads), error, kBound);
+  EXPECT_GT(error, 0.0);
+  EXPECT_LE(error, kBound);
+}
+
 }  // namespace
 }  // namespace flux2

@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 if want tests; then
   run_gtests gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
              gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_attention_fp8_test \
-             gpu_fp8_handoff_test gpu_fp8_accumulation_test
+             gpu_fp8_handoff_test gpu_fp8_accumulation_test gpu_flash_attention_fp8_test
   FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1  # tiny checkpoint
   summary+=("gpu_server_test (tiny): exit $? $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')")
 fi
