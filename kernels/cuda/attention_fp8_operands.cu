@@ -113,11 +113,13 @@ int64_t flash_fp8_scale_count(int64_t heads, int64_t tokens) {
   return 2 * heads * flash_fp8_tiles(tokens) + 1;
 }
 
-absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const Mat& v, int64_t heads,
-                                             const FlashFp8Operands& out, cudaStream_t stream) {
+absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const Mat& v,
+                                             int64_t heads, const FlashFp8Operands& out,
+                                             cudaStream_t stream) {
   const int64_t tokens = q.rows, width = heads * kFlashFp8HeadDim;
   if (heads <= 0 || heads > 65535 || tokens <= 0 || tokens > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError("quantize_attention_operands_fp8: heads or tokens out of range");
+    return absl::InvalidArgumentError(
+        "quantize_attention_operands_fp8: heads or tokens out of range");
   }
   FLUX_RETURN_IF_ERROR(check_input(q, tokens, width, "q"));
   FLUX_RETURN_IF_ERROR(check_input(k, tokens, width, "k"));
@@ -129,22 +131,23 @@ absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const M
           "quantize_attention_operands_fp8: q, k, vt and scales must be 16-byte aligned buffers");
     }
   }
-  if (out.v_amax == nullptr) return absl::InvalidArgumentError("quantize_attention_operands_fp8: v_amax is null");
+  if (out.v_amax == nullptr)
+    return absl::InvalidArgumentError("quantize_attention_operands_fp8: v_amax is null");
   auto matrix = [](const Mat& m) {
     return Bf16Matrix{static_cast<const __nv_bfloat16*>(m.data), m.stride};
   };
   const int64_t tiles = flash_fp8_tiles(tokens);
-  FLUX_RETURN_IF_ERROR(
-      cuda_status(cudaMemsetAsync(out.v_amax, 0, sizeof(uint32_t), stream), "quantize_attention_operands_fp8"));
-  quantize_blocks_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads), 3), kThreads, 0,
-                           stream>>>(matrix(q), matrix(k), matrix(v), static_cast<int>(tokens),
-                                     static_cast<int>(heads), static_cast<uint8_t*>(out.q),
-                                     static_cast<uint8_t*>(out.k), out.scales, out.v_amax);
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(out.v_amax, 0, sizeof(uint32_t), stream),
+                                   "quantize_attention_operands_fp8"));
+  quantize_blocks_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads), 3),
+                           kThreads, 0, stream>>>(
+      matrix(q), matrix(k), matrix(v), static_cast<int>(tokens), static_cast<int>(heads),
+      static_cast<uint8_t*>(out.q), static_cast<uint8_t*>(out.k), out.scales, out.v_amax);
   FLUX_RETURN_IF_LAUNCH_FAILED("quantize_attention_operands_fp8 (Q, K)");
-  transpose_values_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads)), kThreads, 0,
-                            stream>>>(matrix(v), static_cast<int>(tokens), out.v_amax,
-                                      static_cast<uint8_t*>(out.vt), flash_fp8_padded_keys(tokens),
-                                      out.scales + 2 * heads * tiles);
+  transpose_values_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads)),
+                            kThreads, 0, stream>>>(
+      matrix(v), static_cast<int>(tokens), out.v_amax, static_cast<uint8_t*>(out.vt),
+      flash_fp8_padded_keys(tokens), out.scales + 2 * heads * tiles);
   FLUX_RETURN_IF_LAUNCH_FAILED("quantize_attention_operands_fp8 (V)");
   return absl::OkStatus();
 }

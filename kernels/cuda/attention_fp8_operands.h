@@ -15,17 +15,18 @@ namespace flux2::cuda {
 
 // Device buffers for S tokens and H heads (width = H · 128), 16-byte aligned.
 struct FlashFp8Operands {
-  void* q = nullptr;       // E4M3 [S, width], contiguous
-  void* k = nullptr;       // E4M3 [S, width], contiguous
-  void* vt = nullptr;      // E4M3 [width, flash_fp8_padded_keys(S)]
-  float* scales = nullptr;  // flash_fp8_scale_count(H, S) floats: Q's [H][tiles], K's, then V's
+  void* q = nullptr;           // E4M3 [S, width], contiguous
+  void* k = nullptr;           // E4M3 [S, width], contiguous
+  void* vt = nullptr;          // E4M3 [width, flash_fp8_padded_keys(S)]
+  float* scales = nullptr;     // flash_fp8_scale_count(H, S) floats: Q's [H][tiles], K's, then V's
   uint32_t* v_amax = nullptr;  // one word of scratch
 };
 int64_t flash_fp8_scale_count(int64_t heads, int64_t tokens);
 
 // q, k, v: bf16 [S, width] (rows 16-byte aligned, may be strided). Scales: fp8_dequant_scale of the
 // block's (or V's) max |x|; values fp8_quantize_value(x, scale). Three kernels on `stream`.
-absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const Mat& v, int64_t heads,
-                                             const FlashFp8Operands& out, cudaStream_t stream);
+absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const Mat& v,
+                                             int64_t heads, const FlashFp8Operands& out,
+                                             cudaStream_t stream);
 
 }  // namespace flux2::cuda

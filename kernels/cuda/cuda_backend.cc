@@ -11,9 +11,9 @@
 #include "kernels/base/op_checks.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_backend_impl.h"
-#include "kernels/cuda/flash_attention_fp8.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/flash_attention_fp8.h"
 
 namespace flux2 {
 namespace {

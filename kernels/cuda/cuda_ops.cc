@@ -12,11 +12,11 @@
 #include "kernels/base/op_checks.h"
 #include "kernels/cuda/attention_fallback.h"
 #include "kernels/cuda/attention_fp8_operands.h"
-#include "kernels/cuda/flash_attention_fp8.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/flash_attention_fp8.h"
 #include "kernels/cuda/image_ops.h"
 #include "kernels/cuda/norms.h"
 #include "kernels/cuda/quantize.h"
@@ -530,10 +530,11 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
       absl::string_view unsupported = "";
       if (!cuda::flash_attention_fp8_available()) {
         unsupported = "unsupported_device";
-      } else if (params.head_dim != cuda::kFlashFp8HeadDim || params.num_kv_heads != params.num_heads ||
-                 params.num_valid_keys >= 0 || q.rows() != k.rows() || k.rows() != v.rows() ||
-                 q.rows() > (int64_t{1} << 30) || !cuda::rows_aligned16(mat(q), 2) ||
-                 !cuda::rows_aligned16(mat(k), 2) || !cuda::rows_aligned16(mat(v), 2)) {
+      } else if (params.head_dim != cuda::kFlashFp8HeadDim ||
+                 params.num_kv_heads != params.num_heads || params.num_valid_keys >= 0 ||
+                 q.rows() != k.rows() || k.rows() != v.rows() || q.rows() > (int64_t{1} << 30) ||
+                 !cuda::rows_aligned16(mat(q), 2) || !cuda::rows_aligned16(mat(k), 2) ||
+                 !cuda::rows_aligned16(mat(v), 2)) {
         unsupported = "unsupported_shape";
       }
       return run_path(
@@ -649,8 +650,10 @@ absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, 
   std::optional<OpProfileScope> profile(std::in_place, *this, quantize);
   FLUX_ASSIGN_OR_RETURN(Tensor q8, scratch({s, width}, DType::kF8E4M3));
   FLUX_ASSIGN_OR_RETURN(Tensor k8, scratch({s, width}, DType::kF8E4M3));
-  FLUX_ASSIGN_OR_RETURN(Tensor vt8, scratch({width, cuda::flash_fp8_padded_keys(s)}, DType::kF8E4M3));
-  FLUX_ASSIGN_OR_RETURN(Tensor scales, scratch({cuda::flash_fp8_scale_count(heads, s)}, DType::kF32));
+  FLUX_ASSIGN_OR_RETURN(Tensor vt8,
+                        scratch({width, cuda::flash_fp8_padded_keys(s)}, DType::kF8E4M3));
+  FLUX_ASSIGN_OR_RETURN(Tensor scales,
+                        scratch({cuda::flash_fp8_scale_count(heads, s)}, DType::kF32));
   FLUX_ASSIGN_OR_RETURN(Tensor v_amax, scratch({1}, DType::kI32));
   cuda::FlashFp8Operands operands{q8.data(), k8.data(), vt8.data(), scales.data_as<float>(),
                                   v_amax.data_as<uint32_t>()};

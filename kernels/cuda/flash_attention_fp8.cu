@@ -26,7 +26,7 @@ constexpr int kBlockN = static_cast<int>(kFlashFp8KeyBlock);  // keys per tile
 constexpr int kStages = 3;
 constexpr int kConsumers = 256;
 constexpr int kThreads = kConsumers + 128;  // + the producer warpgroup (one thread loads)
-constexpr int kTileBytes = 128 * 128;      // a [128 rows x 128 bytes] E4M3 tile, 128-byte swizzle
+constexpr int kTileBytes = 128 * 128;       // a [128 rows x 128 bytes] E4M3 tile, 128-byte swizzle
 static_assert(kFlashFp8HeadDim == 128 && kBlockN == 128);
 
 struct alignas(1024) SharedTiles {
@@ -85,7 +85,9 @@ __device__ __forceinline__ uint64_t tile_descriptor(const void* tile) {
   const uint64_t start = (shared_address(tile) & 0x3FFFF) >> 4;
   return start | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
@@ -99,20 +101,21 @@ __device__ __forceinline__ void fence_registers(float (&acc)[64]) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc[i])::"memory");
 }
 
-#define FLUX2_ACC8(a, i)                                                                       \
+#define FLUX2_ACC8(a, i)                                                                      \
   "+f"(a[i]), "+f"(a[i + 1]), "+f"(a[i + 2]), "+f"(a[i + 3]), "+f"(a[i + 4]), "+f"(a[i + 5]), \
       "+f"(a[i + 6]), "+f"(a[i + 7])
 #define FLUX2_ACC64(a)                                                                         \
   FLUX2_ACC8(a, 0), FLUX2_ACC8(a, 8), FLUX2_ACC8(a, 16), FLUX2_ACC8(a, 24), FLUX2_ACC8(a, 32), \
       FLUX2_ACC8(a, 40), FLUX2_ACC8(a, 48), FLUX2_ACC8(a, 56)
-#define FLUX2_ACC_LIST                                                                           \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "  \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "   \
-  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "    \
+#define FLUX2_ACC_LIST                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
   "%56, %57, %58, %59, %60, %61, %62, %63}"
 
 // acc (+)= A · Bᵀ for a 64 x 128 x 32 step, A and B in shared memory.
-__device__ __forceinline__ void mma_shared(float (&acc)[64], uint64_t a, uint64_t b, int accumulate) {
+__device__ __forceinline__ void mma_shared(float (&acc)[64], uint64_t a, uint64_t b,
+                                           int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " FLUX2_ACC_LIST
@@ -121,7 +124,8 @@ __device__ __forceinline__ void mma_shared(float (&acc)[64], uint64_t a, uint64_
       : "l"(a), "l"(b), "r"(accumulate));
 }
 // acc += A · Bᵀ for a 64 x 128 x 32 step, A from registers (4 x 4 E4M3 per thread).
-__device__ __forceinline__ void mma_registers(float (&acc)[64], const uint32_t (&a)[4], uint64_t b) {
+__device__ __forceinline__ void mma_registers(float (&acc)[64], const uint32_t (&a)[4],
+                                              uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " FLUX2_ACC_LIST
@@ -212,7 +216,8 @@ __device__ __forceinline__ void softmax_tile(float (&acc)[64], int valid, int t,
         partial[(2 * c + e) % 4] += acc[i];
       }
     }
-    stats.sum[r] = stats.sum[r] * correction[r] + ((partial[0] + partial[1]) + (partial[2] + partial[3]));
+    stats.sum[r] =
+        stats.sum[r] * correction[r] + ((partial[0] + partial[1]) + (partial[2] + partial[3]));
   }
 }
 // The exponentials of softmax_tile as the A operand of four k32 steps (E4M3).
@@ -235,14 +240,16 @@ __device__ __forceinline__ void rescale(float (&o)[64], const float (&correction
     o[4 * c + 3] *= correction[1];
   }
 }
-__device__ __forceinline__ void issue_scores(float (&acc)[64], uint64_t q_desc, const uint8_t* k_tile) {
+__device__ __forceinline__ void issue_scores(float (&acc)[64], uint64_t q_desc,
+                                             const uint8_t* k_tile) {
   const uint64_t k_desc = tile_descriptor(k_tile);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) mma_shared(acc, q_desc + 2 * kk, k_desc + 2 * kk, kk);
   wgmma_commit();
 }
-__device__ __forceinline__ void issue_values(float (&o)[64], const uint32_t (&p)[4][4], const uint8_t* v_tile) {
+__device__ __forceinline__ void issue_values(float (&o)[64], const uint32_t (&p)[4][4],
+                                             const uint8_t* v_tile) {
   const uint64_t v_desc = tile_descriptor(v_tile);
   wgmma_fence();
 #pragma unroll
@@ -353,7 +360,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_registers(p);
     release(&s.v_empty[v_stage]);
     // Once the row maxima settle, most tiles leave them unchanged (correction 1: a no-op).
-    if (__any_sync(0xffffffff, correction[0] != 1.0f || correction[1] != 1.0f)) rescale(o, correction);
+    if (__any_sync(0xffffffff, correction[0] != 1.0f || correction[1] != 1.0f))
+      rescale(o, correction);
     pack_probabilities(acc, p);
   }
   const int last = (tiles - 1) % kStages;
@@ -384,7 +392,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // FLUX2_FLASH_FP8_DEVICE
 }
 
-
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -404,27 +411,28 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 absl::Status make_tile_map(CUtensorMap* map, const void* base, int64_t rows, int64_t cols,
                            int64_t stride, const char* field) {
   auto encode = tensor_map_encoder();
-  if (encode == nullptr) return absl::InternalError("flash_attention_fp8: no cuTensorMapEncodeTiled");
+  if (encode == nullptr)
+    return absl::InternalError("flash_attention_fp8: no cuTensorMapEncodeTiled");
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride)};
   const cuuint32_t box[2] = {128, 128};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult result = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims,
-                                 strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult result =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("flash_attention_fp8: ", field, " cannot be described to TMA (CUresult ",
-                     static_cast<int>(result), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("flash_attention_fp8: ", field,
+                                                   " cannot be described to TMA (CUresult ",
+                                                   static_cast<int>(result), ")"));
   }
   return absl::OkStatus();
 }
 
 absl::Status check_operand(const Mat& m, int64_t width, const char* field) {
   if (m.cols != width) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("flash_attention_fp8: ", field, " has ", m.cols, " columns, expected ", width));
+    return absl::InvalidArgumentError(absl::StrCat("flash_attention_fp8: ", field, " has ", m.cols,
+                                                   " columns, expected ", width));
   }
   if (reinterpret_cast<uintptr_t>(m.data) % 16 != 0 || m.stride % 16 != 0) {
     return absl::InvalidArgumentError(
@@ -461,20 +469,24 @@ absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream) 
   }
   const int64_t width = args.heads * kFlashFp8HeadDim;
   const int64_t s_q = args.q.rows, s_kv = args.k.rows;
-  if (args.heads <= 0 || s_q <= 0 || s_kv <= 0 || s_q > (int64_t{1} << 30) || s_kv > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError("flash_attention_fp8: heads, q rows and k rows must be positive");
+  if (args.heads <= 0 || s_q <= 0 || s_kv <= 0 || s_q > (int64_t{1} << 30) ||
+      s_kv > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        "flash_attention_fp8: heads, q rows and k rows must be positive");
   }
   FLUX_RETURN_IF_ERROR(check_operand(args.q, width, "q"));
   FLUX_RETURN_IF_ERROR(check_operand(args.k, width, "k"));
   if (args.out.cols != width || args.out.rows != s_q ||
       reinterpret_cast<uintptr_t>(args.out.data) % 4 != 0 || args.out.stride % 2 != 0) {
-    return absl::InvalidArgumentError("flash_attention_fp8: out must be bf16 [S_q, H·128], rows 4-byte aligned");
+    return absl::InvalidArgumentError(
+        "flash_attention_fp8: out must be bf16 [S_q, H·128], rows 4-byte aligned");
   }
   if (reinterpret_cast<uintptr_t>(args.vt) % 16 != 0) {
     return absl::InvalidArgumentError("flash_attention_fp8: vt must be 16-byte aligned");
   }
   if (args.scale_q == nullptr || args.scale_k == nullptr || args.scale_v == nullptr) {
-    return absl::InvalidArgumentError("flash_attention_fp8: scale_q, scale_k and scale_v are required");
+    return absl::InvalidArgumentError(
+        "flash_attention_fp8: scale_q, scale_k and scale_v are required");
   }
   CUtensorMap q_map, k_map, vt_map;
   const int64_t padded = flash_fp8_padded_keys(s_kv);
@@ -487,7 +499,8 @@ absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream) 
                          kSharedBytes);
   });
   const float scale_log2 = args.softmax_scale * static_cast<float>(M_LOG2E);
-  const dim3 grid(static_cast<unsigned>((s_q + kBlockM - 1) / kBlockM), static_cast<unsigned>(args.heads));
+  const dim3 grid(static_cast<unsigned>((s_q + kBlockM - 1) / kBlockM),
+                  static_cast<unsigned>(args.heads));
   flash_attention_fp8_kernel<<<grid, kThreads, kSharedBytes, stream>>>(
       q_map, k_map, vt_map, static_cast<__nv_bfloat16*>(args.out.data), args.out.stride,
       static_cast<int>(s_q), static_cast<int>(s_kv), scale_log2, args.scale_q, args.scale_k,

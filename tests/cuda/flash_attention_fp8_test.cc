@@ -52,9 +52,9 @@ class FlashAttentionFp8Test : public ::testing::TestWithParam<Case> {};
 //   "fast accumulation" of Hopper; measured in fp8_accumulation_test): <= 2^-13 of the running sum
 //   per step, at most (keys / 32) steps, each bounded by sum_i p_i |v_id|;
 // - the output is rounded to bf16: 2^-8 |o_d| (half an ulp with 8 significant bits).
-// So |o_d - ref_d| <= (2^-4 + steps 2^-13) sum_i p_i |v_id| + 2^-18 sum_i |v_id| / L + 2^-8 |ref_d|.
-// The logits, the max and the sums are fp32 (2^-24) with ex2.approx (2^-22): a 2^-16 slack on the
-// same sum covers them for logits up to |s| ~ 2^6.
+// So |o_d - ref_d| <= (2^-4 + steps 2^-13) sum_i p_i |v_id| + 2^-18 sum_i |v_id| / L + 2^-8
+// |ref_d|. The logits, the max and the sums are fp32 (2^-24) with ex2.approx (2^-22): a 2^-16 slack
+// on the same sum covers them for logits up to |s| ~ 2^6.
 TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
   FLUX2_REQUIRE_GPU(be);
   if (!cuda::flash_attention_fp8_available()) {
@@ -65,9 +65,11 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
   const int64_t padded = cuda::flash_fp8_padded_keys(s), tiles = cuda::flash_fp8_tiles(s);
   // Q and K as after RMSNorm (unit scale, |x| up to ~4), V zero-mean: logits with a standard
   // deviation of about 1 after the 1/sqrt(d) softmax scale, and V where cancellation is largest.
-  // Q's and K's scales differ per head and block of 128 tokens, as the operand quantizer makes them.
+  // Q's and K's scales differ per head and block of 128 tokens, as the operand quantizer makes
+  // them.
   std::vector<float> scales(static_cast<size_t>(cuda::flash_fp8_scale_count(c.heads, s)));
-  for (size_t i = 0; i + 1 < scales.size(); ++i) scales[i] = (3.0f + static_cast<float>(i % 5)) / 448;
+  for (size_t i = 0; i + 1 < scales.size(); ++i)
+    scales[i] = (3.0f + static_cast<float>(i % 5)) / 448;
   scales.back() = 3.0f / 448;
   auto q_scale = [&](int64_t row, int64_t h) { return scales[h * tiles + row / 128]; };
   auto k_scale = [&](int64_t key, int64_t h) { return scales[(c.heads + h) * tiles + key / 128]; };
@@ -89,7 +91,8 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
   ASSERT_EQ(cudaMemcpy(q_dev.data, q.data(), q.size(), cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(k_dev.data, k.data(), k.size(), cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(vt_dev.data, vt.data(), vt.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(scales_dev.data, scales.data(), scales.size() * sizeof(float), cudaMemcpyHostToDevice),
+  ASSERT_EQ(cudaMemcpy(scales_dev.data, scales.data(), scales.size() * sizeof(float),
+                       cudaMemcpyHostToDevice),
             cudaSuccess);
   cuda::FlashFp8Args args;
   args.q = cuda::Mat{q_dev.data, s, width, width};
@@ -106,10 +109,12 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
   args.out.data = again_dev.data;
   ASSERT_TRUE(cuda::flash_attention_fp8(args, nullptr).ok());
   std::vector<uint16_t> out(static_cast<size_t>(s * width)), again(out.size());
-  ASSERT_EQ(cudaMemcpy(out.data(), out_dev.data, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(out.data(), out_dev.data, out.size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
   ASSERT_EQ(cudaMemcpy(again.data(), again_dev.data, again.size() * 2, cudaMemcpyDeviceToHost),
             cudaSuccess);
-  EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * 2), 0) << "two identical calls differ";
+  EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * 2), 0)
+      << "two identical calls differ";
 
   // Float64 reference on sampled rows: the first and last rows and random ones, every head.
   std::vector<int64_t> rows = {0, s - 1};
@@ -136,7 +141,8 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
       for (int64_t i = 0; i < d; ++i) {
         double ref = 0.0, weighted_abs = 0.0, plain_abs = 0.0;
         for (int64_t key = 0; key < s; ++key) {
-          const double value = static_cast<double>(e4m3_to_f32(v[key * width + h * d + i])) * v_scale;
+          const double value =
+              static_cast<double>(e4m3_to_f32(v[key * width + h * d + i])) * v_scale;
           const double p = std::exp(logits[key] - max_logit);
           ref += p * value;
           weighted_abs += p * std::fabs(value);
@@ -164,9 +170,10 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FlashAttentionFp8Test,
-    ::testing::Values(Case{"klein_1024", 4608, 24},  // klein-4B at 1024²: 4096 image + 512 text tokens
-                      Case{"ragged_300", 300, 3},    // a partial query block and a masked key tile
-                      Case{"short_77", 77, 2},       // a single, mostly masked tile
+    ::testing::Values(Case{"klein_1024", 4608,
+                           24},  // klein-4B at 1024²: 4096 image + 512 text tokens
+                      Case{"ragged_300", 300, 3},  // a partial query block and a masked key tile
+                      Case{"short_77", 77, 2},     // a single, mostly masked tile
                       Case{"dev_heads_1536", 1536, 48}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
@@ -201,7 +208,8 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
     cudaMemcpy(got_q.data(), q8.data, got_q.size(), cudaMemcpyDeviceToHost);
     cudaMemcpy(got_k.data(), k8.data, got_k.size(), cudaMemcpyDeviceToHost);
     cudaMemcpy(got_vt.data(), vt.data, got_vt.size(), cudaMemcpyDeviceToHost);
-    cudaMemcpy(got_scales.data(), scales.data, got_scales.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(got_scales.data(), scales.data, got_scales.size() * sizeof(float),
+               cudaMemcpyDeviceToHost);
 
     int64_t mismatches = 0;
     for (int which = 0; which < 2; ++which) {
@@ -211,11 +219,13 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
           const int64_t end = std::min(s, (tile + 1) * 128);
           uint32_t amax = 0;
           for (int64_t r = tile * 128; r < end; ++r) {
-            for (int64_t i = 0; i < 128; ++i) amax = std::max(amax, abs_bits(value(which, r, h * 128 + i)));
+            for (int64_t i = 0; i < 128; ++i)
+              amax = std::max(amax, abs_bits(value(which, r, h * 128 + i)));
           }
           const float scale = fp8_dequant_scale(f32_from_bits(amax));
           EXPECT_EQ(f32_bits(got_scales[(which * c.heads + h) * tiles + tile]), f32_bits(scale))
-              << c.name << ": scale of " << (which == 0 ? "q" : "k") << " head " << h << " block " << tile;
+              << c.name << ": scale of " << (which == 0 ? "q" : "k") << " head " << h << " block "
+              << tile;
           for (int64_t r = tile * 128; r < end; ++r) {
             for (int64_t i = 0; i < 128; ++i) {
               const int64_t col = h * 128 + i;
@@ -227,7 +237,8 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
     }
     uint32_t v_bits = 0;
     for (int64_t r = 0; r < s; ++r) {
-      for (int64_t col = 0; col < width; ++col) v_bits = std::max(v_bits, abs_bits(value(2, r, col)));
+      for (int64_t col = 0; col < width; ++col)
+        v_bits = std::max(v_bits, abs_bits(value(2, r, col)));
     }
     const float v_scale = fp8_dequant_scale(f32_from_bits(v_bits));
     EXPECT_EQ(f32_bits(got_scales.back()), f32_bits(v_scale)) << c.name << ": V's scale";
@@ -259,7 +270,9 @@ TEST(FlashAttentionFp8BackendTest, ServesHighAttentionWithinBoundAndCountsFallba
   ASSERT_TRUE(be->copy(testing::random_bf16(*be, s, width, 12, 1.0f), v).ok());
   const AttentionParams params{heads, heads, 128, 1.0f / std::sqrt(128.0f)};
   auto invocations = [] { return testing::fast_path_counters("flash_attention_fp8").invocations; };
-  auto unsupported = [] { return testing::fast_path_fallbacks("flash_attention_fp8", "unsupported_shape"); };
+  auto unsupported = [] {
+    return testing::fast_path_fallbacks("flash_attention_fp8", "unsupported_shape");
+  };
   Tensor reference = be->empty(DType::kBF16, {s, width}).value();
   Tensor high = be->empty(DType::kBF16, {s, width}).value();
   Tensor again = be->empty(DType::kBF16, {s, width}).value();
@@ -282,7 +295,8 @@ TEST(FlashAttentionFp8BackendTest, ServesHighAttentionWithinBoundAndCountsFallba
     EXPECT_EQ(invocations(), before + 2);
   }
   EXPECT_EQ(testing::bits(*be, high), testing::bits(*be, again)) << "two identical calls differ";
-  const double error = relative_l2_error(testing::values(*be, high), testing::values(*be, reference));
+  const double error =
+      relative_l2_error(testing::values(*be, high), testing::values(*be, reference));
   std::printf("FP8 flash attention vs bf16 (S=%lld, %lld heads): relative L2 %.4e (bound %.3f)\n",
               static_cast<long long>(s), static_cast<long long>(heads), error, kBound);
   EXPECT_GT(error, 0.0);
