@@ -1,7 +1,7 @@
-// Our FP8 flash attention for Hopper (flash_attention_fp8.h): a producer warp streams K and Vᵀ
-// tiles through TMA into a two-stage ring; two consumer warpgroups of 64 query rows each run
-// Q·Kᵀ (wgmma, both operands in shared memory), the online softmax, and P·V (P from registers).
-// Tested by tests/cuda/flash_attention_fp8_test.cc.
+// Our FP8 flash attention for Hopper (flash_attention_fp8.h): a producer warpgroup streams K and
+// Vᵀ tiles through TMA into a three-stage ring; two consumer warpgroups of 64 query rows each run
+// Q·Kᵀ (wgmma, both operands in shared memory), the online softmax, and P·V (P from registers),
+// taking turns on the tensor cores. Tested by tests/cuda/flash_attention_fp8_test.cc.
 #include "kernels/cuda/flash_attention_fp8.h"
 
 #include <cuda.h>
