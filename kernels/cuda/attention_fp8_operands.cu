@@ -82,9 +82,7 @@ __global__ void __launch_bounds__(kThreads)
     float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     if (key0 + key < tokens) load8(v.data + (key0 + key) * v.stride + channel0 + 8 * pack, x);
     const uint2 packed = fp8_pack8<true>(x, encode);
-    // The key's position in the permuted order (the inverse of flash_fp8_key_at).
-    const int within = key % 32, half = within / 16, a = (within / 8) % 2, t = (within / 2) % 4;
-    const int position = key - within + 16 * half + 4 * t + 2 * a + within % 2;
+    const int position = static_cast<int>(flash_fp8_position_of(key));
     const auto* bytes = reinterpret_cast<const uint8_t*>(&packed);
     const int swizzled = position ^ ((pack % 8) * 16);  // (channel / 8) % 8 == pack % 8
 #pragma unroll
@@ -111,6 +109,19 @@ absl::Status check_input(const Mat& m, int64_t tokens, int64_t width, const char
 
 int64_t flash_fp8_scale_count(int64_t heads, int64_t tokens) {
   return 2 * heads * flash_fp8_tiles(tokens) + 1;
+}
+
+FlashFp8Args flash_fp8_args(const FlashFp8Operands& operands, int64_t tokens, int64_t heads) {
+  const int64_t width = heads * kFlashFp8HeadDim, tiles = flash_fp8_tiles(tokens);
+  FlashFp8Args args;
+  args.q = Mat{operands.q, tokens, width, width};
+  args.k = Mat{operands.k, tokens, width, width};
+  args.vt = operands.vt;
+  args.heads = heads;
+  args.scale_q = operands.scales;
+  args.scale_k = operands.scales + heads * tiles;
+  args.scale_v = operands.scales + 2 * heads * tiles;
+  return args;
 }
 
 absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const Mat& v,

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cuda/flash_attention_fp8.h"
 #include "kernels/cuda/kernel_args.h"
 
 namespace flux2::cuda {
@@ -22,6 +23,9 @@ struct FlashFp8Operands {
   uint32_t* v_amax = nullptr;  // one word of scratch
 };
 int64_t flash_fp8_scale_count(int64_t heads, int64_t tokens);
+
+// The kernel's operands from these buffers (out and softmax_scale left to the caller).
+FlashFp8Args flash_fp8_args(const FlashFp8Operands& operands, int64_t tokens, int64_t heads);
 
 // q, k, v: bf16 [S, width] (rows 16-byte aligned, may be strided). Scales: fp8_dequant_scale of the
 // block's (or V's) max |x|; values fp8_quantize_value(x, scale). Three kernels on `stream`.

@@ -524,23 +524,18 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     // FP8 attention serves the transformer's (non-causal) attention; the text encoder's causal
     // attention stays bf16 without counting a fallback.
     if (quality_ != Quality::kHigh || params.causal) return bf16_attention();
-    const bool adjacent = fp8_qkv_adjacent(q, k, v);
-    if (!fp8_attention_) {
+    if (!fp8_attention_) {  // ours, unless cuDNN's FP8 engine was opted into
       if (!flash_fp8_attention_) return bf16_attention();
-      absl::string_view unsupported = "";
-      if (!cuda::flash_attention_fp8_available()) {
-        unsupported = "unsupported_device";
-      } else if (params.head_dim != cuda::kFlashFp8HeadDim ||
-                 params.num_kv_heads != params.num_heads || params.num_valid_keys >= 0 ||
-                 q.rows() != k.rows() || k.rows() != v.rows() || q.rows() > (int64_t{1} << 30) ||
-                 !cuda::rows_aligned16(mat(q), 2) || !cuda::rows_aligned16(mat(k), 2) ||
-                 !cuda::rows_aligned16(mat(v), 2)) {
-        unsupported = "unsupported_shape";
-      }
+      const absl::string_view unsupported =
+          !cuda::flash_attention_fp8_available() ? "unsupported_device"
+          : !cuda::flash_attention_fp8_supports(params, mat(q), mat(k), mat(v))
+              ? "unsupported_shape"
+              : "";
       return run_path(
           flash_fp8_attention_path(), unsupported,
           [&] { return attention_flash_fp8(q, k, v, params, target); }, bf16_attention);
     }
+    const bool adjacent = fp8_qkv_adjacent(q, k, v);
     absl::string_view unsupported = "";
     if (!cuda::CudnnSdpaFp8::supports(params, q.rows(), k.rows())) {
       unsupported = "unsupported_shape";
@@ -659,17 +654,9 @@ absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, 
                                   v_amax.data_as<uint32_t>()};
   FLUX_RETURN_IF_ERROR(
       cuda::quantize_attention_operands_fp8(mat(q), mat(k), mat(v), heads, operands, stream()));
-  const int64_t tiles = cuda::flash_fp8_tiles(s);
-  cuda::FlashFp8Args a;
-  a.q = cuda::Mat{q8.data(), s, width, width};
-  a.k = cuda::Mat{k8.data(), s, width, width};
-  a.vt = vt8.data();
+  cuda::FlashFp8Args a = cuda::flash_fp8_args(operands, s, heads);
   a.out = out;
-  a.heads = heads;
   a.softmax_scale = params.scale;
-  a.scale_q = operands.scales;
-  a.scale_k = operands.scales + heads * tiles;
-  a.scale_v = operands.scales + 2 * heads * tiles;
   profile.emplace(*this, "attention");
   return cuda::flash_attention_fp8(a, stream());
 }

@@ -463,6 +463,14 @@ bool flash_attention_fp8_available() {
   return available;
 }
 
+bool flash_attention_fp8_supports(const AttentionParams& params, const Mat& q, const Mat& k,
+                                  const Mat& v) {
+  return !params.causal && params.num_valid_keys < 0 && params.head_dim == kFlashFp8HeadDim &&
+         params.num_kv_heads == params.num_heads && q.rows == k.rows && k.rows == v.rows &&
+         q.rows <= (int64_t{1} << 30) && rows_aligned16(q, 2) && rows_aligned16(k, 2) &&
+         rows_aligned16(v, 2);
+}
+
 absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream) {
   if (!flash_attention_fp8_available()) {
     return absl::UnimplementedError("flash_attention_fp8: needs an sm_90a build on a 9.0 device");

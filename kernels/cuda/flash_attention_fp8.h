@@ -10,6 +10,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/backend.h"
+#include "kernels/base/fp8_nvfp4.h"  // FLUX_HOST_DEVICE
 #include "kernels/cuda/kernel_args.h"
 
 namespace flux2::cuda {
@@ -18,13 +20,19 @@ inline constexpr int64_t kFlashFp8HeadDim = 128;
 // V is stored transposed, [H · 128, keys], with the keys padded to a multiple of this.
 inline constexpr int64_t kFlashFp8KeyBlock = 128;
 
-// Keys of V's transposed layout (`vt_fp8`): column `position` of a row holds key
-// flash_fp8_key_at(position). Within each group of 32 the keys are permuted so that the softmax
-// probabilities can feed the P·V multiply straight from the registers that Q·Kᵀ left them in.
-inline int64_t flash_fp8_key_at(int64_t position) {
+// Keys of V's transposed layout: column `position` of a row holds key flash_fp8_key_at(position);
+// key k sits at column flash_fp8_position_of(k). Within each group of 32 the keys are permuted so
+// that the softmax probabilities feed the P·V multiply straight from the registers that Q·Kᵀ left
+// them in (a key 16h + 8a + 2t + b sits at 16h + 4t + 2a + b).
+FLUX_HOST_DEVICE inline int64_t flash_fp8_key_at(int64_t position) {
   const int64_t within = position % 32;
   const int64_t half = within / 16, t = (within / 4) % 4, a = (within / 2) % 2, b = within % 2;
   return position - within + 16 * half + 8 * a + 2 * t + b;
+}
+FLUX_HOST_DEVICE inline int64_t flash_fp8_position_of(int64_t key) {
+  const int64_t within = key % 32;
+  const int64_t half = within / 16, a = (within / 8) % 2, t = (within / 2) % 4, b = within % 2;
+  return key - within + 16 * half + 4 * t + 2 * a + b;
 }
 inline int64_t flash_fp8_padded_keys(int64_t keys) {
   return (keys + kFlashFp8KeyBlock - 1) / kFlashFp8KeyBlock * kFlashFp8KeyBlock;
@@ -52,6 +60,10 @@ struct FlashFp8Args {
 
 // True when the kernel runs here: compiled for sm_90a and the device is compute capability 9.0.
 bool flash_attention_fp8_available();
+// Whether the kernel serves this attention: non-causal, unmasked, head_dim 128, as many kv heads
+// as heads, one sequence for q, k and v, bf16 rows 16-byte aligned (for the operand quantizer).
+bool flash_attention_fp8_supports(const AttentionParams& params, const Mat& q, const Mat& k,
+                                  const Mat& v);
 // Checks shapes, strides and alignment (naming the field) and launches on `stream`.
 absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream);
 
