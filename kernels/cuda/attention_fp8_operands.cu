@@ -1,5 +1,5 @@
 // The E4M3 operands of our FP8 flash attention (attention_fp8_operands.h): one kernel quantizes Q
-// and K block by block (and takes V's amax), one transposes and quantizes V.
+// and K block by block, one transposes and quantizes V block by block.
 // Tested bit for bit against a CPU reference by tests/cuda/flash_attention_fp8_test.cc.
 #include "kernels/cuda/attention_fp8_operands.h"
 
@@ -21,14 +21,13 @@ struct Bf16Matrix {
   int64_t stride;  // elements
 };
 
-// Block (tile, head, which): which = 0 (Q) or 1 (K): scale from the block's amax, E4M3 out;
-// which = 2 (V): the block's amax into *v_amax (an integer max: exact in any order).
+// Block (tile, head, which), which = 0 (Q) or 1 (K): the scale from the block's amax, E4M3 out.
 __global__ void __launch_bounds__(kThreads)
-    quantize_blocks_kernel(Bf16Matrix q, Bf16Matrix k, Bf16Matrix v, int tokens, int heads,
-                           uint8_t* q8, uint8_t* k8, float* scales, uint32_t* v_amax) {
+    quantize_blocks_kernel(Bf16Matrix q, Bf16Matrix k, int tokens, int heads, uint8_t* q8,
+                           uint8_t* k8, float* scales) {
   __shared__ uint32_t scratch[32];
   const int tile = blockIdx.x, head = blockIdx.y, which = blockIdx.z, tiles = gridDim.x;
-  const Bf16Matrix in = which == 0 ? q : which == 1 ? k : v;
+  const Bf16Matrix in = which == 0 ? q : k;
   const int pack = threadIdx.x % 16, first_row = tile * kTile + threadIdx.x / 16;
   float x[8][8];
   uint32_t amax = 0;
@@ -45,10 +44,6 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < 8; ++c) amax = max(amax, abs_bits(x[i][c]));
   }
   amax = block_max_bits(amax, scratch);
-  if (which == 2) {
-    if (threadIdx.x == 0) atomicMax(v_amax, amax);
-    return;
-  }
   const float scale = fp8_dequant_scale(__uint_as_float(amax));
   const float encode = fp8_encode_factor(scale);
   if (threadIdx.x == 0) scales[(which * heads + head) * tiles + tile] = scale;
@@ -64,35 +59,51 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// V [tokens, width] bf16 -> Vᵀ E4M3 [width, padded], keys permuted (flash_fp8_key_at), per-tensor
-// scale from *v_amax. One block per 128 keys x one head: 16-byte reads of key rows, a shared-memory
-// transpose, 16-byte writes of channel rows; the padding keys are zeros.
+// V [tokens, width] bf16 -> Vᵀ E4M3 [width, padded], keys permuted (flash_fp8_position_of), one
+// power-of-two scale per block of 128 keys and head (flash_fp8_value_scale). One block per such
+// block: 16-byte reads of key rows, the block's amax, a shared-memory transpose, 16-byte writes of
+// channel rows; the padding keys are zeros.
 __global__ void __launch_bounds__(kThreads)
-    transpose_values_kernel(Bf16Matrix v, int tokens, const uint32_t* v_amax, uint8_t* vt,
-                            int64_t vt_stride, float* v_scale) {
+    transpose_values_kernel(Bf16Matrix v, int tokens, uint8_t* vt, int64_t vt_stride,
+                            float* scales) {
   // [channel][position], 16-byte chunks of a row XOR-swizzled by (channel / 8) % 8, so that the
   // byte stores of one warp (16 channel groups) spread over the banks.
   __shared__ __align__(16) uint8_t tile[128][kTile];
-  const float scale = fp8_dequant_scale(__uint_as_float(*v_amax));
-  const float encode = fp8_encode_factor(scale);
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *v_scale = scale;
-  const int key0 = blockIdx.x * kTile, channel0 = blockIdx.y * 128;
-  for (int i = threadIdx.x; i < kTile * 16; i += kThreads) {  // 128 keys x 16 packs of 8 channels
-    const int key = i / 16, pack = i % 16;
-    float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    if (key0 + key < tokens) load8(v.data + (key0 + key) * v.stride + channel0 + 8 * pack, x);
-    const uint2 packed = fp8_pack8<true>(x, encode);
-    const int position = static_cast<int>(flash_fp8_position_of(key));
-    const auto* bytes = reinterpret_cast<const uint8_t*>(&packed);
-    const int swizzled = position ^ ((pack % 8) * 16);  // (channel / 8) % 8 == pack % 8
+  __shared__ uint32_t scratch[32];
+  const int key0 = blockIdx.x * kTile, head = blockIdx.y, channel0 = head * 128;
+  const int pack = threadIdx.x % 16, first_key = threadIdx.x / 16;  // 8 channels per pack
+  float x[8][8];
+  uint32_t amax = 0;
 #pragma unroll
-    for (int c = 0; c < 8; ++c) tile[8 * pack + c][swizzled] = bytes[c];
+  for (int i = 0; i < 8; ++i) {  // 128 keys x 16 packs
+    const int key = first_key + 16 * i;
+    if (key0 + key < tokens) {
+      load8(v.data + (key0 + key) * v.stride + channel0 + 8 * pack, x[i]);
+    } else {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) x[i][c] = 0.0f;
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) amax = max(amax, abs_bits(x[i][c]));
+  }
+  const float scale = flash_fp8_value_scale(__uint_as_float(block_max_bits(amax, scratch)));
+  if (threadIdx.x == 0) scales[head * gridDim.x + blockIdx.x] = scale;
+  const float encode = fp8_encode_factor(scale);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int key = first_key + 16 * i;
+    const uint2 packed = fp8_pack8<true>(x[i], encode);
+    const int swizzled = static_cast<int>(flash_fp8_position_of(key)) ^ ((pack % 8) * 16);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&packed);
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+      tile[8 * pack + c][swizzled] = bytes[c];  // (channel / 8) % 8 == pack % 8
   }
   __syncthreads();
   for (int i = threadIdx.x; i < 128 * (kTile / 16); i += kThreads) {  // 128 channels x 8 packs
-    const int channel = i / (kTile / 16), pack = i % (kTile / 16);
-    *reinterpret_cast<uint4*>(vt + (channel0 + channel) * vt_stride + key0 + 16 * pack) =
-        *reinterpret_cast<const uint4*>(&tile[channel][16 * (pack ^ ((channel / 8) % 8))]);
+    const int channel = i / (kTile / 16), chunk = i % (kTile / 16);
+    *reinterpret_cast<uint4*>(vt + (channel0 + channel) * vt_stride + key0 + 16 * chunk) =
+        *reinterpret_cast<const uint4*>(&tile[channel][16 * (chunk ^ ((channel / 8) % 8))]);
   }
 }
 
@@ -108,7 +119,7 @@ absl::Status check_input(const Mat& m, int64_t tokens, int64_t width, const char
 }  // namespace
 
 int64_t flash_fp8_scale_count(int64_t heads, int64_t tokens) {
-  return 2 * heads * flash_fp8_tiles(tokens) + 1;
+  return 3 * heads * flash_fp8_tiles(tokens);
 }
 
 FlashFp8Args flash_fp8_args(const FlashFp8Operands& operands, int64_t tokens, int64_t heads) {
@@ -142,22 +153,17 @@ absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const M
           "quantize_attention_operands_fp8: q, k, vt and scales must be 16-byte aligned buffers");
     }
   }
-  if (out.v_amax == nullptr)
-    return absl::InvalidArgumentError("quantize_attention_operands_fp8: v_amax is null");
   auto matrix = [](const Mat& m) {
     return Bf16Matrix{static_cast<const __nv_bfloat16*>(m.data), m.stride};
   };
   const int64_t tiles = flash_fp8_tiles(tokens);
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(out.v_amax, 0, sizeof(uint32_t), stream),
-                                   "quantize_attention_operands_fp8"));
-  quantize_blocks_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads), 3),
-                           kThreads, 0, stream>>>(
-      matrix(q), matrix(k), matrix(v), static_cast<int>(tokens), static_cast<int>(heads),
-      static_cast<uint8_t*>(out.q), static_cast<uint8_t*>(out.k), out.scales, out.v_amax);
+  const dim3 blocks(static_cast<unsigned>(tiles), static_cast<unsigned>(heads));
+  quantize_blocks_kernel<<<dim3(blocks.x, blocks.y, 2), kThreads, 0, stream>>>(
+      matrix(q), matrix(k), static_cast<int>(tokens), static_cast<int>(heads),
+      static_cast<uint8_t*>(out.q), static_cast<uint8_t*>(out.k), out.scales);
   FLUX_RETURN_IF_LAUNCH_FAILED("quantize_attention_operands_fp8 (Q, K)");
-  transpose_values_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(heads)),
-                            kThreads, 0, stream>>>(
-      matrix(v), static_cast<int>(tokens), out.v_amax, static_cast<uint8_t*>(out.vt),
+  transpose_values_kernel<<<blocks, kThreads, 0, stream>>>(
+      matrix(v), static_cast<int>(tokens), static_cast<uint8_t*>(out.vt),
       flash_fp8_padded_keys(tokens), out.scales + 2 * heads * tiles);
   FLUX_RETURN_IF_LAUNCH_FAILED("quantize_attention_operands_fp8 (V)");
   return absl::OkStatus();

@@ -1,6 +1,6 @@
-// The E4M3 operands of our FP8 flash attention (flash_attention_fp8.h) from bf16 Q, K, V: Q and K
-// scaled per head and block of 128 tokens (one pass: each block finds its own amax), V per tensor
-// and transposed into the key-permuted layout. Bit for bit equal to the CPU reference of
+// The E4M3 operands of our FP8 flash attention (flash_attention_fp8.h) from bf16 Q, K, V, scaled
+// per head and block of 128 tokens (one pass: each block finds its own amax), V transposed into the
+// key-permuted layout. Bit for bit equal to the CPU reference of
 // tests/cuda/flash_attention_fp8_test.cc.
 #pragma once
 
@@ -16,19 +16,19 @@ namespace flux2::cuda {
 
 // Device buffers for S tokens and H heads (width = H · 128), 16-byte aligned.
 struct FlashFp8Operands {
-  void* q = nullptr;           // E4M3 [S, width], contiguous
-  void* k = nullptr;           // E4M3 [S, width], contiguous
-  void* vt = nullptr;          // E4M3 [width, flash_fp8_padded_keys(S)]
-  float* scales = nullptr;     // flash_fp8_scale_count(H, S) floats: Q's [H][tiles], K's, then V's
-  uint32_t* v_amax = nullptr;  // one word of scratch
+  void* q = nullptr;        // E4M3 [S, width], contiguous
+  void* k = nullptr;        // E4M3 [S, width], contiguous
+  void* vt = nullptr;       // E4M3 [width, flash_fp8_padded_keys(S)]
+  float* scales = nullptr;  // flash_fp8_scale_count(H, S) floats: Q's [H][tiles], K's, then V's
 };
 int64_t flash_fp8_scale_count(int64_t heads, int64_t tokens);
 
 // The kernel's operands from these buffers (out and softmax_scale left to the caller).
 FlashFp8Args flash_fp8_args(const FlashFp8Operands& operands, int64_t tokens, int64_t heads);
 
-// q, k, v: bf16 [S, width] (rows 16-byte aligned, may be strided). Scales: fp8_dequant_scale of the
-// block's (or V's) max |x|; values fp8_quantize_value(x, scale). Three kernels on `stream`.
+// q, k, v: bf16 [S, width] (rows 16-byte aligned, may be strided). Scales of a block with max |x| =
+// amax: fp8_dequant_scale(amax) for Q and K, flash_fp8_value_scale(amax) for V; values
+// fp8_quantize_value(x, scale). Two kernels on `stream`.
 absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const Mat& v,
                                              int64_t heads, const FlashFp8Operands& out,
                                              cudaStream_t stream);

@@ -112,8 +112,8 @@ class CudaBackend final : public Backend {
   // quality=high: Q, K, V quantized to E4M3 (one per-tensor scale), cuDNN FP8 SDPA, O back to bf16.
   absl::Status attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                              bool adjacent, const cuda::Mat& out);
-  // quality=high: Q, K (per head and 128 tokens) and V (per tensor, transposed) quantized to
-  // E4M3, then our FP8 flash attention straight into the bf16 output.
+  // quality=high: Q, K and V quantized to E4M3 per head and 128 tokens (V transposed), then our
+  // FP8 flash attention straight into the bf16 output.
   absl::Status attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const AttentionParams& params, const cuda::Mat& out);
   // Whether q, k, v are adjacent column ranges of one buffer (the fused projections' layout).

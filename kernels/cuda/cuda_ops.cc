@@ -649,9 +649,7 @@ absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, 
                         scratch({width, cuda::flash_fp8_padded_keys(s)}, DType::kF8E4M3));
   FLUX_ASSIGN_OR_RETURN(Tensor scales,
                         scratch({cuda::flash_fp8_scale_count(heads, s)}, DType::kF32));
-  FLUX_ASSIGN_OR_RETURN(Tensor v_amax, scratch({1}, DType::kI32));
-  cuda::FlashFp8Operands operands{q8.data(), k8.data(), vt8.data(), scales.data_as<float>(),
-                                  v_amax.data_as<uint32_t>()};
+  cuda::FlashFp8Operands operands{q8.data(), k8.data(), vt8.data(), scales.data_as<float>()};
   FLUX_RETURN_IF_ERROR(
       cuda::quantize_attention_operands_fp8(mat(q), mat(k), mat(v), heads, operands, stream()));
   cuda::FlashFp8Args a = cuda::flash_fp8_args(operands, s, heads);

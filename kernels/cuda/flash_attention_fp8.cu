@@ -145,6 +145,10 @@ __device__ __forceinline__ uint32_t pack_e4m3(float x0, float x1, float x2, floa
       : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
   return packed;
 }
+// log2 of a (normal) power of two, exactly: its exponent.
+__device__ __forceinline__ float power_of_two_log2(float x) {
+  return static_cast<float>(static_cast<int>((__float_as_uint(x) >> 23) & 0xffu) - 127);
+}
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -175,8 +179,12 @@ struct RowStats {
   float max[2] = {-INFINITY, -INFINITY};
   float sum[2] = {0.0f, 0.0f};
 };
+// V's per-block scale 2^v_log2 rides in the exponent: the stored probabilities are
+// 256 · 2^(logit + v_log2 - max), max taken over logit + v_log2, so P·V8 needs no rescaling per
+// tile; the row sums take them times 2^-v_log2 (v_inverse), exact for a power of two.
 __device__ __forceinline__ void softmax_tile(float (&acc)[64], int valid, int t, float score_scale,
-                                             RowStats& stats, float (&correction)[2]) {
+                                             float v_log2, float v_inverse, RowStats& stats,
+                                             float (&correction)[2]) {
   if (valid < 128) {
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
@@ -199,10 +207,10 @@ __device__ __forceinline__ void softmax_tile(float (&acc)[64], int valid, int t,
     m[0] = fmaxf(fmaxf(m[0], m[2]), fmaxf(m[1], m[3]));
     float tile_max = fmaxf(m[0], __shfl_xor_sync(0xffffffff, m[0], 1));
     tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffff, tile_max, 2));
-    const float new_max = fmaxf(stats.max[r], tile_max * score_scale);
+    const float new_max = fmaxf(stats.max[r], fmaf(tile_max, score_scale, v_log2));
     correction[r] = fast_exp2(stats.max[r] - new_max);
     stats.max[r] = new_max;
-    offset[r] = new_max - 8.0f;
+    offset[r] = new_max - 8.0f - v_log2;
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -216,8 +224,8 @@ __device__ __forceinline__ void softmax_tile(float (&acc)[64], int valid, int t,
         partial[(2 * c + e) % 4] += acc[i];
       }
     }
-    stats.sum[r] =
-        stats.sum[r] * correction[r] + ((partial[0] + partial[1]) + (partial[2] + partial[3]));
+    const float tile_sum = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+    stats.sum[r] = stats.sum[r] * correction[r] + tile_sum * v_inverse;
   }
 }
 // The exponentials of softmax_tile as the A operand of four k32 steps (E4M3).
@@ -317,6 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // log2-domain logits per stored unit: Q's scale for this block of rows times K's for each tile.
   const float q_scale_log2 = scale_log2 * scale_q[head * gridDim.x + m_block];
   const float* k_scales = scale_k + head * tiles;
+  const float* v_scales = scale_v + head * tiles;  // powers of two
   const uint64_t q_desc = tile_descriptor(s.q + group * 64 * 128);
   float o[64], acc[64];
 #pragma unroll
@@ -338,13 +347,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
   fence_registers(acc);
   release(&s.k_empty[0]);
-  softmax_tile(acc, s_kv, t, q_scale_log2 * k_scales[0], stats, correction);
+  softmax_tile(acc, s_kv, t, q_scale_log2 * k_scales[0], power_of_two_log2(v_scales[0]),
+               __frcp_rn(v_scales[0]), stats, correction);
   pack_probabilities(acc, p);
-  float next_k_scale = tiles > 1 ? k_scales[1] : 0.0f;
+  float next_k_scale = tiles > 1 ? k_scales[1] : 0.0f,
+        next_v_scale = tiles > 1 ? v_scales[1] : 1.0f;
   for (int j = 1; j < tiles; ++j) {
     const int k_stage = j % kStages, v_stage = (j - 1) % kStages;
-    const float score_scale = q_scale_log2 * next_k_scale;
-    if (j + 1 < tiles) next_k_scale = k_scales[j + 1];  // in flight during this tile
+    const float score_scale = q_scale_log2 * next_k_scale, v_scale = next_v_scale;
+    if (j + 1 < tiles) {  // in flight during this tile
+      next_k_scale = k_scales[j + 1];
+      next_v_scale = v_scales[j + 1];
+    }
     named_barrier_sync(my_turn);
     barrier_wait(&s.k_full[k_stage], (j / kStages) & 1);
     issue_scores(acc, q_desc, s.k[k_stage]);
@@ -354,7 +368,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<1>();
     fence_registers(acc);
     release(&s.k_empty[k_stage]);
-    softmax_tile(acc, s_kv - j * kBlockN, t, score_scale, stats, correction);
+    softmax_tile(acc, s_kv - j * kBlockN, t, score_scale, power_of_two_log2(v_scale),
+                 __frcp_rn(v_scale), stats, correction);
     wgmma_wait<0>();
     fence_registers(o);
     fence_registers(p);
@@ -373,14 +388,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   fence_registers(o);
   release(&s.v_empty[last]);
 
-  const float v_scale = *scale_v;
   const int row = m_block * kBlockM + group * 64 + warp * 16 + lane / 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = stats.sum[r];
     sum += __shfl_xor_sync(0xffffffff, sum, 1);
     sum += __shfl_xor_sync(0xffffffff, sum, 2);
-    const float factor = v_scale / sum;
+    const float factor = 1.0f / sum;
     if (row + 8 * r >= s_q) continue;
     __nv_bfloat16* dst = out + (row + 8 * r) * out_stride + head * 128 + 2 * t;
 #pragma unroll

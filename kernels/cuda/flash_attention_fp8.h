@@ -38,6 +38,17 @@ inline int64_t flash_fp8_padded_keys(int64_t keys) {
   return (keys + kFlashFp8KeyBlock - 1) / kFlashFp8KeyBlock * kFlashFp8KeyBlock;
 }
 
+// V's dequantization scale for a block of keys with max |v| = amax: the power of two at or above
+// fp8_dequant_scale(amax) (NaN and infinity stay). A power of two, so that the kernel folds its
+// log2 into the softmax exponent exactly (flash_attention_fp8.cu: softmax_tile).
+FLUX_HOST_DEVICE inline float flash_fp8_value_scale(float amax) {
+  const float scale = fp8_dequant_scale(amax);
+  uint32_t bits = f32_bits(scale);
+  if ((bits & 0x7f800000u) == 0x7f800000u || (bits & 0x007fffffu) == 0) return scale;
+  bits = (bits & 0xff800000u) + 0x00800000u;  // the next power of two (2^-126 for a subnormal)
+  return f32_from_bits(bits);
+}
+
 inline int64_t flash_fp8_tiles(int64_t tokens) {
   return (tokens + kFlashFp8KeyBlock - 1) / kFlashFp8KeyBlock;
 }
@@ -51,8 +62,8 @@ struct FlashFp8Args {
   Mat out;  // bf16 [S_q, H·128]
   int64_t heads = 0;
   float softmax_scale = 0.0f;
-  // Device fp32 dequantization scales (value = stored · scale): Q and K per head and block of 128
-  // tokens ([H][flash_fp8_tiles(S)], head-major), V one per tensor.
+  // Device fp32 dequantization scales (value = stored · scale) per head and block of 128 tokens
+  // ([H][flash_fp8_tiles(S)], head-major); V's are powers of two (flash_fp8_value_scale).
   const float* scale_q = nullptr;
   const float* scale_k = nullptr;
   const float* scale_v = nullptr;

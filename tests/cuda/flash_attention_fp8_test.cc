@@ -45,16 +45,17 @@ std::vector<uint8_t> random_e4m3(size_t count, float sigma, float scale, uint32_
 class FlashAttentionFp8Test : public ::testing::TestWithParam<Case> {};
 
 // The bound, per output element o_d of a row with probabilities p_i = exp(s_i - max) / L:
-// - P is stored as E4M3 of 256·exp(s_i - max): relative error <= 2^-4 (3 mantissa bits, RNE) for
-//   normal values, absolute <= 2^-10 in the subnormal range (below 2^-6), i.e. 2^-18 in units of
-//   exp(s_i - max) <= 1;
+// - P is stored as E4M3 of 256·exp(s_i - max) · sv_i / sv_max (V's per-block scale sv_i rides in
+//   the exponent, the max taken with it): relative error <= 2^-4 (3 mantissa bits, RNE) for normal
+//   values, absolute <= 2^-10 in the subnormal range (below 2^-6); per unit of the stored value
+//   v_i / sv_i that is at most 2^-18 · sv_max in units of exp(s_i - max) <= 1;
 // - the tensor cores add each 32-key product into the fp32 accumulator keeping ~14 bits (the FP8
 //   "fast accumulation" of Hopper; measured in fp8_accumulation_test): <= 2^-13 of the running sum
 //   per step, at most (keys / 32) steps, each bounded by sum_i p_i |v_id|;
 // - the output is rounded to bf16: 2^-8 |o_d| (half an ulp with 8 significant bits).
-// So |o_d - ref_d| <= (2^-4 + steps 2^-13) sum_i p_i |v_id| + 2^-18 sum_i |v_id| / L + 2^-8
-// |ref_d|. The logits, the max and the sums are fp32 (2^-24) with ex2.approx (2^-22): a 2^-16 slack
-// on the same sum covers them for logits up to |s| ~ 2^6.
+// So |o_d - ref_d| <= (2^-4 + steps 2^-13) sum_i p_i |v_id| + 2^-18 sv_max sum_i |v_id / sv_i| / L
+// + 2^-8 |ref_d|. The logits, the max and the sums are fp32 (2^-24) with ex2.approx (2^-22): a
+// 2^-16 slack on the same sum covers them for logits up to |s| ~ 2^6.
 TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
   FLUX2_REQUIRE_GPU(be);
   if (!cuda::flash_attention_fp8_available()) {
@@ -65,18 +66,22 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
   const int64_t padded = cuda::flash_fp8_padded_keys(s), tiles = cuda::flash_fp8_tiles(s);
   // Q and K as after RMSNorm (unit scale, |x| up to ~4), V zero-mean: logits with a standard
   // deviation of about 1 after the 1/sqrt(d) softmax scale, and V where cancellation is largest.
-  // Q's and K's scales differ per head and block of 128 tokens, as the operand quantizer makes
-  // them.
+  // The scales differ per head and block of 128 tokens, as the operand quantizer makes them (V's
+  // powers of two, 2^-7 .. 2^-5).
   std::vector<float> scales(static_cast<size_t>(cuda::flash_fp8_scale_count(c.heads, s)));
-  for (size_t i = 0; i + 1 < scales.size(); ++i)
+  for (int64_t i = 0; i < 2 * c.heads * tiles; ++i)
     scales[i] = (3.0f + static_cast<float>(i % 5)) / 448;
-  scales.back() = 3.0f / 448;
+  for (int64_t i = 0; i < c.heads * tiles; ++i) {
+    scales[2 * c.heads * tiles + i] = std::ldexp(1.0f, -7 + static_cast<int>(i % 3));
+  }
   auto q_scale = [&](int64_t row, int64_t h) { return scales[h * tiles + row / 128]; };
   auto k_scale = [&](int64_t key, int64_t h) { return scales[(c.heads + h) * tiles + key / 128]; };
-  const float v_scale = scales.back();
+  auto v_scale = [&](int64_t key, int64_t h) {
+    return scales[(2 * c.heads + h) * tiles + key / 128];
+  };
   const std::vector<uint8_t> q = random_e4m3(s * width, 1.0f, 4.0f / 448, 1),
                              k = random_e4m3(s * width, 1.0f, 4.0f / 448, 2),
-                             v = random_e4m3(s * width, 0.7f, v_scale, 3);
+                             v = random_e4m3(s * width, 0.7f, 3.0f / 448, 3);
   // Vᵀ with the keys permuted (flash_fp8_key_at), zeros for the padding keys.
   std::vector<uint8_t> vt(static_cast<size_t>(width * padded), 0);
   for (int64_t ch = 0; ch < width; ++ch) {
@@ -136,17 +141,20 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
         logits[key] = dot * args.softmax_scale;
         max_logit = std::max(max_logit, logits[key]);
       }
-      double total = 0.0;
-      for (int64_t key = 0; key < s; ++key) total += std::exp(logits[key] - max_logit);
+      double total = 0.0, max_v_scale = 0.0;
+      for (int64_t key = 0; key < s; ++key) {
+        total += std::exp(logits[key] - max_logit);
+        max_v_scale = std::max<double>(max_v_scale, v_scale(key, h));
+      }
       for (int64_t i = 0; i < d; ++i) {
         double ref = 0.0, weighted_abs = 0.0, plain_abs = 0.0;
         for (int64_t key = 0; key < s; ++key) {
-          const double value =
-              static_cast<double>(e4m3_to_f32(v[key * width + h * d + i])) * v_scale;
+          const double stored = e4m3_to_f32(v[key * width + h * d + i]);
+          const double value = stored * v_scale(key, h);
           const double p = std::exp(logits[key] - max_logit);
           ref += p * value;
           weighted_abs += p * std::fabs(value);
-          plain_abs += std::fabs(value);
+          plain_abs += std::fabs(stored) * max_v_scale;
         }
         ref /= total;
         const double bound = relative * weighted_abs / total + std::ldexp(plain_abs, -18) / total +
@@ -178,7 +186,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // The operand quantizer (attention_fp8_operands.cu) against the CPU: per head and block of 128
-// tokens for Q and K, per tensor for V, V transposed with the keys permuted and zero padding.
+// tokens (V's scales powers of two), V transposed with the keys permuted and zero padding.
 TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
   FLUX2_REQUIRE_GPU(be);
   for (const Case c : {Case{"ragged_300", 300, 3}, Case{"klein_1024", 4608, 24}}) {
@@ -191,9 +199,8 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
       return bf16_bits_value(bits[row * 3 * width + which * width + col]);
     };
     DeviceBytes q8(s * width), k8(s * width), vt(width * padded),
-        scales(cuda::flash_fp8_scale_count(c.heads, s) * sizeof(float)), v_amax(sizeof(uint32_t));
-    cuda::FlashFp8Operands operands{q8.data, k8.data, vt.data, static_cast<float*>(scales.data),
-                                    static_cast<uint32_t*>(v_amax.data)};
+        scales(cuda::flash_fp8_scale_count(c.heads, s) * sizeof(float));
+    cuda::FlashFp8Operands operands{q8.data, k8.data, vt.data, static_cast<float*>(scales.data)};
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const cuda::Mat m = cuda::Mat{fused.data(), s, width, 3 * width};
     auto column = [&](int which) {
@@ -235,18 +242,25 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
         }
       }
     }
-    uint32_t v_bits = 0;
-    for (int64_t r = 0; r < s; ++r) {
-      for (int64_t col = 0; col < width; ++col)
-        v_bits = std::max(v_bits, abs_bits(value(2, r, col)));
-    }
-    const float v_scale = fp8_dequant_scale(f32_from_bits(v_bits));
-    EXPECT_EQ(f32_bits(got_scales.back()), f32_bits(v_scale)) << c.name << ": V's scale";
-    for (int64_t col = 0; col < width; ++col) {
-      for (int64_t position = 0; position < padded; ++position) {
-        const int64_t key = cuda::flash_fp8_key_at(position);
-        const uint8_t want = key < s ? fp8_quantize_value(value(2, key, col), v_scale) : 0;
-        mismatches += got_vt[col * padded + position] != want;
+    for (int64_t h = 0; h < c.heads; ++h) {
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t end = std::min(s, (tile + 1) * 128);
+        uint32_t amax = 0;
+        for (int64_t key = tile * 128; key < end; ++key) {
+          for (int64_t i = 0; i < 128; ++i)
+            amax = std::max(amax, abs_bits(value(2, key, h * 128 + i)));
+        }
+        const float scale = cuda::flash_fp8_value_scale(f32_from_bits(amax));
+        EXPECT_EQ(f32_bits(got_scales[(2 * c.heads + h) * tiles + tile]), f32_bits(scale))
+            << c.name << ": scale of v head " << h << " block " << tile;
+        for (int64_t i = 0; i < 128; ++i) {
+          const int64_t col = h * 128 + i;
+          for (int64_t position = tile * 128; position < (tile + 1) * 128; ++position) {
+            const int64_t key = cuda::flash_fp8_key_at(position);
+            const uint8_t want = key < s ? fp8_quantize_value(value(2, key, col), scale) : 0;
+            mismatches += got_vt[col * padded + position] != want;
+          }
+        }
       }
     }
     EXPECT_EQ(mismatches, 0) << c.name;
