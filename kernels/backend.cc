@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 
 namespace flux2 {
@@ -13,6 +14,27 @@ absl::StatusOr<double> Backend::time_ms(const std::function<absl::Status()>& wor
   FLUX_RETURN_IF_ERROR(work());
   FLUX_RETURN_IF_ERROR(synchronize());
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+absl::Status Backend::normed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const QkNormRope& norm, const AttentionParams& params,
+                                       const Tensor& out) {
+  const int64_t rows = q.rows();
+  if (norm.split < 0 || norm.split > rows || k.rows() != rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "normed_attention: split ", norm.split, " outside [0, ", rows, "] or q and k rows differ"));
+  }
+  for (int part = 0; part < 2; ++part) {
+    const int64_t first = part == 0 ? 0 : norm.split,
+                  count = part == 0 ? norm.split : rows - norm.split;
+    if (count == 0) continue;
+    const Tensor cos = norm.cos.row_slice(first, count), sin = norm.sin.row_slice(first, count);
+    FLUX_RETURN_IF_ERROR(qk_norm_rope(q.row_slice(first, count), params.head_dim,
+                                      norm.q_weight[part], norm.eps, cos, sin, norm.style));
+    FLUX_RETURN_IF_ERROR(qk_norm_rope(k.row_slice(first, count), params.head_dim,
+                                      norm.k_weight[part], norm.eps, cos, sin, norm.style));
+  }
+  return attention(q, k, v, params, out);
 }
 
 }  // namespace flux2

@@ -30,6 +30,15 @@ struct AttentionParams {
   int64_t num_valid_keys = -1;  // keys at index >= this are masked out (right padding); -1: none
 };
 
+// The per-head RMSNorm and rotary embedding in front of an attention (Backend::normed_attention).
+struct QkNormRope {
+  Tensor q_weight[2], k_weight[2];  // [Dh] each: rows [0, split) use [0], rows [split, S) use [1]
+  int64_t split = 0;
+  float eps = 0.0f;
+  Tensor cos, sin;  // f32 [S, Dh]
+  RopeStyle style = RopeStyle::kInterleaved;
+};
+
 // What a request trades for speed (request-scoped; design.md "Lossless by default").
 enum class Quality : uint8_t {
   kLossless,  // reference numerics; only fast paths proven bit-identical to their eager chain
@@ -132,6 +141,13 @@ class Backend {
   // out [S_q, H·Dh] = softmax(q kᵀ · scale + mask) v per head; q [S_q, H·Dh], k and v [S_k, Hkv·Dh].
   virtual absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const AttentionParams& params, const Tensor& out) = 0;
+  // FLUX.2's attention with its QK-norm and RoPE in front: qk_norm_rope on q and on k (rows
+  // [0, split) with the first weights, the rest with the second: the text and image streams of a
+  // double block), then attention. The default is those ops in turn; a backend may fuse the norms
+  // into its attention, and q and k then keep their values (callers must not read them after).
+  virtual absl::Status normed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const QkNormRope& norm, const AttentionParams& params,
+                                        const Tensor& out);
 
   // ---- images -------------------------------------------------------------------------------
   // NHWC convolution, stride 1, zero padding kh/2: x [H, W, Cin], w [Cout, kh, kw, Cin],

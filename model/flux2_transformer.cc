@@ -180,11 +180,15 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
   FLUX_RETURN_IF_ERROR(be.linear(img_rows(ws.normed), w.img_qkv, {}, img_rows(qkv)));                 // [N, 3D]
   FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(txt_rows(x), txt_mod(0), txt_mod(1), eps, txt_rows(ws.normed)));  // [L, D]
   FLUX_RETURN_IF_ERROR(be.linear(txt_rows(ws.normed), w.txt_qkv, {}, txt_rows(qkv)));                 // [L, 3D]
-  FLUX_RETURN_IF_ERROR(be.qk_norm_rope(txt_rows(q), dh, w.txt_norm_q, eps, txt_rows(cond.rope_cos), txt_rows(cond.rope_sin), RopeStyle::kInterleaved));  // [L, D]
-  FLUX_RETURN_IF_ERROR(be.qk_norm_rope(txt_rows(k), dh, w.txt_norm_k, eps, txt_rows(cond.rope_cos), txt_rows(cond.rope_sin), RopeStyle::kInterleaved));  // [L, D]
-  FLUX_RETURN_IF_ERROR(be.qk_norm_rope(img_rows(q), dh, w.img_norm_q, eps, img_rows(cond.rope_cos), img_rows(cond.rope_sin), RopeStyle::kInterleaved));  // [N, D]
-  FLUX_RETURN_IF_ERROR(be.qk_norm_rope(img_rows(k), dh, w.img_norm_k, eps, img_rows(cond.rope_cos), img_rows(cond.rope_sin), RopeStyle::kInterleaved));  // [N, D]
-  FLUX_RETURN_IF_ERROR(be.attention(q, k, v, params, attn));                                          // [S, D]
+  // QK-norm (text rows, then image rows, each stream with its weights) and RoPE, then attention.
+  const QkNormRope norm{{w.txt_norm_q, w.img_norm_q},
+                        {w.txt_norm_k, w.img_norm_k},
+                        l,
+                        eps,
+                        cond.rope_cos,
+                        cond.rope_sin,
+                        RopeStyle::kInterleaved};
+  FLUX_RETURN_IF_ERROR(be.normed_attention(q, k, v, norm, params, attn));  // [S, D]
   FLUX_RETURN_IF_ERROR(be.linear(img_rows(attn), w.img_out, {}, img_rows(ws.proj)));                  // [N, D]
   FLUX_RETURN_IF_ERROR(be.linear(txt_rows(attn), w.txt_out, {}, txt_rows(ws.proj)));                  // [L, D]
   FLUX_RETURN_IF_ERROR(be.gate_residual(img_rows(x), img_mod(2), img_rows(ws.proj)));                 // [N, D]
@@ -220,9 +224,10 @@ absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, co
 
   FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(x, shift, scale, eps, ws.normed));                      // [S, D]
   FLUX_RETURN_IF_ERROR(be.linear(ws.normed, w.qkv_mlp, {}, ws.wide));                                 // [S, 3D + 2F]
-  FLUX_RETURN_IF_ERROR(be.qk_norm_rope(q, dh, w.norm_q, eps, cond.rope_cos, cond.rope_sin, RopeStyle::kInterleaved));  // [S, D]
-  FLUX_RETURN_IF_ERROR(be.qk_norm_rope(k, dh, w.norm_k, eps, cond.rope_cos, cond.rope_sin, RopeStyle::kInterleaved));  // [S, D]
-  FLUX_RETURN_IF_ERROR(be.attention(q, k, v, params, ws.attn_mlp.col_slice(0, d)));                   // [S, D]
+  const QkNormRope norm{{w.norm_q, {}}, {w.norm_k, {}},         q.rows(), eps, cond.rope_cos,
+                        cond.rope_sin,  RopeStyle::kInterleaved};
+  FLUX_RETURN_IF_ERROR(
+      be.normed_attention(q, k, v, norm, params, ws.attn_mlp.col_slice(0, d)));  // [S, D]
   FLUX_RETURN_IF_ERROR(be.swiglu(mlp_gate, mlp_up, ws.attn_mlp.col_slice(d, f)));                     // [S, F]
   FLUX_RETURN_IF_ERROR(be.linear(ws.attn_mlp, w.out, {}, ws.proj));                                   // [S, D]
   FLUX_RETURN_IF_ERROR(be.gate_residual(x, gate, ws.proj));                                           // [S, D]

@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/flash_attention_fp8.h"
 #include "kernels/cuda/fp8_convert.cuh"
+#include "kernels/cuda/head_norm.cuh"
 
 namespace flux2::cuda {
 namespace {
@@ -21,27 +22,82 @@ struct Bf16Matrix {
   int64_t stride;  // elements
 };
 
-// Block (tile, head, which), which = 0 (Q) or 1 (K): the scale from the block's amax, E4M3 out.
+struct QkNormArgs {
+  const __nv_bfloat16* weight[2][2];  // [Q or K][rows before / from split]
+  int split;
+  float eps;
+  const float* cos;
+  const float* sin;
+  int64_t cos_stride, sin_stride;  // elements
+};
+
+// QK-norm + RoPE of the 8 elements x (head elements 8·pack ..) of one row, as qk_norm_rope's
+// vectorized kernel computes them: there lane l holds elements 4l..4l+3, so this thread holds
+// lanes 2·pack and 2·pack + 1, and the warp sum of squares runs the same butterfly (lane offsets
+// 16, 8, 4, 2 are thread offsets 8, 4, 2, 1 among the row's 16 threads; offset 1 is local).
+__device__ __forceinline__ void norm_rope8(float x[8], const float w[8], const float c[8],
+                                           const float s[8], float eps) {
+  float squares[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) squares[e / 4] = __fadd_rn(squares[e / 4], __fmul_rn(x[e], x[e]));
+#pragma unroll
+  for (int offset = 8; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      squares[j] = __fadd_rn(squares[j], __shfl_xor_sync(0xffffffffu, squares[j], offset));
+  }
+  const float rstd = head_rstd_of(__fadd_rn(squares[0], squares[1]), 128.0f, eps);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) x[e] = head_norm_value(x[e], rstd, w[e], RopeStyle::kInterleaved);
+#pragma unroll
+  for (int e = 0; e < 8;
+       e += 2) {  // interleaved pairs: rot(x)[2m] = -x[2m+1], rot(x)[2m+1] = x[2m]
+    const float even = x[e], odd = x[e + 1];
+    x[e] = round_bf16(rope_value(even, odd, -1.0f, c[e], s[e], RopeStyle::kInterleaved));
+    x[e + 1] = round_bf16(rope_value(odd, even, 1.0f, c[e + 1], s[e + 1], RopeStyle::kInterleaved));
+  }
+}
+
+__device__ __forceinline__ void load_f32x8(const float* p, float out[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z,
+  out[7] = b.w;
+}
+
+// Block (tile, head, which), which = 0 (Q) or 1 (K): the scale from the block's amax, E4M3 out;
+// kNorm: QK-norm + RoPE first (norm_rope8).
+template <bool kNorm>
 __global__ void __launch_bounds__(kThreads)
     quantize_blocks_kernel(Bf16Matrix q, Bf16Matrix k, int tokens, int heads, uint8_t* q8,
-                           uint8_t* k8, float* scales) {
+                           uint8_t* k8, float* scales, QkNormArgs norm) {
   __shared__ uint32_t scratch[32];
   const int tile = blockIdx.x, head = blockIdx.y, which = blockIdx.z, tiles = gridDim.x;
   const Bf16Matrix in = which == 0 ? q : k;
   const int pack = threadIdx.x % 16, first_row = tile * kTile + threadIdx.x / 16;
+  float w[2][8];
+  if constexpr (kNorm) {
+    load8(norm.weight[which][0] + 8 * pack, w[0]);
+    load8(norm.weight[which][1] + 8 * pack, w[1]);
+  }
   float x[8][8];
   uint32_t amax = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int row = first_row + 16 * i;
+    float c[8] = {}, s[8] = {};
     if (row < tokens) {
       load8(in.data + row * in.stride + head * 128 + pack * 8, x[i]);
+      if constexpr (kNorm) {
+        load_f32x8(norm.cos + row * norm.cos_stride + 8 * pack, c);
+        load_f32x8(norm.sin + row * norm.sin_stride + 8 * pack, s);
+      }
     } else {
 #pragma unroll
-      for (int c = 0; c < 8; ++c) x[i][c] = 0.0f;
+      for (int e = 0; e < 8; ++e) x[i][e] = 0.0f;
     }
+    if constexpr (kNorm) norm_rope8(x[i], w[row < norm.split ? 0 : 1], c, s, norm.eps);
 #pragma unroll
-    for (int c = 0; c < 8; ++c) amax = max(amax, abs_bits(x[i][c]));
+    for (int e = 0; e < 8; ++e) amax = max(amax, abs_bits(x[i][e]));
   }
   amax = block_max_bits(amax, scratch);
   const float scale = fp8_dequant_scale(__uint_as_float(amax));
@@ -137,7 +193,7 @@ FlashFp8Args flash_fp8_args(const FlashFp8Operands& operands, int64_t tokens, in
 
 absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const Mat& v,
                                              int64_t heads, const FlashFp8Operands& out,
-                                             cudaStream_t stream) {
+                                             cudaStream_t stream, const FlashFp8QkNorm* norm) {
   const int64_t tokens = q.rows, width = heads * kFlashFp8HeadDim;
   if (heads <= 0 || heads > 65535 || tokens <= 0 || tokens > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(
@@ -158,9 +214,39 @@ absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const M
   };
   const int64_t tiles = flash_fp8_tiles(tokens);
   const dim3 blocks(static_cast<unsigned>(tiles), static_cast<unsigned>(heads));
-  quantize_blocks_kernel<<<dim3(blocks.x, blocks.y, 2), kThreads, 0, stream>>>(
+  QkNormArgs norm_args{};
+  if (norm != nullptr) {
+    for (int i = 0; i < 2; ++i) {
+      for (const void* weight : {norm->q_weight[i], norm->k_weight[i]}) {
+        if (weight == nullptr || !aligned16(weight)) {
+          return absl::InvalidArgumentError(
+              "quantize_attention_operands_fp8: norm weights must be 16-byte aligned");
+        }
+      }
+      norm_args.weight[0][i] = static_cast<const __nv_bfloat16*>(norm->q_weight[i]);
+      norm_args.weight[1][i] = static_cast<const __nv_bfloat16*>(norm->k_weight[i]);
+    }
+    for (const Mat* table : {&norm->cos, &norm->sin}) {
+      if (table->rows != tokens || table->cols != 128 || !rows_aligned16(*table, 4)) {
+        return absl::InvalidArgumentError(
+            "quantize_attention_operands_fp8: cos and sin must be f32 [S, 128], rows 16-byte "
+            "aligned");
+      }
+    }
+    if (norm->split < 0 || norm->split > tokens) {
+      return absl::InvalidArgumentError("quantize_attention_operands_fp8: split outside [0, S]");
+    }
+    norm_args.split = static_cast<int>(norm->split);
+    norm_args.eps = norm->eps;
+    norm_args.cos = static_cast<const float*>(norm->cos.data);
+    norm_args.sin = static_cast<const float*>(norm->sin.data);
+    norm_args.cos_stride = norm->cos.stride;
+    norm_args.sin_stride = norm->sin.stride;
+  }
+  auto kernel = norm != nullptr ? quantize_blocks_kernel<true> : quantize_blocks_kernel<false>;
+  kernel<<<dim3(blocks.x, blocks.y, 2), kThreads, 0, stream>>>(
       matrix(q), matrix(k), static_cast<int>(tokens), static_cast<int>(heads),
-      static_cast<uint8_t*>(out.q), static_cast<uint8_t*>(out.k), out.scales);
+      static_cast<uint8_t*>(out.q), static_cast<uint8_t*>(out.k), out.scales, norm_args);
   FLUX_RETURN_IF_LAUNCH_FAILED("quantize_attention_operands_fp8 (Q, K)");
   transpose_values_kernel<<<blocks, kThreads, 0, stream>>>(
       matrix(v), static_cast<int>(tokens), static_cast<uint8_t*>(out.vt),

@@ -70,6 +70,9 @@ class CudaBackend final : public Backend {
                           bool silu, const Tensor& out) override;
   absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                          const Tensor& out) override;
+  absl::Status normed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const QkNormRope& norm, const AttentionParams& params,
+                                const Tensor& out) override;
   absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
   absl::Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
                           const Tensor& residual, const Tensor& out) override;
@@ -112,10 +115,13 @@ class CudaBackend final : public Backend {
   // quality=high: Q, K, V quantized to E4M3 (one per-tensor scale), cuDNN FP8 SDPA, O back to bf16.
   absl::Status attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
                              bool adjacent, const cuda::Mat& out);
-  // quality=high: Q, K and V quantized to E4M3 per head and 128 tokens (V transposed), then our
-  // FP8 flash attention straight into the bf16 output.
+  // quality=high: Q, K and V quantized to E4M3 per head and 128 tokens (V transposed; with `norm`,
+  // QK-norm and RoPE on the way), then our FP8 flash attention straight into the bf16 output.
   absl::Status attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const AttentionParams& params, const cuda::Mat& out);
+                                   const AttentionParams& params, const QkNormRope* norm,
+                                   const cuda::Mat& out);
+  // quality=high: the attention output's row maxima handed to the op that reads it next.
+  absl::Status hand_off_attention_output(const Tensor& out, const AttentionParams& params);
   // Whether q, k, v are adjacent column ranges of one buffer (the fused projections' layout).
   static bool fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v);
   // The E4M3 operand layout attention_fp8 uses (pointers into qkv8 / o8; null for a shape query).

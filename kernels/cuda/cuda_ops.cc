@@ -533,7 +533,7 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
               : "";
       return run_path(
           flash_fp8_attention_path(), unsupported,
-          [&] { return attention_flash_fp8(q, k, v, params, target); }, bf16_attention);
+          [&] { return attention_flash_fp8(q, k, v, params, nullptr, target); }, bf16_attention);
     }
     const bool adjacent = fp8_qkv_adjacent(q, k, v);
     absl::string_view unsupported = "";
@@ -549,6 +549,11 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
         [&] { return attention_fp8(q, k, v, params, adjacent, target); }, bf16_attention);
   };
   FLUX_RETURN_IF_ERROR(write_output(out, into));
+  return hand_off_attention_output(out, params);
+}
+
+absl::Status CudaBackend::hand_off_attention_output(const Tensor& out,
+                                                    const AttentionParams& params) {
   const cuda::Mat out_mat = mat(out);
   if (handoff_wanted() && !params.causal && cuda::row_amax_supported({&out_mat})) {
     // quality=high: the output's row maxima, for the FP8 GEMM (or the SwiGLU extending them into
@@ -559,6 +564,45 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     hand_off(out, std::move(row_amax));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::normed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const QkNormRope& norm, const AttentionParams& params,
+                                           const Tensor& out) {
+  // quality=high with our FP8 attention: QK-norm and RoPE run inside its operand quantizer (q and
+  // k are read once and never written back); everywhere else the ops in turn.
+  auto norm_weight = [](const Tensor& w) {
+    return w.dtype() == DType::kBF16 && w.device() == Device::kCuda &&
+           w.numel() == cuda::kFlashFp8HeadDim && w.contiguous();
+  };
+  auto table = [&](const Tensor& t) {
+    return t.dtype() == DType::kF32 && t.device() == Device::kCuda && t.rank() == 2 &&
+           t.rows() == q.rows() && t.cols() == cuda::kFlashFp8HeadDim &&
+           cuda::rows_aligned16(mat(t), 4);
+  };
+  const bool fusable =
+      quality_ == Quality::kHigh && !fp8_attention_ && flash_fp8_attention_ &&
+      flash_fp8_attention_path().enabled() && cuda::flash_attention_fp8_available() &&
+      check_bf16("normed_attention", "q", q).ok() && check_bf16("normed_attention", "k", k).ok() &&
+      check_bf16("normed_attention", "v", v).ok() &&
+      check_bf16("normed_attention", "out", out).ok() &&
+      cuda::flash_attention_fp8_supports(params, mat(q), mat(k), mat(v)) &&
+      norm.style == RopeStyle::kInterleaved && norm.split >= 0 && norm.split <= q.rows() &&
+      norm_weight(norm.q_weight[0]) && norm_weight(norm.k_weight[0]) &&
+      (norm.split == q.rows() ||
+       (norm_weight(norm.q_weight[1]) && norm_weight(norm.k_weight[1]))) &&
+      table(norm.cos) && table(norm.sin);
+  if (!fusable) return Backend::normed_attention(q, k, v, norm, params, out);
+  OpProfileScope op(*this, "");
+  FLUX_RETURN_IF_ERROR(run_path(
+      flash_fp8_attention_path(), "",
+      [&] {
+        return write_output(out, [&](const cuda::Mat& target) {
+          return attention_flash_fp8(q, k, v, params, &norm, target);
+        });
+      },
+      [&] { return Backend::normed_attention(q, k, v, norm, params, out); }));
+  return hand_off_attention_output(out, params);
 }
 
 bool CudaBackend::fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -639,7 +683,8 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
 }
 
 absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
-                                              const AttentionParams& params, const cuda::Mat& out) {
+                                              const AttentionParams& params, const QkNormRope* norm,
+                                              const cuda::Mat& out) {
   const int64_t s = q.rows(), width = q.cols(), heads = params.num_heads;
   const std::string quantize = op_category("quantize", "attention");
   std::optional<OpProfileScope> profile(std::in_place, *this, quantize);
@@ -650,8 +695,18 @@ absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, 
   FLUX_ASSIGN_OR_RETURN(Tensor scales,
                         scratch({cuda::flash_fp8_scale_count(heads, s)}, DType::kF32));
   cuda::FlashFp8Operands operands{q8.data(), k8.data(), vt8.data(), scales.data_as<float>()};
-  FLUX_RETURN_IF_ERROR(
-      cuda::quantize_attention_operands_fp8(mat(q), mat(k), mat(v), heads, operands, stream()));
+  std::optional<cuda::FlashFp8QkNorm> fused_norm;
+  if (norm != nullptr) {
+    const int second = norm->split < s ? 1 : 0;  // the second weights exist when rows use them
+    fused_norm = cuda::FlashFp8QkNorm{{norm->q_weight[0].data(), norm->q_weight[second].data()},
+                                      {norm->k_weight[0].data(), norm->k_weight[second].data()},
+                                      norm->split,
+                                      norm->eps,
+                                      mat(norm->cos),
+                                      mat(norm->sin)};
+  }
+  FLUX_RETURN_IF_ERROR(cuda::quantize_attention_operands_fp8(
+      mat(q), mat(k), mat(v), heads, operands, stream(), fused_norm ? &*fused_norm : nullptr));
   cuda::FlashFp8Args a = cuda::flash_fp8_args(operands, s, heads);
   a.out = out;
   a.softmax_scale = params.scale;

@@ -7,6 +7,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/fp8_convert.cuh"
+#include "kernels/cuda/head_norm.cuh"
 #include "kernels/cuda/norms.h"
 
 namespace flux2::cuda {
@@ -261,12 +262,7 @@ __device__ __forceinline__ float head_rstd(const bf16* head, int64_t head_dim, f
     const float v = to_f32(head[d]);
     squares = __fadd_rn(squares, __fmul_rn(v, v));
   }
-  return rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(squares), static_cast<float>(head_dim)), eps));
-}
-
-__device__ __forceinline__ float head_norm_value(float x, float rstd, float w, RopeStyle style) {
-  if (style == RopeStyle::kInterleaved) return round_bf16(__fmul_rn(__fmul_rn(x, rstd), w));
-  return round_bf16(__fmul_rn(w, round_bf16(__fmul_rn(x, rstd))));
+  return head_rstd_of(warp_sum(squares), static_cast<float>(head_dim), eps);
 }
 
 // Partner index and sign of rot(x)[d]: interleaved (-x[d+1] | x[d-1]), half-split (-x[d+h] | x[d-h]).
@@ -278,12 +274,6 @@ __device__ __forceinline__ int64_t rope_partner(int64_t d, int64_t head_dim, Rop
   const int64_t half = head_dim / 2;
   *sign = d < half ? -1.0f : 1.0f;
   return d < half ? d + half : d - half;
-}
-
-__device__ __forceinline__ float rope_value(float x, float partner, float sign, float c, float s, RopeStyle style) {
-  const float rot = sign * partner;  // exact: a sign flip
-  if (style == RopeStyle::kInterleaved) return __fadd_rn(__fmul_rn(x, c), __fmul_rn(rot, s));
-  return __fadd_rn(round_bf16(__fmul_rn(x, round_bf16(c))), round_bf16(__fmul_rn(rot, round_bf16(s))));
 }
 
 struct HeadIndex {
@@ -377,8 +367,7 @@ __device__ __forceinline__ void norm4(float v[4], const float w[4], float eps, R
   float squares = 0.0f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) squares = __fadd_rn(squares, __fmul_rn(v[i], v[i]));
-  const float rstd =
-      rsqrtf(__fadd_rn(__fdiv_rn(warp_sum(squares), static_cast<float>(kVecHeadDim)), eps));
+  const float rstd = head_rstd_of(warp_sum(squares), static_cast<float>(kVecHeadDim), eps);
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = head_norm_value(v[i], rstd, w[i], style);
 }

@@ -317,5 +317,130 @@ TEST(FlashAttentionFp8BackendTest, ServesHighAttentionWithinBoundAndCountsFallba
   EXPECT_LE(error, kBound);
 }
 
+// QK-norm + RoPE inside the operand quantizer (Backend::normed_attention's fusion) against
+// qk_norm_rope on the GPU followed by the plain quantizer: every byte and scale the same. Text
+// and image rows with their own weights, split inside a block of 128 tokens.
+struct NormedInputs {
+  Tensor fused;  // [S, 3·width]: raw q | k | v
+  QkNormRope norm;
+};
+
+NormedInputs normed_inputs(Backend& be, int64_t s, int64_t heads, int64_t split, uint64_t seed) {
+  NormedInputs in;
+  in.fused = testing::random_bf16(be, s, 3 * heads * 128, seed, 4.0f);
+  for (int i = 0; i < 2; ++i) {
+    in.norm.q_weight[i] = testing::random_bf16(be, 1, 128, seed + 1 + i, 2.0f).reshape({128});
+    in.norm.k_weight[i] = testing::random_bf16(be, 1, 128, seed + 3 + i, 2.0f).reshape({128});
+  }
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_real_distribution<float> angle(-3.2f, 3.2f);
+  std::vector<float> cos(static_cast<size_t>(s * 128)), sin(cos.size());
+  for (size_t i = 0; i < cos.size(); ++i) {
+    const float a = angle(rng);
+    cos[i] = std::cos(a);
+    sin[i] = std::sin(a);
+  }
+  in.norm.cos = be.empty(DType::kF32, {s, 128}).value();
+  in.norm.sin = be.empty(DType::kF32, {s, 128}).value();
+  EXPECT_TRUE(be.upload(cos.data(), DType::kF32, in.norm.cos).ok());
+  EXPECT_TRUE(be.upload(sin.data(), DType::kF32, in.norm.sin).ok());
+  in.norm.split = split;
+  in.norm.eps = 1e-6f;
+  return in;
+}
+
+// The eager chain on `fused`: qk_norm_rope on each row range of q and k, in place.
+void norm_in_place(Backend& be, const Tensor& fused, int64_t width, const QkNormRope& norm) {
+  const int64_t s = fused.rows();
+  for (int part = 0; part < 2; ++part) {
+    const int64_t first = part == 0 ? 0 : norm.split,
+                  count = part == 0 ? norm.split : s - norm.split;
+    if (count == 0) continue;
+    for (int which = 0; which < 2; ++which) {
+      ASSERT_TRUE(be.qk_norm_rope(fused.col_slice(which * width, width).row_slice(first, count),
+                                  128, which == 0 ? norm.q_weight[part] : norm.k_weight[part],
+                                  norm.eps, norm.cos.row_slice(first, count),
+                                  norm.sin.row_slice(first, count), norm.style)
+                      .ok());
+    }
+  }
+}
+
+TEST(FlashAttentionFp8OperandsTest, FusedQkNormEqualsQkNormRopeThenQuantizer) {
+  FLUX2_REQUIRE_GPU(be);
+  for (const Case c : {Case{"ragged_300", 300, 3}, Case{"klein_1024", 4608, 24}}) {
+    const int64_t width = c.heads * 128, s = c.tokens, padded = cuda::flash_fp8_padded_keys(s);
+    const NormedInputs in = normed_inputs(*be, s, c.heads, s == 300 ? 200 : 512, 41);
+    const Tensor eager = testing::clone(*be, in.fused);
+    norm_in_place(*be, eager, width, in.norm);
+    const int64_t scale_bytes = cuda::flash_fp8_scale_count(c.heads, s) * sizeof(float);
+    std::vector<std::vector<uint8_t>> results;
+    for (const Tensor* source : {&in.fused, &eager}) {
+      DeviceBytes q8(s * width), k8(s * width), vt(width * padded), scales(scale_bytes);
+      const cuda::FlashFp8Operands operands{q8.data, k8.data, vt.data,
+                                            static_cast<float*>(scales.data)};
+      const cuda::FlashFp8QkNorm norm{{in.norm.q_weight[0].data(), in.norm.q_weight[1].data()},
+                                      {in.norm.k_weight[0].data(), in.norm.k_weight[1].data()},
+                                      in.norm.split,
+                                      in.norm.eps,
+                                      cuda::Mat{in.norm.cos.data(), s, 128, 128},
+                                      cuda::Mat{in.norm.sin.data(), s, 128, 128}};
+      auto column = [&](int which) {
+        return cuda::Mat{static_cast<char*>(source->data()) + which * width * 2, s, width,
+                         3 * width};
+      };
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_TRUE(cuda::quantize_attention_operands_fp8(column(0), column(1), column(2), c.heads,
+                                                        operands, nullptr,
+                                                        source == &in.fused ? &norm : nullptr)
+                      .ok());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<uint8_t> bytes(2 * s * width + width * padded + scale_bytes);
+      uint8_t* at = bytes.data();
+      for (const auto& [data, size] : {std::pair<void*, int64_t>{q8.data, s * width},
+                                       {k8.data, s * width},
+                                       {vt.data, width * padded},
+                                       {scales.data, scale_bytes}}) {
+        ASSERT_EQ(cudaMemcpy(at, data, size, cudaMemcpyDeviceToHost), cudaSuccess);
+        at += size;
+      }
+      results.push_back(std::move(bytes));
+    }
+    EXPECT_TRUE(results[0] == results[1])
+        << c.name << ": fused QK-norm operands differ from the eager chain's";
+  }
+}
+
+// Through the backend at quality=high: normed_attention runs the fused operands (counted as the FP8
+// attention) and gives the bits of qk_norm_rope followed by attention; q and k are left as given.
+TEST(FlashAttentionFp8BackendTest, NormedAttentionEqualsNormsThenAttention) {
+  FLUX2_REQUIRE_GPU(be);
+  if (!cuda::flash_attention_fp8_available()) {
+    GTEST_SKIP() << "flash_attention_fp8 needs an sm_90a build on a compute capability 9.0 GPU";
+  }
+  const int64_t s = 1536, heads = 24, width = heads * 128;
+  const NormedInputs in = normed_inputs(*be, s, heads, 512, 51);
+  const Tensor eager = testing::clone(*be, in.fused);
+  const std::vector<uint16_t> raw = testing::bits(*be, in.fused);
+  const AttentionParams params{heads, heads, 128, 1.0f / std::sqrt(128.0f)};
+  auto columns = [&](const Tensor& t, int which) { return t.col_slice(which * width, width); };
+  Tensor fused_out = be->empty(DType::kBF16, {s, width}).value();
+  Tensor eager_out = be->empty(DType::kBF16, {s, width}).value();
+  const int64_t before = testing::fast_path_counters("flash_attention_fp8").invocations;
+  {
+    testing::QualityScope quality(*be, Quality::kHigh);
+    ASSERT_TRUE(be->normed_attention(columns(in.fused, 0), columns(in.fused, 1),
+                                     columns(in.fused, 2), in.norm, params, fused_out)
+                    .ok());
+    norm_in_place(*be, eager, width, in.norm);
+    ASSERT_TRUE(
+        be->attention(columns(eager, 0), columns(eager, 1), columns(eager, 2), params, eager_out)
+            .ok());
+  }
+  EXPECT_EQ(testing::fast_path_counters("flash_attention_fp8").invocations, before + 2);
+  EXPECT_EQ(testing::bits(*be, fused_out), testing::bits(*be, eager_out));
+  EXPECT_EQ(testing::bits(*be, in.fused), raw) << "the fused path wrote q, k or v";
+}
+
 }  // namespace
 }  // namespace flux2

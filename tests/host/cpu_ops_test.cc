@@ -194,6 +194,49 @@ TEST_F(CpuOpsTest, QkNormRopeBothStyles) {
   }
 }
 
+// Backend::normed_attention's default: qk_norm_rope on each row range with its weights, then
+// attention, bit for bit; a split outside the rows is an error naming it.
+TEST_F(CpuOpsTest, NormedAttentionIsTheNormsThenAttention) {
+  const int64_t s = 7, heads = 2, dh = 8, split = 3;
+  const auto x = random(3 * s * heads * dh), cs = random(s * dh), sn = random(s * dh);
+  const std::vector<float> weights[4] = {random(dh), random(dh), random(dh), random(dh)};
+  const QkNormRope norm{{make(weights[0], {dh}), make(weights[1], {dh})},
+                        {make(weights[2], {dh}), make(weights[3], {dh})},
+                        split,
+                        1e-6f,
+                        make(cs, {s, dh}),
+                        make(sn, {s, dh}),
+                        RopeStyle::kInterleaved};
+  const AttentionParams params{heads, heads, dh, 0.35f};
+  auto split_rows = [&](const Tensor& fused) {
+    return std::vector<Tensor>{fused.col_slice(0, heads * dh),
+                               fused.col_slice(heads * dh, heads * dh),
+                               fused.col_slice(2 * heads * dh, heads * dh)};
+  };
+  Tensor fused = make(x, {s, 3 * heads * dh}), again = make(x, {s, 3 * heads * dh});
+  Tensor out = be_.empty(DType::kF32, {s, heads * dh}).value(),
+         want = be_.empty(DType::kF32, {s, heads * dh}).value();
+  const std::vector<Tensor> a = split_rows(fused), b = split_rows(again);
+  ASSERT_TRUE(be_.normed_attention(a[0], a[1], a[2], norm, params, out).ok());
+  for (int part = 0; part < 2; ++part) {
+    const int64_t first = part == 0 ? 0 : split, count = part == 0 ? split : s - split;
+    for (int which = 0; which < 2; ++which) {
+      ASSERT_TRUE(be_.qk_norm_rope(b[which].row_slice(first, count), dh,
+                                   which == 0 ? norm.q_weight[part] : norm.k_weight[part], norm.eps,
+                                   norm.cos.row_slice(first, count),
+                                   norm.sin.row_slice(first, count), norm.style)
+                      .ok());
+    }
+  }
+  ASSERT_TRUE(be_.attention(b[0], b[1], b[2], params, want).ok());
+  EXPECT_EQ(get(out), get(want));
+  QkNormRope bad = norm;
+  bad.split = s + 1;
+  const absl::Status status = be_.normed_attention(a[0], a[1], a[2], bad, params, out);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("split"), std::string::npos) << status;
+}
+
 TEST_F(CpuOpsTest, GroupNormSilu) {
   const int64_t p = 20, c = 12, groups = 3;
   const auto x = random(p * c, 2.0f), gamma = random(c), beta = random(c);
