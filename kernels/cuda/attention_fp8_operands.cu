@@ -76,8 +76,9 @@ __global__ void __launch_bounds__(kThreads)
   const int pack = threadIdx.x % 16, first_row = tile * kTile + threadIdx.x / 16;
   float w[2][8];
   if constexpr (kNorm) {
-    load8(norm.weight[which][0] + 8 * pack, w[0]);
-    load8(norm.weight[which][1] + 8 * pack, w[1]);
+    // Selected, not indexed by `which`: that would copy the parameters to local memory.
+    load8((which == 0 ? norm.weight[0][0] : norm.weight[1][0]) + 8 * pack, w[0]);
+    load8((which == 0 ? norm.weight[0][1] : norm.weight[1][1]) + 8 * pack, w[1]);
   }
   float x[8][8];
   uint32_t amax = 0;
@@ -95,7 +96,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 8; ++e) x[i][e] = 0.0f;
     }
-    if constexpr (kNorm) norm_rope8(x[i], w[row < norm.split ? 0 : 1], c, s, norm.eps);
+    if constexpr (kNorm) {
+      float weight[8];  // selected element-wise: an indexed w[] would live in local memory
+#pragma unroll
+      for (int e = 0; e < 8; ++e) weight[e] = row < norm.split ? w[0][e] : w[1][e];
+      norm_rope8(x[i], weight, c, s, norm.eps);
+    }
 #pragma unroll
     for (int e = 0; e < 8; ++e) amax = max(amax, abs_bits(x[i][e]));
   }
