@@ -117,11 +117,14 @@ class CudaBackend final : public Backend {
                              bool adjacent, const cuda::Mat& out);
   // quality=high: Q, K and V quantized to E4M3 per head and 128 tokens (V transposed; with `norm`,
   // QK-norm and RoPE on the way), then our FP8 flash attention straight into the bf16 output.
+  // `row_amax` receives the output's row maxima when a hand-off is wanted (else stays empty).
   absl::Status attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const AttentionParams& params, const QkNormRope* norm,
-                                   const cuda::Mat& out);
-  // quality=high: the attention output's row maxima handed to the op that reads it next.
-  absl::Status hand_off_attention_output(const Tensor& out, const AttentionParams& params);
+                                   const cuda::Mat& out, Tensor* row_amax);
+  // quality=high: the attention output's row maxima handed to the op that reads it next (those
+  // the kernel wrote, else a pass over the output).
+  absl::Status hand_off_attention_output(const Tensor& out, const AttentionParams& params,
+                                         Tensor row_amax_from_kernel = {});
   // Whether q, k, v are adjacent column ranges of one buffer (the fused projections' layout).
   static bool fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v);
   // The E4M3 operand layout attention_fp8 uses (pointers into qkv8 / o8; null for a shape query).

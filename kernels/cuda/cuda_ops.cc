@@ -503,6 +503,7 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
   FLUX_RETURN_IF_ERROR(check_bf16("attention", "out", out));
   // cuDNN is the attention implementation (a library, like cuBLASLt): it is used whether or not
   // fused fast paths are switched off, and its fallback is the plain kernel.
+  Tensor flash_row_amax;  // the output's row maxima, when our FP8 kernel wrote them
   auto into = [&](const cuda::Mat& target) -> absl::Status {
     FastPath& path = cudnn_attention_path();
     const bool supported = cuda::CudnnSdpa::supports(mat(q), mat(k), mat(v), params, target);
@@ -533,7 +534,8 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
               : "";
       return run_path(
           flash_fp8_attention_path(), unsupported,
-          [&] { return attention_flash_fp8(q, k, v, params, nullptr, target); }, bf16_attention);
+          [&] { return attention_flash_fp8(q, k, v, params, nullptr, target, &flash_row_amax); },
+          bf16_attention);
     }
     const bool adjacent = fp8_qkv_adjacent(q, k, v);
     absl::string_view unsupported = "";
@@ -549,11 +551,16 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
         [&] { return attention_fp8(q, k, v, params, adjacent, target); }, bf16_attention);
   };
   FLUX_RETURN_IF_ERROR(write_output(out, into));
-  return hand_off_attention_output(out, params);
+  return hand_off_attention_output(out, params, std::move(flash_row_amax));
 }
 
 absl::Status CudaBackend::hand_off_attention_output(const Tensor& out,
-                                                    const AttentionParams& params) {
+                                                    const AttentionParams& params,
+                                                    Tensor row_amax_from_kernel) {
+  if (handoff_wanted() && row_amax_from_kernel.data() != nullptr) {
+    hand_off(out, std::move(row_amax_from_kernel));
+    return absl::OkStatus();
+  }
   const cuda::Mat out_mat = mat(out);
   if (handoff_wanted() && !params.causal && cuda::row_amax_supported({&out_mat})) {
     // quality=high: the output's row maxima, for the FP8 GEMM (or the SwiGLU extending them into
@@ -594,15 +601,20 @@ absl::Status CudaBackend::normed_attention(const Tensor& q, const Tensor& k, con
       table(norm.cos) && table(norm.sin);
   if (!fusable) return Backend::normed_attention(q, k, v, norm, params, out);
   OpProfileScope op(*this, "");
+  Tensor row_amax;
+  bool fused = false;
   FLUX_RETURN_IF_ERROR(run_path(
       flash_fp8_attention_path(), "",
       [&] {
         return write_output(out, [&](const cuda::Mat& target) {
-          return attention_flash_fp8(q, k, v, params, &norm, target);
+          FLUX_RETURN_IF_ERROR(attention_flash_fp8(q, k, v, params, &norm, target, &row_amax));
+          fused = true;
+          return absl::OkStatus();
         });
       },
       [&] { return Backend::normed_attention(q, k, v, norm, params, out); }));
-  return hand_off_attention_output(out, params);
+  // The fallback's attention() left its own hand-off.
+  return fused ? hand_off_attention_output(out, params, std::move(row_amax)) : absl::OkStatus();
 }
 
 bool CudaBackend::fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -684,7 +696,7 @@ absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const 
 
 absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
                                               const AttentionParams& params, const QkNormRope* norm,
-                                              const cuda::Mat& out) {
+                                              const cuda::Mat& out, Tensor* row_amax) {
   const int64_t s = q.rows(), width = q.cols(), heads = params.num_heads;
   const std::string quantize = op_category("quantize", "attention");
   std::optional<OpProfileScope> profile(std::in_place, *this, quantize);
@@ -710,8 +722,17 @@ absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, 
   cuda::FlashFp8Args a = cuda::flash_fp8_args(operands, s, heads);
   a.out = out;
   a.softmax_scale = params.scale;
+  Tensor maxima;
+  if (handoff_wanted()) {  // the row maxima for the hand-off, written by the kernel's epilogue
+    FLUX_ASSIGN_OR_RETURN(maxima, scratch({s}, DType::kI32));
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(maxima.data(), 0, maxima.bytes(), stream()),
+                                     "attention row maxima"));
+    a.row_amax = maxima.data_as<uint32_t>();
+  }
   profile.emplace(*this, "attention");
-  return cuda::flash_attention_fp8(a, stream());
+  FLUX_RETURN_IF_ERROR(cuda::flash_attention_fp8(a, stream()));
+  *row_amax = std::move(maxima);
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v,

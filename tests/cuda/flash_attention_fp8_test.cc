@@ -1,7 +1,7 @@
 // Our FP8 flash attention (kernels/cuda/flash_attention_fp8.cu) against a float64 reference of the
 // same E4M3 operands, within a per-element bound derived from the roundings the kernel makes, and
-// bit-identical on repeated calls (sampled query rows); its operand quantizer bit for bit against a
-// CPU reference. Skips without a GPU or an sm_90a build.
+// bit-identical on repeated calls (sampled query rows), with exact row maxima; its operand
+// quantizer bit for bit against a CPU reference. Skips without a GPU or an sm_90a build.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -110,8 +110,13 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
   args.scale_k = scale_dev + c.heads * tiles;
   args.scale_v = scale_dev + 2 * c.heads * tiles;
   args.out = cuda::Mat{out_dev.data, s, width, width};
+  DeviceBytes row_amax_dev(static_cast<size_t>(s) * sizeof(uint32_t));
+  ASSERT_EQ(cudaMemset(row_amax_dev.data, 0, static_cast<size_t>(s) * sizeof(uint32_t)),
+            cudaSuccess);
+  args.row_amax = static_cast<uint32_t*>(row_amax_dev.data);
   ASSERT_TRUE(cuda::flash_attention_fp8(args, nullptr).ok());
   args.out.data = again_dev.data;
+  args.row_amax = nullptr;
   ASSERT_TRUE(cuda::flash_attention_fp8(args, nullptr).ok());
   std::vector<uint16_t> out(static_cast<size_t>(s * width)), again(out.size());
   ASSERT_EQ(cudaMemcpy(out.data(), out_dev.data, out.size() * 2, cudaMemcpyDeviceToHost),
@@ -120,6 +125,18 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
             cudaSuccess);
   EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * 2), 0)
       << "two identical calls differ";
+  // The row maxima of the output, over all heads, as f32 magnitude bits.
+  std::vector<uint32_t> row_amax(static_cast<size_t>(s));
+  ASSERT_EQ(
+      cudaMemcpy(row_amax.data(), row_amax_dev.data, row_amax.size() * 4, cudaMemcpyDeviceToHost),
+      cudaSuccess);
+  for (int64_t r = 0; r < s; ++r) {
+    uint32_t want = 0;
+    for (int64_t col = 0; col < width; ++col) {
+      want = std::max(want, abs_bits(bf16_bits_value(out[r * width + col])));
+    }
+    ASSERT_EQ(row_amax[r], want) << c.name << ": row " << r << "'s max |out|";
+  }
 
   // Float64 reference on sampled rows: the first and last rows and random ones, every head.
   std::vector<int64_t> rows = {0, s - 1};
