@@ -83,13 +83,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
   gemm_options.fp8_fast_accumulation = !env_is("FLUX2_FP8_FAST_ACCUM", "0");
   FLUX_ASSIGN_OR_RETURN(backend->gemm_, cuda::Gemm::create(backend->stream(), gemm_options));
   FLUX_ASSIGN_OR_RETURN(backend->sdpa_, cuda::CudnnSdpa::create(backend->stream()));
-  FLUX_ASSIGN_OR_RETURN(backend->sdpa_fp8_, cuda::CudnnSdpaFp8::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->conv_, cuda::CudnnConv::create(backend->stream()));
   // Per-token x per-channel FP8 scales only when asked: without the producers' hand-offs (which
   // need one scale per tensor) a klein-4B step is ~0.5 ms slower on the H200 (PERF_NOTES run 31).
   backend->fp8_rowwise_ =
       env_is("FLUX2_FP8_ROWWISE", "1") && backend->gemm_->supports_rowwise_fp8();
-  backend->fp8_attention_ = std::getenv("FLUX2_FP8_ATTENTION") != nullptr;
   backend->flash_fp8_attention_ = !env_is("FLUX2_FLASH_FP8", "0");
   backend->nvfp4_ = info.major >= 10 && backend->gemm_->supports_nvfp4();
   std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB); quality=high: %s%s, %s\n",
@@ -100,8 +98,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
                backend->nvfp4_                      ? ""
                : gemm_options.fp8_fast_accumulation ? ", fast accumulation"
                                                     : ", fp32-promoted accumulation",
-               backend->fp8_attention_ ? "cuDNN FP8 attention"
-               : backend->flash_fp8_attention_ && cuda::flash_attention_fp8_available()
+               backend->flash_fp8_attention_ && cuda::flash_attention_fp8_available()
                    ? "FP8 flash attention"
                    : "bf16 attention");
   return backend;
@@ -111,7 +108,6 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream());
   gemm_.reset();
   sdpa_.reset();
-  sdpa_fp8_.reset();
   conv_.reset();
   for (int i = 0; i < 2; ++i) {
     if (staging_[i] != nullptr) cudaFreeHost(staging_[i]);

@@ -14,7 +14,6 @@
 #include "kernels/base/fast_path_registry.h"
 #include "kernels/cuda/cudnn_conv.h"
 #include "kernels/cuda/cudnn_sdpa.h"
-#include "kernels/cuda/cudnn_sdpa_fp8.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kernel_args.h"
 
@@ -50,9 +49,6 @@ class CudaBackend final : public Backend {
   void set_op_profiling(bool enabled) override { profiling_ = enabled; }
   absl::StatusOr<int64_t> add_fp8_weight(const Tensor& w) override;
   void set_quality(Quality quality) override { quality_ = quality; }
-  // Opts quality=high attention into FP8 (cuDNN's FP8 engine; see fp8_attention_).
-  void set_fp8_attention(bool enabled) { fp8_attention_ = enabled; }
-  bool fp8_attention() const { return fp8_attention_; }
   std::map<std::string, double> take_op_profile() override;
 
   absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override;
@@ -112,9 +108,6 @@ class CudaBackend final : public Backend {
   // A scratch tensor for eager chains (stream-ordered, freed when the returned tensor dies).
   absl::StatusOr<Tensor> scratch(Shape shape, DType dtype = DType::kBF16);
   bool capturing() const;
-  // quality=high: Q, K, V quantized to E4M3 (one per-tensor scale), cuDNN FP8 SDPA, O back to bf16.
-  absl::Status attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
-                             bool adjacent, const cuda::Mat& out);
   // quality=high: Q, K and V quantized to E4M3 per head and 128 tokens (V transposed; with `norm`,
   // QK-norm and RoPE on the way), then our FP8 flash attention straight into the bf16 output.
   // `row_amax` receives the output's row maxima when a hand-off is wanted (else stays empty).
@@ -125,11 +118,6 @@ class CudaBackend final : public Backend {
   // the kernel wrote, else a pass over the output).
   absl::Status hand_off_attention_output(const Tensor& out, const AttentionParams& params,
                                          Tensor row_amax_from_kernel = {});
-  // Whether q, k, v are adjacent column ranges of one buffer (the fused projections' layout).
-  static bool fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v);
-  // The E4M3 operand layout attention_fp8 uses (pointers into qkv8 / o8; null for a shape query).
-  static cuda::Fp8AttentionArgs fp8_attention_operands(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                       bool adjacent, void* qkv8 = nullptr, void* o8 = nullptr);
   // Attention for one wide head (the VAE mid block, head_dim 512): Q·Kᵀ, row softmax, P·V.
   absl::Status attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                                   const cuda::Mat& out);
@@ -137,10 +125,6 @@ class CudaBackend final : public Backend {
   std::shared_ptr<CudaStream> stream_;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::CudnnSdpa> sdpa_;
-  std::unique_ptr<cuda::CudnnSdpaFp8> sdpa_fp8_;  // quality=high attention, when fp8_attention_
-  // cuDNN's FP8 attention at quality=high: off unless FLUX2_FP8_ATTENTION=1 (or set_fp8_attention),
-  // because cuDNN 9.14's FP8 engine is not deterministic for most FLUX shapes (cudnn_sdpa_fp8.h).
-  bool fp8_attention_ = false;
   // Our FP8 flash attention at quality=high (flash_attention_fp8.h): on unless FLUX2_FLASH_FP8=0.
   bool flash_fp8_attention_ = true;
   std::unique_ptr<cuda::CudnnConv> conv_;

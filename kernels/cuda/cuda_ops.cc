@@ -58,11 +58,6 @@ FastPath& flash_fp8_attention_path() {
   static FastPath path("flash_attention_fp8");
   return path;
 }
-// quality=high, opt-in: FP8 attention through cuDNN's FP8 engine; falls back to bf16 cuDNN.
-FastPath& fp8_attention_path() {
-  static FastPath path("fp8_attention");
-  return path;
-}
 // quality=high: the low-precision GEMM (FP8 per tensor or rowwise; NVFP4 on Blackwell) with its
 // activation quantized just before it.
 FastPath& fp8_linear_path() {
@@ -525,30 +520,15 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
     // FP8 attention serves the transformer's (non-causal) attention; the text encoder's causal
     // attention stays bf16 without counting a fallback.
     if (quality_ != Quality::kHigh || params.causal) return bf16_attention();
-    if (!fp8_attention_) {  // ours, unless cuDNN's FP8 engine was opted into
-      if (!flash_fp8_attention_) return bf16_attention();
-      const absl::string_view unsupported =
-          !cuda::flash_attention_fp8_available() ? "unsupported_device"
-          : !cuda::flash_attention_fp8_supports(params, mat(q), mat(k), mat(v))
-              ? "unsupported_shape"
-              : "";
-      return run_path(
-          flash_fp8_attention_path(), unsupported,
-          [&] { return attention_flash_fp8(q, k, v, params, nullptr, target, &flash_row_amax); },
-          bf16_attention);
-    }
-    const bool adjacent = fp8_qkv_adjacent(q, k, v);
-    absl::string_view unsupported = "";
-    if (!cuda::CudnnSdpaFp8::supports(params, q.rows(), k.rows())) {
-      unsupported = "unsupported_shape";
-    } else {
-      FLUX_ASSIGN_OR_RETURN(const bool usable,
-                            sdpa_fp8_->usable(fp8_attention_operands(q, k, v, adjacent), params));
-      if (!usable) unsupported = "no_deterministic_engine";
-    }
+    if (!flash_fp8_attention_) return bf16_attention();
+    const absl::string_view unsupported =
+        !cuda::flash_attention_fp8_available()                                ? "unsupported_device"
+        : !cuda::flash_attention_fp8_supports(params, mat(q), mat(k), mat(v)) ? "unsupported_shape"
+                                                                              : "";
     return run_path(
-        fp8_attention_path(), unsupported,
-        [&] { return attention_fp8(q, k, v, params, adjacent, target); }, bf16_attention);
+        flash_fp8_attention_path(), unsupported,
+        [&] { return attention_flash_fp8(q, k, v, params, nullptr, target, &flash_row_amax); },
+        bf16_attention);
   };
   FLUX_RETURN_IF_ERROR(write_output(out, into));
   return hand_off_attention_output(out, params, std::move(flash_row_amax));
@@ -588,10 +568,9 @@ absl::Status CudaBackend::normed_attention(const Tensor& q, const Tensor& k, con
            cuda::rows_aligned16(mat(t), 4);
   };
   const bool fusable =
-      quality_ == Quality::kHigh && !fp8_attention_ && flash_fp8_attention_ &&
-      flash_fp8_attention_path().enabled() && cuda::flash_attention_fp8_available() &&
-      check_bf16("normed_attention", "q", q).ok() && check_bf16("normed_attention", "k", k).ok() &&
-      check_bf16("normed_attention", "v", v).ok() &&
+      quality_ == Quality::kHigh && flash_fp8_attention_ && flash_fp8_attention_path().enabled() &&
+      cuda::flash_attention_fp8_available() && check_bf16("normed_attention", "q", q).ok() &&
+      check_bf16("normed_attention", "k", k).ok() && check_bf16("normed_attention", "v", v).ok() &&
       check_bf16("normed_attention", "out", out).ok() &&
       cuda::flash_attention_fp8_supports(params, mat(q), mat(k), mat(v)) &&
       norm.style == RopeStyle::kInterleaved && norm.split >= 0 && norm.split <= q.rows() &&
@@ -615,83 +594,6 @@ absl::Status CudaBackend::normed_attention(const Tensor& q, const Tensor& k, con
       [&] { return Backend::normed_attention(q, k, v, norm, params, out); }));
   // The fallback's attention() left its own hand-off.
   return fused ? hand_off_attention_output(out, params, std::move(row_amax)) : absl::OkStatus();
-}
-
-bool CudaBackend::fp8_qkv_adjacent(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const int64_t width = q.cols();
-  const auto* q_bytes = static_cast<const char*>(q.data());
-  return q.rows() == k.rows() && k.cols() == width && v.cols() == width &&
-         q.row_stride() == k.row_stride() && q.row_stride() == v.row_stride() &&
-         static_cast<const char*>(k.data()) == q_bytes + 2 * width &&
-         static_cast<const char*>(v.data()) == q_bytes + 4 * width;
-}
-
-cuda::Fp8AttentionArgs CudaBackend::fp8_attention_operands(const Tensor& q, const Tensor& k,
-                                                           const Tensor& v, bool adjacent,
-                                                           void* qkv8, void* o8) {
-  // Adjacent: [q | k | v] quantized as one [S, 3·width] matrix (rows interleaved); else the row
-  // concatenation [q; k; v]. O is a contiguous [S_q, width] E4M3 matrix.
-  const int64_t s_q = q.rows(), s_kv = k.rows(), width = q.cols();
-  auto* base = static_cast<char*>(qkv8);
-  cuda::Fp8AttentionArgs a;
-  if (adjacent) {
-    a.q = cuda::Mat{base, s_q, width, 3 * width};
-    a.k = cuda::Mat{base + width, s_kv, width, 3 * width};
-    a.v = cuda::Mat{base + 2 * width, s_kv, width, 3 * width};
-  } else {
-    a.q = cuda::Mat{base, s_q, width, width};
-    a.k = cuda::Mat{base + s_q * width, s_kv, width, width};
-    a.v = cuda::Mat{base + (s_q + s_kv) * width, s_kv, width, width};
-  }
-  a.o = cuda::Mat{o8, s_q, width, width};
-  return a;
-}
-
-absl::Status CudaBackend::attention_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const AttentionParams& params, bool adjacent,
-                                        const cuda::Mat& out) {
-  // One scale for Q, K and V: E4M3 keeps 3 mantissa bits over 2^15 of range below its maximum, so
-  // sharing the largest amax costs no precision unless a tensor sits 2^15 below another.
-  const int64_t s_q = q.rows(), s_kv = k.rows(), width = q.cols();
-  // "quantize" (split out as "quantize attention" under FLUX2_PROFILE_GEMM_SHAPES), "attention".
-  const std::string quantize = op_category("quantize", "attention");
-  std::optional<OpProfileScope> profile(std::in_place, *this, quantize);
-  FLUX_ASSIGN_OR_RETURN(
-      Tensor scales,
-      scratch({8}, DType::kF32));  // descale_qkv, descale_s, scale_s, scale_o, amax_s, amax_o
-  float* f = scales.data_as<float>();
-  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
-  FLUX_ASSIGN_OR_RETURN(Tensor qkv8, scratch({s_q + 2 * s_kv, width}, DType::kF8E4M3));
-  FLUX_ASSIGN_OR_RETURN(Tensor o8, scratch({s_q, width}, DType::kF8E4M3));
-  cuda::Fp8QuantizeArgs args;
-  args.scale = f;
-  args.workspace = workspace.data();
-  args.workspace_bytes = workspace.bytes();
-  args.out = qkv8.data();
-  args.out_bytes = qkv8.bytes();
-  Tensor stacked;
-  if (adjacent) {
-    args.in.first = cuda::Mat{q.data(), s_q, 3 * width, q.row_stride()};
-  } else {
-    FLUX_ASSIGN_OR_RETURN(stacked, scratch({s_q + 2 * s_kv, width}));
-    FLUX_RETURN_IF_ERROR(copy(q, stacked.row_slice(0, s_q)));
-    FLUX_RETURN_IF_ERROR(copy(k, stacked.row_slice(s_q, s_kv)));
-    FLUX_RETURN_IF_ERROR(copy(v, stacked.row_slice(s_q + s_kv, s_kv)));
-    args.in.first = mat(stacked);
-  }
-  FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
-  FLUX_RETURN_IF_ERROR(cuda::fp8_attention_scales(f, f + 1, stream()));
-  cuda::Fp8AttentionArgs a = fp8_attention_operands(q, k, v, adjacent, qkv8.data(), o8.data());
-  a.descale_q = a.descale_k = a.descale_v = f;
-  a.descale_s = f + 1;
-  a.scale_s = f + 2;
-  a.scale_o = f + 3;
-  a.amax_s = f + 4;
-  a.amax_o = f + 5;
-  profile.emplace(*this, "attention");
-  FLUX_RETURN_IF_ERROR(sdpa_fp8_->run(a, params));
-  profile.emplace(*this, quantize);
-  return cuda::fp8_dequantize(a.o, f, out, stream());  // O stored with V's scale
 }
 
 absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,

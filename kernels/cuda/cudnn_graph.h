@@ -1,6 +1,6 @@
 // Small RAII helpers for cuDNN's backend (graph) API, shared by the bf16 and FP8 SDPA plans:
 // an owned descriptor, tensor descriptors, and "first engine config that finalizes" plans.
-// Exercised through tests/cuda/backend_ops_test.cc and tests/cuda/attention_fp8_test.cc.
+// Exercised through tests/cuda/backend_ops_test.cc.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fp8_nvfp4.h"
-#include "kernels/base/uniform_hash.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/fp8_convert.cuh"
@@ -228,46 +227,6 @@ __global__ void nvfp4_quantize_kernel(CatSource s, const float* global_scale_ptr
       *reinterpret_cast<uint32_t*>(scales + nvfp4_scale_offset(m, kb, k_tiles)) =
           s0 | (s1 << 8) | (s2 << 16) | (s3 << 24);
     }
-  }
-}
-
-__global__ void fp8_dequantize_kernel(Mat in, const float* scale_ptr, Mat out, bool vec) {
-  const float scale = *scale_ptr;
-  const int64_t per_row = vec ? in.cols / 8 : in.cols, items = in.rows * per_row;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < items;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / per_row;
-    const uint8_t* src = static_cast<const uint8_t*>(in.data) + r * in.stride;
-    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(out.data) + r * out.stride;
-    if (!vec) {
-      const int64_t c = i % per_row;
-      dst[c] = __float2bfloat16_rn(e4m3_to_f32(src[c]) * scale);
-      continue;
-    }
-    const int64_t c = (i % per_row) * 8;
-    const uint2 codes = *reinterpret_cast<const uint2*>(src + c);
-    float x[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const uint32_t word = j < 4 ? codes.x : codes.y;
-      x[j] = e4m3_to_f32(static_cast<uint8_t>(word >> (8 * (j % 4)))) * scale;
-    }
-    store8(dst + c, x);
-  }
-}
-
-__global__ void fp8_attention_scales_kernel(const float* descale_v, float* out) {
-  out[0] = __fdiv_rn(1.0f, kE4M3Max);
-  out[1] = kE4M3Max;
-  out[2] = __fdiv_rn(1.0f, *descale_v);
-}
-
-__global__ void fill_random_e4m3_kernel(uint8_t* data, int64_t bytes, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < bytes;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const uint8_t code =
-        static_cast<uint8_t>(uniform_hash(seed, static_cast<uint64_t>(i)) * 256.0f);
-    data[i] = (code & 0x7F) == 0x7F ? static_cast<uint8_t>(code - 1) : code;  // NaN -> 448
   }
 }
 
@@ -540,31 +499,6 @@ absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream)
   return absl::OkStatus();
 }
 
-absl::Status fp8_dequantize(const Mat& in, const float* scale, const Mat& out,
-                            cudaStream_t stream) {
-  constexpr const char* kOp = "fp8_dequantize";
-  if (in.rows != out.rows || in.cols != out.cols || in.stride < in.cols || out.stride < out.cols) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": in [", in.rows, ", ", in.cols,
-                                                   "] and out [", out.rows, ", ", out.cols,
-                                                   "] differ or are not valid matrices"));
-  }
-  if (auto st = check_mat(kOp, "out", out); !st.ok()) return st;
-  if (auto st = check_scalar(kOp, "scale", scale, false); !st.ok()) return st;
-  if (in.rows == 0 || in.cols == 0) return absl::OkStatus();
-  const bool vec =
-      in.cols % 8 == 0 && aligned(in.data, 8) && in.stride % 8 == 0 && rows_aligned16(out, 2);
-  const int64_t items = in.rows * (vec ? in.cols / 8 : in.cols);
-  fp8_dequantize_kernel<<<grid_for(items, kThreads), kThreads, 0, stream>>>(in, scale, out, vec);
-  FLUX_RETURN_IF_LAUNCH_FAILED(kOp);
-  return absl::OkStatus();
-}
-
-absl::Status fp8_attention_scales(const float* descale_v, float* out, cudaStream_t stream) {
-  fp8_attention_scales_kernel<<<1, 1, 0, stream>>>(descale_v, out);
-  FLUX_RETURN_IF_LAUNCH_FAILED("fp8_attention_scales");
-  return absl::OkStatus();
-}
-
 absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, float* scale, cudaStream_t stream) {
   if (rows <= 0 || row_amax == nullptr || scale == nullptr) {
     return absl::InvalidArgumentError("fp8_scale_from_row_amax: needs rows > 0, row maxima and a scale");
@@ -572,14 +506,6 @@ absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, flo
   amax_finalize_kernel<<<1, 1024, 0, stream>>>(row_amax, rows, ScaleKind::kFp8Dequant, nullptr,
                                                scale);
   FLUX_RETURN_IF_LAUNCH_FAILED("fp8_scale_from_row_amax");
-  return absl::OkStatus();
-}
-
-absl::Status fill_random_e4m3(void* data, int64_t bytes, uint64_t seed, cudaStream_t stream) {
-  if (bytes <= 0) return absl::OkStatus();
-  fill_random_e4m3_kernel<<<grid_for(bytes, kThreads), kThreads, 0, stream>>>(
-      static_cast<uint8_t*>(data), bytes, seed);
-  FLUX_RETURN_IF_LAUNCH_FAILED("fill_random_e4m3");
   return absl::OkStatus();
 }
 

@@ -70,18 +70,6 @@ absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream)
 // over the same matrix. One kernel.
 absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, float* scale, cudaStream_t stream);
 
-// out = bf16(e4m3(in) · *scale): an E4M3 matrix [M, K] (row stride in bytes) back to bf16 (rows
-// may be strided; the FP8 attention output). Exact up to the final bf16 rounding. One kernel.
-absl::Status fp8_dequantize(const Mat& in, const float* scale, const Mat& out, cudaStream_t stream);
-// The constant scales of FP8 attention from V's dequantization scale: out[0] = 1/448 (descale of the
-// probabilities), out[1] = 448 (their scale), out[2] = 1 / *descale_v (scale of the output: |O| <=
-// max |V| because softmax rows are convex weights, so O stored with V's scale never saturates).
-absl::Status fp8_attention_scales(const float* descale_v, float* out, cudaStream_t stream);
-
-// Fills `bytes` bytes with pseudo-random finite E4M3 codes (hash of seed and index; never the NaN
-// codes 0x7F / 0xFF): inputs for self-checks of FP8 kernels.
-absl::Status fill_random_e4m3(void* data, int64_t bytes, uint64_t seed, cudaStream_t stream);
-
 // ---- NVFP4 (E2M1 values, UE4M3 scales per 16 elements, per-tensor fp32 global scale) ----
 
 struct Nvfp4QuantizeArgs {

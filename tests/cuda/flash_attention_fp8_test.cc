@@ -285,9 +285,12 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
 }
 
 // Through the backend: quality=high attention at a transformer shape runs our kernel (counted),
-// within the bound of FP8 against bf16 attention that tests/cuda/attention_fp8_test.cc derives
-// (2 x 2^-4: the E4M3 roundings of Q, K, V and P in quadrature at their worst), the same bits on
-// every call; lossless and causal attention never take it, other head sizes fall back counted.
+// within the bound of FP8 against bf16 attention, the same bits on every call; lossless and causal
+// attention never take it, other head sizes fall back counted. The bound, relative L2 over the
+// output: four values are rounded to E4M3 on the way (Q, K, V and the probabilities P), each with a
+// relative error of at most 2^-4 (half an ulp with 3 mantissa bits); V's and P's reach the output
+// through the convex sum over keys, Q's and K's through the logits, where independent errors partly
+// cancel. The four in quadrature at their worst give 2 x 2^-4.
 TEST(FlashAttentionFp8BackendTest, ServesHighAttentionWithinBoundAndCountsFallbacks) {
   FLUX2_REQUIRE_GPU(be);
   if (!cuda::flash_attention_fp8_available()) {

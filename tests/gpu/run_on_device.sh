@@ -30,7 +30,7 @@ run_gtests() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 if want tests; then
   run_gtests gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
-             gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_attention_fp8_test \
+             gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test \
              gpu_fp8_handoff_test gpu_fp8_accumulation_test gpu_flash_attention_fp8_test
   FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1  # tiny checkpoint
   summary+=("gpu_server_test (tiny): exit $? $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')")
@@ -78,10 +78,10 @@ if want attention; then
   done
 fi
 if want fp8; then  # quality=high only: its tests, attention alone and the klein-4B step
-  want tests || run_gtests gpu_attention_fp8_test gpu_fp8_handoff_test gpu_quality_high_test gpu_quantize_test \
-                          gpu_fp8_accumulation_test
+  want tests || run_gtests gpu_flash_attention_fp8_test gpu_fp8_handoff_test gpu_quality_high_test \
+                          gpu_quantize_test gpu_fp8_accumulation_test
   for quality in lossless high; do
-    summary+=("attention klein-4b $quality (FP8 opted in): $(FLUX2_FP8_ATTENTION=1 "$bin/flux2" bench --model klein-4b --attention-only --quality $quality 2>>"$out/bench.err")")
+    summary+=("attention klein-4b $quality: $("$bin/flux2" bench --model klein-4b --attention-only --quality $quality 2>>"$out/bench.err")")
   done
   for i in 1 2; do
     "$bin/flux2" bench --model klein-4b --quality high --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
@@ -89,8 +89,8 @@ if want fp8; then  # quality=high only: its tests, attention alone and the klein
   done
   "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
   summary+=("profile klein-4b high: $(tail -n1 "$out/profile.jsonl")")
-  FLUX2_FP8_ATTENTION=1 "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
-  summary+=("profile klein-4b high, FP8 attention opted in: $(tail -n1 "$out/profile.jsonl")")
+  FLUX2_FLASH_FP8=0 "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
+  summary+=("profile klein-4b high, bf16 attention (FLUX2_FLASH_FP8=0): $(tail -n1 "$out/profile.jsonl")")
   FLUX2_FP8_FAST_ACCUM=0 "$bin/flux2" bench --model klein-4b --quality high --profile --json \
     >>"$out/profile.jsonl" 2>>"$out/bench.err"
   summary+=("profile klein-4b high, fp32-promoted accumulation (fast accumulation off): $(tail -n1 "$out/profile.jsonl")")
