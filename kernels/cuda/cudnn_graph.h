@@ -1,5 +1,5 @@
-// Small RAII helpers for cuDNN's backend (graph) API, shared by the bf16 and FP8 SDPA plans:
-// an owned descriptor, tensor descriptors, and "first engine config that finalizes" plans.
+// Small RAII helpers for cuDNN's backend (graph) API, shared by the SDPA plans and the
+// convolutions: an owned descriptor, tensor descriptors, and "first engine config that finalizes" plans.
 // Exercised through tests/cuda/backend_ops_test.cc.
 #pragma once
 
