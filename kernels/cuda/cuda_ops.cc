@@ -518,9 +518,9 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
           });
     };
     // FP8 attention serves the transformer's (non-causal) attention; the text encoder's causal
-    // attention stays bf16 without counting a fallback.
-    if (quality_ != Quality::kHigh || params.causal) return bf16_attention();
-    if (!flash_fp8_attention_) return bf16_attention();
+    // attention stays bf16 without counting a fallback, as does all of it with FLUX2_FLASH_FP8=0.
+    if (quality_ != Quality::kHigh || params.causal || !flash_fp8_attention_)
+      return bf16_attention();
     const absl::string_view unsupported =
         !cuda::flash_attention_fp8_available()                                ? "unsupported_device"
         : !cuda::flash_attention_fp8_supports(params, mat(q), mat(k), mat(v)) ? "unsupported_shape"
