@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/fp8_convert.cuh"
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FLUX2_FLASH_FP8_DEVICE 1
@@ -136,14 +137,7 @@ __device__ __forceinline__ void mma_registers(float (&acc)[64], const uint32_t (
 
 // Four fp32 values to E4M3 (RNE, saturating), the first in the lowest byte.
 __device__ __forceinline__ uint32_t pack_e4m3(float x0, float x1, float x2, float x3) {
-  uint32_t packed;
-  asm("{\n.reg .b16 lo, hi;\n"
-      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
-      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
-      "mov.b32 %0, {lo, hi};\n}\n"
-      : "=r"(packed)
-      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
-  return packed;
+  return DeviceCvt<true>::e4m3x2(x0, x1) | (uint32_t{DeviceCvt<true>::e4m3x2(x2, x3)} << 16);
 }
 // log2 of a (normal) power of two, exactly: its exponent.
 __device__ __forceinline__ float power_of_two_log2(float x) {
