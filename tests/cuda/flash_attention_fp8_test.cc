@@ -235,18 +235,22 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
     cudaMemcpy(got_scales.data(), scales.data, got_scales.size() * sizeof(float),
                cudaMemcpyDeviceToHost);
 
+    // max |x| over a block of 128 tokens of one head of q (0), k (1) or v (2).
+    auto block_amax = [&](int which, int64_t h, int64_t tile) {
+      uint32_t amax = 0;
+      for (int64_t r = tile * 128; r < std::min(s, (tile + 1) * 128); ++r) {
+        for (int64_t i = 0; i < 128; ++i)
+          amax = std::max(amax, abs_bits(value(which, r, h * 128 + i)));
+      }
+      return f32_from_bits(amax);
+    };
     int64_t mismatches = 0;
     for (int which = 0; which < 2; ++which) {
       const std::vector<uint8_t>& got = which == 0 ? got_q : got_k;
       for (int64_t h = 0; h < c.heads; ++h) {
         for (int64_t tile = 0; tile < tiles; ++tile) {
           const int64_t end = std::min(s, (tile + 1) * 128);
-          uint32_t amax = 0;
-          for (int64_t r = tile * 128; r < end; ++r) {
-            for (int64_t i = 0; i < 128; ++i)
-              amax = std::max(amax, abs_bits(value(which, r, h * 128 + i)));
-          }
-          const float scale = fp8_dequant_scale(f32_from_bits(amax));
+          const float scale = fp8_dequant_scale(block_amax(which, h, tile));
           EXPECT_EQ(f32_bits(got_scales[(which * c.heads + h) * tiles + tile]), f32_bits(scale))
               << c.name << ": scale of " << (which == 0 ? "q" : "k") << " head " << h << " block "
               << tile;
@@ -261,13 +265,7 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
     }
     for (int64_t h = 0; h < c.heads; ++h) {
       for (int64_t tile = 0; tile < tiles; ++tile) {
-        const int64_t end = std::min(s, (tile + 1) * 128);
-        uint32_t amax = 0;
-        for (int64_t key = tile * 128; key < end; ++key) {
-          for (int64_t i = 0; i < 128; ++i)
-            amax = std::max(amax, abs_bits(value(2, key, h * 128 + i)));
-        }
-        const float scale = cuda::flash_fp8_value_scale(f32_from_bits(amax));
+        const float scale = cuda::flash_fp8_value_scale(block_amax(2, h, tile));
         EXPECT_EQ(f32_bits(got_scales[(2 * c.heads + h) * tiles + tile]), f32_bits(scale))
             << c.name << ": scale of v head " << h << " block " << tile;
         for (int64_t i = 0; i < 128; ++i) {
