@@ -31,12 +31,13 @@ struct QkNormArgs {
   int64_t cos_stride, sin_stride;  // elements
 };
 
-// QK-norm + RoPE of the 8 elements x (head elements 8·pack ..) of one row, as qk_norm_rope's
+// QK-norm + RoPE of the 8 elements x (head elements 8·pack ..) of one row, packed as bf16 in memory
+// order (x is overwritten), as qk_norm_rope's
 // vectorized kernel computes them: there lane l holds elements 4l..4l+3, so this thread holds
 // lanes 2·pack and 2·pack + 1, and the warp sum of squares runs the same butterfly (lane offsets
 // 16, 8, 4, 2 are thread offsets 8, 4, 2, 1 among the row's 16 threads; offset 1 is local).
-__device__ __forceinline__ void norm_rope8(float x[8], const float w[8], const float c[8],
-                                           const float s[8], float eps) {
+__device__ __forceinline__ uint4 norm_rope8(float x[8], const float w[8], const float c[8],
+                                            const float s[8], float eps) {
   float squares[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int e = 0; e < 8; ++e) squares[e / 4] = __fadd_rn(squares[e / 4], __fmul_rn(x[e], x[e]));
@@ -46,16 +47,21 @@ __device__ __forceinline__ void norm_rope8(float x[8], const float w[8], const f
     for (int j = 0; j < 2; ++j)
       squares[j] = __fadd_rn(squares[j], __shfl_xor_sync(0xffffffffu, squares[j], offset));
   }
-  const float rstd = head_rstd_of(__fadd_rn(squares[0], squares[1]), 128.0f, eps);
+  const float rstd = head_rstd_of<128>(__fadd_rn(squares[0], squares[1]), eps);
 #pragma unroll
   for (int e = 0; e < 8; ++e) x[e] = head_norm_value(x[e], rstd, w[e], RopeStyle::kInterleaved);
+  uint32_t words[4];
 #pragma unroll
   for (int e = 0; e < 8;
        e += 2) {  // interleaved pairs: rot(x)[2m] = -x[2m+1], rot(x)[2m+1] = x[2m]
     const float even = x[e], odd = x[e + 1];
-    x[e] = round_bf16(rope_value(even, odd, -1.0f, c[e], s[e], RopeStyle::kInterleaved));
-    x[e + 1] = round_bf16(rope_value(odd, even, 1.0f, c[e + 1], s[e + 1], RopeStyle::kInterleaved));
+    // Both rounded to bf16 by one conversion (the round_bf16 of qk_norm_rope), low half first.
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(
+        rope_value(even, odd, -1.0f, c[e], s[e], RopeStyle::kInterleaved),
+        rope_value(odd, even, 1.0f, c[e + 1], s[e + 1], RopeStyle::kInterleaved));
+    words[e / 2] = *reinterpret_cast<const uint32_t*>(&pair);
   }
+  return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
 __device__ __forceinline__ void load_f32x8(const float* p, float out[8]) {
@@ -64,61 +70,146 @@ __device__ __forceinline__ void load_f32x8(const float* p, float out[8]) {
   out[7] = b.w;
 }
 
-// Block (tile, head, which), which = 0 (Q) or 1 (K): the scale from the block's amax, E4M3 out;
-// kNorm: QK-norm + RoPE first (norm_rope8).
+// 8 bf16 in a 16-byte register pack -> 8 floats (exact), without taking the pack's address (which
+// would put it in local memory).
+__device__ __forceinline__ void unpack_bf16x8(const uint4& raw, float x[8]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = __uint_as_float(words[i] << 16);
+    x[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+// Running max of the magnitudes of 8 bf16 (two per word, as bf16x2 magnitudes): integer max of
+// magnitude bits, which orders bf16 like f32 (NaN above infinity), exact in any order.
+__device__ __forceinline__ uint32_t max_magnitudes_bf16x8(uint32_t running, const uint4& v) {
+  running = __vmaxu2(running, v.x & 0x7fff7fffu);
+  running = __vmaxu2(running, v.y & 0x7fff7fffu);
+  running = __vmaxu2(running, v.z & 0x7fff7fffu);
+  return __vmaxu2(running, v.w & 0x7fff7fffu);
+}
+
+// Q and K block by block: item (tile, which, head), which = 0 (Q) or 1 (K), ordered tile-major;
+// each resident block takes a contiguous run of items. Per item: the scale from the block's amax,
+// E4M3 out; kNorm: QK-norm + RoPE first (norm_rope8). A thread holds 4 rows x 8 channels. It keeps
+// the rows' cos/sin in registers while the tile stays the same, and the next item's loads are in
+// flight while it works on this one.
+constexpr int kQkThreads = 512;
+constexpr int kQkRowsPerThread = kTile / (kQkThreads / 16);  // 4
+
 template <bool kNorm>
-__global__ void __launch_bounds__(kThreads)
-    quantize_blocks_kernel(Bf16Matrix q, Bf16Matrix k, int tokens, int heads, uint8_t* q8,
-                           uint8_t* k8, float* scales, QkNormArgs norm) {
+__global__ void __launch_bounds__(kQkThreads, 1)
+    quantize_qk_kernel(Bf16Matrix q, Bf16Matrix k, int tokens, int heads, uint8_t* q8, uint8_t* k8,
+                       float* scales, QkNormArgs norm) {
   __shared__ uint32_t scratch[32];
-  const int tile = blockIdx.x, head = blockIdx.y, which = blockIdx.z, tiles = gridDim.x;
-  const Bf16Matrix in = which == 0 ? q : k;
-  const int pack = threadIdx.x % 16, first_row = tile * kTile + threadIdx.x / 16;
-  float w[2][8];
+  __shared__ __align__(16) float weights[2][2][128];  // [Q or K][before / from split]
+  const int tiles = (tokens + kTile - 1) / kTile, items = tiles * 2 * heads;
+  const int begin = static_cast<int>(int64_t{blockIdx.x} * items / gridDim.x);
+  const int end = static_cast<int>(int64_t{blockIdx.x + 1} * items / gridDim.x);
+  const int pack = threadIdx.x % 16, slot = threadIdx.x / 16;
   if constexpr (kNorm) {
-    // Selected, not indexed by `which`: that would copy the parameters to local memory.
-    load8((which == 0 ? norm.weight[0][0] : norm.weight[1][0]) + 8 * pack, w[0]);
-    load8((which == 0 ? norm.weight[0][1] : norm.weight[1][1]) + 8 * pack, w[1]);
+    const int vec = threadIdx.x / 128, element = threadIdx.x % 128;  // 4 vectors of 128
+    // Selected, not indexed: an indexed parameter array would be copied to local memory.
+    const __nv_bfloat16* source = vec == 0   ? norm.weight[0][0]
+                                  : vec == 1 ? norm.weight[0][1]
+                                  : vec == 2 ? norm.weight[1][0]
+                                             : norm.weight[1][1];
+    weights[vec / 2][vec % 2][element] = __bfloat162float(source[element]);
+    __syncthreads();
   }
-  float x[8][8];
-  uint32_t amax = 0;
+  struct Item {
+    int tile, which, head;
+  };
+  auto item_at = [&](int i) {
+    const int tile = i / (2 * heads), rest = i % (2 * heads);
+    return Item{tile, rest / heads, rest % heads};
+  };
+  auto row_of = [&](int tile, int i) { return tile * kTile + slot + (kQkThreads / 16) * i; };
+  auto load_item = [&](const Item& it, uint4 raw[kQkRowsPerThread]) {
+    const Bf16Matrix in = it.which == 0 ? q : k;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int row = first_row + 16 * i;
-    float c[8] = {}, s[8] = {};
-    if (row < tokens) {
-      load8(in.data + row * in.stride + head * 128 + pack * 8, x[i]);
-      if constexpr (kNorm) {
-        load_f32x8(norm.cos + row * norm.cos_stride + 8 * pack, c);
-        load_f32x8(norm.sin + row * norm.sin_stride + 8 * pack, s);
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) x[i][e] = 0.0f;
+    for (int i = 0; i < kQkRowsPerThread; ++i) {
+      const int row = row_of(it.tile, i);
+      raw[i] = row < tokens ? *reinterpret_cast<const uint4*>(in.data + row * in.stride +
+                                                              it.head * 128 + pack * 8)
+                            : make_uint4(0, 0, 0, 0);
     }
+  };
+  float c[kQkRowsPerThread][8], s[kQkRowsPerThread][8];
+  auto load_rope = [&](int tile, int r) {
+    const int row = row_of(tile, r);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) c[r][e] = s[r][e] = 0.0f;
+    if (row < tokens) {
+      load_f32x8(norm.cos + row * norm.cos_stride + 8 * pack, c[r]);
+      load_f32x8(norm.sin + row * norm.sin_stride + 8 * pack, s[r]);
+    }
+  };
+  int tile_of_rope = -1;
+  uint4 next[kQkRowsPerThread];
+  if (begin < end) load_item(item_at(begin), next);
+  for (int i = begin; i < end; ++i) {
+    const Item it = item_at(i);
+    uint4 raw[kQkRowsPerThread];
+#pragma unroll
+    for (int r = 0; r < kQkRowsPerThread; ++r) raw[r] = next[r];
+    if (i + 1 < end) load_item(item_at(i + 1), next);
     if constexpr (kNorm) {
-      float weight[8];  // selected element-wise: an indexed w[] would live in local memory
+      if (it.tile != tile_of_rope) {
+        tile_of_rope = it.tile;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) weight[e] = row < norm.split ? w[0][e] : w[1][e];
-      norm_rope8(x[i], weight, c, s, norm.eps);
+        for (int r = 0; r < kQkRowsPerThread; ++r) load_rope(it.tile, r);
+      }
     }
+    uint32_t magnitudes = 0;  // bf16x2
 #pragma unroll
-    for (int e = 0; e < 8; ++e) amax = max(amax, abs_bits(x[i][e]));
-  }
-  amax = block_max_bits(amax, scratch);
-  const float scale = fp8_dequant_scale(__uint_as_float(amax));
-  const float encode = fp8_encode_factor(scale);
-  if (threadIdx.x == 0) scales[(which * heads + head) * tiles + tile] = scale;
-  uint8_t* out = which == 0 ? q8 : k8;
-  const int width = heads * 128;
+    for (int r = 0; r < kQkRowsPerThread; ++r) {
+      if constexpr (kNorm) {
+        float x[8], weight[8];
+        unpack_bf16x8(raw[r], x);
+        load_f32x8(&weights[it.which][row_of(it.tile, r) < norm.split ? 0 : 1][8 * pack], weight);
+        raw[r] = norm_rope8(x, weight, c[r], s[r], norm.eps);
+      }
+      magnitudes = max_magnitudes_bf16x8(magnitudes, raw[r]);
+    }
+    uint32_t amax = max(magnitudes & 0xffffu, magnitudes >> 16) << 16;  // f32 bits
+    amax = block_max_bits(amax, scratch);
+    const float scale = fp8_dequant_scale(__uint_as_float(amax));
+    const float encode = fp8_encode_factor(scale);
+    if (threadIdx.x == 0) scales[(it.which * heads + it.head) * tiles + it.tile] = scale;
+    uint8_t* out = it.which == 0 ? q8 : k8;
+    const int width = heads * 128;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int row = first_row + 16 * i;
-    if (row < tokens) {
-      *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row) * width + head * 128 + pack * 8) =
-          fp8_pack8<true>(x[i], encode);
+    for (int r = 0; r < kQkRowsPerThread; ++r) {
+      const int row = row_of(it.tile, r);
+      if (row < tokens) {
+        float x[8];
+        unpack_bf16x8(raw[r], x);
+        *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row) * width + it.head * 128 +
+                                  pack * 8) = fp8_pack8<true>(x, encode);
+      }
     }
   }
+}
+
+// Blocks of quantize_qk_kernel<kNorm> resident on the current device at once (its grid).
+template <bool kNorm>
+absl::StatusOr<int> resident_qk_blocks() {
+  static int blocks[2] = {0, 0};  // per kNorm
+  int& capacity = blocks[kNorm];
+  if (capacity == 0) {
+    int device = 0, sms = 0, per_sm = 0;
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "quantize_attention_operands_fp8"));
+    FLUX_RETURN_IF_ERROR(
+        cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                    "quantize_attention_operands_fp8"));
+    FLUX_RETURN_IF_ERROR(cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                         &per_sm, quantize_qk_kernel<kNorm>, kQkThreads, 0),
+                                     "quantize_attention_operands_fp8"));
+    capacity = std::max(1, sms * per_sm);
+  }
+  return capacity;
 }
 
 // V [tokens, width] bf16 -> Vᵀ E4M3 [width, padded], keys permuted (flash_fp8_position_of), one
@@ -134,19 +225,18 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint32_t scratch[32];
   const int key0 = blockIdx.x * kTile, head = blockIdx.y, channel0 = head * 128;
   const int pack = threadIdx.x % 16, first_key = threadIdx.x / 16;  // 8 channels per pack
-  float x[8][8];
+  uint4 raw[8];  // bf16 as loaded: half the registers of floats, so more blocks per SM
   uint32_t amax = 0;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {  // 128 keys x 16 packs
     const int key = first_key + 16 * i;
-    if (key0 + key < tokens) {
-      load8(v.data + (key0 + key) * v.stride + channel0 + 8 * pack, x[i]);
-    } else {
+    raw[i] = key0 + key < tokens ? *reinterpret_cast<const uint4*>(
+                                       v.data + (key0 + key) * v.stride + channel0 + 8 * pack)
+                                 : make_uint4(0, 0, 0, 0);
+    float x[8];
+    unpack_bf16x8(raw[i], x);
 #pragma unroll
-      for (int c = 0; c < 8; ++c) x[i][c] = 0.0f;
-    }
-#pragma unroll
-    for (int c = 0; c < 8; ++c) amax = max(amax, abs_bits(x[i][c]));
+    for (int c = 0; c < 8; ++c) amax = max(amax, abs_bits(x[c]));
   }
   const float scale = flash_fp8_value_scale(__uint_as_float(block_max_bits(amax, scratch)));
   if (threadIdx.x == 0) scales[head * gridDim.x + blockIdx.x] = scale;
@@ -154,7 +244,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int key = first_key + 16 * i;
-    const uint2 packed = fp8_pack8<true>(x[i], encode);
+    float x[8];
+    unpack_bf16x8(raw[i], x);
+    const uint2 packed = fp8_pack8<true>(x, encode);
     const int swizzled = static_cast<int>(flash_fp8_position_of(key)) ^ ((pack % 8) * 16);
     const auto* bytes = reinterpret_cast<const uint8_t*>(&packed);
 #pragma unroll
@@ -249,10 +341,14 @@ absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const M
     norm_args.cos_stride = norm->cos.stride;
     norm_args.sin_stride = norm->sin.stride;
   }
-  auto kernel = norm != nullptr ? quantize_blocks_kernel<true> : quantize_blocks_kernel<false>;
-  kernel<<<dim3(blocks.x, blocks.y, 2), kThreads, 0, stream>>>(
-      matrix(q), matrix(k), static_cast<int>(tokens), static_cast<int>(heads),
-      static_cast<uint8_t*>(out.q), static_cast<uint8_t*>(out.k), out.scales, norm_args);
+  const absl::StatusOr<int> resident =
+      norm != nullptr ? resident_qk_blocks<true>() : resident_qk_blocks<false>();
+  FLUX_RETURN_IF_ERROR(resident.status());
+  const int grid = static_cast<int>(std::min<int64_t>(*resident, tiles * 2 * heads));
+  auto kernel = norm != nullptr ? quantize_qk_kernel<true> : quantize_qk_kernel<false>;
+  kernel<<<grid, kQkThreads, 0, stream>>>(matrix(q), matrix(k), static_cast<int>(tokens),
+                                          static_cast<int>(heads), static_cast<uint8_t*>(out.q),
+                                          static_cast<uint8_t*>(out.k), out.scales, norm_args);
   FLUX_RETURN_IF_LAUNCH_FAILED("quantize_attention_operands_fp8 (Q, K)");
   transpose_values_kernel<<<blocks, kThreads, 0, stream>>>(
       matrix(v), static_cast<int>(tokens), static_cast<uint8_t*>(out.vt),

@@ -13,6 +13,14 @@ __device__ __forceinline__ float head_rstd_of(float sum_of_squares, float head_d
   return rsqrtf(__fadd_rn(__fdiv_rn(sum_of_squares, head_dim), eps));
 }
 
+// The same for a head size known at compile time that is a power of two: the division by it is
+// then a multiplication by its exact reciprocal, which rounds the same quotient the same way.
+template <int kHeadDim>
+__device__ __forceinline__ float head_rstd_of(float sum_of_squares, float eps) {
+  static_assert(kHeadDim > 0 && (kHeadDim & (kHeadDim - 1)) == 0, "a power of two");
+  return rsqrtf(__fadd_rn(__fmul_rn(sum_of_squares, 1.0f / kHeadDim), eps));
+}
+
 // One element of an RMS-normalised head: FLUX.2 (interleaved) rounds once, Qwen3 (half split)
 // after the normalisation and after the weight, as the eager ops do.
 __device__ __forceinline__ float head_norm_value(float x, float rstd, float w, RopeStyle style) {
