@@ -16,6 +16,17 @@ absl::StatusOr<double> Backend::time_ms(const std::function<absl::Status()>& wor
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
+absl::Status Backend::swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,
+                                    const Tensor& w, const Tensor& y) {
+  if (x.rank() != 2 || gate.rank() != 2 || x.rows() != gate.rows() || x.cols() < gate.cols()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "swiglu_linear: x ", x.describe(), " must have gate's rows and end with its columns (gate ",
+        gate.describe(), ")"));
+  }
+  FLUX_RETURN_IF_ERROR(swiglu(gate, up, x.col_slice(x.cols() - gate.cols(), gate.cols())));
+  return linear(x, w, {}, y);
+}
+
 absl::Status Backend::normed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const QkNormRope& norm, const AttentionParams& params,
                                        const Tensor& out) {

@@ -118,6 +118,12 @@ class Backend {
   virtual absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) = 0;
   // out[M, F] = silu(gate[M, F]) ⊙ up[M, F].
   virtual absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  // y = x · wᵀ where x [M, P + F] ends with act = swiglu(gate, up) (its first P columns, e.g. the
+  // single block's attention output, are read as they are). The default writes act, then runs
+  // linear; a backend may feed the GEMM without writing act (quality=high on CUDA), so callers
+  // must not read act after.
+  virtual absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,
+                                     const Tensor& w, const Tensor& y);
 
   // ---- normalisation ------------------------------------------------------------------------
   // out = (1 + scale) ⊙ LayerNorm(x) + shift; LayerNorm over the last dim without affine.

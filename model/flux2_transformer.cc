@@ -199,9 +199,12 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
   FLUX_RETURN_IF_ERROR(be.linear(img_rows(ws.normed), w.img_ff_in, {}, img_rows(ff_in)));             // [N, 2F]
   FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(txt_rows(x), txt_mod(3), txt_mod(4), eps, txt_rows(ws.normed)));  // [L, D]
   FLUX_RETURN_IF_ERROR(be.linear(txt_rows(ws.normed), w.txt_ff_in, {}, txt_rows(ff_in)));             // [L, 2F]
-  FLUX_RETURN_IF_ERROR(be.swiglu(ff_in.col_slice(0, f), ff_in.col_slice(f, f), ff_act));              // [S, F]
-  FLUX_RETURN_IF_ERROR(be.linear(img_rows(ff_act), w.img_ff_out, {}, img_rows(ws.proj)));             // [N, D]
-  FLUX_RETURN_IF_ERROR(be.linear(txt_rows(ff_act), w.txt_ff_out, {}, txt_rows(ws.proj)));             // [L, D]
+  const Tensor ff_gate = ff_in.col_slice(0, f), ff_up = ff_in.col_slice(f, f);
+  // Each stream's SwiGLU, then its down projection ([N, D], then [L, D]).
+  FLUX_RETURN_IF_ERROR(be.swiglu_linear(img_rows(ff_gate), img_rows(ff_up), img_rows(ff_act),
+                                        w.img_ff_out, img_rows(ws.proj)));
+  FLUX_RETURN_IF_ERROR(be.swiglu_linear(txt_rows(ff_gate), txt_rows(ff_up), txt_rows(ff_act),
+                                        w.txt_ff_out, txt_rows(ws.proj)));
   FLUX_RETURN_IF_ERROR(be.gate_residual(img_rows(x), img_mod(5), img_rows(ws.proj)));                 // [N, D]
   FLUX_RETURN_IF_ERROR(be.gate_residual(txt_rows(x), txt_mod(5), txt_rows(ws.proj)));                 // [L, D]
   return absl::OkStatus();
@@ -228,8 +231,8 @@ absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, co
                         cond.rope_sin,  RopeStyle::kInterleaved};
   FLUX_RETURN_IF_ERROR(
       be.normed_attention(q, k, v, norm, params, ws.attn_mlp.col_slice(0, d)));  // [S, D]
-  FLUX_RETURN_IF_ERROR(be.swiglu(mlp_gate, mlp_up, ws.attn_mlp.col_slice(d, f)));                     // [S, F]
-  FLUX_RETURN_IF_ERROR(be.linear(ws.attn_mlp, w.out, {}, ws.proj));                                   // [S, D]
+  // to_out reads [attn | swiglu(mlp)]: the SwiGLU lands next to the attention output.
+  FLUX_RETURN_IF_ERROR(be.swiglu_linear(mlp_gate, mlp_up, ws.attn_mlp, w.out, ws.proj));  // [S, D]
   FLUX_RETURN_IF_ERROR(be.gate_residual(x, gate, ws.proj));                                           // [S, D]
   return absl::OkStatus();
 }

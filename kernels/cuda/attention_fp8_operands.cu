@@ -70,26 +70,6 @@ __device__ __forceinline__ void load_f32x8(const float* p, float out[8]) {
   out[7] = b.w;
 }
 
-// 8 bf16 in a 16-byte register pack -> 8 floats (exact), without taking the pack's address (which
-// would put it in local memory).
-__device__ __forceinline__ void unpack_bf16x8(const uint4& raw, float x[8]) {
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    x[2 * i] = __uint_as_float(words[i] << 16);
-    x[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-  }
-}
-
-// Running max of the magnitudes of 8 bf16 (two per word, as bf16x2 magnitudes): integer max of
-// magnitude bits, which orders bf16 like f32 (NaN above infinity), exact in any order.
-__device__ __forceinline__ uint32_t max_magnitudes_bf16x8(uint32_t running, const uint4& v) {
-  running = __vmaxu2(running, v.x & 0x7fff7fffu);
-  running = __vmaxu2(running, v.y & 0x7fff7fffu);
-  running = __vmaxu2(running, v.z & 0x7fff7fffu);
-  return __vmaxu2(running, v.w & 0x7fff7fffu);
-}
-
 // Q and K block by block: item (tile, which, head), which = 0 (Q) or 1 (K), ordered tile-major;
 // each resident block takes a contiguous run of items. Per item: the scale from the block's amax,
 // E4M3 out; kNorm: QK-norm + RoPE first (norm_rope8). A thread holds 4 rows x 8 channels. It keeps
@@ -173,7 +153,7 @@ __global__ void __launch_bounds__(kQkThreads, 1)
       }
       magnitudes = max_magnitudes_bf16x8(magnitudes, raw[r]);
     }
-    uint32_t amax = max(magnitudes & 0xffffu, magnitudes >> 16) << 16;  // f32 bits
+    uint32_t amax = magnitude_bits_of(magnitudes);
     amax = block_max_bits(amax, scratch);
     const float scale = fp8_dequant_scale(__uint_as_float(amax));
     const float encode = fp8_encode_factor(scale);

@@ -30,6 +30,12 @@ __device__ __forceinline__ float silu_value(float x) {
   }
 }
 
+// One SwiGLU element before its output rounding: bf16(silu(g)) · u (the eager silu then mul).
+template <SiluMath kMath>
+__device__ __forceinline__ float swiglu_value(float g, float u) {
+  return __fmul_rn(round_bf16(silu_value<kMath>(g)), u);
+}
+
 // r / n for the non-negative row arithmetic of the kernels: a 32-bit division whenever both fit
 // (the 64-bit one costs dozens of instructions), the same quotient either way.
 __device__ __forceinline__ int64_t row_div(int64_t r, int64_t n) {
@@ -53,6 +59,42 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, const float in[8]) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) pack.v[i] = __float2bfloat16_rn(in[i]);
   *reinterpret_cast<Bf16x8*>(p) = pack;
+}
+
+// 8 bf16 held in a 16-byte register pack, element 0 in the low half of .x (memory order). These
+// helpers never take the pack's address, which would put it in local memory.
+__device__ __forceinline__ void unpack_bf16x8(const uint4& pack, float x[8]) {  // exact
+  const uint32_t words[4] = {pack.x, pack.y, pack.z, pack.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = __uint_as_float(words[i] << 16);
+    x[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+// The 8 values rounded to bf16 (round to nearest even, as to_bf16) and packed.
+__device__ __forceinline__ uint4 pack_bf16x8(const float x[8]) {
+  uint32_t words[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
+    words[i] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// Running max of the magnitudes of a pack, as bf16x2 magnitudes (integer max of magnitude bits
+// orders bf16 like f32, NaN above infinity; exact in any order).
+__device__ __forceinline__ uint32_t max_magnitudes_bf16x8(uint32_t running, const uint4& v) {
+  running = __vmaxu2(running, v.x & 0x7fff7fffu);
+  running = __vmaxu2(running, v.y & 0x7fff7fffu);
+  running = __vmaxu2(running, v.z & 0x7fff7fffu);
+  return __vmaxu2(running, v.w & 0x7fff7fffu);
+}
+
+// The f32 magnitude bits of the larger half of bf16x2 magnitudes (as abs_bits would give).
+__device__ __forceinline__ uint32_t magnitude_bits_of(uint32_t bf16x2_magnitudes) {
+  return max(bf16x2_magnitudes & 0xffffu, bf16x2_magnitudes >> 16) << 16;
 }
 
 // Sum across a warp by xor butterfly: every lane gets the same, order-fixed result.

@@ -84,10 +84,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
   FLUX_ASSIGN_OR_RETURN(backend->gemm_, cuda::Gemm::create(backend->stream(), gemm_options));
   FLUX_ASSIGN_OR_RETURN(backend->sdpa_, cuda::CudnnSdpa::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->conv_, cuda::CudnnConv::create(backend->stream()));
-  // Per-token x per-channel FP8 scales only when asked: without the producers' hand-offs (which
-  // need one scale per tensor) a klein-4B step is ~0.5 ms slower on the H200 (PERF_NOTES run 31).
+  // Per-token x per-channel FP8 scales unless FLUX2_FP8_ROWWISE=0 (per-tensor scales).
   backend->fp8_rowwise_ =
-      env_is("FLUX2_FP8_ROWWISE", "1") && backend->gemm_->supports_rowwise_fp8();
+      !env_is("FLUX2_FP8_ROWWISE", "0") && backend->gemm_->supports_rowwise_fp8();
   backend->flash_fp8_attention_ = !env_is("FLUX2_FLASH_FP8", "0");
   backend->nvfp4_ = info.major >= 10 && backend->gemm_->supports_nvfp4();
   std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB); quality=high: %s%s, %s\n",
@@ -260,7 +259,7 @@ void CudaBackend::hand_off(const Tensor& out, Tensor row_amax, Tensor fp8, Tenso
 }
 
 std::optional<int64_t> CudaBackend::incoming_rows(const Tensor& x) const {
-  if (!incoming_ || !handoff_wanted()) return std::nullopt;
+  if (!incoming_ || !(handoff_wanted() || fp8_rows_wanted())) return std::nullopt;
   const AmaxHandoff& h = *incoming_;
   const auto* data = static_cast<const char*>(x.data());
   if (x.cols() != h.cols || x.row_stride() != h.stride || data < h.data) return std::nullopt;

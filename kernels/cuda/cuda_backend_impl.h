@@ -48,6 +48,8 @@ class CudaBackend final : public Backend {
   void set_fast_paths(bool enabled) override { fast_paths_ = enabled; }
   void set_op_profiling(bool enabled) override { profiling_ = enabled; }
   absl::StatusOr<int64_t> add_fp8_weight(const Tensor& w) override;
+  // Whether quality=high's FP8 GEMMs scale per token and channel (else per tensor).
+  bool fp8_rowwise() const { return fp8_rowwise_; }
   void set_quality(Quality quality) override { quality_ = quality; }
   std::map<std::string, double> take_op_profile() override;
 
@@ -57,6 +59,8 @@ class CudaBackend final : public Backend {
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;
   absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x, const Tensor& w,
+                             const Tensor& y) override;
   absl::Status layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps,
                                    const Tensor& out) override;
   absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;
@@ -142,7 +146,8 @@ class CudaBackend final : public Backend {
     Tensor global;  // NVFP4 only: f32 [1] global encode scale
   };
   // Rowwise FP8 (per-token activation, per-channel weight scales) when cuBLASLt offers it on this
-  // device: one quantize kernel per activation and better accuracy; else per-tensor scales.
+  // device, unless FLUX2_FP8_ROWWISE=0: LayerNorm+modulate and SwiGLU write the E4M3 rows of the
+  // GEMM after them; else per-tensor scales with row-maxima hand-offs.
   bool fp8_rowwise_ = false;
   // Blackwell (compute capability >= 10.0) with cuBLASLt's block-scaled FP4 GEMM: quality=high
   // uses NVFP4 instead of FP8 there (kernels.md §1.8). Never on the H200.
@@ -158,8 +163,16 @@ class CudaBackend final : public Backend {
   std::string profile_category(absl::string_view category, const Tensor& x, const Tensor& w) const;
   // y = x · wᵀ through the FP8 (or, on Blackwell, NVFP4) GEMM.
   absl::Status linear_low_precision(const Tensor& x, const Fp8Weight& w, const Tensor& y);
+  // The GEMM of linear_low_precision on x's quantized copy xq.
+  absl::Status gemm_low_precision(const Tensor& x, const Fp8Weight& xq, const Fp8Weight& w,
+                                  const Tensor& y);
+  // swiglu_linear with rowwise FP8: one kernel writes x's E4M3 rows ([prefix | swiglu(gate, up)],
+  // a scale per row) without the bf16 activation, then the GEMM.
+  absl::Status swiglu_linear_fp8(const Tensor& gate, const Tensor& up, const Tensor& x,
+                                 const Fp8Weight& w, const Tensor& y);
   // quality=high hand-off: the op that wrote a bf16 activation also left each row's max |x|
-  // (SwiGLU, attention) or an E4M3 copy with its scale (LayerNorm+modulate); an FP8 GEMM that reads
+  // (SwiGLU, attention) or an E4M3 copy with its scale or row scales (LayerNorm+modulate); an FP8
+  // GEMM that reads
   // exactly that region (or a row range of it) next skips the quantizer's amax pass (bit-identical)
   // or the whole quantization. It lives from the end of the producer to the start of the next op,
   // and through linears that consumed it (the double block's image and text GEMMs read two row
@@ -169,6 +182,7 @@ class CudaBackend final : public Backend {
     int64_t rows = 0, cols = 0, stride = 0;
     Tensor row_amax;             // u32 [rows]: f32 magnitude bits of max |x| per row, or
     Tensor fp8, fp8_scale;       // the region already in E4M3 [rows, cols] with its scale [1]
+                                 // (per tensor) or [rows, 1] (rowwise)
   };
   std::optional<AmaxHandoff> handoff_;   // left by the op that finished last
   std::optional<AmaxHandoff> incoming_;  // what the running (outermost) op found
@@ -177,8 +191,10 @@ class CudaBackend final : public Backend {
   cuda::SiluMath silu_math() const {
     return quality_ == Quality::kHigh ? cuda::SiluMath::kFast : cuda::SiluMath::kExact;
   }
-  // Whether quality=high ops produce and consume hand-offs (per-tensor FP8 GEMMs only).
+  // Whether quality=high ops produce and consume hand-offs of row maxima (per-tensor FP8 GEMMs).
   bool handoff_wanted() const { return quality_ == Quality::kHigh && !nvfp4_ && !fp8_rowwise_; }
+  // Whether they write E4M3 rows with a scale per row instead (rowwise FP8 GEMMs, the default).
+  bool fp8_rows_wanted() const { return quality_ == Quality::kHigh && !nvfp4_ && fp8_rowwise_; }
   // Leaves `out` with its row maxima (or its E4M3 copy and scale) for the next op.
   void hand_off(const Tensor& out, Tensor row_amax, Tensor fp8 = {}, Tensor fp8_scale = {});
   // The first row of x within the incoming hand-off's region when x is a row range of it.

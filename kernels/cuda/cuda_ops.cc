@@ -21,6 +21,7 @@
 #include "kernels/cuda/norms.h"
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/softmax.h"
+#include "kernels/cuda/swiglu_fp8.h"
 
 namespace flux2 {
 namespace {
@@ -58,15 +59,15 @@ FastPath& flash_fp8_attention_path() {
   static FastPath path("flash_attention_fp8");
   return path;
 }
+// quality=high, rowwise FP8: SwiGLU writing the E4M3 rows of the GEMM after it (swiglu_linear).
+FastPath& swiglu_fp8_path() {
+  static FastPath path("swiglu_fp8");
+  return path;
+}
 // quality=high: the low-precision GEMM (FP8 per tensor or rowwise; NVFP4 on Blackwell) with its
 // activation quantized just before it.
 FastPath& fp8_linear_path() {
   static FastPath path("fp8_linear");
-  return path;
-}
-// quality=high: an FP8 GEMM whose input's producer left its row maxima (no amax pass).
-FastPath& fp8_handoff_path() {
-  static FastPath path("fp8_amax_handoff");
   return path;
 }
 
@@ -197,102 +198,6 @@ std::string CudaBackend::profile_category(absl::string_view category, const Tens
   return absl::StrCat(category, " ", x.rows(), "x", w.rows(), "x", x.cols());
 }
 
-absl::StatusOr<CudaBackend::Fp8Weight> CudaBackend::quantize_low_precision(const Tensor& x) {
-  const int64_t m = x.rows(), k = x.cols();
-  Fp8Weight low;
-  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
-  if (nvfp4_) {  // Blackwell: packed E2M1 values, swizzled UE4M3 block scales, a global scale
-    FLUX_ASSIGN_OR_RETURN(low.values, empty(DType::kU8, {m, k / 2}));
-    FLUX_ASSIGN_OR_RETURN(low.scale, empty(DType::kU8, {nvfp4_scale_bytes(m, k)}));
-    FLUX_ASSIGN_OR_RETURN(low.global, empty(DType::kF32, {1}));
-    cuda::Nvfp4QuantizeArgs args;
-    args.in.first = mat(x);
-    args.out = low.values.data();
-    args.out_bytes = low.values.bytes();
-    args.scales = low.scale.data();
-    args.scales_bytes = low.scale.bytes();
-    args.global_scale = low.global.data_as<float>();
-    args.workspace = workspace.data();
-    args.workspace_bytes = workspace.bytes();
-    FLUX_RETURN_IF_ERROR(cuda::nvfp4_quantize_dynamic(args, stream()));
-    return low;
-  }
-  FLUX_ASSIGN_OR_RETURN(low.values, empty(DType::kF8E4M3, {m, k}));
-  FLUX_ASSIGN_OR_RETURN(low.scale, empty(DType::kF32, {fp8_rowwise_ ? m : 1}));
-  cuda::Fp8QuantizeArgs args;
-  args.in.first = mat(x);
-  args.out = low.values.data();
-  args.out_bytes = low.values.bytes();
-  args.scale = low.scale.data_as<float>();
-  if (fp8_rowwise_) {
-    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_rows(args, stream()));  // one kernel, one scale per row
-  } else {
-    args.workspace = workspace.data();
-    args.workspace_bytes = workspace.bytes();
-    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
-  }
-  return low;
-}
-
-absl::Status CudaBackend::linear_low_precision(const Tensor& x, const Fp8Weight& w,
-                                               const Tensor& y) {
-  const int64_t m = x.rows(), k = x.cols();
-  Fp8Weight xq;
-  {
-    OpProfileScope profile(*this, profile_category("quantize", x, w.source));
-    const std::optional<int64_t> first_row = incoming_rows(x);
-    if (first_row && incoming_->fp8.data() != nullptr) {
-      // The producer wrote x in E4M3 itself: no quantization at all.
-      xq.values = incoming_->fp8.row_slice(*first_row, m);
-      xq.scale = incoming_->fp8_scale;
-      fp8_handoff_path().count_invocation();
-      handoff_ = incoming_;  // another row range of the same region may follow
-    } else if (first_row && incoming_->row_amax.data() != nullptr) {
-      // The producer left x's row maxima: scale from them, then one quantize pass.
-      const auto* row_amax = static_cast<const uint32_t*>(incoming_->row_amax.data()) + *first_row;
-      FLUX_ASSIGN_OR_RETURN(xq.values, scratch({m, k}, DType::kF8E4M3));
-      FLUX_ASSIGN_OR_RETURN(xq.scale, scratch({1}, DType::kF32));
-      FLUX_RETURN_IF_ERROR(cuda::fp8_scale_from_row_amax(row_amax, m, xq.scale.data_as<float>(), stream()));
-      cuda::Fp8QuantizeArgs args;
-      args.in.first = mat(x);
-      args.out = xq.values.data();
-      args.out_bytes = xq.values.bytes();
-      args.scale = xq.scale.data_as<float>();
-      FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_static(args, stream()));
-      fp8_handoff_path().count_invocation();
-      handoff_ = incoming_;  // another row range of the same region may follow
-    } else {
-      FLUX_ASSIGN_OR_RETURN(xq, quantize_low_precision(x));
-    }
-  }
-  OpProfileScope profile(*this, profile_category("gemm", x, w.source));
-  const cuda::Mat x_mat{xq.values.data(), m, k, k}, w_mat{w.values.data(), w.values.rows(), k, k};
-  if (nvfp4_) {
-    FLUX_ASSIGN_OR_RETURN(Tensor alpha, scratch({1}, DType::kF32));  // 1 / (gs_x · gs_w)
-    FLUX_RETURN_IF_ERROR(cuda::inverse_product(
-        xq.global.data_as<float>(), w.global.data_as<float>(), alpha.data_as<float>(), stream()));
-    return gemm_->linear_nvfp4(x_mat, xq.scale.data(), w_mat, w.scale.data(),
-                               alpha.data_as<float>(), mat(y));
-  }
-  return gemm_->linear_fp8(x_mat, xq.scale.data_as<float>(), w_mat, w.scale.data_as<float>(),
-                           mat(y), fp8_rowwise_);
-}
-
-absl::StatusOr<int64_t> CudaBackend::add_fp8_weight(const Tensor& w) {
-  FLUX_RETURN_IF_ERROR(check_bf16("add_fp8_weight", "w", w));
-  if (fp8_weights_.count(w.data())) return int64_t{0};
-  if (w.rank() != 2 || !w.contiguous() || w.cols() % 16 != 0) {
-    return op_error("add_fp8_weight", absl::StrCat("w ", w.describe(),
-                                                   " is not a contiguous [N, K] with K % 16 == 0"));
-  }
-  FLUX_ASSIGN_OR_RETURN(Fp8Weight low,
-                        quantize_low_precision(w));  // per output channel when rowwise
-  low.source = w;
-  const int64_t bytes = low.values.bytes() + low.scale.bytes();
-  fp8_weights_.emplace(w.data(), std::move(low));
-  return bytes;
-}
-
 absl::Status CudaBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
   OpProfileScope profile(*this, "other");
   FLUX_RETURN_IF_ERROR(check_tensor("embedding", "ids", ids, Device::kCuda, DType::kI32));
@@ -391,6 +296,36 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
   return write_output(out, into);
 }
 
+absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,
+                                        const Tensor& w, const Tensor& y) {
+  // quality=high with rowwise FP8: SwiGLU writes the GEMM's E4M3 input rows itself.
+  auto found = fp8_rows_wanted() ? fp8_weights_.find(w.data()) : fp8_weights_.end();
+  if (found == fp8_weights_.end()) return Backend::swiglu_linear(gate, up, x, w, y);
+  OpProfileScope op(*this, "");
+  constexpr absl::string_view kOp = "swiglu_linear";
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "gate", gate));
+  FLUX_RETURN_IF_ERROR(check_same_bf16(kOp, gate, "up", up));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
+  if (x.rows() != gate.rows() || x.cols() < gate.cols()) {
+    return op_error(kOp,
+                    absl::StrCat("x ", x.describe(), " must have gate's rows and end with its ",
+                                 gate.cols(), " columns"));
+  }
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "w", w));
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "w", w, w.rows(), x.cols()));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "y", y));
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "y", y, x.rows(), w.rows()));
+  const int64_t prefix = x.cols() - gate.cols();
+  const cuda::Mat prefix_mat =
+      prefix > 0 ? mat(x.col_slice(0, prefix)) : cuda::Mat{nullptr, x.rows(), 0, 0};
+  const bool fits =
+      x.cols() % 16 == 0 && cuda::swiglu_fp8_rows_supported(prefix_mat, mat(gate), mat(up));
+  return run_path(
+      swiglu_fp8_path(), fits ? "" : "unsupported_shape",
+      [&] { return swiglu_linear_fp8(gate, up, x, found->second, y); },
+      [&] { return Backend::swiglu_linear(gate, up, x, w, y); });
+}
+
 absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shift,
                                               const Tensor& scale, float eps, const Tensor& out) {
   OpProfileScope profile(*this, op_category("norm", "layer_norm_modulate"));
@@ -406,6 +341,17 @@ absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shi
   return run_fast_path(
       layer_norm_modulate_path(), "",
       [&]() -> absl::Status {
+        if (fp8_rows_wanted() && cuda::layer_norm_writes_fp8(mat(x))) {
+          // quality=high, rowwise: the E4M3 rows for the next GEMM too, each under its own scale.
+          FLUX_ASSIGN_OR_RETURN(Tensor fp8, scratch({x.rows(), x.cols()}, DType::kF8E4M3));
+          FLUX_ASSIGN_OR_RETURN(Tensor row_scales, scratch({x.rows(), 1}, DType::kF32));
+          FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(
+              mat(x), sh, sc, x.rows(), eps, mat(out), stream(), nullptr,
+              cuda::Fp8Rows{static_cast<uint8_t*>(fp8.data()), nullptr,
+                            row_scales.data_as<float>()}));
+          hand_off(out, Tensor(), std::move(fp8), std::move(row_scales));
+          return absl::OkStatus();
+        }
         if (!handoff_wanted()) {
           return cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out), stream());
         }

@@ -61,9 +61,7 @@ struct MulOp {
 };
 template <SiluMath kMath>
 struct SwiGluOp {  // bf16(bf16(silu(g)) · u)
-  __device__ float operator()(float g, float u) const {
-    return __fmul_rn(round_bf16(silu_value<kMath>(g)), u);
-  }
+  __device__ float operator()(float g, float u) const { return swiglu_value<kMath>(g, u); }
 };
 
 // Row-amax kernels: one block per row; 128 threads divide FLUX's rows of 3072 and 9216 evenly.

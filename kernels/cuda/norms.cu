@@ -143,7 +143,8 @@ __global__ void __launch_bounds__(kVecThreads)
   bf16* o = row_ptr_mut(out, r);
   const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
   uint32_t magnitude = 0;
-  const float fp8_encode = fp8.values != nullptr ? fp8_encode_factor(*fp8.scale) : 0.0f;
+  const bool per_row = fp8.row_scales != nullptr;  // quantized after the row's max is known
+  const float fp8_encode = fp8.values != nullptr && !per_row ? fp8_encode_factor(*fp8.scale) : 0.0f;
   const typename Epilogue::Row mod = epilogue.row(r);
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
@@ -157,7 +158,9 @@ __global__ void __launch_bounds__(kVecThreads)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       result.v[i] = to_bf16(v[i]);
-      if (row_amax != nullptr) magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
+      if (row_amax != nullptr || per_row) {
+        magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
+      }
     }
     if (vector_store) {
       reinterpret_cast<Bf16x8*>(o)[p] = result;
@@ -165,7 +168,9 @@ __global__ void __launch_bounds__(kVecThreads)
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[p * 8 + i] = result.v[i];
     }
-    if (fp8.values != nullptr) {
+    if (per_row) {
+      held[j] = result;  // the input is no longer needed: keep the output for the quantization
+    } else if (fp8.values != nullptr) {
       float rounded[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) rounded[i] = to_f32(result.v[i]);
@@ -173,10 +178,24 @@ __global__ void __launch_bounds__(kVecThreads)
           fp8_pack8<true>(rounded, fp8_encode);
     }
   }
-  if (row_amax != nullptr) {
+  if (row_amax != nullptr || per_row) {
     __shared__ uint32_t max_scratch[32];
     magnitude = block_max_bits(magnitude, max_scratch);
-    if (threadIdx.x == 0) row_amax[r] = magnitude;
+    if (row_amax != nullptr && threadIdx.x == 0) row_amax[r] = magnitude;
+  }
+  if (per_row) {
+    const float row_scale = fp8_dequant_scale(__uint_as_float(magnitude));
+    if (threadIdx.x == 0) fp8.row_scales[r] = row_scale;
+    const float encode = fp8_encode_factor(row_scale);
+#pragma unroll
+    for (int j = 0; j < kPacks; ++j) {
+      const int p = threadIdx.x + j * kVecThreads;
+      if (p >= packs) continue;
+      float rounded[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) rounded[i] = to_f32(held[j].v[i]);
+      *reinterpret_cast<uint2*>(fp8.values + r * x.cols + p * 8) = fp8_pack8<true>(rounded, encode);
+    }
   }
 }
 
@@ -530,8 +549,11 @@ absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat
       rows_per_mod <= 0 || shift.rows * rows_per_mod != x.rows || scale.rows != shift.rows) {
     return absl::InvalidArgumentError("layer_norm_modulate: shape mismatch");
   }
-  if (fp8.values != nullptr && (!ln_vectorized(x) || fp8.scale == nullptr)) {
-    return absl::InvalidArgumentError("layer_norm_modulate: an E4M3 output needs the vectorized layout and a scale");
+  if (fp8.values != nullptr &&
+      (!ln_vectorized(x) || (fp8.scale == nullptr) == (fp8.row_scales == nullptr))) {
+    return absl::InvalidArgumentError(
+        "layer_norm_modulate: an E4M3 output needs the vectorized layout and a scale or row "
+        "scales");
   }
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {

@@ -19,10 +19,13 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
 // one_plus_bf16, gate_mul_bf16 and add_row_bf16. row_amax (optional, u32 [rows]) receives each
 // row's max |out| as f32 magnitude bits. fp8 (optional, quality=high): also writes
 // E4M3 [rows, cols] = fp8_quantize_value(out, *fp8.scale) of the rounded outputs (RNE,
-// saturating), for the FP8 GEMM that reads `out` next; needs layer_norm_writes_fp8(x).
+// saturating), for the FP8 GEMM that reads `out` next; needs layer_norm_writes_fp8(x). With
+// fp8.row_scales instead of fp8.scale, each row is quantized under the scale of its own max |out|,
+// written to row_scales[r]: bit for bit fp8_quantize_rows of `out`.
 struct Fp8Rows {
   uint8_t* values = nullptr;     // contiguous [rows, cols] E4M3, 8-byte aligned
-  const float* scale = nullptr;  // device fp32 dequantization scale
+  const float* scale = nullptr;  // device fp32 dequantization scale, or
+  float* row_scales = nullptr;   // [rows]: receives each row's scale
 };
 absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat& scale,
                                        int64_t rows_per_mod, float eps, const Mat& out,

@@ -5,8 +5,9 @@
 // against the CPU conversion, never saturating, and close to the GEMM without it).
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <vector>
 
@@ -24,6 +25,10 @@ namespace {
 using testing::bits;
 using testing::random_bf16;
 
+// These hand-offs belong to per-tensor FP8 GEMMs (FLUX2_FP8_ROWWISE=0), set before the shared
+// backend is created; fp8_rows_test.cc covers the rowwise default.
+const bool kPerTensorScales = [] { return setenv("FLUX2_FP8_ROWWISE", "0", 1) == 0; }();
+
 int64_t handoffs() {
   return testing::fast_path_counters("fp8_amax_handoff").invocations;
 }
@@ -34,6 +39,7 @@ class Fp8HandoffTest : public ::testing::Test {
     std::string why;
     be_ = testing::gpu_backend(&why);
     if (be_ == nullptr) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+    ASSERT_TRUE(kPerTensorScales);
     be_->set_quality(Quality::kHigh);
   }
   void TearDown() override {

@@ -9,7 +9,7 @@ build="${BUILD_DIR:-$repo/build-gpu}"
 out="$repo/.device-bin"
 cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a >/dev/null
 targets=(flux2 flux2_server gpu_fused_ops_test gpu_backend_ops_test gpu_fast_path_fallback_test gpu_quantize_test gpu_quality_high_test flux2_make_random_checkpoint gpu_server_test
-         gpu_pipeline_fast_paths_test gpu_exposer_cublaslt_test gpu_fp8_handoff_test gpu_fp8_accumulation_test gpu_flash_attention_fp8_test)
+         gpu_pipeline_fast_paths_test gpu_exposer_cublaslt_test gpu_fp8_handoff_test gpu_fp8_accumulation_test gpu_flash_attention_fp8_test gpu_fp8_rows_test)
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
 for t in "${targets[@]}"; do

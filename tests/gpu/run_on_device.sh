@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 if want tests; then
   run_gtests gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
              gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test \
-             gpu_fp8_handoff_test gpu_fp8_accumulation_test gpu_flash_attention_fp8_test
+             gpu_fp8_handoff_test gpu_fp8_accumulation_test gpu_flash_attention_fp8_test gpu_fp8_rows_test
   FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1  # tiny checkpoint
   summary+=("gpu_server_test (tiny): exit $? $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')")
 fi
@@ -79,7 +79,7 @@ if want attention; then
 fi
 if want fp8; then  # quality=high only: its tests, attention alone and the klein-4B step
   want tests || run_gtests gpu_flash_attention_fp8_test gpu_fp8_handoff_test gpu_quality_high_test \
-                          gpu_quantize_test gpu_fp8_accumulation_test
+                          gpu_quantize_test gpu_fp8_accumulation_test gpu_fp8_rows_test
   for quality in lossless high; do
     summary+=("attention klein-4b $quality: $("$bin/flux2" bench --model klein-4b --attention-only --quality $quality 2>>"$out/bench.err")")
   done

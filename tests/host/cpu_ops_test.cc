@@ -237,6 +237,25 @@ TEST_F(CpuOpsTest, NormedAttentionIsTheNormsThenAttention) {
   EXPECT_NE(status.message().find("split"), std::string::npos) << status;
 }
 
+TEST_F(CpuOpsTest, SwigluLinearIsSwigluThenLinear) {
+  // x = [prefix | act]: the prefix is read as it is, act receives swiglu(gate, up).
+  const int64_t m = 5, prefix = 3, f = 4, n = 6;
+  const auto x = random(m * (prefix + f)), mlp = random(m * 2 * f), w = random(n * (prefix + f));
+  Tensor gate_up = make(mlp, {m, 2 * f}), weight = make(w, {n, prefix + f});
+  const Tensor gate = gate_up.col_slice(0, f), up = gate_up.col_slice(f, f);
+  Tensor fused_in = make(x, {m, prefix + f}), eager_in = make(x, {m, prefix + f});
+  Tensor out = be_.empty(DType::kF32, {m, n}).value(),
+         want = be_.empty(DType::kF32, {m, n}).value();
+  ASSERT_TRUE(be_.swiglu_linear(gate, up, fused_in, weight, out).ok());
+  ASSERT_TRUE(be_.swiglu(gate, up, eager_in.col_slice(prefix, f)).ok());
+  ASSERT_TRUE(be_.linear(eager_in, weight, {}, want).ok());
+  EXPECT_EQ(get(out), get(want));
+  const absl::Status status =
+      be_.swiglu_linear(gate, up, fused_in.col_slice(0, f - 1), weight, out);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("gate's rows"), std::string::npos) << status;
+}
+
 TEST_F(CpuOpsTest, GroupNormSilu) {
   const int64_t p = 20, c = 12, groups = 3;
   const auto x = random(p * c, 2.0f), gamma = random(c), beta = random(c);

@@ -1,0 +1,222 @@
+// quality=high's rowwise FP8 producers: SwiGLU writing [prefix | swiglu(gate, up)] as E4M3 rows
+// (swiglu_fp8.h) and LayerNorm+modulate writing its E4M3 rows under their own scales equal
+// fp8_quantize_rows of the materialized bf16 output byte for byte; through the backend,
+// swiglu_linear and the LayerNorm hand-off give the GEMM outputs of the ops in turn bit for bit.
+// Run: build/bin/gpu_fp8_rows_test (skips without a GPU, or without rowwise FP8 in cuBLASLt).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "kernels/base/fast_path_registry.h"
+#include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/norms.h"
+#include "kernels/cuda/quantize.h"
+#include "kernels/cuda/swiglu_fp8.h"
+#include "tests/cuda/gpu_test_util.h"
+
+namespace flux2 {
+namespace {
+
+using cuda::SiluMath;
+using testing::bits;
+using testing::random_bf16;
+
+struct Fp8Matrix {
+  std::vector<float> codes;   // E4M3 bytes, widened exactly
+  std::vector<float> scales;  // one per row
+};
+
+class Fp8RowsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    be_ = testing::gpu_backend(&why);
+    if (be_ == nullptr) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+    cuda_ = static_cast<CudaBackend*>(be_);
+  }
+  Tensor empty(DType dtype, Shape shape) { return be_->empty(dtype, shape).value(); }
+  Fp8Matrix download(const Tensor& codes, const Tensor& scales) {
+    return {testing::values(*be_, codes), testing::values(*be_, scales)};
+  }
+  // The reference: fp8_quantize_rows of a bf16 matrix.
+  Fp8Matrix quantize_rows(const Tensor& x) {
+    Tensor codes = empty(DType::kU8, {x.rows(), x.cols()}), scales = empty(DType::kF32, {x.rows()});
+    cuda::Fp8QuantizeArgs args;
+    args.in.first = mat(x);
+    args.out = codes.data();
+    args.out_bytes = codes.bytes();
+    args.scale = scales.data_as<float>();
+    EXPECT_TRUE(cuda::fp8_quantize_rows(args, cuda_->stream()).ok());
+    return download(codes, scales);
+  }
+  static void expect_equal(const Fp8Matrix& got, const Fp8Matrix& want) {
+    ASSERT_EQ(got.scales.size(), want.scales.size());
+    for (size_t r = 0; r < want.scales.size(); ++r)
+      ASSERT_EQ(got.scales[r], want.scales[r]) << "row " << r;
+    ASSERT_EQ(got.codes.size(), want.codes.size());
+    for (size_t i = 0; i < want.codes.size(); ++i)
+      ASSERT_EQ(got.codes[i], want.codes[i]) << "byte " << i;
+  }
+  // quality=high with rowwise FP8 for the backend-level tests; false (and a skip) without it.
+  bool rowwise_high() {
+    if (!cuda_->fp8_rowwise()) return false;
+    be_->set_quality(Quality::kHigh);
+    return true;
+  }
+  void TearDown() override {
+    if (be_ != nullptr) be_->set_quality(Quality::kLossless);
+  }
+  // An FP8-registered weight [n, k].
+  Tensor fp8_weight(int64_t n, int64_t k, uint64_t seed) {
+    Tensor w = random_bf16(*be_, n, k, seed, 0.05f);
+    EXPECT_TRUE(be_->add_fp8_weight(w).ok());
+    return w;
+  }
+  // Something unrelated in between: ends any hand-off.
+  void unrelated_op() {
+    Tensor a = random_bf16(*be_, 4, 16, 99), b = empty(DType::kBF16, {4, 16});
+    ASSERT_TRUE(be_->silu(a, b).ok());
+  }
+  Backend* be_ = nullptr;
+  CudaBackend* cuda_ = nullptr;
+};
+
+TEST_F(Fp8RowsTest, SwigluRowsEqualTheQuantizedConcatenation) {
+  struct Case {
+    int64_t rows, prefix, f;
+    SiluMath math;
+  };
+  // The single block of klein-4B and dev ([attn | mlp]), the double block (no prefix), ragged and
+  // tiny rows (the reference quantizer needs widths % 16 == 0); gate and up are strided column
+  // ranges of one projection, as in the model.
+  const Case cases[] = {{64, 3072, 9216, SiluMath::kFast}, {9, 6144, 18432, SiluMath::kExact},
+                        {77, 0, 9216, SiluMath::kFast},    {300, 256, 384, SiluMath::kExact},
+                        {33, 8, 8, SiluMath::kFast},       {5, 8, 40, SiluMath::kExact}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.rows << " rows, prefix " << c.prefix << ", F " << c.f);
+    Tensor mlp = random_bf16(*be_, c.rows, 2 * c.f, 31, 6.0f);
+    Tensor concat = random_bf16(*be_, c.rows, c.prefix + c.f, 32, 3.0f);
+    const Tensor gate = mlp.col_slice(0, c.f), up = mlp.col_slice(c.f, c.f);
+    Tensor codes = empty(DType::kU8, {c.rows, c.prefix + c.f}),
+           scales = empty(DType::kF32, {c.rows});
+    cuda::SwigluFp8Rows args;
+    args.prefix =
+        c.prefix > 0 ? mat(concat.col_slice(0, c.prefix)) : cuda::Mat{nullptr, c.rows, 0, 0};
+    args.gate = mat(gate);
+    args.up = mat(up);
+    args.math = c.math;
+    args.out = codes.data();
+    args.out_bytes = codes.bytes();
+    args.row_scales = scales.data_as<float>();
+    ASSERT_TRUE(cuda::swiglu_fp8_rows(args, cuda_->stream()).ok());
+    const Fp8Matrix got = download(codes, scales);
+    ASSERT_TRUE(cuda::swiglu_fused(mat(gate), mat(up), mat(concat.col_slice(c.prefix, c.f)), c.math,
+                                   cuda_->stream())
+                    .ok());
+    expect_equal(got, quantize_rows(concat));
+  }
+}
+
+TEST_F(Fp8RowsTest, SwigluRowsRejectWhatTheyCannotServe) {
+  Tensor mlp = random_bf16(*be_, 4, 24, 33), codes = empty(DType::kU8, {4, 12});
+  Tensor scales = empty(DType::kF32, {4});
+  cuda::SwigluFp8Rows args;
+  args.gate = mat(mlp.col_slice(0, 12));  // 12 % 8 != 0
+  args.up = mat(mlp.col_slice(12, 12));
+  args.out = codes.data();
+  args.out_bytes = codes.bytes();
+  args.row_scales = scales.data_as<float>();
+  const absl::Status status = cuda::swiglu_fp8_rows(args, cuda_->stream());
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("gate [4, 12]"), std::string::npos) << status;
+}
+
+TEST_F(Fp8RowsTest, LayerNormRowsEqualTheQuantizedOutput) {
+  const int64_t rows = 300, d = 3072;
+  Tensor x = random_bf16(*be_, rows, d, 41, 4.0f);
+  Tensor shift = random_bf16(*be_, 1, d, 42, 2.0f), scale = random_bf16(*be_, 1, d, 43, 3.0f);
+  Tensor out = empty(DType::kBF16, {rows, d}), plain = empty(DType::kBF16, {rows, d});
+  Tensor codes = empty(DType::kU8, {rows, d}), scales = empty(DType::kF32, {rows});
+  ASSERT_TRUE(cuda::layer_norm_writes_fp8(mat(x)));
+  ASSERT_TRUE(
+      cuda::layer_norm_modulate_fused(
+          mat(x), mat(shift), mat(scale), rows, 1e-6f, mat(out), cuda_->stream(), nullptr,
+          cuda::Fp8Rows{static_cast<uint8_t*>(codes.data()), nullptr, scales.data_as<float>()})
+          .ok());
+  ASSERT_TRUE(cuda::layer_norm_modulate_fused(mat(x), mat(shift), mat(scale), rows, 1e-6f,
+                                              mat(plain), cuda_->stream())
+                  .ok());
+  EXPECT_EQ(bits(*be_, out), bits(*be_, plain)) << "the E4M3 rows changed the bf16 output";
+  expect_equal(download(codes, scales), quantize_rows(out));
+}
+
+TEST_F(Fp8RowsTest, SwigluLinearEqualsSwigluThenLinear) {
+  if (!rowwise_high()) GTEST_SKIP() << "cuBLASLt offers no rowwise FP8 GEMM here";
+  const int64_t s = 300, n = 384;
+  for (const int64_t prefix : {int64_t{0}, int64_t{256}}) {
+    const int64_t f = 384;
+    SCOPED_TRACE(::testing::Message() << "prefix " << prefix);
+    Tensor mlp = random_bf16(*be_, s, 2 * f, 51, 4.0f);
+    const Tensor gate = mlp.col_slice(0, f), up = mlp.col_slice(f, f);
+    Tensor fused_in = random_bf16(*be_, s, prefix + f, 52),
+           eager_in = testing::clone(*be_, fused_in);
+    Tensor w = fp8_weight(n, prefix + f, 53 + prefix);
+    Tensor fused = empty(DType::kBF16, {s, n}), eager = empty(DType::kBF16, {s, n});
+    const int64_t before = testing::fast_path_counters("swiglu_fp8").invocations;
+    ASSERT_TRUE(be_->swiglu_linear(gate, up, fused_in, w, fused).ok());
+    EXPECT_EQ(testing::fast_path_counters("swiglu_fp8").invocations, before + 1);
+    ASSERT_TRUE(be_->swiglu(gate, up, eager_in.col_slice(prefix, f)).ok());
+    ASSERT_TRUE(be_->linear(eager_in, w, {}, eager).ok());
+    EXPECT_EQ(bits(*be_, fused), bits(*be_, eager));
+  }
+}
+
+TEST_F(Fp8RowsTest, SwigluLinearFallsBackOnShapesItCannotServe) {
+  if (!rowwise_high()) GTEST_SKIP() << "cuBLASLt offers no rowwise FP8 GEMM here";
+  const int64_t s = 64, prefix = 4, f = 12, n = 32;  // widths not multiples of 8; K = 16
+  Tensor mlp = random_bf16(*be_, s, 2 * f, 61);
+  const Tensor gate = mlp.col_slice(0, f), up = mlp.col_slice(f, f);
+  Tensor fused_in = random_bf16(*be_, s, prefix + f, 62), eager_in = testing::clone(*be_, fused_in);
+  Tensor w = fp8_weight(n, prefix + f, 63);
+  Tensor fused = empty(DType::kBF16, {s, n}), eager = empty(DType::kBF16, {s, n});
+  const int64_t before = testing::fast_path_fallbacks("swiglu_fp8", "unsupported_shape");
+  ASSERT_TRUE(be_->swiglu_linear(gate, up, fused_in, w, fused).ok());
+  EXPECT_EQ(testing::fast_path_fallbacks("swiglu_fp8", "unsupported_shape"), before + 1);
+  ASSERT_TRUE(be_->swiglu(gate, up, eager_in.col_slice(prefix, f)).ok());
+  ASSERT_TRUE(be_->linear(eager_in, w, {}, eager).ok());
+  EXPECT_EQ(bits(*be_, fused), bits(*be_, eager));
+  const absl::Status status = be_->swiglu_linear(gate, up, fused_in.col_slice(0, f - 1), w, fused);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("gate's rows"), std::string::npos) << status;
+}
+
+TEST_F(Fp8RowsTest, LayerNormHandsItsRowsToTheGemmsOfTwoRowRanges) {
+  if (!rowwise_high()) GTEST_SKIP() << "cuBLASLt offers no rowwise FP8 GEMM here";
+  // The double block: one norm over [text; image], then a GEMM per stream on its rows. 45 text
+  // rows: the image rows' scales start off the 16-byte alignment cuBLASLt needs.
+  const int64_t l = 45, s = 300, d = 256, n = 384;
+  Tensor x = random_bf16(*be_, s, d, 71), normed = empty(DType::kBF16, {s, d});
+  Tensor shift = random_bf16(*be_, 1, d, 72).reshape({d}),
+         scale = random_bf16(*be_, 1, d, 73).reshape({d});
+  Tensor w_txt = fp8_weight(n, d, 74), w_img = fp8_weight(n, d, 75);
+  auto run = [&](bool handed_off) {
+    Tensor y = empty(DType::kBF16, {s, n});
+    EXPECT_TRUE(be_->layer_norm_modulate(x, shift, scale, 1e-6f, normed).ok());
+    if (!handed_off) unrelated_op();
+    EXPECT_TRUE(be_->linear(normed.row_slice(l, s - l), w_img, {}, y.row_slice(l, s - l)).ok());
+    EXPECT_TRUE(be_->linear(normed.row_slice(0, l), w_txt, {}, y.row_slice(0, l)).ok());
+    return bits(*be_, y);
+  };
+  const int64_t before = testing::fast_path_counters("fp8_amax_handoff").invocations;
+  const std::vector<uint16_t> with = run(true);
+  EXPECT_EQ(testing::fast_path_counters("fp8_amax_handoff").invocations, before + 2);
+  const std::vector<uint16_t> without = run(false);
+  EXPECT_EQ(testing::fast_path_counters("fp8_amax_handoff").invocations, before + 2);
+  EXPECT_EQ(with, without);
+}
+
+}  // namespace
+}  // namespace flux2
