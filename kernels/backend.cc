@@ -27,6 +27,14 @@ absl::Status Backend::swiglu_linear(const Tensor& gate, const Tensor& up, const 
   return linear(x, w, {}, y);
 }
 
+absl::Status Backend::layer_norm_modulate_linear(const Tensor& x, const Tensor& shift,
+                                                 const Tensor& scale, float eps,
+                                                 const Tensor& normed, const Tensor& w,
+                                                 const Tensor& y) {
+  FLUX_RETURN_IF_ERROR(layer_norm_modulate(x, shift, scale, eps, normed));
+  return linear(normed, w, {}, y);
+}
+
 absl::Status Backend::normed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const QkNormRope& norm, const AttentionParams& params,
                                        const Tensor& out) {

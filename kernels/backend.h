@@ -130,6 +130,13 @@ class Backend {
   // shift and scale are [D] (one row), broadcast over the rows of x [M, D].
   virtual absl::Status layer_norm_modulate(const Tensor& x, const Tensor& shift,
                                            const Tensor& scale, float eps, const Tensor& out) = 0;
+  // y = layer_norm_modulate(x, shift, scale) · wᵀ, the normalised activation in `normed` (x's
+  // shape). The default runs the two ops; a backend may feed the GEMM without writing normed
+  // (quality=high on CUDA), so callers must not read normed after.
+  virtual absl::Status layer_norm_modulate_linear(const Tensor& x, const Tensor& shift,
+                                                  const Tensor& scale, float eps,
+                                                  const Tensor& normed, const Tensor& w,
+                                                  const Tensor& y);
   // out = RMSNorm(x) ⊙ weight over the last dim; weight [D].
   virtual absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps,
                                 const Tensor& out) = 0;

@@ -174,12 +174,14 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
 
   // Attention: both streams attend jointly over [text ; image].
-  // Each projection right after the norm that feeds it: at quality=high the CUDA backend hands the
-  // norm's row maxima to the FP8 GEMM that reads its output next.
-  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(img_rows(x), img_mod(0), img_mod(1), eps, img_rows(ws.normed)));  // [N, D]
-  FLUX_RETURN_IF_ERROR(be.linear(img_rows(ws.normed), w.img_qkv, {}, img_rows(qkv)));                 // [N, 3D]
-  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(txt_rows(x), txt_mod(0), txt_mod(1), eps, txt_rows(ws.normed)));  // [L, D]
-  FLUX_RETURN_IF_ERROR(be.linear(txt_rows(ws.normed), w.txt_qkv, {}, txt_rows(qkv)));                 // [L, 3D]
+  // Each projection fused with the norm that feeds it: at quality=high the CUDA backend's norm
+  // writes the FP8 GEMM's input rows directly.
+  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(img_rows(x), img_mod(0), img_mod(1), eps,
+                                                     img_rows(ws.normed), w.img_qkv,
+                                                     img_rows(qkv)));  // [N, 3D]
+  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(txt_rows(x), txt_mod(0), txt_mod(1), eps,
+                                                     txt_rows(ws.normed), w.txt_qkv,
+                                                     txt_rows(qkv)));  // [L, 3D]
   // QK-norm (text rows, then image rows, each stream with its weights) and RoPE, then attention.
   const QkNormRope norm{{w.txt_norm_q, w.img_norm_q},
                         {w.txt_norm_k, w.img_norm_k},
@@ -195,10 +197,12 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
   FLUX_RETURN_IF_ERROR(be.gate_residual(txt_rows(x), txt_mod(2), txt_rows(ws.proj)));                 // [L, D]
 
   // Feed-forward (SwiGLU), separate weights per stream.
-  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(img_rows(x), img_mod(3), img_mod(4), eps, img_rows(ws.normed)));  // [N, D]
-  FLUX_RETURN_IF_ERROR(be.linear(img_rows(ws.normed), w.img_ff_in, {}, img_rows(ff_in)));             // [N, 2F]
-  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(txt_rows(x), txt_mod(3), txt_mod(4), eps, txt_rows(ws.normed)));  // [L, D]
-  FLUX_RETURN_IF_ERROR(be.linear(txt_rows(ws.normed), w.txt_ff_in, {}, txt_rows(ff_in)));             // [L, 2F]
+  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(img_rows(x), img_mod(3), img_mod(4), eps,
+                                                     img_rows(ws.normed), w.img_ff_in,
+                                                     img_rows(ff_in)));  // [N, 2F]
+  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(txt_rows(x), txt_mod(3), txt_mod(4), eps,
+                                                     txt_rows(ws.normed), w.txt_ff_in,
+                                                     txt_rows(ff_in)));  // [L, 2F]
   const Tensor ff_gate = ff_in.col_slice(0, f), ff_up = ff_in.col_slice(f, f);
   // Each stream's SwiGLU, then its down projection ([N, D], then [L, D]).
   FLUX_RETURN_IF_ERROR(be.swiglu_linear(img_rows(ff_gate), img_rows(ff_up), img_rows(ff_act),
@@ -225,8 +229,8 @@ absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, co
   const AttentionParams params{config_.num_attention_heads, config_.num_attention_heads, dh,
                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
 
-  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(x, shift, scale, eps, ws.normed));                      // [S, D]
-  FLUX_RETURN_IF_ERROR(be.linear(ws.normed, w.qkv_mlp, {}, ws.wide));                                 // [S, 3D + 2F]
+  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(x, shift, scale, eps, ws.normed, w.qkv_mlp,
+                                                     ws.wide));  // [S, 3D + 2F]
   const QkNormRope norm{{w.norm_q, {}}, {w.norm_k, {}},         q.rows(), eps, cond.rope_cos,
                         cond.rope_sin,  RopeStyle::kInterleaved};
   FLUX_RETURN_IF_ERROR(
@@ -272,9 +276,9 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
   // Final modulated norm on the image tokens (scale first, then shift), then the projection.
   const Flux2ModulationLayout m(d);
   const Tensor img_normed = ws.normed.row_slice(l, n);
-  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(img, mod.col_slice(m.out_shift(), d),
-                                              mod.col_slice(m.out_scale(), d), eps, img_normed));  // [N, D]
-  FLUX_RETURN_IF_ERROR(be.linear(img_normed, weights_.proj_out, {}, out));  // [N, out_channels]
+  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(
+      img, mod.col_slice(m.out_shift(), d), mod.col_slice(m.out_scale(), d), eps, img_normed,
+      weights_.proj_out, out));  // [N, out_channels]
   return absl::OkStatus();
 }
 

@@ -63,6 +63,9 @@ class CudaBackend final : public Backend {
                              const Tensor& y) override;
   absl::Status layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps,
                                    const Tensor& out) override;
+  absl::Status layer_norm_modulate_linear(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                                          float eps, const Tensor& normed, const Tensor& w,
+                                          const Tensor& y) override;
   absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;
   absl::Status qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight, float eps,
                             const Tensor& cos, const Tensor& sin, RopeStyle style) override;
@@ -166,6 +169,9 @@ class CudaBackend final : public Backend {
   // The GEMM of linear_low_precision on x's quantized copy xq.
   absl::Status gemm_low_precision(const Tensor& x, const Fp8Weight& xq, const Fp8Weight& w,
                                   const Tensor& y);
+  // layer_norm_modulate_linear with rowwise FP8: the norm writes only x's E4M3 rows, then the GEMM.
+  absl::Status layer_norm_linear_fp8(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                                     float eps, const Fp8Weight& w, const Tensor& y);
   // swiglu_linear with rowwise FP8: one kernel writes x's E4M3 rows ([prefix | swiglu(gate, up)],
   // a scale per row) without the bf16 activation, then the GEMM.
   absl::Status swiglu_linear_fp8(const Tensor& gate, const Tensor& up, const Tensor& x,

@@ -1,6 +1,7 @@
 // CudaBackend's low-precision GEMMs at quality=high: weights quantized once (add_fp8_weight),
 // activations quantized just before the GEMM or taken from the producer's hand-off (E4M3 rows or
-// row maxima), and SwiGLU writing the E4M3 rows of its GEMM's input itself (swiglu_linear).
+// row maxima), and LayerNorm+modulate or SwiGLU writing the E4M3 rows of their GEMM's input
+// themselves (layer_norm_modulate_linear, swiglu_linear).
 // Tested by tests/cuda/fp8_handoff_test.cc, fp8_rows_test.cc and quality_high_test.cc.
 #include <cstdint>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/norms.h"
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/swiglu_fp8.h"
 
@@ -153,6 +155,24 @@ absl::Status CudaBackend::swiglu_linear_fp8(const Tensor& gate, const Tensor& up
     args.out_bytes = xq.values.bytes();
     args.row_scales = xq.scale.data_as<float>();
     FLUX_RETURN_IF_ERROR(cuda::swiglu_fp8_rows(args, stream()));
+  }
+  return gemm_low_precision(x, xq, w, y);
+}
+
+absl::Status CudaBackend::layer_norm_linear_fp8(const Tensor& x, const Tensor& shift,
+                                                const Tensor& scale, float eps, const Fp8Weight& w,
+                                                const Tensor& y) {
+  const int64_t m = x.rows(), k = x.cols();
+  Fp8Weight xq;
+  {
+    OpProfileScope profile(*this, op_category("norm", "layer_norm_fp8"));
+    FLUX_ASSIGN_OR_RETURN(xq.values, scratch({m, k}, DType::kF8E4M3));
+    FLUX_ASSIGN_OR_RETURN(xq.scale, scratch({m, 1}, DType::kF32));
+    const cuda::Mat sh{shift.data(), 1, k, k}, sc{scale.data(), 1, k, k};
+    FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(
+        mat(x), sh, sc, m, eps, cuda::Mat{nullptr, m, k, k}, stream(), nullptr,
+        cuda::Fp8Rows{static_cast<uint8_t*>(xq.values.data()), nullptr,
+                      xq.scale.data_as<float>()}));
   }
   return gemm_low_precision(x, xq, w, y);
 }

@@ -64,6 +64,12 @@ FastPath& swiglu_fp8_path() {
   static FastPath path("swiglu_fp8");
   return path;
 }
+// quality=high, rowwise FP8: LayerNorm+modulate writing only the E4M3 rows of the GEMM after it
+// (layer_norm_modulate_linear).
+FastPath& layer_norm_fp8_path() {
+  static FastPath path("layer_norm_fp8");
+  return path;
+}
 // quality=high: the low-precision GEMM (FP8 per tensor or rowwise; NVFP4 on Blackwell) with its
 // activation quantized just before it.
 FastPath& fp8_linear_path() {
@@ -320,10 +326,38 @@ absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, co
       prefix > 0 ? mat(x.col_slice(0, prefix)) : cuda::Mat{nullptr, x.rows(), 0, 0};
   const bool fits =
       x.cols() % 16 == 0 && cuda::swiglu_fp8_rows_supported(prefix_mat, mat(gate), mat(up));
-  return run_path(
+  return run_fast_path(
       swiglu_fp8_path(), fits ? "" : "unsupported_shape",
       [&] { return swiglu_linear_fp8(gate, up, x, found->second, y); },
       [&] { return Backend::swiglu_linear(gate, up, x, w, y); });
+}
+
+absl::Status CudaBackend::layer_norm_modulate_linear(const Tensor& x, const Tensor& shift,
+                                                     const Tensor& scale, float eps,
+                                                     const Tensor& normed, const Tensor& w,
+                                                     const Tensor& y) {
+  // quality=high with rowwise FP8: the norm writes only the GEMM's E4M3 rows.
+  auto found = fp8_rows_wanted() ? fp8_weights_.find(w.data()) : fp8_weights_.end();
+  if (found == fp8_weights_.end()) {
+    return Backend::layer_norm_modulate_linear(x, shift, scale, eps, normed, w, y);
+  }
+  OpProfileScope op(*this, "");
+  constexpr absl::string_view kOp = "layer_norm_modulate_linear";
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
+  FLUX_RETURN_IF_ERROR(check_same_bf16(kOp, x, "normed", normed));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "shift", shift));
+  FLUX_RETURN_IF_ERROR(check_vector(kOp, "shift", shift, x.cols()));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "scale", scale));
+  FLUX_RETURN_IF_ERROR(check_vector(kOp, "scale", scale, x.cols()));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "w", w));
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "w", w, w.rows(), x.cols()));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "y", y));
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "y", y, x.rows(), w.rows()));
+  const bool fits = x.cols() % 16 == 0 && cuda::layer_norm_writes_fp8(mat(x));
+  return run_fast_path(
+      layer_norm_fp8_path(), fits ? "" : "unsupported_shape",
+      [&] { return layer_norm_linear_fp8(x, shift, scale, eps, found->second, y); },
+      [&] { return Backend::layer_norm_modulate_linear(x, shift, scale, eps, normed, w, y); });
 }
 
 absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shift,

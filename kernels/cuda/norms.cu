@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kVecThreads)
     }
   }
   const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(block_sum(squares, scratch), static_cast<float>(x.cols)), eps));
-  bf16* o = row_ptr_mut(out, r);
+  bf16* o = out.data != nullptr ? row_ptr_mut(out, r) : nullptr;  // null: E4M3 rows only
   const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
   uint32_t magnitude = 0;
   const bool per_row = fp8.row_scales != nullptr;  // quantized after the row's max is known
@@ -162,7 +162,8 @@ __global__ void __launch_bounds__(kVecThreads)
         magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
       }
     }
-    if (vector_store) {
+    if (o == nullptr) {
+    } else if (vector_store) {
       reinterpret_cast<Bf16x8*>(o)[p] = result;
     } else {
 #pragma unroll
@@ -554,6 +555,10 @@ absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat
     return absl::InvalidArgumentError(
         "layer_norm_modulate: an E4M3 output needs the vectorized layout and a scale or row "
         "scales");
+  }
+  if (out.data == nullptr && fp8.row_scales == nullptr) {
+    return absl::InvalidArgumentError(
+        "layer_norm_modulate: out may be left out only for E4M3 rows");
   }
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {

@@ -21,7 +21,8 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
 // E4M3 [rows, cols] = fp8_quantize_value(out, *fp8.scale) of the rounded outputs (RNE,
 // saturating), for the FP8 GEMM that reads `out` next; needs layer_norm_writes_fp8(x). With
 // fp8.row_scales instead of fp8.scale, each row is quantized under the scale of its own max |out|,
-// written to row_scales[r]: bit for bit fp8_quantize_rows of `out`.
+// written to row_scales[r]: bit for bit fp8_quantize_rows of `out`; then out.data may be null
+// (the E4M3 rows alone).
 struct Fp8Rows {
   uint8_t* values = nullptr;     // contiguous [rows, cols] E4M3, 8-byte aligned
   const float* scale = nullptr;  // device fp32 dequantization scale, or

@@ -1,7 +1,8 @@
 // quality=high's rowwise FP8 producers: SwiGLU writing [prefix | swiglu(gate, up)] as E4M3 rows
 // (swiglu_fp8.h) and LayerNorm+modulate writing its E4M3 rows under their own scales equal
 // fp8_quantize_rows of the materialized bf16 output byte for byte; through the backend,
-// swiglu_linear and the LayerNorm hand-off give the GEMM outputs of the ops in turn bit for bit.
+// swiglu_linear, layer_norm_modulate_linear and the LayerNorm hand-off give the GEMM outputs of
+// the ops in turn bit for bit, their fast paths counted.
 // Run: build/bin/gpu_fp8_rows_test (skips without a GPU, or without rowwise FP8 in cuBLASLt).
 #include <gtest/gtest.h>
 
@@ -191,6 +192,26 @@ TEST_F(Fp8RowsTest, SwigluLinearFallsBackOnShapesItCannotServe) {
   const absl::Status status = be_->swiglu_linear(gate, up, fused_in.col_slice(0, f - 1), w, fused);
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("gate's rows"), std::string::npos) << status;
+}
+
+TEST_F(Fp8RowsTest, LayerNormLinearEqualsTheOpsInTurn) {
+  if (!rowwise_high()) GTEST_SKIP() << "cuBLASLt offers no rowwise FP8 GEMM here";
+  const int64_t s = 300, d = 3072, n = 256;
+  Tensor x = random_bf16(*be_, s, d, 81, 3.0f), normed = empty(DType::kBF16, {s, d});
+  Tensor shift = random_bf16(*be_, 1, d, 82), scale = random_bf16(*be_, 1, d, 83);
+  Tensor w = fp8_weight(n, d, 84);
+  Tensor fused = empty(DType::kBF16, {s, n}), eager = empty(DType::kBF16, {s, n});
+  const int64_t before = testing::fast_path_counters("layer_norm_fp8").invocations;
+  ASSERT_TRUE(be_->layer_norm_modulate_linear(x, shift, scale, 1e-6f, normed, w, fused).ok());
+  EXPECT_EQ(testing::fast_path_counters("layer_norm_fp8").invocations, before + 1);
+  ASSERT_TRUE(be_->layer_norm_modulate(x, shift, scale, 1e-6f, normed).ok());
+  unrelated_op();  // the GEMM quantizes the bf16 output itself
+  ASSERT_TRUE(be_->linear(normed, w, {}, eager).ok());
+  EXPECT_EQ(bits(*be_, fused), bits(*be_, eager));
+  const absl::Status status =
+      be_->layer_norm_modulate_linear(x, shift, scale.col_slice(0, d - 8), 1e-6f, normed, w, fused);
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("scale"), std::string::npos) << status;
 }
 
 TEST_F(Fp8RowsTest, LayerNormHandsItsRowsToTheGemmsOfTwoRowRanges) {

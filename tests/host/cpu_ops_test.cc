@@ -256,6 +256,23 @@ TEST_F(CpuOpsTest, SwigluLinearIsSwigluThenLinear) {
   EXPECT_NE(status.message().find("gate's rows"), std::string::npos) << status;
 }
 
+TEST_F(CpuOpsTest, LayerNormModulateLinearIsTheNormThenTheLinear) {
+  const int64_t m = 5, d = 8, n = 3;
+  const auto x = random(m * d), shift = random(d), scale = random(d), w = random(n * d);
+  Tensor normed = be_.empty(DType::kF32, {m, d}).value(),
+         want_normed = be_.empty(DType::kF32, {m, d}).value();
+  Tensor out = be_.empty(DType::kF32, {m, n}).value(),
+         want = be_.empty(DType::kF32, {m, n}).value();
+  ASSERT_TRUE(be_.layer_norm_modulate_linear(make(x, {m, d}), make(shift, {d}), make(scale, {d}),
+                                             1e-6f, normed, make(w, {n, d}), out)
+                  .ok());
+  ASSERT_TRUE(be_.layer_norm_modulate(make(x, {m, d}), make(shift, {d}), make(scale, {d}), 1e-6f,
+                                      want_normed)
+                  .ok());
+  ASSERT_TRUE(be_.linear(want_normed, make(w, {n, d}), {}, want).ok());
+  EXPECT_EQ(get(out), get(want));
+}
+
 TEST_F(CpuOpsTest, GroupNormSilu) {
   const int64_t p = 20, c = 12, groups = 3;
   const auto x = random(p * c, 2.0f), gamma = random(c), beta = random(c);
