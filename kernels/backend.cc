@@ -8,12 +8,26 @@
 
 namespace flux2 {
 
+absl::StatusOr<std::vector<double>> Backend::time_each_ms(
+    int64_t count, const std::function<absl::Status(int64_t)>& work) {
+  std::vector<double> times;
+  FLUX_RETURN_IF_ERROR(synchronize());
+  for (int64_t i = 0; i < count; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    FLUX_RETURN_IF_ERROR(work(i));
+    FLUX_RETURN_IF_ERROR(synchronize());
+    times.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  return times;
+}
+
 absl::StatusOr<double> Backend::time_ms(const std::function<absl::Status()>& work) {
   FLUX_RETURN_IF_ERROR(synchronize());
-  const auto start = std::chrono::steady_clock::now();
-  FLUX_RETURN_IF_ERROR(work());
-  FLUX_RETURN_IF_ERROR(synchronize());
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  FLUX_ASSIGN_OR_RETURN(std::vector<double> times,
+                        time_each_ms(1, [&](int64_t) { return work(); }));
+  return times.front();
 }
 
 absl::Status Backend::swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
@@ -83,9 +84,14 @@ class Backend {
   // Fills a contiguous tensor with reproducible uniform values in [-scale, scale] drawn from a
   // counter-based hash of (seed, index): random weights for benchmarks and tests.
   virtual absl::Status fill_uniform(const Tensor& t, uint64_t seed, float scale) = 0;
-  // Runs `work` and returns its device time in milliseconds (CUDA events on the GPU, a host clock
-  // around synchronize() on the CPU). For benchmarks; `work` must only enqueue backend ops.
-  virtual absl::StatusOr<double> time_ms(const std::function<absl::Status()>& work);
+  // Runs work(0), ..., work(count - 1) back to back and returns each one's device time in
+  // milliseconds: CUDA events between them on the GPU, with no host wait in between (the host
+  // enqueues ahead, as in a denoising loop); a host clock with synchronize() after each on the
+  // CPU. For benchmarks; `work` must only enqueue backend ops.
+  virtual absl::StatusOr<std::vector<double>> time_each_ms(
+      int64_t count, const std::function<absl::Status(int64_t)>& work);
+  // One piece of work, timed alone (synchronized before and after).
+  absl::StatusOr<double> time_ms(const std::function<absl::Status()>& work);
   virtual BackendMemoryStats memory_stats() const { return {}; }
   virtual void reset_peak_memory() {}
   // Op profiling for `flux2 bench --profile`: while on, the device time of every op is summed by

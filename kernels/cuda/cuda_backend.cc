@@ -189,20 +189,30 @@ absl::Status CudaBackend::fill_uniform(const Tensor& t, uint64_t seed, float sca
 
 absl::Status CudaBackend::synchronize() { return cuda_status(cudaStreamSynchronize(stream()), "synchronize"); }
 
-absl::StatusOr<double> CudaBackend::time_ms(const std::function<absl::Status()>& work) {
-  cudaEvent_t start, stop;
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&start), "event"));
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&stop), "event"));
-  absl::Status status = cuda_status(cudaEventRecord(start, stream()), "event record");
-  if (status.ok()) status = work();
-  if (status.ok()) status = cuda_status(cudaEventRecord(stop, stream()), "event record");
-  if (status.ok()) status = cuda_status(cudaEventSynchronize(stop), "event sync");
-  float ms = 0.0f;
-  if (status.ok()) status = cuda_status(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+absl::StatusOr<std::vector<double>> CudaBackend::time_each_ms(
+    int64_t count, const std::function<absl::Status(int64_t)>& work) {
+  std::vector<cudaEvent_t> events(static_cast<size_t>(count + 1), nullptr);
+  absl::Status status;
+  for (cudaEvent_t& event : events) {
+    if (status.ok()) status = cuda_status(cudaEventCreate(&event), "event");
+  }
+  if (status.ok()) status = cuda_status(cudaEventRecord(events[0], stream()), "event record");
+  for (int64_t i = 0; i < count && status.ok(); ++i) {
+    status = work(i);
+    if (status.ok()) status = cuda_status(cudaEventRecord(events[i + 1], stream()), "event record");
+  }
+  if (status.ok()) status = cuda_status(cudaEventSynchronize(events.back()), "event sync");
+  std::vector<double> times;
+  for (int64_t i = 0; i < count && status.ok(); ++i) {
+    float ms = 0.0f;
+    status = cuda_status(cudaEventElapsedTime(&ms, events[i], events[i + 1]), "elapsed");
+    times.push_back(static_cast<double>(ms));
+  }
+  for (cudaEvent_t event : events) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
   if (!status.ok()) return status;
-  return static_cast<double>(ms);
+  return times;
 }
 
 BackendMemoryStats CudaBackend::memory_stats() const {

@@ -42,7 +42,8 @@ class CudaBackend final : public Backend {
   absl::Status copy(const Tensor& src, const Tensor& dst) override;
   absl::Status synchronize() override;
   absl::Status fill_uniform(const Tensor& t, uint64_t seed, float scale) override;
-  absl::StatusOr<double> time_ms(const std::function<absl::Status()>& work) override;
+  absl::StatusOr<std::vector<double>> time_each_ms(
+      int64_t count, const std::function<absl::Status(int64_t)>& work) override;
   BackendMemoryStats memory_stats() const override;
   void reset_peak_memory() override;
   void set_fast_paths(bool enabled) override { fast_paths_ = enabled; }
