@@ -31,14 +31,17 @@ absl::StatusOr<double> Backend::time_ms(const std::function<absl::Status()>& wor
 }
 
 absl::Status Backend::swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,
-                                    const Tensor& w, const Tensor& y) {
+                                    const Tensor& w, const Tensor& y,
+                                    const GatedResidual* residual) {
   if (x.rank() != 2 || gate.rank() != 2 || x.rows() != gate.rows() || x.cols() < gate.cols()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "swiglu_linear: x ", x.describe(), " must have gate's rows and end with its columns (gate ",
         gate.describe(), ")"));
   }
   FLUX_RETURN_IF_ERROR(swiglu(gate, up, x.col_slice(x.cols() - gate.cols(), gate.cols())));
-  return linear(x, w, {}, y);
+  FLUX_RETURN_IF_ERROR(linear(x, w, {}, y));
+  return residual != nullptr ? gate_residual(residual->stream, residual->gate, y)
+                             : absl::OkStatus();
 }
 
 absl::Status Backend::layer_norm_modulate_linear(const Tensor& x, const Tensor& shift,

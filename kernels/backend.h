@@ -31,6 +31,11 @@ struct AttentionParams {
   int64_t num_valid_keys = -1;  // keys at index >= this are masked out (right padding); -1: none
 };
 
+// A transformer block's gated residual: stream[M, N] += gate[N] ⊙ update (Backend::swiglu_linear).
+struct GatedResidual {
+  Tensor stream, gate;
+};
+
 // The per-head RMSNorm and rotary embedding in front of an attention (Backend::normed_attention).
 struct QkNormRope {
   Tensor q_weight[2], k_weight[2];  // [Dh] each: rows [0, split) use [0], rows [split, S) use [1]
@@ -125,11 +130,14 @@ class Backend {
   // out[M, F] = silu(gate[M, F]) ⊙ up[M, F].
   virtual absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   // y = x · wᵀ where x [M, P + F] ends with act = swiglu(gate, up) (its first P columns, e.g. the
-  // single block's attention output, are read as they are). The default writes act, then runs
-  // linear; a backend may feed the GEMM without writing act (quality=high on CUDA), so callers
-  // must not read act after.
+  // single block's attention output, are read as they are). With `residual`, the block's gated
+  // residual follows: gate_residual(residual->stream, residual->gate, y). The default writes act,
+  // runs linear (and gate_residual); a backend may feed the GEMM without writing act (quality=high
+  // on CUDA), and with `residual` add into the stream without writing y, so callers must not read
+  // act (or y) after.
   virtual absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,
-                                     const Tensor& w, const Tensor& y);
+                                     const Tensor& w, const Tensor& y,
+                                     const GatedResidual* residual);
 
   // ---- normalisation ------------------------------------------------------------------------
   // out = (1 + scale) ⊙ LayerNorm(x) + shift; LayerNorm over the last dim without affine.

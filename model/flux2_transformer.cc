@@ -204,13 +204,12 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
                                                      txt_rows(ws.normed), w.txt_ff_in,
                                                      txt_rows(ff_in)));  // [L, 2F]
   const Tensor ff_gate = ff_in.col_slice(0, f), ff_up = ff_in.col_slice(f, f);
-  // Each stream's SwiGLU, then its down projection ([N, D], then [L, D]).
+  // Each stream's SwiGLU, its down projection ([N, D], then [L, D]) and gated residual.
+  const GatedResidual img_residual{img_rows(x), img_mod(5)}, txt_residual{txt_rows(x), txt_mod(5)};
   FLUX_RETURN_IF_ERROR(be.swiglu_linear(img_rows(ff_gate), img_rows(ff_up), img_rows(ff_act),
-                                        w.img_ff_out, img_rows(ws.proj)));
+                                        w.img_ff_out, img_rows(ws.proj), &img_residual));
   FLUX_RETURN_IF_ERROR(be.swiglu_linear(txt_rows(ff_gate), txt_rows(ff_up), txt_rows(ff_act),
-                                        w.txt_ff_out, txt_rows(ws.proj)));
-  FLUX_RETURN_IF_ERROR(be.gate_residual(img_rows(x), img_mod(5), img_rows(ws.proj)));                 // [N, D]
-  FLUX_RETURN_IF_ERROR(be.gate_residual(txt_rows(x), txt_mod(5), txt_rows(ws.proj)));                 // [L, D]
+                                        w.txt_ff_out, txt_rows(ws.proj), &txt_residual));
   return absl::OkStatus();
 }
 
@@ -235,9 +234,11 @@ absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, co
                         cond.rope_sin,  RopeStyle::kInterleaved};
   FLUX_RETURN_IF_ERROR(
       be.normed_attention(q, k, v, norm, params, ws.attn_mlp.col_slice(0, d)));  // [S, D]
-  // to_out reads [attn | swiglu(mlp)]: the SwiGLU lands next to the attention output.
-  FLUX_RETURN_IF_ERROR(be.swiglu_linear(mlp_gate, mlp_up, ws.attn_mlp, w.out, ws.proj));  // [S, D]
-  FLUX_RETURN_IF_ERROR(be.gate_residual(x, gate, ws.proj));                                           // [S, D]
+  // to_out reads [attn | swiglu(mlp)]: the SwiGLU lands next to the attention output; then the
+  // gated residual.
+  const GatedResidual residual{x, gate};
+  FLUX_RETURN_IF_ERROR(
+      be.swiglu_linear(mlp_gate, mlp_up, ws.attn_mlp, w.out, ws.proj, &residual));  // [S, D]
   return absl::OkStatus();
 }
 

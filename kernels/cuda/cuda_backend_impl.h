@@ -61,7 +61,7 @@ class CudaBackend final : public Backend {
   absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;
   absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x, const Tensor& w,
-                             const Tensor& y) override;
+                             const Tensor& y, const GatedResidual* residual) override;
   absl::Status layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps,
                                    const Tensor& out) override;
   absl::Status layer_norm_modulate_linear(const Tensor& x, const Tensor& shift, const Tensor& scale,
@@ -174,9 +174,11 @@ class CudaBackend final : public Backend {
   absl::Status layer_norm_linear_fp8(const Tensor& x, const Tensor& shift, const Tensor& scale,
                                      float eps, const Fp8Weight& w, const Tensor& y);
   // swiglu_linear with rowwise FP8: one kernel writes x's E4M3 rows ([prefix | swiglu(gate, up)],
-  // a scale per row) without the bf16 activation, then the GEMM.
+  // a scale per row) without the bf16 activation, then the GEMM; with `residual` the GEMM adds
+  // gate ⊙ (x · wᵀ) into the stream itself (the gate folded into the per-channel scales, beta = 1).
   absl::Status swiglu_linear_fp8(const Tensor& gate, const Tensor& up, const Tensor& x,
-                                 const Fp8Weight& w, const Tensor& y);
+                                 const Fp8Weight& w, const Tensor& y,
+                                 const GatedResidual* residual);
   // quality=high hand-off: the op that wrote a bf16 activation also left each row's max |x|
   // (SwiGLU, attention) or an E4M3 copy with its scale or row scales (LayerNorm+modulate); an FP8
   // GEMM that reads

@@ -139,7 +139,8 @@ absl::StatusOr<int64_t> CudaBackend::add_fp8_weight(const Tensor& w) {
 }
 
 absl::Status CudaBackend::swiglu_linear_fp8(const Tensor& gate, const Tensor& up, const Tensor& x,
-                                            const Fp8Weight& w, const Tensor& y) {
+                                            const Fp8Weight& w, const Tensor& y,
+                                            const GatedResidual* residual) {
   const int64_t m = x.rows(), k = x.cols(), prefix = k - gate.cols();
   Fp8Weight xq;
   {
@@ -156,7 +157,17 @@ absl::Status CudaBackend::swiglu_linear_fp8(const Tensor& gate, const Tensor& up
     args.row_scales = xq.scale.data_as<float>();
     FLUX_RETURN_IF_ERROR(cuda::swiglu_fp8_rows(args, stream()));
   }
-  return gemm_low_precision(x, xq, w, y);
+  if (residual == nullptr) return gemm_low_precision(x, xq, w, y);
+  // stream += gate ⊙ (x · wᵀ) in the GEMM: the gate times each output channel's scale, then the
+  // epilogue adds the stream (beta = 1, in place). One rounding instead of gate_residual's three.
+  OpProfileScope profile(*this, profile_category("gemm", x, w.source));
+  const int64_t n = w.values.rows();
+  FLUX_ASSIGN_OR_RETURN(Tensor gated, scratch({n}, DType::kF32));
+  FLUX_RETURN_IF_ERROR(cuda::gated_channel_scales(w.scale.data_as<float>(), residual->gate.data(),
+                                                  n, gated.data_as<float>(), stream()));
+  const cuda::Mat x_mat{xq.values.data(), m, k, k}, w_mat{w.values.data(), n, k, k};
+  return gemm_->linear_fp8(x_mat, xq.scale.data_as<float>(), w_mat, gated.data_as<float>(),
+                           mat(residual->stream), /*rowwise=*/true, /*accumulate=*/true);
 }
 
 absl::Status CudaBackend::layer_norm_linear_fp8(const Tensor& x, const Tensor& shift,

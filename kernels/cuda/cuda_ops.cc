@@ -303,10 +303,11 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
 }
 
 absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,
-                                        const Tensor& w, const Tensor& y) {
+                                        const Tensor& w, const Tensor& y,
+                                        const GatedResidual* residual) {
   // quality=high with rowwise FP8: SwiGLU writes the GEMM's E4M3 input rows itself.
   auto found = fp8_rows_wanted() ? fp8_weights_.find(w.data()) : fp8_weights_.end();
-  if (found == fp8_weights_.end()) return Backend::swiglu_linear(gate, up, x, w, y);
+  if (found == fp8_weights_.end()) return Backend::swiglu_linear(gate, up, x, w, y, residual);
   OpProfileScope op(*this, "");
   constexpr absl::string_view kOp = "swiglu_linear";
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "gate", gate));
@@ -321,6 +322,11 @@ absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, co
   FLUX_RETURN_IF_ERROR(check_matrix(kOp, "w", w, w.rows(), x.cols()));
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "y", y));
   FLUX_RETURN_IF_ERROR(check_matrix(kOp, "y", y, x.rows(), w.rows()));
+  if (residual != nullptr) {
+    FLUX_RETURN_IF_ERROR(check_same_bf16(kOp, y, "residual stream", residual->stream));
+    FLUX_RETURN_IF_ERROR(check_bf16(kOp, "residual gate", residual->gate));
+    FLUX_RETURN_IF_ERROR(check_vector(kOp, "residual gate", residual->gate, w.rows()));
+  }
   const int64_t prefix = x.cols() - gate.cols();
   const cuda::Mat prefix_mat =
       prefix > 0 ? mat(x.col_slice(0, prefix)) : cuda::Mat{nullptr, x.rows(), 0, 0};
@@ -328,8 +334,8 @@ absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, co
       x.cols() % 16 == 0 && cuda::swiglu_fp8_rows_supported(prefix_mat, mat(gate), mat(up));
   return run_fast_path(
       swiglu_fp8_path(), fits ? "" : "unsupported_shape",
-      [&] { return swiglu_linear_fp8(gate, up, x, found->second, y); },
-      [&] { return Backend::swiglu_linear(gate, up, x, w, y); });
+      [&] { return swiglu_linear_fp8(gate, up, x, found->second, y, residual); },
+      [&] { return Backend::swiglu_linear(gate, up, x, w, y, residual); });
 }
 
 absl::Status CudaBackend::layer_norm_modulate_linear(const Tensor& x, const Tensor& shift,

@@ -378,6 +378,19 @@ __global__ void inverse_product_kernel(const float* a, const float* b, float* ou
 
 }  // namespace
 
+absl::Status gated_channel_scales(const float* w_scale, const void* gate, int64_t count, float* out,
+                                  cudaStream_t stream) {
+  if (w_scale == nullptr || gate == nullptr || out == nullptr || count < 0) {
+    return absl::InvalidArgumentError("gated_channel_scales: null operand or negative count");
+  }
+  const auto* g = static_cast<const bf16*>(gate);
+  launch_grid<1>(1, count, stream, [=] __device__(int64_t, int64_t n) {
+    out[n] = __fmul_rn(w_scale[n], to_f32(g[n]));
+  });
+  FLUX_RETURN_IF_LAUNCH_FAILED("gated_channel_scales");
+  return absl::OkStatus();
+}
+
 absl::Status inverse_product(const float* a, const float* b, float* out, cudaStream_t stream) {
   inverse_product_kernel<<<1, 1, 0, stream>>>(a, b, out);
   FLUX_RETURN_IF_LAUNCH_FAILED("inverse_product");

@@ -62,6 +62,10 @@ absl::Status convert_copy(const Mat& src, DType src_dtype, const Mat& dst, DType
                           cudaStream_t stream);
 
 // out[0] = 1 / (a[0] · b[0]) (device floats): the NVFP4 GEMM's alpha from two global scales.
+// out[n] = w_scale[n] · f32(gate[n]) for n < count (f32 scales, bf16 gate): an FP8 GEMM's
+// per-channel scales with a transformer block's residual gate folded in.
+absl::Status gated_channel_scales(const float* w_scale, const void* gate, int64_t count, float* out,
+                                  cudaStream_t stream);
 absl::Status inverse_product(const float* a, const float* b, float* out, cudaStream_t stream);
 
 // Fills a contiguous bf16 buffer of `count` values with uniform values in [-scale, scale] from a

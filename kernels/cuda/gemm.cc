@@ -182,8 +182,9 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
   return raw;
 }
 
-absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha, const Mat& c,
-                       bool c_f32, Format format, const void* a_scale, const void* b_scale, const float* alpha_device) {
+absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha,
+                       const Mat& c, bool c_f32, Format format, const void* a_scale,
+                       const void* b_scale, const float* alpha_device, float beta) {
   const bool scaled = format != Format::kBf16;
   const int64_t m = a.rows, k = a.cols, n = c.cols;
   const int64_t b_k = b_transposed ? b.cols : b.rows, b_n = b_transposed ? b.rows : b.cols;
@@ -207,11 +208,10 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
     FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
                                                                   &a_scale, sizeof(a_scale)), "B_SCALE_POINTER"));
   }
-  const float beta = 0.0f;
-  // Device pointer mode (NVFP4): alpha and beta are device floats.
+  // Device pointer mode (NVFP4): alpha and beta are device floats (beta 0 there).
   const void* alpha_arg = format == Format::kNvfp4 ? static_cast<const void*>(alpha_device) : &alpha;
   const void* beta_arg = format == Format::kNvfp4 ? static_cast<const void*>(zero_) : &beta;
-  if (autotune_enabled() && !p->candidates.empty() && !capturing(stream_)) {
+  if (autotune_enabled() && !p->candidates.empty() && !capturing(stream_) && beta == 0.0f) {
     // Time each candidate on the real operands (the output is rewritten by the final call).
     constexpr int kRepeats = 3;
     cudaEvent_t start, stop;
@@ -271,8 +271,8 @@ absl::Status Gemm::linear_nvfp4(const Mat& x4, const void* x_scales, const Mat& 
              alpha);
 }
 
-absl::Status Gemm::linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8, const float* w_scale,
-                              const Mat& y, bool rowwise) {
+absl::Status Gemm::linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8,
+                              const float* w_scale, const Mat& y, bool rowwise, bool accumulate) {
   if (x8.cols % 16 != 0 || x8.stride % 16 != 0 || w8.stride % 16 != 0 ||
       alignment_of(x8.data) < 16 || alignment_of(w8.data) < 16 || x_scale == nullptr ||
       w_scale == nullptr || alignment_of(x_scale) < 16 || alignment_of(w_scale) < 16) {
@@ -281,7 +281,8 @@ absl::Status Gemm::linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8
         "operands and 16-byte aligned x_scale and w_scale");
   }
   return run(x8, w8, /*b_transposed=*/true, nullptr, 1.0f, y, /*c_f32=*/false,
-             rowwise ? Format::kFp8Rowwise : Format::kFp8Tensor, x_scale, w_scale);
+             rowwise ? Format::kFp8Rowwise : Format::kFp8Tensor, x_scale, w_scale, nullptr,
+             accumulate ? 1.0f : 0.0f);
 }
 
 absl::Status Gemm::matmul(const Mat& a, const Mat& b, bool b_transposed, float alpha, const Mat& c, bool c_f32) {

@@ -46,8 +46,9 @@ class Gemm {
   // K])ᵀ with dequantization scales in device memory, fp32 accumulation. `rowwise`: x_scale holds M
   // per-token and w_scale N per-output-channel scales (cuBLASLt OUTER_VEC_32F); else one each.
   // K % 16 == 0, 16-byte aligned operands and scales (the FP8 requirements on Hopper).
+  // `accumulate`: y += that product instead (beta = 1, y read and written in place).
   absl::Status linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8, const float* w_scale,
-                          const Mat& y, bool rowwise);
+                          const Mat& y, bool rowwise, bool accumulate = false);
   // Whether cuBLASLt offers rowwise-scaled FP8 GEMMs on this device (heuristic probe, host only).
   bool supports_rowwise_fp8();
 
@@ -77,8 +78,9 @@ class Gemm {
   // a_scale / b_scale: dequantization scales of a and b for the low-precision formats; for
   // kNvfp4 `alpha_device` replaces `alpha`.
   absl::Status run(const Mat& a, const Mat& b, bool b_transposed, const void* bias, float alpha,
-                   const Mat& c, bool c_f32, Format format = Format::kBf16, const void* a_scale = nullptr,
-                   const void* b_scale = nullptr, const float* alpha_device = nullptr);
+                   const Mat& c, bool c_f32, Format format = Format::kBf16,
+                   const void* a_scale = nullptr, const void* b_scale = nullptr,
+                   const float* alpha_device = nullptr, float beta = 0.0f);
 
   cudaStream_t stream_ = nullptr;
   void* handle_ = nullptr;      // cublasLtHandle_t

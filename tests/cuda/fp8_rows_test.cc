@@ -2,10 +2,12 @@
 // (swiglu_fp8.h) and LayerNorm+modulate writing its E4M3 rows under their own scales equal
 // fp8_quantize_rows of the materialized bf16 output byte for byte; through the backend,
 // swiglu_linear, layer_norm_modulate_linear and the LayerNorm hand-off give the GEMM outputs of
-// the ops in turn bit for bit, their fast paths counted.
+// the ops in turn bit for bit, their fast paths counted; swiglu_linear's gated residual in the
+// GEMM is within a bound derived from the roundings it saves.
 // Run: build/bin/gpu_fp8_rows_test (skips without a GPU, or without rowwise FP8 in cuBLASLt).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -173,12 +175,47 @@ TEST_F(Fp8RowsTest, SwigluLinearEqualsSwigluThenLinear) {
     Tensor w = fp8_weight(n, prefix + f, 53 + prefix);
     Tensor fused = empty(DType::kBF16, {s, n}), eager = empty(DType::kBF16, {s, n});
     const int64_t before = testing::fast_path_counters("swiglu_fp8").invocations;
-    ASSERT_TRUE(be_->swiglu_linear(gate, up, fused_in, w, fused).ok());
+    ASSERT_TRUE(be_->swiglu_linear(gate, up, fused_in, w, fused, nullptr).ok());
     EXPECT_EQ(testing::fast_path_counters("swiglu_fp8").invocations, before + 1);
     ASSERT_TRUE(be_->swiglu(gate, up, eager_in.col_slice(prefix, f)).ok());
     ASSERT_TRUE(be_->linear(eager_in, w, {}, eager).ok());
     EXPECT_EQ(bits(*be_, fused), bits(*be_, eager));
   }
+}
+
+TEST_F(Fp8RowsTest, SwigluLinearAddsTheGatedResidualInItsGemm) {
+  if (!rowwise_high()) GTEST_SKIP() << "cuBLASLt offers no rowwise FP8 GEMM here";
+  // The GEMM adds gate ⊙ (x · wᵀ) into the stream with one rounding; the ops in turn round the
+  // GEMM output y, the product g·y and the sum (each within u = 2^-8 relative, bf16). So per
+  // element |fused - eager| <= |g·y| (2u + u²) + u (|fused| + |eager|) (1 + u), bounded below
+  // with 1.01.
+  const int64_t s = 300, prefix = 256, f = 384, n = 384;
+  Tensor mlp = random_bf16(*be_, s, 2 * f, 91, 4.0f);
+  const Tensor gate = mlp.col_slice(0, f), up = mlp.col_slice(f, f);
+  Tensor in = random_bf16(*be_, s, prefix + f, 92), w = fp8_weight(n, prefix + f, 93);
+  Tensor stream = random_bf16(*be_, s, n, 94, 2.0f),
+         residual_gate = random_bf16(*be_, 1, n, 95, 1.5f);
+  Tensor fused_stream = testing::clone(*be_, stream), y = empty(DType::kBF16, {s, n});
+  const GatedResidual residual{fused_stream, residual_gate};
+  const int64_t before = testing::fast_path_counters("swiglu_fp8").invocations;
+  ASSERT_TRUE(be_->swiglu_linear(gate, up, in, w, y, &residual).ok());
+  EXPECT_EQ(testing::fast_path_counters("swiglu_fp8").invocations, before + 1);
+  ASSERT_TRUE(be_->swiglu_linear(gate, up, in, w, y, nullptr).ok());
+  const std::vector<float> projection = testing::values(*be_, y),
+                           g = testing::values(*be_, residual_gate);
+  ASSERT_TRUE(be_->gate_residual(stream, residual_gate, y).ok());
+  const std::vector<float> fused = testing::values(*be_, fused_stream),
+                           eager = testing::values(*be_, stream);
+  constexpr double u = 1.0 / 256;
+  double worst = 0.0;
+  for (int64_t i = 0; i < s * n; ++i) {
+    const double gy = std::fabs(static_cast<double>(g[i % n]) * projection[i]);
+    const double bound = 1.01 * (gy * 2 * u + u * (std::fabs(fused[i]) + std::fabs(eager[i])));
+    const double error = std::fabs(static_cast<double>(fused[i]) - eager[i]);
+    ASSERT_LE(error, bound) << "element " << i << ": fused " << fused[i] << ", eager " << eager[i];
+    if (bound > 0) worst = std::max(worst, error / bound);
+  }
+  std::printf("gated residual in the GEMM vs the ops in turn: worst error / bound %.3f\n", worst);
 }
 
 TEST_F(Fp8RowsTest, SwigluLinearFallsBackOnShapesItCannotServe) {
@@ -190,12 +227,13 @@ TEST_F(Fp8RowsTest, SwigluLinearFallsBackOnShapesItCannotServe) {
   Tensor w = fp8_weight(n, prefix + f, 63);
   Tensor fused = empty(DType::kBF16, {s, n}), eager = empty(DType::kBF16, {s, n});
   const int64_t before = testing::fast_path_fallbacks("swiglu_fp8", "unsupported_shape");
-  ASSERT_TRUE(be_->swiglu_linear(gate, up, fused_in, w, fused).ok());
+  ASSERT_TRUE(be_->swiglu_linear(gate, up, fused_in, w, fused, nullptr).ok());
   EXPECT_EQ(testing::fast_path_fallbacks("swiglu_fp8", "unsupported_shape"), before + 1);
   ASSERT_TRUE(be_->swiglu(gate, up, eager_in.col_slice(prefix, f)).ok());
   ASSERT_TRUE(be_->linear(eager_in, w, {}, eager).ok());
   EXPECT_EQ(bits(*be_, fused), bits(*be_, eager));
-  const absl::Status status = be_->swiglu_linear(gate, up, fused_in.col_slice(0, f - 1), w, fused);
+  const absl::Status status =
+      be_->swiglu_linear(gate, up, fused_in.col_slice(0, f - 1), w, fused, nullptr);
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("gate's rows"), std::string::npos) << status;
 }

@@ -246,12 +246,19 @@ TEST_F(CpuOpsTest, SwigluLinearIsSwigluThenLinear) {
   Tensor fused_in = make(x, {m, prefix + f}), eager_in = make(x, {m, prefix + f});
   Tensor out = be_.empty(DType::kF32, {m, n}).value(),
          want = be_.empty(DType::kF32, {m, n}).value();
-  ASSERT_TRUE(be_.swiglu_linear(gate, up, fused_in, weight, out).ok());
+  ASSERT_TRUE(be_.swiglu_linear(gate, up, fused_in, weight, out, nullptr).ok());
   ASSERT_TRUE(be_.swiglu(gate, up, eager_in.col_slice(prefix, f)).ok());
   ASSERT_TRUE(be_.linear(eager_in, weight, {}, want).ok());
   EXPECT_EQ(get(out), get(want));
+  // With the gated residual: the stream receives gate_residual's result.
+  const auto stream_values = random(m * n), gate_values = random(n);
+  Tensor stream = make(stream_values, {m, n}), want_stream = make(stream_values, {m, n});
+  const GatedResidual residual{stream, make(gate_values, {n})};
+  ASSERT_TRUE(be_.swiglu_linear(gate, up, fused_in, weight, out, &residual).ok());
+  ASSERT_TRUE(be_.gate_residual(want_stream, residual.gate, want).ok());
+  EXPECT_EQ(get(stream), get(want_stream));
   const absl::Status status =
-      be_.swiglu_linear(gate, up, fused_in.col_slice(0, f - 1), weight, out);
+      be_.swiglu_linear(gate, up, fused_in.col_slice(0, f - 1), weight, out, nullptr);
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("gate's rows"), std::string::npos) << status;
 }
