@@ -105,6 +105,25 @@ absl::Status check_same_bf16(absl::string_view op, const Tensor& a, absl::string
   return check_matrix(op, name, b, a.rows(), a.cols());
 }
 
+// LayerNorm+modulate's input and its shift and scale vectors (bf16 [D] each).
+absl::Status check_layer_norm_operands(absl::string_view op, const Tensor& x, const Tensor& shift,
+                                       const Tensor& scale) {
+  FLUX_RETURN_IF_ERROR(check_bf16(op, "x", x));
+  FLUX_RETURN_IF_ERROR(check_bf16(op, "shift", shift));
+  FLUX_RETURN_IF_ERROR(check_vector(op, "shift", shift, x.cols()));
+  FLUX_RETURN_IF_ERROR(check_bf16(op, "scale", scale));
+  return check_vector(op, "scale", scale, x.cols());
+}
+
+// The weight and output of a projection of x: w bf16 [N, x.cols], y bf16 [x.rows, N].
+absl::Status check_projection(absl::string_view op, const Tensor& x, const Tensor& w,
+                              const Tensor& y) {
+  FLUX_RETURN_IF_ERROR(check_bf16(op, "w", w));
+  FLUX_RETURN_IF_ERROR(check_matrix(op, "w", w, w.rows(), x.cols()));
+  FLUX_RETURN_IF_ERROR(check_bf16(op, "y", y));
+  return check_matrix(op, "y", y, x.rows(), w.rows());
+}
+
 }  // namespace
 
 void inject_fast_path_failure(absl::string_view path) {
@@ -318,10 +337,7 @@ absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, co
                     absl::StrCat("x ", x.describe(), " must have gate's rows and end with its ",
                                  gate.cols(), " columns"));
   }
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "w", w));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "w", w, w.rows(), x.cols()));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "y", y));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "y", y, x.rows(), w.rows()));
+  FLUX_RETURN_IF_ERROR(check_projection(kOp, x, w, y));
   if (residual != nullptr) {
     FLUX_RETURN_IF_ERROR(check_same_bf16(kOp, y, "residual stream", residual->stream));
     FLUX_RETURN_IF_ERROR(check_bf16(kOp, "residual gate", residual->gate));
@@ -349,16 +365,9 @@ absl::Status CudaBackend::layer_norm_modulate_linear(const Tensor& x, const Tens
   }
   OpProfileScope op(*this, "");
   constexpr absl::string_view kOp = "layer_norm_modulate_linear";
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
+  FLUX_RETURN_IF_ERROR(check_layer_norm_operands(kOp, x, shift, scale));
   FLUX_RETURN_IF_ERROR(check_same_bf16(kOp, x, "normed", normed));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "shift", shift));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "shift", shift, x.cols()));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "scale", scale));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "scale", scale, x.cols()));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "w", w));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "w", w, w.rows(), x.cols()));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "y", y));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "y", y, x.rows(), w.rows()));
+  FLUX_RETURN_IF_ERROR(check_projection(kOp, x, w, y));
   const bool fits = x.cols() % 16 == 0 && cuda::layer_norm_writes_fp8(mat(x));
   return run_fast_path(
       layer_norm_fp8_path(), fits ? "" : "unsupported_shape",
@@ -370,12 +379,8 @@ absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shi
                                               const Tensor& scale, float eps, const Tensor& out) {
   OpProfileScope profile(*this, op_category("norm", "layer_norm_modulate"));
   constexpr absl::string_view kOp = "layer_norm_modulate";
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
+  FLUX_RETURN_IF_ERROR(check_layer_norm_operands(kOp, x, shift, scale));
   FLUX_RETURN_IF_ERROR(check_same_bf16(kOp, x, "out", out));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "shift", shift));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "shift", shift, x.cols()));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "scale", scale));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "scale", scale, x.cols()));
   const cuda::Mat sh{shift.data(), 1, shift.cols(), shift.cols()},
       sc{scale.data(), 1, scale.cols(), scale.cols()};
   return run_fast_path(

@@ -45,17 +45,6 @@ class Fp8HandoffTest : public ::testing::Test {
   void TearDown() override {
     if (be_ != nullptr) be_->set_quality(Quality::kLossless);
   }
-  // An FP8-registered weight [n, k].
-  Tensor fp8_weight(int64_t n, int64_t k, uint64_t seed) {
-    Tensor w = random_bf16(*be_, n, k, seed, 0.05f);
-    EXPECT_TRUE(be_->add_fp8_weight(w).ok());
-    return w;
-  }
-  // Something unrelated in between: ends any hand-off.
-  void unrelated_op() {
-    Tensor a = random_bf16(*be_, 4, 16, 99), b = be_->empty(DType::kBF16, {4, 16}).value();
-    ASSERT_TRUE(be_->silu(a, b).ok());
-  }
   // Runs produce() then consume(); then again with an unrelated op between them. Both consumer
   // outputs must be identical and only the first may use hand-offs (`expected` of them).
   void expect_same_bits(const std::function<void()>& produce, const std::function<Tensor()>& consume,
@@ -70,6 +59,10 @@ class Fp8HandoffTest : public ::testing::Test {
     EXPECT_EQ(handoffs(), before + expected) << "a hand-off survived an unrelated op";
     EXPECT_EQ(bits(*be_, with), bits(*be_, without));
   }
+  Tensor fp8_weight(int64_t n, int64_t k, uint64_t seed) {
+    return testing::fp8_weight(*be_, n, k, seed);
+  }
+  void unrelated_op() { testing::unrelated_op(*be_); }
   Backend* be_ = nullptr;
 };
 

@@ -72,17 +72,10 @@ class Fp8RowsTest : public ::testing::Test {
   void TearDown() override {
     if (be_ != nullptr) be_->set_quality(Quality::kLossless);
   }
-  // An FP8-registered weight [n, k].
   Tensor fp8_weight(int64_t n, int64_t k, uint64_t seed) {
-    Tensor w = random_bf16(*be_, n, k, seed, 0.05f);
-    EXPECT_TRUE(be_->add_fp8_weight(w).ok());
-    return w;
+    return testing::fp8_weight(*be_, n, k, seed);
   }
-  // Something unrelated in between: ends any hand-off.
-  void unrelated_op() {
-    Tensor a = random_bf16(*be_, 4, 16, 99), b = empty(DType::kBF16, {4, 16});
-    ASSERT_TRUE(be_->silu(a, b).ok());
-  }
+  void unrelated_op() { testing::unrelated_op(*be_); }
   Backend* be_ = nullptr;
   CudaBackend* cuda_ = nullptr;
 };

@@ -51,6 +51,17 @@ Tensor clone(Backend& be, const Tensor& t) {
   return copy;
 }
 
+Tensor fp8_weight(Backend& be, int64_t n, int64_t k, uint64_t seed) {
+  Tensor w = random_bf16(be, n, k, seed, 0.05f);
+  EXPECT_TRUE(be.add_fp8_weight(w).ok());
+  return w;
+}
+
+void unrelated_op(Backend& be) {
+  Tensor a = random_bf16(be, 4, 16, 99), b = be.empty(DType::kBF16, {4, 16}).value();
+  EXPECT_TRUE(be.silu(a, b).ok());
+}
+
 FastPathCounters fast_path_counters(const std::string& path) {
   for (const FastPathCounters& c : fast_path_snapshot()) {
     if (c.path == path) return c;

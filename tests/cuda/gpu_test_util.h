@@ -51,5 +51,9 @@ std::vector<uint16_t> bits(Backend& be, const Tensor& t);
 std::vector<float> values(Backend& be, const Tensor& t);
 // A device copy of `t` (contiguous, same dtype).
 Tensor clone(Backend& be, const Tensor& t);
+// A random weight [n, k] registered for quality=high's FP8 GEMMs.
+Tensor fp8_weight(Backend& be, int64_t n, int64_t k, uint64_t seed);
+// A small op on unrelated tensors: ends any producer hand-off between two ops.
+void unrelated_op(Backend& be);
 
 }  // namespace flux2::testing
