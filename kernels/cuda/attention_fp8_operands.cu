@@ -10,6 +10,7 @@
 #include "kernels/cuda/flash_attention_fp8.h"
 #include "kernels/cuda/fp8_convert.cuh"
 #include "kernels/cuda/head_norm.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace flux2::cuda {
 namespace {
@@ -31,9 +32,9 @@ struct QkNormArgs {
   int64_t cos_stride, sin_stride;  // elements
 };
 
-// QK-norm + RoPE of the 8 elements x (head elements 8·pack ..) of one row, packed as bf16 in memory
-// order (x is overwritten), as qk_norm_rope's
-// vectorized kernel computes them: there lane l holds elements 4l..4l+3, so this thread holds
+// QK-norm + RoPE of the 8 elements x (head elements 8·pack ..) of one row, returned packed as bf16
+// in memory order (x is overwritten), as qk_norm_rope's vectorized kernel computes them: there
+// lane l holds elements 4l..4l+3, so this thread holds
 // lanes 2·pack and 2·pack + 1, and the warp sum of squares runs the same butterfly (lane offsets
 // 16, 8, 4, 2 are thread offsets 8, 4, 2, 1 among the row's 16 threads; offset 1 is local).
 __device__ __forceinline__ uint4 norm_rope8(float x[8], const float w[8], const float c[8],
@@ -117,15 +118,6 @@ __global__ void __launch_bounds__(kQkThreads, 1)
     }
   };
   float c[kQkRowsPerThread][8], s[kQkRowsPerThread][8];
-  auto load_rope = [&](int tile, int r) {
-    const int row = row_of(tile, r);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) c[r][e] = s[r][e] = 0.0f;
-    if (row < tokens) {
-      load_f32x8(norm.cos + row * norm.cos_stride + 8 * pack, c[r]);
-      load_f32x8(norm.sin + row * norm.sin_stride + 8 * pack, s[r]);
-    }
-  };
   int tile_of_rope = -1;
   uint4 next[kQkRowsPerThread];
   if (begin < end) load_item(item_at(begin), next);
@@ -139,7 +131,15 @@ __global__ void __launch_bounds__(kQkThreads, 1)
       if (it.tile != tile_of_rope) {
         tile_of_rope = it.tile;
 #pragma unroll
-        for (int r = 0; r < kQkRowsPerThread; ++r) load_rope(it.tile, r);
+        for (int r = 0; r < kQkRowsPerThread; ++r) {
+          const int row = row_of(it.tile, r);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) c[r][e] = s[r][e] = 0.0f;
+          if (row < tokens) {
+            load_f32x8(norm.cos + row * norm.cos_stride + 8 * pack, c[r]);
+            load_f32x8(norm.sin + row * norm.sin_stride + 8 * pack, s[r]);
+          }
+        }
       }
     }
     uint32_t magnitudes = 0;  // bf16x2
@@ -153,8 +153,7 @@ __global__ void __launch_bounds__(kQkThreads, 1)
       }
       magnitudes = max_magnitudes_bf16x8(magnitudes, raw[r]);
     }
-    uint32_t amax = magnitude_bits_of(magnitudes);
-    amax = block_max_bits(amax, scratch);
+    const uint32_t amax = block_max_bits(magnitude_bits_of(magnitudes), scratch);
     const float scale = fp8_dequant_scale(__uint_as_float(amax));
     const float encode = fp8_encode_factor(scale);
     if (threadIdx.x == 0) scales[(it.which * heads + it.head) * tiles + it.tile] = scale;
@@ -173,25 +172,6 @@ __global__ void __launch_bounds__(kQkThreads, 1)
   }
 }
 
-// Blocks of quantize_qk_kernel<kNorm> resident on the current device at once (its grid).
-template <bool kNorm>
-absl::StatusOr<int> resident_qk_blocks() {
-  static int blocks[2] = {0, 0};  // per kNorm
-  int& capacity = blocks[kNorm];
-  if (capacity == 0) {
-    int device = 0, sms = 0, per_sm = 0;
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "quantize_attention_operands_fp8"));
-    FLUX_RETURN_IF_ERROR(
-        cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                    "quantize_attention_operands_fp8"));
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                         &per_sm, quantize_qk_kernel<kNorm>, kQkThreads, 0),
-                                     "quantize_attention_operands_fp8"));
-    capacity = std::max(1, sms * per_sm);
-  }
-  return capacity;
-}
-
 // V [tokens, width] bf16 -> Vᵀ E4M3 [width, padded], keys permuted (flash_fp8_position_of), one
 // power-of-two scale per block of 128 keys and head (flash_fp8_value_scale). One block per such
 // block: 16-byte reads of key rows, the block's amax, a shared-memory transpose, 16-byte writes of
@@ -206,19 +186,17 @@ __global__ void __launch_bounds__(kThreads)
   const int key0 = blockIdx.x * kTile, head = blockIdx.y, channel0 = head * 128;
   const int pack = threadIdx.x % 16, first_key = threadIdx.x / 16;  // 8 channels per pack
   uint4 raw[8];  // bf16 as loaded: half the registers of floats, so more blocks per SM
-  uint32_t amax = 0;
+  uint32_t magnitudes = 0;  // bf16x2
 #pragma unroll
   for (int i = 0; i < 8; ++i) {  // 128 keys x 16 packs
     const int key = first_key + 16 * i;
     raw[i] = key0 + key < tokens ? *reinterpret_cast<const uint4*>(
                                        v.data + (key0 + key) * v.stride + channel0 + 8 * pack)
                                  : make_uint4(0, 0, 0, 0);
-    float x[8];
-    unpack_bf16x8(raw[i], x);
-#pragma unroll
-    for (int c = 0; c < 8; ++c) amax = max(amax, abs_bits(x[c]));
+    magnitudes = max_magnitudes_bf16x8(magnitudes, raw[i]);
   }
-  const float scale = flash_fp8_value_scale(__uint_as_float(block_max_bits(amax, scratch)));
+  const float scale = flash_fp8_value_scale(
+      __uint_as_float(block_max_bits(magnitude_bits_of(magnitudes), scratch)));
   if (threadIdx.x == 0) scales[head * gridDim.x + blockIdx.x] = scale;
   const float encode = fp8_encode_factor(scale);
 #pragma unroll
@@ -321,11 +299,14 @@ absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const M
     norm_args.cos_stride = norm->cos.stride;
     norm_args.sin_stride = norm->sin.stride;
   }
-  const absl::StatusOr<int> resident =
-      norm != nullptr ? resident_qk_blocks<true>() : resident_qk_blocks<false>();
-  FLUX_RETURN_IF_ERROR(resident.status());
-  const int grid = static_cast<int>(std::min<int64_t>(*resident, tiles * 2 * heads));
   auto kernel = norm != nullptr ? quantize_qk_kernel<true> : quantize_qk_kernel<false>;
+  static int resident[2] = {0, 0};  // per kernel: blocks resident on the whole device (its grid)
+  int& capacity = resident[norm != nullptr];
+  if (capacity == 0) {
+    FLUX_ASSIGN_OR_RETURN(capacity, resident_blocks(reinterpret_cast<const void*>(kernel),
+                                                    kQkThreads, "quantize_attention_operands_fp8"));
+  }
+  const int grid = static_cast<int>(std::min<int64_t>(capacity, tiles * 2 * heads));
   kernel<<<grid, kQkThreads, 0, stream>>>(matrix(q), matrix(k), static_cast<int>(tokens),
                                           static_cast<int>(heads), static_cast<uint8_t*>(out.q),
                                           static_cast<uint8_t*>(out.k), out.scales, norm_args);

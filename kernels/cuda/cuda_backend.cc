@@ -269,7 +269,7 @@ void CudaBackend::hand_off(const Tensor& out, Tensor row_amax, Tensor fp8, Tenso
 }
 
 std::optional<int64_t> CudaBackend::incoming_rows(const Tensor& x) const {
-  if (!incoming_ || !(handoff_wanted() || fp8_rows_wanted())) return std::nullopt;
+  if (!incoming_ || !handoff_wanted()) return std::nullopt;
   const AmaxHandoff& h = *incoming_;
   const auto* data = static_cast<const char*>(x.data());
   if (x.cols() != h.cols || x.row_stride() != h.stride || data < h.data) return std::nullopt;

@@ -179,19 +179,17 @@ class CudaBackend final : public Backend {
   absl::Status swiglu_linear_fp8(const Tensor& gate, const Tensor& up, const Tensor& x,
                                  const Fp8Weight& w, const Tensor& y,
                                  const GatedResidual* residual);
-  // quality=high hand-off: the op that wrote a bf16 activation also left each row's max |x|
-  // (SwiGLU, attention) or an E4M3 copy with its scale or row scales (LayerNorm+modulate); an FP8
-  // GEMM that reads
-  // exactly that region (or a row range of it) next skips the quantizer's amax pass (bit-identical)
-  // or the whole quantization. It lives from the end of the producer to the start of the next op,
-  // and through linears that consumed it (the double block's image and text GEMMs read two row
-  // ranges of one output).
+  // quality=high hand-off with per-tensor FP8 GEMMs: the op that wrote a bf16 activation also left
+  // each row's max |x| (SwiGLU, attention) or an E4M3 copy with its scale (LayerNorm+modulate); an
+  // FP8 GEMM that reads exactly that region (or a row range of it) next skips the quantizer's amax
+  // pass (bit-identical) or the whole quantization. It lives from the end of the producer to the
+  // start of the next op, and through linears that consumed it (the double block's image and text
+  // GEMMs read two row ranges of one output).
   struct AmaxHandoff {
     const char* data = nullptr;  // the region's first element
     int64_t rows = 0, cols = 0, stride = 0;
     Tensor row_amax;             // u32 [rows]: f32 magnitude bits of max |x| per row, or
     Tensor fp8, fp8_scale;       // the region already in E4M3 [rows, cols] with its scale [1]
-                                 // (per tensor) or [rows, 1] (rowwise)
   };
   std::optional<AmaxHandoff> handoff_;   // left by the op that finished last
   std::optional<AmaxHandoff> incoming_;  // what the running (outermost) op found
@@ -202,7 +200,8 @@ class CudaBackend final : public Backend {
   }
   // Whether quality=high ops produce and consume hand-offs of row maxima (per-tensor FP8 GEMMs).
   bool handoff_wanted() const { return quality_ == Quality::kHigh && !nvfp4_ && !fp8_rowwise_; }
-  // Whether they write E4M3 rows with a scale per row instead (rowwise FP8 GEMMs, the default).
+  // Whether the fused producer ops (layer_norm_modulate_linear, swiglu_linear) write their GEMM's
+  // E4M3 rows with a scale per row instead (rowwise FP8 GEMMs, the default).
   bool fp8_rows_wanted() const { return quality_ == Quality::kHigh && !nvfp4_ && fp8_rowwise_; }
   // Leaves `out` with its row maxima (or its E4M3 copy and scale) for the next op.
   void hand_off(const Tensor& out, Tensor row_amax, Tensor fp8 = {}, Tensor fp8_scale = {});

@@ -75,17 +75,9 @@ absl::Status CudaBackend::linear_low_precision(const Tensor& x, const Fp8Weight&
       // The producer wrote x in E4M3 itself: no quantization at all.
       xq.values = incoming_->fp8.row_slice(*first_row, m);
       xq.scale = incoming_->fp8_scale;
-      if (fp8_rowwise_) {  // its row scales, 16-byte aligned as cuBLASLt needs them
-        xq.scale = xq.scale.row_slice(*first_row, m);
-        if (reinterpret_cast<uintptr_t>(xq.scale.data()) % 16 != 0) {
-          FLUX_ASSIGN_OR_RETURN(Tensor aligned, scratch({m, 1}, DType::kF32));
-          FLUX_RETURN_IF_ERROR(copy(xq.scale, aligned));
-          xq.scale = std::move(aligned);
-        }
-      }
       fp8_handoff_path().count_invocation();
       handoff_ = incoming_;  // another row range of the same region may follow
-    } else if (first_row && incoming_->row_amax.data() != nullptr && !fp8_rowwise_) {
+    } else if (first_row && incoming_->row_amax.data() != nullptr) {
       // The producer left x's row maxima: scale from them, then one quantize pass.
       const auto* row_amax = static_cast<const uint32_t*>(incoming_->row_amax.data()) + *first_row;
       FLUX_ASSIGN_OR_RETURN(xq.values, scratch({m, k}, DType::kF8E4M3));

@@ -386,17 +386,6 @@ absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shi
   return run_fast_path(
       layer_norm_modulate_path(), "",
       [&]() -> absl::Status {
-        if (fp8_rows_wanted() && cuda::layer_norm_writes_fp8(mat(x))) {
-          // quality=high, rowwise: the E4M3 rows for the next GEMM too, each under its own scale.
-          FLUX_ASSIGN_OR_RETURN(Tensor fp8, scratch({x.rows(), x.cols()}, DType::kF8E4M3));
-          FLUX_ASSIGN_OR_RETURN(Tensor row_scales, scratch({x.rows(), 1}, DType::kF32));
-          FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(
-              mat(x), sh, sc, x.rows(), eps, mat(out), stream(), nullptr,
-              cuda::Fp8Rows{static_cast<uint8_t*>(fp8.data()), nullptr,
-                            row_scales.data_as<float>()}));
-          hand_off(out, Tensor(), std::move(fp8), std::move(row_scales));
-          return absl::OkStatus();
-        }
         if (!handoff_wanted()) {
           return cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out), stream());
         }

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/status/statusor.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_status.h"
 
 namespace flux2::cuda {
 
@@ -21,6 +23,18 @@ __global__ void for_each_kernel(Index rows, Index cols, F f) {
   for (Index i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     f(static_cast<int64_t>(i / cols), static_cast<int64_t>(i % cols) * kWidth);
   }
+}
+
+// Blocks of `kernel` (`threads` threads each, no dynamic shared memory) resident on the current
+// device at once: the grid of a persistent or cooperative kernel. Host work only; callers cache it.
+inline absl::StatusOr<int> resident_blocks(const void* kernel, int threads, const char* op) {
+  int device = 0, sms = 0, per_sm = 0;
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), op));
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), op));
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0), op));
+  return std::max(1, sms * per_sm);
 }
 
 // Whether `items` grid-stride iterations can use 32-bit indices (the last stride step included).

@@ -144,7 +144,6 @@ __global__ void __launch_bounds__(kVecThreads)
   const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
   uint32_t magnitude = 0;
   const bool per_row = fp8.row_scales != nullptr;  // quantized after the row's max is known
-  const float fp8_encode = fp8.values != nullptr && !per_row ? fp8_encode_factor(*fp8.scale) : 0.0f;
   const typename Epilogue::Row mod = epilogue.row(r);
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
@@ -162,41 +161,36 @@ __global__ void __launch_bounds__(kVecThreads)
         magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
       }
     }
-    if (o == nullptr) {
-    } else if (vector_store) {
+    if (o != nullptr && vector_store) {
       reinterpret_cast<Bf16x8*>(o)[p] = result;
-    } else {
+    } else if (o != nullptr) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[p * 8 + i] = result.v[i];
     }
-    if (per_row) {
-      held[j] = result;  // the input is no longer needed: keep the output for the quantization
-    } else if (fp8.values != nullptr) {
-      float rounded[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) rounded[i] = to_f32(result.v[i]);
-      *reinterpret_cast<uint2*>(fp8.values + r * x.cols + p * 8) =
-          fp8_pack8<true>(rounded, fp8_encode);
-    }
+    if (fp8.values != nullptr) held[j] = result;  // the input is spent: keep what to quantize
   }
   if (row_amax != nullptr || per_row) {
     __shared__ uint32_t max_scratch[32];
     magnitude = block_max_bits(magnitude, max_scratch);
     if (row_amax != nullptr && threadIdx.x == 0) row_amax[r] = magnitude;
   }
+  if (fp8.values == nullptr) return;
+  float scale = 0.0f;
   if (per_row) {
-    const float row_scale = fp8_dequant_scale(__uint_as_float(magnitude));
-    if (threadIdx.x == 0) fp8.row_scales[r] = row_scale;
-    const float encode = fp8_encode_factor(row_scale);
+    scale = fp8_dequant_scale(__uint_as_float(magnitude));
+    if (threadIdx.x == 0) fp8.row_scales[r] = scale;
+  } else {
+    scale = *fp8.scale;
+  }
+  const float encode = fp8_encode_factor(scale);
 #pragma unroll
-    for (int j = 0; j < kPacks; ++j) {
-      const int p = threadIdx.x + j * kVecThreads;
-      if (p >= packs) continue;
-      float rounded[8];
+  for (int j = 0; j < kPacks; ++j) {
+    const int p = threadIdx.x + j * kVecThreads;
+    if (p >= packs) continue;
+    float rounded[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) rounded[i] = to_f32(held[j].v[i]);
-      *reinterpret_cast<uint2*>(fp8.values + r * x.cols + p * 8) = fp8_pack8<true>(rounded, encode);
-    }
+    for (int i = 0; i < 8; ++i) rounded[i] = to_f32(held[j].v[i]);
+    *reinterpret_cast<uint2*>(fp8.values + r * x.cols + p * 8) = fp8_pack8<true>(rounded, encode);
   }
 }
 

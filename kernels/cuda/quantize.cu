@@ -440,21 +440,9 @@ absl::Status fp8_quantize_dynamic(const Fp8QuantizeArgs& args, cudaStream_t stre
   static int resident[2][2] = {{0, 0}, {0, 0}};  // per kernel: blocks resident on the whole device
   int& capacity = resident[hw][narrow];
   if (capacity == 0) {
-    int device = 0, sms = 0, per_sm = 0;
-    if (auto st = cuda_status(cudaGetDevice(&device), kOp); !st.ok()) {
-      return st;
-    }
-    if (auto st =
-            cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), kOp);
-        !st.ok()) {
-      return st;
-    }
-    if (auto st = cuda_status(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0), kOp);
-        !st.ok()) {
-      return st;
-    }
-    capacity = std::max(1, sms * per_sm);
+    const absl::StatusOr<int> blocks = resident_blocks(kernel, kThreads, kOp);
+    if (!blocks.ok()) return blocks.status();
+    capacity = *blocks;
   }
   const int grid = static_cast<int>(std::clamp<int64_t>((items + kThreads - 1) / kThreads, 1,
                                                         std::min(capacity, kAmaxMaxBlocks - 1)));
