@@ -78,7 +78,8 @@ class Backend {
   // ---- memory -------------------------------------------------------------------------------
   // An uninitialised contiguous tensor. Out of memory is ResourceExhausted.
   virtual absl::StatusOr<Tensor> empty(DType dtype, Shape shape) = 0;
-  // Copies dst.numel() contiguous host elements of `host_dtype` into `dst`, converting to dst's dtype.
+  // Copies dst.numel() contiguous host elements of `host_dtype` into `dst`, converting to dst's
+  // dtype.
   virtual absl::Status upload(const void* host, DType host_dtype, const Tensor& dst) = 0;
   // Copies `src` into src.numel() contiguous host floats. Waits for pending work.
   virtual absl::Status download(const Tensor& src, float* host) = 0;
@@ -107,7 +108,8 @@ class Backend {
   // quality=high: keeps an FP8 copy of weight `w` [N, K] that linear() uses for that weight while
   // the quality is kHigh; returns the device bytes added. Unimplemented without an FP8 path.
   virtual absl::StatusOr<int64_t> add_fp8_weight(const Tensor& w) {
-    return absl::UnimplementedError(std::string(name()) + " backend has no FP8 path for quality=high");
+    return absl::UnimplementedError(std::string(name()) +
+                                    " backend has no FP8 path for quality=high");
   }
   // Request-scoped quality (kLossless unless a request asks for kHigh).
   virtual void set_quality(Quality quality) {}
@@ -165,7 +167,8 @@ class Backend {
                                   const Tensor& beta, float eps, bool silu, const Tensor& out) = 0;
 
   // ---- attention ----------------------------------------------------------------------------
-  // out [S_q, H·Dh] = softmax(q kᵀ · scale + mask) v per head; q [S_q, H·Dh], k and v [S_k, Hkv·Dh].
+  // out [S_q, H·Dh] = softmax(q kᵀ · scale + mask) v per head; q [S_q, H·Dh], k and v [S_k,
+  // Hkv·Dh].
   virtual absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const AttentionParams& params, const Tensor& out) = 0;
   // FLUX.2's attention with its QK-norm and RoPE in front: qk_norm_rope on q and on k (rows

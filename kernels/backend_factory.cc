@@ -23,10 +23,12 @@ absl::StatusOr<std::unique_ptr<Backend>> create_backend(absl::string_view name) 
 #ifdef FLUX2_HAVE_CUDA
     return create_cuda_backend();
 #else
-    return absl::UnavailableError("this build has no CUDA backend (configured without a CUDA toolkit)");
+    return absl::UnavailableError(
+        "this build has no CUDA backend (configured without a CUDA toolkit)");
 #endif
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown backend \"", name, "\" (expected cpu or cuda)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown backend \"", name, "\" (expected cpu or cuda)"));
 }
 
 }  // namespace flux2

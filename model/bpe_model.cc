@@ -48,8 +48,8 @@ absl::StatusOr<std::pair<std::string, std::string>> parse_merge(const nlohmann::
     const std::string text = merge.get<std::string>();
     const size_t space = text.find(' ');
     if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": model.merges[", index, "] is not two tokens separated by one space"));
+      return absl::InvalidArgumentError(absl::StrCat(source, ": model.merges[", index,
+                                                     "] is not two tokens separated by one space"));
     }
     return std::make_pair(text.substr(0, space), text.substr(space + 1));
   }
@@ -132,9 +132,9 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::from_json(const nlohmann::js
         left + (right.size() >= prefix_length ? right.substr(prefix_length) : right);
     const int32_t merged_id = bpe->token_id(merged);
     if (left_id < 0 || right_id < 0 || merged_id < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": model.merges[", rank, "] (\"", left, "\" + \"", right,
-          "\") uses a token missing from model.vocab"));
+      return absl::InvalidArgumentError(absl::StrCat(source, ": model.merges[", rank, "] (\"", left,
+                                                     "\" + \"", right,
+                                                     "\") uses a token missing from model.vocab"));
     }
     // A repeated pair keeps its last rank, as Hugging Face's map construction does.
     bpe->merges_[pair_key(left_id, right_id)] = {static_cast<uint32_t>(rank), merged_id};
@@ -229,7 +229,8 @@ std::vector<int32_t> BpeModel::merge_word(std::string_view word) const {
     current.bytes += right.bytes;
     current.next = right.next;
     symbols[next_pos].bytes = 0;
-    if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = static_cast<int64_t>(top.pos);
+    if (right.next >= 0)
+      symbols[static_cast<size_t>(right.next)].prev = static_cast<int64_t>(top.pos);
     if (current.prev >= 0) {
       const size_t prev = static_cast<size_t>(current.prev);
       if (const Merge* merge = find_merge(symbols[prev].id, current.id)) {
@@ -237,7 +238,8 @@ std::vector<int32_t> BpeModel::merge_word(std::string_view word) const {
       }
     }
     if (current.next >= 0) {
-      if (const Merge* merge = find_merge(current.id, symbols[static_cast<size_t>(current.next)].id)) {
+      if (const Merge* merge =
+              find_merge(current.id, symbols[static_cast<size_t>(current.next)].id)) {
         queue.push({merge->rank, top.pos, merge->new_id});
       }
     }

@@ -67,8 +67,7 @@ class BpeModel {
   static constexpr size_t kCacheMaxWordBytes = 256;
   static constexpr size_t kCacheMaxEntries = 1 << 16;  // then the cache starts over
   mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>
-      cache_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
 };
 
 }  // namespace flux2

@@ -17,7 +17,8 @@ namespace fs = std::filesystem;
 absl::StatusOr<ModelIndex> ModelIndex::read(const std::string& model_dir) {
   const std::string path = model_dir + "/model_index.json";
   FLUX_ASSIGN_OR_RETURN(nlohmann::json json, read_json_file(path));
-  if (!json.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  if (!json.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   ModelIndex index;
   JsonFields fields(json, path);
   FLUX_RETURN_IF_ERROR(fields.read("_class_name", &index.class_name, /*required=*/true));
@@ -36,7 +37,8 @@ absl::StatusOr<ModelIndex> ModelIndex::read(const std::string& model_dir) {
 namespace {
 
 // The *.safetensors.index.json or the single *.safetensors of a component directory.
-absl::StatusOr<std::vector<std::string>> find_weight_files(const std::string& dir, std::string* index_path) {
+absl::StatusOr<std::vector<std::string>> find_weight_files(const std::string& dir,
+                                                           std::string* index_path) {
   std::vector<std::string> indexes, singles;
   std::error_code error;
   for (const auto& item : fs::directory_iterator(dir, error)) {
@@ -54,9 +56,9 @@ absl::StatusOr<std::vector<std::string>> find_weight_files(const std::string& di
     return std::vector<std::string>{};
   }
   if (singles.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        dir, ": expected one *.safetensors file or a *.safetensors.index.json, found ",
-        singles.empty() ? std::string("none") : absl::StrJoin(singles, ", ")));
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": expected one *.safetensors file or a *.safetensors.index.json, found ",
+                     singles.empty() ? std::string("none") : absl::StrJoin(singles, ", ")));
   }
   return singles;
 }
@@ -104,8 +106,8 @@ absl::StatusOr<ComponentWeights> ComponentWeights::open(const std::string& dir) 
       }
       auto [it, inserted] = weights.tensors_.emplace(entry.name, TensorRef{shared.get(), &entry});
       if (!inserted) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", entry.name,
-                                                       "\" also appears in ", it->second.file->path()));
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": tensor \"", entry.name, "\" also appears in ", it->second.file->path()));
       }
     }
     weights.files_.push_back(std::move(shared));

@@ -1,13 +1,14 @@
 // A checkpoint directory in the Hugging Face layout: model_index.json plus one folder per
 // component (transformer/, vae/, text_encoder/, ...) holding config.json and safetensors weights,
-// either one file or shards listed by *.safetensors.index.json. Tested by tests/host/checkpoint_test.cc.
+// either one file or shards listed by *.safetensors.index.json. Tested by
+// tests/host/checkpoint_test.cc.
 #pragma once
 
 #include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 #include "model/safetensors.h"
@@ -17,7 +18,7 @@ namespace flux2 {
 
 // model_index.json: the pipeline class and its components.
 struct ModelIndex {
-  std::string class_name;    // "Flux2KleinPipeline" or "Flux2Pipeline"
+  std::string class_name;     // "Flux2KleinPipeline" or "Flux2Pipeline"
   bool is_distilled = false;  // klein distilled (4 steps, no CFG) vs base (CFG); absent = false
   // component name -> [library, class], e.g. "vae" -> ["diffusers", "AutoencoderKLFlux2"]
   std::map<std::string, std::vector<std::string>> components;

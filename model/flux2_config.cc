@@ -33,7 +33,8 @@ absl::StatusOr<Flux2Config> Flux2Config::from_json(const nlohmann::json& json,
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
   };
   if (config.patch_size != 1) return invalid("only patch_size 1 is supported");
-  if (config.in_channels <= 0 || config.out_channels <= 0) return invalid("channels must be positive");
+  if (config.in_channels <= 0 || config.out_channels <= 0)
+    return invalid("channels must be positive");
   if (config.num_layers < 0 || config.num_single_layers < 0) return invalid("negative block count");
   if (config.num_attention_heads <= 0 || config.attention_head_dim <= 0 ||
       config.attention_head_dim % 2 != 0) {
@@ -46,7 +47,8 @@ absl::StatusOr<Flux2Config> Flux2Config::from_json(const nlohmann::json& json,
                                 config.attention_head_dim));
   }
   for (int64_t dim : config.axes_dims_rope) {
-    if (dim <= 0 || dim % 2 != 0) return invalid("every axes_dims_rope entry must be even and positive");
+    if (dim <= 0 || dim % 2 != 0)
+      return invalid("every axes_dims_rope entry must be even and positive");
   }
   if (config.timestep_guidance_channels <= 0 || config.timestep_guidance_channels % 2 != 0) {
     return invalid("timestep_guidance_channels must be even and positive");

@@ -22,9 +22,8 @@ absl::StatusOr<std::unique_ptr<Flux2Transformer>> Flux2Transformer::load(
   return model;
 }
 
-absl::StatusOr<std::unique_ptr<Flux2Transformer>> Flux2Transformer::create_random(Backend& backend,
-                                                                                 Flux2Config config,
-                                                                                 uint64_t seed) {
+absl::StatusOr<std::unique_ptr<Flux2Transformer>> Flux2Transformer::create_random(
+    Backend& backend, Flux2Config config, uint64_t seed) {
   std::unique_ptr<Flux2Transformer> model(new Flux2Transformer(backend, std::move(config)));
   const std::vector<WeightSpec> table = model->weights_.table(model->config_);
   FLUX_ASSIGN_OR_RETURN(model->load_report_.device_bytes, allocate_weights(backend, table));
@@ -33,7 +32,8 @@ absl::StatusOr<std::unique_ptr<Flux2Transformer>> Flux2Transformer::create_rando
   return model;
 }
 
-absl::StatusOr<std::pair<Tensor, Tensor>> Flux2Transformer::rope_tables(const std::vector<int64_t>& ids) const {
+absl::StatusOr<std::pair<Tensor, Tensor>> Flux2Transformer::rope_tables(
+    const std::vector<int64_t>& ids) const {
   constexpr size_t kCachedTables = 8;  // distinct (size, text length) pairs kept on the device
   auto found = rope_cache_.find(ids);
   if (found != rope_cache_.end()) return found->second;
@@ -57,8 +57,8 @@ absl::StatusOr<int64_t> Flux2Transformer::enable_quality_high() {
     return absl::OkStatus();
   };
   for (const Flux2DoubleBlockWeights& b : weights_.double_blocks) {
-    for (const Tensor* w : {&b.img_qkv, &b.txt_qkv, &b.img_out, &b.txt_out, &b.img_ff_in, &b.img_ff_out,
-                            &b.txt_ff_in, &b.txt_ff_out}) {
+    for (const Tensor* w : {&b.img_qkv, &b.txt_qkv, &b.img_out, &b.txt_out, &b.img_ff_in,
+                            &b.img_ff_out, &b.txt_ff_in, &b.txt_ff_out}) {
       FLUX_RETURN_IF_ERROR(add(*w));
     }
   }
@@ -80,12 +80,12 @@ absl::StatusOr<Tensor> Flux2Transformer::embed_conditioning(std::span<const floa
   for (float& v : scaled) v = scale_conditioning(v, be.activation_dtype());
   const std::vector<float> sinusoids = timestep_sinusoids(scaled, channels);
   FLUX_ASSIGN_OR_RETURN(Tensor proj, be.empty(be.activation_dtype(), {steps, channels}));
-  FLUX_RETURN_IF_ERROR(be.upload(sinusoids.data(), DType::kF32, proj));   // [steps, 256]
+  FLUX_RETURN_IF_ERROR(be.upload(sinusoids.data(), DType::kF32, proj));  // [steps, 256]
   FLUX_ASSIGN_OR_RETURN(Tensor hidden, be.empty(be.activation_dtype(), {steps, d}));
-  FLUX_RETURN_IF_ERROR(be.linear(proj, linear_1, {}, hidden));           // [steps, D]
-  FLUX_RETURN_IF_ERROR(be.silu(hidden, hidden));                         // [steps, D]
+  FLUX_RETURN_IF_ERROR(be.linear(proj, linear_1, {}, hidden));  // [steps, D]
+  FLUX_RETURN_IF_ERROR(be.silu(hidden, hidden));                // [steps, D]
   FLUX_ASSIGN_OR_RETURN(Tensor emb, be.empty(be.activation_dtype(), {steps, d}));
-  FLUX_RETURN_IF_ERROR(be.linear(hidden, linear_2, {}, emb));            // [steps, D]
+  FLUX_RETURN_IF_ERROR(be.linear(hidden, linear_2, {}, emb));  // [steps, D]
   return emb;
 }
 
@@ -105,7 +105,8 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(const Tensor& prompt
   const int64_t seq = cond.text_len + cond.image_len;
   if (prompt_embeds.cols() != config_.joint_attention_dim) {
     return absl::InvalidArgumentError(absl::StrCat("prompt_embeds is ", prompt_embeds.describe(),
-                                                   ", expected width ", config_.joint_attention_dim));
+                                                   ", expected width ",
+                                                   config_.joint_attention_dim));
   }
   if (static_cast<int64_t>(txt_ids.size()) != cond.text_len * axes ||
       static_cast<int64_t>(img_ids.size()) % axes != 0 || cond.image_len == 0) {
@@ -115,14 +116,15 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(const Tensor& prompt
   if (steps == 0) return absl::InvalidArgumentError("prepare: no timesteps");
   if (config_.guidance_embeds != !guidance.empty() ||
       (!guidance.empty() && static_cast<int64_t>(guidance.size()) != steps)) {
-    return absl::InvalidArgumentError(
-        config_.guidance_embeds ? "this transformer needs one guidance value per step"
-                                : "this transformer has no guidance embedder");
+    return absl::InvalidArgumentError(config_.guidance_embeds
+                                          ? "this transformer needs one guidance value per step"
+                                          : "this transformer has no guidance embedder");
   }
 
   // Text conditioning is the same for every step.
   FLUX_ASSIGN_OR_RETURN(cond.txt, be.empty(act, {cond.text_len, d}));
-  FLUX_RETURN_IF_ERROR(be.linear(prompt_embeds, weights_.context_embedder, {}, cond.txt));  // [L, D]
+  FLUX_RETURN_IF_ERROR(
+      be.linear(prompt_embeds, weights_.context_embedder, {}, cond.txt));  // [L, D]
 
   // RoPE over the joint sequence, text rows first.
   std::vector<int64_t> ids(txt_ids.begin(), txt_ids.end());
@@ -135,9 +137,9 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(const Tensor& prompt
   if (config_.guidance_embeds) {
     FLUX_ASSIGN_OR_RETURN(Tensor gemb, embed_conditioning(guidance, weights_.guidance_linear_1,
                                                           weights_.guidance_linear_2));
-    FLUX_RETURN_IF_ERROR(be.add(temb, gemb, temb));                      // [steps, D]
+    FLUX_RETURN_IF_ERROR(be.add(temb, gemb, temb));  // [steps, D]
   }
-  FLUX_RETURN_IF_ERROR(be.silu(temb, temb));                             // [steps, D]
+  FLUX_RETURN_IF_ERROR(be.silu(temb, temb));  // [steps, D]
   const Flux2ModulationLayout layout(d);
   FLUX_ASSIGN_OR_RETURN(cond.modulation, be.empty(act, {steps, layout.width()}));
   FLUX_RETURN_IF_ERROR(be.linear(temb, weights_.modulation, {}, cond.modulation));  // [steps, 17D]
@@ -160,7 +162,9 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
   const int64_t d = config_.hidden(), f = config_.mlp_hidden(), dh = config_.attention_head_dim;
   const float eps = static_cast<float>(config_.eps);
   const Flux2ModulationLayout m(d);
-  auto img_mod = [&](int chunk) { return mod.col_slice(m.img(chunk), d); };  // shift, scale, gate x2
+  auto img_mod = [&](int chunk) {
+    return mod.col_slice(m.img(chunk), d);
+  };  // shift, scale, gate x2
   auto txt_mod = [&](int chunk) { return mod.col_slice(m.txt(chunk), d); };
   auto txt_rows = [&](const Tensor& t) { return t.row_slice(0, l); };
   auto img_rows = [&](const Tensor& t) { return t.row_slice(l, n); };
@@ -190,11 +194,11 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
                         cond.rope_cos,
                         cond.rope_sin,
                         RopeStyle::kInterleaved};
-  FLUX_RETURN_IF_ERROR(be.normed_attention(q, k, v, norm, params, attn));  // [S, D]
-  FLUX_RETURN_IF_ERROR(be.linear(img_rows(attn), w.img_out, {}, img_rows(ws.proj)));                  // [N, D]
-  FLUX_RETURN_IF_ERROR(be.linear(txt_rows(attn), w.txt_out, {}, txt_rows(ws.proj)));                  // [L, D]
-  FLUX_RETURN_IF_ERROR(be.gate_residual(img_rows(x), img_mod(2), img_rows(ws.proj)));                 // [N, D]
-  FLUX_RETURN_IF_ERROR(be.gate_residual(txt_rows(x), txt_mod(2), txt_rows(ws.proj)));                 // [L, D]
+  FLUX_RETURN_IF_ERROR(be.normed_attention(q, k, v, norm, params, attn));              // [S, D]
+  FLUX_RETURN_IF_ERROR(be.linear(img_rows(attn), w.img_out, {}, img_rows(ws.proj)));   // [N, D]
+  FLUX_RETURN_IF_ERROR(be.linear(txt_rows(attn), w.txt_out, {}, txt_rows(ws.proj)));   // [L, D]
+  FLUX_RETURN_IF_ERROR(be.gate_residual(img_rows(x), img_mod(2), img_rows(ws.proj)));  // [N, D]
+  FLUX_RETURN_IF_ERROR(be.gate_residual(txt_rows(x), txt_mod(2), txt_rows(ws.proj)));  // [L, D]
 
   // Feed-forward (SwiGLU), separate weights per stream.
   FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(img_rows(x), img_mod(3), img_mod(4), eps,
@@ -223,7 +227,8 @@ absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, co
   const Tensor shift = mod.col_slice(m.single(0), d), scale = mod.col_slice(m.single(1), d);
   const Tensor gate = mod.col_slice(m.single(2), d);
   const Tensor& x = ws.stream;
-  const Tensor q = ws.wide.col_slice(0, d), k = ws.wide.col_slice(d, d), v = ws.wide.col_slice(2 * d, d);
+  const Tensor q = ws.wide.col_slice(0, d), k = ws.wide.col_slice(d, d),
+               v = ws.wide.col_slice(2 * d, d);
   const Tensor mlp_gate = ws.wide.col_slice(3 * d, f), mlp_up = ws.wide.col_slice(3 * d + f, f);
   const AttentionParams params{config_.num_attention_heads, config_.num_attention_heads, dh,
                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
@@ -249,18 +254,19 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
   const int64_t l = cond.text_len, n = cond.image_len, d = config_.hidden();
   const float eps = static_cast<float>(config_.eps);
   if (step < 0 || step >= cond.modulation.rows()) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", step, " outside the prepared ",
-                                                   cond.modulation.rows(), " steps"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", step, " outside the prepared ", cond.modulation.rows(), " steps"));
   }
   if (x.rows() != n || x.cols() != config_.in_channels || out.rows() != n ||
       out.cols() != config_.out_channels) {
-    return absl::InvalidArgumentError(absl::StrCat("latents ", x.describe(), " / output ", out.describe(),
-                                                   " do not match ", n, " image tokens"));
+    return absl::InvalidArgumentError(absl::StrCat("latents ", x.describe(), " / output ",
+                                                   out.describe(), " do not match ", n,
+                                                   " image tokens"));
   }
-  const Tensor mod = cond.modulation.row_slice(step, 1);                    // [1, 17D]
+  const Tensor mod = cond.modulation.row_slice(step, 1);  // [1, 17D]
   const Tensor txt = ws.stream.row_slice(0, l), img = ws.stream.row_slice(l, n);
-  FLUX_RETURN_IF_ERROR(be.copy(cond.txt, txt));                             // [L, D]
-  FLUX_RETURN_IF_ERROR(be.linear(x, weights_.x_embedder, {}, img));         // [N, D]
+  FLUX_RETURN_IF_ERROR(be.copy(cond.txt, txt));                      // [L, D]
+  FLUX_RETURN_IF_ERROR(be.linear(x, weights_.x_embedder, {}, img));  // [N, D]
 
   for (size_t i = 0; i < weights_.double_blocks.size(); ++i) {
     FLUX_RETURN_IF_ERROR(double_block(weights_.double_blocks[i], mod, cond));

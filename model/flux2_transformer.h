@@ -6,10 +6,10 @@
 
 #include <functional>
 #include <map>
-#include <utility>
-#include <vector>
 #include <memory>
 #include <span>
+#include <utility>
+#include <vector>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
@@ -23,21 +23,22 @@ namespace flux2 {
 
 // Activation buffers for one (text length, image length), reused by every step of a request.
 struct Flux2Workspace {
-  Tensor stream;   // [S, D]        joint residual stream: text rows, then image rows
-  Tensor normed;   // [S, D]        modulated LayerNorm output
-  Tensor wide;     // [S, 3D + 2F]  fused projections: q|k|v (+ mlp gate|up in single blocks)
-  Tensor attn_mlp; // [S, D + F]    attention output | SwiGLU output (the single block's to_out input)
-  Tensor proj;     // [S, D]        output projections before the gated residual
+  Tensor stream;  // [S, D]        joint residual stream: text rows, then image rows
+  Tensor normed;  // [S, D]        modulated LayerNorm output
+  Tensor wide;    // [S, 3D + 2F]  fused projections: q|k|v (+ mlp gate|up in single blocks)
+  Tensor
+      attn_mlp;  // [S, D + F]    attention output | SwiGLU output (the single block's to_out input)
+  Tensor proj;   // [S, D]        output projections before the gated residual
 };
 
 // Everything the steps of one request share.
 struct Flux2Conditioning {
-  int64_t text_len = 0;    // L
-  int64_t image_len = 0;   // N
-  Tensor txt;              // [L, D]      context_embedder(prompt_embeds), step independent
-  Tensor rope_cos;         // [L + N, Dh] text rows, then image rows
-  Tensor rope_sin;         // [L + N, Dh]
-  Tensor modulation;       // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
+  int64_t text_len = 0;   // L
+  int64_t image_len = 0;  // N
+  Tensor txt;             // [L, D]      context_embedder(prompt_embeds), step independent
+  Tensor rope_cos;        // [L + N, Dh] text rows, then image rows
+  Tensor rope_sin;        // [L + N, Dh]
+  Tensor modulation;      // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
   std::shared_ptr<Flux2Workspace> workspace;
 };
 
@@ -74,7 +75,8 @@ class Flux2Transformer {
                        const Tensor& out, const ActivationTap& tap = nullptr) const;
 
  private:
-  Flux2Transformer(Backend& backend, Flux2Config config) : backend_(backend), config_(std::move(config)) {}
+  Flux2Transformer(Backend& backend, Flux2Config config)
+      : backend_(backend), config_(std::move(config)) {}
 
   absl::Status double_block(const Flux2DoubleBlockWeights& w, const Tensor& mod,
                             const Flux2Conditioning& cond) const;

@@ -1,6 +1,7 @@
 // Flux2Weights: the FLUX.2 transformer's parameters on a backend, one typed member per use, and
 // the tensor table that maps diffusers checkpoint names onto them (style.md P8). Projections that
-// run on the same input are fused along rows at load (q|k|v). Tested by tests/host/checkpoint_test.cc.
+// run on the same input are fused along rows at load (q|k|v). Tested by
+// tests/host/checkpoint_test.cc.
 #pragma once
 
 #include <vector>
@@ -11,18 +12,18 @@
 namespace flux2 {
 
 struct Flux2DoubleBlockWeights {  // transformer_blocks.{i}
-  Tensor img_qkv;      // [3D, D]  attn.to_q | to_k | to_v
-  Tensor txt_qkv;      // [3D, D]  attn.add_q_proj | add_k_proj | add_v_proj
-  Tensor img_norm_q;   // [Dh]     attn.norm_q
-  Tensor img_norm_k;   // [Dh]     attn.norm_k
-  Tensor txt_norm_q;   // [Dh]     attn.norm_added_q
-  Tensor txt_norm_k;   // [Dh]     attn.norm_added_k
-  Tensor img_out;      // [D, D]   attn.to_out.0
-  Tensor txt_out;      // [D, D]   attn.to_add_out
-  Tensor img_ff_in;    // [2F, D]  ff.linear_in (gate | up)
-  Tensor img_ff_out;   // [D, F]   ff.linear_out
-  Tensor txt_ff_in;    // [2F, D]  ff_context.linear_in
-  Tensor txt_ff_out;   // [D, F]   ff_context.linear_out
+  Tensor img_qkv;                 // [3D, D]  attn.to_q | to_k | to_v
+  Tensor txt_qkv;                 // [3D, D]  attn.add_q_proj | add_k_proj | add_v_proj
+  Tensor img_norm_q;              // [Dh]     attn.norm_q
+  Tensor img_norm_k;              // [Dh]     attn.norm_k
+  Tensor txt_norm_q;              // [Dh]     attn.norm_added_q
+  Tensor txt_norm_k;              // [Dh]     attn.norm_added_k
+  Tensor img_out;                 // [D, D]   attn.to_out.0
+  Tensor txt_out;                 // [D, D]   attn.to_add_out
+  Tensor img_ff_in;               // [2F, D]  ff.linear_in (gate | up)
+  Tensor img_ff_out;              // [D, F]   ff.linear_out
+  Tensor txt_ff_in;               // [2F, D]  ff_context.linear_in
+  Tensor txt_ff_out;              // [D, F]   ff_context.linear_out
 };
 
 struct Flux2SingleBlockWeights {  // single_transformer_blocks.{j}
@@ -39,11 +40,11 @@ struct Flux2Weights {
   Tensor time_linear_2;      // [D, D]    .linear_2
   Tensor guidance_linear_1;  // [D, 256]  time_guidance_embed.guidance_embedder.linear_1 (dev only)
   Tensor guidance_linear_2;  // [D, D]    .linear_2 (dev only)
-  // The three shared modulations and the final norm, fused along rows since they all read silu(temb):
-  // double_stream_modulation_img [6D] | double_stream_modulation_txt [6D] |
+  // The three shared modulations and the final norm, fused along rows since they all read
+  // silu(temb): double_stream_modulation_img [6D] | double_stream_modulation_txt [6D] |
   // single_stream_modulation [3D] | norm_out (scale, shift) [2D]
-  Tensor modulation;         // [17D, D]
-  Tensor proj_out;           // [out_channels, D]
+  Tensor modulation;  // [17D, D]
+  Tensor proj_out;    // [out_channels, D]
   std::vector<Flux2DoubleBlockWeights> double_blocks;
   std::vector<Flux2SingleBlockWeights> single_blocks;
 
@@ -55,10 +56,10 @@ struct Flux2Weights {
 struct Flux2ModulationLayout {
   explicit Flux2ModulationLayout(int64_t hidden) : d(hidden) {}
   int64_t d;
-  int64_t img(int chunk) const { return chunk * d; }             // shift, scale, gate (msa, mlp)
+  int64_t img(int chunk) const { return chunk * d; }  // shift, scale, gate (msa, mlp)
   int64_t txt(int chunk) const { return (6 + chunk) * d; }
-  int64_t single(int chunk) const { return (12 + chunk) * d; }   // shift, scale, gate
-  int64_t out_scale() const { return 15 * d; }                   // norm_out: scale first
+  int64_t single(int chunk) const { return (12 + chunk) * d; }  // shift, scale, gate
+  int64_t out_scale() const { return 15 * d; }                  // norm_out: scale first
   int64_t out_shift() const { return 16 * d; }
   int64_t width() const { return 17 * d; }
 };

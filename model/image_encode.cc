@@ -25,8 +25,8 @@ void append_bytes(void* context, void* data, int size) {
 absl::Status check_size(std::span<const uint8_t> rgb, int64_t width, int64_t height) {
   if (width <= 0 || height <= 0 || width > (1 << 16) || height > (1 << 16) ||
       static_cast<int64_t>(rgb.size()) != width * height * 3) {
-    return absl::InvalidArgumentError(absl::StrCat("image of ", rgb.size(), " bytes is not ",
-                                                   width, " x ", height, " RGB"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("image of ", rgb.size(), " bytes is not ", width, " x ", height, " RGB"));
   }
   return absl::OkStatus();
 }
@@ -48,7 +48,8 @@ void put_chunk(std::vector<uint8_t>& out, const char type[4], const uint8_t* dat
   put_u32(out, static_cast<uint32_t>(crc32(0, out.data() + type_at, static_cast<uInt>(size + 4))));
 }
 
-// Raw deflate of `size` bytes, ending with a full flush (byte-aligned, not final) or the final block.
+// Raw deflate of `size` bytes, ending with a full flush (byte-aligned, not final) or the final
+// block.
 absl::StatusOr<std::vector<uint8_t>> deflate_piece(const uint8_t* data, size_t size, bool last) {
   z_stream stream{};
   // Level 1: images compress about as well at level 1 as at 6 and several times faster.
@@ -63,7 +64,8 @@ absl::StatusOr<std::vector<uint8_t>> deflate_piece(const uint8_t* data, size_t s
   const int result = deflate(&stream, last ? Z_FINISH : Z_FULL_FLUSH);
   const size_t written = out.size() - stream.avail_out;
   deflateEnd(&stream);
-  if (result != (last ? Z_STREAM_END : Z_OK) || stream.avail_in != 0) return absl::InternalError("deflate failed");
+  if (result != (last ? Z_STREAM_END : Z_OK) || stream.avail_in != 0)
+    return absl::InternalError("deflate failed");
   out.resize(written);
   return out;
 }
@@ -81,11 +83,14 @@ absl::StatusOr<std::vector<uint8_t>> encode_png(std::span<const uint8_t> rgb, in
       const uint8_t* src = rgb.data() + y * stride;
       uint8_t* dst = filtered.data() + y * line;
       dst[0] = 1;
-      for (int64_t i = 0; i < stride; ++i) dst[1 + i] = static_cast<uint8_t>(src[i] - (i >= 3 ? src[i - 3] : 0));
+      for (int64_t i = 0; i < stride; ++i)
+        dst[1 + i] = static_cast<uint8_t>(src[i] - (i >= 3 ? src[i - 3] : 0));
     }
   });
-  // Deflate row chunks independently; pieces concatenate into one stream (each ends on a full flush).
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(height / 32, parallel_thread_count() * 2));
+  // Deflate row chunks independently; pieces concatenate into one stream (each ends on a full
+  // flush).
+  const int64_t chunks =
+      std::max<int64_t>(1, std::min<int64_t>(height / 32, parallel_thread_count() * 2));
   std::vector<absl::StatusOr<std::vector<uint8_t>>> pieces(static_cast<size_t>(chunks));
   std::vector<uLong> adlers(static_cast<size_t>(chunks));
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
@@ -111,7 +116,8 @@ absl::StatusOr<std::vector<uint8_t>> encode_png(std::span<const uint8_t> rgb, in
   std::vector<uint8_t> header;
   put_u32(header, static_cast<uint32_t>(width));
   put_u32(header, static_cast<uint32_t>(height));
-  header.insert(header.end(), {8, 2, 0, 0, 0});  // 8-bit RGB, deflate, adaptive filters, no interlace
+  header.insert(header.end(),
+                {8, 2, 0, 0, 0});  // 8-bit RGB, deflate, adaptive filters, no interlace
   put_chunk(png, "IHDR", header.data(), header.size());
   put_chunk(png, "IDAT", zlib.data(), zlib.size());
   put_chunk(png, "IEND", nullptr, 0);
@@ -121,7 +127,8 @@ absl::StatusOr<std::vector<uint8_t>> encode_png(std::span<const uint8_t> rgb, in
 absl::StatusOr<std::vector<uint8_t>> encode_jpeg(std::span<const uint8_t> rgb, int64_t width,
                                                  int64_t height, int quality) {
   if (absl::Status status = check_size(rgb, width, height); !status.ok()) return status;
-  if (quality < 1 || quality > 100) return absl::InvalidArgumentError("JPEG quality must be 1..100");
+  if (quality < 1 || quality > 100)
+    return absl::InvalidArgumentError("JPEG quality must be 1..100");
   std::vector<uint8_t> out;
   const int ok = stbi_write_jpg_to_func(append_bytes, &out, static_cast<int>(width),
                                         static_cast<int>(height), 3, rgb.data(), quality);

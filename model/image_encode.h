@@ -11,7 +11,8 @@
 namespace flux2 {
 
 // rgb: height x width x 3 bytes, row-major.
-absl::StatusOr<std::vector<uint8_t>> encode_png(std::span<const uint8_t> rgb, int64_t width, int64_t height);
+absl::StatusOr<std::vector<uint8_t>> encode_png(std::span<const uint8_t> rgb, int64_t width,
+                                                int64_t height);
 // quality 1..100
 absl::StatusOr<std::vector<uint8_t>> encode_jpeg(std::span<const uint8_t> rgb, int64_t width,
                                                  int64_t height, int quality);

@@ -15,7 +15,8 @@ absl::StatusOr<nlohmann::json> read_json_file(const std::string& path) {
   std::stringstream buffer;
   buffer << in.rdbuf();
   nlohmann::json value = nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  if (value.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
   return value;
 }
 

@@ -41,14 +41,15 @@ std::string model_name_of(const std::string& model_dir) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend, const std::string& model_dir,
-                                                          const PipelineOptions& options) {
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
+                                                         const std::string& model_dir,
+                                                         const PipelineOptions& options) {
   const Clock::time_point start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(ModelIndex index, ModelIndex::read(model_dir));
   if (index.class_name != "Flux2KleinPipeline") {
-    return absl::UnimplementedError(absl::StrCat(
-        model_dir, "/model_index.json: pipeline class \"", index.class_name,
-        "\" is not served; only Flux2KleinPipeline (FLUX.2-klein) checkpoints are"));
+    return absl::UnimplementedError(
+        absl::StrCat(model_dir, "/model_index.json: pipeline class \"", index.class_name,
+                     "\" is not served; only Flux2KleinPipeline (FLUX.2-klein) checkpoints are"));
   }
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
   PipelineInfo& info = pipeline->info_;
@@ -69,11 +70,13 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend, const
 
   FLUX_ASSIGN_OR_RETURN(pipeline->tokenizer_, Tokenizer::load(model_dir + "/tokenizer"));
   {
-    FLUX_ASSIGN_OR_RETURN(ComponentWeights weights, ComponentWeights::open(model_dir + "/text_encoder"));
+    FLUX_ASSIGN_OR_RETURN(ComponentWeights weights,
+                          ComponentWeights::open(model_dir + "/text_encoder"));
     FLUX_ASSIGN_OR_RETURN(pipeline->text_encoder_, Qwen3Encoder::load(backend, weights));
   }
   {
-    FLUX_ASSIGN_OR_RETURN(ComponentWeights weights, ComponentWeights::open(model_dir + "/transformer"));
+    FLUX_ASSIGN_OR_RETURN(ComponentWeights weights,
+                          ComponentWeights::open(model_dir + "/transformer"));
     FLUX_ASSIGN_OR_RETURN(pipeline->transformer_, Flux2Transformer::load(backend, weights));
   }
   {
@@ -92,24 +95,30 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend, const
 
 std::string PipelineInfo::load_summary() const {
   return absl::StrFormat(
-      "loaded %s (%s) on %s in %.2f s: text_encoder %.3f GB, transformer %.3f GB, vae %.3f GB%s", model_name,
-      variant, backend, load_seconds, text_encoder_bytes / 1e9, transformer_bytes / 1e9, vae_bytes / 1e9,
-      quality_high ? absl::StrFormat(", fp8 copies for quality=high %.3f GB", fp8_bytes / 1e9) : "");
+      "loaded %s (%s) on %s in %.2f s: text_encoder %.3f GB, transformer %.3f GB, vae %.3f GB%s",
+      model_name, variant, backend, load_seconds, text_encoder_bytes / 1e9, transformer_bytes / 1e9,
+      vae_bytes / 1e9,
+      quality_high ? absl::StrFormat(", fp8 copies for quality=high %.3f GB", fp8_bytes / 1e9)
+                   : "");
 }
 
 absl::Status Pipeline::connect_components(const std::string& source) {
   const Flux2Config& flux = transformer_->config();
-  const int64_t text_width = text_encoder_->config().hidden_size * static_cast<int64_t>(text_encoder_->taps().size());
+  const int64_t text_width =
+      text_encoder_->config().hidden_size * static_cast<int64_t>(text_encoder_->taps().size());
   if (text_width != flux.joint_attention_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": the text encoder yields ", text_width, " channels per token but the transformer's ",
-        "joint_attention_dim is ", flux.joint_attention_dim));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": the text encoder yields ", text_width,
+                                                   " channels per token but the transformer's ",
+                                                   "joint_attention_dim is ",
+                                                   flux.joint_attention_dim));
   }
   const VaeConfig& vae = vae_->config();
-  if (vae.latent_channels * kPatchChannels != flux.in_channels || flux.in_channels != flux.out_channels) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": VAE latent_channels ", vae.latent_channels, " x 4 does not match the transformer's ",
-        flux.in_channels, " in / ", flux.out_channels, " out channels"));
+  if (vae.latent_channels * kPatchChannels != flux.in_channels ||
+      flux.in_channels != flux.out_channels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": VAE latent_channels ", vae.latent_channels,
+                     " x 4 does not match the transformer's ", flux.in_channels, " in / ",
+                     flux.out_channels, " out channels"));
   }
   info_.pixel_multiple = 2 * vae.scale_factor();
   info_.text_encoder_bytes = text_encoder_->device_bytes();
@@ -119,7 +128,8 @@ absl::Status Pipeline::connect_components(const std::string& source) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backend, const RandomPipelineSpec& spec) {
+absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backend,
+                                                                  const RandomPipelineSpec& spec) {
   const Clock::time_point start = Clock::now();
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
   PipelineInfo& info = pipeline->info_;
@@ -132,10 +142,13 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
   info.default_steps = spec.is_distilled ? 4 : 50;
   info.backend = std::string(backend.name());
   FLUX_ASSIGN_OR_RETURN(pipeline->tokenizer_, Tokenizer::load(spec.tokenizer_dir));
-  FLUX_ASSIGN_OR_RETURN(pipeline->text_encoder_,
-                        Qwen3Encoder::create_random(backend, spec.text_encoder, spec.taps, spec.seed));
-  FLUX_ASSIGN_OR_RETURN(pipeline->transformer_, Flux2Transformer::create_random(backend, spec.transformer, spec.seed + 1));
-  FLUX_ASSIGN_OR_RETURN(pipeline->vae_, VaeDecoder::create_random(backend, spec.vae, spec.seed + 2));
+  FLUX_ASSIGN_OR_RETURN(
+      pipeline->text_encoder_,
+      Qwen3Encoder::create_random(backend, spec.text_encoder, spec.taps, spec.seed));
+  FLUX_ASSIGN_OR_RETURN(pipeline->transformer_,
+                        Flux2Transformer::create_random(backend, spec.transformer, spec.seed + 1));
+  FLUX_ASSIGN_OR_RETURN(pipeline->vae_,
+                        VaeDecoder::create_random(backend, spec.vae, spec.seed + 2));
   FLUX_RETURN_IF_ERROR(pipeline->connect_components(spec.name));
   if (spec.enable_quality_high) {
     FLUX_ASSIGN_OR_RETURN(info.fp8_bytes, pipeline->transformer_->enable_quality_high());
@@ -153,7 +166,8 @@ absl::StatusOr<Tensor> Pipeline::negative_embeddings(const TokenizedPrompt& toke
   auto found = negative_cache_.find(tokens.ids);
   if (found != negative_cache_.end()) return found->second;
   FLUX_ASSIGN_OR_RETURN(Tensor embeds, text_encoder_->encode(tokens.ids, tokens.num_tokens));
-  if (negative_cache_.size() >= kCachedNegativePrompts) negative_cache_.erase(negative_cache_.begin());
+  if (negative_cache_.size() >= kCachedNegativePrompts)
+    negative_cache_.erase(negative_cache_.begin());
   negative_cache_[tokens.ids] = embeds;
   return embeds;
 }
@@ -168,8 +182,9 @@ absl::Status Pipeline::validate(const GenerateParams& params) const {
     }
   }
   if (params.num_inference_steps < 0 || params.num_inference_steps > kMaxSteps) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_inference_steps: ", params.num_inference_steps, " is outside 1..", kMaxSteps, " (0 = default)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_inference_steps: ", params.num_inference_steps, " is outside 1..",
+                     kMaxSteps, " (0 = default)"));
   }
   if (!std::isfinite(params.guidance_scale) ||
       (params.guidance_scale >= 0.0 && params.guidance_scale > kMaxGuidance)) {
@@ -181,9 +196,9 @@ absl::Status Pipeline::validate(const GenerateParams& params) const {
         "quality: QUALITY_HIGH is not enabled for this model (load it with quality=high enabled)");
   }
   if (params.max_sequence_length < 0 || params.max_sequence_length > info_.max_sequence_length) {
-    return absl::InvalidArgumentError(absl::StrCat("max_sequence_length: ", params.max_sequence_length,
-                                                   " is outside 1..", info_.max_sequence_length,
-                                                   " (0 = default)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_sequence_length: ", params.max_sequence_length, " is outside 1..",
+                     info_.max_sequence_length, " (0 = default)"));
   }
   return absl::OkStatus();
 }
@@ -198,10 +213,12 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   be.set_quality(Quality::kLossless);
   const DType act = be.activation_dtype();
   const Flux2Config& flux = transformer_->config();
-  const int64_t steps = params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;
-  const double guidance = params.guidance_scale >= 0.0 ? params.guidance_scale : info_.default_guidance;
-  const int64_t max_length = params.max_sequence_length > 0 ? params.max_sequence_length
-                                                            : info_.max_sequence_length;
+  const int64_t steps =
+      params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;
+  const double guidance =
+      params.guidance_scale >= 0.0 ? params.guidance_scale : info_.default_guidance;
+  const int64_t max_length =
+      params.max_sequence_length > 0 ? params.max_sequence_length : info_.max_sequence_length;
   const bool cfg = info_.uses_cfg && guidance > 1.0;
   const int64_t h = params.height / info_.pixel_multiple, w = params.width / info_.pixel_multiple;
   const int64_t n = h * w, channels = flux.in_channels;
@@ -228,7 +245,8 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   // Drawn on the host while the device runs the text encoder (its ops are asynchronous).
   const std::vector<float> noise = act == DType::kBF16 ? torch_randn_bf16(params.seed, channels * n)
                                                        : torch_randn_f32(params.seed, channels * n);
-  if (static_cast<int64_t>(noise.size()) != channels * n) return absl::InternalError("noise generation failed");
+  if (static_cast<int64_t>(noise.size()) != channels * n)
+    return absl::InternalError("noise generation failed");
   std::vector<float> packed(static_cast<size_t>(n * channels));
   for (int64_t c = 0; c < channels; ++c) {
     for (int64_t t = 0; t < n; ++t) packed[t * channels + c] = noise[c * n + t];
@@ -250,11 +268,13 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
         round_to_activation(schedule.timesteps[i], act) / 1000.0f, act);  // timestep / 1000
   }
   std::vector<float> guidance_values;
-  if (flux.guidance_embeds) guidance_values.assign(static_cast<size_t>(steps), static_cast<float>(guidance));
+  if (flux.guidance_embeds)
+    guidance_values.assign(static_cast<size_t>(steps), static_cast<float>(guidance));
   const std::vector<int64_t> txt_ids = flux2_text_ids(prompt_embeds.rows());
   const std::vector<int64_t> img_ids = flux2_image_ids(h, w);
-  FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond,
-                        transformer_->prepare(prompt_embeds, txt_ids, img_ids, model_timesteps, guidance_values));
+  FLUX_ASSIGN_OR_RETURN(
+      Flux2Conditioning cond,
+      transformer_->prepare(prompt_embeds, txt_ids, img_ids, model_timesteps, guidance_values));
   Flux2Conditioning negative_cond;
   if (cfg) {
     FLUX_ASSIGN_OR_RETURN(negative_cond, transformer_->prepare(negative_embeds, txt_ids, img_ids,
@@ -269,12 +289,13 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   for (int64_t i = 0; i < steps; ++i) {
     if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
     const Clock::time_point step_start = Clock::now();
-    FLUX_RETURN_IF_ERROR(transformer_->forward(cond, i, latents, velocity));                  // [N, 128]
+    FLUX_RETURN_IF_ERROR(transformer_->forward(cond, i, latents, velocity));  // [N, 128]
     if (cfg) {
       FLUX_RETURN_IF_ERROR(transformer_->forward(negative_cond, i, latents, negative_velocity));
-      FLUX_RETURN_IF_ERROR(be.cfg_combine(negative_velocity, velocity, static_cast<float>(guidance), velocity));
+      FLUX_RETURN_IF_ERROR(
+          be.cfg_combine(negative_velocity, velocity, static_cast<float>(guidance), velocity));
     }
-    FLUX_RETURN_IF_ERROR(be.euler_step(latents, velocity, schedule.dt(i)));                  // [N, 128]
+    FLUX_RETURN_IF_ERROR(be.euler_step(latents, velocity, schedule.dt(i)));  // [N, 128]
     FLUX_RETURN_IF_ERROR(be.synchronize());
     const double step_seconds = seconds_since(step_start);
     timings.steps.push_back(step_seconds);
@@ -285,7 +306,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
 
   // Decode: BatchNorm de-normalisation, unpatchify, VAE decoder, uint8.
   start = Clock::now();
-  FLUX_ASSIGN_OR_RETURN(Tensor pixels, vae_->decode_tokens(latents, h, w));                  // [H, W, 3]
+  FLUX_ASSIGN_OR_RETURN(Tensor pixels, vae_->decode_tokens(latents, h, w));  // [H, W, 3]
   if (hooks.on_image) hooks.on_image(pixels);
   image.rgb.resize(static_cast<size_t>(pixels.numel()));
   FLUX_RETURN_IF_ERROR(be.to_rgb8(pixels, image.rgb.data()));

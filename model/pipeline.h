@@ -26,22 +26,22 @@ namespace flux2 {
 // Everything about the loaded model that callers (GetModelInfo, validation) need.
 struct PipelineInfo {
   std::string model_dir;
-  std::string model_name;        // directory name, e.g. "FLUX.2-klein-4B"
-  std::string pipeline_class;    // model_index.json _class_name
-  std::string variant;           // "klein-distilled", "klein-base"
-  bool is_distilled = true;      // distilled: no CFG
-  bool uses_cfg = false;         // base models: true CFG against the negative prompt
-  int64_t default_steps = 4;     // distilled 4, base 50
+  std::string model_name;      // directory name, e.g. "FLUX.2-klein-4B"
+  std::string pipeline_class;  // model_index.json _class_name
+  std::string variant;         // "klein-distilled", "klein-base"
+  bool is_distilled = true;    // distilled: no CFG
+  bool uses_cfg = false;       // base models: true CFG against the negative prompt
+  int64_t default_steps = 4;   // distilled 4, base 50
   double default_guidance = 4.0;
   int64_t max_sequence_length = 512;
-  int64_t pixel_multiple = 16;   // width and height must be multiples of this
-  std::string backend;           // "cpu" / "cuda"
-  int64_t device_bytes = 0;      // weights held by the backend, all components
+  int64_t pixel_multiple = 16;  // width and height must be multiples of this
+  std::string backend;          // "cpu" / "cuda"
+  int64_t device_bytes = 0;     // weights held by the backend, all components
   int64_t text_encoder_bytes = 0;
   int64_t transformer_bytes = 0;
   int64_t vae_bytes = 0;
-  int64_t fp8_bytes = 0;         // FP8 weight copies for quality=high (0 when not enabled)
-  bool quality_high = false;     // quality=high requests are served
+  int64_t fp8_bytes = 0;      // FP8 weight copies for quality=high (0 when not enabled)
+  bool quality_high = false;  // quality=high requests are served
   double load_seconds = 0.0;
 
   // One log line: model, backend, bytes per component and load time.
@@ -50,12 +50,12 @@ struct PipelineInfo {
 
 // The shapes of a pipeline built with random weights (benchmarks at the published shapes).
 struct RandomPipelineSpec {
-  std::string name;            // e.g. "klein-4b (random weights)"
+  std::string name;  // e.g. "klein-4b (random weights)"
   Flux2Config transformer;
   Qwen3Config text_encoder;
   std::vector<int64_t> taps = {9, 18, 27};
   VaeConfig vae;
-  std::string tokenizer_dir;   // a real tokenizer.json (tokenization cost is part of a request)
+  std::string tokenizer_dir;  // a real tokenizer.json (tokenization cost is part of a request)
   bool is_distilled = true;
   bool enable_quality_high = false;
   uint64_t seed = 1;
@@ -71,30 +71,30 @@ struct PipelineOptions {
 
 struct GenerateParams {
   std::string prompt;
-  std::string negative_prompt;       // CFG models only ("" = the empty prompt, as diffusers)
-  int64_t width = 1024;              // pixels, multiple of 16
+  std::string negative_prompt;  // CFG models only ("" = the empty prompt, as diffusers)
+  int64_t width = 1024;         // pixels, multiple of 16
   int64_t height = 1024;
-  int64_t num_inference_steps = 0;   // 0: the model default
-  double guidance_scale = -1.0;      // < 0: the model default; CFG applies when > 1 on base models
+  int64_t num_inference_steps = 0;  // 0: the model default
+  double guidance_scale = -1.0;     // < 0: the model default; CFG applies when > 1 on base models
   uint64_t seed = 0;
-  int64_t max_sequence_length = 0;   // 0: the model default (512)
+  int64_t max_sequence_length = 0;  // 0: the model default (512)
   Quality quality = Quality::kLossless;
-  bool fast_paths = true;            // false: every fused fast path runs its eager chain
+  bool fast_paths = true;  // false: every fused fast path runs its eager chain
 };
 
 // Wall-clock seconds per stage of one generation.
 struct StageTimings {
   double tokenize = 0.0;
   double text_encode = 0.0;
-  double denoise = 0.0;              // all steps
-  std::vector<double> steps;         // each step (transformer forward(s) + Euler update)
-  double decode = 0.0;               // VAE decode + post-processing to uint8
+  double denoise = 0.0;       // all steps
+  std::vector<double> steps;  // each step (transformer forward(s) + Euler update)
+  double decode = 0.0;        // VAE decode + post-processing to uint8
 };
 
 struct GeneratedImage {
   int64_t width = 0;
   int64_t height = 0;
-  std::vector<uint8_t> rgb;          // height x width x 3, row-major
+  std::vector<uint8_t> rgb;  // height x width x 3, row-major
   uint64_t seed = 0;
   StageTimings timings;
 };
@@ -116,11 +116,13 @@ class Pipeline {
  public:
   // Loads a checkpoint directory (model_index.json, tokenizer/, text_encoder/, transformer/,
   // vae/, scheduler/) onto `backend`, which must outlive the pipeline.
-  static absl::StatusOr<std::unique_ptr<Pipeline>> load(Backend& backend, const std::string& model_dir,
+  static absl::StatusOr<std::unique_ptr<Pipeline>> load(Backend& backend,
+                                                        const std::string& model_dir,
                                                         const PipelineOptions& options = {});
 
   // A pipeline with random weights at `spec`'s shapes (no checkpoint), for `flux2 bench --e2e`.
-  static absl::StatusOr<std::unique_ptr<Pipeline>> create_random(Backend& backend, const RandomPipelineSpec& spec);
+  static absl::StatusOr<std::unique_ptr<Pipeline>> create_random(Backend& backend,
+                                                                 const RandomPipelineSpec& spec);
 
   const PipelineInfo& info() const { return info_; }
 

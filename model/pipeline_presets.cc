@@ -15,7 +15,8 @@ VaeConfig published_vae_config() {
   return vae;
 }
 
-absl::StatusOr<RandomPipelineSpec> random_pipeline_spec(const std::string& model, const std::string& tokenizer_dir) {
+absl::StatusOr<RandomPipelineSpec> random_pipeline_spec(const std::string& model,
+                                                        const std::string& tokenizer_dir) {
   RandomPipelineSpec spec;
   FLUX_ASSIGN_OR_RETURN(spec.transformer, flux2_preset(model));
   spec.name = model + " (random weights)";

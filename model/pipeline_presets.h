@@ -13,7 +13,8 @@
 namespace flux2 {
 
 // "klein-4b", "klein-9b" or "dev"; `tokenizer_dir` holds a tokenizer.json.
-absl::StatusOr<RandomPipelineSpec> random_pipeline_spec(const std::string& model, const std::string& tokenizer_dir);
+absl::StatusOr<RandomPipelineSpec> random_pipeline_spec(const std::string& model,
+                                                        const std::string& tokenizer_dir);
 
 // The published AutoencoderKLFlux2 configuration (architecture §3).
 VaeConfig published_vae_config();

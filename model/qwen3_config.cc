@@ -50,18 +50,20 @@ absl::Status check_full_attention(const nlohmann::json& json, const std::string&
   bool sliding = false;
   FLUX_RETURN_IF_ERROR(fields.read("use_sliding_window", &sliding));
   if (sliding) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": field \"use_sliding_window\" is true; sliding-window attention is not supported"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source,
+        ": field \"use_sliding_window\" is true; sliding-window attention is not supported"));
   }
   if (json.contains("layer_types") && !json["layer_types"].is_null()) {
     const nlohmann::json& types = json["layer_types"];
     if (!types.is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": field \"layer_types\" is not an array"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": field \"layer_types\" is not an array"));
     }
     for (size_t i = 0; i < types.size(); ++i) {
       if (!types[i].is_string() || types[i].get<std::string>() != "full_attention") {
-        return absl::InvalidArgumentError(absl::StrCat(source, ": field \"layer_types\"[", i, "] is ",
-                                                       types[i].dump(),
+        return absl::InvalidArgumentError(absl::StrCat(source, ": field \"layer_types\"[", i,
+                                                       "] is ", types[i].dump(),
                                                        "; only \"full_attention\" is supported"));
       }
     }
@@ -71,7 +73,8 @@ absl::Status check_full_attention(const nlohmann::json& json, const std::string&
 
 }  // namespace
 
-absl::StatusOr<Qwen3Config> Qwen3Config::from_json(const nlohmann::json& json, const std::string& source) {
+absl::StatusOr<Qwen3Config> Qwen3Config::from_json(const nlohmann::json& json,
+                                                   const std::string& source) {
   auto invalid = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
   };
@@ -81,24 +84,27 @@ absl::StatusOr<Qwen3Config> Qwen3Config::from_json(const nlohmann::json& json, c
   std::string model_type = "qwen3";
   FLUX_RETURN_IF_ERROR(f.read("model_type", &model_type));
   if (model_type != "qwen3") {
-    return invalid(absl::StrCat("field \"model_type\" is \"", model_type, "\", expected \"qwen3\""));
+    return invalid(
+        absl::StrCat("field \"model_type\" is \"", model_type, "\", expected \"qwen3\""));
   }
   FLUX_RETURN_IF_ERROR(f.read("hidden_size", &config.hidden_size, /*required=*/true));
   FLUX_RETURN_IF_ERROR(f.read("num_hidden_layers", &config.num_hidden_layers, /*required=*/true));
-  FLUX_RETURN_IF_ERROR(f.read("num_attention_heads", &config.num_attention_heads, /*required=*/true));
+  FLUX_RETURN_IF_ERROR(
+      f.read("num_attention_heads", &config.num_attention_heads, /*required=*/true));
   config.num_key_value_heads = config.num_attention_heads;  // HF default: no grouping
   FLUX_RETURN_IF_ERROR(f.read("num_key_value_heads", &config.num_key_value_heads));
   FLUX_RETURN_IF_ERROR(f.read("intermediate_size", &config.intermediate_size, /*required=*/true));
   FLUX_RETURN_IF_ERROR(f.read("vocab_size", &config.vocab_size, /*required=*/true));
   FLUX_RETURN_IF_ERROR(f.read("rms_norm_eps", &config.rms_norm_eps));
   FLUX_RETURN_IF_ERROR(f.read("tie_word_embeddings", &config.tie_word_embeddings));
-  if (config.num_attention_heads <= 0) return invalid("field \"num_attention_heads\" must be positive");
+  if (config.num_attention_heads <= 0)
+    return invalid("field \"num_attention_heads\" must be positive");
   config.head_dim = -1;
   FLUX_RETURN_IF_ERROR(f.read("head_dim", &config.head_dim));
   if (config.head_dim == -1) {  // absent: HF derives it from the hidden size
     if (config.hidden_size % config.num_attention_heads != 0) {
-      return invalid(absl::StrCat("field \"head_dim\" is absent and hidden_size ", config.hidden_size,
-                                  " is not a multiple of num_attention_heads ",
+      return invalid(absl::StrCat("field \"head_dim\" is absent and hidden_size ",
+                                  config.hidden_size, " is not a multiple of num_attention_heads ",
                                   config.num_attention_heads));
     }
     config.head_dim = config.hidden_size / config.num_attention_heads;
@@ -108,19 +114,25 @@ absl::StatusOr<Qwen3Config> Qwen3Config::from_json(const nlohmann::json& json, c
 
   bool attention_bias = false;
   FLUX_RETURN_IF_ERROR(f.read("attention_bias", &attention_bias));
-  if (attention_bias) return invalid("field \"attention_bias\" is true; biased projections are not supported");
+  if (attention_bias)
+    return invalid("field \"attention_bias\" is true; biased projections are not supported");
   std::string act = "silu";
   FLUX_RETURN_IF_ERROR(f.read("hidden_act", &act));
-  if (act != "silu") return invalid(absl::StrCat("field \"hidden_act\" is \"", act, "\", only \"silu\" is supported"));
+  if (act != "silu")
+    return invalid(
+        absl::StrCat("field \"hidden_act\" is \"", act, "\", only \"silu\" is supported"));
 
   if (config.hidden_size <= 0) return invalid("field \"hidden_size\" must be positive");
   if (config.num_hidden_layers <= 0) return invalid("field \"num_hidden_layers\" must be positive");
-  if (config.num_key_value_heads <= 0 || config.num_attention_heads % config.num_key_value_heads != 0) {
+  if (config.num_key_value_heads <= 0 ||
+      config.num_attention_heads % config.num_key_value_heads != 0) {
     return invalid(absl::StrCat("field \"num_key_value_heads\" is ", config.num_key_value_heads,
-                                "; it must divide num_attention_heads ", config.num_attention_heads));
+                                "; it must divide num_attention_heads ",
+                                config.num_attention_heads));
   }
   if (config.head_dim <= 0 || config.head_dim % 2 != 0) {
-    return invalid(absl::StrCat("field \"head_dim\" is ", config.head_dim, "; it must be even and positive"));
+    return invalid(
+        absl::StrCat("field \"head_dim\" is ", config.head_dim, "; it must be even and positive"));
   }
   if (config.intermediate_size <= 0) return invalid("field \"intermediate_size\" must be positive");
   if (config.vocab_size <= 0 || config.vocab_size > (int64_t{1} << 31)) {

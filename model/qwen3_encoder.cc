@@ -98,36 +98,41 @@ absl::Status Qwen3EncoderImpl::decoder_layer(const Qwen3LayerWeights& w, const Q
   params.num_valid_keys = num_valid_tokens;
 
   // Self-attention (V is not normalised).
-  FLUX_RETURN_IF_ERROR(be.rms_norm(ws.x, w.input_norm, eps, ws.normed));                        // [L, hidden]
-  FLUX_RETURN_IF_ERROR(be.linear(ws.normed, w.qkv, {}, ws.qkv));                                // [L, (H + 2Hkv) Dh]
-  FLUX_RETURN_IF_ERROR(be.qk_norm_rope(q, dh, w.q_norm, eps, ws.rope_cos, ws.rope_sin, RopeStyle::kHalfSplit));  // [L, H Dh]
-  FLUX_RETURN_IF_ERROR(be.qk_norm_rope(k, dh, w.k_norm, eps, ws.rope_cos, ws.rope_sin, RopeStyle::kHalfSplit));  // [L, Hkv Dh]
-  FLUX_RETURN_IF_ERROR(be.attention(q, k, v, params, ws.attn));                                 // [L, H Dh]
-  FLUX_RETURN_IF_ERROR(be.linear(ws.attn, w.o_proj, {}, ws.proj));                              // [L, hidden]
-  FLUX_RETURN_IF_ERROR(be.add(ws.x, ws.proj, ws.mid));                                          // [L, hidden]
+  FLUX_RETURN_IF_ERROR(be.rms_norm(ws.x, w.input_norm, eps, ws.normed));  // [L, hidden]
+  FLUX_RETURN_IF_ERROR(be.linear(ws.normed, w.qkv, {}, ws.qkv));          // [L, (H + 2Hkv) Dh]
+  FLUX_RETURN_IF_ERROR(be.qk_norm_rope(q, dh, w.q_norm, eps, ws.rope_cos, ws.rope_sin,
+                                       RopeStyle::kHalfSplit));  // [L, H Dh]
+  FLUX_RETURN_IF_ERROR(be.qk_norm_rope(k, dh, w.k_norm, eps, ws.rope_cos, ws.rope_sin,
+                                       RopeStyle::kHalfSplit));     // [L, Hkv Dh]
+  FLUX_RETURN_IF_ERROR(be.attention(q, k, v, params, ws.attn));     // [L, H Dh]
+  FLUX_RETURN_IF_ERROR(be.linear(ws.attn, w.o_proj, {}, ws.proj));  // [L, hidden]
+  FLUX_RETURN_IF_ERROR(be.add(ws.x, ws.proj, ws.mid));              // [L, hidden]
 
   // SwiGLU MLP.
-  FLUX_RETURN_IF_ERROR(be.rms_norm(ws.mid, w.post_norm, eps, ws.normed));                       // [L, hidden]
-  FLUX_RETURN_IF_ERROR(be.linear(ws.normed, w.gate_up, {}, ws.gate_up));                        // [L, 2I]
-  FLUX_RETURN_IF_ERROR(be.swiglu(ws.gate_up.col_slice(0, i_size), ws.gate_up.col_slice(i_size, i_size), ws.act));  // [L, I]
-  FLUX_RETURN_IF_ERROR(be.linear(ws.act, w.down_proj, {}, ws.proj));                            // [L, hidden]
-  FLUX_RETURN_IF_ERROR(be.add(ws.mid, ws.proj, ws.x));                                          // [L, hidden]
+  FLUX_RETURN_IF_ERROR(be.rms_norm(ws.mid, w.post_norm, eps, ws.normed));  // [L, hidden]
+  FLUX_RETURN_IF_ERROR(be.linear(ws.normed, w.gate_up, {}, ws.gate_up));   // [L, 2I]
+  FLUX_RETURN_IF_ERROR(be.swiglu(ws.gate_up.col_slice(0, i_size),
+                                 ws.gate_up.col_slice(i_size, i_size), ws.act));  // [L, I]
+  FLUX_RETURN_IF_ERROR(be.linear(ws.act, w.down_proj, {}, ws.proj));              // [L, hidden]
+  FLUX_RETURN_IF_ERROR(be.add(ws.mid, ws.proj, ws.x));                            // [L, hidden]
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> Qwen3EncoderImpl::encode(std::span<const int32_t> ids, int64_t num_valid_tokens,
+absl::StatusOr<Tensor> Qwen3EncoderImpl::encode(std::span<const int32_t> ids,
+                                                int64_t num_valid_tokens,
                                                 const ActivationTap& tap) const {
   Backend& be = backend_;
   const int64_t seq = static_cast<int64_t>(ids.size()), d = config_.hidden_size;
   if (seq == 0) return absl::InvalidArgumentError("Qwen3 encode: no token ids");
   if (num_valid_tokens < 1 || num_valid_tokens > seq) {
-    return absl::InvalidArgumentError(absl::StrCat("Qwen3 encode: num_valid_tokens ", num_valid_tokens,
-                                                   " outside [1, ", seq, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("Qwen3 encode: num_valid_tokens ",
+                                                   num_valid_tokens, " outside [1, ", seq, "]"));
   }
   for (int64_t i = 0; i < seq; ++i) {
     if (ids[i] < 0 || ids[i] >= config_.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("Qwen3 encode: token id ", ids[i], " at position ", i,
-                                                     " is outside the vocabulary of ", config_.vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Qwen3 encode: token id ", ids[i], " at position ", i,
+                       " is outside the vocabulary of ", config_.vocab_size));
     }
   }
   FLUX_ASSIGN_OR_RETURN(Qwen3Workspace ws, make_workspace(seq));
@@ -136,13 +141,14 @@ absl::StatusOr<Tensor> Qwen3EncoderImpl::encode(std::span<const int32_t> ids, in
   const int64_t num_taps = static_cast<int64_t>(taps_.size());
   FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, be.empty(be.activation_dtype(), {seq, num_taps * d}));
 
-  FLUX_RETURN_IF_ERROR(be.embedding(ids_tensor, weights_.embed_tokens, ws.x));                  // [L, hidden]
+  FLUX_RETURN_IF_ERROR(be.embedding(ids_tensor, weights_.embed_tokens, ws.x));  // [L, hidden]
   for (size_t layer = 0; layer < weights_.layers.size(); ++layer) {
-    FLUX_RETURN_IF_ERROR(decoder_layer(weights_.layers[layer], ws, num_valid_tokens));          // [L, hidden]
-    const int64_t hidden_index = static_cast<int64_t>(layer) + 1;  // HF hidden_states[k]
+    FLUX_RETURN_IF_ERROR(
+        decoder_layer(weights_.layers[layer], ws, num_valid_tokens));  // [L, hidden]
+    const int64_t hidden_index = static_cast<int64_t>(layer) + 1;      // HF hidden_states[k]
     for (int64_t c = 0; c < num_taps; ++c) {
       if (taps_[c] != hidden_index) continue;
-      FLUX_RETURN_IF_ERROR(be.copy(ws.x, prompt_embeds.col_slice(c * d, d)));                   // [L, hidden]
+      FLUX_RETURN_IF_ERROR(be.copy(ws.x, prompt_embeds.col_slice(c * d, d)));  // [L, hidden]
       if (tap) tap(absl::StrCat("hidden_states.", hidden_index), ws.x);
     }
   }
@@ -151,17 +157,18 @@ absl::StatusOr<Tensor> Qwen3EncoderImpl::encode(std::span<const int32_t> ids, in
 
 absl::Status check_taps(const std::vector<int64_t>& taps, const Qwen3Config& config,
                         const std::string& source) {
-  if (taps.empty()) return absl::InvalidArgumentError(absl::StrCat(source, ": no hidden-state taps"));
+  if (taps.empty())
+    return absl::InvalidArgumentError(absl::StrCat(source, ": no hidden-state taps"));
   std::set<int64_t> seen;
   for (int64_t k : taps) {
     if (k < 1 || k > config.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": hidden-state tap ", k, " is outside [1, num_hidden_layers ",
-          config.num_hidden_layers, "] (taps ", absl::StrJoin(taps, ", "), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": hidden-state tap ", k, " is outside [1, num_hidden_layers ",
+                       config.num_hidden_layers, "] (taps ", absl::StrJoin(taps, ", "), ")"));
     }
     if (!seen.insert(k).second) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": hidden-state tap ", k, " is repeated (taps ",
-                                                     absl::StrJoin(taps, ", "), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": hidden-state tap ", k, " is repeated (taps ", absl::StrJoin(taps, ", "), ")"));
     }
   }
   return absl::OkStatus();
@@ -170,22 +177,24 @@ absl::Status check_taps(const std::vector<int64_t>& taps, const Qwen3Config& con
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Qwen3Encoder>> Qwen3Encoder::load(Backend& backend,
-                                                                const ComponentWeights& checkpoint,
-                                                                std::vector<int64_t> taps) {
+                                                                 const ComponentWeights& checkpoint,
+                                                                 std::vector<int64_t> taps) {
   FLUX_ASSIGN_OR_RETURN(Qwen3Config config,
                         Qwen3Config::from_json(checkpoint.config(), checkpoint.config_path()));
   FLUX_RETURN_IF_ERROR(check_taps(taps, config, checkpoint.config_path()));
   const int64_t num_layers = *std::max_element(taps.begin(), taps.end());
   auto model = std::make_unique<Qwen3EncoderImpl>(backend, config, std::move(taps));
   const std::vector<WeightSpec> table = model->weights().table(config, num_layers);
-  FLUX_ASSIGN_OR_RETURN(LoadReport report,
-                        load_weights(backend, checkpoint, table, qwen3_unused_tensors(config, num_layers)));
+  FLUX_ASSIGN_OR_RETURN(LoadReport report, load_weights(backend, checkpoint, table,
+                                                        qwen3_unused_tensors(config, num_layers)));
   model->set_load_report(report);
   return std::unique_ptr<Qwen3Encoder>(std::move(model));
 }
 
-absl::StatusOr<std::unique_ptr<Qwen3Encoder>> Qwen3Encoder::create_random(Backend& backend, Qwen3Config config,
-                                                                         std::vector<int64_t> taps, uint64_t seed) {
+absl::StatusOr<std::unique_ptr<Qwen3Encoder>> Qwen3Encoder::create_random(Backend& backend,
+                                                                          Qwen3Config config,
+                                                                          std::vector<int64_t> taps,
+                                                                          uint64_t seed) {
   FLUX_RETURN_IF_ERROR(check_taps(taps, config, "random Qwen3 encoder"));
   const int64_t num_layers = *std::max_element(taps.begin(), taps.end());
   auto model = std::make_unique<Qwen3EncoderImpl>(backend, config, std::move(taps));

@@ -20,18 +20,19 @@
 namespace flux2 {
 
 struct Qwen3Config {
-  int64_t hidden_size = 2560;             // klein-4B: 2560; klein-9B (Qwen3-8B): 4096
-  int64_t num_hidden_layers = 36;         // layers in the checkpoint (only those <= last tap run)
-  int64_t num_attention_heads = 32;       // query heads
-  int64_t num_key_value_heads = 8;        // GQA key/value heads
-  int64_t head_dim = 128;                 // per-head width (q width = heads x head_dim)
-  int64_t intermediate_size = 9728;       // SwiGLU width
+  int64_t hidden_size = 2560;        // klein-4B: 2560; klein-9B (Qwen3-8B): 4096
+  int64_t num_hidden_layers = 36;    // layers in the checkpoint (only those <= last tap run)
+  int64_t num_attention_heads = 32;  // query heads
+  int64_t num_key_value_heads = 8;   // GQA key/value heads
+  int64_t head_dim = 128;            // per-head width (q width = heads x head_dim)
+  int64_t intermediate_size = 9728;  // SwiGLU width
   int64_t vocab_size = 151936;
   double rms_norm_eps = 1e-6;
-  double rope_theta = 1e6;                // rope_parameters.rope_theta or rope_theta
-  bool tie_word_embeddings = true;        // irrelevant for hidden states
+  double rope_theta = 1e6;          // rope_parameters.rope_theta or rope_theta
+  bool tie_word_embeddings = true;  // irrelevant for hidden states
 
-  static absl::StatusOr<Qwen3Config> from_json(const nlohmann::json& json, const std::string& source);
+  static absl::StatusOr<Qwen3Config> from_json(const nlohmann::json& json,
+                                               const std::string& source);
 };
 
 class Qwen3Encoder {
@@ -40,11 +41,14 @@ class Qwen3Encoder {
   // taps are hidden-state indices as in HF output_hidden_states (k = output of layer k).
   static absl::StatusOr<std::unique_ptr<Qwen3Encoder>> load(Backend& backend,
                                                             const ComponentWeights& checkpoint,
-                                                            std::vector<int64_t> taps = {9, 18, 27});
+                                                            std::vector<int64_t> taps = {9, 18,
+                                                                                         27});
   // The encoder of `config` with reproducible random weights (fill_random_weights) and the same
   // tap rules: real shapes without a checkpoint, for `flux2 bench --e2e`.
-  static absl::StatusOr<std::unique_ptr<Qwen3Encoder>> create_random(Backend& backend, Qwen3Config config,
-                                                                     std::vector<int64_t> taps, uint64_t seed);
+  static absl::StatusOr<std::unique_ptr<Qwen3Encoder>> create_random(Backend& backend,
+                                                                     Qwen3Config config,
+                                                                     std::vector<int64_t> taps,
+                                                                     uint64_t seed);
   virtual ~Qwen3Encoder() = default;
 
   virtual const Qwen3Config& config() const = 0;

@@ -15,17 +15,20 @@ constexpr absl::string_view kLayerPrefix = "model.layers.";
 
 // The per-layer tensor names of Qwen3ForCausalLM, after "model.layers.{i}.".
 constexpr absl::string_view kLayerTensors[] = {
-    "input_layernorm.weight",       "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",      "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-    "self_attn.o_proj.weight",      "post_attention_layernorm.weight",
-    "mlp.gate_proj.weight",         "mlp.up_proj.weight",      "mlp.down_proj.weight",
+    "input_layernorm.weight",  "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "self_attn.o_proj.weight", "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
 };
 
 }  // namespace
 
 std::vector<WeightSpec> Qwen3Weights::table(const Qwen3Config& config, int64_t num_layers) {
   const int64_t d = config.hidden_size, dh = config.head_dim, i_size = config.intermediate_size;
-  const int64_t q_width = config.num_attention_heads * dh, kv_width = config.num_key_value_heads * dh;
+  const int64_t q_width = config.num_attention_heads * dh,
+                kv_width = config.num_key_value_heads * dh;
   std::vector<WeightSpec> specs;
   auto add = [&](std::string name, Shape shape, Tensor* target, int64_t row = 0) {
     specs.push_back(WeightSpec{std::move(name), std::move(shape), target, row});

@@ -13,14 +13,14 @@
 namespace flux2 {
 
 struct Qwen3LayerWeights {  // model.layers.{i}
-  Tensor input_norm;  // [hidden]               input_layernorm
-  Tensor qkv;         // [(H + 2 Hkv) Dh, hidden]  self_attn.q_proj | k_proj | v_proj
-  Tensor q_norm;      // [Dh]                   self_attn.q_norm
-  Tensor k_norm;      // [Dh]                   self_attn.k_norm
-  Tensor o_proj;      // [hidden, H Dh]         self_attn.o_proj
-  Tensor post_norm;   // [hidden]               post_attention_layernorm
-  Tensor gate_up;     // [2I, hidden]           mlp.gate_proj | up_proj
-  Tensor down_proj;   // [hidden, I]            mlp.down_proj
+  Tensor input_norm;        // [hidden]               input_layernorm
+  Tensor qkv;               // [(H + 2 Hkv) Dh, hidden]  self_attn.q_proj | k_proj | v_proj
+  Tensor q_norm;            // [Dh]                   self_attn.q_norm
+  Tensor k_norm;            // [Dh]                   self_attn.k_norm
+  Tensor o_proj;            // [hidden, H Dh]         self_attn.o_proj
+  Tensor post_norm;         // [hidden]               post_attention_layernorm
+  Tensor gate_up;           // [2I, hidden]           mlp.gate_proj | up_proj
+  Tensor down_proj;         // [hidden, I]            mlp.down_proj
 };
 
 struct Qwen3Weights {

@@ -87,11 +87,11 @@ absl::StatusOr<SafetensorsEntry> parse_entry(const std::string& path, const std:
   __int128 expected = dtype_size(entry.dtype);
   for (int64_t dim : entry.shape) expected *= dim;
   if (expected != static_cast<__int128>(entry.bytes())) {
-    return tensor_error(path, name,
-                        absl::StrCat("shape ", shape_string(entry.shape), " of ",
-                                     dtype_name(entry.dtype), " needs ",
-                                     static_cast<int64_t>(std::min<__int128>(expected, INT64_MAX)),
-                                     " bytes but data_offsets span ", entry.bytes()));
+    return tensor_error(
+        path, name,
+        absl::StrCat("shape ", shape_string(entry.shape), " of ", dtype_name(entry.dtype),
+                     " needs ", static_cast<int64_t>(std::min<__int128>(expected, INT64_MAX)),
+                     " bytes but data_offsets span ", entry.bytes()));
   }
   return entry;
 }
@@ -111,11 +111,13 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std
   const uint64_t file_bytes = static_cast<uint64_t>(info.st_size);
   if (file_bytes < 8) {
     ::close(fd);
-    return file_error(path, absl::StrCat("file of ", file_bytes, " bytes is too short for a header"));
+    return file_error(path,
+                      absl::StrCat("file of ", file_bytes, " bytes is too short for a header"));
   }
   void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  if (mapping == MAP_FAILED) return file_error(path, absl::StrCat("mmap failed: ", std::strerror(errno)));
+  if (mapping == MAP_FAILED)
+    return file_error(path, absl::StrCat("mmap failed: ", std::strerror(errno)));
 
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
@@ -125,8 +127,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std
   uint64_t header_bytes;
   std::memcpy(&header_bytes, mapping, sizeof(header_bytes));  // little-endian on our targets
   if (header_bytes > kMaxHeaderBytes || header_bytes > file_bytes - 8) {
-    return file_error(path, absl::StrCat("header length ", header_bytes, " exceeds the file size of ",
-                                         file_bytes, " bytes"));
+    return file_error(path, absl::StrCat("header length ", header_bytes,
+                                         " exceeds the file size of ", file_bytes, " bytes"));
   }
   const char* base = static_cast<const char*>(mapping);
   FLUX_ASSIGN_OR_RETURN(nlohmann::json header,
@@ -145,24 +147,26 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std
       }
       continue;
     }
-    FLUX_ASSIGN_OR_RETURN(SafetensorsEntry entry, parse_entry(path, it.key(), it.value(), data_bytes));
+    FLUX_ASSIGN_OR_RETURN(SafetensorsEntry entry,
+                          parse_entry(path, it.key(), it.value(), data_bytes));
     file->entries_.push_back(std::move(entry));
   }
   std::sort(file->entries_.begin(), file->entries_.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
               return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
             });
-  // Sorted by offset, a tensor overlaps an earlier one iff it starts before the furthest end so far.
+  // Sorted by offset, a tensor overlaps an earlier one iff it starts before the furthest end so
+  // far.
   int64_t furthest_end = 0;
   const SafetensorsEntry* furthest = nullptr;
   for (size_t i = 0; i < file->entries_.size(); ++i) {
     const SafetensorsEntry& entry = file->entries_[i];
     if (entry.bytes() > 0) {
       if (furthest != nullptr && entry.begin < furthest_end) {
-        return tensor_error(path, entry.name,
-                            absl::StrCat("data_offsets [", entry.begin, ", ", entry.end,
-                                         "] overlap tensor \"", furthest->name, "\" [",
-                                         furthest->begin, ", ", furthest->end, "]"));
+        return tensor_error(
+            path, entry.name,
+            absl::StrCat("data_offsets [", entry.begin, ", ", entry.end, "] overlap tensor \"",
+                         furthest->name, "\" [", furthest->begin, ", ", furthest->end, "]"));
       }
       if (entry.end > furthest_end) {
         furthest_end = entry.end;
@@ -193,11 +197,16 @@ absl::StatusOr<std::vector<float>> read_f32(const SafetensorsFile& file, absl::s
     return absl::NotFoundError(absl::StrCat(file.path(), ": no tensor \"", name, "\""));
   }
   switch (entry->dtype) {
-    case DType::kF32: case DType::kBF16: case DType::kF16: case DType::kI64: case DType::kI32:
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kI64:
+    case DType::kI32:
     case DType::kU8:
       break;
     default:
-      return tensor_error(file.path(), name, absl::StrCat("cannot read ", dtype_name(entry->dtype), " as f32"));
+      return tensor_error(file.path(), name,
+                          absl::StrCat("cannot read ", dtype_name(entry->dtype), " as f32"));
   }
   std::vector<float> values(static_cast<size_t>(shape_numel(entry->shape)));
   widen_to_f32(entry->dtype, file.data(*entry), static_cast<int64_t>(values.size()), values.data());

@@ -25,7 +25,8 @@ absl::StatusOr<SchedulerConfig> SchedulerConfig::from_json(const nlohmann::json&
                            "invert_sigmas", "stochastic_sampling"}) {
     bool enabled = false;
     FLUX_RETURN_IF_ERROR(f.read(flag, &enabled));
-    if (enabled) return absl::InvalidArgumentError(absl::StrCat(source, ": ", flag, " is not supported"));
+    if (enabled)
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", flag, " is not supported"));
   }
   double shift_terminal = 0.0;
   FLUX_RETURN_IF_ERROR(f.read("shift_terminal", &shift_terminal));
@@ -33,7 +34,8 @@ absl::StatusOr<SchedulerConfig> SchedulerConfig::from_json(const nlohmann::json&
     return absl::InvalidArgumentError(absl::StrCat(source, ": shift_terminal is not supported"));
   }
   if (config.num_train_timesteps <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": num_train_timesteps must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": num_train_timesteps must be positive"));
   }
   return config;
 }

@@ -14,14 +14,15 @@
 namespace flux2 {
 
 struct SchedulerConfig {
-  int64_t num_train_timesteps = 1000;  // timestep = sigma x this
-  double shift = 3.0;                  // static shift, used only without dynamic shifting
-  bool use_dynamic_shifting = true;    // FLUX.2: mu comes from the pipeline (empirical mu)
+  int64_t num_train_timesteps = 1000;           // timestep = sigma x this
+  double shift = 3.0;                           // static shift, used only without dynamic shifting
+  bool use_dynamic_shifting = true;             // FLUX.2: mu comes from the pipeline (empirical mu)
   std::string time_shift_type = "exponential";  // "exponential" or "linear"
 
   // Parses scheduler_config.json; options FLUX.2 never uses (Karras/exponential/beta sigmas,
   // shift_terminal, inverted or stochastic sigmas) are rejected rather than ignored.
-  static absl::StatusOr<SchedulerConfig> from_json(const nlohmann::json& json, const std::string& source);
+  static absl::StatusOr<SchedulerConfig> from_json(const nlohmann::json& json,
+                                                   const std::string& source);
 };
 
 struct Schedule {

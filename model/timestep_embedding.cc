@@ -31,7 +31,8 @@ float round_to_activation(float value, DType activation_dtype) {
 }
 
 float scale_conditioning(float value, DType activation_dtype) {
-  return round_to_activation(round_to_activation(value, activation_dtype) * 1000.0f, activation_dtype);
+  return round_to_activation(round_to_activation(value, activation_dtype) * 1000.0f,
+                             activation_dtype);
 }
 
 }  // namespace flux2

@@ -11,7 +11,8 @@
 
 namespace flux2 {
 
-// [values.size(), channels] row-major: row i = [cos(v_i·f_0..), sin(v_i·f_0..)], f_k = e^(−ln(10⁴)·k/half).
+// [values.size(), channels] row-major: row i = [cos(v_i·f_0..), sin(v_i·f_0..)], f_k =
+// e^(−ln(10⁴)·k/half).
 std::vector<float> timestep_sinusoids(std::span<const float> values, int64_t channels);
 
 // The model's scaled conditioning value: the `timestep` (sigma units) or guidance input cast to

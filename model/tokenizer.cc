@@ -1,6 +1,7 @@
 // The Hugging Face tokenizer.json pipeline (added tokens -> normalizer -> pre-tokenizer -> BPE) for
 // the Qwen2/Qwen3 family, the Qwen3 chat template and prompt padding; see tokenizer.h.
-// Tested by tests/host/tokenizer_test.cc, tests/tokenizer/ and `flux2 check-golden --only tokenizer`.
+// Tested by tests/host/tokenizer_test.cc, tests/tokenizer/ and `flux2 check-golden --only
+// tokenizer`.
 #include "model/tokenizer.h"
 
 #include <algorithm>
@@ -117,7 +118,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::create(const std::string
     }
     if (config->contains("added_tokens_decoder") && (*config)["added_tokens_decoder"].is_object()) {
       for (const auto& [key, entry] : (*config)["added_tokens_decoder"].items()) {
-        const std::string where = absl::StrCat(config_path, ": added_tokens_decoder[\"", key, "\"]");
+        const std::string where =
+            absl::StrCat(config_path, ": added_tokens_decoder[\"", key, "\"]");
         int64_t id = -1;
         if (!absl::SimpleAtoi(key, &id)) {
           return absl::InvalidArgumentError(absl::StrCat(where, ": key is not a token id"));
@@ -167,8 +169,8 @@ std::vector<int32_t> HfTokenizer::encode(absl::string_view text) const {
       if (inner.id >= 0) {
         ids.push_back(inner.id);
       } else {
-        encode_normalized(absl::string_view(normalized).substr(inner.begin, inner.end - inner.begin),
-                          &ids);
+        encode_normalized(
+            absl::string_view(normalized).substr(inner.begin, inner.end - inner.begin), &ids);
       }
     }
   }

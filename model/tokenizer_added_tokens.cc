@@ -76,8 +76,7 @@ std::vector<TextPiece> AddedTokenMatcher::split(absl::string_view text) const {
     const AddedToken* found = nullptr;
     for (const uint32_t index : by_first_byte_[static_cast<unsigned char>(text[pos])]) {
       const std::string& content = tokens_[index].content;
-      if (text.size() - pos >= content.size() &&
-          text.compare(pos, content.size(), content) == 0) {
+      if (text.size() - pos >= content.size() && text.compare(pos, content.size(), content) == 0) {
         found = &tokens_[index];
         break;
       }
@@ -90,7 +89,8 @@ std::vector<TextPiece> AddedTokenMatcher::split(absl::string_view text) const {
     size_t end = pos + found->content.size();
     pos = end;  // the search resumes after this match even when the flags reject it
     if (found->single_word) {
-      const bool word_before = begin > 0 && unicode_is_word_character(code_point_before(text, begin));
+      const bool word_before =
+          begin > 0 && unicode_is_word_character(code_point_before(text, begin));
       int length = 0;
       const bool word_after =
           end < text.size() && unicode_is_word_character(utf8_decode(text, end, &length));

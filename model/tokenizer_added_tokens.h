@@ -1,6 +1,7 @@
 // Added and special tokens of a tokenizer.json found in raw text before pre-tokenization:
-// leftmost-longest, non-overlapping matching (Hugging Face's Aho-Corasick MatchKind::LeftmostLongest)
-// with the single_word, lstrip and rstrip flags. Tested by tests/host/tokenizer_test.cc (AddedTokens*).
+// leftmost-longest, non-overlapping matching (Hugging Face's Aho-Corasick
+// MatchKind::LeftmostLongest) with the single_word, lstrip and rstrip flags. Tested by
+// tests/host/tokenizer_test.cc (AddedTokens*).
 #pragma once
 
 #include <array>
@@ -13,7 +14,7 @@
 namespace flux2 {
 
 struct AddedToken {
-  std::string content;       // the text to find (already normalized for normalized tokens)
+  std::string content;  // the text to find (already normalized for normalized tokens)
   int32_t id = -1;
   bool single_word = false;  // only where no word character touches it on either side
   bool lstrip = false;       // also swallows the whitespace on its left

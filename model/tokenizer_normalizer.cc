@@ -20,8 +20,7 @@ bool is_ascii(absl::string_view text) {
 }  // namespace
 
 absl::Status TokenizerNormalizer::append_forms(const nlohmann::json& normalizer,
-                                               absl::string_view source,
-                                               std::vector<Form>* forms) {
+                                               absl::string_view source, std::vector<Form>* forms) {
   if (normalizer.is_null()) return absl::OkStatus();
   if (!normalizer.is_object() || !normalizer.contains("type") || !normalizer["type"].is_string()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": normalizer has no \"type\""));
@@ -50,8 +49,8 @@ absl::Status TokenizerNormalizer::append_forms(const nlohmann::json& normalizer,
   return absl::OkStatus();
 }
 
-absl::StatusOr<TokenizerNormalizer> TokenizerNormalizer::from_json(
-    const nlohmann::json& normalizer, absl::string_view source) {
+absl::StatusOr<TokenizerNormalizer> TokenizerNormalizer::from_json(const nlohmann::json& normalizer,
+                                                                   absl::string_view source) {
   TokenizerNormalizer result;
   if (absl::Status status = append_forms(normalizer, source, &result.forms_); !status.ok()) {
     return status;
@@ -66,10 +65,18 @@ std::string TokenizerNormalizer::apply(absl::string_view text) const {
   for (const Form form : forms_) {
     int options = UTF8PROC_STABLE;
     switch (form) {
-      case Form::kNfc: options |= UTF8PROC_COMPOSE; break;
-      case Form::kNfd: options |= UTF8PROC_DECOMPOSE; break;
-      case Form::kNfkc: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-      case Form::kNfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+      case Form::kNfc:
+        options |= UTF8PROC_COMPOSE;
+        break;
+      case Form::kNfd:
+        options |= UTF8PROC_DECOMPOSE;
+        break;
+      case Form::kNfkc:
+        options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+        break;
+      case Form::kNfkd:
+        options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+        break;
     }
     utf8proc_uint8_t* mapped = nullptr;
     // An explicit length (no UTF8PROC_NULLTERM) keeps U+0000 characters.

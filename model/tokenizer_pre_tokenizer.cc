@@ -77,10 +77,10 @@ absl::Status TokenizerPreTokenizer::append_steps(const nlohmann::json& pre_token
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": \"pattern\" must be {\"Regex\": ...} or {\"String\": ...}"));
   }
-  const std::string behavior = pre_tokenizer.contains("behavior") &&
-                                       pre_tokenizer["behavior"].is_string()
-                                   ? pre_tokenizer["behavior"].get<std::string>()
-                                   : "";
+  const std::string behavior =
+      pre_tokenizer.contains("behavior") && pre_tokenizer["behavior"].is_string()
+          ? pre_tokenizer["behavior"].get<std::string>()
+          : "";
   if (behavior == "Removed") {
     step.behavior = Behavior::kRemoved;
   } else if (behavior == "Isolated") {

@@ -22,7 +22,9 @@ std::string pcre2_error_text(int code) {
   return reinterpret_cast<const char*>(buffer);
 }
 
-bool is_continuation_byte(char c) { return (static_cast<uint8_t>(c) & 0xC0) == 0x80; }
+bool is_continuation_byte(char c) {
+  return (static_cast<uint8_t>(c) & 0xC0) == 0x80;
+}
 
 }  // namespace
 
@@ -102,9 +104,8 @@ absl::StatusOr<pcre2_code*> compile_pcre2(absl::string_view pattern, uint32_t op
                                           absl::string_view source) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                    options, &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": pattern does not compile at offset ",
                                                    error_offset, ": ",
@@ -146,14 +147,13 @@ std::vector<TokenizerRegex::Match> TokenizerRegex::find_all(absl::string_view te
   bool have_previous = false;
   size_t previous_end = 0;
   while (search_from <= n) {
-    int rc = pcre2_match(compiled_->code, subject, n, search_from, PCRE2_NO_UTF_CHECK, data,
-                         context);
+    int rc =
+        pcre2_match(compiled_->code, subject, n, search_from, PCRE2_NO_UTF_CHECK, data, context);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT && jit_stack == nullptr) {
       jit_stack = pcre2_jit_stack_create(32 << 10, kJitStackMaxBytes, nullptr);
       context = pcre2_match_context_create(nullptr);
       pcre2_jit_stack_assign(context, nullptr, jit_stack);
-      rc = pcre2_match(compiled_->code, subject, n, search_from, PCRE2_NO_UTF_CHECK, data,
-                       context);
+      rc = pcre2_match(compiled_->code, subject, n, search_from, PCRE2_NO_UTF_CHECK, data, context);
     }
     if (rc < 0) break;  // no match, or a resource limit (see the header)
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);

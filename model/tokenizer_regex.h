@@ -24,10 +24,10 @@ class TokenizerRegex {
   // field in errors. Differences from PCRE2 that change matches are translated first
   // (oniguruma_compatible_pattern).
   static absl::StatusOr<std::unique_ptr<TokenizerRegex>> compile_regex(absl::string_view pattern,
-                                                                      absl::string_view source);
+                                                                       absl::string_view source);
   // Matches `text` literally.
   static absl::StatusOr<std::unique_ptr<TokenizerRegex>> compile_literal(absl::string_view text,
-                                                                        absl::string_view source);
+                                                                         absl::string_view source);
   ~TokenizerRegex();
   TokenizerRegex(const TokenizerRegex&) = delete;
   TokenizerRegex& operator=(const TokenizerRegex&) = delete;

@@ -33,7 +33,9 @@ int sequence_length(uint8_t lead) {
   return 4;
 }
 
-void append_replacement(std::string* out) { out->append("\xEF\xBF\xBD"); }
+void append_replacement(std::string* out) {
+  out->append("\xEF\xBF\xBD");
+}
 
 }  // namespace
 
@@ -117,8 +119,8 @@ void utf8_append(char32_t code_point, std::string* out) {
 bool unicode_is_white_space(char32_t c) {
   // The White_Space property (PropList.txt), stable since Unicode 6.3.
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 bool unicode_is_word_character(char32_t c) {

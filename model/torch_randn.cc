@@ -1,5 +1,6 @@
 // torch.randn on PyTorch's CPU generator, re-implemented bit for bit; see torch_randn.h.
-// Tested by tests/host/torch_randn_test.cc and `flux2 check-golden --only randn` (tiny-klein/randn.safetensors).
+// Tested by tests/host/torch_randn_test.cc and `flux2 check-golden --only randn`
+// (tiny-klein/randn.safetensors).
 //
 // What torch (x86-64 build, any AVX2-capable CPU; torch 2.11 made the goldens) does for
 // `torch.randn(n, generator=torch.Generator().manual_seed(seed))`:
@@ -70,10 +71,13 @@ class CpuGenerator {
     return (high << 32) | low;
   }
 
-  // uniform_real_distribution<T>(0, 1) for T = float (24 bits), bfloat16 (8 bits), double (53 bits).
+  // uniform_real_distribution<T>(0, 1) for T = float (24 bits), bfloat16 (8 bits), double (53
+  // bits).
   float uniform_f32() { return static_cast<float>(random() & 0xffffffu) * 0x1p-24f; }
   float uniform_bf16() { return static_cast<float>(random() & 0xffu) * 0x1p-8f; }
-  double uniform_f64() { return static_cast<double>(random64() & ((uint64_t{1} << 53) - 1)) * 0x1p-53; }
+  double uniform_f64() {
+    return static_cast<double>(random64() & ((uint64_t{1} << 53) - 1)) * 0x1p-53;
+  }
 
   // normal_distribution<double>(0, 1): Box-Muller, the second value cached for the next call.
   // Both leave through value * std + mean (std 1, mean 0), which turns -0 into +0.
@@ -131,7 +135,8 @@ void avx2_sincos(float x, float* sin_out, float* cos_out) {
   constexpr float kFourOverPi = 1.27323954473516f;
   constexpr float kPiOver4[] = {-0.78515625f, -2.4187564849853515625e-4f, -3.77489497744594108e-8f};
   constexpr float kSin[] = {-1.9515295891E-4f, 8.3321608736E-3f, -1.6666654611E-1f};
-  constexpr float kCos[] = {2.443315711809948E-005f, -1.388731625493765E-003f, 4.166664568298827E-002f};
+  constexpr float kCos[] = {2.443315711809948E-005f, -1.388731625493765E-003f,
+                            4.166664568298827E-002f};
   uint32_t sin_sign = float_bits(x) & 0x80000000u;
   x = bits_float(float_bits(x) & 0x7fffffffu);
   int32_t octant = static_cast<int32_t>(x * kFourOverPi);
@@ -222,8 +227,8 @@ std::vector<float> torch_randn_f32(uint64_t seed, int64_t numel) {
     for (float& value : data) value = static_cast<float>(gen.normal_f64());
     return data;
   }
-  return chunked_normal_fill(gen, numel, [](CpuGenerator& g) { return g.uniform_f32(); },
-                             box_muller_16_f32);
+  return chunked_normal_fill(
+      gen, numel, [](CpuGenerator& g) { return g.uniform_f32(); }, box_muller_16_f32);
 }
 
 std::vector<float> torch_randn_bf16(uint64_t seed, int64_t numel) {
@@ -234,8 +239,8 @@ std::vector<float> torch_randn_bf16(uint64_t seed, int64_t numel) {
     for (float& value : data) value = round_to_bf16(static_cast<float>(gen.normal_f64()));
     return data;
   }
-  return chunked_normal_fill(gen, numel, [](CpuGenerator& g) { return g.uniform_bf16(); },
-                             box_muller_16_bf16);
+  return chunked_normal_fill(
+      gen, numel, [](CpuGenerator& g) { return g.uniform_bf16(); }, box_muller_16_bf16);
 }
 
 }  // namespace flux2

@@ -1,6 +1,7 @@
-// A re-implementation of PyTorch's CPU torch.randn(n, generator=torch.Generator().manual_seed(seed))
-// (mt19937 + its Box-Muller layout), so a seed means the same initial noise as in diffusers.
-// Tested by tests/host/torch_randn_test.cc and `flux2 check-golden --only randn`.
+// A re-implementation of PyTorch's CPU torch.randn(n,
+// generator=torch.Generator().manual_seed(seed)) (mt19937 + its Box-Muller layout), so a seed means
+// the same initial noise as in diffusers. Tested by tests/host/torch_randn_test.cc and `flux2
+// check-golden --only randn`.
 #pragma once
 
 #include <cstdint>

@@ -18,15 +18,16 @@
 namespace flux2 {
 
 struct VaeConfig {
-  std::vector<int64_t> block_out_channels = {128, 256, 512, 512};  // encoder order; decoder reverses
-  int64_t layers_per_block = 2;       // decoder up blocks have layers_per_block + 1 resnets
+  std::vector<int64_t> block_out_channels = {128, 256, 512,
+                                             512};  // encoder order; decoder reverses
+  int64_t layers_per_block = 2;  // decoder up blocks have layers_per_block + 1 resnets
   int64_t latent_channels = 32;
   int64_t norm_num_groups = 32;
   int64_t out_channels = 3;
-  double batch_norm_eps = 1e-4;       // latent BatchNorm statistics epsilon
+  double batch_norm_eps = 1e-4;  // latent BatchNorm statistics epsilon
   bool mid_block_add_attention = true;
   bool use_post_quant_conv = true;
-  int64_t scale_factor() const;       // 2^(len(block_out_channels) - 1): 8 for the real VAE
+  int64_t scale_factor() const;  // 2^(len(block_out_channels) - 1): 8 for the real VAE
 
   static absl::StatusOr<VaeConfig> from_json(const nlohmann::json& json, const std::string& source);
 };
@@ -39,8 +40,8 @@ class VaeDecoder {
                                                           const ComponentWeights& checkpoint);
   // The decoder of `config` with reproducible random weights (positive BatchNorm variances), for
   // `flux2 bench --e2e`.
-  static absl::StatusOr<std::unique_ptr<VaeDecoder>> create_random(Backend& backend, VaeConfig config,
-                                                                   uint64_t seed);
+  static absl::StatusOr<std::unique_ptr<VaeDecoder>> create_random(Backend& backend,
+                                                                   VaeConfig config, uint64_t seed);
   virtual ~VaeDecoder() = default;
 
   virtual const VaeConfig& config() const = 0;
@@ -51,7 +52,8 @@ class VaeDecoder {
   virtual absl::StatusOr<Tensor> decode(const Tensor& latents) const = 0;
   // The pipeline's decode: packed tokens [h x w, 4 x latent_channels] of an h x w token grid
   // -> BatchNorm de-normalisation -> unpatchify -> decode -> image [16 h, 16 w, 3].
-  virtual absl::StatusOr<Tensor> decode_tokens(const Tensor& tokens, int64_t h, int64_t w) const = 0;
+  virtual absl::StatusOr<Tensor> decode_tokens(const Tensor& tokens, int64_t h,
+                                               int64_t w) const = 0;
 };
 
 // diffusers' post-processing of an image [H, W, 3] (HWC floats in [-1, 1]):

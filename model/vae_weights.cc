@@ -23,8 +23,8 @@ class TableBuilder {
     tensor(prefix + ".bias", {channels}, &w.beta);
   }
   void conv(const std::string& prefix, int64_t in, int64_t out, int64_t kernel, VaeConvWeights& w) {
-    specs_.push_back(WeightSpec{prefix + ".weight", {out, in, kernel, kernel}, &w.weight, 0,
-                                WeightLayout::kConvToOhwi});
+    specs_.push_back(WeightSpec{
+        prefix + ".weight", {out, in, kernel, kernel}, &w.weight, 0, WeightLayout::kConvToOhwi});
     tensor(prefix + ".bias", {out}, &w.bias);
   }
   void resnet(const std::string& prefix, int64_t in, int64_t out, VaeResnetWeights& w) {

@@ -13,16 +13,16 @@
 namespace flux2 {
 
 struct VaeGroupNormWeights {  // nn.GroupNorm(groups, C, eps 1e-6, affine)
-  Tensor gamma;  // [C]  .weight
-  Tensor beta;   // [C]  .bias
+  Tensor gamma;               // [C]  .weight
+  Tensor beta;                // [C]  .bias
 };
 
 struct VaeConvWeights {  // nn.Conv2d, stride 1, padding k / 2, with bias
-  Tensor weight;  // [O, k, k, I]  .weight ([O, I, k, k] in the checkpoint)
-  Tensor bias;    // [O]           .bias
+  Tensor weight;         // [O, k, k, I]  .weight ([O, I, k, k] in the checkpoint)
+  Tensor bias;           // [O]           .bias
 };
 
-struct VaeResnetWeights {  // ResnetBlock2D without time embedding
+struct VaeResnetWeights {        // ResnetBlock2D without time embedding
   VaeGroupNormWeights norm1;     // [Cin]
   VaeConvWeights conv1;          // 3x3 Cin -> Cout
   VaeGroupNormWeights norm2;     // [Cout]
@@ -30,7 +30,7 @@ struct VaeResnetWeights {  // ResnetBlock2D without time embedding
   VaeConvWeights conv_shortcut;  // 1x1 Cin -> Cout, only when Cin != Cout (else undefined)
 };
 
-struct VaeAttentionWeights {  // mid_block.attentions.0: one head of width C
+struct VaeAttentionWeights {       // mid_block.attentions.0: one head of width C
   VaeGroupNormWeights group_norm;  // [C]
   Tensor qkv_weight;               // [3C, C]  to_q | to_k | to_v
   Tensor qkv_bias;                 // [3C]
@@ -38,22 +38,23 @@ struct VaeAttentionWeights {  // mid_block.attentions.0: one head of width C
   Tensor out_bias;                 // [C]
 };
 
-struct VaeUpBlockWeights {  // decoder.up_blocks.{i} (UpDecoderBlock2D)
+struct VaeUpBlockWeights {                // decoder.up_blocks.{i} (UpDecoderBlock2D)
   std::vector<VaeResnetWeights> resnets;  // layers_per_block + 1
   bool has_upsampler = false;             // every up block but the last
   VaeConvWeights upsampler;               // upsamplers.0.conv: 3x3 after nearest x2
 };
 
 struct VaeWeights {
-  Tensor bn_mean;                     // [4 x latent_channels]  bn.running_mean (packed channels)
-  Tensor bn_var;                      // [4 x latent_channels]  bn.running_var
-  VaeConvWeights post_quant_conv;     // 1x1 latent -> latent (when use_post_quant_conv)
-  VaeConvWeights conv_in;             // decoder.conv_in: 3x3 latent -> C_top
-  VaeResnetWeights mid_resnets[2];    // decoder.mid_block.resnets.{0,1} at C_top
-  VaeAttentionWeights mid_attention;  // decoder.mid_block.attentions.0 (when mid_block_add_attention)
+  Tensor bn_mean;                   // [4 x latent_channels]  bn.running_mean (packed channels)
+  Tensor bn_var;                    // [4 x latent_channels]  bn.running_var
+  VaeConvWeights post_quant_conv;   // 1x1 latent -> latent (when use_post_quant_conv)
+  VaeConvWeights conv_in;           // decoder.conv_in: 3x3 latent -> C_top
+  VaeResnetWeights mid_resnets[2];  // decoder.mid_block.resnets.{0,1} at C_top
+  VaeAttentionWeights
+      mid_attention;  // decoder.mid_block.attentions.0 (when mid_block_add_attention)
   std::vector<VaeUpBlockWeights> up_blocks;  // C_top first (block_out_channels reversed)
-  VaeGroupNormWeights conv_norm_out;  // [block_out_channels[0]]
-  VaeConvWeights conv_out;            // 3x3 block_out_channels[0] -> out_channels
+  VaeGroupNormWeights conv_norm_out;         // [block_out_channels[0]]
+  VaeConvWeights conv_out;                   // 3x3 block_out_channels[0] -> out_channels
 
   // The tensor table for `config` (resizes up_blocks; targets point into *this).
   std::vector<WeightSpec> table(const VaeConfig& config);

@@ -20,9 +20,11 @@ namespace {
 constexpr size_t kMaxListedNames = 20;
 
 std::string list_names(const std::vector<std::string>& names) {
-  std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kMaxListedNames));
+  std::vector<std::string> shown(names.begin(),
+                                 names.begin() + std::min(names.size(), kMaxListedNames));
   std::string text = absl::StrJoin(shown, ", ");
-  if (names.size() > kMaxListedNames) absl::StrAppend(&text, ", and ", names.size() - kMaxListedNames, " more");
+  if (names.size() > kMaxListedNames)
+    absl::StrAppend(&text, ", and ", names.size() - kMaxListedNames, " more");
   return text;
 }
 
@@ -48,7 +50,8 @@ std::vector<char> to_ohwi(const char* src, const Shape& shape, int elem) {
 
 }  // namespace
 
-absl::Status validate_weights(const ComponentWeights& checkpoint, const std::vector<WeightSpec>& table,
+absl::Status validate_weights(const ComponentWeights& checkpoint,
+                              const std::vector<WeightSpec>& table,
                               const UnusedTensorFilter& unused) {
   std::vector<std::string> missing, misshaped, unexpected;
   std::set<absl::string_view> wanted;
@@ -70,11 +73,12 @@ absl::Status validate_weights(const ComponentWeights& checkpoint, const std::vec
     if (!wanted.count(name) && !(unused && unused(name))) unexpected.push_back(name);
   }
   if (missing.empty() && misshaped.empty() && unexpected.empty()) return absl::OkStatus();
-  std::string message = absl::StrCat(checkpoint.dir(), ": checkpoint does not match ",
-                                     checkpoint.config_path());
+  std::string message =
+      absl::StrCat(checkpoint.dir(), ": checkpoint does not match ", checkpoint.config_path());
   if (!missing.empty()) absl::StrAppend(&message, "; missing tensors: ", list_names(missing));
   if (!misshaped.empty()) absl::StrAppend(&message, "; wrong shape: ", list_names(misshaped));
-  if (!unexpected.empty()) absl::StrAppend(&message, "; unexpected tensors: ", list_names(unexpected));
+  if (!unexpected.empty())
+    absl::StrAppend(&message, "; unexpected tensors: ", list_names(unexpected));
   return absl::InvalidArgumentError(message);
 }
 
@@ -99,12 +103,14 @@ absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<Wei
   return bytes;
 }
 
-absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>& table, uint64_t seed) {
+absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>& table,
+                                 uint64_t seed) {
   std::set<Tensor*> filled;
   for (const WeightSpec& spec : table) {
     if (!filled.insert(spec.target).second) continue;
     const Tensor& t = *spec.target;
-    const float scale = t.rank() >= 2 ? 1.0f / std::sqrt(static_cast<float>(t.numel() / t.dim(0))) : 1.0f;
+    const float scale =
+        t.rank() >= 2 ? 1.0f / std::sqrt(static_cast<float>(t.numel() / t.dim(0))) : 1.0f;
     FLUX_RETURN_IF_ERROR(backend.fill_uniform(t, seed + filled.size(), scale));
   }
   return backend.synchronize();

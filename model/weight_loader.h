@@ -6,8 +6,8 @@
 
 #include <functional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -17,14 +17,14 @@ namespace flux2 {
 
 // How a checkpoint tensor is laid out on the backend.
 enum class WeightLayout : uint8_t {
-  kAsIs,         // same element order as in the checkpoint
-  kConvToOhwi,   // conv weight [O, I, kh, kw] stored as [O, kh, kw, I] (NHWC convolution)
+  kAsIs,        // same element order as in the checkpoint
+  kConvToOhwi,  // conv weight [O, I, kh, kw] stored as [O, kh, kw, I] (NHWC convolution)
 };
 
 struct WeightSpec {
-  std::string name;    // checkpoint tensor name, e.g. "transformer_blocks.0.attn.to_q.weight"
-  Shape shape;         // shape in the checkpoint
-  Tensor* target;      // receives the tensor; allocated by the loader
+  std::string name;        // checkpoint tensor name, e.g. "transformer_blocks.0.attn.to_q.weight"
+  Shape shape;             // shape in the checkpoint
+  Tensor* target;          // receives the tensor; allocated by the loader
   int64_t target_row = 0;  // first row of `target` (several specs may fill one fused tensor)
   WeightLayout layout = WeightLayout::kAsIs;
 };
@@ -41,7 +41,8 @@ struct LoadReport {
 // Checks `checkpoint` against `table` without allocating: every spec's tensor present with its
 // shape, and every checkpoint tensor either in the table or accepted by `unused`. One error lists
 // every problem.
-absl::Status validate_weights(const ComponentWeights& checkpoint, const std::vector<WeightSpec>& table,
+absl::Status validate_weights(const ComponentWeights& checkpoint,
+                              const std::vector<WeightSpec>& table,
                               const UnusedTensorFilter& unused);
 
 // Allocates every target of `table` on `backend` (rows = the rows its specs fill, the other
@@ -49,8 +50,10 @@ absl::Status validate_weights(const ComponentWeights& checkpoint, const std::vec
 absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<WeightSpec>& table);
 
 // Fills every target of `table` (already allocated) with reproducible random values: uniform in
-// ±1/sqrt(columns) for matrices, ±1 for vectors. For benchmarks at real shapes without a checkpoint.
-absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>& table, uint64_t seed);
+// ±1/sqrt(columns) for matrices, ±1 for vectors. For benchmarks at real shapes without a
+// checkpoint.
+absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>& table,
+                                 uint64_t seed);
 
 // Validates, allocates each target (rows = the rows its specs fill), and uploads with dtype
 // conversion to backend.weight_dtype().

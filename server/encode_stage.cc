@@ -18,9 +18,13 @@ double seconds_since(Clock::time_point start) {
 
 EncodeStage::EncodeStage(Metrics& metrics) : metrics_(metrics) {}
 
-EncodeStage::~EncodeStage() { stop(); }
+EncodeStage::~EncodeStage() {
+  stop();
+}
 
-void EncodeStage::start() { thread_ = std::thread([this] { run(); }); }
+void EncodeStage::start() {
+  thread_ = std::thread([this] { run(); });
+}
 
 void EncodeStage::encode(std::shared_ptr<Job> job, GeneratedImage image) {
   {
@@ -73,11 +77,13 @@ void EncodeStage::run_encode(Task& task) {
   const GeneratedImage& image = task.image;
   const std::span<const uint8_t> rgb(image.rgb);
   absl::StatusOr<std::vector<uint8_t>> bytes =
-      job.spec().format == ImageFormat::kJpeg ? encode_jpeg(rgb, image.width, image.height, kJpegQuality)
-                                              : encode_png(rgb, image.width, image.height);
+      job.spec().format == ImageFormat::kJpeg
+          ? encode_jpeg(rgb, image.width, image.height, kJpegQuality)
+          : encode_png(rgb, image.width, image.height);
   job.encode_seconds() += seconds_since(start);
   if (!bytes.ok()) {
-    job.finish(absl::InternalError(absl::StrCat("encoding the image failed: ", bytes.status().message())));
+    job.finish(
+        absl::InternalError(absl::StrCat("encoding the image failed: ", bytes.status().message())));
     return;
   }
   job.encoded_images().push_back(

@@ -33,9 +33,9 @@ class EncodeStage {
   struct Task {
     std::shared_ptr<Job> job;
     bool is_finish = false;
-    GeneratedImage image;     // encode tasks
-    absl::Status status;      // finish tasks
-    WorkerReport report;      // finish tasks
+    GeneratedImage image;  // encode tasks
+    absl::Status status;   // finish tasks
+    WorkerReport report;   // finish tasks
   };
   void run();
   void run_encode(Task& task);

@@ -47,8 +47,8 @@ std::vector<FastPathCounters> fast_path_delta(const std::vector<FastPathCounters
 
 }  // namespace
 
-EngineWorker::EngineWorker(EngineFactory factory, JobQueue& queue, EncodeStage& encoder, Metrics& metrics,
-                           WorkerOptions options,
+EngineWorker::EngineWorker(EngineFactory factory, JobQueue& queue, EncodeStage& encoder,
+                           Metrics& metrics, WorkerOptions options,
                            std::function<void(WorkerPhase, const absl::Status&)> on_phase)
     : factory_(std::move(factory)),
       queue_(queue),
@@ -61,7 +61,9 @@ EngineWorker::~EngineWorker() {
   if (thread_.joinable()) thread_.join();
 }
 
-void EngineWorker::start() { thread_ = std::thread([this] { run(); }); }
+void EngineWorker::start() {
+  thread_ = std::thread([this] { run(); });
+}
 
 bool EngineWorker::join_until(Clock::time_point deadline) {
   {
@@ -92,7 +94,8 @@ void EngineWorker::run() {
     set_phase(WorkerPhase::kFailed, loaded);
     // Nothing is admitted before the model serves, but answer anything that raced in.
     while (std::shared_ptr<Job> job = queue_.pop()) {
-      job->finish(absl::UnavailableError(absl::StrCat("the model failed to load: ", loaded.message())));
+      job->finish(
+          absl::UnavailableError(absl::StrCat("the model failed to load: ", loaded.message())));
     }
   }
   set_phase(WorkerPhase::kStopped);
@@ -121,7 +124,8 @@ absl::Status EngineWorker::load_and_warm_up() {
     params.num_inference_steps = options_.warmup_steps;
     params.seed = 0;
     std::vector<Quality> qualities = {Quality::kLossless};
-    if (info.quality_high && info.backend == "cuda") qualities.push_back(Quality::kHigh);  // FP8 plans
+    if (info.quality_high && info.backend == "cuda")
+      qualities.push_back(Quality::kHigh);  // FP8 plans
     for (Quality quality : qualities) {
       params.quality = quality;
       absl::StatusOr<GeneratedImage> image = engine_->generate(params, {});
@@ -130,8 +134,9 @@ absl::Status EngineWorker::load_and_warm_up() {
                             absl::StrCat("warm-up generation failed: ", image.status().message()));
       }
     }
-    std::fprintf(stderr, "flux2_server: warm-up (%d steps at %lldx%lld, %zu qualities) done\n", options_.warmup_steps,
-                 static_cast<long long>(params.width), static_cast<long long>(params.height), qualities.size());
+    std::fprintf(stderr, "flux2_server: warm-up (%d steps at %lldx%lld, %zu qualities) done\n",
+                 options_.warmup_steps, static_cast<long long>(params.width),
+                 static_cast<long long>(params.height), qualities.size());
   }
   metrics_.set_model_load_seconds(seconds_since(start));
   if (info.backend == "cuda") metrics_.set_gpu_memory(engine_->memory_stats());

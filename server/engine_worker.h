@@ -37,7 +37,8 @@ class EngineWorker {
  public:
   // `on_phase` is called on the worker thread at every phase change (health, metrics, exit).
   EngineWorker(EngineFactory factory, JobQueue& queue, EncodeStage& encoder, Metrics& metrics,
-               WorkerOptions options, std::function<void(WorkerPhase, const absl::Status&)> on_phase);
+               WorkerOptions options,
+               std::function<void(WorkerPhase, const absl::Status&)> on_phase);
   ~EngineWorker();  // joins; close the queue first
 
   void start();
@@ -70,8 +71,8 @@ class EngineWorker {
 
   std::mutex mu_;
   std::condition_variable ended_cv_;
-  bool ended_ = false;                 // guarded by mu_
-  std::shared_ptr<Job> running_;       // guarded by mu_
+  bool ended_ = false;            // guarded by mu_
+  std::shared_ptr<Job> running_;  // guarded by mu_
   std::thread thread_;
 };
 

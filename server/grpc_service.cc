@@ -63,11 +63,12 @@ std::string code_name(const absl::Status& status) {
 }
 
 // One access-log line per finished generation RPC (stderr): method, request id, code, seconds.
-void log_finished(absl::string_view method, const std::string& request_id, const absl::Status& status,
-                  double seconds) {
-  std::fprintf(stderr, "flux2_server: %s request_id=%s code=%s seconds=%.3f%s%s\n", std::string(method).c_str(),
-               request_id.empty() ? "-" : request_id.c_str(), code_name(status).c_str(), seconds,
-               status.ok() ? "" : " error=", status.ok() ? "" : std::string(status.message()).c_str());
+void log_finished(absl::string_view method, const std::string& request_id,
+                  const absl::Status& status, double seconds) {
+  std::fprintf(stderr, "flux2_server: %s request_id=%s code=%s seconds=%.3f%s%s\n",
+               std::string(method).c_str(), request_id.empty() ? "-" : request_id.c_str(),
+               code_name(status).c_str(), seconds, status.ok() ? "" : " error=",
+               status.ok() ? "" : std::string(status.message()).c_str());
 }
 
 // The request id as logged: printable ASCII only, at most kMaxRequestIdBytes (validation rejects
@@ -90,7 +91,9 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
         request_id_(loggable_request_id(request.request_id())) {
     absl::StatusOr<std::shared_ptr<Job>> job = service_.make_job(
         context, request, arrival_, nullptr,
-        [this](const absl::Status& status, JobResult&& result) { on_job_done(status, std::move(result)); },
+        [this](const absl::Status& status, JobResult&& result) {
+          on_job_done(status, std::move(result));
+        },
         &model_);
     if (!job.ok()) {
       reply(job.status());
@@ -136,7 +139,8 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
 
 // GenerateImageStream: progress events and the result go through a write queue because a server
 // stream allows one outstanding write at a time.
-class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::GenerateImageStreamResponse> {
+class GenerateImageStreamReactor final
+    : public grpc::ServerWriteReactor<v1::GenerateImageStreamResponse> {
  public:
   GenerateImageStreamReactor(ImageGenerationService& service, grpc::CallbackServerContext* context,
                              const v1::GenerateImageRequest& request)
@@ -146,7 +150,9 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
         request_id_(loggable_request_id(request.request_id())) {
     absl::StatusOr<std::shared_ptr<Job>> job = service_.make_job(
         context, request, arrival_, [this](const ProgressEvent& event) { on_progress(event); },
-        [this](const absl::Status& status, JobResult&& result) { on_job_done(status, std::move(result)); },
+        [this](const absl::Status& status, JobResult&& result) {
+          on_job_done(status, std::move(result));
+        },
         &model_);
     if (!job.ok()) {
       finish_with(job.status());
@@ -194,7 +200,8 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
   void on_job_done(const absl::Status& status, JobResult&& result) {
     v1::GenerateImageStreamResponse message;
     if (status.ok()) {
-      fill_generate_response(job_->spec(), std::move(result), *model_, arrival_, message.mutable_result());
+      fill_generate_response(job_->spec(), std::move(result), *model_, arrival_,
+                             message.mutable_result());
     }
     std::unique_lock<std::mutex> lock(mu_);
     if (status.ok()) pending_.push_back(std::move(message));
@@ -225,7 +232,8 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<v1::Gen
     if (!finishing_) return;
     finished_ = true;
     const double seconds = seconds_since(arrival_);
-    service_.host().metrics().count_request("GenerateImageStream", code_name(final_status_), seconds);
+    service_.host().metrics().count_request("GenerateImageStream", code_name(final_status_),
+                                            seconds);
     log_finished("GenerateImageStream", request_id_, final_status_, seconds);
     const grpc::Status status = to_grpc_status(final_status_);
     lock.unlock();
@@ -258,7 +266,8 @@ uint64_t ImageGenerationService::random_seed() {
   return rng_();
 }
 
-absl::Status ImageGenerationService::authenticate(const grpc::CallbackServerContext& context) const {
+absl::Status ImageGenerationService::authenticate(
+    const grpc::CallbackServerContext& context) const {
   const std::string& token = host_.auth_token();
   if (token.empty()) return absl::OkStatus();
   const std::string expected = absl::StrCat("Bearer ", token);
@@ -269,9 +278,9 @@ absl::Status ImageGenerationService::authenticate(const grpc::CallbackServerCont
       return absl::OkStatus();
     }
   }
-  return absl::UnauthenticatedError(
-      range.first == range.second ? "missing `authorization: Bearer <token>` metadata"
-                                  : "the bearer token in `authorization` is not valid");
+  return absl::UnauthenticatedError(range.first == range.second
+                                        ? "missing `authorization: Bearer <token>` metadata"
+                                        : "the bearer token in `authorization` is not valid");
 }
 
 absl::StatusOr<std::shared_ptr<Job>> ImageGenerationService::make_job(
@@ -282,27 +291,29 @@ absl::StatusOr<std::shared_ptr<Job>> ImageGenerationService::make_job(
   absl::StatusOr<std::shared_ptr<const ServingModel>> serving = host_.serving_model();
   if (!serving.ok()) return serving.status();
   *model = *serving;
-  absl::StatusOr<JobSpec> spec = validate_generate_request(request, (*model)->limits, random_seed());
+  absl::StatusOr<JobSpec> spec =
+      validate_generate_request(request, (*model)->limits, random_seed());
   if (!spec.ok()) return spec.status();
   FLUX_RETURN_IF_ERROR(engine_validation_status((*model)->engine->validate(spec->params)));
-  return std::make_shared<Job>(std::move(*spec), arrival, steady_deadline(*context), std::move(on_progress),
-                               std::move(on_done));
+  return std::make_shared<Job>(std::move(*spec), arrival, steady_deadline(*context),
+                               std::move(on_progress), std::move(on_done));
 }
 
-grpc::ServerUnaryReactor* ImageGenerationService::GenerateImage(grpc::CallbackServerContext* context,
-                                                                const v1::GenerateImageRequest* request,
-                                                                v1::GenerateImageResponse* response) {
+grpc::ServerUnaryReactor* ImageGenerationService::GenerateImage(
+    grpc::CallbackServerContext* context, const v1::GenerateImageRequest* request,
+    v1::GenerateImageResponse* response) {
   return new GenerateImageReactor(*this, context, *request, response);
 }
 
-grpc::ServerWriteReactor<v1::GenerateImageStreamResponse>* ImageGenerationService::GenerateImageStream(
-    grpc::CallbackServerContext* context, const v1::GenerateImageRequest* request) {
+grpc::ServerWriteReactor<v1::GenerateImageStreamResponse>*
+ImageGenerationService::GenerateImageStream(grpc::CallbackServerContext* context,
+                                            const v1::GenerateImageRequest* request) {
   return new GenerateImageStreamReactor(*this, context, *request);
 }
 
-grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                               const v1::GetModelInfoRequest* request,
-                                                               v1::GetModelInfoResponse* response) {
+grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
+    grpc::CallbackServerContext* context, const v1::GetModelInfoRequest* request,
+    v1::GetModelInfoResponse* response) {
   const Clock::time_point arrival = Clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = authenticate(*context);

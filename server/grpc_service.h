@@ -52,7 +52,8 @@ class ImageGenerationService final : public flux2::v1::ImageGeneration::Callback
                                           const flux2::v1::GenerateImageRequest* request,
                                           flux2::v1::GenerateImageResponse* response) override;
   grpc::ServerWriteReactor<flux2::v1::GenerateImageStreamResponse>* GenerateImageStream(
-      grpc::CallbackServerContext* context, const flux2::v1::GenerateImageRequest* request) override;
+      grpc::CallbackServerContext* context,
+      const flux2::v1::GenerateImageRequest* request) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const flux2::v1::GetModelInfoRequest* request,
                                          flux2::v1::GetModelInfoResponse* response) override;
@@ -60,7 +61,8 @@ class ImageGenerationService final : public flux2::v1::ImageGeneration::Callback
   // Shared by both generate RPCs: authentication, validation, job creation (not yet admitted).
   absl::StatusOr<std::shared_ptr<Job>> make_job(grpc::CallbackServerContext* context,
                                                 const flux2::v1::GenerateImageRequest& request,
-                                                Clock::time_point arrival, Job::ProgressCallback on_progress,
+                                                Clock::time_point arrival,
+                                                Job::ProgressCallback on_progress,
                                                 Job::DoneCallback on_done,
                                                 std::shared_ptr<const ServingModel>* model);
   GenerationHost& host() { return host_; }

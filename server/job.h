@@ -42,7 +42,7 @@ constexpr int kJpegQuality = 95;
 
 // A validated request (server/request_validation.h builds it from the proto).
 struct JobSpec {
-  GenerateParams params;    // params.seed is the first image's seed; image i uses seed + i
+  GenerateParams params;  // params.seed is the first image's seed; image i uses seed + i
   int num_images = 1;
   ImageFormat format = ImageFormat::kPng;
   std::string request_id;
@@ -50,11 +50,11 @@ struct JobSpec {
 
 // Sent to the RPC layer after every denoising step.
 struct ProgressEvent {
-  int step_index = 0;          // 0-based step that finished
-  int step_count = 0;          // steps per image
-  double step_seconds = 0.0;   // that step's duration
+  int step_index = 0;            // 0-based step that finished
+  int step_count = 0;            // steps per image
+  double step_seconds = 0.0;     // that step's duration
   double elapsed_seconds = 0.0;  // since the request arrived
-  int image_index = 0;         // image being generated, 0-based
+  int image_index = 0;           // image being generated, 0-based
   int num_images = 1;
 };
 
@@ -72,7 +72,7 @@ struct WorkerReport {
   double tokenize_seconds = 0.0;
   double text_encode_seconds = 0.0;
   double denoise_seconds = 0.0;
-  std::vector<double> step_seconds;      // every step of every image, in order
+  std::vector<double> step_seconds;  // every step of every image, in order
   double decode_seconds = 0.0;
   std::vector<FastPathCounters> fast_paths;  // activity during this job (deltas), active paths only
 };
@@ -80,7 +80,7 @@ struct WorkerReport {
 // The outcome handed to the RPC layer on success.
 struct JobResult {
   WorkerReport report;
-  std::vector<EncodedImage> images;      // in seed order
+  std::vector<EncodedImage> images;  // in seed order
   double encode_seconds = 0.0;
 };
 
@@ -133,8 +133,8 @@ class Job {
   JobState state_ = JobState::kQueued;  // guarded by mu_
   absl::Status cancel_reason_;          // guarded by mu_; OK until cancel()
 
-  std::vector<EncodedImage> encoded_;   // encoder thread only
-  double encode_seconds_ = 0.0;         // encoder thread only
+  std::vector<EncodedImage> encoded_;  // encoder thread only
+  double encode_seconds_ = 0.0;        // encoder thread only
 };
 
 }  // namespace flux2::server

@@ -18,10 +18,11 @@ void JobQueue::notify_depth_locked() const {
 absl::Status JobQueue::push(std::shared_ptr<Job> job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return absl::UnavailableError("the server is shutting down; retry on another replica");
+    if (closed_)
+      return absl::UnavailableError("the server is shutting down; retry on another replica");
     if (static_cast<int>(jobs_.size()) >= capacity_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the admission queue is full (", capacity_, " requests waiting); retry later"));
+      return absl::ResourceExhaustedError(absl::StrCat("the admission queue is full (", capacity_,
+                                                       " requests waiting); retry later"));
     }
     jobs_.push_back(std::move(job));
     notify_depth_locked();

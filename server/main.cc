@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   flux2::set_fast_paths_enabled(options.fast_paths);
-  absl::StatusOr<std::unique_ptr<flux2::server::Server>> server = flux2::server::Server::Create(options);
+  absl::StatusOr<std::unique_ptr<flux2::server::Server>> server =
+      flux2::server::Server::Create(options);
   if (!server.ok()) {
     std::fprintf(stderr, "flux2_server: %s\n", std::string(server.status().message()).c_str());
     return 2;
@@ -74,7 +75,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Tests and scripts read the bound ports from this line (useful with --port 0).
-  std::printf("flux2_server: listening grpc=%d metrics=%d\n", (*server)->grpc_port(), (*server)->metrics_port());
+  std::printf("flux2_server: listening grpc=%d metrics=%d\n", (*server)->grpc_port(),
+              (*server)->metrics_port());
   std::fflush(stdout);
 
   flux2::server::Server* raw = server->get();
@@ -83,7 +85,8 @@ int main(int argc, char** argv) {
     while (read(g_signal_pipe[0], &signal, 1) != 1) {
       if (errno != EINTR) return;
     }
-    std::fprintf(stderr, "flux2_server: received %s; draining\n", signal == SIGTERM ? "SIGTERM" : "SIGINT");
+    std::fprintf(stderr, "flux2_server: received %s; draining\n",
+                 signal == SIGTERM ? "SIGTERM" : "SIGINT");
     raw->RequestStop();
   });
   signal_thread.detach();  // a later signal is ignored; the drain is bounded by --drain-timeout-s
@@ -92,7 +95,8 @@ int main(int argc, char** argv) {
   const auto drain = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options.drain_timeout_s));
   const absl::Status drained = (*server)->GracefulStop(Clock::now() + drain);
-  if (!drained.ok()) std::fprintf(stderr, "flux2_server: %s\n", std::string(drained.message()).c_str());
+  if (!drained.ok())
+    std::fprintf(stderr, "flux2_server: %s\n", std::string(drained.message()).c_str());
   const int code = load.ok() ? 0 : 1;
   if (!(*server)->worker_joined()) {
     std::fflush(nullptr);

@@ -32,7 +32,8 @@ class FastPathCollector final : public prometheus::Collectable {
  public:
   std::vector<prometheus::MetricFamily> Collect() const override {
     prometheus::MetricFamily invocations{"flux2_fast_path_invocations_total",
-                                         "Fused fast-path kernel runs", prometheus::MetricType::Counter,
+                                         "Fused fast-path kernel runs",
+                                         prometheus::MetricType::Counter,
                                          {}};
     prometheus::MetricFamily fallbacks{"flux2_fast_path_fallbacks_total",
                                        "Eager-chain runs instead of the fast path, by reason",
@@ -58,11 +59,16 @@ class FastPathCollector final : public prometheus::Collectable {
 
 absl::string_view stage_name(Stage stage) {
   switch (stage) {
-    case Stage::kTokenize: return "tokenize";
-    case Stage::kTextEncode: return "text_encode";
-    case Stage::kDenoise: return "denoise";
-    case Stage::kDecode: return "decode";
-    case Stage::kEncode: return "encode";
+    case Stage::kTokenize:
+      return "tokenize";
+    case Stage::kTextEncode:
+      return "text_encode";
+    case Stage::kDenoise:
+      return "denoise";
+    case Stage::kDecode:
+      return "decode";
+    case Stage::kEncode:
+      return "encode";
   }
   return "unknown";
 }
@@ -74,48 +80,84 @@ absl::string_view quality_name(Quality quality) {
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       fast_paths_(std::make_shared<FastPathCollector>()),
-      requests_(BuildCounter().Name("flux2_requests_total").Help("Finished RPCs by method and gRPC code")
+      requests_(BuildCounter()
+                    .Name("flux2_requests_total")
+                    .Help("Finished RPCs by method and gRPC code")
                     .Register(*registry_)),
-      request_duration_(BuildHistogram().Name("flux2_request_duration_seconds")
-                            .Help("RPC wall time, arrival to reply").Register(*registry_)),
-      queue_duration_(BuildHistogram().Name("flux2_queue_duration_seconds")
+      request_duration_(BuildHistogram()
+                            .Name("flux2_request_duration_seconds")
+                            .Help("RPC wall time, arrival to reply")
+                            .Register(*registry_)),
+      queue_duration_(BuildHistogram()
+                          .Name("flux2_queue_duration_seconds")
                           .Help("Time a request waited in the admission queue")
-                          .Register(*registry_).Add({}, request_buckets())),
-      stage_duration_(BuildHistogram().Name("flux2_stage_duration_seconds")
-                          .Help("Per-request stage time").Register(*registry_)),
-      step_duration_(BuildHistogram().Name("flux2_denoise_step_duration_seconds")
+                          .Register(*registry_)
+                          .Add({}, request_buckets())),
+      stage_duration_(BuildHistogram()
+                          .Name("flux2_stage_duration_seconds")
+                          .Help("Per-request stage time")
+                          .Register(*registry_)),
+      step_duration_(BuildHistogram()
+                         .Name("flux2_denoise_step_duration_seconds")
                          .Help("One denoising step (transformer forward(s) + Euler update)")
                          .Register(*registry_)),
-      queue_depth_(BuildGauge().Name("flux2_queue_depth").Help("Requests waiting in the admission queue")
-                       .Register(*registry_).Add({})),
-      in_flight_(BuildGauge().Name("flux2_requests_in_flight").Help("Requests being generated now")
-                     .Register(*registry_).Add({})),
-      images_(BuildCounter().Name("flux2_images_generated_total").Help("Images returned")
-                  .Register(*registry_).Add({})),
-      pixels_(BuildCounter().Name("flux2_pixels_generated_total")
-                  .Help("Width x height of every image returned").Register(*registry_).Add({})),
-      model_load_(BuildGauge().Name("flux2_model_load_duration_seconds")
-                      .Help("Weight loading + warm-up at startup").Register(*registry_).Add({})),
-      ready_(BuildGauge().Name("flux2_ready").Help("1 when readiness is SERVING, else 0")
-                 .Register(*registry_).Add({})),
-      build_info_(BuildGauge().Name("flux2_build_info").Help("Build and model identity (always 1)")
+      queue_depth_(BuildGauge()
+                       .Name("flux2_queue_depth")
+                       .Help("Requests waiting in the admission queue")
+                       .Register(*registry_)
+                       .Add({})),
+      in_flight_(BuildGauge()
+                     .Name("flux2_requests_in_flight")
+                     .Help("Requests being generated now")
+                     .Register(*registry_)
+                     .Add({})),
+      images_(BuildCounter()
+                  .Name("flux2_images_generated_total")
+                  .Help("Images returned")
+                  .Register(*registry_)
+                  .Add({})),
+      pixels_(BuildCounter()
+                  .Name("flux2_pixels_generated_total")
+                  .Help("Width x height of every image returned")
+                  .Register(*registry_)
+                  .Add({})),
+      model_load_(BuildGauge()
+                      .Name("flux2_model_load_duration_seconds")
+                      .Help("Weight loading + warm-up at startup")
+                      .Register(*registry_)
+                      .Add({})),
+      ready_(BuildGauge()
+                 .Name("flux2_ready")
+                 .Help("1 when readiness is SERVING, else 0")
+                 .Register(*registry_)
+                 .Add({})),
+      build_info_(BuildGauge()
+                      .Name("flux2_build_info")
+                      .Help("Build and model identity (always 1)")
                       .Register(*registry_)),
-      gpu_used_(BuildGauge().Name("flux2_gpu_memory_used_bytes")
-                    .Help("Device memory held by the backend").Register(*registry_)),
-      gpu_peak_(BuildGauge().Name("flux2_gpu_memory_peak_bytes")
-                    .Help("High-water mark of device memory held by the backend").Register(*registry_)),
-      gpu_total_(BuildGauge().Name("flux2_gpu_memory_total_bytes").Help("Device capacity")
+      gpu_used_(BuildGauge()
+                    .Name("flux2_gpu_memory_used_bytes")
+                    .Help("Device memory held by the backend")
+                    .Register(*registry_)),
+      gpu_peak_(BuildGauge()
+                    .Name("flux2_gpu_memory_peak_bytes")
+                    .Help("High-water mark of device memory held by the backend")
+                    .Register(*registry_)),
+      gpu_total_(BuildGauge()
+                     .Name("flux2_gpu_memory_total_bytes")
+                     .Help("Device capacity")
                      .Register(*registry_)) {
   // Export zeros for the series known to exist (Prometheus practice: no missing series).
   for (const char* method : {"GenerateImage", "GenerateImageStream", "GetModelInfo"}) {
     requests_.Add({{"method", method}, {"code", "OK"}});
     request_duration_.Add({{"method", method}}, request_buckets());
   }
-  for (const char* code : {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "CANCELLED",
-                           "UNAVAILABLE", "INTERNAL"}) {
+  for (const char* code : {"INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED",
+                           "CANCELLED", "UNAVAILABLE", "INTERNAL"}) {
     requests_.Add({{"method", "GenerateImage"}, {"code", code}});
   }
-  for (Stage stage : {Stage::kTokenize, Stage::kTextEncode, Stage::kDenoise, Stage::kDecode, Stage::kEncode}) {
+  for (Stage stage :
+       {Stage::kTokenize, Stage::kTextEncode, Stage::kDenoise, Stage::kDecode, Stage::kEncode}) {
     stage_duration_.Add({{"stage", std::string(stage_name(stage))}}, request_buckets());
   }
   step_duration_.Add({{"quality", "lossless"}}, step_buckets());
@@ -126,30 +168,45 @@ void Metrics::count_request(absl::string_view method, absl::string_view code, do
   request_duration_.Add({{"method", std::string(method)}}, request_buckets()).Observe(seconds);
 }
 
-void Metrics::observe_queue(double seconds) { queue_duration_.Observe(seconds); }
+void Metrics::observe_queue(double seconds) {
+  queue_duration_.Observe(seconds);
+}
 
 void Metrics::observe_stage(Stage stage, double seconds) {
-  stage_duration_.Add({{"stage", std::string(stage_name(stage))}}, request_buckets()).Observe(seconds);
+  stage_duration_.Add({{"stage", std::string(stage_name(stage))}}, request_buckets())
+      .Observe(seconds);
 }
 
 void Metrics::observe_step(Quality quality, double seconds) {
-  step_duration_.Add({{"quality", std::string(quality_name(quality))}}, step_buckets()).Observe(seconds);
+  step_duration_.Add({{"quality", std::string(quality_name(quality))}}, step_buckets())
+      .Observe(seconds);
 }
 
-void Metrics::set_queue_depth(int depth) { queue_depth_.Set(depth); }
-void Metrics::add_in_flight(int delta) { in_flight_.Increment(delta); }
+void Metrics::set_queue_depth(int depth) {
+  queue_depth_.Set(depth);
+}
+void Metrics::add_in_flight(int delta) {
+  in_flight_.Increment(delta);
+}
 
 void Metrics::count_images(int64_t images, int64_t pixels) {
   images_.Increment(static_cast<double>(images));
   pixels_.Increment(static_cast<double>(pixels));
 }
 
-void Metrics::set_model_load_seconds(double seconds) { model_load_.Set(seconds); }
-void Metrics::set_ready(bool ready) { ready_.Set(ready ? 1.0 : 0.0); }
+void Metrics::set_model_load_seconds(double seconds) {
+  model_load_.Set(seconds);
+}
+void Metrics::set_ready(bool ready) {
+  ready_.Set(ready ? 1.0 : 0.0);
+}
 
-void Metrics::set_build_info(absl::string_view version, absl::string_view backend, absl::string_view model) {
-  build_info_.Add({{"version", std::string(version)}, {"backend", std::string(backend)},
-                   {"model", std::string(model)}})
+void Metrics::set_build_info(absl::string_view version, absl::string_view backend,
+                             absl::string_view model) {
+  build_info_
+      .Add({{"version", std::string(version)},
+            {"backend", std::string(backend)},
+            {"model", std::string(model)}})
       .Set(1.0);
 }
 
@@ -165,7 +222,8 @@ std::vector<std::shared_ptr<prometheus::Collectable>> Metrics::collectables() co
 
 std::string Metrics::render() const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
-  for (prometheus::MetricFamily& family : fast_paths_->Collect()) families.push_back(std::move(family));
+  for (prometheus::MetricFamily& family : fast_paths_->Collect())
+    families.push_back(std::move(family));
   return prometheus::TextSerializer().Serialize(families);
 }
 

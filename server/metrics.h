@@ -1,6 +1,7 @@
 // The Prometheus metrics of flux2_server, exactly as server/METRICS.md lists them (names, labels,
 // buckets). One Metrics object per server; every method is thread-safe. The Exposer that serves
-// them over HTTP lives in server.cc. Tested by tests/server/metrics_test.cc and the end-to-end test.
+// them over HTTP lives in server.cc. Tested by tests/server/metrics_test.cc and the end-to-end
+// test.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +45,8 @@ class Metrics {
   void count_images(int64_t images, int64_t pixels);
   void set_model_load_seconds(double seconds);
   void set_ready(bool ready);
-  void set_build_info(absl::string_view version, absl::string_view backend, absl::string_view model);
+  void set_build_info(absl::string_view version, absl::string_view backend,
+                      absl::string_view model);
   // Exported only once called (CUDA only).
   void set_gpu_memory(const BackendMemoryStats& stats);
 

@@ -72,8 +72,8 @@ absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view b
     // quality=high needs backend support (FP8 GEMMs): say which flag asked for it.
     const bool high_unsupported = enable_quality_high && absl::IsUnimplemented(pipeline.status());
     return absl::Status(pipeline.status().code(),
-                        absl::StrCat(high_unsupported ? "--enable-quality-high: " : "", "loading ", model_dir, ": ",
-                                     pipeline.status().message()));
+                        absl::StrCat(high_unsupported ? "--enable-quality-high: " : "", "loading ",
+                                     model_dir, ": ", pipeline.status().message()));
   }
   return std::unique_ptr<Engine>(new PipelineEngine(std::move(backend), std::move(*pipeline)));
 }

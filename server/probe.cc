@@ -39,8 +39,9 @@ int run_health_probe(const ServerOptions& options) {
   grpc::health::v1::HealthCheckResponse response;
   const grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) {
-    std::fprintf(stderr, "probe %s at %s: %s (code %d)\n", options.probe.c_str(), options.probe_addr.c_str(),
-                 status.error_message().c_str(), static_cast<int>(status.error_code()));
+    std::fprintf(stderr, "probe %s at %s: %s (code %d)\n", options.probe.c_str(),
+                 options.probe_addr.c_str(), status.error_message().c_str(),
+                 static_cast<int>(status.error_code()));
     return 1;
   }
   const bool serving = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;

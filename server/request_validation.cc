@@ -18,17 +18,19 @@ namespace v1 = flux2::v1;
 void check_side(absl::string_view field, int32_t value, const RequestLimits& limits,
                 std::vector<FieldViolation>* violations) {
   if (value < 0 || value % limits.pixel_multiple != 0) {
-    violations->push_back({std::string(field), absl::StrCat(value, " is not a positive multiple of ",
-                                                            limits.pixel_multiple, " (0 means ",
-                                                            kDefaultImageSide, ")")});
+    violations->push_back(
+        {std::string(field),
+         absl::StrCat(value, " is not a positive multiple of ", limits.pixel_multiple, " (0 means ",
+                      kDefaultImageSide, ")")});
   }
 }
 
 void check_prompt(absl::string_view field, const std::string& text, const RequestLimits& limits,
                   std::vector<FieldViolation>* violations) {
   if (static_cast<int64_t>(text.size()) > limits.max_prompt_bytes) {
-    violations->push_back({std::string(field), absl::StrCat(text.size(), " bytes is longer than the limit of ",
-                                                            limits.max_prompt_bytes, " bytes")});
+    violations->push_back(
+        {std::string(field), absl::StrCat(text.size(), " bytes is longer than the limit of ",
+                                          limits.max_prompt_bytes, " bytes")});
   }
 }
 
@@ -61,7 +63,8 @@ std::vector<FieldViolation> field_violations_of(const absl::Status& status) {
   if (!payload) return violations;
   google::rpc::BadRequest bad_request;
   if (!bad_request.ParseFromString(std::string(*payload))) return violations;
-  for (const auto& v : bad_request.field_violations()) violations.push_back({v.field(), v.description()});
+  for (const auto& v : bad_request.field_violations())
+    violations.push_back({v.field(), v.description()});
   return violations;
 }
 
@@ -77,7 +80,8 @@ absl::Status engine_validation_status(const absl::Status& engine_status) {
 }
 
 absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest& request,
-                                                  const RequestLimits& limits, uint64_t random_seed) {
+                                                  const RequestLimits& limits,
+                                                  uint64_t random_seed) {
   std::vector<FieldViolation> violations;
 
   if (request.prompt().empty()) violations.push_back({"prompt", "is empty; a prompt is required"});
@@ -88,16 +92,17 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
   const int64_t width = request.width() == 0 ? kDefaultImageSide : request.width();
   const int64_t height = request.height() == 0 ? kDefaultImageSide : request.height();
   if (request.width() >= 0 && request.height() >= 0 && width * height > limits.max_pixels) {
-    const std::string description = absl::StrCat(width, " x ", height, " = ", width * height,
-                                                 " pixels exceeds the budget of ", limits.max_pixels,
-                                                 " pixels (width x height)");
+    const std::string description =
+        absl::StrCat(width, " x ", height, " = ", width * height, " pixels exceeds the budget of ",
+                     limits.max_pixels, " pixels (width x height)");
     violations.push_back({"width", description});
     violations.push_back({"height", description});
   }
 
   if (request.num_inference_steps() < 0 || request.num_inference_steps() > limits.max_steps) {
-    violations.push_back({"num_inference_steps", absl::StrCat(request.num_inference_steps(), " is outside 1..",
-                                                              limits.max_steps, " (0 means the model default)")});
+    violations.push_back(
+        {"num_inference_steps", absl::StrCat(request.num_inference_steps(), " is outside 1..",
+                                             limits.max_steps, " (0 means the model default)")});
   }
 
   double guidance = -1.0;  // model default
@@ -106,19 +111,22 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
     if (!std::isfinite(guidance)) {
       violations.push_back({"guidance_scale", absl::StrCat(guidance, " is not a finite number")});
     } else if (guidance < limits.min_guidance || guidance > limits.max_guidance) {
-      violations.push_back({"guidance_scale", absl::StrCat(guidance, " is outside ", limits.min_guidance, "..",
-                                                           limits.max_guidance)});
+      violations.push_back(
+          {"guidance_scale",
+           absl::StrCat(guidance, " is outside ", limits.min_guidance, "..", limits.max_guidance)});
     }
   }
 
   Quality quality = Quality::kLossless;
   if (!v1::Quality_IsValid(request.quality())) {
-    violations.push_back({"quality", absl::StrCat(request.quality(), " is not a known Quality value")});
+    violations.push_back(
+        {"quality", absl::StrCat(request.quality(), " is not a known Quality value")});
   } else if (request.quality() == v1::QUALITY_HIGH) {
     if (limits.quality_high_enabled) {
       quality = Quality::kHigh;
     } else {
-      violations.push_back({"quality", "QUALITY_HIGH is not enabled on this server (--enable-quality-high)"});
+      violations.push_back(
+          {"quality", "QUALITY_HIGH is not enabled on this server (--enable-quality-high)"});
     }
   }
 
@@ -131,13 +139,14 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
   }
 
   if (request.num_images() < 0 || request.num_images() > limits.max_images) {
-    violations.push_back({"num_images", absl::StrCat(request.num_images(), " is outside 1..", limits.max_images,
-                                                     " (0 means 1)")});
+    violations.push_back({"num_images", absl::StrCat(request.num_images(), " is outside 1..",
+                                                     limits.max_images, " (0 means 1)")});
   }
 
   if (!request.negative_prompt().empty() && !limits.uses_cfg) {
-    violations.push_back({"negative_prompt", "this model does not use classifier-free guidance, so it "
-                                             "takes no negative prompt"});
+    violations.push_back({"negative_prompt",
+                          "this model does not use classifier-free guidance, so it "
+                          "takes no negative prompt"});
   }
   check_prompt("negative_prompt", request.negative_prompt(), limits, &violations);
 

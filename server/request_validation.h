@@ -17,15 +17,15 @@ namespace flux2::server {
 
 // What the server accepts; built from the flags and the loaded model.
 struct RequestLimits {
-  int64_t pixel_multiple = 16;       // width and height must be positive multiples of this
-  int64_t max_pixels = 4194304;      // width x height budget
-  int64_t max_steps = 200;           // num_inference_steps upper bound
-  double min_guidance = 0.0;         // guidance_scale range (inclusive)
+  int64_t pixel_multiple = 16;   // width and height must be positive multiples of this
+  int64_t max_pixels = 4194304;  // width x height budget
+  int64_t max_steps = 200;       // num_inference_steps upper bound
+  double min_guidance = 0.0;     // guidance_scale range (inclusive)
   double max_guidance = 100.0;
-  int64_t max_images = 4;            // num_images upper bound
-  int64_t max_prompt_bytes = 8192;   // prompt / negative_prompt bound
-  bool uses_cfg = false;             // the model takes a negative prompt
-  bool quality_high_enabled = false; // --enable-quality-high
+  int64_t max_images = 4;             // num_images upper bound
+  int64_t max_prompt_bytes = 8192;    // prompt / negative_prompt bound
+  bool uses_cfg = false;              // the model takes a negative prompt
+  bool quality_high_enabled = false;  // --enable-quality-high
 };
 
 // Image side used when width / height is 0 (issue 4).
@@ -42,7 +42,8 @@ struct FieldViolation {
 
 // Validates `request` against `limits`. `random_seed` is the seed used when the request has none.
 absl::StatusOr<JobSpec> validate_generate_request(const flux2::v1::GenerateImageRequest& request,
-                                                  const RequestLimits& limits, uint64_t random_seed);
+                                                  const RequestLimits& limits,
+                                                  uint64_t random_seed);
 
 // InvalidArgument naming every violation, with a serialized google.rpc.BadRequest payload under
 // kBadRequestTypeUrl.

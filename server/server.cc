@@ -46,18 +46,21 @@ std::string host_port(const std::string& host, int port) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options, EngineFactory factory) {
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options,
+                                                       EngineFactory factory) {
   FLUX_RETURN_IF_ERROR(validate_server_options(options));
-  if (!options.probe.empty()) return absl::InvalidArgumentError("--probe: probe mode does not serve");
+  if (!options.probe.empty())
+    return absl::InvalidArgumentError("--probe: probe mode does not serve");
   if (!factory) {
     factory = [options]() {
-      return load_pipeline_engine(options.backend, !options.model_dir.empty(), resolved_model_dir(options),
-                                  options.enable_quality_high);
+      return load_pipeline_engine(options.backend, !options.model_dir.empty(),
+                                  resolved_model_dir(options), options.enable_quality_high);
     };
   }
   std::unique_ptr<Server> server(new Server(options, std::move(factory)));
   if (!options.auth_token_file.empty()) {
-    FLUX_ASSIGN_OR_RETURN(std::string contents, read_file(options.auth_token_file, "--auth-token-file"));
+    FLUX_ASSIGN_OR_RETURN(std::string contents,
+                          read_file(options.auth_token_file, "--auth-token-file"));
     const size_t newline = contents.find('\n');
     server->auth_token_ = std::string(absl::StripAsciiWhitespace(contents.substr(0, newline)));
     if (server->auth_token_.empty()) {
@@ -130,7 +133,8 @@ absl::Status Server::Start() {
     return absl::UnavailableError(
         absl::StrCat("--metrics-port: cannot serve metrics on ", metrics_address, ": ", e.what()));
   }
-  for (const auto& collectable : metrics_.collectables()) exposer_->RegisterCollectable(collectable);
+  for (const auto& collectable : metrics_.collectables())
+    exposer_->RegisterCollectable(collectable);
   const std::vector<int> ports = exposer_->GetListeningPorts();
   metrics_port_ = ports.empty() ? options_.metrics_port : ports.front();
   metrics_.set_ready(false);
@@ -189,7 +193,8 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
 absl::StatusOr<std::shared_ptr<const ServingModel>> Server::serving_model() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (serving_) return serving_;
-  if (draining_) return absl::UnavailableError("the server is shutting down; retry on another replica");
+  if (draining_)
+    return absl::UnavailableError("the server is shutting down; retry on another replica");
   if (!load_error_.ok()) return absl::UnavailableError("the model failed to load");
   return absl::UnavailableError("the model is still loading; retry later");
 }
@@ -197,7 +202,8 @@ absl::StatusOr<std::shared_ptr<const ServingModel>> Server::serving_model() cons
 absl::Status Server::admit(const std::shared_ptr<Job>& job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (draining_) return absl::UnavailableError("the server is shutting down; retry on another replica");
+    if (draining_)
+      return absl::UnavailableError("the server is shutting down; retry on another replica");
     ++outstanding_jobs_;
   }
   job->set_on_finished([this] {
@@ -262,7 +268,8 @@ absl::Status Server::GracefulStop(Clock::time_point deadline) {
   }
   // A worker still loading the model cannot be interrupted; the caller exits without it.
   const bool loading = worker_->phase() == WorkerPhase::kLoading;
-  worker_joined_ = worker_->join_until(Clock::now() + (loading ? std::chrono::seconds(0) : kCancelGrace));
+  worker_joined_ =
+      worker_->join_until(Clock::now() + (loading ? std::chrono::seconds(0) : kCancelGrace));
   encoder_.stop();
   grpc_server_->Shutdown(std::chrono::system_clock::now() + kGrpcShutdownGrace);
   exposer_.reset();

@@ -16,11 +16,25 @@
 namespace flux2::server {
 namespace {
 
-const std::set<std::string> kValueFlags = {
-    "--host", "--port", "--metrics-port", "--model-dir", "--backend", "--queue-depth",
-    "--max-pixels", "--max-images", "--max-steps", "--max-prompt-bytes", "--drain-timeout-s",
-    "--warmup-steps", "--tls-cert", "--tls-key", "--auth-token-file", "--fast-paths",
-    "--test-step-delay-ms", "--probe", "--addr"};
+const std::set<std::string> kValueFlags = {"--host",
+                                           "--port",
+                                           "--metrics-port",
+                                           "--model-dir",
+                                           "--backend",
+                                           "--queue-depth",
+                                           "--max-pixels",
+                                           "--max-images",
+                                           "--max-steps",
+                                           "--max-prompt-bytes",
+                                           "--drain-timeout-s",
+                                           "--warmup-steps",
+                                           "--tls-cert",
+                                           "--tls-key",
+                                           "--auth-token-file",
+                                           "--fast-paths",
+                                           "--test-step-delay-ms",
+                                           "--probe",
+                                           "--addr"};
 const std::set<std::string> kBoolFlags = {"--help", "--enable-quality-high"};
 
 absl::Status read_int(const Args& args, absl::string_view name, int* out) {
@@ -34,7 +48,8 @@ absl::Status read_int(const Args& args, absl::string_view name, int* out) {
 
 absl::Status check_range(absl::string_view name, double value, double lo, double hi) {
   if (!(value >= lo && value <= hi)) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": ", value, " is outside ", lo, "..", hi));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": ", value, " is outside ", lo, "..", hi));
   }
   return absl::OkStatus();
 }
@@ -60,14 +75,13 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
   o.model_dir = args.get("--model-dir", o.model_dir);
   o.backend = args.get("--backend", o.backend);
   FLUX_RETURN_IF_ERROR(read_int(args, "--queue-depth", &o.queue_depth));
-  {
-    FLUX_ASSIGN_OR_RETURN(o.max_pixels, args.get_int("--max-pixels", o.max_pixels));
-  }
+  { FLUX_ASSIGN_OR_RETURN(o.max_pixels, args.get_int("--max-pixels", o.max_pixels)); }
   FLUX_RETURN_IF_ERROR(read_int(args, "--max-images", &o.max_images));
   FLUX_RETURN_IF_ERROR(read_int(args, "--max-steps", &o.max_steps));
   FLUX_RETURN_IF_ERROR(read_int(args, "--max-prompt-bytes", &o.max_prompt_bytes));
   {
-    FLUX_ASSIGN_OR_RETURN(o.drain_timeout_s, args.get_double("--drain-timeout-s", o.drain_timeout_s));
+    FLUX_ASSIGN_OR_RETURN(o.drain_timeout_s,
+                          args.get_double("--drain-timeout-s", o.drain_timeout_s));
   }
   FLUX_RETURN_IF_ERROR(read_int(args, "--warmup-steps", &o.warmup_steps));
   o.tls_cert = args.get("--tls-cert", o.tls_cert);
@@ -79,7 +93,8 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
         absl::StrCat("--fast-paths: \"", fast_paths, "\" is not on or off"));
   }
   o.fast_paths = fast_paths == "on";
-  o.enable_quality_high = args.has("--enable-quality-high") && args.get("--enable-quality-high") != "false";
+  o.enable_quality_high =
+      args.has("--enable-quality-high") && args.get("--enable-quality-high") != "false";
   {
     FLUX_ASSIGN_OR_RETURN(double delay_ms, args.get_double("--test-step-delay-ms", 0.0));
     o.test_step_delay_s = delay_ms / 1000.0;
@@ -129,7 +144,8 @@ absl::Status validate_server_options(const ServerOptions& o) {
   if (!std::isfinite(o.test_step_delay_s)) {
     return absl::InvalidArgumentError("--test-step-delay-ms: not a finite number");
   }
-  FLUX_RETURN_IF_ERROR(check_range("--test-step-delay-ms", o.test_step_delay_s * 1000.0, 0.0, 60000.0));
+  FLUX_RETURN_IF_ERROR(
+      check_range("--test-step-delay-ms", o.test_step_delay_s * 1000.0, 0.0, 60000.0));
   return absl::OkStatus();
 }
 
@@ -142,47 +158,62 @@ std::string server_help_text() {
       "usage: flux2_server [flags]\n"
       "       flux2_server --probe liveness|readiness [--addr HOST:PORT] [--tls-cert FILE]\n"
       "\n"
-      "Serves FLUX.2 text-to-image generation over gRPC (flux2.v1.ImageGeneration, grpc.health.v1,\n"
+      "Serves FLUX.2 text-to-image generation over gRPC (flux2.v1.ImageGeneration, "
+      "grpc.health.v1,\n"
       "server reflection) with Prometheus metrics on a separate HTTP port.\n"
       "\n"
       "network:\n"
       "  --host ADDR              address to bind (default 0.0.0.0)\n"
       "  --port N                 gRPC port (default 50051; 0 picks a free port)\n"
-      "  --metrics-port N         Prometheus /metrics HTTP port (default 9464; 0 picks a free port)\n"
-      "  --tls-cert FILE          PEM certificate chain; with --tls-key serves TLS instead of plaintext\n"
+      "  --metrics-port N         Prometheus /metrics HTTP port (default 9464; 0 picks a free "
+      "port)\n"
+      "  --tls-cert FILE          PEM certificate chain; with --tls-key serves TLS instead of "
+      "plaintext\n"
       "  --tls-key FILE           PEM private key for --tls-cert\n"
-      "  --auth-token-file FILE   require `authorization: Bearer <token>` metadata (token = the file's\n"
-      "                           first line) on ImageGeneration RPCs; health and reflection stay open\n"
+      "  --auth-token-file FILE   require `authorization: Bearer <token>` metadata (token = the "
+      "file's\n"
+      "                           first line) on ImageGeneration RPCs; health and reflection stay "
+      "open\n"
       "model:\n"
-      "  --model-dir DIR          FLUX.2-klein checkpoint directory (Hugging Face layout). Absent: the\n"
+      "  --model-dir DIR          FLUX.2-klein checkpoint directory (Hugging Face layout). Absent: "
+      "the\n"
       "                           embedded tiny checkpoint (",
       FLUX2_TINY_CHECKPOINT_DIR,
       ")\n"
       "                           on the CPU backend\n"
-      "  --backend auto|cpu|cuda  (default auto: cuda when --model-dir is given and a GPU is usable,\n"
+      "  --backend auto|cpu|cuda  (default auto: cuda when --model-dir is given and a GPU is "
+      "usable,\n"
       "                           else cpu)\n"
-      "  --warmup-steps N         steps of the warm-up generation run before readiness (default 1;\n"
+      "  --warmup-steps N         steps of the warm-up generation run before readiness (default "
+      "1;\n"
       "                           0 skips it)\n"
       "  --fast-paths on|off      fused fast paths (default on; off runs the eager chains only)\n"
       "  --enable-quality-high    accept QUALITY_HIGH requests (numerically different fast paths,\n"
-      "                           FP8 weight copies made at load; needs the cuda backend, else the\n"
+      "                           FP8 weight copies made at load; needs the cuda backend, else "
+      "the\n"
       "                           server fails to start)\n"
       "admission and limits:\n"
-      "  --queue-depth N          requests that may wait behind the running one; more are rejected at\n"
+      "  --queue-depth N          requests that may wait behind the running one; more are rejected "
+      "at\n"
       "                           once with RESOURCE_EXHAUSTED (default 8)\n"
       "  --max-pixels N           width x height budget per image (default 4194304 = 2048 x 2048)\n"
       "  --max-images N           largest num_images per request (default 4)\n"
       "  --max-steps N            largest num_inference_steps (default 200)\n"
       "  --max-prompt-bytes N     largest prompt / negative_prompt in bytes (default 8192)\n"
-      "  --drain-timeout-s S      on SIGTERM/SIGINT, time queued and running requests get to finish\n"
+      "  --drain-timeout-s S      on SIGTERM/SIGINT, time queued and running requests get to "
+      "finish\n"
       "                           before they are cancelled (default 600); the exit code is 0\n"
       "probe mode (container HEALTHCHECK):\n"
-      "  --probe liveness|readiness  run one grpc.health.v1 Check against --addr within 2 s and exit\n"
-      "                           0 when SERVING, 1 otherwise (TLS when --tls-cert names the CA/cert)\n"
+      "  --probe liveness|readiness  run one grpc.health.v1 Check against --addr within 2 s and "
+      "exit\n"
+      "                           0 when SERVING, 1 otherwise (TLS when --tls-cert names the "
+      "CA/cert)\n"
       "  --addr HOST:PORT         server to probe (default 127.0.0.1:50051)\n"
       "testing only:\n"
-      "  --test-step-delay-ms MS  TEST ONLY: sleep MS after every denoising step so requests are slow\n"
-      "                           enough for overload/cancellation/drain tests; never in production\n"
+      "  --test-step-delay-ms MS  TEST ONLY: sleep MS after every denoising step so requests are "
+      "slow\n"
+      "                           enough for overload/cancellation/drain tests; never in "
+      "production\n"
       "  --help                   this text\n");
 }
 

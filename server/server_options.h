@@ -32,7 +32,7 @@ struct ServerOptions {
   double test_step_delay_s = 0.0;    // TEST ONLY: sleep after every denoising step (slow requests)
 
   // Probe mode (container HEALTHCHECK): check one health service of a running server and exit.
-  std::string probe;                 // "" (serve), "liveness" or "readiness"
+  std::string probe;  // "" (serve), "liveness" or "readiness"
   std::string probe_addr = "127.0.0.1:50051";
 };
 

@@ -16,9 +16,9 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kF32, "F32", 4},       {DType::kBF16, "BF16", 2},     {DType::kF16, "F16", 2},
+    {DType::kF32, "F32", 4},        {DType::kBF16, "BF16", 2},      {DType::kF16, "F16", 2},
     {DType::kF8E4M3, "F8_E4M3", 1}, {DType::kF8E5M2, "F8_E5M2", 1}, {DType::kI64, "I64", 8},
-    {DType::kI32, "I32", 4},       {DType::kU8, "U8", 1},         {DType::kBool, "BOOL", 1},
+    {DType::kI32, "I32", 4},        {DType::kU8, "U8", 1},          {DType::kBool, "BOOL", 1},
 };
 
 const DTypeInfo& info(DType dtype) {
@@ -31,9 +31,13 @@ const DTypeInfo& info(DType dtype) {
 
 }  // namespace
 
-int dtype_size(DType dtype) { return info(dtype).size; }
+int dtype_size(DType dtype) {
+  return info(dtype).size;
+}
 
-absl::string_view dtype_name(DType dtype) { return info(dtype).name; }
+absl::string_view dtype_name(DType dtype) {
+  return info(dtype).name;
+}
 
 absl::StatusOr<DType> dtype_from_name(absl::string_view name) {
   for (const DTypeInfo& entry : kDTypes) {

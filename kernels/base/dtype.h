@@ -11,15 +11,15 @@
 namespace flux2 {
 
 enum class DType : uint8_t {
-  kF32,      // IEEE binary32
-  kBF16,     // bfloat16: the top half of a binary32
-  kF16,      // IEEE binary16
-  kF8E4M3,   // OCP FP8 E4M3 (finite, max 448)
-  kF8E5M2,   // OCP FP8 E5M2
-  kI64,      // int64 (token ids in goldens)
-  kI32,      // int32 (token ids on a backend)
-  kU8,       // uint8 (images)
-  kBool,     // one byte per value
+  kF32,     // IEEE binary32
+  kBF16,    // bfloat16: the top half of a binary32
+  kF16,     // IEEE binary16
+  kF8E4M3,  // OCP FP8 E4M3 (finite, max 448)
+  kF8E5M2,  // OCP FP8 E5M2
+  kI64,     // int64 (token ids in goldens)
+  kI32,     // int32 (token ids on a backend)
+  kU8,      // uint8 (images)
+  kBool,    // one byte per value
 };
 
 // Bytes per element.
@@ -46,7 +46,9 @@ inline float bf16_bits_to_f32(uint16_t bits) {
 }
 
 // Rounds an f32 to the nearest bf16 value, returned as f32.
-inline float round_to_bf16(float value) { return bf16_bits_to_f32(f32_to_bf16_bits(value)); }
+inline float round_to_bf16(float value) {
+  return bf16_bits_to_f32(f32_to_bf16_bits(value));
+}
 
 // IEEE binary16 -> f32 (exact).
 float f16_bits_to_f32(uint16_t bits);

@@ -84,7 +84,11 @@ std::vector<FastPathCounters> fast_path_snapshot() {
   return out;
 }
 
-void set_fast_paths_enabled(bool enabled) { global_enabled.store(enabled); }
-bool fast_paths_enabled() { return global_enabled.load(); }
+void set_fast_paths_enabled(bool enabled) {
+  global_enabled.store(enabled);
+}
+bool fast_paths_enabled() {
+  return global_enabled.load();
+}
 
 }  // namespace flux2

@@ -2,7 +2,8 @@
 // registers a FastPath, counts its invocations and its fallbacks by reason, and is disabled for
 // the process after a runtime error (logged once). server/ exports the counters to Prometheus as
 // flux2_fast_path_invocations_total{path} and flux2_fast_path_fallbacks_total{path,reason}.
-// Tested by tests/host/tensor_test.cc (FastPathRegistryTest) and tests/cuda/fast_path_fallback_test.cc.
+// Tested by tests/host/tensor_test.cc (FastPathRegistryTest) and
+// tests/cuda/fast_path_fallback_test.cc.
 #pragma once
 
 #include <cstdint>
@@ -15,10 +16,10 @@
 namespace flux2 {
 
 struct FastPathCounters {
-  std::string path;                                  // e.g. "gate_residual"
-  int64_t invocations = 0;                           // times the fused kernel ran
-  std::map<std::string, int64_t> fallbacks;          // reason -> times the eager chain ran instead
-  bool disabled = false;                             // disabled after a runtime error
+  std::string path;                          // e.g. "gate_residual"
+  int64_t invocations = 0;                   // times the fused kernel ran
+  std::map<std::string, int64_t> fallbacks;  // reason -> times the eager chain ran instead
+  bool disabled = false;                     // disabled after a runtime error
 };
 
 // One fast path. Instances are created once (function-local statics) and live forever.

@@ -1,8 +1,8 @@
 // Bit-exact FP8 (OCP E4M3) and NVFP4 (E2M1 values, UE4M3 block scales, 128x4 swizzled scale layout)
 // conversions and quantizer recipes for host and device (kernels.md §1.7, §2), plus the plain-loop
 // CPU references of the quantizers in kernels/cuda/quantize.h. Tested exhaustively by
-// tests/host/quantize_reference_test.cc; the GPU kernels are held to these by tests/cuda/quantize_test.cc.
-// C++17-clean: .cu files include it.
+// tests/host/quantize_reference_test.cc; the GPU kernels are held to these by
+// tests/cuda/quantize_test.cc. C++17-clean: .cu files include it.
 #pragma once
 
 #include <cfloat>
@@ -25,11 +25,11 @@
 
 namespace flux2 {
 
-constexpr float kE4M3Max = 448.0f;    // largest finite E4M3 (and UE4M3) value, 0x7E
-constexpr float kE2M1Max = 6.0f;      // largest E2M1 value, code 0x7
-constexpr int kNvfp4BlockSize = 16;   // elements along K sharing one UE4M3 scale
-constexpr int kNvfp4ScaleTileRows = 128;   // the 128x4 swizzle: 128 rows ...
-constexpr int kNvfp4ScaleTileBlocks = 4;   // ... by 4 K-blocks = one 512-byte tile
+constexpr float kE4M3Max = 448.0f;        // largest finite E4M3 (and UE4M3) value, 0x7E
+constexpr float kE2M1Max = 6.0f;          // largest E2M1 value, code 0x7
+constexpr int kNvfp4BlockSize = 16;       // elements along K sharing one UE4M3 scale
+constexpr int kNvfp4ScaleTileRows = 128;  // the 128x4 swizzle: 128 rows ...
+constexpr int kNvfp4ScaleTileBlocks = 4;  // ... by 4 K-blocks = one 512-byte tile
 
 // ---- IEEE helpers: the same rounding on the host (SSE, -ffp-contract=off) and the device ----
 
@@ -72,7 +72,9 @@ FLUX_HOST_DEVICE inline float div_rn(float a, float b) {
 
 // max(|a|, |b|) by comparing magnitude bit patterns: exact, order-independent, and NaN-propagating
 // (a NaN's magnitude bits exceed +inf's), so an amax reduction is deterministic in any order.
-FLUX_HOST_DEVICE inline uint32_t abs_bits(float v) { return f32_bits(v) & 0x7fffffffu; }
+FLUX_HOST_DEVICE inline uint32_t abs_bits(float v) {
+  return f32_bits(v) & 0x7fffffffu;
+}
 FLUX_HOST_DEVICE inline float abs_max(float a, float b) {
   const uint32_t x = abs_bits(a), y = abs_bits(b);
   return f32_from_bits(x > y ? x : y);
@@ -83,13 +85,14 @@ FLUX_HOST_DEVICE inline float abs_max(float a, float b) {
 // f32 -> E4M3 with round-to-nearest-even and saturation to ±448, as
 // __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) and cvt.rn.satfinite.e4m3x2.f32:
 // |x| >= 448 and ±inf give ±448 (0x7E/0xFE); values below half the smallest subnormal (2^-10, a
-// tie that rounds to the even 0) give signed zero; NaN of either sign gives 0x7F (the canonical NaN,
-// as cuda_fp8.hpp's software path; whether cvt matches there is checked by tests/cuda/quantize_test.cc).
+// tie that rounds to the even 0) give signed zero; NaN of either sign gives 0x7F (the canonical
+// NaN, as cuda_fp8.hpp's software path; whether cvt matches there is checked by
+// tests/cuda/quantize_test.cc).
 FLUX_HOST_DEVICE inline uint8_t f32_to_e4m3(float x) {
   const uint32_t bits = f32_bits(x);
   const uint32_t sign = (bits >> 24) & 0x80u;
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return 0x7f;                               // NaN
+  if (abs > 0x7f800000u) return 0x7f;                                 // NaN
   if (abs >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448, inf: satfinite
   uint32_t q, rem, half;
   if (abs >= 0x3c800000u) {  // >= 2^-6: an E4M3 normal; keep 3 of the 23 mantissa bits
@@ -97,7 +100,7 @@ FLUX_HOST_DEVICE inline uint8_t f32_to_e4m3(float x) {
     rem = abs & 0xfffffu;
     half = 0x80000u;
   } else {  // E4M3 subnormal k * 2^-9, k = 0..7 (k = 8 after rounding is the smallest normal)
-    const uint32_t e = abs >> 23;  // biased f32 exponent
+    const uint32_t e = abs >> 23;                     // biased f32 exponent
     if (e < 110u) return static_cast<uint8_t>(sign);  // < 2^-17, far below the 2^-10 tie
     const uint32_t sig = (abs & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 141u - e;  // k = sig * 2^(e - 127 - 23 + 9); shift in [21, 31]
@@ -114,7 +117,8 @@ FLUX_HOST_DEVICE inline float e4m3_to_f32(uint8_t code) {
   const uint32_t sign = static_cast<uint32_t>(code & 0x80u) << 24;
   const uint32_t e = (code >> 3) & 0xfu, m = code & 7u;
   if (e == 15u && m == 7u) return f32_from_bits(sign | 0x7fc00000u);
-  if (e == 0u) return f32_from_bits(sign | f32_bits(static_cast<float>(m) * 0.001953125f));  // m * 2^-9
+  if (e == 0u)
+    return f32_from_bits(sign | f32_bits(static_cast<float>(m) * 0.001953125f));  // m * 2^-9
   return f32_from_bits(sign | ((e + 120u) << 23) | (m << 20));
 }
 
@@ -126,7 +130,9 @@ FLUX_HOST_DEVICE inline uint8_t f32_to_ue4m3(float x) {
   if (!(x > 0.0f)) return 0;
   return f32_to_e4m3(x);
 }
-FLUX_HOST_DEVICE inline float ue4m3_to_f32(uint8_t code) { return e4m3_to_f32(code & 0x7fu); }
+FLUX_HOST_DEVICE inline float ue4m3_to_f32(uint8_t code) {
+  return e4m3_to_f32(code & 0x7fu);
+}
 
 // ---- E2M1 (NVFP4 values): 1 sign, 2 exponent (bias 1), 1 mantissa bit; a 4-bit code ----
 
@@ -137,16 +143,17 @@ FLUX_HOST_DEVICE inline uint8_t f32_to_e2m1(float x) {
   const uint32_t bits = f32_bits(x);
   const float a = f32_from_bits(bits & 0x7fffffffu);
   if (a != a) return 0x7;
-  const int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) +
-                   (a > 5.0f);
+  const int code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                   (a >= 3.5f) + (a > 5.0f);
   return static_cast<uint8_t>(((bits >> 28) & 0x8u) | static_cast<uint32_t>(code));
 }
 
 // E2M1 code (low nibble) -> f32 (exact): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
 FLUX_HOST_DEVICE inline float e2m1_to_f32(uint8_t code) {
   const uint32_t e = (code >> 1) & 3u, m = code & 1u;
-  const float magnitude = e == 0u ? 0.5f * static_cast<float>(m)
-                                  : (1.0f + 0.5f * static_cast<float>(m)) * static_cast<float>(1u << (e - 1u));
+  const float magnitude =
+      e == 0u ? 0.5f * static_cast<float>(m)
+              : (1.0f + 0.5f * static_cast<float>(m)) * static_cast<float>(1u << (e - 1u));
   return (code & 8u) ? -magnitude : magnitude;
 }
 
@@ -190,7 +197,8 @@ FLUX_HOST_DEVICE inline float nvfp4_global_scale(float amax) {
   return gs > FLT_MAX ? FLT_MAX : gs;
 }
 
-// ---- the NVFP4 block recipe: "exact / TransformerEngine" (kernels.md §2.2 (B)), IEEE ops only ----
+// ---- the NVFP4 block recipe: "exact / TransformerEngine" (kernels.md §2.2 (B)), IEEE ops only
+// ----
 //   SF       = vmax * (gs * (1/6))                       (vmax = max |x| over the 16 values)
 //   sf8      = e4m3(SF)  (RNE, satfinite; SF >= 0 so it is the UE4M3 scale byte)
 //   outScale = fminf(1 / (float(sf8) * (1 / gs)), FLT_MAX)
@@ -213,7 +221,8 @@ FLUX_HOST_DEVICE inline float nvfp4_out_scale(uint8_t sf8, float global_scale) {
 // Quantizes 16 values: writes 8 packed bytes (element 2i in the low nibble of byte i) and returns
 // the UE4M3 scale byte.
 template <typename Cvt = SoftwareCvt>
-FLUX_HOST_DEVICE inline uint8_t nvfp4_quantize_block16(const float x[16], float global_scale, uint8_t packed[8]) {
+FLUX_HOST_DEVICE inline uint8_t nvfp4_quantize_block16(const float x[16], float global_scale,
+                                                       uint8_t packed[8]) {
   float vmax = 0.0f;
   FLUX_UNROLL
   for (int i = 0; i < 16; ++i) vmax = abs_max(vmax, x[i]);
@@ -248,10 +257,12 @@ FLUX_HOST_DEVICE inline int64_t nvfp4_scale_bytes(int64_t rows, int64_t cols) {
 // Byte offset of the scale of row m, K-block kb; k_tiles = padded blocks / 4:
 // (m/128)*(k_tiles*512) + (kb/4)*512 + (m%32)*16 + ((m%128)/32)*4 + kb%4.
 FLUX_HOST_DEVICE inline int64_t nvfp4_scale_offset(int64_t m, int64_t kb, int64_t k_tiles) {
-  return (m / 128) * (k_tiles * 512) + (kb / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + kb % 4;
+  return (m / 128) * (k_tiles * 512) + (kb / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 +
+         kb % 4;
 }
 
-// ---- CPU references of the kernels/cuda/quantize.h launchers (plain loops, software conversions) ----
+// ---- CPU references of the kernels/cuda/quantize.h launchers (plain loops, software conversions)
+// ----
 
 // A bf16 matrix on the host as raw bits: [rows, cols], `stride` elements between row starts.
 struct Bf16HostView {
@@ -261,10 +272,13 @@ struct Bf16HostView {
   int64_t stride = 0;
 };
 
-inline float bf16_bits_value(uint16_t bits) { return f32_from_bits(static_cast<uint32_t>(bits) << 16); }
+inline float bf16_bits_value(uint16_t bits) {
+  return f32_from_bits(static_cast<uint32_t>(bits) << 16);
+}
 
 // Element (r, c) of the column concatenation [first | second] (second may have 0 columns).
-inline float concat_value(const Bf16HostView& first, const Bf16HostView& second, int64_t r, int64_t c) {
+inline float concat_value(const Bf16HostView& first, const Bf16HostView& second, int64_t r,
+                          int64_t c) {
   return c < first.cols ? bf16_bits_value(first.data[r * first.stride + c])
                         : bf16_bits_value(second.data[r * second.stride + (c - first.cols)]);
 }
@@ -281,11 +295,12 @@ inline float reference_amax(const Bf16HostView& first, const Bf16HostView& secon
 
 // FP8 per-tensor quantization of [first | second] under dequantization scale `scale`:
 // out [rows, cols] E4M3, contiguous.
-inline void reference_fp8_quantize(const Bf16HostView& first, const Bf16HostView& second, float scale,
-                                   uint8_t* out) {
+inline void reference_fp8_quantize(const Bf16HostView& first, const Bf16HostView& second,
+                                   float scale, uint8_t* out) {
   const int64_t cols = first.cols + second.cols;
   for (int64_t r = 0; r < first.rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = fp8_quantize_value(concat_value(first, second, r, c), scale);
+    for (int64_t c = 0; c < cols; ++c)
+      out[r * cols + c] = fp8_quantize_value(concat_value(first, second, r, c), scale);
   }
 }
 
@@ -296,14 +311,15 @@ inline void reference_fp8_quantize_rows(const Bf16HostView& x, float* scales, ui
     float amax = 0.0f;
     for (int64_t c = 0; c < x.cols; ++c) amax = abs_max(amax, concat_value(x, none, r, c));
     scales[r] = fp8_dequant_scale(amax);
-    for (int64_t c = 0; c < x.cols; ++c) out[r * x.cols + c] = fp8_quantize_value(concat_value(x, none, r, c), scales[r]);
+    for (int64_t c = 0; c < x.cols; ++c)
+      out[r * x.cols + c] = fp8_quantize_value(concat_value(x, none, r, c), scales[r]);
   }
 }
 
 // NVFP4 quantization of [first | second] (cols a multiple of 16) under global scale gs:
 // packed [rows, cols / 2] bytes, scales nvfp4_scale_bytes(rows, cols) bytes (padding zeroed).
-inline void reference_nvfp4_quantize(const Bf16HostView& first, const Bf16HostView& second, float global_scale,
-                                     uint8_t* packed, uint8_t* scales) {
+inline void reference_nvfp4_quantize(const Bf16HostView& first, const Bf16HostView& second,
+                                     float global_scale, uint8_t* packed, uint8_t* scales) {
   const int64_t rows = first.rows, cols = first.cols + second.cols;
   const int64_t k_tiles = nvfp4_scale_padded_blocks(cols) / kNvfp4ScaleTileBlocks;
   std::memset(scales, 0, static_cast<size_t>(nvfp4_scale_bytes(rows, cols)));
@@ -311,7 +327,8 @@ inline void reference_nvfp4_quantize(const Bf16HostView& first, const Bf16HostVi
     for (int64_t kb = 0; kb < cols / kNvfp4BlockSize; ++kb) {
       float x[16];
       for (int i = 0; i < 16; ++i) x[i] = concat_value(first, second, r, kb * 16 + i);
-      scales[nvfp4_scale_offset(r, kb, k_tiles)] = nvfp4_quantize_block16(x, global_scale, packed + r * (cols / 2) + kb * 8);
+      scales[nvfp4_scale_offset(r, kb, k_tiles)] =
+          nvfp4_quantize_block16(x, global_scale, packed + r * (cols / 2) + kb * 8);
     }
   }
 }

@@ -17,10 +17,11 @@ inline absl::Status op_error(absl::string_view op, absl::string_view what) {
 // `t` lives on `device` and has `dtype`.
 inline absl::Status check_tensor(absl::string_view op, absl::string_view name, const Tensor& t,
                                  Device device, DType dtype) {
-  if (t.data() == nullptr && t.numel() != 0) return op_error(op, absl::StrCat(name, " is undefined"));
+  if (t.data() == nullptr && t.numel() != 0)
+    return op_error(op, absl::StrCat(name, " is undefined"));
   if (t.device() != device || t.dtype() != dtype) {
-    return op_error(op, absl::StrCat(name, " is ", t.describe(), ", expected ",
-                                     dtype_name(dtype), " on ", device_name(device)));
+    return op_error(op, absl::StrCat(name, " is ", t.describe(), ", expected ", dtype_name(dtype),
+                                     " on ", device_name(device)));
   }
   return absl::OkStatus();
 }
@@ -29,7 +30,8 @@ inline absl::Status check_tensor(absl::string_view op, absl::string_view name, c
 inline absl::Status check_matrix(absl::string_view op, absl::string_view name, const Tensor& t,
                                  int64_t rows, int64_t cols) {
   if (t.rows() != rows || t.cols() != cols) {
-    return op_error(op, absl::StrCat(name, " is ", t.describe(), ", expected [", rows, ", ", cols, "]"));
+    return op_error(
+        op, absl::StrCat(name, " is ", t.describe(), ", expected [", rows, ", ", cols, "]"));
   }
   return absl::OkStatus();
 }

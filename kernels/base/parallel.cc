@@ -106,7 +106,9 @@ ThreadPool& pool() {
 
 }  // namespace
 
-int parallel_thread_count() { return pool().size(); }
+int parallel_thread_count() {
+  return pool().size();
+}
 
 void parallel_for(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

@@ -9,19 +9,19 @@
 #include "absl/status/statusor.h"
 
 // Aborts with the expression, file and line: for impossible states and broken invariants.
-#define FLUX_CHECK(cond)                                                               \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
+#define FLUX_CHECK(cond)                                                                   \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
       std::fprintf(stderr, "FLUX_CHECK failed: %s at %s:%d\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                    \
-    }                                                                                  \
+      std::abort();                                                                        \
+    }                                                                                      \
   } while (0)
 
 // Returns the status from the enclosing function when `expr` is not OK.
-#define FLUX_RETURN_IF_ERROR(expr)                  \
-  do {                                              \
-    ::absl::Status flux_status_ = (expr);           \
-    if (!flux_status_.ok()) return flux_status_;    \
+#define FLUX_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::absl::Status flux_status_ = (expr);        \
+    if (!flux_status_.ok()) return flux_status_; \
   } while (0)
 
 #define FLUX_CONCAT_INNER_(a, b) a##b

@@ -8,7 +8,9 @@
 
 namespace flux2 {
 
-absl::string_view device_name(Device device) { return device == Device::kCpu ? "cpu" : "cuda"; }
+absl::string_view device_name(Device device) {
+  return device == Device::kCpu ? "cpu" : "cuda";
+}
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
@@ -16,7 +18,9 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
-std::string shape_string(const Shape& shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+std::string shape_string(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 Tensor::Tensor(std::shared_ptr<void> storage, void* data, DType dtype, Device device, Shape shape,
                int64_t row_stride)
@@ -54,8 +58,8 @@ Tensor Tensor::reshape(Shape shape) const {
 }
 
 std::string Tensor::describe() const {
-  std::string text = absl::StrCat(absl::AsciiStrToLower(dtype_name(dtype_)), shape_string(shape_), " ",
-                                  device_name(device_));
+  std::string text = absl::StrCat(absl::AsciiStrToLower(dtype_name(dtype_)), shape_string(shape_),
+                                  " ", device_name(device_));
   if (!contiguous()) absl::StrAppend(&text, " stride ", row_stride_);
   return text;
 }

@@ -1,5 +1,6 @@
 // Tensor: a typed, shaped view of backend memory, seen by every op as a row-major matrix
-// [rows, cols] whose rows may be strided (column slices of a wider buffer). Tested by tests/host/tensor_test.cc.
+// [rows, cols] whose rows may be strided (column slices of a wider buffer). Tested by
+// tests/host/tensor_test.cc.
 #pragma once
 
 #include <cstdint>

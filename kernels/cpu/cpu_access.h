@@ -11,7 +11,9 @@
 
 namespace flux2::cpu {
 
-inline float* row(const Tensor& t, int64_t r) { return t.data_as<float>() + r * t.row_stride(); }
+inline float* row(const Tensor& t, int64_t r) {
+  return t.data_as<float>() + r * t.row_stride();
+}
 
 inline absl::Status check_f32(absl::string_view op, absl::string_view name, const Tensor& t) {
   return check_tensor(op, name, t, Device::kCpu, DType::kF32);

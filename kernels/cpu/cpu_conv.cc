@@ -1,5 +1,6 @@
 // CpuBackend NHWC convolution (stride 1, "same" zero padding) as im2col over blocks of image rows
-// followed by one OpenBLAS sgemm per block. Tested by tests/host/cpu_ops_test.cc against a direct loop.
+// followed by one OpenBLAS sgemm per block. Tested by tests/host/cpu_ops_test.cc against a direct
+// loop.
 #include <cblas.h>
 
 #include <vector>
@@ -19,8 +20,10 @@ absl::Status CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& 
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "out", out));
   if (x.rank() != 3 || out.rank() != 3 || w.rank() != 4 || !x.contiguous() || !out.contiguous() ||
       !w.contiguous()) {
-    return op_error(kOp, absl::StrCat("expected contiguous x [H, W, Cin], w [Cout, k, k, Cin], out [H, W, Cout]; got ",
-                                      x.describe(), ", ", w.describe(), ", ", out.describe()));
+    return op_error(
+        kOp, absl::StrCat(
+                 "expected contiguous x [H, W, Cin], w [Cout, k, k, Cin], out [H, W, Cout]; got ",
+                 x.describe(), ", ", w.describe(), ", ", out.describe()));
   }
   const int64_t height = x.dim(0), width = x.dim(1), cin = x.dim(2);
   const int64_t cout = w.dim(0), ksize = w.dim(1);
@@ -33,8 +36,8 @@ absl::Status CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& 
   const int64_t pad = ksize / 2;
   const int64_t patch = ksize * ksize * cin;  // one im2col row: taps (ky, kx) outer, ci inner
   // Image rows per im2col block, keeping the patch matrix under about 64 MiB.
-  const int64_t block_rows =
-      std::max<int64_t>(1, std::min<int64_t>(height, (int64_t{16} << 20) / std::max<int64_t>(1, width * patch)));
+  const int64_t block_rows = std::max<int64_t>(
+      1, std::min<int64_t>(height, (int64_t{16} << 20) / std::max<int64_t>(1, width * patch)));
   std::vector<float> patches(static_cast<size_t>(block_rows * width * patch));
   const float* in = x.data_as<float>();
   const float* b = bias.data_as<float>();

@@ -1,5 +1,6 @@
 // CpuBackend element-wise ops: silu, add, gated residual, SwiGLU, Euler step, CFG combine,
-// nearest upsampling and latent unpacking. Float32 throughout. Tested by tests/host/cpu_ops_test.cc.
+// nearest upsampling and latent unpacking. Float32 throughout. Tested by
+// tests/host/cpu_ops_test.cc.
 #include <cmath>
 
 #include "kernels/base/parallel.h"
@@ -10,7 +11,9 @@
 namespace flux2 {
 namespace {
 
-float silu_f32(float v) { return v / (1.0f + std::exp(-v)); }
+float silu_f32(float v) {
+  return v / (1.0f + std::exp(-v));
+}
 
 // Applies fn(out_row, in_rows..., cols) to every row in parallel.
 template <typename Fn>
@@ -84,7 +87,8 @@ absl::Status CpuBackend::to_rgb8(const Tensor& image, uint8_t* host) {
   FLUX_RETURN_IF_ERROR(cpu::check_f32("to_rgb8", "image", image));
   for (int64_t r = 0; r < image.rows(); ++r) {
     const float* in = cpu::row(image, r);
-    for (int64_t c = 0; c < image.cols(); ++c) host[r * image.cols() + c] = unit_to_u8(in[c] / 2.0f + 0.5f);
+    for (int64_t c = 0; c < image.cols(); ++c)
+      host[r * image.cols() + c] = unit_to_u8(in[c] / 2.0f + 0.5f);
   }
   return absl::OkStatus();
 }

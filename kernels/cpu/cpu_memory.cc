@@ -61,7 +61,8 @@ absl::Status CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   FLUX_RETURN_IF_ERROR(cpu::check_f32("copy", "dst", dst));
   FLUX_RETURN_IF_ERROR(check_matrix("copy", "dst", dst, src.rows(), src.cols()));
   for (int64_t r = 0; r < src.rows(); ++r) {
-    std::memcpy(cpu::row(dst, r), cpu::row(src, r), static_cast<size_t>(src.cols()) * sizeof(float));
+    std::memcpy(cpu::row(dst, r), cpu::row(src, r),
+                static_cast<size_t>(src.cols()) * sizeof(float));
   }
   return absl::OkStatus();
 }

@@ -82,7 +82,8 @@ absl::Status CpuBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const T
   constexpr absl::string_view kOp = "qk_norm_rope";
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "x", x));
   if (head_dim <= 0 || head_dim % 2 != 0 || x.cols() % head_dim != 0) {
-    return op_error(kOp, absl::StrCat("x ", x.describe(), " is not whole heads of even dim ", head_dim));
+    return op_error(kOp,
+                    absl::StrCat("x ", x.describe(), " is not whole heads of even dim ", head_dim));
   }
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "norm_weight", norm_weight));
   FLUX_RETURN_IF_ERROR(check_vector(kOp, "norm_weight", norm_weight, head_dim));

@@ -4,30 +4,32 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/status.h"
 #include "kernels/cuda/attention_fallback.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/base/status.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace flux2::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-constexpr int kWarps = 8;       // query rows per block
-constexpr int kTile = 32;       // keys per shared-memory tile (one per lane)
+constexpr int kWarps = 8;  // query rows per block
+constexpr int kTile = 32;  // keys per shared-memory tile (one per lane)
 constexpr int kMaxHeadDim = 512;
 
 // Shared-memory row pitch in floats: +1 keeps lanes reading different keys on different banks.
-__host__ __device__ constexpr int pitch(int head_dim) { return head_dim + 1; }
+__host__ __device__ constexpr int pitch(int head_dim) {
+  return head_dim + 1;
+}
 
 template <int kDimsPerLane>
 __global__ void attention_kernel(Mat q, Mat k, Mat v, Mat out, int head_dim, int group, float scale,
                                  bool causal, int64_t valid_keys) {
   extern __shared__ float smem[];
   const int p = pitch(head_dim);
-  float* k_tile = smem;                              // [kTile][p]
-  float* v_tile = k_tile + kTile * p;                // [kTile][p]
-  float* q_rows = v_tile + kTile * p;                // [kWarps][p]
+  float* k_tile = smem;                // [kTile][p]
+  float* v_tile = k_tile + kTile * p;  // [kTile][p]
+  float* q_rows = v_tile + kTile * p;  // [kWarps][p]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int head = blockIdx.y, kv_head = head / group;
   const int64_t row = int64_t{blockIdx.x} * kWarps + warp;
@@ -55,8 +57,10 @@ __global__ void attention_kernel(Mat q, Mat k, Mat v, Mat out, int head_dim, int
       const int64_t key = base + t;
       float kv = 0.0f, vv = 0.0f;
       if (key < key_end) {
-        kv = to_f32(static_cast<const bf16*>(k.data)[key * k.stride + int64_t{kv_head} * head_dim + d]);
-        vv = to_f32(static_cast<const bf16*>(v.data)[key * v.stride + int64_t{kv_head} * head_dim + d]);
+        kv = to_f32(
+            static_cast<const bf16*>(k.data)[key * k.stride + int64_t{kv_head} * head_dim + d]);
+        vv = to_f32(
+            static_cast<const bf16*>(v.data)[key * v.stride + int64_t{kv_head} * head_dim + d]);
       }
       k_tile[t * p + d] = kv;
       v_tile[t * p + d] = vv;
@@ -103,33 +107,38 @@ __global__ void attention_kernel(Mat q, Mat k, Mat v, Mat out, int head_dim, int
 }
 
 template <int kDimsPerLane>
-absl::Status launch(const Mat& q, const Mat& k, const Mat& v, const AttentionParams& params, const Mat& out,
-                    cudaStream_t stream) {
+absl::Status launch(const Mat& q, const Mat& k, const Mat& v, const AttentionParams& params,
+                    const Mat& out, cudaStream_t stream) {
   const int head_dim = static_cast<int>(params.head_dim);
   const size_t smem = sizeof(float) * (2 * kTile + kWarps) * pitch(head_dim);
   auto kernel = attention_kernel<kDimsPerLane>;
-  FLUX_RETURN_IF_ERROR(cuda_status(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-      "attention_fallback: shared memory"));
-  const dim3 grid(static_cast<unsigned>((q.rows + kWarps - 1) / kWarps), static_cast<unsigned>(params.num_heads));
-  const int64_t valid = params.num_valid_keys < 0 ? k.rows : std::min(k.rows, params.num_valid_keys);
-  kernel<<<grid, kWarps * 32, smem, stream>>>(q, k, v, out, head_dim,
-                                              static_cast<int>(params.num_heads / params.num_kv_heads),
-                                              params.scale, params.causal, valid);
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)),
+                  "attention_fallback: shared memory"));
+  const dim3 grid(static_cast<unsigned>((q.rows + kWarps - 1) / kWarps),
+                  static_cast<unsigned>(params.num_heads));
+  const int64_t valid =
+      params.num_valid_keys < 0 ? k.rows : std::min(k.rows, params.num_valid_keys);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(
+      q, k, v, out, head_dim, static_cast<int>(params.num_heads / params.num_kv_heads),
+      params.scale, params.causal, valid);
   FLUX_RETURN_IF_LAUNCH_FAILED("attention_fallback");
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status attention_fallback(const Mat& q, const Mat& k, const Mat& v, const AttentionParams& params,
-                                const Mat& out, cudaStream_t stream) {
+absl::Status attention_fallback(const Mat& q, const Mat& k, const Mat& v,
+                                const AttentionParams& params, const Mat& out,
+                                cudaStream_t stream) {
   const int64_t h = params.num_heads, hk = params.num_kv_heads, d = params.head_dim;
-  if (h <= 0 || hk <= 0 || h % hk != 0 || d <= 0 || d > kMaxHeadDim || q.cols != h * d || out.cols != h * d ||
-      k.cols != hk * d || v.cols != hk * d || k.rows != v.rows || out.rows != q.rows) {
-    return absl::InvalidArgumentError(absl::StrCat("attention_fallback: unsupported layout: q [", q.rows, ", ",
-                                                   q.cols, "], k [", k.rows, ", ", k.cols, "], ", h, "/", hk,
-                                                   " heads of dim ", d));
+  if (h <= 0 || hk <= 0 || h % hk != 0 || d <= 0 || d > kMaxHeadDim || q.cols != h * d ||
+      out.cols != h * d || k.cols != hk * d || v.cols != hk * d || k.rows != v.rows ||
+      out.rows != q.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("attention_fallback: unsupported layout: q [",
+                                                   q.rows, ", ", q.cols, "], k [", k.rows, ", ",
+                                                   k.cols, "], ", h, "/", hk, " heads of dim ", d));
   }
   if (q.rows == 0) return absl::OkStatus();
   if (d <= 32) return launch<1>(q, k, v, params, out, stream);

@@ -14,7 +14,7 @@ namespace flux2::cuda {
 
 // out [S_q, H·Dh] = softmax(q kᵀ · scale + mask) v per head; q [S_q, H·Dh], k, v [S_k, Hkv·Dh],
 // all bf16 with strided rows. fp32 scores, online softmax, output rounded to bf16.
-absl::Status attention_fallback(const Mat& q, const Mat& k, const Mat& v, const AttentionParams& params,
-                                const Mat& out, cudaStream_t stream);
+absl::Status attention_fallback(const Mat& q, const Mat& k, const Mat& v,
+                                const AttentionParams& params, const Mat& out, cudaStream_t stream);
 
 }  // namespace flux2::cuda

@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint32_t scratch[32];
   const int key0 = blockIdx.x * kTile, head = blockIdx.y, channel0 = head * 128;
   const int pack = threadIdx.x % 16, first_key = threadIdx.x / 16;  // 8 channels per pack
-  uint4 raw[8];  // bf16 as loaded: half the registers of floats, so more blocks per SM
+  uint4 raw[8];             // bf16 as loaded: half the registers of floats, so more blocks per SM
   uint32_t magnitudes = 0;  // bf16x2
 #pragma unroll
   for (int i = 0; i < 8; ++i) {  // 128 keys x 16 packs

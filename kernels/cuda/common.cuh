@@ -11,12 +11,20 @@
 
 namespace flux2::cuda {
 
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float to_f32(float v) {
+  return v;
+}
 // Round-to-nearest-even to bf16, as a PyTorch eager op stores its output.
-__device__ __forceinline__ __nv_bfloat16 to_bf16(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 to_bf16(float v) {
+  return __float2bfloat16_rn(v);
+}
 // The value a bf16 store then load would give.
-__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float round_bf16(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
 
 // silu(x) = x / (1 + exp(-x)) in fp32. kExact: PyTorch's (expf, IEEE division). kFast: the
 // special-function unit (__expf: 2 + |1.17 x| ulp; __fdividef: 2 ulp, and 0 for a denominator
@@ -100,13 +108,15 @@ __device__ __forceinline__ uint32_t magnitude_bits_of(uint32_t bf16x2_magnitudes
 // Sum across a warp by xor butterfly: every lane gets the same, order-fixed result.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 

@@ -2,8 +2,8 @@
 // Memory comes from the device's stream-ordered pool (release threshold at max, so freed blocks
 // are reused, not returned); transfers go through two pinned staging buffers, converting dtypes
 // on the host while the previous chunk is in flight. Tested by tests/cuda/backend_ops_test.cc.
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -48,10 +48,12 @@ absl::Status convert_host(const void* src, DType from, void* dst, DType to, int6
     return absl::OkStatus();
   }
   if (to == DType::kI32 && from == DType::kI64) {
-    for (int64_t i = 0; i < count; ++i) static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(static_cast<const int64_t*>(src)[i]);
+    for (int64_t i = 0; i < count; ++i)
+      static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(static_cast<const int64_t*>(src)[i]);
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat("cuda: cannot convert ", dtype_name(from), " to ", dtype_name(to)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("cuda: cannot convert ", dtype_name(from), " to ", dtype_name(to)));
 }
 
 }  // namespace
@@ -68,16 +70,21 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
   std::unique_ptr<CudaBackend> backend(new CudaBackend());
   backend->total_bytes_ = info.total_bytes;
   backend->stream_ = std::make_shared<CudaStream>();
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&backend->stream_->stream, cudaStreamNonBlocking), "stream"));
+  FLUX_RETURN_IF_ERROR(cuda_status(
+      cudaStreamCreateWithFlags(&backend->stream_->stream, cudaStreamNonBlocking), "stream"));
   int device = 0;
   FLUX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "device"));
   cudaMemPool_t pool;
   FLUX_RETURN_IF_ERROR(cuda_status(cudaDeviceGetDefaultMemPool(&pool, device), "memory pool"));
   uint64_t threshold = std::numeric_limits<uint64_t>::max();
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold), "pool threshold"));
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+                  "pool threshold"));
   for (int i = 0; i < 2; ++i) {
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaMallocHost(&backend->staging_[i], kStagingBytes), "pinned staging"));
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaEventCreateWithFlags(&backend->staging_done_[i], cudaEventDisableTiming), "event"));
+    FLUX_RETURN_IF_ERROR(
+        cuda_status(cudaMallocHost(&backend->staging_[i], kStagingBytes), "pinned staging"));
+    FLUX_RETURN_IF_ERROR(cuda_status(
+        cudaEventCreateWithFlags(&backend->staging_done_[i], cudaEventDisableTiming), "event"));
   }
   cuda::GemmOptions gemm_options;
   gemm_options.fp8_fast_accumulation = !env_is("FLUX2_FP8_FAST_ACCUM", "0");
@@ -116,14 +123,16 @@ CudaBackend::~CudaBackend() {
 
 absl::StatusOr<Tensor> CudaBackend::empty(DType dtype, Shape shape) {
   const int64_t bytes = shape_numel(shape) * dtype_size(dtype);
-  const int64_t rounded = std::max<int64_t>(kAllocationAlignment, (bytes + kAllocationAlignment - 1) /
-                                                                      kAllocationAlignment * kAllocationAlignment);
+  const int64_t rounded =
+      std::max<int64_t>(kAllocationAlignment, (bytes + kAllocationAlignment - 1) /
+                                                  kAllocationAlignment * kAllocationAlignment);
   void* memory = nullptr;
   const cudaError_t error = cudaMallocAsync(&memory, static_cast<size_t>(rounded), stream());
   if (error != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free allocation error
     return absl::ResourceExhaustedError(absl::StrCat("cuda: cannot allocate ", bytes, " bytes for ",
-                                                     shape_string(shape), ": ", cudaGetErrorString(error)));
+                                                     shape_string(shape), ": ",
+                                                     cudaGetErrorString(error)));
   }
   std::shared_ptr<CudaStream> keep = stream_;
   std::shared_ptr<void> storage(memory, [keep](void* p) { cudaFreeAsync(p, keep->stream); });
@@ -138,18 +147,21 @@ absl::Status CudaBackend::upload(const void* host, DType host_dtype, const Tenso
   const int64_t dst_elem = dtype_size(dst.dtype()), host_elem = dtype_size(host_dtype);
   const int64_t row_bytes = cols * dst_elem;
   FLUX_CHECK(row_bytes <= static_cast<int64_t>(kStagingBytes));
-  const int64_t chunk_rows = std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes) / std::max<int64_t>(row_bytes, 1));
+  const int64_t chunk_rows =
+      std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes) / std::max<int64_t>(row_bytes, 1));
   int buffer = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows, buffer ^= 1) {
     const int64_t n = std::min(chunk_rows, rows - r0);
     FLUX_RETURN_IF_ERROR(cuda_status(cudaEventSynchronize(staging_done_[buffer]), "staging wait"));
-    FLUX_RETURN_IF_ERROR(convert_host(static_cast<const char*>(host) + r0 * cols * host_elem, host_dtype,
-                                      staging_[buffer], dst.dtype(), n * cols));
+    FLUX_RETURN_IF_ERROR(convert_host(static_cast<const char*>(host) + r0 * cols * host_elem,
+                                      host_dtype, staging_[buffer], dst.dtype(), n * cols));
     char* target = static_cast<char*>(dst.data()) + r0 * dst.row_stride() * dst_elem;
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaMemcpy2DAsync(target, dst.row_stride() * dst_elem, staging_[buffer], row_bytes,
-                                                       row_bytes, n, cudaMemcpyHostToDevice, stream()),
-                                     "upload"));
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaEventRecord(staging_done_[buffer], stream()), "staging record"));
+    FLUX_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpy2DAsync(target, dst.row_stride() * dst_elem, staging_[buffer],
+                                      row_bytes, row_bytes, n, cudaMemcpyHostToDevice, stream()),
+                    "upload"));
+    FLUX_RETURN_IF_ERROR(
+        cuda_status(cudaEventRecord(staging_done_[buffer], stream()), "staging record"));
   }
   return absl::OkStatus();
 }
@@ -159,22 +171,26 @@ absl::Status CudaBackend::download(const Tensor& src, float* host) {
   const int64_t cols = src.cols(), rows = src.rows(), elem = dtype_size(src.dtype());
   const int64_t row_bytes = cols * elem;
   FLUX_CHECK(row_bytes <= static_cast<int64_t>(kStagingBytes));
-  const int64_t chunk_rows = std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes) / std::max<int64_t>(row_bytes, 1));
+  const int64_t chunk_rows =
+      std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes) / std::max<int64_t>(row_bytes, 1));
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - r0);
     const char* source = static_cast<const char*>(src.data()) + r0 * src.row_stride() * elem;
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaMemcpy2DAsync(staging_[0], row_bytes, source, src.row_stride() * elem, row_bytes,
-                                                       n, cudaMemcpyDeviceToHost, stream()),
-                                     "download"));
+    FLUX_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpy2DAsync(staging_[0], row_bytes, source, src.row_stride() * elem,
+                                      row_bytes, n, cudaMemcpyDeviceToHost, stream()),
+                    "download"));
     FLUX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream()), "download sync"));
-    FLUX_RETURN_IF_ERROR(convert_host(staging_[0], src.dtype(), host + r0 * cols, DType::kF32, n * cols));
+    FLUX_RETURN_IF_ERROR(
+        convert_host(staging_[0], src.dtype(), host + r0 * cols, DType::kF32, n * cols));
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   OpProfileScope profile(*this, "elementwise");
-  if (src.device() != Device::kCuda || dst.device() != Device::kCuda) return op_error("copy", "tensors must be on the GPU");
+  if (src.device() != Device::kCuda || dst.device() != Device::kCuda)
+    return op_error("copy", "tensors must be on the GPU");
   FLUX_RETURN_IF_ERROR(check_matrix("copy", "dst", dst, src.rows(), src.cols()));
   return cuda::convert_copy(mat(src), src.dtype(), mat(dst), dst.dtype(), stream());
 }
@@ -182,12 +198,15 @@ absl::Status CudaBackend::copy(const Tensor& src, const Tensor& dst) {
 absl::Status CudaBackend::fill_uniform(const Tensor& t, uint64_t seed, float scale) {
   OpProfileScope op(*this, "");  // untimed: ends any hand-off
   if (t.device() != Device::kCuda || t.dtype() != DType::kBF16 || !t.contiguous()) {
-    return op_error("fill_uniform", absl::StrCat("expected a contiguous bf16 GPU tensor, got ", t.describe()));
+    return op_error("fill_uniform",
+                    absl::StrCat("expected a contiguous bf16 GPU tensor, got ", t.describe()));
   }
   return cuda::fill_uniform_bf16(t.data(), t.numel(), seed, scale, stream());
 }
 
-absl::Status CudaBackend::synchronize() { return cuda_status(cudaStreamSynchronize(stream()), "synchronize"); }
+absl::Status CudaBackend::synchronize() {
+  return cuda_status(cudaStreamSynchronize(stream()), "synchronize");
+}
 
 absl::StatusOr<std::vector<double>> CudaBackend::time_each_ms(
     int64_t count, const std::function<absl::Status(int64_t)>& work) {
@@ -220,7 +239,9 @@ BackendMemoryStats CudaBackend::memory_stats() const {
   stats.total_bytes = total_bytes_;
   int device = 0;
   cudaMemPool_t pool;
-  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return stats;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess)
+    return stats;
   uint64_t used = 0, peak = 0;
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &peak);
@@ -232,7 +253,9 @@ BackendMemoryStats CudaBackend::memory_stats() const {
 void CudaBackend::reset_peak_memory() {
   int device = 0;
   cudaMemPool_t pool;
-  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess)
+    return;
   uint64_t zero = 0;
   cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
 }
@@ -264,8 +287,13 @@ OpProfileScope::~OpProfileScope() {
 }
 
 void CudaBackend::hand_off(const Tensor& out, Tensor row_amax, Tensor fp8, Tensor fp8_scale) {
-  handoff_ = AmaxHandoff{static_cast<const char*>(out.data()), out.rows(), out.cols(), out.row_stride(),
-                         std::move(row_amax), std::move(fp8), std::move(fp8_scale)};
+  handoff_ = AmaxHandoff{static_cast<const char*>(out.data()),
+                         out.rows(),
+                         out.cols(),
+                         out.row_stride(),
+                         std::move(row_amax),
+                         std::move(fp8),
+                         std::move(fp8_scale)};
 }
 
 std::optional<int64_t> CudaBackend::incoming_rows(const Tensor& x) const {
@@ -293,7 +321,9 @@ std::map<std::string, double> CudaBackend::take_op_profile() {
   return totals;
 }
 
-absl::StatusOr<Tensor> CudaBackend::scratch(Shape shape, DType dtype) { return empty(dtype, std::move(shape)); }
+absl::StatusOr<Tensor> CudaBackend::scratch(Shape shape, DType dtype) {
+  return empty(dtype, std::move(shape));
+}
 
 bool CudaBackend::capturing() const {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;

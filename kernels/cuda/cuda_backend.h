@@ -18,9 +18,9 @@ namespace flux2 {
 absl::StatusOr<std::unique_ptr<Backend>> create_cuda_backend();
 
 struct CudaDeviceInfo {
-  std::string name;            // "NVIDIA H200"
-  int major = 0, minor = 0;    // compute capability
-  int64_t total_bytes = 0;     // device memory
+  std::string name;          // "NVIDIA H200"
+  int major = 0, minor = 0;  // compute capability
+  int64_t total_bytes = 0;   // device memory
   int multiprocessors = 0;
 };
 

@@ -54,7 +54,8 @@ class CudaBackend final : public Backend {
   void set_quality(Quality quality) override { quality_ = quality; }
   std::map<std::string, double> take_op_profile() override;
 
-  absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override;
+  absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+                      const Tensor& y) override;
   absl::Status embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
@@ -62,30 +63,33 @@ class CudaBackend final : public Backend {
   absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x, const Tensor& w,
                              const Tensor& y, const GatedResidual* residual) override;
-  absl::Status layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps,
-                                   const Tensor& out) override;
+  absl::Status layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                                   float eps, const Tensor& out) override;
   absl::Status layer_norm_modulate_linear(const Tensor& x, const Tensor& shift, const Tensor& scale,
                                           float eps, const Tensor& normed, const Tensor& w,
                                           const Tensor& y) override;
-  absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;
+  absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps,
+                        const Tensor& out) override;
   absl::Status qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight, float eps,
                             const Tensor& cos, const Tensor& sin, RopeStyle style) override;
-  absl::Status group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta, float eps,
-                          bool silu, const Tensor& out) override;
-  absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionParams& params,
-                         const Tensor& out) override;
+  absl::Status group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta,
+                          float eps, bool silu, const Tensor& out) override;
+  absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const AttentionParams& params, const Tensor& out) override;
   absl::Status normed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const QkNormRope& norm, const AttentionParams& params,
                                 const Tensor& out) override;
-  absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
+  absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                      const Tensor& out) override;
   absl::Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
                           const Tensor& residual, const Tensor& out) override;
   absl::Status upsample_nearest_2x(const Tensor& x, const Tensor& out) override;
-  absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean, const Tensor& bn_var, float eps,
-                             const Tensor& out) override;
+  absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean, const Tensor& bn_var,
+                             float eps, const Tensor& out) override;
   absl::Status to_rgb8(const Tensor& image, uint8_t* host) override;
   absl::Status euler_step(const Tensor& x, const Tensor& v, float dt) override;
-  absl::Status cfg_combine(const Tensor& uncond, const Tensor& cond, float scale, const Tensor& out) override;
+  absl::Status cfg_combine(const Tensor& uncond, const Tensor& cond, float scale,
+                           const Tensor& out) override;
 
  private:
   friend class OpProfileScope;
@@ -95,11 +99,13 @@ class CudaBackend final : public Backend {
   // `unsupported` names a failed precondition — then `eager`, counting the fallback reason. A
   // fused launch error disables the path and falls back, except during graph capture.
   template <typename Fused, typename Eager>
-  absl::Status run_fast_path(FastPath& path, absl::string_view unsupported, Fused fused, Eager eager);
+  absl::Status run_fast_path(FastPath& path, absl::string_view unsupported, Fused fused,
+                             Eager eager);
   // The same rule without the request switch, for library paths whose fallback is not an eager
   // chain with identical bits (cuDNN attention, FP8 GEMMs at quality=high).
   template <typename Fast, typename Fallback>
-  absl::Status run_path(FastPath& path, absl::string_view unsupported, Fast fast, Fallback fallback);
+  absl::Status run_path(FastPath& path, absl::string_view unsupported, Fast fast,
+                        Fallback fallback);
   // conv2d's operand checks; the convolution with its bias (and residual) fused, else `separate`.
   absl::Status check_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                             const Tensor& out) const;
@@ -188,8 +194,8 @@ class CudaBackend final : public Backend {
   struct AmaxHandoff {
     const char* data = nullptr;  // the region's first element
     int64_t rows = 0, cols = 0, stride = 0;
-    Tensor row_amax;             // u32 [rows]: f32 magnitude bits of max |x| per row, or
-    Tensor fp8, fp8_scale;       // the region already in E4M3 [rows, cols] with its scale [1]
+    Tensor row_amax;        // u32 [rows]: f32 magnitude bits of max |x| per row, or
+    Tensor fp8, fp8_scale;  // the region already in E4M3 [rows, cols] with its scale [1]
   };
   std::optional<AmaxHandoff> handoff_;   // left by the op that finished last
   std::optional<AmaxHandoff> incoming_;  // what the running (outermost) op found
@@ -232,6 +238,8 @@ class OpProfileScope {
 };
 
 // A tensor as a launcher matrix.
-inline cuda::Mat mat(const Tensor& t) { return cuda::Mat{t.data(), t.rows(), t.cols(), t.row_stride()}; }
+inline cuda::Mat mat(const Tensor& t) {
+  return cuda::Mat{t.data(), t.rows(), t.cols(), t.row_stride()};
+}
 
 }  // namespace flux2

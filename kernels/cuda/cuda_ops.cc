@@ -218,7 +218,8 @@ std::string CudaBackend::op_category(absl::string_view category, absl::string_vi
   return profile_split() ? absl::StrCat(category, " ", op) : std::string(category);
 }
 
-std::string CudaBackend::profile_category(absl::string_view category, const Tensor& x, const Tensor& w) const {
+std::string CudaBackend::profile_category(absl::string_view category, const Tensor& x,
+                                          const Tensor& w) const {
   if (!profile_split()) return std::string(category);
   return absl::StrCat(category, " ", x.rows(), "x", w.rows(), "x", x.cols());
 }
@@ -293,9 +294,9 @@ absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Ten
           // quality=high: also the row maxima, extending the hand-off of a producer that wrote
           // the columns just left of these (attention, in the single block's [attn | mlp]).
           Tensor row_amax;
-          const bool extends = incoming_ && incoming_->rows == out.rows() &&
-                               incoming_->stride == out.row_stride() &&
-                               incoming_->data + incoming_->cols * 2 == static_cast<const char*>(out.data());
+          const bool extends =
+              incoming_ && incoming_->rows == out.rows() && incoming_->stride == out.row_stride() &&
+              incoming_->data + incoming_->cols * 2 == static_cast<const char*>(out.data());
           if (extends) {
             row_amax = incoming_->row_amax;
           } else {
@@ -394,8 +395,8 @@ absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shi
           // every input (norms.h), so it needs no amax of the output.
           FLUX_ASSIGN_OR_RETURN(Tensor fp8, scratch({x.rows(), x.cols()}, DType::kF8E4M3));
           FLUX_ASSIGN_OR_RETURN(Tensor fp8_scale, scratch({1}, DType::kF32));
-          FLUX_RETURN_IF_ERROR(
-              cuda::fp8_layer_norm_modulate_scale(sh, sc, x.cols(), fp8_scale.data_as<float>(), stream()));
+          FLUX_RETURN_IF_ERROR(cuda::fp8_layer_norm_modulate_scale(
+              sh, sc, x.cols(), fp8_scale.data_as<float>(), stream()));
           FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(
               mat(x), sh, sc, x.rows(), eps, mat(out), stream(), nullptr,
               cuda::Fp8Rows{static_cast<uint8_t*>(fp8.data()), fp8_scale.data_as<float>()}));
@@ -404,8 +405,8 @@ absl::Status CudaBackend::layer_norm_modulate(const Tensor& x, const Tensor& shi
         }
         // Else each row's max |out| (every row is written: no zeroing needed).
         FLUX_ASSIGN_OR_RETURN(Tensor row_amax, scratch({x.rows()}, DType::kI32));
-        FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(mat(x), sh, sc, x.rows(), eps, mat(out),
-                                                             stream(), row_amax.data_as<uint32_t>()));
+        FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(
+            mat(x), sh, sc, x.rows(), eps, mat(out), stream(), row_amax.data_as<uint32_t>()));
         hand_off(out, std::move(row_amax));
         return absl::OkStatus();
       },

@@ -90,22 +90,26 @@ absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
     p->algo = perf[i].algo;
     chosen = true;
   }
-  if (!chosen) return absl::UnimplementedError(absl::StrCat("cuDNN has no convolution for ", h, "x", w, "x", cin, " -> ", cout));
+  if (!chosen)
+    return absl::UnimplementedError(
+        absl::StrCat("cuDNN has no convolution for ", h, "x", w, "x", cin, " -> ", cout));
   FLUX_RETURN_IF_ERROR(
       check(cudnnGetConvolutionForwardWorkspaceSize(static_cast<cudnnHandle_t>(handle_), p->x, p->w,
                                                     p->conv, p->y, p->algo, &p->workspace_bytes),
             "workspace size"));
   if (p->workspace_bytes > 0) {
-    FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&p->workspace, p->workspace_bytes), "conv workspace"));
+    FLUX_RETURN_IF_ERROR(
+        cuda_status(cudaMalloc(&p->workspace, p->workspace_bytes), "conv workspace"));
   }
   Plan* raw = p.get();
   plans_.emplace(key, std::move(p));
   return raw;
 }
 
-absl::Status CudnnConv::run(const void* x, int64_t height, int64_t width, int64_t cin, const void* w, int64_t cout,
-                            int64_t ksize, const void* bias, void* out) {
-  FLUX_ASSIGN_OR_RETURN(Plan* p, plan(Key{height, width, cin, cout, ksize}));
+absl::Status CudnnConv::run(const void* x, int64_t height, int64_t width, int64_t cin,
+                            const void* w, int64_t cout, int64_t ksize, const void* bias,
+                            void* out) {
+  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize}));
   cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
   const float one = 1.0f, zero = 0.0f;
   FLUX_RETURN_IF_ERROR(

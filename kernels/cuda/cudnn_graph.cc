@@ -138,7 +138,8 @@ absl::Status OwnedPlan::allocate_workspace() {
   if (exec.workspace_bytes <= 0 || workspace != nullptr) return absl::OkStatus();
   const cudaError_t error = cudaMalloc(&workspace, exec.workspace_bytes);
   if (error == cudaSuccess) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat("cuDNN plan workspace: ", cudaGetErrorString(error)));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("cuDNN plan workspace: ", cudaGetErrorString(error)));
 }
 
 absl::StatusOr<cudnnHandle_t> create_handle(cudaStream_t stream) {

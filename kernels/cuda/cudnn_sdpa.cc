@@ -31,11 +31,14 @@ CudnnSdpa::~CudnnSdpa() {
   if (handle_ != nullptr) cudnnDestroy(static_cast<cudnnHandle_t>(handle_));
 }
 
-bool CudnnSdpa::supports(const Mat& q, const Mat& k, const Mat& v, const AttentionParams& params, const Mat& out) {
+bool CudnnSdpa::supports(const Mat& q, const Mat& k, const Mat& v, const AttentionParams& params,
+                         const Mat& out) {
   const int64_t d = params.head_dim;
-  const bool aligned = rows_aligned16(q, 2) && rows_aligned16(k, 2) && rows_aligned16(v, 2) && rows_aligned16(out, 2);
-  return !params.causal && (params.num_valid_keys < 0 || params.num_valid_keys >= k.rows) && d % 8 == 0 &&
-         d <= 256 && params.num_heads % params.num_kv_heads == 0 && aligned && q.rows > 0 && k.rows > 0;
+  const bool aligned = rows_aligned16(q, 2) && rows_aligned16(k, 2) && rows_aligned16(v, 2) &&
+                       rows_aligned16(out, 2);
+  return !params.causal && (params.num_valid_keys < 0 || params.num_valid_keys >= k.rows) &&
+         d % 8 == 0 && d <= 256 && params.num_heads % params.num_kv_heads == 0 && aligned &&
+         q.rows > 0 && k.rows > 0;
 }
 
 absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::plan(const Key& key) {
@@ -44,7 +47,8 @@ absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::plan(const Key& key) {
   const auto [s_q, s_kv, heads, kv_heads, d, q_stride, k_stride, v_stride, o_stride] = key;
   auto plan = std::make_unique<Plan>();
   auto tensor = [&](int64_t id, int64_t h, int64_t s, int64_t row_stride) {
-    dnn::TensorSpec spec{id, CUDNN_DATA_BFLOAT16, {1, h, s, d}, {s * row_stride, d, row_stride, 1}};  // (b, s, h, d)
+    dnn::TensorSpec spec{
+        id, CUDNN_DATA_BFLOAT16, {1, h, s, d}, {s * row_stride, d, row_stride, 1}};  // (b, s, h, d)
     return dnn::make_tensor(spec);
   };
   FLUX_ASSIGN_OR_RETURN(dnn::Descriptor q, tensor(kQ, heads, s_q, q_stride));
@@ -66,17 +70,20 @@ absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::plan(const Key& key) {
   FLUX_RETURN_IF_ERROR(op.finalize());
   FLUX_ASSIGN_OR_RETURN(plan->exec, dnn::build_plan(static_cast<cudnnHandle_t>(handle_), {&op}));
   FLUX_RETURN_IF_ERROR(plan->allocate_workspace());
-  for (dnn::Descriptor* d : {&q, &k, &v, &o, &scale, &op}) plan->keep_alive.push_back(std::move(*d));
+  for (dnn::Descriptor* d : {&q, &k, &v, &o, &scale, &op})
+    plan->keep_alive.push_back(std::move(*d));
   Plan* raw = plan.get();
   plans_.emplace(key, std::move(plan));
   return raw;
 }
 
-absl::Status CudnnSdpa::run(const Mat& q, const Mat& k, const Mat& v, const AttentionParams& params, const Mat& out) {
-  if (!supports(q, k, v, params, out)) return absl::UnimplementedError("cuDNN SDPA does not support this shape");
-  const Key key{q.rows, k.rows, params.num_heads, params.num_kv_heads, params.head_dim,
-                q.stride, k.stride, v.stride, out.stride};
-  FLUX_ASSIGN_OR_RETURN(Plan* p, plan(key));
+absl::Status CudnnSdpa::run(const Mat& q, const Mat& k, const Mat& v, const AttentionParams& params,
+                            const Mat& out) {
+  if (!supports(q, k, v, params, out))
+    return absl::UnimplementedError("cuDNN SDPA does not support this shape");
+  const Key key{q.rows,   k.rows,   params.num_heads, params.num_kv_heads, params.head_dim,
+                q.stride, k.stride, v.stride,         out.stride};
+  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(key));
   float scale = params.scale;
   return dnn::execute(static_cast<cudnnHandle_t>(handle_), p->exec.plan, {kQ, kK, kV, kO, kScale},
                       {q.data, k.data, v.data, out.data, &scale}, p->workspace);

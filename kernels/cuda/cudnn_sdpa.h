@@ -34,7 +34,8 @@ class CudnnSdpa {
  private:
   struct Plan;
   // (s_q, s_kv, heads, kv heads, head_dim, q/k/v/o row strides)
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+  using Key =
+      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
   CudnnSdpa() = default;
   absl::StatusOr<Plan*> plan(const Key& key);

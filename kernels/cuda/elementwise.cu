@@ -18,8 +18,8 @@ __device__ __forceinline__ bf16* at(const Mat& m, int64_t r, int64_t c) {
 
 absl::Status check_same_shape(const char* op, const Mat& a, const Mat& b) {
   if (a.rows != b.rows || a.cols != b.cols) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": shapes [", a.rows, ", ", a.cols, "] and [",
-                                                   b.rows, ", ", b.cols, "] differ"));
+    return absl::InvalidArgumentError(absl::StrCat(op, ": shapes [", a.rows, ", ", a.cols,
+                                                   "] and [", b.rows, ", ", b.cols, "] differ"));
   }
   return absl::OkStatus();
 }
@@ -33,7 +33,8 @@ bool vec_ok(std::initializer_list<const Mat*> mats) {
 
 // out = op(a, b) element-wise, for the eager binary pieces.
 template <typename Op>
-absl::Status binary(const char* name, const Mat& a, const Mat& b, const Mat& out, cudaStream_t stream, Op op) {
+absl::Status binary(const char* name, const Mat& a, const Mat& b, const Mat& out,
+                    cudaStream_t stream, Op op) {
   if (auto s = check_same_shape(name, a, b); !s.ok()) return s;
   if (auto s = check_same_shape(name, a, out); !s.ok()) return s;
   launch_rows(
@@ -69,7 +70,8 @@ constexpr int kRowAmaxThreads = 128;
 
 // One block per row: the row's max |value| (f32 magnitude bits) into row_amax[r], merged with the
 // value already there when `merge` (a producer extending another's hand-off), else stored.
-__device__ __forceinline__ void store_row_max(uint32_t* row_amax, int64_t r, uint32_t magnitude, bool merge) {
+__device__ __forceinline__ void store_row_max(uint32_t* row_amax, int64_t r, uint32_t magnitude,
+                                              bool merge) {
   __shared__ uint32_t scratch[32];
   magnitude = block_max_bits(magnitude, scratch);
   if (threadIdx.x == 0) row_amax[r] = merge ? max(row_amax[r], magnitude) : magnitude;
@@ -121,10 +123,12 @@ absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& ou
   if (auto s = check_same_shape("swiglu", gate, up); !s.ok()) return s;
   if (auto s = check_same_shape("swiglu", gate, out); !s.ok()) return s;
   if (!row_amax_supported({&gate, &up, &out}) || row_amax == nullptr) {
-    return absl::InvalidArgumentError("swiglu: row amax needs 16-byte aligned rows and columns % 8 == 0");
+    return absl::InvalidArgumentError(
+        "swiglu: row amax needs 16-byte aligned rows and columns % 8 == 0");
   }
   if (gate.rows == 0 || gate.cols == 0) return absl::OkStatus();
-  if (gate.rows > 0x7fffffff) return absl::InvalidArgumentError("swiglu: too many rows for one block per row");
+  if (gate.rows > 0x7fffffff)
+    return absl::InvalidArgumentError("swiglu: too many rows for one block per row");
   const unsigned grid = static_cast<unsigned>(gate.rows);
   if (math == SiluMath::kExact) {
     swiglu_row_amax_kernel<SiluMath::kExact>
@@ -142,7 +146,8 @@ absl::Status row_amax_bf16(const Mat& x, uint32_t* row_amax, cudaStream_t stream
     return absl::InvalidArgumentError("row_amax: needs 16-byte aligned rows and columns % 8 == 0");
   }
   if (x.rows == 0 || x.cols == 0) return absl::OkStatus();
-  if (x.rows > 0x7fffffff) return absl::InvalidArgumentError("row_amax: too many rows for one block per row");
+  if (x.rows > 0x7fffffff)
+    return absl::InvalidArgumentError("row_amax: too many rows for one block per row");
   row_amax_kernel<<<static_cast<unsigned>(x.rows), kRowAmaxThreads, 0, stream>>>(x, row_amax);
   FLUX_RETURN_IF_LAUNCH_FAILED("row_amax");
   return absl::OkStatus();
@@ -186,11 +191,12 @@ absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, SiluMa
   return binary("swiglu", gate, up, out, stream, SwiGluOp<SiluMath::kFast>{});
 }
 
-absl::Status gate_mul_bf16(const Mat& gate, int64_t rows_per_gate, const Mat& update, const Mat& out,
-                           cudaStream_t stream) {
+absl::Status gate_mul_bf16(const Mat& gate, int64_t rows_per_gate, const Mat& update,
+                           const Mat& out, cudaStream_t stream) {
   if (auto s = check_same_shape("gate_mul", update, out); !s.ok()) return s;
   if (gate.cols != update.cols || rows_per_gate <= 0 || gate.rows * rows_per_gate != update.rows) {
-    return absl::InvalidArgumentError("gate_mul: gate rows x rows_per_gate must cover the update rows");
+    return absl::InvalidArgumentError(
+        "gate_mul: gate rows x rows_per_gate must cover the update rows");
   }
   launch_rows(
       update.rows, update.cols, vec_ok({&gate, &update, &out}), stream,
@@ -238,16 +244,19 @@ absl::Status one_plus_bf16(const Mat& x, const Mat& out, cudaStream_t stream) {
   if (auto s = check_same_shape("one_plus", x, out); !s.ok()) return s;
   launch_rows(
       x.rows, x.cols, false, stream, [=] __device__(int64_t, int64_t) {},
-      [=] __device__(int64_t r, int64_t c) { *at(out, r, c) = to_bf16(__fadd_rn(1.0f, to_f32(*at(x, r, c)))); });
+      [=] __device__(int64_t r, int64_t c) {
+        *at(out, r, c) = to_bf16(__fadd_rn(1.0f, to_f32(*at(x, r, c))));
+      });
   FLUX_RETURN_IF_LAUNCH_FAILED("one_plus");
   return absl::OkStatus();
 }
 
-absl::Status gate_residual_fused(const Mat& x, const Mat& gate, int64_t rows_per_gate, const Mat& update,
-                                 cudaStream_t stream) {
+absl::Status gate_residual_fused(const Mat& x, const Mat& gate, int64_t rows_per_gate,
+                                 const Mat& update, cudaStream_t stream) {
   if (auto s = check_same_shape("gate_residual", x, update); !s.ok()) return s;
   if (gate.cols != x.cols || rows_per_gate <= 0 || gate.rows * rows_per_gate != x.rows) {
-    return absl::InvalidArgumentError("gate_residual: gate rows x rows_per_gate must cover x's rows");
+    return absl::InvalidArgumentError(
+        "gate_residual: gate rows x rows_per_gate must cover x's rows");
   }
   launch_rows(
       x.rows, x.cols, vec_ok({&x, &gate, &update}), stream,
@@ -282,7 +291,8 @@ absl::Status euler_step_bf16(const Mat& x, const Mat& v, float dt, cudaStream_t 
         store8(at(x, r, c), s);
       },
       [=] __device__(int64_t r, int64_t c) {
-        *at(x, r, c) = to_bf16(__fadd_rn(to_f32(*at(x, r, c)), __fmul_rn(dt, to_f32(*at(v, r, c)))));
+        *at(x, r, c) =
+            to_bf16(__fadd_rn(to_f32(*at(x, r, c)), __fmul_rn(dt, to_f32(*at(v, r, c)))));
       });
   FLUX_RETURN_IF_LAUNCH_FAILED("euler_step");
   return absl::OkStatus();
@@ -341,19 +351,23 @@ absl::Status convert_copy(const Mat& src, DType src_dtype, const Mat& dst, DType
   const bool dst_ok = dst_dtype == DType::kF32 || dst_dtype == DType::kBF16;
   if (src_dtype == dst_dtype) {
     const size_t elem = static_cast<size_t>(dtype_size(src_dtype));
-    return cuda_status(cudaMemcpy2DAsync(dst.data, dst.stride * elem, src.data, src.stride * elem,
-                                         src.cols * elem, src.rows, cudaMemcpyDeviceToDevice, stream),
-                       "convert_copy");
+    return cuda_status(
+        cudaMemcpy2DAsync(dst.data, dst.stride * elem, src.data, src.stride * elem, src.cols * elem,
+                          src.rows, cudaMemcpyDeviceToDevice, stream),
+        "convert_copy");
   }
-  if (!src_ok || !dst_ok) return absl::InvalidArgumentError("convert_copy: only f32 and bf16 convert");
+  if (!src_ok || !dst_ok)
+    return absl::InvalidArgumentError("convert_copy: only f32 and bf16 convert");
   constexpr int kThreads = 256;
   const int grid = grid_for(src.rows * src.cols, kThreads);
   if (src_dtype == DType::kF32) {
     convert_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(src.data), src.stride,
-                                                  static_cast<bf16*>(dst.data), dst.stride, src.rows, src.cols);
+                                                  static_cast<bf16*>(dst.data), dst.stride,
+                                                  src.rows, src.cols);
   } else {
     convert_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const bf16*>(src.data), src.stride,
-                                                  static_cast<float*>(dst.data), dst.stride, src.rows, src.cols);
+                                                  static_cast<float*>(dst.data), dst.stride,
+                                                  src.rows, src.cols);
   }
   FLUX_RETURN_IF_LAUNCH_FAILED("convert_copy");
   return absl::OkStatus();
@@ -397,11 +411,12 @@ absl::Status inverse_product(const float* a, const float* b, float* out, cudaStr
   return absl::OkStatus();
 }
 
-absl::Status fill_uniform_bf16(void* data, int64_t count, uint64_t seed, float scale, cudaStream_t stream) {
+absl::Status fill_uniform_bf16(void* data, int64_t count, uint64_t seed, float scale,
+                               cudaStream_t stream) {
   if (count == 0) return absl::OkStatus();
   constexpr int kThreads = 256;
-  fill_uniform_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(static_cast<bf16*>(data), count,
-                                                                         seed, scale);
+  fill_uniform_kernel<<<grid_for(count, kThreads), kThreads, 0, stream>>>(static_cast<bf16*>(data),
+                                                                          count, seed, scale);
   FLUX_RETURN_IF_LAUNCH_FAILED("fill_uniform_bf16");
   return absl::OkStatus();
 }

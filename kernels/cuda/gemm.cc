@@ -21,7 +21,8 @@ constexpr int kHeuristicResults = 8;
 
 absl::Status lt_status(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cuBLASLt ", what, " failed with status ", static_cast<int>(status)));
+  return absl::InternalError(
+      absl::StrCat("cuBLASLt ", what, " failed with status ", static_cast<int>(status)));
 }
 
 bool capturing(cudaStream_t stream) {
@@ -68,8 +69,10 @@ absl::StatusOr<std::unique_ptr<Gemm>> Gemm::create(cudaStream_t stream,
   cublasLtHandle_t handle;
   FLUX_RETURN_IF_ERROR(lt_status(api->create(&handle), "create"));
   gemm->handle_ = handle;
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(&gemm->workspace_, kWorkspaceBytes), "gemm workspace"));
-  FLUX_RETURN_IF_ERROR(cuda_status(cudaMalloc(reinterpret_cast<void**>(&gemm->zero_), sizeof(float)), "gemm zero"));
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaMalloc(&gemm->workspace_, kWorkspaceBytes), "gemm workspace"));
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaMalloc(reinterpret_cast<void**>(&gemm->zero_), sizeof(float)), "gemm zero"));
   FLUX_RETURN_IF_ERROR(cuda_status(cudaMemset(gemm->zero_, 0, sizeof(float)), "gemm zero"));
   return gemm;
 }
@@ -93,26 +96,35 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second.get();
   FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
-  const auto [m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, align_a, align_b, align_c, align_bias, format] =
-      key;
-  const cudaDataType_t in_type = format == Format::kBf16 ? CUDA_R_16BF
+  const auto [m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, align_a, align_b, align_c,
+              align_bias, format] = key;
+  const cudaDataType_t in_type = format == Format::kBf16    ? CUDA_R_16BF
                                  : format == Format::kNvfp4 ? CUDA_R_4F_E2M1
                                                             : CUDA_R_8F_E4M3;
   auto plan = std::make_unique<Plan>();
   // cuBLASLt sees: A_lt = B (the "weight" side, [N, K] or [K, N] row-major), B_lt = A, D = C.
-  FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
+  FLUX_RETURN_IF_ERROR(
+      lt_status(api->matmul_desc_create(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
   const cublasOperation_t trans_a = b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
-  FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
-                                                                sizeof(trans_a)), "TRANSA"));
-  FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
-                                                                sizeof(trans_b)), "TRANSB"));
+  FLUX_RETURN_IF_ERROR(
+      lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                               sizeof(trans_a)),
+                "TRANSA"));
+  FLUX_RETURN_IF_ERROR(
+      lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                               sizeof(trans_b)),
+                "TRANSB"));
   if (format == Format::kFp8Rowwise || format == Format::kNvfp4) {
     const int32_t mode = format == Format::kNvfp4 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3
                                                   : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
-    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
-                                                                  sizeof(mode)), "A_SCALE_MODE"));
-    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
-                                                                  sizeof(mode)), "B_SCALE_MODE"));
+    FLUX_RETURN_IF_ERROR(
+        lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                 &mode, sizeof(mode)),
+                  "A_SCALE_MODE"));
+    FLUX_RETURN_IF_ERROR(
+        lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                 &mode, sizeof(mode)),
+                  "B_SCALE_MODE"));
   }
   if (format != Format::kBf16) {
     // The heuristic offers no algorithm for the vector and block scale modes while the scale
@@ -129,28 +141,38 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
       (format == Format::kFp8Tensor || format == Format::kFp8Rowwise)) {
     // No periodic promotion of the tensor-core accumulator to fp32 (GemmOptions).
     const int8_t fast = 1;
-    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
-                                                                  sizeof(fast)), "FAST_ACCUM"));
+    FLUX_RETURN_IF_ERROR(
+        lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                                 sizeof(fast)),
+                  "FAST_ACCUM"));
   }
   if (format == Format::kNvfp4) {  // alpha = 1 / (gs_x · gs_w) lives on the device
     const cublasLtPointerMode_t pointer_mode = CUBLASLT_POINTER_MODE_DEVICE;
-    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_POINTER_MODE,
-                                                                  &pointer_mode, sizeof(pointer_mode)), "POINTER_MODE"));
+    FLUX_RETURN_IF_ERROR(
+        lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_POINTER_MODE,
+                                                 &pointer_mode, sizeof(pointer_mode)),
+                  "POINTER_MODE"));
   }
   if (has_bias) {
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                                  &epilogue, sizeof(epilogue)), "EPILOGUE"));
+    FLUX_RETURN_IF_ERROR(
+        lt_status(api->matmul_desc_set_attribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                 &epilogue, sizeof(epilogue)),
+                  "EPILOGUE"));
   }
   // Column-major shapes: op(A_lt) is [N, K] (rows = N), B_lt = Aᵀ [K, M], D [N, M].
   if (b_transposed) {
-    FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->a, in_type, k, n, ldb), "layout B"));
+    FLUX_RETURN_IF_ERROR(
+        lt_status(api->matrix_layout_create(&plan->a, in_type, k, n, ldb), "layout B"));
   } else {
-    FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->a, in_type, n, k, ldb), "layout B"));
+    FLUX_RETURN_IF_ERROR(
+        lt_status(api->matrix_layout_create(&plan->a, in_type, n, k, ldb), "layout B"));
   }
-  FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->b, in_type, k, m, lda), "layout A"));
-  FLUX_RETURN_IF_ERROR(lt_status(api->matrix_layout_create(&plan->d, c_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, ldc),
-                                 "layout C"));
+  FLUX_RETURN_IF_ERROR(
+      lt_status(api->matrix_layout_create(&plan->b, in_type, k, m, lda), "layout A"));
+  FLUX_RETURN_IF_ERROR(
+      lt_status(api->matrix_layout_create(&plan->d, c_f32 ? CUDA_R_32F : CUDA_R_16BF, n, m, ldc),
+                "layout C"));
 
   cublasLtMatmulPreference_t preference;
   FLUX_RETURN_IF_ERROR(lt_status(api->preference_create(&preference), "preference"));
@@ -158,22 +180,29 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
   const uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE;  // no split-K: deterministic bits
   const uint32_t alignments[] = {static_cast<uint32_t>(align_b), static_cast<uint32_t>(align_a),
                                  static_cast<uint32_t>(align_c), static_cast<uint32_t>(align_c)};
-  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction, sizeof(reduction));
-  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alignments[0], 4);
-  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alignments[1], 4);
-  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alignments[2], 4);
-  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alignments[3], 4);
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                sizeof(workspace));
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                sizeof(reduction));
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                &alignments[0], 4);
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                &alignments[1], 4);
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                &alignments[2], 4);
+  api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                &alignments[3], 4);
   (void)align_bias;
   cublasLtMatmulHeuristicResult_t results[kHeuristicResults];
   int returned = 0;
-  const cublasStatus_t heuristic = api->algo_get_heuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc,
-                                                           plan->a, plan->b, plan->d, plan->d, preference,
-                                                           kHeuristicResults, results, &returned);
+  const cublasStatus_t heuristic =
+      api->algo_get_heuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b,
+                              plan->d, plan->d, preference, kHeuristicResults, results, &returned);
   api->preference_destroy(preference);
   if (heuristic != CUBLAS_STATUS_SUCCESS || returned == 0) {
-    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for a GEMM of m=", m, " n=", n, " k=", k,
-                                                 " (lda ", lda, ", ldb ", ldb, ", ldc ", ldc, ")"));
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for a GEMM of m=", m,
+                                                 " n=", n, " k=", k, " (lda ", lda, ", ldb ", ldb,
+                                                 ", ldc ", ldc, ")"));
   }
   plan->algo = results[0].algo;
   plan->candidates.assign(results, results + returned);
@@ -189,27 +218,47 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
   const int64_t m = a.rows, k = a.cols, n = c.cols;
   const int64_t b_k = b_transposed ? b.cols : b.rows, b_n = b_transposed ? b.rows : b.cols;
   if (b_k != k || b_n != n || c.rows != m) {
-    return absl::InvalidArgumentError(absl::StrCat("gemm: shapes do not chain: a [", m, ", ", k, "], b [", b.rows,
-                                                   ", ", b.cols, "], c [", c.rows, ", ", c.cols, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("gemm: shapes do not chain: a [", m, ", ", k,
+                                                   "], b [", b.rows, ", ", b.cols, "], c [", c.rows,
+                                                   ", ", c.cols, "]"));
   }
   if (m == 0 || n == 0) return absl::OkStatus();
-  const Key key{m, n, k, a.stride, b.stride, c.stride, b_transposed, c_f32, bias != nullptr,
-                alignment_of(a.data), alignment_of(b.data), alignment_of(c.data), alignment_of(bias), format};
-  FLUX_ASSIGN_OR_RETURN(Plan* p, plan(key));
+  const Key key{m,
+                n,
+                k,
+                a.stride,
+                b.stride,
+                c.stride,
+                b_transposed,
+                c_f32,
+                bias != nullptr,
+                alignment_of(a.data),
+                alignment_of(b.data),
+                alignment_of(c.data),
+                alignment_of(bias),
+                format};
+  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(key));
   FLUX_ASSIGN_OR_RETURN(const CublasLtApi* api, cublaslt_api());
   if (bias != nullptr) {
-    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                                  sizeof(bias)), "BIAS_POINTER"));
+    FLUX_RETURN_IF_ERROR(
+        lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                 sizeof(bias)),
+                  "BIAS_POINTER"));
   }
   if (scaled) {
     // cuBLASLt's A is our weight side (b), its B our activations (a): D = alpha·(sA·sB·Σ A·B).
-    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                                                  &b_scale, sizeof(b_scale)), "A_SCALE_POINTER"));
-    FLUX_RETURN_IF_ERROR(lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                                                  &a_scale, sizeof(a_scale)), "B_SCALE_POINTER"));
+    FLUX_RETURN_IF_ERROR(
+        lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                 &b_scale, sizeof(b_scale)),
+                  "A_SCALE_POINTER"));
+    FLUX_RETURN_IF_ERROR(
+        lt_status(api->matmul_desc_set_attribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                 &a_scale, sizeof(a_scale)),
+                  "B_SCALE_POINTER"));
   }
   // Device pointer mode (NVFP4): alpha and beta are device floats (beta 0 there).
-  const void* alpha_arg = format == Format::kNvfp4 ? static_cast<const void*>(alpha_device) : &alpha;
+  const void* alpha_arg =
+      format == Format::kNvfp4 ? static_cast<const void*>(alpha_device) : &alpha;
   const void* beta_arg = format == Format::kNvfp4 ? static_cast<const void*>(zero_) : &beta;
   if (autotune_enabled() && !p->candidates.empty() && !capturing(stream_) && beta == 0.0f) {
     // Time each candidate on the real operands (the output is rewritten by the final call).
@@ -222,13 +271,15 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
       cudaEventRecord(start, stream_);
       cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
       for (int r = 0; r < kRepeats && status == CUBLAS_STATUS_SUCCESS; ++r) {
-        status = api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, alpha_arg, b.data, p->a, a.data, p->b,
-                             beta_arg, c.data, p->d, c.data, p->d, &candidate.algo, workspace_, kWorkspaceBytes, stream_);
+        status = api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, alpha_arg, b.data,
+                             p->a, a.data, p->b, beta_arg, c.data, p->d, c.data, p->d,
+                             &candidate.algo, workspace_, kWorkspaceBytes, stream_);
       }
       cudaEventRecord(stop, stream_);
       cudaEventSynchronize(stop);
       float ms = 0.0f;
-      if (status == CUBLAS_STATUS_SUCCESS && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && ms < best) {
+      if (status == CUBLAS_STATUS_SUCCESS &&
+          cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && ms < best) {
         best = ms;
         p->algo = candidate.algo;
       }
@@ -237,8 +288,9 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
     cudaEventDestroy(stop);
     p->candidates.clear();
   }
-  return lt_status(api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, alpha_arg, b.data, p->a, a.data, p->b,
-                               beta_arg, c.data, p->d, c.data, p->d, &p->algo, workspace_, kWorkspaceBytes, stream_),
+  return lt_status(api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, alpha_arg, b.data,
+                               p->a, a.data, p->b, beta_arg, c.data, p->d, c.data, p->d, &p->algo,
+                               workspace_, kWorkspaceBytes, stream_),
                    "matmul");
 }
 
@@ -260,15 +312,17 @@ bool Gemm::supports_nvfp4() {
   return supports(Format::kNvfp4);
 }
 
-absl::Status Gemm::linear_nvfp4(const Mat& x4, const void* x_scales, const Mat& w4, const void* w_scales,
-                                const float* alpha, const Mat& y) {
-  if (x4.cols % 32 != 0 || x4.stride % 32 != 0 || w4.stride % 32 != 0 || alignment_of(x4.data) < 16 ||
-      alignment_of(w4.data) < 16 || x_scales == nullptr || w_scales == nullptr || alpha == nullptr) {
-    return absl::InvalidArgumentError("linear_nvfp4: NVFP4 needs K and leading dimensions multiples of 32, 16-byte "
-                                      "aligned operands, block scales and alpha");
+absl::Status Gemm::linear_nvfp4(const Mat& x4, const void* x_scales, const Mat& w4,
+                                const void* w_scales, const float* alpha, const Mat& y) {
+  if (x4.cols % 32 != 0 || x4.stride % 32 != 0 || w4.stride % 32 != 0 ||
+      alignment_of(x4.data) < 16 || alignment_of(w4.data) < 16 || x_scales == nullptr ||
+      w_scales == nullptr || alpha == nullptr) {
+    return absl::InvalidArgumentError(
+        "linear_nvfp4: NVFP4 needs K and leading dimensions multiples of 32, 16-byte "
+        "aligned operands, block scales and alpha");
   }
-  return run(x4, w4, /*b_transposed=*/true, nullptr, 1.0f, y, /*c_f32=*/false, Format::kNvfp4, x_scales, w_scales,
-             alpha);
+  return run(x4, w4, /*b_transposed=*/true, nullptr, 1.0f, y, /*c_f32=*/false, Format::kNvfp4,
+             x_scales, w_scales, alpha);
 }
 
 absl::Status Gemm::linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8,
@@ -285,7 +339,8 @@ absl::Status Gemm::linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8
              accumulate ? 1.0f : 0.0f);
 }
 
-absl::Status Gemm::matmul(const Mat& a, const Mat& b, bool b_transposed, float alpha, const Mat& c, bool c_f32) {
+absl::Status Gemm::matmul(const Mat& a, const Mat& b, bool b_transposed, float alpha, const Mat& c,
+                          bool c_f32) {
   return run(a, b, b_transposed, nullptr, alpha, c, c_f32);
 }
 

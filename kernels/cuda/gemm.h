@@ -3,7 +3,8 @@
 // heuristic's best algorithm without split-K reductions, for run-to-run determinism), one 32 MiB
 // workspace per stream. FLUX2_GEMM_AUTOTUNE=1 times the heuristic's top candidates on the first
 // call of each shape instead (faster, but the choice may differ between processes). Tested by
-// tests/cuda/backend_ops_test.cc (against the CPU backend) and tests/cuda/quality_high_test.cc (FP8).
+// tests/cuda/backend_ops_test.cc (against the CPU backend) and tests/cuda/quality_high_test.cc
+// (FP8).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -56,8 +57,8 @@ class Gemm {
   // y[M, N] (bf16) = alpha · Σ_k (x4·sx)(w4·sw), x4 [M, K] and w4 [N, K] packed E2M1 (two per
   // byte; Mat cols/stride in elements), UE4M3 scales per 16 elements of K in the 128x4 swizzled
   // layout, alpha a device float (1 / (global scale of x · global scale of w)).
-  absl::Status linear_nvfp4(const Mat& x4, const void* x_scales, const Mat& w4, const void* w_scales,
-                            const float* alpha, const Mat& y);
+  absl::Status linear_nvfp4(const Mat& x4, const void* x_scales, const Mat& w4,
+                            const void* w_scales, const float* alpha, const Mat& y);
   // Whether cuBLASLt offers the NVFP4 GEMM on this device (heuristic probe, host only).
   bool supports_nvfp4();
 
@@ -67,9 +68,10 @@ class Gemm {
   struct Plan;
   // Operand formats.
   enum class Format : int { kBf16, kFp8Tensor, kFp8Rowwise, kNvfp4 };
-  // (m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, alignment classes of a, b, c, bias, format)
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, int, int, int, int,
-                         Format>;
+  // (m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, alignment classes of a, b, c, bias,
+  // format)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool,
+                         int, int, int, int, Format>;
 
   Gemm() = default;
   absl::StatusOr<Plan*> plan(const Key& key);
@@ -83,9 +85,9 @@ class Gemm {
                    const float* alpha_device = nullptr, float beta = 0.0f);
 
   cudaStream_t stream_ = nullptr;
-  void* handle_ = nullptr;      // cublasLtHandle_t
-  void* workspace_ = nullptr;   // kWorkspaceBytes of device memory
-  float* zero_ = nullptr;       // a device 0.0f: beta in device pointer mode
+  void* handle_ = nullptr;     // cublasLtHandle_t
+  void* workspace_ = nullptr;  // kWorkspaceBytes of device memory
+  float* zero_ = nullptr;      // a device 0.0f: beta in device pointer mode
   std::map<Key, std::unique_ptr<Plan>> plans_;
   GemmOptions options_;
 };

@@ -30,7 +30,8 @@ __global__ void group_partials_kernel(Mat x, int64_t per_group, float2* partial)
   if (threadIdx.x == 0) partial[g * kSlices + s].x = sum;
 }
 
-__global__ void group_variance_kernel(Mat x, int64_t per_group, const float* mean, float2* partial) {
+__global__ void group_variance_kernel(Mat x, int64_t per_group, const float* mean,
+                                      float2* partial) {
   __shared__ float scratch[32];
   const int g = blockIdx.y, s = blockIdx.x;
   const int64_t count = x.rows * per_group;
@@ -46,12 +47,13 @@ __global__ void group_variance_kernel(Mat x, int64_t per_group, const float* mea
 }
 
 // One thread per group sums its slices in order; `second` selects the variance pass.
-__global__ void group_reduce_kernel(const float2* partial, int groups, float count, float eps, bool second,
-                                    float* mean, float* rstd) {
+__global__ void group_reduce_kernel(const float2* partial, int groups, float count, float eps,
+                                    bool second, float* mean, float* rstd) {
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
   if (g >= groups) return;
   float total = 0.0f;
-  for (int s = 0; s < kSlices; ++s) total = __fadd_rn(total, second ? partial[g * kSlices + s].y : partial[g * kSlices + s].x);
+  for (int s = 0; s < kSlices; ++s)
+    total = __fadd_rn(total, second ? partial[g * kSlices + s].y : partial[g * kSlices + s].x);
   if (!second) {
     mean[g] = __fdiv_rn(total, count);
   } else {
@@ -193,7 +195,8 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
                              float eps, bool silu, SiluMath silu_math, const Mat& out,
                              cudaStream_t stream) {
   if (groups <= 0 || x.cols % groups != 0 || out.rows != x.rows || out.cols != x.cols) {
-    return absl::InvalidArgumentError(absl::StrCat("group_norm: ", x.cols, " channels, ", groups, " groups"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group_norm: ", x.cols, " channels, ", groups, " groups"));
   }
   if (x.rows == 0 || x.cols == 0) return absl::OkStatus();
   const int64_t per_group = x.cols / groups;
@@ -259,7 +262,8 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
   return cuda_status(cudaFreeAsync(scratch, stream), "group_norm scratch free");
 }
 
-absl::Status upsample_nearest_2x_bf16(const void* x, int64_t h, int64_t w, int64_t c, void* out, cudaStream_t stream) {
+absl::Status upsample_nearest_2x_bf16(const void* x, int64_t h, int64_t w, int64_t c, void* out,
+                                      cudaStream_t stream) {
   const bf16* in = static_cast<const bf16*>(x);
   bf16* o = static_cast<bf16*>(out);
   // Source pixel of output pixel `pixel` (row_div: 32-bit divisions where they fit).
@@ -282,8 +286,8 @@ absl::Status upsample_nearest_2x_bf16(const void* x, int64_t h, int64_t w, int64
   return absl::OkStatus();
 }
 
-absl::Status latent_unpack_bf16(const Mat& tokens, const void* mean, const void* var, float eps, int64_t h, int64_t w,
-                                int64_t c, void* out, cudaStream_t stream) {
+absl::Status latent_unpack_bf16(const Mat& tokens, const void* mean, const void* var, float eps,
+                                int64_t h, int64_t w, int64_t c, void* out, cudaStream_t stream) {
   if (tokens.rows != h * w || tokens.cols != 4 * c) {
     return absl::InvalidArgumentError("latent_unpack: tokens do not match the grid");
   }
@@ -304,8 +308,10 @@ absl::Status latent_unpack_bf16(const Mat& tokens, const void* mean, const void*
   return absl::OkStatus();
 }
 
-absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table, const Mat& out, cudaStream_t stream) {
-  if (out.rows != count || out.cols != table.cols) return absl::InvalidArgumentError("embedding: shape mismatch");
+absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table, const Mat& out,
+                            cudaStream_t stream) {
+  if (out.rows != count || out.cols != table.cols)
+    return absl::InvalidArgumentError("embedding: shape mismatch");
   launch_rows(
       count, table.cols, false, stream, [=] __device__(int64_t, int64_t) {},
       [=] __device__(int64_t i, int64_t ch) {
@@ -319,7 +325,8 @@ absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table,
 namespace {
 
 __global__ void rgb8_kernel(const bf16* image, int64_t count, uint8_t* out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
     // bf16 pipeline: image / 2 + 0.5 as two bf16 ops, then float32 x 255 and round.
     const float unit = round_bf16(__fadd_rn(round_bf16(__fdiv_rn(to_f32(image[i]), 2.0f)), 0.5f));
     out[i] = unit_to_u8(unit);
@@ -328,9 +335,11 @@ __global__ void rgb8_kernel(const bf16* image, int64_t count, uint8_t* out) {
 
 }  // namespace
 
-absl::Status image_to_rgb8_bf16(const void* image, int64_t count, uint8_t* out, cudaStream_t stream) {
+absl::Status image_to_rgb8_bf16(const void* image, int64_t count, uint8_t* out,
+                                cudaStream_t stream) {
   if (count == 0) return absl::OkStatus();
-  rgb8_kernel<<<grid_for(count, 256), 256, 0, stream>>>(static_cast<const bf16*>(image), count, out);
+  rgb8_kernel<<<grid_for(count, 256), 256, 0, stream>>>(static_cast<const bf16*>(image), count,
+                                                        out);
   FLUX_RETURN_IF_LAUNCH_FAILED("image_to_rgb8");
   return absl::OkStatus();
 }

@@ -35,6 +35,7 @@ absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table,
 
 // out[i] = round(clamp(bf16(bf16(x / 2) + 0.5), 0, 1) · 255) as uint8 (device bytes), for a
 // contiguous bf16 image.
-absl::Status image_to_rgb8_bf16(const void* image, int64_t count, uint8_t* out, cudaStream_t stream);
+absl::Status image_to_rgb8_bf16(const void* image, int64_t count, uint8_t* out,
+                                cudaStream_t stream);
 
 }  // namespace flux2::cuda

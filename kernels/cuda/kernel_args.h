@@ -10,7 +10,7 @@ struct Mat {
   void* data = nullptr;  // first element (bf16 unless a launcher says otherwise)
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t stride = 0;    // elements between row starts (>= cols)
+  int64_t stride = 0;  // elements between row starts (>= cols)
 };
 
 // How kernels compute silu(x) = x / (1 + exp(-x)) in fp32 (common.cuh: silu_value).

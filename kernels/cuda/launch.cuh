@@ -44,7 +44,8 @@ inline bool fits_32bit(int64_t items) {
 
 inline int grid_for(int64_t items, int threads) {
   // Enough blocks to fill an H200 several times over; grid-stride loops cover the rest.
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((items + threads - 1) / threads, 132 * 32)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((items + threads - 1) / threads, 132 * 32)));
 }
 
 // Launches for_each_kernel<kWidth> over a rows x cols grid with the narrowest index that fits.

@@ -14,8 +14,8 @@ namespace flux2::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-constexpr int kRowThreads = 256;     // LayerNorm: one block per row
-constexpr int kWarpsPerBlock = 8;    // per-head kernels: one warp per (row, head), or per 4 heads
+constexpr int kRowThreads = 256;   // LayerNorm: one block per row
+constexpr int kWarpsPerBlock = 8;  // per-head kernels: one warp per (row, head), or per 4 heads
 constexpr int kMaxHeadDim = 512;
 
 __device__ __forceinline__ const bf16* row_ptr(const Mat& m, int64_t r) {
@@ -26,7 +26,8 @@ __device__ __forceinline__ bf16* row_ptr_mut(const Mat& m, int64_t r) {
 }
 
 // Mean and rstd of one row, computed by the whole block (two passes, fp32, fixed order).
-__device__ __forceinline__ void row_stats(const bf16* x, int64_t cols, float eps, float* mean, float* rstd) {
+__device__ __forceinline__ void row_stats(const bf16* x, int64_t cols, float eps, float* mean,
+                                          float* rstd) {
   __shared__ float scratch[32];
   float sum = 0.0f;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum = __fadd_rn(sum, to_f32(x[c]));
@@ -139,7 +140,8 @@ __global__ void __launch_bounds__(kVecThreads)
       }
     }
   }
-  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(block_sum(squares, scratch), static_cast<float>(x.cols)), eps));
+  const float rstd =
+      rsqrtf(__fadd_rn(__fdiv_rn(block_sum(squares, scratch), static_cast<float>(x.cols)), eps));
   bf16* o = out.data != nullptr ? row_ptr_mut(out, r) : nullptr;  // null: E4M3 rows only
   const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
   uint32_t magnitude = 0;
@@ -225,11 +227,12 @@ __global__ void layer_norm_kernel(Mat x, float eps, Mat out) {
   float mean, rstd;
   row_stats(in, x.cols, eps, &mean, &rstd);
   bf16* o = row_ptr_mut(out, r);
-  for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) o[c] = to_bf16(ln_value(to_f32(in[c]), mean, rstd));
+  for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x)
+    o[c] = to_bf16(ln_value(to_f32(in[c]), mean, rstd));
 }
 
-__global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t rows_per_mod, float eps, Mat out,
-                                           uint32_t* row_amax) {
+__global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t rows_per_mod,
+                                           float eps, Mat out, uint32_t* row_amax) {
   const int64_t r = blockIdx.x;
   const bf16* in = row_ptr(x, r);
   const bf16* sh = row_ptr(shift, row_div(r, rows_per_mod));
@@ -240,10 +243,11 @@ __global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t 
   uint32_t magnitude = 0;
   for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) {
     const float n = ln_value(to_f32(in[c]), mean, rstd);
-    const float one_plus = round_bf16(__fadd_rn(1.0f, to_f32(sc[c])));   // bf16(1 + scale)
-    const float scaled = round_bf16(__fmul_rn(one_plus, n));              // bf16(· LN(x))
-    o[c] = to_bf16(__fadd_rn(scaled, to_f32(sh[c])));                      // bf16(+ shift)
-    if (row_amax != nullptr) magnitude = max(magnitude, __float_as_uint(to_f32(o[c])) & 0x7fffffffu);
+    const float one_plus = round_bf16(__fadd_rn(1.0f, to_f32(sc[c])));  // bf16(1 + scale)
+    const float scaled = round_bf16(__fmul_rn(one_plus, n));            // bf16(· LN(x))
+    o[c] = to_bf16(__fadd_rn(scaled, to_f32(sh[c])));                   // bf16(+ shift)
+    if (row_amax != nullptr)
+      magnitude = max(magnitude, __float_as_uint(to_f32(o[c])) & 0x7fffffffu);
   }
   if (row_amax != nullptr) {
     __shared__ uint32_t max_scratch[32];
@@ -261,7 +265,8 @@ __global__ void rms_norm_qwen_kernel(Mat x, const bf16* weight, float eps, Mat o
     const float v = to_f32(in[c]);
     squares = __fadd_rn(squares, __fmul_rn(v, v));
   }
-  const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(block_sum(squares, scratch), static_cast<float>(x.cols)), eps));
+  const float rstd =
+      rsqrtf(__fadd_rn(__fdiv_rn(block_sum(squares, scratch), static_cast<float>(x.cols)), eps));
   bf16* o = row_ptr_mut(out, r);
   for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) {
     o[c] = to_bf16(__fmul_rn(to_f32(weight[c]), round_bf16(__fmul_rn(to_f32(in[c]), rstd))));
@@ -279,8 +284,10 @@ __device__ __forceinline__ float head_rstd(const bf16* head, int64_t head_dim, f
   return head_rstd_of(warp_sum(squares), static_cast<float>(head_dim), eps);
 }
 
-// Partner index and sign of rot(x)[d]: interleaved (-x[d+1] | x[d-1]), half-split (-x[d+h] | x[d-h]).
-__device__ __forceinline__ int64_t rope_partner(int64_t d, int64_t head_dim, RopeStyle style, float* sign) {
+// Partner index and sign of rot(x)[d]: interleaved (-x[d+1] | x[d-1]), half-split (-x[d+h] |
+// x[d-h]).
+__device__ __forceinline__ int64_t rope_partner(int64_t d, int64_t head_dim, RopeStyle style,
+                                                float* sign) {
   if (style == RopeStyle::kInterleaved) {
     *sign = (d & 1) ? 1.0f : -1.0f;
     return d ^ 1;
@@ -301,7 +308,8 @@ __device__ __forceinline__ HeadIndex warp_head(const Mat& x, int64_t head_dim) {
   return {item / heads, item % heads, item < x.rows * heads};
 }
 
-__global__ void qk_rms_norm_kernel(Mat x, int64_t head_dim, const bf16* weight, float eps, RopeStyle style) {
+__global__ void qk_rms_norm_kernel(Mat x, int64_t head_dim, const bf16* weight, float eps,
+                                   RopeStyle style) {
   const HeadIndex at = warp_head(x, head_dim);
   if (!at.valid) return;
   bf16* head = row_ptr_mut(x, at.row) + at.head * head_dim;
@@ -328,8 +336,8 @@ __global__ void rope_kernel(Mat x, int64_t head_dim, Mat cos, Mat sin, RopeStyle
   }
 }
 
-__global__ void qk_norm_rope_kernel(Mat x, int64_t head_dim, const bf16* weight, float eps, Mat cos, Mat sin,
-                                    RopeStyle style) {
+__global__ void qk_norm_rope_kernel(Mat x, int64_t head_dim, const bf16* weight, float eps, Mat cos,
+                                    Mat sin, RopeStyle style) {
   __shared__ float staged[kWarpsPerBlock][kMaxHeadDim];
   const HeadIndex at = warp_head(x, head_dim);
   if (!at.valid) return;
@@ -354,7 +362,8 @@ __global__ void qk_norm_rope_kernel(Mat x, int64_t head_dim, const bf16* weight,
 constexpr int kVecHeadDim = 128;
 
 bool heads_vectorized(const Mat& x, int64_t head_dim) {
-  return head_dim == kVecHeadDim && reinterpret_cast<uintptr_t>(x.data) % 8 == 0 && (x.stride * 2) % 8 == 0;
+  return head_dim == kVecHeadDim && reinterpret_cast<uintptr_t>(x.data) % 8 == 0 &&
+         (x.stride * 2) % 8 == 0;
 }
 
 struct Bf16x4 {
@@ -387,8 +396,8 @@ __device__ __forceinline__ void norm4(float v[4], const float w[4], float eps, R
 }
 
 // Normalised (and rounded) values of this lane's four elements.
-__device__ __forceinline__ void head_norm4(const bf16* head, const bf16* weight, float eps, RopeStyle style,
-                                           float v[4]) {
+__device__ __forceinline__ void head_norm4(const bf16* head, const bf16* weight, float eps,
+                                           RopeStyle style, float v[4]) {
   const int lane = threadIdx.x & 31;
   load4(head + 4 * lane, v);
   float w[4];
@@ -449,7 +458,8 @@ __host__ __device__ inline int64_t head_groups(const Mat& x) {
   return (x.cols / kVecHeadDim + kHeadsPerWarp - 1) / kHeadsPerWarp;
 }
 
-__global__ void qk_norm_rope_vec_kernel(Mat x, const bf16* weight, float eps, Mat cos, Mat sin, RopeStyle style) {
+__global__ void qk_norm_rope_vec_kernel(Mat x, const bf16* weight, float eps, Mat cos, Mat sin,
+                                        RopeStyle style) {
   const int64_t heads = x.cols / kVecHeadDim, groups = head_groups(x);
   const int64_t item = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
   if (item >= x.rows * groups) return;
@@ -475,21 +485,25 @@ __global__ void qk_norm_rope_vec_kernel(Mat x, const bf16* weight, float eps, Ma
 }
 
 bool tables_vectorized(const Mat& cos, const Mat& sin) {
-  return reinterpret_cast<uintptr_t>(cos.data) % 16 == 0 && reinterpret_cast<uintptr_t>(sin.data) % 16 == 0 &&
-         (cos.stride * 4) % 16 == 0 && (sin.stride * 4) % 16 == 0;
+  return reinterpret_cast<uintptr_t>(cos.data) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(sin.data) % 16 == 0 && (cos.stride * 4) % 16 == 0 &&
+         (sin.stride * 4) % 16 == 0;
 }
 
 absl::Status check_heads(const char* op, const Mat& x, int64_t head_dim) {
   if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim || x.cols % head_dim != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", x.cols, " columns are not whole heads of even dim ",
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", x.cols,
+                                                   " columns are not whole heads of even dim ",
                                                    head_dim, " (<= ", kMaxHeadDim, ")"));
   }
   return absl::OkStatus();
 }
 
-absl::Status check_tables(const char* op, const Mat& x, int64_t head_dim, const Mat& cos, const Mat& sin) {
+absl::Status check_tables(const char* op, const Mat& x, int64_t head_dim, const Mat& cos,
+                          const Mat& sin) {
   if (cos.rows != x.rows || sin.rows != x.rows || cos.cols != head_dim || sin.cols != head_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": rope tables must be [", x.rows, ", ", head_dim, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": rope tables must be [", x.rows, ", ", head_dim, "]"));
   }
   return absl::OkStatus();
 }
@@ -502,14 +516,16 @@ int head_blocks(const Mat& x, int64_t head_dim) {
 // A bound on |layer_norm_modulate's output| from the modulation alone: the normalised row has
 // sum n^2 = D var / (var + eps) <= D, so |n| <= sqrt(D); then |bf16(1 + scale)| · |n| + |shift|,
 // with (1 + 2^-7) for each of the two bf16 roundings and the rounding of n. One block.
-__global__ void fp8_layer_norm_modulate_scale_kernel(Mat shift, Mat scale, int64_t cols, float* dequant_scale) {
+__global__ void fp8_layer_norm_modulate_scale_kernel(Mat shift, Mat scale, int64_t cols,
+                                                     float* dequant_scale) {
   __shared__ uint32_t scratch[32];
   uint32_t max_one_plus = 0, max_shift = 0;
   for (int64_t r = 0; r < shift.rows; ++r) {
     const bf16* sh = row_ptr(shift, r);
     const bf16* sc = row_ptr(scale, r);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      max_one_plus = max(max_one_plus, __float_as_uint(round_bf16(__fadd_rn(1.0f, to_f32(sc[c])))) & 0x7fffffffu);
+      max_one_plus = max(max_one_plus,
+                         __float_as_uint(round_bf16(__fadd_rn(1.0f, to_f32(sc[c])))) & 0x7fffffffu);
       max_shift = max(max_shift, __float_as_uint(to_f32(sh[c])) & 0x7fffffffu);
     }
   }
@@ -517,8 +533,10 @@ __global__ void fp8_layer_norm_modulate_scale_kernel(Mat shift, Mat scale, int64
   max_shift = block_max_bits(max_shift, scratch);
   if (threadIdx.x == 0) {
     constexpr float kRounding = 1.0f + 1.0f / 128.0f;
-    const float bound = (__uint_as_float(max_one_plus) * sqrtf(static_cast<float>(cols)) * kRounding * kRounding +
-                         __uint_as_float(max_shift)) * kRounding;
+    const float bound =
+        (__uint_as_float(max_one_plus) * sqrtf(static_cast<float>(cols)) * kRounding * kRounding +
+         __uint_as_float(max_shift)) *
+        kRounding;
     *dequant_scale = fp8_dequant_scale(bound);
   }
 }
@@ -526,7 +544,8 @@ __global__ void fp8_layer_norm_modulate_scale_kernel(Mat shift, Mat scale, int64
 }  // namespace
 
 absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream_t stream) {
-  if (x.rows != out.rows || x.cols != out.cols) return absl::InvalidArgumentError("layer_norm: shape mismatch");
+  if (x.rows != out.rows || x.cols != out.cols)
+    return absl::InvalidArgumentError("layer_norm: shape mismatch");
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
     launch_layer_norm_vec(x, eps, out, PlainLn{}, nullptr, Fp8Rows{}, stream);
@@ -537,9 +556,9 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
   return absl::OkStatus();
 }
 
-absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat& scale, int64_t rows_per_mod,
-                                       float eps, const Mat& out, cudaStream_t stream, uint32_t* row_amax,
-                                       Fp8Rows fp8) {
+absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat& scale,
+                                       int64_t rows_per_mod, float eps, const Mat& out,
+                                       cudaStream_t stream, uint32_t* row_amax, Fp8Rows fp8) {
   if (x.rows != out.rows || x.cols != out.cols || shift.cols != x.cols || scale.cols != x.cols ||
       rows_per_mod <= 0 || shift.rows * rows_per_mod != x.rows || scale.rows != shift.rows) {
     return absl::InvalidArgumentError("layer_norm_modulate: shape mismatch");
@@ -566,21 +585,26 @@ absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat
   return absl::OkStatus();
 }
 
-bool layer_norm_writes_fp8(const Mat& x) { return ln_vectorized(x); }
+bool layer_norm_writes_fp8(const Mat& x) {
+  return ln_vectorized(x);
+}
 
-absl::Status fp8_layer_norm_modulate_scale(const Mat& shift, const Mat& scale, int64_t cols, float* dequant_scale,
-                                           cudaStream_t stream) {
+absl::Status fp8_layer_norm_modulate_scale(const Mat& shift, const Mat& scale, int64_t cols,
+                                           float* dequant_scale, cudaStream_t stream) {
   if (shift.cols != cols || scale.cols != cols || shift.rows != scale.rows || shift.rows <= 0 ||
       dequant_scale == nullptr) {
-    return absl::InvalidArgumentError("fp8_layer_norm_modulate_scale: shift and scale must be [B, cols]");
+    return absl::InvalidArgumentError(
+        "fp8_layer_norm_modulate_scale: shift and scale must be [B, cols]");
   }
   fp8_layer_norm_modulate_scale_kernel<<<1, 1024, 0, stream>>>(shift, scale, cols, dequant_scale);
   FLUX_RETURN_IF_LAUNCH_FAILED("fp8_layer_norm_modulate_scale");
   return absl::OkStatus();
 }
 
-absl::Status rms_norm_qwen_bf16(const Mat& x, const void* weight, float eps, const Mat& out, cudaStream_t stream) {
-  if (x.rows != out.rows || x.cols != out.cols) return absl::InvalidArgumentError("rms_norm: shape mismatch");
+absl::Status rms_norm_qwen_bf16(const Mat& x, const void* weight, float eps, const Mat& out,
+                                cudaStream_t stream) {
+  if (x.rows != out.rows || x.cols != out.cols)
+    return absl::InvalidArgumentError("rms_norm: shape mismatch");
   if (x.rows == 0) return absl::OkStatus();
   rms_norm_qwen_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(
       x, static_cast<const bf16*>(weight), eps, out);
@@ -588,8 +612,8 @@ absl::Status rms_norm_qwen_bf16(const Mat& x, const void* weight, float eps, con
   return absl::OkStatus();
 }
 
-absl::Status qk_rms_norm_bf16(const Mat& x, int64_t head_dim, const void* weight, float eps, RopeStyle style,
-                              cudaStream_t stream) {
+absl::Status qk_rms_norm_bf16(const Mat& x, int64_t head_dim, const void* weight, float eps,
+                              RopeStyle style, cudaStream_t stream) {
   if (auto s = check_heads("qk_rms_norm", x, head_dim); !s.ok()) return s;
   if (x.rows == 0) return absl::OkStatus();
   if (heads_vectorized(x, head_dim)) {
@@ -603,18 +627,20 @@ absl::Status qk_rms_norm_bf16(const Mat& x, int64_t head_dim, const void* weight
   return absl::OkStatus();
 }
 
-absl::Status rope_bf16(const Mat& x, int64_t head_dim, const Mat& cos, const Mat& sin, RopeStyle style,
-                       cudaStream_t stream) {
+absl::Status rope_bf16(const Mat& x, int64_t head_dim, const Mat& cos, const Mat& sin,
+                       RopeStyle style, cudaStream_t stream) {
   if (auto s = check_heads("rope", x, head_dim); !s.ok()) return s;
   if (auto s = check_tables("rope", x, head_dim, cos, sin); !s.ok()) return s;
   if (x.rows == 0) return absl::OkStatus();
-  rope_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(x, head_dim, cos, sin, style);
+  rope_kernel<<<head_blocks(x, head_dim), kWarpsPerBlock * 32, 0, stream>>>(x, head_dim, cos, sin,
+                                                                            style);
   FLUX_RETURN_IF_LAUNCH_FAILED("rope");
   return absl::OkStatus();
 }
 
-absl::Status qk_norm_rope_fused(const Mat& x, int64_t head_dim, const void* weight, float eps, const Mat& cos,
-                                const Mat& sin, RopeStyle style, cudaStream_t stream) {
+absl::Status qk_norm_rope_fused(const Mat& x, int64_t head_dim, const void* weight, float eps,
+                                const Mat& cos, const Mat& sin, RopeStyle style,
+                                cudaStream_t stream) {
   if (auto s = check_heads("qk_norm_rope", x, head_dim); !s.ok()) return s;
   if (auto s = check_tables("qk_norm_rope", x, head_dim, cos, sin); !s.ok()) return s;
   if (x.rows == 0) return absl::OkStatus();

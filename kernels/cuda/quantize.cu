@@ -131,7 +131,8 @@ __global__ void fp8_quantize_dynamic_kernel(CatSource s, uint32_t* partials, uns
                                             float* amax_out, float* scale_out, uint8_t* out) {
   __shared__ uint32_t scratch[32];
   // Index: 32-bit where the item count allows (64-bit division costs dozens of instructions).
-  const Index per_row = static_cast<Index>(s.cols / 16), items = static_cast<Index>(s.rows) * per_row;
+  const Index per_row = static_cast<Index>(s.cols / 16),
+              items = static_cast<Index>(s.rows) * per_row;
   const Index first = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
   uint32_t m = 0;
   for (Index i = first; i < items; i += step) {
@@ -151,7 +152,8 @@ __global__ void fp8_quantize_dynamic_kernel(CatSource s, uint32_t* partials, uns
   }
   __syncthreads();
   uint32_t t = 0;
-  for (unsigned int i = threadIdx.x; i < gridDim.x; i += blockDim.x) t = max(t, __ldcg(partials + i));
+  for (unsigned int i = threadIdx.x; i < gridDim.x; i += blockDim.x)
+    t = max(t, __ldcg(partials + i));
   t = block_max_bits(t, scratch);
   const float amax = __uint_as_float(t), scale = fp8_dequant_scale(amax);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -487,9 +489,11 @@ absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream)
   return absl::OkStatus();
 }
 
-absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, float* scale, cudaStream_t stream) {
+absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, float* scale,
+                                     cudaStream_t stream) {
   if (rows <= 0 || row_amax == nullptr || scale == nullptr) {
-    return absl::InvalidArgumentError("fp8_scale_from_row_amax: needs rows > 0, row maxima and a scale");
+    return absl::InvalidArgumentError(
+        "fp8_scale_from_row_amax: needs rows > 0, row maxima and a scale");
   }
   amax_finalize_kernel<<<1, 1024, 0, stream>>>(row_amax, rows, ScaleKind::kFp8Dequant, nullptr,
                                                scale);

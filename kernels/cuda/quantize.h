@@ -1,8 +1,9 @@
-// FP8 (E4M3) and NVFP4 quantizer launchers for the quality=high path (issue 8; kernels.md §1.7, §2):
-// per-tensor FP8 activations (dynamic amax or a given scale), per-row / per-tensor FP8 weights, NVFP4
-// with the 128x4 swizzled UE4M3 scales, and the fused "token concat + quantize" of the single block's
-// to_out input. Bit for bit equal to the CPU references in kernels/base/fp8_nvfp4.h; tested by
-// tests/cuda/quantize_test.cc (GPU) and tests/host/quantize_reference_test.cc (references).
+// FP8 (E4M3) and NVFP4 quantizer launchers for the quality=high path (issue 8; kernels.md §1.7,
+// §2): per-tensor FP8 activations (dynamic amax or a given scale), per-row / per-tensor FP8
+// weights, NVFP4 with the 128x4 swizzled UE4M3 scales, and the fused "token concat + quantize" of
+// the single block's to_out input. Bit for bit equal to the CPU references in
+// kernels/base/fp8_nvfp4.h; tested by tests/cuda/quantize_test.cc (GPU) and
+// tests/host/quantize_reference_test.cc (references).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,15 +38,15 @@ inline constexpr int64_t kQuantizeWorkspaceBytes = 4096;
 // ---- FP8 E4M3 ----
 
 struct Fp8QuantizeArgs {
-  QuantizeInput in;             // [M, K], K = D + F a multiple of 16
-  void* out = nullptr;          // E4M3 [M, K] contiguous (row stride K bytes), 16-byte aligned
-  int64_t out_bytes = 0;        // capacity of `out`, >= M * K
+  QuantizeInput in;       // [M, K], K = D + F a multiple of 16
+  void* out = nullptr;    // E4M3 [M, K] contiguous (row stride K bytes), 16-byte aligned
+  int64_t out_bytes = 0;  // capacity of `out`, >= M * K
   // Dequantization scale(s), device fp32 (stored x scale = value; cuBLASLt A/B_SCALE_POINTER):
   // one value (per tensor) or M values (fp8_quantize_rows). Written by the dynamic launchers,
   // read by fp8_quantize_static.
   float* scale = nullptr;
-  float* amax = nullptr;        // optional (dynamic only): receives max |x| as fp32
-  void* workspace = nullptr;    // dynamic only: kQuantizeWorkspaceBytes, 4-byte aligned
+  float* amax = nullptr;      // optional (dynamic only): receives max |x| as fp32
+  void* workspace = nullptr;  // dynamic only: kQuantizeWorkspaceBytes, 4-byte aligned
   int64_t workspace_bytes = 0;
   QuantizeConversion conversion = QuantizeConversion::kAuto;
 };
@@ -68,21 +69,22 @@ absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream)
 // *scale = fp8_dequant_scale(max over rows of row_amax[r]) (f32 magnitude bits, as the producers'
 // row-amax outputs hold them): with fp8_quantize_static, bit-identical to fp8_quantize_dynamic
 // over the same matrix. One kernel.
-absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, float* scale, cudaStream_t stream);
+absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, float* scale,
+                                     cudaStream_t stream);
 
 // ---- NVFP4 (E2M1 values, UE4M3 scales per 16 elements, per-tensor fp32 global scale) ----
 
 struct Nvfp4QuantizeArgs {
-  QuantizeInput in;             // [M, K], K = D + F a multiple of 16
-  void* out = nullptr;          // packed E2M1 [M, K / 2] bytes, contiguous, element 2i in the low
-  int64_t out_bytes = 0;        //   nibble of byte i; 16-byte aligned; capacity >= M * K / 2
-  void* scales = nullptr;       // UE4M3 block scales in the 128x4 swizzled layout, padded rows and
-  int64_t scales_bytes = 0;     //   K-blocks written as 0; 16-byte aligned; >= nvfp4_scale_bytes(M, K)
+  QuantizeInput in;          // [M, K], K = D + F a multiple of 16
+  void* out = nullptr;       // packed E2M1 [M, K / 2] bytes, contiguous, element 2i in the low
+  int64_t out_bytes = 0;     //   nibble of byte i; 16-byte aligned; capacity >= M * K / 2
+  void* scales = nullptr;    // UE4M3 block scales in the 128x4 swizzled layout, padded rows and
+  int64_t scales_bytes = 0;  //   K-blocks written as 0; 16-byte aligned; >= nvfp4_scale_bytes(M, K)
   // Global (encode) scale gs = 448 * 6 / amax, device fp32 (dequantization x = e2m1 * sf / gs; a
   // GEMM folds 1 / (gs_A * gs_B) into alpha). Written by the dynamic launcher, read by the static.
   float* global_scale = nullptr;
-  float* amax = nullptr;        // optional (dynamic only)
-  void* workspace = nullptr;    // dynamic only: kQuantizeWorkspaceBytes, 4-byte aligned
+  float* amax = nullptr;      // optional (dynamic only)
+  void* workspace = nullptr;  // dynamic only: kQuantizeWorkspaceBytes, 4-byte aligned
   int64_t workspace_bytes = 0;
   QuantizeConversion conversion = QuantizeConversion::kAuto;
 };
@@ -108,7 +110,7 @@ absl::StatusOr<QuantizeHardware> quantize_hardware_conversions();
 // [0] E4M3 mismatches, [1] E2M1 mismatches, [2] the smallest mismatching E4M3 pattern,
 // [3] the smallest mismatching E2M1 pattern (2^32 when none), [4] / [5] the number of inputs
 // checked for E4M3 / E2M1 (0 where that instruction is not compiled for the device).
-absl::Status quantize_conversion_mismatches(uint64_t first, uint64_t count, unsigned long long* counts,
-                                            cudaStream_t stream);
+absl::Status quantize_conversion_mismatches(uint64_t first, uint64_t count,
+                                            unsigned long long* counts, cudaStream_t stream);
 
 }  // namespace flux2::cuda

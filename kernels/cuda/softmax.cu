@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(kThreads) softmax_kernel(Mat scores, Mat probs
   float sum = 0.0f;
   for (int64_t c = threadIdx.x; c < scores.cols; c += kThreads) sum += expf(in[c] - m);
   const float inv = 1.0f / block_sum(sum, scratch);
-  for (int64_t c = threadIdx.x; c < scores.cols; c += kThreads) out[c] = to_bf16(expf(in[c] - m) * inv);
+  for (int64_t c = threadIdx.x; c < scores.cols; c += kThreads)
+    out[c] = to_bf16(expf(in[c] - m) * inv);
 }
 
 }  // namespace

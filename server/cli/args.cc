@@ -7,7 +7,8 @@
 
 namespace flux2 {
 
-absl::StatusOr<Args> Args::parse(int argc, char** argv, int first, const std::set<std::string>& flags) {
+absl::StatusOr<Args> Args::parse(int argc, char** argv, int first,
+                                 const std::set<std::string>& flags) {
   Args args;
   for (int i = first; i < argc; ++i) {
     std::string word = argv[i];
@@ -38,7 +39,8 @@ absl::StatusOr<int64_t> Args::get_int(absl::string_view name, int64_t fallback) 
   if (!has(name)) return fallback;
   int64_t value;
   if (!absl::SimpleAtoi(get(name), &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": \"", get(name), "\" is not an integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": \"", get(name), "\" is not an integer"));
   }
   return value;
 }

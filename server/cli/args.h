@@ -1,12 +1,13 @@
 // A small command-line parser for the `flux2` subcommands: `--name value` and `--name=value`
-// options plus positional words, with errors that name the option. Tested by tests/host/small_units_test.cc.
+// options plus positional words, with errors that name the option. Tested by
+// tests/host/small_units_test.cc.
 #pragma once
 
 #include <map>
 #include <set>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 

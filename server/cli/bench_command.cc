@@ -47,7 +47,8 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
     return absl::InvalidArgumentError("--height/--width must be positive multiples of 16");
   }
   be.set_fast_paths(o.fast_paths);
-  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Transformer> model, Flux2Transformer::create_random(be, config, 1));
+  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Transformer> model,
+                        Flux2Transformer::create_random(be, config, 1));
   int64_t fp8_bytes = 0;
   if (o.quality == "high") {
     FLUX_ASSIGN_OR_RETURN(fp8_bytes, model->enable_quality_high());
@@ -67,8 +68,9 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   std::vector<float> guidance;
   if (config.guidance_embeds) guidance.assign(static_cast<size_t>(total), 4.0f);
   be.reset_peak_memory();
-  FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond, model->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w),
-                                                               timesteps, guidance));
+  FLUX_ASSIGN_OR_RETURN(
+      Flux2Conditioning cond,
+      model->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w), timesteps, guidance));
   auto step = [&](int64_t i) -> absl::Status {
     FLUX_RETURN_IF_ERROR(model->forward(cond, i, x, v));
     return be.euler_step(x, v, schedule.dt(i));
@@ -156,31 +158,40 @@ absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const BenchOptions& 
   be.set_quality(o.quality == "high" ? Quality::kHigh : Quality::kLossless);  // high: FP8 attention
   const AttentionParams params{config.num_attention_heads, config.num_attention_heads, dh,
                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
-  auto time_layout = [&](const Tensor& qq, const Tensor& kk, const Tensor& vv) -> absl::StatusOr<double> {
+  auto time_layout = [&](const Tensor& qq, const Tensor& kk,
+                         const Tensor& vv) -> absl::StatusOr<double> {
     std::vector<double> times;
     for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
-      FLUX_ASSIGN_OR_RETURN(double ms, be.time_ms([&] { return be.attention(qq, kk, vv, params, out); }));
+      FLUX_ASSIGN_OR_RETURN(double ms,
+                            be.time_ms([&] { return be.attention(qq, kk, vv, params, out); }));
       if (i >= o.warmup) times.push_back(ms);
     }
     return median_of(times);
   };
-  FLUX_ASSIGN_OR_RETURN(double strided, time_layout(fused.col_slice(0, d), fused.col_slice(d, d), fused.col_slice(2 * d, d)));
+  FLUX_ASSIGN_OR_RETURN(double strided, time_layout(fused.col_slice(0, d), fused.col_slice(d, d),
+                                                    fused.col_slice(2 * d, d)));
   FLUX_ASSIGN_OR_RETURN(double contiguous, time_layout(q, k, v));
   const double flops = 4.0 * static_cast<double>(s) * s * d;
-  return nlohmann::json{{"model", o.model}, {"quality", o.quality}, {"tokens", s}, {"ms_strided", strided}, {"ms_contiguous", contiguous},
-                        {"tflops_strided", flops / (strided * 1e9)}, {"tflops_contiguous", flops / (contiguous * 1e9)}};
+  return nlohmann::json{{"model", o.model},
+                        {"quality", o.quality},
+                        {"tokens", s},
+                        {"ms_strided", strided},
+                        {"ms_contiguous", contiguous},
+                        {"tflops_strided", flops / (strided * 1e9)},
+                        {"tflops_contiguous", flops / (contiguous * 1e9)}};
 }
 
 // The whole request (tokenize, text encode, denoise, decode, PNG encode) with random weights at
 // the model's shapes, 1024x1024 by default: the median of `repeats` runs after one warm-up.
-absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o, const std::string& tokenizer_dir,
-                                         int repeats) {
+absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
+                                         const std::string& tokenizer_dir, int repeats) {
   FLUX_ASSIGN_OR_RETURN(RandomPipelineSpec spec, random_pipeline_spec(o.model, tokenizer_dir));
   spec.enable_quality_high = o.quality == "high";
   be.set_fast_paths(o.fast_paths);
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline, Pipeline::create_random(be, spec));
   GenerateParams params;
-  params.prompt = "A photo of a red fox in fresh snow at golden hour, watercolor style, highly detailed";
+  params.prompt =
+      "A photo of a red fox in fresh snow at golden hour, watercolor style, highly detailed";
   params.height = o.height;
   params.width = o.width;
   params.num_inference_steps = o.model == "dev" ? 50 : 4;  // the published defaults
@@ -193,7 +204,8 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o, con
     const auto start = std::chrono::steady_clock::now();
     FLUX_ASSIGN_OR_RETURN(GeneratedImage image, pipeline->generate(params));
     const auto encode_start = std::chrono::steady_clock::now();
-    FLUX_ASSIGN_OR_RETURN(std::vector<uint8_t> png, encode_png(image.rgb, image.width, image.height));
+    FLUX_ASSIGN_OR_RETURN(std::vector<uint8_t> png,
+                          encode_png(image.rgb, image.width, image.height));
     const auto end = std::chrono::steady_clock::now();
     if (run < 0) continue;
     e2e.push_back(std::chrono::duration<double, std::milli>(end - start).count());
@@ -216,27 +228,42 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o, con
   const int64_t n = (o.height / 16) * (o.width / 16);
   const StepFlops flops = flux2_step_flops(spec.transformer, n, o.text_len);
   const double floor = flux2_floor_ms(spec.transformer, n, o.text_len);
-  return nlohmann::json{
-      {"model", o.model}, {"quality", o.quality}, {"height", o.height}, {"width", o.width}, {"text_len", o.text_len},
-      {"backend", std::string(be.name())}, {"fast_paths", o.fast_paths}, {"e2e", true},
-      {"request_steps", params.num_inference_steps}, {"repeats", repeats},
-      {"ms_e2e_median", median_of(e2e)}, {"ms_tokenize", median_of(tokenize)},
-      {"ms_text_encode", median_of(text_encode)}, {"ms_denoise", median_of(denoise)},
-      {"ms_decode", median_of(decode)}, {"ms_encode", median_of(encode)},
-      {"ms_per_step_median", step_median}, {"tflops", (flops.linear + flops.attention) / (step_median * 1e9)},
-      {"floor_ms", floor}, {"floor_fraction", floor / step_median},
-      {"peak_device_bytes", memory.peak_bytes}, {"weight_bytes", pipeline->info().device_bytes},
-      {"load_seconds", pipeline->info().load_seconds}, {"profile_ms", profile}};
+  return nlohmann::json{{"model", o.model},
+                        {"quality", o.quality},
+                        {"height", o.height},
+                        {"width", o.width},
+                        {"text_len", o.text_len},
+                        {"backend", std::string(be.name())},
+                        {"fast_paths", o.fast_paths},
+                        {"e2e", true},
+                        {"request_steps", params.num_inference_steps},
+                        {"repeats", repeats},
+                        {"ms_e2e_median", median_of(e2e)},
+                        {"ms_tokenize", median_of(tokenize)},
+                        {"ms_text_encode", median_of(text_encode)},
+                        {"ms_denoise", median_of(denoise)},
+                        {"ms_decode", median_of(decode)},
+                        {"ms_encode", median_of(encode)},
+                        {"ms_per_step_median", step_median},
+                        {"tflops", (flops.linear + flops.attention) / (step_median * 1e9)},
+                        {"floor_ms", floor},
+                        {"floor_fraction", floor / step_median},
+                        {"peak_device_bytes", memory.peak_bytes},
+                        {"weight_bytes", pipeline->info().device_bytes},
+                        {"load_seconds", pipeline->info().load_seconds},
+                        {"profile_ms", profile}};
 }
 
 }  // namespace
 
 int run_bench(int argc, char** argv, int first) {
-  auto args = Args::parse(argc, argv, first, {"--json", "--no-fast-paths", "--e2e", "--profile", "--attention-only"});
+  auto args = Args::parse(argc, argv, first,
+                          {"--json", "--no-fast-paths", "--e2e", "--profile", "--attention-only"});
   if (!args.ok()) return fail(args.status().message());
-  if (auto known = args->check_known({"--model", "--height", "--width", "--text-len", "--quality", "--steps",
-                                      "--warmup", "--json", "--no-fast-paths", "--backend", "--e2e", "--profile",
-                                      "--tokenizer", "--repeats", "--attention-only"});
+  if (auto known =
+          args->check_known({"--model", "--height", "--width", "--text-len", "--quality", "--steps",
+                             "--warmup", "--json", "--no-fast-paths", "--backend", "--e2e",
+                             "--profile", "--tokenizer", "--repeats", "--attention-only"});
       !known.ok()) {
     return fail(known.message());
   }
@@ -249,7 +276,8 @@ int run_bench(int argc, char** argv, int first) {
   auto height = args->get_int("--height", 1024), width = args->get_int("--width", 1024);
   auto text_len = args->get_int("--text-len", 512), steps = args->get_int("--steps", 10);
   auto warmup = args->get_int("--warmup", 3);
-  for (const absl::Status& s : {height.status(), width.status(), text_len.status(), steps.status(), warmup.status()}) {
+  for (const absl::Status& s :
+       {height.status(), width.status(), text_len.status(), steps.status(), warmup.status()}) {
     if (!s.ok()) return fail(s.message());
   }
   o.height = *height;
@@ -266,30 +294,37 @@ int run_bench(int argc, char** argv, int first) {
   auto repeats = args->get_int("--repeats", 5);
   if (!repeats.ok() || *repeats < 1) return fail("--repeats must be a positive integer");
   auto result = args->has("--attention-only") ? bench_attention(**backend, o)
-                : args->has("--e2e") ? bench_e2e(**backend, o, args->get("--tokenizer", std::string(FLUX2_TINY_CHECKPOINT_DIR) + "/tokenizer"),
-                                               static_cast<int>(*repeats))
-                                   : bench_step(**backend, o);
+                : args->has("--e2e")
+                    ? bench_e2e(**backend, o,
+                                args->get("--tokenizer",
+                                          std::string(FLUX2_TINY_CHECKPOINT_DIR) + "/tokenizer"),
+                                static_cast<int>(*repeats))
+                    : bench_step(**backend, o);
   if (!result.ok()) return fail(result.status().message());
   if (o.json || args->has("--attention-only")) {
     std::printf("%s\n", result->dump().c_str());
   } else if (result->contains("e2e")) {
     const nlohmann::json& r = *result;
-    std::printf("%s e2e %lldx%lld, %d steps: %.1f ms (tokenize %.2f, text encode %.1f, denoise %.1f, decode %.1f, "
-                "encode %.1f), %.2f ms/step, peak %.2f GB\n",
-                o.model.c_str(), static_cast<long long>(o.width), static_cast<long long>(o.height),
-                r["request_steps"].get<int>(), r["ms_e2e_median"].get<double>(), r["ms_tokenize"].get<double>(),
-                r["ms_text_encode"].get<double>(), r["ms_denoise"].get<double>(), r["ms_decode"].get<double>(),
-                r["ms_encode"].get<double>(), r["ms_per_step_median"].get<double>(),
-                r["peak_device_bytes"].get<int64_t>() / 1e9);
+    std::printf(
+        "%s e2e %lldx%lld, %d steps: %.1f ms (tokenize %.2f, text encode %.1f, denoise %.1f, "
+        "decode %.1f, "
+        "encode %.1f), %.2f ms/step, peak %.2f GB\n",
+        o.model.c_str(), static_cast<long long>(o.width), static_cast<long long>(o.height),
+        r["request_steps"].get<int>(), r["ms_e2e_median"].get<double>(),
+        r["ms_tokenize"].get<double>(), r["ms_text_encode"].get<double>(),
+        r["ms_denoise"].get<double>(), r["ms_decode"].get<double>(), r["ms_encode"].get<double>(),
+        r["ms_per_step_median"].get<double>(), r["peak_device_bytes"].get<int64_t>() / 1e9);
   } else {
     const nlohmann::json& r = *result;
-    std::printf("%s %s %lldx%lld text %lld: %.2f ms/step median (min %.2f, max %.2f), %.0f TFLOP/s, floor %.1f ms "
-                "(fraction %.3f), peak %.2f GB\n",
-                o.model.c_str(), o.quality.c_str(), static_cast<long long>(o.width), static_cast<long long>(o.height),
-                static_cast<long long>(o.text_len), r["ms_per_step_median"].get<double>(),
-                r["ms_per_step_min"].get<double>(), r["ms_per_step_max"].get<double>(), r["tflops"].get<double>(),
-                r["floor_ms"].get<double>(), r["floor_fraction"].get<double>(),
-                r["peak_device_bytes"].get<int64_t>() / 1e9);
+    std::printf(
+        "%s %s %lldx%lld text %lld: %.2f ms/step median (min %.2f, max %.2f), %.0f TFLOP/s, floor "
+        "%.1f ms "
+        "(fraction %.3f), peak %.2f GB\n",
+        o.model.c_str(), o.quality.c_str(), static_cast<long long>(o.width),
+        static_cast<long long>(o.height), static_cast<long long>(o.text_len),
+        r["ms_per_step_median"].get<double>(), r["ms_per_step_min"].get<double>(),
+        r["ms_per_step_max"].get<double>(), r["tflops"].get<double>(), r["floor_ms"].get<double>(),
+        r["floor_fraction"].get<double>(), r["peak_device_bytes"].get<int64_t>() / 1e9);
   }
   return 0;
 }

@@ -24,9 +24,9 @@ int fail(absl::string_view message) {
 int run_generate(int argc, char** argv, int first) {
   auto args = Args::parse(argc, argv, first, {"--no-fast-paths"});
   if (!args.ok()) return fail(args.status().message());
-  if (auto known = args->check_known({"--model-dir", "--prompt", "--negative-prompt", "--height", "--width", "--steps",
-                                      "--seed", "--guidance", "--out", "--backend", "--max-sequence-length",
-                                      "--no-fast-paths"});
+  if (auto known = args->check_known({"--model-dir", "--prompt", "--negative-prompt", "--height",
+                                      "--width", "--steps", "--seed", "--guidance", "--out",
+                                      "--backend", "--max-sequence-length", "--no-fast-paths"});
       !known.ok()) {
     return fail(known.message());
   }
@@ -40,11 +40,12 @@ int run_generate(int argc, char** argv, int first) {
   auto steps = args->get_int("--steps", 0), seed = args->get_int("--seed", 0);
   auto max_len = args->get_int("--max-sequence-length", 0);
   auto guidance = args->get_double("--guidance", -1.0);
-  for (const absl::Status& s : {height.status(), width.status(), steps.status(), seed.status(), max_len.status(),
-                                guidance.status()}) {
+  for (const absl::Status& s : {height.status(), width.status(), steps.status(), seed.status(),
+                                max_len.status(), guidance.status()}) {
     if (!s.ok()) return fail(s.message());
   }
-  if (args->has("--steps") && *steps < 1) return fail(absl::StrCat("--steps: ", *steps, " must be at least 1"));
+  if (args->has("--steps") && *steps < 1)
+    return fail(absl::StrCat("--steps: ", *steps, " must be at least 1"));
   params.height = *height;
   params.width = *width;
   params.num_inference_steps = *steps;
@@ -66,11 +67,13 @@ int run_generate(int argc, char** argv, int first) {
   file.write(reinterpret_cast<const char*>(png->data()), static_cast<std::streamsize>(png->size()));
   if (!file) return fail(absl::StrCat("cannot write ", out));
   const StageTimings& t = image->timings;
-  std::printf("wrote %s (%lldx%lld, seed %llu): tokenize %.1f ms, text encode %.1f ms, denoise %.1f ms (%zu steps), "
-              "decode %.1f ms\n",
-              out.c_str(), static_cast<long long>(image->width), static_cast<long long>(image->height),
-              static_cast<unsigned long long>(image->seed), 1e3 * t.tokenize, 1e3 * t.text_encode, 1e3 * t.denoise,
-              t.steps.size(), 1e3 * t.decode);
+  std::printf(
+      "wrote %s (%lldx%lld, seed %llu): tokenize %.1f ms, text encode %.1f ms, denoise %.1f ms "
+      "(%zu steps), "
+      "decode %.1f ms\n",
+      out.c_str(), static_cast<long long>(image->width), static_cast<long long>(image->height),
+      static_cast<unsigned long long>(image->seed), 1e3 * t.tokenize, 1e3 * t.text_encode,
+      1e3 * t.denoise, t.steps.size(), 1e3 * t.decode);
   return 0;
 }
 

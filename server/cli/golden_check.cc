@@ -42,14 +42,16 @@ const GoldenPart kParts[] = {
 
 void print_usage() {
   std::fprintf(stderr,
-               "usage: flux2 check-golden --golden DIR [--backend cpu|cuda] [--only PART,...] [--quality lossless|high]\n"
+               "usage: flux2 check-golden --golden DIR [--backend cpu|cuda] [--only PART,...] "
+               "[--quality lossless|high]\n"
                "parts: tokenizer, text_encoder, transformer, vae, scheduler, randn, pipeline\n");
 }
 
 }  // namespace
 
-void GoldenReport::compare(absl::string_view file, absl::string_view case_name, absl::string_view tensor,
-                           std::span<const float> out, std::span<const float> ref, double tolerance) {
+void GoldenReport::compare(absl::string_view file, absl::string_view case_name,
+                           absl::string_view tensor, std::span<const float> out,
+                           std::span<const float> ref, double tolerance) {
   if (out.size() != ref.size()) {
     record(false, file, case_name, tensor,
            absl::StrCat("size ", out.size(), " != reference size ", ref.size()));
@@ -75,7 +77,8 @@ absl::StatusOr<std::vector<float>> download_values(Backend& backend, const Tenso
   return values;
 }
 
-absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>& values, Shape shape) {
+absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>& values,
+                                     Shape shape) {
   FLUX_ASSIGN_OR_RETURN(Tensor tensor, backend.empty(backend.activation_dtype(), std::move(shape)));
   FLUX_RETURN_IF_ERROR(backend.upload(values.data(), DType::kF32, tensor));
   return tensor;
@@ -101,7 +104,8 @@ int run_check_golden(int argc, char** argv, int first) {
     print_usage();
     return 2;
   }
-  if (auto known = args->check_known({"--golden", "--backend", "--only", "--quality"}); !known.ok()) {
+  if (auto known = args->check_known({"--golden", "--backend", "--only", "--quality"});
+      !known.ok()) {
     std::fprintf(stderr, "check-golden: %s\n", std::string(known.message()).c_str());
     print_usage();
     return 2;
@@ -153,7 +157,8 @@ int run_check_golden(int argc, char** argv, int first) {
 
   GoldenReport report;
   for (const GoldenPart& part : kParts) {
-    const bool selected = only.empty() || std::find(only.begin(), only.end(), part.name) != only.end();
+    const bool selected =
+        only.empty() || std::find(only.begin(), only.end(), part.name) != only.end();
     if (!selected) continue;
     const bool present = std::filesystem::exists(context.dir + "/" + part.file);
     if (!present) {

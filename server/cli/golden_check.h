@@ -41,8 +41,8 @@ class GoldenReport {
 
 // What a part needs to run its cases.
 struct GoldenContext {
-  std::string dir;          // the golden directory (holds checkpoint/ and the vector files)
-  std::string backend_name; // "cpu" or "cuda"
+  std::string dir;           // the golden directory (holds checkpoint/ and the vector files)
+  std::string backend_name;  // "cpu" or "cuda"
   Backend* backend = nullptr;
   Quality quality = Quality::kLossless;  // kHigh: FP8 transformer GEMMs, looser bounds
   // Relative L2 error of diffusers' bf16 path per tensor ("transformer.case0.output"), from
@@ -58,7 +58,8 @@ struct GoldenContext {
 // A backend tensor's values as host floats (waits for the device).
 absl::StatusOr<std::vector<float>> download_values(Backend& backend, const Tensor& tensor);
 // A new tensor in the backend's activation dtype holding `values` with `shape`.
-absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>& values, Shape shape);
+absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>& values,
+                                     Shape shape);
 
 // The parts, each defined in golden_<part>.cc.
 void check_golden_tokenizer(const GoldenContext& context, GoldenReport& report);

@@ -36,12 +36,14 @@ std::vector<float> pack_latents(const std::vector<float>& nchw, int64_t c, int64
   return tokens;
 }
 
-absl::Status run_case(const GoldenContext& context, const nlohmann::json& item, const SafetensorsFile& vectors,
-                      const std::string& name, GoldenReport& report) {
+absl::Status run_case(const GoldenContext& context, const nlohmann::json& item,
+                      const SafetensorsFile& vectors, const std::string& name,
+                      GoldenReport& report) {
   Backend& be = *context.backend;
   PipelineOptions options;
   options.is_distilled = item.value("is_distilled", true);
-  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline, Pipeline::load(be, context.checkpoint_dir(), options));
+  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline,
+                        Pipeline::load(be, context.checkpoint_dir(), options));
   GenerateParams params;
   params.prompt = item.at("prompt").get<std::string>();
   params.height = item.at("height").get<int64_t>();
@@ -55,8 +57,10 @@ absl::Status run_case(const GoldenContext& context, const nlohmann::json& item, 
   absl::Status hook_status;
   auto keep = [&](const std::string& key, const Tensor& t) {
     auto values = download_values(be, t);
-    if (!values.ok()) hook_status = values.status();
-    else produced[key] = std::move(*values);
+    if (!values.ok())
+      hook_status = values.status();
+    else
+      produced[key] = std::move(*values);
   };
   GenerateHooks hooks;
   hooks.on_latents = [&](int64_t step, const Tensor& latents) {
@@ -74,12 +78,14 @@ absl::Status run_case(const GoldenContext& context, const nlohmann::json& item, 
     FLUX_ASSIGN_OR_RETURN(std::vector<float> reference, read_f32(vectors, entry.name));
     const double tolerance = context.tolerance(absl::StrCat("pipeline.", name, ".", tensor));
     if (tensor == "initial_latents") {
-      report.compare(kFile, name, tensor, produced[tensor], pack_latents(reference, 128, h * w), tolerance);
+      report.compare(kFile, name, tensor, produced[tensor], pack_latents(reference, 128, h * w),
+                     tolerance);
     } else if (tensor == "image") {
       // The golden image is post-processed to [0, 1]: clamp(x / 2 + 0.5, 0, 1).
       std::vector<float> ours = produced["image"];
       for (float& v : ours) v = std::min(1.0f, std::max(0.0f, v / 2.0f + 0.5f));
-      report.compare(kFile, name, tensor, ours, nchw_to_hwc(reference, 3, params.height, params.width), tolerance);
+      report.compare(kFile, name, tensor, ours,
+                     nchw_to_hwc(reference, 3, params.height, params.width), tolerance);
     } else if (tensor == "image_u8") {
       const std::vector<float> ref = nchw_to_hwc(reference, 3, params.height, params.width);
       int64_t off_by_one = 0, worse = 0;
@@ -89,9 +95,11 @@ absl::Status run_case(const GoldenContext& context, const nlohmann::json& item, 
         worse += diff > 1;
       }
       const double fraction = ref.empty() ? 1.0 : static_cast<double>(off_by_one) / ref.size();
-      report.record(worse == 0 && fraction <= kMaxOffByOneFraction && image.rgb.size() == ref.size(), kFile, name,
-                    tensor, absl::StrFormat("off_by_one=%.4f%% worse=%d tol=%.2f%%", 100 * fraction, worse,
-                                            100 * kMaxOffByOneFraction));
+      report.record(
+          worse == 0 && fraction <= kMaxOffByOneFraction && image.rgb.size() == ref.size(), kFile,
+          name, tensor,
+          absl::StrFormat("off_by_one=%.4f%% worse=%d tol=%.2f%%", 100 * fraction, worse,
+                          100 * kMaxOffByOneFraction));
     } else if (produced.count(tensor)) {
       report.compare(kFile, name, tensor, produced[tensor], reference, tolerance);
     } else {
@@ -108,11 +116,13 @@ void check_golden_pipeline(const GoldenContext& context, GoldenReport& report) {
   if (!cases.ok()) return report.fail("pipeline_cases.json", "-", cases.status().message());
   auto vectors = SafetensorsFile::open(context.dir + "/" + kFile);
   if (!vectors.ok()) return report.fail(kFile, "-", vectors.status().message());
-  if (!cases->is_array() || cases->empty()) return report.fail("pipeline_cases.json", "-", "no cases");
+  if (!cases->is_array() || cases->empty())
+    return report.fail("pipeline_cases.json", "-", "no cases");
   if (context.backend->activation_dtype() != DType::kF32) {
     // golden/README.md: with random weights bf16 generations are chaotic; compare modules instead.
-    report.skip(kFile, "whole generations are compared on float32 backends only (golden/README.md: bf16 "
-                       "generations with random weights are chaotic; modules are compared instead)");
+    report.skip(kFile,
+                "whole generations are compared on float32 backends only (golden/README.md: bf16 "
+                "generations with random weights are chaotic; modules are compared instead)");
     return;
   }
   for (size_t k = 0; k < cases->size(); ++k) {

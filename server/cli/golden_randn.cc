@@ -33,7 +33,8 @@ absl::StatusOr<RandnKey> parse_key(const std::string& name) {
   const std::vector<std::string> parts = absl::StrSplit(name, '.');
   RandnKey key;
   if (parts.size() != 3 || parts[0].rfind("seed", 0) != 0 ||
-      !absl::SimpleAtoi(parts[0].substr(4), &key.seed) || (parts[2] != "f32" && parts[2] != "bf16")) {
+      !absl::SimpleAtoi(parts[0].substr(4), &key.seed) ||
+      (parts[2] != "f32" && parts[2] != "bf16")) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor name \"", name, "\" is not seed{S}.{dims}.f32|bf16"));
   }
@@ -41,7 +42,8 @@ absl::StatusOr<RandnKey> parse_key(const std::string& name) {
   for (absl::string_view dim : absl::StrSplit(parts[1], 'x')) {
     int64_t value = 0;
     if (!absl::SimpleAtoi(dim, &value) || value <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor name \"", name, "\": bad dims \"", parts[1], "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name \"", name, "\": bad dims \"", parts[1], "\""));
     }
     key.shape.push_back(value);
   }
@@ -52,13 +54,13 @@ absl::Status check_tensor(const SafetensorsFile& vectors, const SafetensorsEntry
                           GoldenReport& report) {
   FLUX_ASSIGN_OR_RETURN(const RandnKey key, parse_key(entry.name));
   if (entry.shape != key.shape) {
-    return absl::InvalidArgumentError(absl::StrCat("shape ", shape_string(entry.shape),
-                                                   " does not match the name"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape ", shape_string(entry.shape), " does not match the name"));
   }
   FLUX_ASSIGN_OR_RETURN(const std::vector<float> reference, read_f32(vectors, entry.name));
   const int64_t numel = shape_numel(key.shape);
-  const std::vector<float> ours = key.bf16 ? torch_randn_bf16(key.seed, numel)
-                                           : torch_randn_f32(key.seed, numel);
+  const std::vector<float> ours =
+      key.bf16 ? torch_randn_bf16(key.seed, numel) : torch_randn_f32(key.seed, numel);
   if (ours.size() != reference.size()) {
     return absl::InternalError(absl::StrCat("produced ", ours.size(), " values for ", numel));
   }
@@ -71,7 +73,8 @@ absl::Status check_tensor(const SafetensorsFile& vectors, const SafetensorsEntry
   }
   const double tolerance = key.bf16 ? 0.0 : kF32AbsTolerance;
   const std::string case_name = absl::StrCat("seed", key.seed);
-  const std::string tensor = absl::StrCat(absl::StrJoin(key.shape, "x"), key.bf16 ? ".bf16" : ".f32");
+  const std::string tensor =
+      absl::StrCat(absl::StrJoin(key.shape, "x"), key.bf16 ? ".bf16" : ".f32");
   report.record(max_abs <= tolerance, kFile, case_name, tensor,
                 absl::StrFormat("max_abs=%.3e tol=%.1e differing=%d/%d", max_abs, tolerance,
                                 differing, numel));

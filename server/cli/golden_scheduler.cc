@@ -16,7 +16,7 @@ constexpr char kFile[] = "scheduler_cases.json";
 constexpr double kSigmaTolerance = 1e-6;  // golden/README.md
 // Timesteps are sigma x 1000 in float32, so the same bound scaled by 1000.
 constexpr double kTimestepTolerance = 1e-3;
-constexpr double kMuTolerance = 1e-12;    // both sides compute mu in float64
+constexpr double kMuTolerance = 1e-12;  // both sides compute mu in float64
 
 double max_abs_diff(const std::vector<float>& ours, const nlohmann::json& reference) {
   if (!reference.is_array() || reference.size() != ours.size()) return INFINITY;

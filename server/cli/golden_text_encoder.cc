@@ -24,7 +24,8 @@ constexpr char kFile[] = "text_encoder.safetensors";
 absl::StatusOr<std::vector<int64_t>> golden_taps(const SafetensorsFile& vectors) {
   auto it = vectors.metadata().find("layers");
   if (it == vectors.metadata().end()) return std::vector<int64_t>{9, 18, 27};
-  const nlohmann::json layers = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json layers =
+      nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
   std::vector<int64_t> taps;
   if (layers.is_array()) {
     for (const auto& layer : layers) {
@@ -33,30 +34,31 @@ absl::StatusOr<std::vector<int64_t>> golden_taps(const SafetensorsFile& vectors)
     }
   }
   if (taps.empty() || taps.size() != layers.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(kFile, ": metadata \"layers\" is not an array of integers: ",
-                                                   it->second));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kFile, ": metadata \"layers\" is not an array of integers: ", it->second));
   }
   return taps;
 }
 
 // Runs case `name` ("case0") and reports every hidden state and prompt_embeds it has.
 absl::Status run_case(const GoldenContext& context, const Qwen3Encoder& model,
-                      const SafetensorsFile& vectors, const std::string& name, GoldenReport& report) {
+                      const SafetensorsFile& vectors, const std::string& name,
+                      GoldenReport& report) {
   Backend& be = *context.backend;
   const std::string p = name + ".";
   FLUX_ASSIGN_OR_RETURN(std::vector<float> id_values, read_f32(vectors, p + "input_ids"));
   FLUX_ASSIGN_OR_RETURN(std::vector<float> mask, read_f32(vectors, p + "attention_mask"));
   if (mask.size() != id_values.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("attention_mask has ", mask.size(), " values, input_ids ",
-                                                   id_values.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention_mask has ", mask.size(), " values, input_ids ", id_values.size()));
   }
   // Right padding: the mask is ones, then zeros.
   int64_t num_valid = 0;
   while (num_valid < static_cast<int64_t>(mask.size()) && mask[num_valid] == 1.0f) ++num_valid;
   for (size_t i = static_cast<size_t>(num_valid); i < mask.size(); ++i) {
     if (mask[i] != 0.0f) {
-      return absl::InvalidArgumentError(absl::StrCat("attention_mask is not right padding (value ", mask[i],
-                                                     " at position ", i, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("attention_mask is not right padding (value ",
+                                                     mask[i], " at position ", i, ")"));
     }
   }
   // Ids are < 2^24, so they survive the float round trip exactly.
@@ -66,8 +68,10 @@ absl::Status run_case(const GoldenContext& context, const Qwen3Encoder& model,
   absl::Status tap_status;
   auto tap = [&](absl::string_view tensor_name, const Tensor& value) {
     auto values = download_values(be, value);
-    if (!values.ok()) tap_status = values.status();
-    else outputs[std::string(tensor_name)] = std::move(*values);
+    if (!values.ok())
+      tap_status = values.status();
+    else
+      outputs[std::string(tensor_name)] = std::move(*values);
   };
   FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, model.encode(ids, num_valid, tap));
   FLUX_RETURN_IF_ERROR(tap_status);
@@ -86,11 +90,13 @@ absl::Status run_case(const GoldenContext& context, const Qwen3Encoder& model,
     double tolerance = context.tolerance(absl::StrCat("text_encoder.", name, ".", tensor));
     if (tensor == "prompt_embeds") {
       // prompt_embeds is the column-wise concatenation of the tapped hidden states, so its relative
-      // error is at most the largest of theirs (||concat e||² = Σ||e_k||² <= max_k r_k² Σ||ref_k||²):
-      // its bound is the largest of the taps' bounds (bf16_reference.json lists only the taps).
+      // error is at most the largest of theirs (||concat e||² = Σ||e_k||² <= max_k r_k²
+      // Σ||ref_k||²): its bound is the largest of the taps' bounds (bf16_reference.json lists only
+      // the taps).
       for (const auto& [other, values] : outputs) {
         if (other.rfind("hidden_states.", 0) == 0) {
-          tolerance = std::max(tolerance, context.tolerance(absl::StrCat("text_encoder.", name, ".", other)));
+          tolerance = std::max(tolerance,
+                               context.tolerance(absl::StrCat("text_encoder.", name, ".", other)));
         }
       }
     }

@@ -1,6 +1,7 @@
 // check-golden part "tokenizer": for every case of tokenizer_cases.json, `templated` against
 // qwen3_chat_prompt and `input_ids`/`attention_mask` against tokenize_prompt, exactly (golden/
-// README.md: token ids equal). See golden_check.h; run by tests/tokenizer/ (ctest label "tokenizer").
+// README.md: token ids equal). See golden_check.h; run by tests/tokenizer/ (ctest label
+// "tokenizer").
 #include <string>
 #include <vector>
 

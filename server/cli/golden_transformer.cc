@@ -16,14 +16,16 @@ namespace {
 
 constexpr char kFile[] = "transformer.safetensors";
 
-absl::StatusOr<std::vector<int64_t>> read_ids(const SafetensorsFile& file, const std::string& name) {
+absl::StatusOr<std::vector<int64_t>> read_ids(const SafetensorsFile& file,
+                                              const std::string& name) {
   FLUX_ASSIGN_OR_RETURN(std::vector<float> values, read_f32(file, name));
   return std::vector<int64_t>(values.begin(), values.end());
 }
 
 // Runs case `name` ("case0") and reports every reference tensor it has.
 absl::Status run_case(const GoldenContext& context, const Flux2Transformer& model,
-                      const SafetensorsFile& vectors, const std::string& name, GoldenReport& report) {
+                      const SafetensorsFile& vectors, const std::string& name,
+                      GoldenReport& report) {
   Backend& be = *context.backend;
   const Flux2Config& config = model.config();
   const std::string p = name + ".";
@@ -51,8 +53,10 @@ absl::Status run_case(const GoldenContext& context, const Flux2Transformer& mode
     const std::string key = p + std::string(tensor_name);
     if (vectors.find(key) == nullptr) return;
     auto values = download_values(be, value);
-    if (!values.ok()) tap_status = values.status();
-    else taps[std::string(tensor_name)] = std::move(*values);
+    if (!values.ok())
+      tap_status = values.status();
+    else
+      taps[std::string(tensor_name)] = std::move(*values);
   };
   FLUX_RETURN_IF_ERROR(model.forward(cond, 0, x, out, tap));
   FLUX_RETURN_IF_ERROR(tap_status);
@@ -84,7 +88,8 @@ void check_golden_transformer(const GoldenContext& context, GoldenReport& report
   auto model = Flux2Transformer::load(*context.backend, *checkpoint);
   if (!model.ok()) return report.fail(kFile, "-", model.status().message());
   if (context.quality == Quality::kHigh) {
-    if (auto added = (*model)->enable_quality_high(); !added.ok()) return report.fail(kFile, "-", added.status().message());
+    if (auto added = (*model)->enable_quality_high(); !added.ok())
+      return report.fail(kFile, "-", added.status().message());
   }
   context.backend->set_quality(context.quality);
 

@@ -32,8 +32,9 @@ std::vector<float> hwc_to_chw(const std::vector<float>& hwc, int64_t c, int64_t 
   return chw;
 }
 
-absl::Status run_case(const GoldenContext& context, const VaeDecoder& vae, const SafetensorsFile& vectors,
-                      const std::string& name, GoldenReport& report) {
+absl::Status run_case(const GoldenContext& context, const VaeDecoder& vae,
+                      const SafetensorsFile& vectors, const std::string& name,
+                      GoldenReport& report) {
   Backend& be = *context.backend;
   const SafetensorsEntry* latents_entry = vectors.find(name + ".latents");
   const SafetensorsEntry* image_entry = vectors.find(name + ".image");
@@ -41,8 +42,9 @@ absl::Status run_case(const GoldenContext& context, const VaeDecoder& vae, const
   const Shape& ls = latents_entry->shape;
   const Shape& is = image_entry->shape;
   if (ls.size() != 4 || ls[0] != 1 || is.size() != 4 || is[0] != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("expected latents [1, C, h, w] and image [1, 3, H, W], got ",
-                                                   shape_string(ls), " and ", shape_string(is)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected latents [1, C, h, w] and image [1, 3, H, W], got ", shape_string(ls),
+                     " and ", shape_string(is)));
   }
   const int64_t channels = ls[1], h = ls[2], w = ls[3];
   FLUX_ASSIGN_OR_RETURN(std::vector<float> latents, read_f32(vectors, latents_entry->name));
@@ -50,9 +52,11 @@ absl::Status run_case(const GoldenContext& context, const VaeDecoder& vae, const
 
   FLUX_ASSIGN_OR_RETURN(Tensor input,
                         upload_values(be, chw_to_hwc(latents, channels, h, w), {h, w, channels}));
-  FLUX_ASSIGN_OR_RETURN(Tensor image, vae.decode(input));                     // [H, W, 3]
-  if (image.rank() != 3 || image.dim(0) != is[2] || image.dim(1) != is[3] || image.dim(2) != is[1]) {
-    return absl::InternalError(absl::StrCat("decoded ", image.describe(), ", reference ", shape_string(is)));
+  FLUX_ASSIGN_OR_RETURN(Tensor image, vae.decode(input));  // [H, W, 3]
+  if (image.rank() != 3 || image.dim(0) != is[2] || image.dim(1) != is[3] ||
+      image.dim(2) != is[1]) {
+    return absl::InternalError(
+        absl::StrCat("decoded ", image.describe(), ", reference ", shape_string(is)));
   }
   FLUX_ASSIGN_OR_RETURN(std::vector<float> pixels, download_values(be, image));
   report.compare(kFile, name, "image", hwc_to_chw(pixels, is[1], is[2], is[3]), reference,

@@ -16,7 +16,9 @@
 namespace flux2 {
 namespace {
 
-bool is_json_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+bool is_json_space(char c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
 
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -43,8 +45,10 @@ absl::StatusOr<char32_t> read_hex4(const std::string& line, size_t pos) {
 absl::StatusOr<std::string> parse_json_string_line(const std::string& line) {
   size_t pos = 0;
   while (pos < line.size() && is_json_space(line[pos])) ++pos;
-  if (pos == line.size()) return absl::InvalidArgumentError("expected a JSON string, got an empty line");
-  if (line[pos] != '"') return absl::InvalidArgumentError("expected a JSON string (starting with '\"')");
+  if (pos == line.size())
+    return absl::InvalidArgumentError("expected a JSON string, got an empty line");
+  if (line[pos] != '"')
+    return absl::InvalidArgumentError("expected a JSON string (starting with '\"')");
   ++pos;
   std::string out;
   while (true) {
@@ -55,9 +59,9 @@ absl::StatusOr<std::string> parse_json_string_line(const std::string& line) {
       break;
     }
     if (static_cast<unsigned char>(c) < 0x20) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("control character 0x", absl::Hex(static_cast<unsigned char>(c)),
-                       " must be escaped in a JSON string"));
+      return absl::InvalidArgumentError(absl::StrCat("control character 0x",
+                                                     absl::Hex(static_cast<unsigned char>(c)),
+                                                     " must be escaped in a JSON string"));
     }
     if (c != '\\') {
       out.push_back(c);
@@ -68,14 +72,30 @@ absl::StatusOr<std::string> parse_json_string_line(const std::string& line) {
     const char escaped = line[pos + 1];
     pos += 2;
     switch (escaped) {
-      case '"': out.push_back('"'); break;
-      case '\\': out.push_back('\\'); break;
-      case '/': out.push_back('/'); break;
-      case 'b': out.push_back('\b'); break;
-      case 'f': out.push_back('\f'); break;
-      case 'n': out.push_back('\n'); break;
-      case 'r': out.push_back('\r'); break;
-      case 't': out.push_back('\t'); break;
+      case '"':
+        out.push_back('"');
+        break;
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '/':
+        out.push_back('/');
+        break;
+      case 'b':
+        out.push_back('\b');
+        break;
+      case 'f':
+        out.push_back('\f');
+        break;
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
       case 'u': {
         auto unit = read_hex4(line, pos);
         if (!unit.ok()) return unit.status();
@@ -102,7 +122,8 @@ absl::StatusOr<std::string> parse_json_string_line(const std::string& line) {
         break;
       }
       default:
-        return absl::InvalidArgumentError(absl::StrCat("invalid escape \\", std::string(1, escaped)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("invalid escape \\", std::string(1, escaped)));
     }
   }
   while (pos < line.size() && is_json_space(line[pos])) ++pos;
@@ -123,10 +144,11 @@ int run_tokenize(int argc, char** argv, int first) {
     return 2;
   }
   if (!args->has("--tokenizer") || !args->positional().empty()) {
-    std::fprintf(stderr,
-                 "usage: flux2 tokenize --tokenizer DIR < lines.jsonl\n"
-                 "  DIR holds tokenizer.json; each stdin line is one JSON string, each stdout line\n"
-                 "  the JSON array of its token ids (no special tokens added)\n");
+    std::fprintf(
+        stderr,
+        "usage: flux2 tokenize --tokenizer DIR < lines.jsonl\n"
+        "  DIR holds tokenizer.json; each stdin line is one JSON string, each stdout line\n"
+        "  the JSON array of its token ids (no special tokens added)\n");
     return 2;
   }
   auto tokenizer = Tokenizer::load(args->get("--tokenizer"));
@@ -144,7 +166,8 @@ int run_tokenize(int argc, char** argv, int first) {
       std::fflush(stdout);
       std::cout.flush();
       std::fprintf(stderr, "flux2 tokenize: stdin line %lld: %s\n",
-                   static_cast<long long>(line_number), std::string(text.status().message()).c_str());
+                   static_cast<long long>(line_number),
+                   std::string(text.status().message()).c_str());
       return 1;
     }
     std::string out = "[";

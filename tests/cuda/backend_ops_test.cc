@@ -27,7 +27,8 @@ constexpr double kTolerance = 1e-2;
 class BackendOpsTest : public ::testing::Test {
  protected:
   // The same random bf16 values on both backends.
-  std::pair<Tensor, Tensor> pair(Backend& gpu, int64_t rows, int64_t cols, uint64_t seed, float scale = 1.0f) {
+  std::pair<Tensor, Tensor> pair(Backend& gpu, int64_t rows, int64_t cols, uint64_t seed,
+                                 float scale = 1.0f) {
     Tensor g = testing::random_bf16(gpu, rows, cols, seed, scale);
     std::vector<float> host = testing::values(gpu, g);
     Tensor c = cpu_.empty(DType::kF32, {rows, cols}).value();
@@ -49,7 +50,8 @@ TEST_F(BackendOpsTest, LinearWithBiasIntoSlice) {
   auto [xg, xc] = pair(*gpu, 77, 3072, 1);
   auto [wg, wc] = pair(*gpu, 512, 3072, 2, 0.02f);
   auto [bg, bc] = pair(*gpu, 1, 512, 3);
-  Tensor yg = gpu->empty(DType::kBF16, {77, 1024}).value(), yc = cpu_.empty(DType::kF32, {77, 1024}).value();
+  Tensor yg = gpu->empty(DType::kBF16, {77, 1024}).value(),
+         yc = cpu_.empty(DType::kF32, {77, 1024}).value();
   ASSERT_TRUE(gpu->linear(xg, wg, bg.reshape({512}), yg.col_slice(256, 512)).ok());
   ASSERT_TRUE(cpu_.linear(xc, wc, bc.reshape({512}), yc.col_slice(256, 512)).ok());
   expect_close(*gpu, yg.col_slice(256, 512), yc.col_slice(256, 512), "linear");
@@ -57,14 +59,20 @@ TEST_F(BackendOpsTest, LinearWithBiasIntoSlice) {
 
 TEST_F(BackendOpsTest, AttentionCudnnAndFallbackAgreeWithCpu) {
   FLUX2_REQUIRE_GPU(gpu);
-  struct Case { int64_t s, h, hk, d; bool causal; int64_t valid; };
-  for (const Case c : {Case{600, 4, 4, 128, false, -1}, Case{77, 3, 3, 32, false, -1}, Case{64, 4, 2, 16, true, 21},
-                       Case{100, 1, 1, 512, false, -1}}) {
+  struct Case {
+    int64_t s, h, hk, d;
+    bool causal;
+    int64_t valid;
+  };
+  for (const Case c : {Case{600, 4, 4, 128, false, -1}, Case{77, 3, 3, 32, false, -1},
+                       Case{64, 4, 2, 16, true, 21}, Case{100, 1, 1, 512, false, -1}}) {
     auto [qg, qc] = pair(*gpu, c.s, c.h * c.d, 4);
     auto [kg, kc] = pair(*gpu, c.s, c.hk * c.d, 5);
     auto [vg, vc] = pair(*gpu, c.s, c.hk * c.d, 6);
-    const AttentionParams p{c.h, c.hk, c.d, static_cast<float>(1 / std::sqrt(double(c.d))), c.causal, c.valid};
-    Tensor og = gpu->empty(DType::kBF16, {c.s, c.h * c.d}).value(), oc = cpu_.empty(DType::kF32, {c.s, c.h * c.d}).value();
+    const AttentionParams p{c.h,      c.hk,   c.d, static_cast<float>(1 / std::sqrt(double(c.d))),
+                            c.causal, c.valid};
+    Tensor og = gpu->empty(DType::kBF16, {c.s, c.h * c.d}).value(),
+           oc = cpu_.empty(DType::kF32, {c.s, c.h * c.d}).value();
     ASSERT_TRUE(gpu->attention(qg, kg, vg, p, og).ok());
     ASSERT_TRUE(cpu_.attention(qc, kc, vc, p, oc).ok());
     expect_close(*gpu, og, oc, ("attention d=" + std::to_string(c.d)).c_str());
@@ -77,7 +85,8 @@ TEST_F(BackendOpsTest, NormsAndElementwise) {
   auto [xg, xc] = pair(*gpu, m, d, 7, 3.0f);
   auto [sg, sc] = pair(*gpu, 1, d, 8);
   auto [tg, tc] = pair(*gpu, 1, d, 9);
-  Tensor og = gpu->empty(DType::kBF16, {m, d}).value(), oc = cpu_.empty(DType::kF32, {m, d}).value();
+  Tensor og = gpu->empty(DType::kBF16, {m, d}).value(),
+         oc = cpu_.empty(DType::kF32, {m, d}).value();
   ASSERT_TRUE(gpu->layer_norm_modulate(xg, sg.reshape({d}), tg.reshape({d}), 1e-6f, og).ok());
   ASSERT_TRUE(cpu_.layer_norm_modulate(xc, sc.reshape({d}), tc.reshape({d}), 1e-6f, oc).ok());
   expect_close(*gpu, og, oc, "layer_norm_modulate");
@@ -314,11 +323,17 @@ TEST_F(BackendOpsTest, ConvUpsampleAndLatentUnpack) {
   auto [xg, xc] = pair(*gpu, h * w, cin, 10);
   auto [wg, wc] = pair(*gpu, cout, 9 * cin, 11, 0.1f);
   auto [bg, bc] = pair(*gpu, 1, cout, 12);
-  Tensor og = gpu->empty(DType::kBF16, {h, w, cout}).value(), oc = cpu_.empty(DType::kF32, {h, w, cout}).value();
-  ASSERT_TRUE(gpu->conv2d(xg.reshape({h, w, cin}), wg.reshape({cout, 3, 3, cin}), bg.reshape({cout}), og).ok());
-  ASSERT_TRUE(cpu_.conv2d(xc.reshape({h, w, cin}), wc.reshape({cout, 3, 3, cin}), bc.reshape({cout}), oc).ok());
+  Tensor og = gpu->empty(DType::kBF16, {h, w, cout}).value(),
+         oc = cpu_.empty(DType::kF32, {h, w, cout}).value();
+  ASSERT_TRUE(
+      gpu->conv2d(xg.reshape({h, w, cin}), wg.reshape({cout, 3, 3, cin}), bg.reshape({cout}), og)
+          .ok());
+  ASSERT_TRUE(
+      cpu_.conv2d(xc.reshape({h, w, cin}), wc.reshape({cout, 3, 3, cin}), bc.reshape({cout}), oc)
+          .ok());
   expect_close(*gpu, og, oc, "conv2d");
-  Tensor ug = gpu->empty(DType::kBF16, {2 * h, 2 * w, cout}).value(), uc = cpu_.empty(DType::kF32, {2 * h, 2 * w, cout}).value();
+  Tensor ug = gpu->empty(DType::kBF16, {2 * h, 2 * w, cout}).value(),
+         uc = cpu_.empty(DType::kF32, {2 * h, 2 * w, cout}).value();
   ASSERT_TRUE(gpu->upsample_nearest_2x(og, ug).ok());
   ASSERT_TRUE(cpu_.upsample_nearest_2x(oc, uc).ok());
   expect_close(*gpu, ug, uc, "upsample");
@@ -326,12 +341,14 @@ TEST_F(BackendOpsTest, ConvUpsampleAndLatentUnpack) {
   auto [mg, mc] = pair(*gpu, 1, 128, 14);
   Tensor var_g = testing::random_bf16(*gpu, 1, 128, 15, 0.5f);
   std::vector<float> var = testing::values(*gpu, var_g);
-  for (float& v : var) v = std::fabs(v) + 0.25f;  // positive variances, bf16-exact (|x| + 1/4 of bf16 x... rounded)
+  for (float& v : var)
+    v = std::fabs(v) + 0.25f;  // positive variances, bf16-exact (|x| + 1/4 of bf16 x... rounded)
   Tensor vg = gpu->empty(DType::kBF16, {128}).value(), vc = cpu_.empty(DType::kF32, {128}).value();
   ASSERT_TRUE(gpu->upload(var.data(), DType::kF32, vg).ok());
   std::vector<float> var_rounded = testing::values(*gpu, vg);
   ASSERT_TRUE(cpu_.upload(var_rounded.data(), DType::kF32, vc).ok());
-  Tensor lg = gpu->empty(DType::kBF16, {12, 20, 32}).value(), lc = cpu_.empty(DType::kF32, {12, 20, 32}).value();
+  Tensor lg = gpu->empty(DType::kBF16, {12, 20, 32}).value(),
+         lc = cpu_.empty(DType::kF32, {12, 20, 32}).value();
   ASSERT_TRUE(gpu->latent_unpack(tg, mg.reshape({128}), vg, 1e-4f, lg).ok());
   ASSERT_TRUE(cpu_.latent_unpack(tc, mc.reshape({128}), vc, 1e-4f, lc).ok());
   expect_close(*gpu, lg, lc, "latent_unpack");

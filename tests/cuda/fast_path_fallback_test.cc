@@ -36,7 +36,8 @@ TEST(FastPathFallbackTest, WrongDtypeIsRejectedBeforeAnyLaunch) {
 TEST(FastPathFallbackTest, UnsupportedAttentionShapeFallsBackAndIsCounted) {
   FLUX2_REQUIRE_GPU(be);
   // Causal attention (the text encoder) is not served by the fused cuDNN path.
-  Tensor q = random_bf16(*be, 40, 256, 3), k = random_bf16(*be, 40, 128, 4), v = random_bf16(*be, 40, 128, 5);
+  Tensor q = random_bf16(*be, 40, 256, 3), k = random_bf16(*be, 40, 128, 4),
+         v = random_bf16(*be, 40, 128, 5);
   Tensor out = be->empty(DType::kBF16, {40, 256}).value();
   const int64_t before = fallbacks("cudnn_attention", "unsupported_shape");
   AttentionParams params{2, 1, 128, 0.088f, true, 33};
@@ -46,7 +47,8 @@ TEST(FastPathFallbackTest, UnsupportedAttentionShapeFallsBackAndIsCounted) {
 
 TEST(FastPathFallbackTest, SwitchedOffIsCounted) {
   FLUX2_REQUIRE_GPU(be);
-  Tensor x = random_bf16(*be, 8, 128, 6), gate = random_bf16(*be, 1, 128, 7), update = random_bf16(*be, 8, 128, 8);
+  Tensor x = random_bf16(*be, 8, 128, 6), gate = random_bf16(*be, 1, 128, 7),
+         update = random_bf16(*be, 8, 128, 8);
   const int64_t before = fallbacks("gate_residual", "switched_off");
   be->set_fast_paths(false);
   ASSERT_TRUE(be->gate_residual(x, gate.reshape({128}), update).ok());
@@ -56,7 +58,8 @@ TEST(FastPathFallbackTest, SwitchedOffIsCounted) {
 
 TEST(FastPathFallbackTest, ErrorDuringCapturePropagates) {
   FLUX2_REQUIRE_GPU(be);
-  Tensor x = random_bf16(*be, 64, 256, 9), gate = random_bf16(*be, 1, 256, 10), update = random_bf16(*be, 64, 256, 11);
+  Tensor x = random_bf16(*be, 64, 256, 9), gate = random_bf16(*be, 1, 256, 10),
+         update = random_bf16(*be, 64, 256, 11);
   ASSERT_TRUE(be->synchronize().ok());
   cudaStream_t stream = cuda_stream_of(*be);
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
@@ -80,7 +83,8 @@ TEST(FastPathFallbackTest, InjectedKernelErrorDisablesPathAndFallsBack) {
   be->set_fast_paths(true);
   const int64_t runtime_errors = fallbacks("gate_residual", "runtime_error");
   inject_fast_path_failure("gate_residual");
-  ASSERT_TRUE(be->gate_residual(x, gate.reshape({3072}), update).ok()) << "the request must complete on the eager chain";
+  ASSERT_TRUE(be->gate_residual(x, gate.reshape({3072}), update).ok())
+      << "the request must complete on the eager chain";
   EXPECT_EQ(bits(*be, x), bits(*be, expected));
   EXPECT_TRUE(counters("gate_residual").disabled);
   EXPECT_EQ(fallbacks("gate_residual", "runtime_error"), runtime_errors + 1);

@@ -47,8 +47,8 @@ class Fp8HandoffTest : public ::testing::Test {
   }
   // Runs produce() then consume(); then again with an unrelated op between them. Both consumer
   // outputs must be identical and only the first may use hand-offs (`expected` of them).
-  void expect_same_bits(const std::function<void()>& produce, const std::function<Tensor()>& consume,
-                        int64_t expected) {
+  void expect_same_bits(const std::function<void()>& produce,
+                        const std::function<Tensor()>& consume, int64_t expected) {
     const int64_t before = handoffs();
     produce();
     const Tensor with = consume();
@@ -69,7 +69,8 @@ class Fp8HandoffTest : public ::testing::Test {
 TEST_F(Fp8HandoffTest, LayerNormModulateToLinearUsesItsE4m3Copy) {
   const int64_t s = 300, d = 256, n = 384;
   Tensor x = random_bf16(*be_, s, d, 1), normed = be_->empty(DType::kBF16, {s, d}).value();
-  Tensor shift = random_bf16(*be_, 1, d, 2).reshape({d}), scale = random_bf16(*be_, 1, d, 3).reshape({d});
+  Tensor shift = random_bf16(*be_, 1, d, 2).reshape({d}),
+         scale = random_bf16(*be_, 1, d, 3).reshape({d});
   Tensor w = fp8_weight(n, d, 4), y = be_->empty(DType::kBF16, {s, n}).value();
   auto run = [&](bool handed_off) {
     EXPECT_TRUE(be_->layer_norm_modulate(x, shift, scale, 1e-6f, normed).ok());
@@ -86,7 +87,8 @@ TEST_F(Fp8HandoffTest, LayerNormModulateToLinearUsesItsE4m3Copy) {
   // Both sides are FP8 GEMMs of the same values under different per-tensor scales (the bound vs
   // the amax): each rounding is within 2^-4 relative, so they differ by at most 2 x 2^-4.
   const double difference = relative_l2_error(with, without);
-  std::printf("LayerNorm E4M3 copy vs amax-scaled quantization, GEMM outputs: relative L2 %.3e\n", difference);
+  std::printf("LayerNorm E4M3 copy vs amax-scaled quantization, GEMM outputs: relative L2 %.3e\n",
+              difference);
   EXPECT_LE(difference, 0.125);
 }
 
@@ -98,25 +100,28 @@ TEST_F(Fp8HandoffTest, LayerNormE4m3CopyMatchesTheCpuConversionAndNeverSaturates
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < d; ++c) {
       const float noise = uniform_hash(77, static_cast<uint64_t>(r * d + c)) * 2.0f - 1.0f;
-      host[r * d + c] = r % 3 == 0 ? (c == r % d ? 1000.0f : 0.0f) : r % 3 == 1 ? 5.0f : noise * 40.0f;
+      host[r * d + c] = r % 3 == 0   ? (c == r % d ? 1000.0f : 0.0f)
+                        : r % 3 == 1 ? 5.0f
+                                     : noise * 40.0f;
     }
   }
   Tensor x = be_->empty(DType::kBF16, {rows, d}).value();
   ASSERT_TRUE(be_->upload(host.data(), DType::kF32, x).ok());
   Tensor shift = random_bf16(*be_, 1, d, 21, 3.0f), scale = random_bf16(*be_, 1, d, 22, 7.0f);
   Tensor out = be_->empty(DType::kBF16, {rows, d}).value();
-  Tensor fp8 = be_->empty(DType::kU8, {rows * d}).value(), fp8_scale = be_->empty(DType::kF32, {1}).value();
+  Tensor fp8 = be_->empty(DType::kU8, {rows * d}).value(),
+         fp8_scale = be_->empty(DType::kF32, {1}).value();
   auto* cuda = static_cast<CudaBackend*>(be_);
   ASSERT_TRUE(cuda::layer_norm_writes_fp8(mat(x)));
-  ASSERT_TRUE(cuda::fp8_layer_norm_modulate_scale(mat(shift), mat(scale), d, fp8_scale.data_as<float>(),
-                                                  cuda->stream())
+  ASSERT_TRUE(cuda::fp8_layer_norm_modulate_scale(mat(shift), mat(scale), d,
+                                                  fp8_scale.data_as<float>(), cuda->stream())
                   .ok());
-  ASSERT_TRUE(cuda::layer_norm_modulate_fused(mat(x), mat(shift), mat(scale), rows, 1e-6f, mat(out), cuda->stream(),
-                                              nullptr,
-                                              cuda::Fp8Rows{static_cast<uint8_t*>(fp8.data()),
-                                                            fp8_scale.data_as<float>()})
+  ASSERT_TRUE(cuda::layer_norm_modulate_fused(
+                  mat(x), mat(shift), mat(scale), rows, 1e-6f, mat(out), cuda->stream(), nullptr,
+                  cuda::Fp8Rows{static_cast<uint8_t*>(fp8.data()), fp8_scale.data_as<float>()})
                   .ok());
-  const std::vector<float> values = testing::values(*be_, out), scale_value = testing::values(*be_, fp8_scale);
+  const std::vector<float> values = testing::values(*be_, out),
+                           scale_value = testing::values(*be_, fp8_scale);
   const std::vector<float> codes_as_float = testing::values(*be_, fp8);  // u8 codes widen exactly
   float amax = 0.0f;
   for (float v : values) amax = std::max(amax, std::fabs(v));
@@ -139,10 +144,11 @@ TEST_F(Fp8HandoffTest, AttentionThenSwigluIntoOneConcatenation) {
   const AttentionParams params{heads, heads, dh, 1.0f / std::sqrt(static_cast<float>(dh))};
   expect_same_bits(
       [&] {
-        ASSERT_TRUE(be_->attention(qkv.col_slice(0, d), qkv.col_slice(d, d), qkv.col_slice(2 * d, d), params,
-                                   concat.col_slice(0, d))
+        ASSERT_TRUE(be_->attention(qkv.col_slice(0, d), qkv.col_slice(d, d),
+                                   qkv.col_slice(2 * d, d), params, concat.col_slice(0, d))
                         .ok());
-        ASSERT_TRUE(be_->swiglu(mlp.col_slice(0, f), mlp.col_slice(f, f), concat.col_slice(d, f)).ok());
+        ASSERT_TRUE(
+            be_->swiglu(mlp.col_slice(0, f), mlp.col_slice(f, f), concat.col_slice(d, f)).ok());
       },
       [&] {
         EXPECT_TRUE(be_->linear(concat, w, {}, y).ok());
@@ -160,8 +166,9 @@ TEST_F(Fp8HandoffTest, TwoRowRangesOfOneOutput) {
   const AttentionParams params{heads, heads, dh, 1.0f / std::sqrt(static_cast<float>(dh))};
   expect_same_bits(
       [&] {
-        ASSERT_TRUE(
-            be_->attention(qkv.col_slice(0, d), qkv.col_slice(d, d), qkv.col_slice(2 * d, d), params, attn).ok());
+        ASSERT_TRUE(be_->attention(qkv.col_slice(0, d), qkv.col_slice(d, d),
+                                   qkv.col_slice(2 * d, d), params, attn)
+                        .ok());
       },
       [&] {
         EXPECT_TRUE(be_->linear(attn.row_slice(l, n), w_img, {}, y.row_slice(l, n)).ok());
@@ -174,7 +181,8 @@ TEST_F(Fp8HandoffTest, TwoRowRangesOfOneOutput) {
 TEST_F(Fp8HandoffTest, AWriteInBetweenEndsTheHandoff) {
   const int64_t s = 64, d = 128;
   Tensor x = random_bf16(*be_, s, d, 11), normed = be_->empty(DType::kBF16, {s, d}).value();
-  Tensor shift = random_bf16(*be_, 1, d, 12).reshape({d}), scale = random_bf16(*be_, 1, d, 13).reshape({d});
+  Tensor shift = random_bf16(*be_, 1, d, 12).reshape({d}),
+         scale = random_bf16(*be_, 1, d, 13).reshape({d});
   Tensor w = fp8_weight(d, d, 14), y = be_->empty(DType::kBF16, {s, d}).value();
   ASSERT_TRUE(be_->layer_norm_modulate(x, shift, scale, 1e-6f, normed).ok());
   Tensor bigger = random_bf16(*be_, s, d, 15, 100.0f);

@@ -32,11 +32,13 @@ void expect_fused_equals_eager(Backend& be, const std::string& path, Setup setup
   be.set_fast_paths(false);
   ASSERT_TRUE(op(eager_state).ok());
   be.set_fast_paths(true);
-  const std::vector<uint16_t> fused = bits(be, fused_state.output), eager = bits(be, eager_state.output);
+  const std::vector<uint16_t> fused = bits(be, fused_state.output),
+                              eager = bits(be, eager_state.output);
   ASSERT_EQ(fused.size(), eager.size());
   int64_t differing = 0;
   for (size_t i = 0; i < fused.size(); ++i) differing += fused[i] != eager[i];
-  EXPECT_EQ(differing, 0) << path << ": " << differing << " of " << fused.size() << " values differ";
+  EXPECT_EQ(differing, 0) << path << ": " << differing << " of " << fused.size()
+                          << " values differ";
   // Non-trivial: the output is not constant.
   int64_t distinct = 0;
   for (size_t i = 1; i < fused.size() && distinct < 2; ++i) distinct += fused[i] != fused[0];
@@ -65,7 +67,9 @@ TEST_P(FusedOpsTest, GateResidual) {
         io.inputs = {random_bf16(*be, 1, cols, 2), random_bf16(*be, rows, cols, 3, 4.0f)};
         return io;
       },
-      [&](Io& io) { return be->gate_residual(io.output, io.inputs[0].reshape({cols}), io.inputs[1]); });
+      [&](Io& io) {
+        return be->gate_residual(io.output, io.inputs[0].reshape({cols}), io.inputs[1]);
+      });
 }
 
 TEST_P(FusedOpsTest, SwiGluIntoConcatSlice) {
@@ -81,7 +85,8 @@ TEST_P(FusedOpsTest, SwiGluIntoConcatSlice) {
         return io;
       },
       [&](Io& io) {
-        return be->swiglu(io.inputs[0].col_slice(3 * cols, f), io.inputs[0].col_slice(3 * cols + f, f), io.output);
+        return be->swiglu(io.inputs[0].col_slice(3 * cols, f),
+                          io.inputs[0].col_slice(3 * cols + f, f), io.output);
       });
 }
 
@@ -99,8 +104,8 @@ TEST_P(FusedOpsTest, LayerNormModulate) {
       [&](Io& io) {
         // shift and scale are column slices of the fused per-step modulation row, as in the model.
         const Tensor& mod = io.inputs[1];
-        return be->layer_norm_modulate(io.inputs[0], mod.col_slice(3 * cols, cols), mod.col_slice(4 * cols, cols),
-                                       1e-6f, io.output);
+        return be->layer_norm_modulate(io.inputs[0], mod.col_slice(3 * cols, cols),
+                                       mod.col_slice(4 * cols, cols), 1e-6f, io.output);
       });
 }
 
@@ -108,7 +113,8 @@ TEST_P(FusedOpsTest, QkNormRopeInterleavedAndHalfSplit) {
   FLUX2_REQUIRE_GPU(be);
   const auto [rows, cols] = GetParam();
   for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
-    Tensor cos = be->empty(DType::kF32, {rows, 128}).value(), sin = be->empty(DType::kF32, {rows, 128}).value();
+    Tensor cos = be->empty(DType::kF32, {rows, 128}).value(),
+           sin = be->empty(DType::kF32, {rows, 128}).value();
     std::vector<float> c(static_cast<size_t>(rows * 128)), s(c.size());
     for (size_t i = 0; i < c.size(); ++i) {
       c[i] = std::cos(0.001f * static_cast<float>(i));
@@ -125,7 +131,10 @@ TEST_P(FusedOpsTest, QkNormRopeInterleavedAndHalfSplit) {
           io.output = random_bf16(*be, rows, 3 * cols, 10, 3.0f).col_slice(cols, cols);
           return io;
         },
-        [&](Io& io) { return be->qk_norm_rope(io.output, 128, io.inputs[0].reshape({128}), 1e-6f, cos, sin, style); });
+        [&](Io& io) {
+          return be->qk_norm_rope(io.output, 128, io.inputs[0].reshape({128}), 1e-6f, cos, sin,
+                                  style);
+        });
   }
 }
 
@@ -137,7 +146,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedOpsTest,
                                            Shape2{4611, 3072}, Shape2{1, 128}, Shape2{29, 4096},
                                            Shape2{33, 768}),
                          [](const ::testing::TestParamInfo<Shape2>& info) {
-                           return "S" + std::to_string(info.param.rows) + "_D" + std::to_string(info.param.cols);
+                           return "S" + std::to_string(info.param.rows) + "_D" +
+                                  std::to_string(info.param.cols);
                          });
 
 // Per-sample gates [B, D] (B = 2, distinct gates): the launcher's batched form.
@@ -151,13 +161,14 @@ TEST(FusedGateResidualTest, PerSampleGatesMatchEagerChain) {
   Tensor product = be->empty(DType::kBF16, {2 * rows_per_sample, cols}).value();
   auto m = [](const Tensor& t) { return cuda::Mat{t.data(), t.rows(), t.cols(), t.row_stride()}; };
   cudaStream_t stream = cuda_stream_of(*be);
-  ASSERT_TRUE(cuda::gate_residual_fused(m(fused), m(gates), rows_per_sample, m(update), stream).ok());
+  ASSERT_TRUE(
+      cuda::gate_residual_fused(m(fused), m(gates), rows_per_sample, m(update), stream).ok());
   ASSERT_TRUE(cuda::gate_mul_bf16(m(gates), rows_per_sample, m(update), m(product), stream).ok());
   ASSERT_TRUE(cuda::add_bf16(m(eager), m(product), m(eager), stream).ok());
   EXPECT_EQ(bits(*be, fused), bits(*be, eager));
   // The samples really used different gates: one gate row for both samples gives other bits.
-  ASSERT_TRUE(cuda::gate_residual_fused(m(shared_gate), m(gates.row_slice(0, 1)), 2 * rows_per_sample, m(update),
-                                        stream)
+  ASSERT_TRUE(cuda::gate_residual_fused(m(shared_gate), m(gates.row_slice(0, 1)),
+                                        2 * rows_per_sample, m(update), stream)
                   .ok());
   EXPECT_NE(bits(*be, shared_gate), bits(*be, fused));
 }

@@ -33,8 +33,8 @@ std::vector<uint16_t> bits(Backend& be, const Tensor& t) {
   EXPECT_TRUE(be.synchronize().ok());
   std::vector<uint16_t> out(static_cast<size_t>(t.numel()));
   const size_t row_bytes = static_cast<size_t>(t.cols()) * 2;
-  EXPECT_EQ(cudaMemcpy2D(out.data(), row_bytes, t.data(), static_cast<size_t>(t.row_stride()) * 2, row_bytes,
-                         static_cast<size_t>(t.rows()), cudaMemcpyDeviceToHost),
+  EXPECT_EQ(cudaMemcpy2D(out.data(), row_bytes, t.data(), static_cast<size_t>(t.row_stride()) * 2,
+                         row_bytes, static_cast<size_t>(t.rows()), cudaMemcpyDeviceToHost),
             cudaSuccess);
   return out;
 }

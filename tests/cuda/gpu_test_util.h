@@ -39,7 +39,7 @@ class QualityScope {
 Backend* gpu_backend(std::string* why);
 
 #define FLUX2_REQUIRE_GPU(backend)                                         \
-  std::string flux2_no_gpu_reason_;                                       \
+  std::string flux2_no_gpu_reason_;                                        \
   Backend* backend = ::flux2::testing::gpu_backend(&flux2_no_gpu_reason_); \
   if (backend == nullptr) GTEST_SKIP() << "no usable CUDA GPU: " << flux2_no_gpu_reason_
 

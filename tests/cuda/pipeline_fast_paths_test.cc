@@ -27,7 +27,9 @@ GenerationRecord generate(Backend& be, Pipeline& pipeline, bool fast_paths,
   params.fast_paths = fast_paths;
   GenerationRecord run;
   GenerateHooks hooks;
-  hooks.on_latents = [&](int64_t, const Tensor& latents) { run.latents.push_back(testing::bits(be, latents)); };
+  hooks.on_latents = [&](int64_t, const Tensor& latents) {
+    run.latents.push_back(testing::bits(be, latents));
+  };
   auto image = pipeline.generate(params, hooks);
   EXPECT_TRUE(image.ok()) << image.status();
   if (image.ok()) run.rgb = image->rgb;
@@ -42,7 +44,8 @@ TEST(PipelineFastPathsTest, TinyCheckpointLatentsIdenticalWithFastPathsOnAndOff)
   const GenerationRecord eager = generate(*be, **pipeline, false);
   ASSERT_EQ(fast.latents.size(), 5u);  // initial noise + 4 steps
   ASSERT_EQ(eager.latents.size(), fast.latents.size());
-  for (size_t i = 0; i < fast.latents.size(); ++i) EXPECT_EQ(fast.latents[i], eager.latents[i]) << "step " << i - 1;
+  for (size_t i = 0; i < fast.latents.size(); ++i)
+    EXPECT_EQ(fast.latents[i], eager.latents[i]) << "step " << i - 1;
   EXPECT_EQ(fast.rgb, eager.rgb);
   EXPECT_NE(fast.latents.front(), fast.latents.back());  // the steps did something
 }

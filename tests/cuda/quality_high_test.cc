@@ -44,11 +44,16 @@ TEST(QualityHighTest, Klein4bTransformerOutputWithinBoundAndLosslessUnchanged) {
   ASSERT_TRUE(fp8_bytes.ok()) << fp8_bytes.status();
   EXPECT_GT(*fp8_bytes, 0);
   const Tensor lossless = run(Quality::kLossless);
-  EXPECT_EQ(testing::bits(*be, lossless), lossless_before) << "enabling quality=high changed a lossless result";
+  EXPECT_EQ(testing::bits(*be, lossless), lossless_before)
+      << "enabling quality=high changed a lossless result";
   const Tensor high = run(Quality::kHigh);
-  const double error = relative_l2_error(testing::values(*be, high), testing::values(*be, lossless));
-  std::printf("klein-4B transformer output, high vs lossless: relative L2 error %.4e (target %.0e, fail above %.0e), "
-              "FP8 weights %.2f GB\n", error, kTarget, kFailAbove, *fp8_bytes / 1e9);
+  const double error =
+      relative_l2_error(testing::values(*be, high), testing::values(*be, lossless));
+  std::printf(
+      "klein-4B transformer output, high vs lossless: relative L2 error %.4e (target %.0e, fail "
+      "above %.0e), "
+      "FP8 weights %.2f GB\n",
+      error, kTarget, kFailAbove, *fp8_bytes / 1e9);
   EXPECT_GT(error, 0.0) << "the FP8 path did not run";
   EXPECT_LE(error, kFailAbove);
   if (error > kTarget) std::printf("note: above the %.0e target\n", kTarget);

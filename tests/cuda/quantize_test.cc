@@ -67,7 +67,8 @@ class DeviceBuffer {
     std::vector<uint8_t> head(kGuard), tail(kGuard);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(head.data(), base_, kGuard, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(tail.data(), data() + bytes_, kGuard, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(tail.data(), data() + bytes_, kGuard, cudaMemcpyDeviceToHost),
+              cudaSuccess);
     for (size_t i = 0; i < kGuard; ++i) {
       if (head[i] != kSentinel || tail[i] != kSentinel) return false;
     }
@@ -80,10 +81,13 @@ class DeviceBuffer {
 };
 
 // Random bf16 bits with per-16-block magnitudes 2^-16 .. 2^7 (so some NVFP4 blocks get a zero
-// scale), exact zeros and negative zeros. The same generator as tests/host/quantize_reference_test.cc.
+// scale), exact zeros and negative zeros. The same generator as
+// tests/host/quantize_reference_test.cc.
 uint16_t test_bits(uint64_t seed, int64_t r, int64_t c) {
-  const float u = uniform_hash(seed, static_cast<uint64_t>(r) * 1000003u + static_cast<uint64_t>(c));
-  const float e = uniform_hash(seed ^ 0x5555u, static_cast<uint64_t>(r) * 65537u + static_cast<uint64_t>(c / 16));
+  const float u =
+      uniform_hash(seed, static_cast<uint64_t>(r) * 1000003u + static_cast<uint64_t>(c));
+  const float e = uniform_hash(seed ^ 0x5555u,
+                               static_cast<uint64_t>(r) * 65537u + static_cast<uint64_t>(c / 16));
   if (u < 0.01f) return u < 0.005f ? 0x0000 : 0x8000;
   const float v = std::ldexp(2.0f * u - 1.0f, static_cast<int>(e * 24.0f) - 16);
   return static_cast<uint16_t>(f32_bits(v) >> 16);
@@ -125,29 +129,37 @@ Matrix materialized_concat(const Matrix& a, const Matrix& b) {
 }
 
 // Counts differing bytes and reports the first few with their index.
-void expect_bytes_equal(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const std::string& what) {
+void expect_bytes_equal(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                        const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   int64_t differing = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (got[i] != want[i] && ++differing <= 5) {
-      ADD_FAILURE() << what << ": byte " << i << " is 0x" << std::hex << int{got[i]} << ", expected 0x" << int{want[i]};
+      ADD_FAILURE() << what << ": byte " << i << " is 0x" << std::hex << int{got[i]}
+                    << ", expected 0x" << int{want[i]};
     }
   }
   EXPECT_EQ(differing, 0) << what << ": " << differing << " of " << got.size() << " bytes differ";
 }
 
-uint32_t bits_of(float v) { return f32_bits(v); }
+uint32_t bits_of(float v) {
+  return f32_bits(v);
+}
 
 struct QuantShape {
   int64_t rows, d, f, pad;  // [rows, d] | [rows, f]; input rows padded by `pad` elements
 };
 
 std::string shape_name(const ::testing::TestParamInfo<QuantShape>& info) {
-  return absl::StrCat("M", info.param.rows, "_D", info.param.d, "_F", info.param.f, "_pad", info.param.pad);
+  return absl::StrCat("M", info.param.rows, "_D", info.param.d, "_F", info.param.f, "_pad",
+                      info.param.pad);
 }
 
-constexpr QuantizeConversion kConversions[] = {QuantizeConversion::kAuto, QuantizeConversion::kSoftware};
-const char* conversion_name(QuantizeConversion c) { return c == QuantizeConversion::kAuto ? "auto" : "software"; }
+constexpr QuantizeConversion kConversions[] = {QuantizeConversion::kAuto,
+                                               QuantizeConversion::kSoftware};
+const char* conversion_name(QuantizeConversion c) {
+  return c == QuantizeConversion::kAuto ? "auto" : "software";
+}
 
 class QuantizeGpuTest : public ::testing::TestWithParam<QuantShape> {
  protected:
@@ -180,7 +192,8 @@ TEST_P(QuantizeGpuTest, Fp8DynamicFusedEqualsReferenceAndConcat) {
   DeviceBuffer out(ref.size()), scale(4), amax(4), workspace(cuda::kQuantizeWorkspaceBytes);
   for (QuantizeConversion conversion : kConversions) {
     for (bool fused : {true, false}) {
-      const std::string what = absl::StrCat("fp8 dynamic ", fused ? "fused" : "concat", " ", conversion_name(conversion));
+      const std::string what = absl::StrCat("fp8 dynamic ", fused ? "fused" : "concat", " ",
+                                            conversion_name(conversion));
       out.fill(kSentinel);
       Fp8QuantizeArgs args;
       args.in = fused ? fused_input() : cat_input();
@@ -219,7 +232,8 @@ TEST_P(QuantizeGpuTest, Fp8StaticEqualsReference) {
     args.scale = reinterpret_cast<float*>(scale.data());
     args.conversion = conversion;
     ASSERT_TRUE(cuda::fp8_quantize_static(args, nullptr).ok());
-    expect_bytes_equal(out.download(), ref, absl::StrCat("fp8 static ", conversion_name(conversion)));
+    expect_bytes_equal(out.download(), ref,
+                       absl::StrCat("fp8 static ", conversion_name(conversion)));
     EXPECT_TRUE(out.guards_intact());
   }
 }
@@ -244,7 +258,8 @@ TEST_P(QuantizeGpuTest, Fp8PerRowEqualsReference) {
     args.scale = reinterpret_cast<float*>(scales.data());
     args.conversion = conversion;
     ASSERT_TRUE(cuda::fp8_quantize_rows(args, nullptr).ok());
-    expect_bytes_equal(scales.download(), ref_scale_bytes, absl::StrCat("fp8 row scales ", conversion_name(conversion)));
+    expect_bytes_equal(scales.download(), ref_scale_bytes,
+                       absl::StrCat("fp8 row scales ", conversion_name(conversion)));
     expect_bytes_equal(out.download(), ref, absl::StrCat("fp8 rows ", conversion_name(conversion)));
     EXPECT_TRUE(out.guards_intact() && scales.guards_intact());
   }
@@ -286,15 +301,18 @@ TEST_P(QuantizeGpuTest, Nvfp4FusedEqualsReferenceAndConcat) {
   const int64_t m = rows(), k = cols();
   const float ref_amax = reference_amax(a_.view(), b_.view());
   const float ref_gs = nvfp4_global_scale(ref_amax);
-  std::vector<uint8_t> ref_packed(static_cast<size_t>(m * k / 2)), ref_scales(static_cast<size_t>(nvfp4_scale_bytes(m, k)));
+  std::vector<uint8_t> ref_packed(static_cast<size_t>(m * k / 2)),
+      ref_scales(static_cast<size_t>(nvfp4_scale_bytes(m, k)));
   reference_nvfp4_quantize(a_.view(), b_.view(), ref_gs, ref_packed.data(), ref_scales.data());
 
-  DeviceBuffer out(ref_packed.size()), scales(ref_scales.size()), gs(4), amax(4), workspace(cuda::kQuantizeWorkspaceBytes);
+  DeviceBuffer out(ref_packed.size()), scales(ref_scales.size()), gs(4), amax(4),
+      workspace(cuda::kQuantizeWorkspaceBytes);
   for (QuantizeConversion conversion : kConversions) {
     for (bool fused : {true, false}) {
       for (bool dynamic : {true, false}) {
-        const std::string what = absl::StrCat("nvfp4 ", dynamic ? "dynamic " : "static ", fused ? "fused " : "concat ",
-                                              conversion_name(conversion));
+        const std::string what =
+            absl::StrCat("nvfp4 ", dynamic ? "dynamic " : "static ", fused ? "fused " : "concat ",
+                         conversion_name(conversion));
         out.fill(kSentinel);
         scales.fill(kSentinel);  // the kernel must write the padding as 0
         Nvfp4QuantizeArgs args;
@@ -330,7 +348,8 @@ TEST_P(QuantizeGpuTest, DynamicAmaxIsDeterministic) {
   FLUX2_REQUIRE_GPU(be);
   (void)be;
   make_inputs();
-  DeviceBuffer out(static_cast<size_t>(rows() * cols())), scale(4), amax(4), workspace(cuda::kQuantizeWorkspaceBytes);
+  DeviceBuffer out(static_cast<size_t>(rows() * cols())), scale(4), amax(4),
+      workspace(cuda::kQuantizeWorkspaceBytes);
   Fp8QuantizeArgs args;
   args.in = fused_input();
   args.out = out.data();
@@ -352,13 +371,14 @@ TEST_P(QuantizeGpuTest, DynamicAmaxIsDeterministic) {
 
 INSTANTIATE_TEST_SUITE_P(
     Quantize, QuantizeGpuTest,
-    ::testing::Values(QuantShape{4608, 3072, 0, 0},     // klein-4B hidden: QKV / fused-in projection input
-                      QuantShape{4608, 3072, 9216, 0},  // klein-4B single block to_out input, D + F = 12288
-                      QuantShape{4611, 3072, 9216, 8},  // odd tokens: padded scale rows, strided inputs
-                      QuantShape{17, 48, 48, 0},        // K = 16 * 6: a partial 4-block of scales
-                      QuantShape{130, 40, 56, 24},      // concat split at D % 16 != 0 (vector loads)
-                      QuantShape{33, 20, 76, 3},        // D % 8 != 0 and odd strides: scalar loads
-                      QuantShape{1, 16, 0, 0}),         // one row, one block
+    ::testing::Values(
+        QuantShape{4608, 3072, 0, 0},     // klein-4B hidden: QKV / fused-in projection input
+        QuantShape{4608, 3072, 9216, 0},  // klein-4B single block to_out input, D + F = 12288
+        QuantShape{4611, 3072, 9216, 8},  // odd tokens: padded scale rows, strided inputs
+        QuantShape{17, 48, 48, 0},        // K = 16 * 6: a partial 4-block of scales
+        QuantShape{130, 40, 56, 24},      // concat split at D % 16 != 0 (vector loads)
+        QuantShape{33, 20, 76, 3},        // D % 8 != 0 and odd strides: scalar loads
+        QuantShape{1, 16, 0, 0}),         // one row, one block
     shape_name);
 
 // ---- argument checks: InvalidArgument and nothing written ----
@@ -369,7 +389,8 @@ TEST(QuantizeGpuArgsTest, BadInputsAreRejectedBeforeAnyLaunch) {
   const int64_t m = 4, k = 64;
   Matrix x = random_matrix(7, m, k, 0);
   Matrix y = random_matrix(8, m + 1, 32, 0);
-  DeviceBuffer out(static_cast<size_t>(m * k) + 16), scales(static_cast<size_t>(nvfp4_scale_bytes(m, k)) + 16);
+  DeviceBuffer out(static_cast<size_t>(m * k) + 16),
+      scales(static_cast<size_t>(nvfp4_scale_bytes(m, k)) + 16);
   DeviceBuffer scale(16), workspace(cuda::kQuantizeWorkspaceBytes);
   const float one = 1.0f;
   scale.upload(&one, 4);
@@ -462,7 +483,8 @@ TEST(QuantizeGpuArgsTest, BadInputsAreRejectedBeforeAnyLaunch) {
       EXPECT_EQ(rows.code(), absl::StatusCode::kInvalidArgument) << what << ": " << rows;
     }
     const std::vector<uint8_t> after = out.download();
-    EXPECT_EQ(std::count(after.begin(), after.end(), kSentinel), static_cast<int64_t>(after.size())) << what << ": written";
+    EXPECT_EQ(std::count(after.begin(), after.end(), kSentinel), static_cast<int64_t>(after.size()))
+        << what << ": written";
   }
   for (auto& [what, args] : bad_nvfp4) {
     out.fill(kSentinel);
@@ -474,7 +496,8 @@ TEST(QuantizeGpuArgsTest, BadInputsAreRejectedBeforeAnyLaunch) {
       EXPECT_EQ(fixed.code(), absl::StatusCode::kInvalidArgument) << what << ": " << fixed;
     }
     const std::vector<uint8_t> after = out.download(), after_scales = scales.download();
-    EXPECT_EQ(std::count(after.begin(), after.end(), kSentinel), static_cast<int64_t>(after.size())) << what;
+    EXPECT_EQ(std::count(after.begin(), after.end(), kSentinel), static_cast<int64_t>(after.size()))
+        << what;
     EXPECT_EQ(std::count(after_scales.begin(), after_scales.end(), kSentinel),
               static_cast<int64_t>(after_scales.size()))
         << what;
@@ -492,9 +515,10 @@ TEST(QuantizeGpuConversionTest, HardwareEqualsSoftwareOverAllF32) {
   std::cout << "[ info ] kAuto uses e4m3 cvt: " << hw->e4m3_cvt << ", e2m1 cvt: " << hw->e2m1_cvt
             << " (software elsewhere)\n";
   DeviceBuffer counts(6 * sizeof(unsigned long long));
-  ASSERT_TRUE(cuda::quantize_conversion_mismatches(0, uint64_t{1} << 32,
-                                                   reinterpret_cast<unsigned long long*>(counts.data()), nullptr)
-                  .ok());
+  ASSERT_TRUE(
+      cuda::quantize_conversion_mismatches(
+          0, uint64_t{1} << 32, reinterpret_cast<unsigned long long*>(counts.data()), nullptr)
+          .ok());
   const std::vector<uint8_t> raw = counts.download();
   unsigned long long c[6];
   std::memcpy(c, raw.data(), sizeof(c));

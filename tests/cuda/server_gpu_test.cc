@@ -23,12 +23,14 @@ using server::testing::ServerProcess;
 TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
   FLUX2_REQUIRE_GPU(be);
   const char* real_size_dir = std::getenv("FLUX2_GPU_MODEL_DIR");
-  const std::string model_dir =
-      real_size_dir != nullptr ? real_size_dir : testing::test_data_dir() + "/tiny-klein/checkpoint";
+  const std::string model_dir = real_size_dir != nullptr
+                                    ? real_size_dir
+                                    : testing::test_data_dir() + "/tiny-klein/checkpoint";
   const int size = real_size_dir != nullptr ? 1024 : 256;
   const char* binary = std::getenv("FLUX2_SERVER_BINARY");
-  auto server = ServerProcess::start(binary != nullptr ? binary : FLUX2_SERVER_BINARY,
-                                     {"--model-dir", model_dir, "--backend", "cuda", "--enable-quality-high"});
+  auto server = ServerProcess::start(
+      binary != nullptr ? binary : FLUX2_SERVER_BINARY,
+      {"--model-dir", model_dir, "--backend", "cuda", "--enable-quality-high"});
   ASSERT_NE(server, nullptr);
   auto channel = local_channel(server->grpc_port());
   ASSERT_TRUE(server::testing::wait_for_health(channel, "readiness", "SERVING"));
@@ -48,21 +50,24 @@ TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
     ASSERT_EQ(response.images_size(), 1);
     const std::string& png = response.images(0).data();
     int w = 0, h = 0, channels = 0;
-    stbi_uc* pixels = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(png.data()), static_cast<int>(png.size()),
-                                            &w, &h, &channels, 3);
+    stbi_uc* pixels = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(png.data()),
+                                            static_cast<int>(png.size()), &w, &h, &channels, 3);
     ASSERT_NE(pixels, nullptr);
     stbi_image_free(pixels);
     EXPECT_EQ(w, size);
     EXPECT_EQ(h, size);
     const v1::Timings& t = response.timings();
-    std::printf("%s %dx%d: total %.1f ms (queue %.1f, text encode %.1f, denoise %.1f, decode %.1f, encode %.1f)\n",
-                quality == v1::QUALITY_HIGH ? "high" : "lossless", size, size, 1e3 * t.total_seconds(), 1e3 * t.queue_seconds(),
-                1e3 * t.text_encode_seconds(), 1e3 * t.denoise_seconds(), 1e3 * t.decode_seconds(),
-                1e3 * t.encode_seconds());
+    std::printf(
+        "%s %dx%d: total %.1f ms (queue %.1f, text encode %.1f, denoise %.1f, decode %.1f, encode "
+        "%.1f)\n",
+        quality == v1::QUALITY_HIGH ? "high" : "lossless", size, size, 1e3 * t.total_seconds(),
+        1e3 * t.queue_seconds(), 1e3 * t.text_encode_seconds(), 1e3 * t.denoise_seconds(),
+        1e3 * t.decode_seconds(), 1e3 * t.encode_seconds());
   }
   const std::string metrics = server::testing::http_get(server->metrics_port(), "/metrics");
   // The weights alone: 14 GB at klein-4B shapes, 21 MB for the tiny checkpoint.
-  EXPECT_GT(metric_value(metrics, "flux2_gpu_memory_used_bytes").value_or(0), real_size_dir != nullptr ? 1e9 : 1e7);
+  EXPECT_GT(metric_value(metrics, "flux2_gpu_memory_used_bytes").value_or(0),
+            real_size_dir != nullptr ? 1e9 : 1e7);
   EXPECT_GT(metric_value(metrics, "flux2_gpu_memory_total_bytes").value_or(0), 1e10);
   // Two requests of 4 steps each (the warm-up is not a request).
   EXPECT_GE(metric_value(metrics, "flux2_denoise_step_duration_seconds_count").value_or(0), 8.0);

@@ -25,7 +25,8 @@ class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
     transformer_dir_ = dir_.path() + "/transformer";
-    testing::copy_tree(testing::test_data_dir() + "/tiny-klein/checkpoint/transformer", transformer_dir_);
+    testing::copy_tree(testing::test_data_dir() + "/tiny-klein/checkpoint/transformer",
+                       transformer_dir_);
     weights_path_ = transformer_dir_ + "/" + kWeights;
     tensors_ = testing::read_all_tensors(weights_path_);
   }
@@ -61,7 +62,8 @@ TEST_F(CheckpointTest, DeletedTensorIsNamed) {
   rewrite();
   const absl::Status status = load();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("missing tensors: transformer_blocks.1.attn.to_q.weight"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("missing tensors: transformer_blocks.1.attn.to_q.weight"));
 }
 
 TEST_F(CheckpointTest, RenamedTensorIsMissingAndUnexpected) {
@@ -78,7 +80,8 @@ TEST_F(CheckpointTest, ReshapedTensorIsNamed) {
   tensors_["proj_out.weight"].shape = {96, 128};
   rewrite();
   const absl::Status status = load();
-  EXPECT_THAT(status.message(), HasSubstr("wrong shape: proj_out.weight is [96, 128], expected [128, 96]"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("wrong shape: proj_out.weight is [96, 128], expected [128, 96]"));
 }
 
 TEST_F(CheckpointTest, TruncatedFileNamesFileAndTensor) {
@@ -106,7 +109,8 @@ TEST_F(CheckpointTest, LoadsShardedCheckpoint) {
   for (auto& [name, tensor] : tensors_) {
     const bool in_first = name.rfind("single_", 0) != 0;
     (in_first ? first : second)[name] = tensor;
-    weight_map[name] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    weight_map[name] =
+        in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
   fs::remove(weights_path_);
   testing::write_safetensors(transformer_dir_ + "/model-00001-of-00002.safetensors", first);

@@ -47,7 +47,8 @@ TEST_F(CpuOpsTest, LinearIntoColumnSliceWithBias) {
   const int64_t m = 7, k = 33, n = 5;
   const auto x = random(m * k), w = random(n * k), b = random(n);
   Tensor wide = make(std::vector<float>(m * 12, -7.0f), {m, 12});
-  ASSERT_TRUE(be_.linear(make(x, {m, k}), make(w, {n, k}), make(b, {n}), wide.col_slice(4, n)).ok());
+  ASSERT_TRUE(
+      be_.linear(make(x, {m, k}), make(w, {n, k}), make(b, {n}), wide.col_slice(4, n)).ok());
   const auto got = get(wide);
   std::vector<float> out, ref;
   for (int64_t i = 0; i < m; ++i) {
@@ -90,7 +91,8 @@ std::vector<float> naive_attention(const std::vector<float>& q, const std::vecto
           continue;
         }
         double dot = 0;
-        for (int64_t c = 0; c < d; ++c) dot += double(q[(i * h + head) * d + c]) * k[(j * hk + kvh) * d + c];
+        for (int64_t c = 0; c < d; ++c)
+          dot += double(q[(i * h + head) * d + c]) * k[(j * hk + kvh) * d + c];
         s.push_back(dot * p.scale);
       }
       double mx = -INFINITY, sum = 0;
@@ -107,14 +109,21 @@ std::vector<float> naive_attention(const std::vector<float>& q, const std::vecto
 }
 
 TEST_F(CpuOpsTest, AttentionMatchesNaive) {
-  struct Case { int64_t s, h, hk, d; bool causal; int64_t valid; };
+  struct Case {
+    int64_t s, h, hk, d;
+    bool causal;
+    int64_t valid;
+  };
   for (const Case c : {Case{17, 3, 3, 32, false, -1}, Case{24, 4, 2, 16, true, 19},
                        Case{9, 2, 1, 64, true, -1}, Case{5, 1, 1, 512, false, -1}}) {
-    const auto q = random(c.s * c.h * c.d), k = random(c.s * c.hk * c.d), v = random(c.s * c.hk * c.d);
-    const AttentionParams p{c.h, c.hk, c.d, static_cast<float>(1.0 / std::sqrt(double(c.d))), c.causal, c.valid};
+    const auto q = random(c.s * c.h * c.d), k = random(c.s * c.hk * c.d),
+               v = random(c.s * c.hk * c.d);
+    const AttentionParams p{c.h,      c.hk,   c.d, static_cast<float>(1.0 / std::sqrt(double(c.d))),
+                            c.causal, c.valid};
     Tensor out = be_.empty(DType::kF32, {c.s, c.h * c.d}).value();
     ASSERT_TRUE(be_.attention(make(q, {c.s, c.h * c.d}), make(k, {c.s, c.hk * c.d}),
-                              make(v, {c.s, c.hk * c.d}), p, out).ok());
+                              make(v, {c.s, c.hk * c.d}), p, out)
+                    .ok());
     const auto ref = naive_attention(q, k, v, c.s, c.s, p);
     EXPECT_LE(relative_l2_error(get(out), ref), kTolerance) << "S=" << c.s << " H=" << c.h;
   }
@@ -123,9 +132,12 @@ TEST_F(CpuOpsTest, AttentionMatchesNaive) {
 TEST_F(CpuOpsTest, Conv2dMatchesDirectLoop) {
   for (int64_t ksize : {1, 3}) {
     const int64_t hgt = 5, wid = 7, cin = 6, cout = 4, pad = ksize / 2;
-    const auto x = random(hgt * wid * cin), w = random(cout * ksize * ksize * cin), b = random(cout);
+    const auto x = random(hgt * wid * cin), w = random(cout * ksize * ksize * cin),
+               b = random(cout);
     Tensor out = be_.empty(DType::kF32, {hgt, wid, cout}).value();
-    ASSERT_TRUE(be_.conv2d(make(x, {hgt, wid, cin}), make(w, {cout, ksize, ksize, cin}), make(b, {cout}), out).ok());
+    ASSERT_TRUE(be_.conv2d(make(x, {hgt, wid, cin}), make(w, {cout, ksize, ksize, cin}),
+                           make(b, {cout}), out)
+                    .ok());
     std::vector<float> ref(static_cast<size_t>(hgt * wid * cout));
     for (int64_t y = 0; y < hgt; ++y)
       for (int64_t xx = 0; xx < wid; ++xx)
@@ -136,7 +148,8 @@ TEST_F(CpuOpsTest, Conv2dMatchesDirectLoop) {
               const int64_t sy = y + ky - pad, sx = xx + kx - pad;
               if (sy < 0 || sy >= hgt || sx < 0 || sx >= wid) continue;
               for (int64_t i = 0; i < cin; ++i)
-                acc += double(x[(sy * wid + sx) * cin + i]) * w[((o * ksize + ky) * ksize + kx) * cin + i];
+                acc += double(x[(sy * wid + sx) * cin + i]) *
+                       w[((o * ksize + ky) * ksize + kx) * cin + i];
             }
           ref[(y * wid + xx) * cout + o] = static_cast<float>(acc);
         }
@@ -157,14 +170,18 @@ TEST_F(CpuOpsTest, LayerNormModulate) {
   const int64_t m = 5, d = 48;
   const auto x = random(m * d, 3.0f), shift = random(d), scale = random(d);
   Tensor out = be_.empty(DType::kF32, {m, d}).value();
-  ASSERT_TRUE(be_.layer_norm_modulate(make(x, {m, d}), make(shift, {d}), make(scale, {d}), 1e-6f, out).ok());
+  ASSERT_TRUE(
+      be_.layer_norm_modulate(make(x, {m, d}), make(shift, {d}), make(scale, {d}), 1e-6f, out)
+          .ok());
   std::vector<float> ref;
   for (int64_t r = 0; r < m; ++r) {
     double mean = 0, var = 0;
     for (int64_t c = 0; c < d; ++c) mean += x[r * d + c] / double(d);
-    for (int64_t c = 0; c < d; ++c) var += (x[r * d + c] - mean) * (x[r * d + c] - mean) / double(d);
     for (int64_t c = 0; c < d; ++c)
-      ref.push_back(static_cast<float>((1 + scale[c]) * (x[r * d + c] - mean) / std::sqrt(var + 1e-6) + shift[c]));
+      var += (x[r * d + c] - mean) * (x[r * d + c] - mean) / double(d);
+    for (int64_t c = 0; c < d; ++c)
+      ref.push_back(static_cast<float>(
+          (1 + scale[c]) * (x[r * d + c] - mean) / std::sqrt(var + 1e-6) + shift[c]));
   }
   EXPECT_LE(relative_l2_error(get(out), ref), kTolerance);
 }
@@ -174,7 +191,9 @@ TEST_F(CpuOpsTest, QkNormRopeBothStyles) {
   for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
     const auto x = random(s * heads * dh), w = random(dh), cs = random(s * dh), sn = random(s * dh);
     Tensor t = make(x, {s, heads * dh});
-    ASSERT_TRUE(be_.qk_norm_rope(t, dh, make(w, {dh}), 1e-6f, make(cs, {s, dh}), make(sn, {s, dh}), style).ok());
+    ASSERT_TRUE(
+        be_.qk_norm_rope(t, dh, make(w, {dh}), 1e-6f, make(cs, {s, dh}), make(sn, {s, dh}), style)
+            .ok());
     std::vector<float> ref;
     for (int64_t r = 0; r < s; ++r)
       for (int64_t h = 0; h < heads; ++h) {
@@ -185,8 +204,10 @@ TEST_F(CpuOpsTest, QkNormRopeBothStyles) {
         for (int64_t d = 0; d < dh; ++d) n[d] = v[d] / std::sqrt(ms + 1e-6) * w[d];
         for (int64_t d = 0; d < dh; ++d) {
           double rot;
-          if (style == RopeStyle::kInterleaved) rot = d % 2 == 0 ? -n[d + 1] : n[d - 1];
-          else rot = d < dh / 2 ? -n[d + dh / 2] : n[d - dh / 2];
+          if (style == RopeStyle::kInterleaved)
+            rot = d % 2 == 0 ? -n[d + 1] : n[d - 1];
+          else
+            rot = d < dh / 2 ? -n[d + dh / 2] : n[d - dh / 2];
           ref.push_back(static_cast<float>(n[d] * cs[r * dh + d] + rot * sn[r * dh + d]));
         }
       }
@@ -284,14 +305,18 @@ TEST_F(CpuOpsTest, GroupNormSilu) {
   const int64_t p = 20, c = 12, groups = 3;
   const auto x = random(p * c, 2.0f), gamma = random(c), beta = random(c);
   Tensor out = be_.empty(DType::kF32, {p, c}).value();
-  ASSERT_TRUE(be_.group_norm(make(x, {p, c}), groups, make(gamma, {c}), make(beta, {c}), 1e-6f, true, out).ok());
+  ASSERT_TRUE(
+      be_.group_norm(make(x, {p, c}), groups, make(gamma, {c}), make(beta, {c}), 1e-6f, true, out)
+          .ok());
   std::vector<float> ref(static_cast<size_t>(p * c));
   const int64_t per = c / groups;
   for (int64_t g = 0; g < groups; ++g) {
     double mean = 0, var = 0;
-    for (int64_t i = 0; i < p; ++i) for (int64_t k = 0; k < per; ++k) mean += x[i * c + g * per + k];
+    for (int64_t i = 0; i < p; ++i)
+      for (int64_t k = 0; k < per; ++k) mean += x[i * c + g * per + k];
     mean /= double(p * per);
-    for (int64_t i = 0; i < p; ++i) for (int64_t k = 0; k < per; ++k) var += std::pow(x[i * c + g * per + k] - mean, 2);
+    for (int64_t i = 0; i < p; ++i)
+      for (int64_t k = 0; k < per; ++k) var += std::pow(x[i * c + g * per + k] - mean, 2);
     var /= double(p * per);
     for (int64_t i = 0; i < p; ++i)
       for (int64_t k = 0; k < per; ++k) {
@@ -309,14 +334,17 @@ TEST_F(CpuOpsTest, LatentUnpackIsBatchNormThenUnpatchify) {
   std::vector<float> var(4 * c);
   for (int64_t i = 0; i < 4 * c; ++i) var[i] = 0.5f + 0.1f * i;
   Tensor out = be_.empty(DType::kF32, {2 * h, 2 * w, c}).value();
-  ASSERT_TRUE(be_.latent_unpack(make(tokens, {h * w, 4 * c}), make(mean, {4 * c}), make(var, {4 * c}), 1e-4f, out).ok());
+  ASSERT_TRUE(be_.latent_unpack(make(tokens, {h * w, 4 * c}), make(mean, {4 * c}),
+                                make(var, {4 * c}), 1e-4f, out)
+                  .ok());
   const auto got = get(out);
   for (int64_t y = 0; y < 2 * h; ++y)
     for (int64_t x = 0; x < 2 * w; ++x)
       for (int64_t ch = 0; ch < c; ++ch) {
         const int64_t packed = ch * 4 + (y % 2) * 2 + (x % 2);  // architecture §2.3
         const int64_t token = (y / 2) * w + (x / 2);
-        const double expected = tokens[token * 4 * c + packed] * std::sqrt(var[packed] + 1e-4) + mean[packed];
+        const double expected =
+            tokens[token * 4 * c + packed] * std::sqrt(var[packed] + 1e-4) + mean[packed];
         EXPECT_NEAR(got[(y * 2 * w + x) * c + ch], expected, 1e-6) << y << "," << x << "," << ch;
       }
 }
@@ -333,7 +361,8 @@ TEST_F(CpuOpsTest, ElementwiseOps) {
   Tensor out = be_.empty(DType::kF32, {m, d}).value();
   ASSERT_TRUE(be_.swiglu(make(a, {m, d}), make(b, {m, d}), out).ok());
   got = get(out);
-  for (int64_t i = 0; i < m * d; ++i) EXPECT_NEAR(got[i], a[i] / (1 + std::exp(-a[i])) * b[i], 1e-6);
+  for (int64_t i = 0; i < m * d; ++i)
+    EXPECT_NEAR(got[i], a[i] / (1 + std::exp(-a[i])) * b[i], 1e-6);
   // cfg_combine and euler_step
   ASSERT_TRUE(be_.cfg_combine(make(a, {m, d}), make(b, {m, d}), 4.0f, out).ok());
   got = get(out);
@@ -351,7 +380,8 @@ TEST_F(CpuOpsTest, UpsampleAndEmbedding) {
   const auto got = get(up);
   for (int64_t y = 0; y < 4; ++y)
     for (int64_t xx = 0; xx < 6; ++xx)
-      for (int64_t c = 0; c < 4; ++c) EXPECT_EQ(got[(y * 6 + xx) * 4 + c], x[((y / 2) * 3 + xx / 2) * 4 + c]);
+      for (int64_t c = 0; c < 4; ++c)
+        EXPECT_EQ(got[(y * 6 + xx) * 4 + c], x[((y / 2) * 3 + xx / 2) * 4 + c]);
 
   const auto table = random(5 * 3);
   Tensor ids = be_.empty(DType::kI32, {3}).value();
@@ -364,7 +394,8 @@ TEST_F(CpuOpsTest, UpsampleAndEmbedding) {
     for (int c = 0; c < 3; ++c) EXPECT_EQ(emb[i * 3 + c], table[id_values[i] * 3 + c]);
   const int32_t bad[] = {5, 0, 0};
   ASSERT_TRUE(be_.upload(bad, DType::kI32, ids).ok());
-  EXPECT_EQ(be_.embedding(ids, make(table, {5, 3}), rows).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(be_.embedding(ids, make(table, {5, 3}), rows).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -18,18 +18,20 @@ int generate(std::vector<std::string> words) {
 }
 
 uint32_t big_endian(const std::vector<unsigned char>& b, size_t at) {
-  return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) | b[at + 3];
+  return (uint32_t{b[at]} << 24) | (uint32_t{b[at + 1]} << 16) | (uint32_t{b[at + 2]} << 8) |
+         b[at + 3];
 }
 
 TEST(GenerateCommandTest, WritesAPngOfTheRequestedSize) {
   testing::TempDir dir;
   const std::string out = dir.path() + "/fox.png";
   const std::string model = testing::test_data_dir() + "/tiny-klein/checkpoint";
-  ASSERT_EQ(generate({"--model-dir", model, "--prompt", "a red fox", "--height", "32", "--width", "48", "--steps", "2",
-                      "--out", out}),
+  ASSERT_EQ(generate({"--model-dir", model, "--prompt", "a red fox", "--height", "32", "--width",
+                      "48", "--steps", "2", "--out", out}),
             0);
   std::ifstream file(out, std::ios::binary);
-  const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(file)),
+                                         std::istreambuf_iterator<char>());
   ASSERT_GT(bytes.size(), 33u);
   EXPECT_EQ(std::string(bytes.begin() + 1, bytes.begin() + 4), "PNG");
   EXPECT_EQ(std::string(bytes.begin() + 12, bytes.begin() + 16), "IHDR");
@@ -40,12 +42,14 @@ TEST(GenerateCommandTest, WritesAPngOfTheRequestedSize) {
 TEST(GenerateCommandTest, BadInputsFailClearly) {
   const std::string model = testing::test_data_dir() + "/tiny-klein/checkpoint";
   ::testing::internal::CaptureStderr();
-  EXPECT_EQ(generate({"--model-dir", model, "--prompt", "x", "--height", "65", "--width", "64"}), 1);
+  EXPECT_EQ(generate({"--model-dir", model, "--prompt", "x", "--height", "65", "--width", "64"}),
+            1);
   EXPECT_EQ(generate({"--model-dir", model, "--prompt", "x", "--steps", "0"}), 1);
   EXPECT_EQ(generate({"--model-dir", "/nonexistent/model", "--prompt", "x"}), 1);
   EXPECT_EQ(generate({"--model-dir", model}), 1);  // no prompt
   const std::string errors = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(errors.find("height: 65 is not a positive multiple of 16"), std::string::npos) << errors;
+  EXPECT_NE(errors.find("height: 65 is not a positive multiple of 16"), std::string::npos)
+      << errors;
   EXPECT_NE(errors.find("--steps: 0 must be at least 1"), std::string::npos) << errors;
   EXPECT_NE(errors.find("/nonexistent/model"), std::string::npos) << errors;
   EXPECT_NE(errors.find("--prompt is required"), std::string::npos) << errors;

@@ -25,12 +25,14 @@ std::vector<uint8_t> test_image(int64_t width, int64_t height, uint32_t seed) {
 }
 
 TEST(ImageEncodeTest, PngRoundTripsExactly) {
-  for (auto [w, h] : {std::pair<int64_t, int64_t>{1, 1}, {17, 5}, {64, 48}, {1024, 768}, {80, 1031}}) {
+  for (auto [w, h] :
+       {std::pair<int64_t, int64_t>{1, 1}, {17, 5}, {64, 48}, {1024, 768}, {80, 1031}}) {
     const std::vector<uint8_t> rgb = test_image(w, h, static_cast<uint32_t>(w * 31 + h));
     auto png = encode_png(rgb, w, h);
     ASSERT_TRUE(png.ok()) << png.status();
     int dw = 0, dh = 0, channels = 0;
-    stbi_uc* decoded = stbi_load_from_memory(png->data(), static_cast<int>(png->size()), &dw, &dh, &channels, 3);
+    stbi_uc* decoded =
+        stbi_load_from_memory(png->data(), static_cast<int>(png->size()), &dw, &dh, &channels, 3);
     ASSERT_NE(decoded, nullptr) << stbi_failure_reason() << " at " << w << "x" << h;
     EXPECT_EQ(dw, w);
     EXPECT_EQ(dh, h);
@@ -45,7 +47,8 @@ TEST(ImageEncodeTest, JpegDecodesToTheRightSize) {
   auto jpeg = encode_jpeg(rgb, 96, 64, 90);
   ASSERT_TRUE(jpeg.ok());
   int w = 0, h = 0, channels = 0;
-  stbi_uc* decoded = stbi_load_from_memory(jpeg->data(), static_cast<int>(jpeg->size()), &w, &h, &channels, 3);
+  stbi_uc* decoded =
+      stbi_load_from_memory(jpeg->data(), static_cast<int>(jpeg->size()), &w, &h, &channels, 3);
   ASSERT_NE(decoded, nullptr);
   EXPECT_EQ(w, 96);
   EXPECT_EQ(h, 64);

@@ -19,7 +19,8 @@ class PipelineTest : public ::testing::Test {
   std::unique_ptr<Pipeline> load(std::optional<bool> distilled = std::nullopt) {
     PipelineOptions options;
     options.is_distilled = distilled;
-    auto pipeline = Pipeline::load(backend_, testing::test_data_dir() + "/tiny-klein/checkpoint", options);
+    auto pipeline =
+        Pipeline::load(backend_, testing::test_data_dir() + "/tiny-klein/checkpoint", options);
     EXPECT_TRUE(pipeline.ok()) << pipeline.status();
     return pipeline.ok() ? std::move(*pipeline) : nullptr;
   }
@@ -63,7 +64,8 @@ TEST_F(PipelineTest, ValidationNamesTheField) {
 TEST_F(PipelineTest, SeedFixesTheImage) {
   auto pipeline = load();
   ASSERT_NE(pipeline, nullptr);
-  auto a = pipeline->generate(small(3)), b = pipeline->generate(small(3)), c = pipeline->generate(small(4));
+  auto a = pipeline->generate(small(3)), b = pipeline->generate(small(3)),
+       c = pipeline->generate(small(4));
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
   EXPECT_EQ(a->rgb.size(), 48u * 32u * 3u);
   EXPECT_EQ(a->rgb, b->rgb);

@@ -25,7 +25,9 @@ namespace {
 
 // ---- slow references, written from the format definitions only ----
 
-float from_bf16(uint32_t bits) { return f32_from_bits(bits << 16); }
+float from_bf16(uint32_t bits) {
+  return f32_from_bits(bits << 16);
+}
 
 // Value of E4M3 magnitude code c (0..0x7E) from the definition: bias 7, subnormals m/8 * 2^-6.
 double e4m3_definition(int c) {
@@ -91,7 +93,8 @@ TEST(QuantizeConversionTest, E4M3ExhaustiveOverBf16) {
     const float x = from_bf16(b);
     const uint8_t fast = f32_to_e4m3(x), slow = slow_e4m3(x);
     if (fast != slow && ++mismatches <= 10) {
-      ADD_FAILURE() << "bf16 0x" << std::hex << b << " = " << x << ": 0x" << int{fast} << " vs 0x" << int{slow};
+      ADD_FAILURE() << "bf16 0x" << std::hex << b << " = " << x << ": 0x" << int{fast} << " vs 0x"
+                    << int{slow};
     }
   }
   EXPECT_EQ(mismatches, 0);
@@ -103,7 +106,8 @@ TEST(QuantizeConversionTest, E2M1ExhaustiveOverBf16) {
     const float x = from_bf16(b);
     const uint8_t fast = f32_to_e2m1(x), slow = slow_e2m1(x);
     if (fast != slow && ++mismatches <= 10) {
-      ADD_FAILURE() << "bf16 0x" << std::hex << b << " = " << x << ": 0x" << int{fast} << " vs 0x" << int{slow};
+      ADD_FAILURE() << "bf16 0x" << std::hex << b << " = " << x << ": 0x" << int{fast} << " vs 0x"
+                    << int{slow};
     }
   }
   EXPECT_EQ(mismatches, 0);
@@ -133,7 +137,8 @@ TEST(QuantizeConversionTest, TiesAndNeighboursInF32) {
   for (int c = 0; c < 0x7e; ++c) around((e4m3_definition(c) + e4m3_definition(c + 1)) / 2);
   for (int c = 0; c < 7; ++c) around((e2m1_definition(c) + e2m1_definition(c + 1)) / 2);
   around(464.0);  // 448 + half an ulp: still 448 under satfinite
-  for (float v : {0.0f, 448.0f, 6.0f, 1e-30f, 1e30f, std::numeric_limits<float>::denorm_min(), INFINITY}) {
+  for (float v :
+       {0.0f, 448.0f, 6.0f, 1e-30f, 1e30f, std::numeric_limits<float>::denorm_min(), INFINITY}) {
     inputs.push_back(v);
     inputs.push_back(-v);
   }
@@ -153,8 +158,8 @@ TEST(QuantizeConversionTest, TiesAndNeighboursInF32) {
   EXPECT_EQ(f32_to_e2m1(-INFINITY), 0xf);
   EXPECT_EQ(f32_to_e2m1(-std::nanf("")), 0x7);
   // The kernels.md §2.5 tie table.
-  const std::vector<std::pair<float, uint8_t>> ties = {{0.25f, 0}, {0.75f, 2}, {1.25f, 2}, {1.75f, 4},
-                                                       {2.5f, 4},  {3.5f, 6},  {5.0f, 6}};
+  const std::vector<std::pair<float, uint8_t>> ties = {
+      {0.25f, 0}, {0.75f, 2}, {1.25f, 2}, {1.75f, 4}, {2.5f, 4}, {3.5f, 6}, {5.0f, 6}};
   for (const auto& [x, code] : ties) EXPECT_EQ(f32_to_e2m1(x), code) << x;
 }
 
@@ -204,7 +209,8 @@ TEST(QuantizeConversionTest, MatchesCudaHeadersOnF32Sample) {
 TEST(QuantizeScaleLayoutTest, OffsetsAreABijectionOntoThePaddedBuffer) {
   for (int64_t rows : {1, 17, 127, 128, 129, 300, 4611}) {
     for (int64_t cols : {16, 48, 64, 96, 112, 1040, 3072}) {
-      const int64_t padded_rows = nvfp4_scale_padded_rows(rows), padded_blocks = nvfp4_scale_padded_blocks(cols);
+      const int64_t padded_rows = nvfp4_scale_padded_rows(rows),
+                    padded_blocks = nvfp4_scale_padded_blocks(cols);
       const int64_t bytes = nvfp4_scale_bytes(rows, cols), k_tiles = padded_blocks / 4;
       ASSERT_EQ(padded_rows % 128, 0);
       ASSERT_EQ(padded_blocks % 4, 0);
@@ -217,7 +223,8 @@ TEST(QuantizeScaleLayoutTest, OffsetsAreABijectionOntoThePaddedBuffer) {
           const int64_t off = nvfp4_scale_offset(m, kb, k_tiles);
           ASSERT_GE(off, 0);
           ASSERT_LT(off, bytes);
-          ASSERT_EQ(hit[off]++, 0) << "rows " << rows << " cols " << cols << ": offset " << off << " twice";
+          ASSERT_EQ(hit[off]++, 0)
+              << "rows " << rows << " cols " << cols << ": offset " << off << " twice";
           ASSERT_EQ(off, permute_offset(m, kb, k_tiles));
         }
       }
@@ -256,9 +263,10 @@ TEST(QuantizeNvfp4RecipeTest, BlockHoldingTheTensorMaxGetsScale448) {
 TEST(QuantizeNvfp4RecipeTest, TiePointsUnderUnitScale) {
   // gs = 1 and vmax = 6: SF = 6 * fl(1/6) rounds to the e4m3 code of 1.0, outScale = 1, so the
   // codes are the e2m1 conversions of the inputs themselves.
-  const float x[16] = {6.0f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f,
-                       -0.25f, -0.75f, -5.0f, -0.0f, 0.0f, 0.2f, -6.0f, 5.5f};
-  const uint8_t expected[16] = {0x7, 0x0, 0x2, 0x2, 0x4, 0x4, 0x6, 0x6, 0x8, 0xa, 0xe, 0x8, 0x0, 0x0, 0xf, 0x7};
+  const float x[16] = {6.0f,   0.25f,  0.75f, 1.25f, 1.75f, 2.5f, 3.5f,  5.0f,
+                       -0.25f, -0.75f, -5.0f, -0.0f, 0.0f,  0.2f, -6.0f, 5.5f};
+  const uint8_t expected[16] = {0x7, 0x0, 0x2, 0x2, 0x4, 0x4, 0x6, 0x6,
+                                0x8, 0xa, 0xe, 0x8, 0x0, 0x0, 0xf, 0x7};
   uint8_t packed[8];
   ASSERT_EQ(nvfp4_quantize_block16(x, 1.0f, packed), 0x38);  // e4m3(1.0)
   EXPECT_EQ(nvfp4_out_scale(0x38, 1.0f), 1.0f);
@@ -286,8 +294,10 @@ TEST(QuantizeNvfp4RecipeTest, EveryScaleCodeAndTinyBlocks) {
 // Random bf16 bits with per-16-block magnitudes 2^-16 .. 2^7 (so some blocks get a zero NVFP4
 // scale), exact zeros and negative zeros. The same generator as tests/cuda/quantize_test.cc.
 uint16_t test_bits(uint64_t seed, int64_t r, int64_t c) {
-  const float u = uniform_hash(seed, static_cast<uint64_t>(r) * 1000003u + static_cast<uint64_t>(c));
-  const float e = uniform_hash(seed ^ 0x5555u, static_cast<uint64_t>(r) * 65537u + static_cast<uint64_t>(c / 16));
+  const float u =
+      uniform_hash(seed, static_cast<uint64_t>(r) * 1000003u + static_cast<uint64_t>(c));
+  const float e = uniform_hash(seed ^ 0x5555u,
+                               static_cast<uint64_t>(r) * 65537u + static_cast<uint64_t>(c / 16));
   if (u < 0.01f) return u < 0.005f ? 0x0000 : 0x8000;
   const float v = std::ldexp(2.0f * u - 1.0f, static_cast<int>(e * 24.0f) - 16);
   return static_cast<uint16_t>(f32_bits(v) >> 16);  // truncation: any bf16 is fine here
@@ -301,7 +311,8 @@ struct HostMatrix {
 
 // [rows, cols] with row stride cols + pad.
 HostMatrix make_matrix(uint64_t seed, int64_t rows, int64_t cols, int64_t pad) {
-  HostMatrix m{std::vector<uint16_t>(static_cast<size_t>(rows * (cols + pad)), 0x7fc0), rows, cols, cols + pad};
+  HostMatrix m{std::vector<uint16_t>(static_cast<size_t>(rows * (cols + pad)), 0x7fc0), rows, cols,
+               cols + pad};
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) m.bits[r * m.stride + c] = test_bits(seed, r, c);
   }
@@ -319,19 +330,22 @@ HostMatrix concat(const HostMatrix& a, const HostMatrix& b) {
 
 // Slow NVFP4 reference: per block from the recipe's formulas with the slow conversions, scales
 // placed by the permute formula.
-void slow_nvfp4(const HostMatrix& x, float gs, std::vector<uint8_t>& packed, std::vector<uint8_t>& scales) {
+void slow_nvfp4(const HostMatrix& x, float gs, std::vector<uint8_t>& packed,
+                std::vector<uint8_t>& scales) {
   const int64_t k_tiles = nvfp4_scale_padded_blocks(x.cols) / 4;
   packed.assign(static_cast<size_t>(x.rows * x.cols / 2), 0);
   scales.assign(static_cast<size_t>(nvfp4_scale_bytes(x.rows, x.cols)), 0);
   for (int64_t r = 0; r < x.rows; ++r) {
     for (int64_t kb = 0; kb < x.cols / 16; ++kb) {
       float vmax = 0.0f;
-      for (int i = 0; i < 16; ++i) vmax = std::max(vmax, std::fabs(from_bf16(x.bits[r * x.stride + kb * 16 + i])));
+      for (int i = 0; i < 16; ++i)
+        vmax = std::max(vmax, std::fabs(from_bf16(x.bits[r * x.stride + kb * 16 + i])));
       const float sf_value = vmax * (gs * (1.0f / 6.0f));
       const uint8_t sf = slow_ue4m3(sf_value);
       scales[permute_offset(r, kb, k_tiles)] = sf;
       if (sf == 0) continue;
-      const float out_scale = std::fmin(1.0f / (static_cast<float>(e4m3_definition(sf)) * (1.0f / gs)), FLT_MAX);
+      const float out_scale =
+          std::fmin(1.0f / (static_cast<float>(e4m3_definition(sf)) * (1.0f / gs)), FLT_MAX);
       for (int i = 0; i < 16; ++i) {
         const uint8_t code = slow_e2m1(from_bf16(x.bits[r * x.stride + kb * 16 + i]) * out_scale);
         packed[(r * x.cols + kb * 16 + i) / 2] |= static_cast<uint8_t>(code << (4 * (i % 2)));
@@ -348,7 +362,8 @@ class QuantizeMatrixTest : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(QuantizeMatrixTest, Fp8PerTensorMatchesSlowReferenceAndConcat) {
   const auto [rows, d, f] = GetParam();
-  const HostMatrix a = make_matrix(11, rows, d, 8), b = make_matrix(12, rows, f, 24), cat = concat(a, b);
+  const HostMatrix a = make_matrix(11, rows, d, 8), b = make_matrix(12, rows, f, 24),
+                   cat = concat(a, b);
   const int64_t k = d + f;
   const float amax = reference_amax(a.view(), b.view());
   float slow_amax = 0.0f;
@@ -382,7 +397,8 @@ TEST_P(QuantizeMatrixTest, Fp8PerRowMatchesSlowReference) {
   reference_fp8_quantize_rows(x.view(), scales.data(), out.data());
   for (int64_t r = 0; r < rows; ++r) {
     float amax = 0.0f;
-    for (int64_t c = 0; c < x.cols; ++c) amax = std::max(amax, std::fabs(from_bf16(x.bits[r * x.stride + c])));
+    for (int64_t c = 0; c < x.cols; ++c)
+      amax = std::max(amax, std::fabs(from_bf16(x.bits[r * x.stride + c])));
     ASSERT_EQ(scales[r], amax / 448.0f);
     for (int64_t c = 0; c < x.cols; ++c) {
       ASSERT_EQ(out[r * x.cols + c],
@@ -393,7 +409,8 @@ TEST_P(QuantizeMatrixTest, Fp8PerRowMatchesSlowReference) {
 
 TEST_P(QuantizeMatrixTest, Nvfp4MatchesSlowReferenceAndConcat) {
   const auto [rows, d, f] = GetParam();
-  const HostMatrix a = make_matrix(21, rows, d, 8), b = make_matrix(22, rows, f, 40), cat = concat(a, b);
+  const HostMatrix a = make_matrix(21, rows, d, 8), b = make_matrix(22, rows, f, 40),
+                   cat = concat(a, b);
   const int64_t k = d + f;
   const float gs = nvfp4_global_scale(reference_amax(a.view(), b.view()));
   const size_t scale_bytes = static_cast<size_t>(nvfp4_scale_bytes(rows, k));
@@ -422,10 +439,12 @@ TEST_P(QuantizeMatrixTest, Nvfp4MatchesSlowReferenceAndConcat) {
 // The GPU test's shapes that are cheap on the CPU, plus concat splits that are not multiples of 16
 // (D % 8 == 0 takes the vectorized GPU loads, D % 8 != 0 the scalar ones).
 INSTANTIATE_TEST_SUITE_P(Quantize, QuantizeMatrixTest,
-                         ::testing::Values(Shape{17, 48, 48}, Shape{130, 64, 32}, Shape{1, 16, 80}, Shape{64, 40, 56},
-                                           Shape{33, 20, 76}, Shape{129, 384, 1152}, Shape{5, 96, 0}),
+                         ::testing::Values(Shape{17, 48, 48}, Shape{130, 64, 32}, Shape{1, 16, 80},
+                                           Shape{64, 40, 56}, Shape{33, 20, 76},
+                                           Shape{129, 384, 1152}, Shape{5, 96, 0}),
                          [](const ::testing::TestParamInfo<Shape>& info) {
-                           return absl::StrCat("M", info.param.rows, "_D", info.param.d, "_F", info.param.f);
+                           return absl::StrCat("M", info.param.rows, "_D", info.param.d, "_F",
+                                               info.param.f);
                          });
 
 }  // namespace

@@ -32,7 +32,9 @@ using ::testing::HasSubstr;
 // float64 naive forward; a missing or misplaced term such as the wrong GQA head gives > 1e-2).
 constexpr double kFloat32Tolerance = 1e-4;
 
-std::string tiny_klein_encoder_dir() { return testing::test_data_dir() + "/tiny-klein/checkpoint/text_encoder"; }
+std::string tiny_klein_encoder_dir() {
+  return testing::test_data_dir() + "/tiny-klein/checkpoint/text_encoder";
+}
 
 std::vector<float> download(Backend& backend, const Tensor& tensor) {
   std::vector<float> values(static_cast<size_t>(tensor.numel()));
@@ -41,7 +43,8 @@ std::vector<float> download(Backend& backend, const Tensor& tensor) {
 }
 
 // Columns [begin, begin + count) of a row-major [rows, cols] matrix.
-std::vector<float> columns(const std::vector<float>& m, int64_t cols, int64_t begin, int64_t count) {
+std::vector<float> columns(const std::vector<float>& m, int64_t cols, int64_t begin,
+                           int64_t count) {
   std::vector<float> out;
   for (size_t r = 0; r < m.size() / cols; ++r) {
     out.insert(out.end(), m.begin() + r * cols + begin, m.begin() + r * cols + begin + count);
@@ -65,7 +68,8 @@ struct SyntheticQwen3 {
 
   SyntheticQwen3() {
     std::mt19937 rng(1234);
-    auto add = [&](const std::string& name, std::vector<int64_t> shape, float center, float spread) {
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, float center,
+                   float spread) {
       std::uniform_real_distribution<float> dist(center - spread, center + spread);
       int64_t n = 1;
       for (int64_t s : shape) n *= s;
@@ -94,12 +98,22 @@ struct SyntheticQwen3 {
   }
 
   nlohmann::json config() const {
-    return {{"architectures", {"Qwen3ForCausalLM"}}, {"model_type", "qwen3"},
-            {"hidden_size", hidden}, {"num_hidden_layers", layers}, {"num_attention_heads", heads},
-            {"num_key_value_heads", kv_heads}, {"head_dim", head_dim},
-            {"intermediate_size", intermediate}, {"vocab_size", vocab}, {"rms_norm_eps", eps},
-            {"rope_theta", theta}, {"rope_scaling", nullptr}, {"attention_bias", false},
-            {"hidden_act", "silu"}, {"use_sliding_window", false}, {"sliding_window", nullptr},
+    return {{"architectures", {"Qwen3ForCausalLM"}},
+            {"model_type", "qwen3"},
+            {"hidden_size", hidden},
+            {"num_hidden_layers", layers},
+            {"num_attention_heads", heads},
+            {"num_key_value_heads", kv_heads},
+            {"head_dim", head_dim},
+            {"intermediate_size", intermediate},
+            {"vocab_size", vocab},
+            {"rms_norm_eps", eps},
+            {"rope_theta", theta},
+            {"rope_scaling", nullptr},
+            {"attention_bias", false},
+            {"hidden_act", "silu"},
+            {"use_sliding_window", false},
+            {"sliding_window", nullptr},
             {"tie_word_embeddings", true}};
   }
 
@@ -107,14 +121,16 @@ struct SyntheticQwen3 {
     std::filesystem::create_directories(dir);
     std::ofstream(dir + "/config.json") << config().dump(2);
     std::map<std::string, testing::RawTensor> tensors;
-    for (const auto& [name, values] : weights) tensors[name] = testing::f32_tensor(shapes.at(name), values);
+    for (const auto& [name, values] : weights)
+      tensors[name] = testing::f32_tensor(shapes.at(name), values);
     testing::write_safetensors(dir + "/model.safetensors", tensors);
   }
 
   // HF hidden_states[0..layers] in float64, each [L, hidden]. `kv_head_of` maps a query head to
   // its key/value head (HF repeat_kv: h / (heads / kv_heads)).
   std::vector<std::vector<double>> forward(const std::vector<int32_t>& ids, int64_t num_valid,
-                                           int64_t (*kv_head_of)(int64_t h, int64_t heads, int64_t kv_heads)) const {
+                                           int64_t (*kv_head_of)(int64_t h, int64_t heads,
+                                                                 int64_t kv_heads)) const {
     const int64_t seq = static_cast<int64_t>(ids.size()), d = hidden, half = head_dim / 2;
     auto W = [&](const std::string& name) { return weights.at(name).data(); };
     // y[s, o] = sum_i x[s, i] w[o, i]
@@ -134,11 +150,13 @@ struct SyntheticQwen3 {
       }
       return x;
     };
-    // Per-head norm then rotate_half RoPE at position s: pairs (m, m + half), angle s * theta^(-2m/Dh).
+    // Per-head norm then rotate_half RoPE at position s: pairs (m, m + half), angle s *
+    // theta^(-2m/Dh).
     auto norm_rope = [&](std::vector<double> x, const float* w) {
       x = rms_norm(std::move(x), w, head_dim);
       for (size_t r = 0; r < x.size() / head_dim; ++r) {
-        const int64_t s = static_cast<int64_t>(r) / (static_cast<int64_t>(x.size()) / head_dim / seq);
+        const int64_t s =
+            static_cast<int64_t>(r) / (static_cast<int64_t>(x.size()) / head_dim / seq);
         double* v = &x[r * head_dim];
         for (int64_t m = 0; m < half; ++m) {
           const double angle = s * std::pow(theta, -2.0 * m / head_dim);
@@ -158,11 +176,14 @@ struct SyntheticQwen3 {
     for (int64_t layer = 0; layer < layers; ++layer) {
       const std::string p = absl::StrCat("model.layers.", layer, ".");
       const std::vector<double> normed = rms_norm(x, W(p + "input_layernorm.weight"), d);
-      const std::vector<double> q = norm_rope(matmul(normed, W(p + "self_attn.q_proj.weight"), d, heads * head_dim),
-                                              W(p + "self_attn.q_norm.weight"));
-      const std::vector<double> k = norm_rope(matmul(normed, W(p + "self_attn.k_proj.weight"), d, kv_heads * head_dim),
-                                              W(p + "self_attn.k_norm.weight"));
-      const std::vector<double> v = matmul(normed, W(p + "self_attn.v_proj.weight"), d, kv_heads * head_dim);
+      const std::vector<double> q =
+          norm_rope(matmul(normed, W(p + "self_attn.q_proj.weight"), d, heads * head_dim),
+                    W(p + "self_attn.q_norm.weight"));
+      const std::vector<double> k =
+          norm_rope(matmul(normed, W(p + "self_attn.k_proj.weight"), d, kv_heads * head_dim),
+                    W(p + "self_attn.k_norm.weight"));
+      const std::vector<double> v =
+          matmul(normed, W(p + "self_attn.v_proj.weight"), d, kv_heads * head_dim);
       std::vector<double> attn(static_cast<size_t>(seq * heads * head_dim), 0.0);
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t g = kv_head_of(h, heads, kv_heads);
@@ -181,15 +202,18 @@ struct SyntheticQwen3 {
           for (double& sc : score) total += (sc = std::exp(sc - max_score));
           for (size_t j = 0; j < score.size(); ++j) {
             for (int64_t e = 0; e < head_dim; ++e) {
-              attn[(i * heads + h) * head_dim + e] += score[j] / total * v[(j * kv_heads + g) * head_dim + e];
+              attn[(i * heads + h) * head_dim + e] +=
+                  score[j] / total * v[(j * kv_heads + g) * head_dim + e];
             }
           }
         }
       }
-      const std::vector<double> o = matmul(attn, W(p + "self_attn.o_proj.weight"), heads * head_dim, d);
+      const std::vector<double> o =
+          matmul(attn, W(p + "self_attn.o_proj.weight"), heads * head_dim, d);
       for (size_t n = 0; n < x.size(); ++n) x[n] += o[n];
       const std::vector<double> normed2 = rms_norm(x, W(p + "post_attention_layernorm.weight"), d);
-      const std::vector<double> gate = matmul(normed2, W(p + "mlp.gate_proj.weight"), d, intermediate);
+      const std::vector<double> gate =
+          matmul(normed2, W(p + "mlp.gate_proj.weight"), d, intermediate);
       const std::vector<double> up = matmul(normed2, W(p + "mlp.up_proj.weight"), d, intermediate);
       std::vector<double> act(gate.size());
       for (size_t n = 0; n < act.size(); ++n) act[n] = gate[n] / (1.0 + std::exp(-gate[n])) * up[n];
@@ -201,14 +225,21 @@ struct SyntheticQwen3 {
   }
 };
 
-int64_t hf_kv_head(int64_t h, int64_t heads, int64_t kv_heads) { return h / (heads / kv_heads); }
-int64_t round_robin_kv_head(int64_t h, int64_t, int64_t kv_heads) { return h % kv_heads; }
+int64_t hf_kv_head(int64_t h, int64_t heads, int64_t kv_heads) {
+  return h / (heads / kv_heads);
+}
+int64_t round_robin_kv_head(int64_t h, int64_t, int64_t kv_heads) {
+  return h % kv_heads;
+}
 
-std::vector<float> to_float(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
+std::vector<float> to_float(const std::vector<double>& v) {
+  return std::vector<float>(v.begin(), v.end());
+}
 
 class Qwen3EncoderTest : public ::testing::Test {
  protected:
-  absl::StatusOr<std::unique_ptr<Qwen3Encoder>> load(const std::string& dir, std::vector<int64_t> taps) {
+  absl::StatusOr<std::unique_ptr<Qwen3Encoder>> load(const std::string& dir,
+                                                     std::vector<int64_t> taps) {
     auto weights = ComponentWeights::open(dir);
     if (!weights.ok()) return weights.status();
     return Qwen3Encoder::load(backend_, *weights, std::move(taps));
@@ -261,25 +292,38 @@ TEST(Qwen3ConfigTest, UnsupportedSettingsNameTheField) {
     const char* field;
   };
   const Case cases[] = {
-      {"attention bias", [](nlohmann::json& j) { j["attention_bias"] = true; }, "\"attention_bias\""},
-      {"sliding window", [](nlohmann::json& j) { j["use_sliding_window"] = true; }, "\"use_sliding_window\""},
+      {"attention bias", [](nlohmann::json& j) { j["attention_bias"] = true; },
+       "\"attention_bias\""},
+      {"sliding window", [](nlohmann::json& j) { j["use_sliding_window"] = true; },
+       "\"use_sliding_window\""},
       {"sliding layer type",
-       [](nlohmann::json& j) { j["layer_types"] = {"full_attention", "sliding_attention"}; },
+       [](nlohmann::json& j) {
+         j["layer_types"] = {"full_attention", "sliding_attention"};
+       },
        "\"layer_types\"[1]"},
       {"yarn rope",
-       [](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}}; },
+       [](nlohmann::json& j) {
+         j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}};
+       },
        "\"rope_parameters.rope_type\""},
       {"linear rope scaling (old style)",
-       [](nlohmann::json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; },
+       [](nlohmann::json& j) {
+         j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+       },
        "\"rope_scaling.type\""},
-      {"partial rotary", [](nlohmann::json& j) { j["rope_parameters"] = {{"partial_rotary_factor", 0.5}}; },
+      {"partial rotary",
+       [](nlohmann::json& j) {
+         j["rope_parameters"] = {{"partial_rotary_factor", 0.5}};
+       },
        "\"rope_parameters.partial_rotary_factor\""},
       {"activation", [](nlohmann::json& j) { j["hidden_act"] = "gelu"; }, "\"hidden_act\""},
       {"model type", [](nlohmann::json& j) { j["model_type"] = "llama"; }, "\"model_type\""},
-      {"kv heads", [](nlohmann::json& j) { j["num_key_value_heads"] = 3; }, "\"num_key_value_heads\""},
+      {"kv heads", [](nlohmann::json& j) { j["num_key_value_heads"] = 3; },
+       "\"num_key_value_heads\""},
       {"odd head dim", [](nlohmann::json& j) { j["head_dim"] = 7; }, "\"head_dim\""},
       {"missing hidden size", [](nlohmann::json& j) { j.erase("hidden_size"); }, "\"hidden_size\""},
-      {"string layer count", [](nlohmann::json& j) { j["num_hidden_layers"] = "6"; }, "\"num_hidden_layers\""},
+      {"string layer count", [](nlohmann::json& j) { j["num_hidden_layers"] = "6"; },
+       "\"num_hidden_layers\""},
   };
   for (const Case& c : cases) {
     nlohmann::json json = SyntheticQwen3().config();
@@ -291,7 +335,8 @@ TEST(Qwen3ConfigTest, UnsupportedSettingsNameTheField) {
   }
 }
 
-// ---- loading -------------------------------------------------------------------------------------
+// ---- loading
+// -------------------------------------------------------------------------------------
 
 TEST_F(Qwen3EncoderTest, BadTapsAreRejected) {
   for (const std::vector<int64_t>& taps :
@@ -308,7 +353,8 @@ TEST_F(Qwen3EncoderTest, DeviceBytesCountOnlyTheNeededLayers) {
   const Qwen3Config& c = (*model)->config();
   const int64_t h = c.num_attention_heads, hkv = c.num_key_value_heads, dh = c.head_dim;
   const int64_t d = c.hidden_size, i = c.intermediate_size;
-  const int64_t per_layer = (h + 2 * hkv) * dh * d + d * h * dh + 2 * i * d + d * i + 2 * dh + 2 * d;
+  const int64_t per_layer =
+      (h + 2 * hkv) * dh * d + d * h * dh + 2 * i * d + d * i + 2 * dh + 2 * d;
   const int64_t elements = c.vocab_size * d + 2 * per_layer;
   EXPECT_EQ((*model)->device_bytes(), elements * dtype_size(backend_.weight_dtype()));
 }
@@ -334,7 +380,8 @@ TEST_F(Qwen3EncoderTest, MissingNeededTensorIsNamed) {
   tensors_.erase("model.layers.1.self_attn.k_norm.weight");
   rewrite();
   auto model = load(dir_path_, {2});
-  EXPECT_THAT(model.status().message(), HasSubstr("missing tensors: model.layers.1.self_attn.k_norm.weight"));
+  EXPECT_THAT(model.status().message(),
+              HasSubstr("missing tensors: model.layers.1.self_attn.k_norm.weight"));
 }
 
 TEST_F(Qwen3EncoderTest, UnknownTensorInASkippedLayerIsStillAnError) {
@@ -345,30 +392,34 @@ TEST_F(Qwen3EncoderTest, UnknownTensorInASkippedLayerIsStillAnError) {
   rewrite();
   auto model = load(dir_path_, {2});
   EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(model.status().message(), HasSubstr("unexpected tensors: model.layers.3.self_attn.q_proj.weightX"));
+  EXPECT_THAT(model.status().message(),
+              HasSubstr("unexpected tensors: model.layers.3.self_attn.q_proj.weightX"));
 }
 
 TEST(Qwen3UnusedTensorsTest, AcceptsExactlyTheSkippedCategories) {
   Qwen3Config config;
   config.num_hidden_layers = 28;
   const UnusedTensorFilter unused = qwen3_unused_tensors(config, 9);
-  for (const char* name : {"model.norm.weight", "lm_head.weight", "model.layers.9.self_attn.q_proj.weight",
-                           "model.layers.27.mlp.down_proj.weight", "model.layers.12.input_layernorm.weight",
-                           "model.layers.20.self_attn.k_norm.weight"}) {
+  for (const char* name :
+       {"model.norm.weight", "lm_head.weight", "model.layers.9.self_attn.q_proj.weight",
+        "model.layers.27.mlp.down_proj.weight", "model.layers.12.input_layernorm.weight",
+        "model.layers.20.self_attn.k_norm.weight"}) {
     EXPECT_TRUE(unused(name)) << name;
   }
   for (const char* name :
-       {"model.layers.8.self_attn.q_proj.weight",    // a needed layer is never "unused"
-        "model.layers.28.self_attn.q_proj.weight",   // beyond num_hidden_layers
+       {"model.layers.8.self_attn.q_proj.weight",   // a needed layer is never "unused"
+        "model.layers.28.self_attn.q_proj.weight",  // beyond num_hidden_layers
         "model.layers.12.self_attn.q_proj.weightX", "model.layers.12.self_attn.q_proj.bias",
         "model.layers.012.self_attn.q_proj.weight", "model.layers.+12.self_attn.q_proj.weight",
         "model.layers.x.self_attn.q_proj.weight", "model.layers.12", "model.layers.",
-        "model.norm.bias", "model.embed_tokens.weight", "lm_head.weightX", "layers.12.mlp.up_proj.weight"}) {
+        "model.norm.bias", "model.embed_tokens.weight", "lm_head.weightX",
+        "layers.12.mlp.up_proj.weight"}) {
     EXPECT_FALSE(unused(name)) << name;
   }
 }
 
-// ---- forward -------------------------------------------------------------------------------------
+// ---- forward
+// -------------------------------------------------------------------------------------
 
 class Qwen3ForwardTest : public Qwen3EncoderTest {
  protected:
@@ -384,7 +435,8 @@ class Qwen3ForwardTest : public Qwen3EncoderTest {
 };
 
 TEST_F(Qwen3ForwardTest, MatchesNaiveForwardAndStacksTapsInOrder) {
-  const std::vector<int64_t> taps = {4, 2, 6};  // deliberately not sorted: column blocks follow this order
+  const std::vector<int64_t> taps = {
+      4, 2, 6};  // deliberately not sorted: column blocks follow this order
   auto model = load(model_dir_, taps);
   ASSERT_TRUE(model.ok()) << model.status();
   std::vector<std::string> tapped;
@@ -398,20 +450,23 @@ TEST_F(Qwen3ForwardTest, MatchesNaiveForwardAndStacksTapsInOrder) {
   const int64_t d = synthetic_.hidden, seq = static_cast<int64_t>(ids_.size());
   ASSERT_EQ(embeds->rows(), seq);
   ASSERT_EQ(embeds->cols(), 3 * d);
-  EXPECT_THAT(tapped, ::testing::ElementsAre("hidden_states.2", "hidden_states.4", "hidden_states.6"));
+  EXPECT_THAT(tapped,
+              ::testing::ElementsAre("hidden_states.2", "hidden_states.4", "hidden_states.6"));
 
   const auto reference = synthetic_.forward(ids_, num_valid_, hf_kv_head);
   const std::vector<float> stacked = download(backend_, *embeds);
   for (size_t c = 0; c < taps.size(); ++c) {
     const std::vector<float> expected = to_float(reference[taps[c]]);
-    const double norm_check = relative_l2_error(std::vector<float>(expected.size(), 0.0f), expected);
+    const double norm_check =
+        relative_l2_error(std::vector<float>(expected.size(), 0.0f), expected);
     ASSERT_EQ(norm_check, 1.0);  // the reference is not all zeros
     EXPECT_LE(relative_l2_error(columns(stacked, 3 * d, c * d, d), expected), kFloat32Tolerance)
         << "column block " << c << " (tap " << taps[c] << ")";
     EXPECT_LE(relative_l2_error(tap_values[absl::StrCat("hidden_states.", taps[c])], expected),
               kFloat32Tolerance);
   }
-  // Neighbouring layers differ by far more than the tolerance, so a block holding the wrong layer fails.
+  // Neighbouring layers differ by far more than the tolerance, so a block holding the wrong layer
+  // fails.
   EXPECT_GT(relative_l2_error(columns(stacked, 3 * d, 0, d), to_float(reference[2])), 1e-2);
 }
 
@@ -423,7 +478,8 @@ TEST_F(Qwen3ForwardTest, QueryHeadsShareKvHeadsInConsecutiveGroups) {
   const std::vector<float> out = download(backend_, *embeds);
   // HF repeat_kv: query heads 0,1 read kv head 0 and 2,3 read kv head 1 (h / (H / Hkv)).
   const std::vector<float> grouped = to_float(synthetic_.forward(ids_, num_valid_, hf_kv_head)[6]);
-  const std::vector<float> round_robin = to_float(synthetic_.forward(ids_, num_valid_, round_robin_kv_head)[6]);
+  const std::vector<float> round_robin =
+      to_float(synthetic_.forward(ids_, num_valid_, round_robin_kv_head)[6]);
   EXPECT_LE(relative_l2_error(out, grouped), kFloat32Tolerance);
   EXPECT_GT(relative_l2_error(out, round_robin), 1e-2);  // the mapping matters for these weights
 }
@@ -438,8 +494,10 @@ TEST_F(Qwen3ForwardTest, ValidRowsIgnorePaddingIds) {
   ASSERT_TRUE(a.ok() && b.ok());
   const int64_t width = 2 * synthetic_.hidden;
   // Exact: every op computes a valid row from that row and from valid keys only, in the same order.
-  EXPECT_EQ(rows(download(backend_, *a), width, 0, num_valid_), rows(download(backend_, *b), width, 0, num_valid_));
-  EXPECT_NE(rows(download(backend_, *a), width, num_valid_, 3), rows(download(backend_, *b), width, num_valid_, 3));
+  EXPECT_EQ(rows(download(backend_, *a), width, 0, num_valid_),
+            rows(download(backend_, *b), width, 0, num_valid_));
+  EXPECT_NE(rows(download(backend_, *a), width, num_valid_, 3),
+            rows(download(backend_, *b), width, num_valid_, 3));
 }
 
 TEST_F(Qwen3ForwardTest, BadInputsAreRejected) {
@@ -460,7 +518,8 @@ TEST_F(Qwen3ForwardTest, BadInputsAreRejected) {
 TEST_F(Qwen3EncoderTest, TinyKleinPaddingRowsMatchGolden) {
   auto model = load(tiny_klein_encoder_dir(), {9, 18, 27});
   ASSERT_TRUE(model.ok()) << model.status();
-  auto vectors = SafetensorsFile::open(testing::test_data_dir() + "/tiny-klein/text_encoder.safetensors");
+  auto vectors =
+      SafetensorsFile::open(testing::test_data_dir() + "/tiny-klein/text_encoder.safetensors");
   ASSERT_TRUE(vectors.ok()) << vectors.status();
   for (int c = 0; c < 3; ++c) {
     const std::string p = absl::StrCat("case", c, ".");
@@ -471,8 +530,11 @@ TEST_F(Qwen3EncoderTest, TinyKleinPaddingRowsMatchGolden) {
     const int64_t seq = static_cast<int64_t>(id_values.size()), d = (*model)->config().hidden_size;
     ASSERT_LT(num_valid, seq) << "case " << c << " has no padding";
     std::map<std::string, std::vector<float>> taps;
-    auto tap = [&](absl::string_view name, const Tensor& value) { taps[std::string(name)] = download(backend_, value); };
-    auto embeds = (*model)->encode(std::vector<int32_t>(id_values.begin(), id_values.end()), num_valid, tap);
+    auto tap = [&](absl::string_view name, const Tensor& value) {
+      taps[std::string(name)] = download(backend_, value);
+    };
+    auto embeds =
+        (*model)->encode(std::vector<int32_t>(id_values.begin(), id_values.end()), num_valid, tap);
     ASSERT_TRUE(embeds.ok()) << embeds.status();
     for (const char* name : {"hidden_states.9", "hidden_states.18", "hidden_states.27"}) {
       const std::vector<float> golden = read_f32(**vectors, p + name).value();

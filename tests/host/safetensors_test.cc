@@ -41,7 +41,8 @@ TEST_F(SafetensorsTest, ReadsValidFile) {
 TEST_F(SafetensorsTest, ReadsMetadata) {
   const std::string file = path("meta.safetensors");
   testing::write_raw_safetensors(
-      file, R"({"__metadata__":{"format":"pt"},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+      file,
+      R"({"__metadata__":{"format":"pt"},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
       std::vector<uint8_t>(4, 0));
   auto opened = SafetensorsFile::open(file);
   ASSERT_TRUE(opened.ok()) << opened.status();
@@ -141,7 +142,8 @@ TEST_F(SafetensorsTest, AcceptsEveryKnownDtype) {
 
 TEST_F(SafetensorsTest, RejectsShapeByteMismatch) {
   const std::string file = path("mismatch.safetensors");
-  testing::write_raw_safetensors(file, R"({"w":{"dtype":"BF16","shape":[3,3],"data_offsets":[0,16]}})",
+  testing::write_raw_safetensors(file,
+                                 R"({"w":{"dtype":"BF16","shape":[3,3],"data_offsets":[0,16]}})",
                                  std::vector<uint8_t>(16, 0));
   const absl::Status status = open_error(file);
   EXPECT_THAT(status.message(), HasSubstr("tensor \"w\""));

@@ -42,7 +42,8 @@ TEST(BackendFactoryTest, CreatesByName) {
 
 TEST(NumericsTest, RelativeL2Error) {
   EXPECT_DOUBLE_EQ(relative_l2_error(std::vector<float>{3, 4}, std::vector<float>{3, 4}), 0.0);
-  EXPECT_NEAR(relative_l2_error(std::vector<float>{3, 5}, std::vector<float>{3, 4}), 0.2, 1e-12);  // |(0,1)| / 5
+  EXPECT_NEAR(relative_l2_error(std::vector<float>{3, 5}, std::vector<float>{3, 4}), 0.2,
+              1e-12);  // |(0,1)| / 5
   EXPECT_TRUE(std::isinf(relative_l2_error(std::vector<float>{NAN, 4}, std::vector<float>{3, 4})));
   EXPECT_TRUE(std::isinf(relative_l2_error(std::vector<float>{1}, std::vector<float>{0})));
   EXPECT_TRUE(std::isinf(relative_l2_error(std::vector<float>{1, 2}, std::vector<float>{1})));

@@ -12,7 +12,9 @@
 namespace flux2::testing {
 namespace fs = std::filesystem;
 
-std::string test_data_dir() { return FLUX2_TEST_DATA; }
+std::string test_data_dir() {
+  return FLUX2_TEST_DATA;
+}
 
 TempDir::TempDir() {
   std::string pattern = (fs::temp_directory_path() / "flux2_test_XXXXXX").string();
@@ -45,8 +47,9 @@ RawTensor f32_tensor(std::vector<int64_t> shape, const std::vector<float>& value
 void write_raw_safetensors(const std::string& path, const std::string& header_json,
                            const std::vector<uint8_t>& data, int64_t declared_header_length) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  const uint64_t length = declared_header_length < 0 ? header_json.size()
-                                                     : static_cast<uint64_t>(declared_header_length);
+  const uint64_t length = declared_header_length < 0
+                              ? header_json.size()
+                              : static_cast<uint64_t>(declared_header_length);
   out.write(reinterpret_cast<const char*>(&length), sizeof(length));
   out.write(header_json.data(), static_cast<std::streamsize>(header_json.size()));
   out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
@@ -58,7 +61,8 @@ void write_safetensors(const std::string& path, const std::map<std::string, RawT
   for (const auto& [name, tensor] : tensors) {
     const uint64_t begin = data.size();
     data.insert(data.end(), tensor.bytes.begin(), tensor.bytes.end());
-    header[name] = {{"dtype", tensor.dtype}, {"shape", tensor.shape},
+    header[name] = {{"dtype", tensor.dtype},
+                    {"shape", tensor.shape},
                     {"data_offsets", {begin, static_cast<uint64_t>(data.size())}}};
   }
   write_raw_safetensors(path, header.dump(), data);

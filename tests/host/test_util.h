@@ -30,7 +30,7 @@ void copy_tree(const std::string& from, const std::string& to);
 
 // One tensor for write_safetensors: raw bytes plus the header fields.
 struct RawTensor {
-  std::string dtype = "F32";       // safetensors spelling
+  std::string dtype = "F32";  // safetensors spelling
   std::vector<int64_t> shape;
   std::vector<uint8_t> bytes;
 };

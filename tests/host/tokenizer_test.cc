@@ -30,10 +30,13 @@ using ::flux2::testing::TempDir;
 
 // The Qwen2/Qwen3 split pattern, as in their tokenizer.json.
 constexpr char kQwenPattern[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-std::string byte_char(unsigned char byte) { return byte_level_encode(std::string(1, byte)); }
+std::string byte_char(unsigned char byte) {
+  return byte_level_encode(std::string(1, byte));
+}
 
 // A Qwen-shaped tokenizer.json: NFC, Split(kQwenPattern) + ByteLevel, a vocabulary of the 256
 // byte characters (id = byte value) followed by one token per merge (id 256 + rank) and the added
@@ -81,9 +84,15 @@ nlohmann::json tiny_tokenizer_json(const TinyTokenizerSpec& spec) {
            {"trim_offsets", false},
            {"use_regex", false}}}}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-        {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
-        {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab},
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", ""},
+        {"end_of_word_suffix", ""},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", vocab},
         {"merges", merges}}},
   };
 }
@@ -137,18 +146,23 @@ TEST(Utf8Test, ValidTextIsUnchanged) {
 TEST(Utf8Test, ReplacesEachMaximalSubpart) {
   const std::string fffd = "\xEF\xBF\xBD";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"\x80", fffd},                              // lone continuation byte
-      {"\xFF", fffd},                              // never valid
-      {"\xC3", fffd},                              // truncated 2-byte sequence
-      {"\xE2\x82", fffd},                          // truncated 3-byte sequence: one replacement
-      {"\xE2\x82" "a", fffd + "a"},                // resumes at the byte that did not fit
-      {"\xF0\x9F\x98", fffd},                      // truncated 4-byte sequence
-      {"\xC0\x80", fffd + fffd},                   // overlong: C0 can never start a sequence
-      {"\xE0\x80\x80", fffd + fffd + fffd},        // overlong: E0 needs A0..BF next
-      {"\xED\xA0\x80", fffd + fffd + fffd},        // a surrogate
+      {"\x80", fffd},      // lone continuation byte
+      {"\xFF", fffd},      // never valid
+      {"\xC3", fffd},      // truncated 2-byte sequence
+      {"\xE2\x82", fffd},  // truncated 3-byte sequence: one replacement
+      {"\xE2\x82"
+       "a",
+       fffd + "a"},                                     // resumes at the byte that did not fit
+      {"\xF0\x9F\x98", fffd},                           // truncated 4-byte sequence
+      {"\xC0\x80", fffd + fffd},                        // overlong: C0 can never start a sequence
+      {"\xE0\x80\x80", fffd + fffd + fffd},             // overlong: E0 needs A0..BF next
+      {"\xED\xA0\x80", fffd + fffd + fffd},             // a surrogate
       {"\xF4\x90\x80\x80", fffd + fffd + fffd + fffd},  // above U+10FFFF
       {"\xF5\x80", fffd + fffd},
-      {"a\xFF" "b\xFE" "c", "a" + fffd + "b" + fffd + "c"},
+      {"a\xFF"
+       "b\xFE"
+       "c",
+       "a" + fffd + "b" + fffd + "c"},
       {"\xC3\x28", fffd + "("},
       {"\xE2\x28\xA1", fffd + "(" + fffd},
   };
@@ -188,7 +202,8 @@ TEST(TokenizerRegexTest, WhiteSpaceRewriteFollowsOniguruma) {
 
   auto space = TokenizerRegex::compile_regex("\\s", "test");
   ASSERT_TRUE(space.ok()) << space.status();
-  for (const char* white : {" ", "\t", "\r", "\xC2\x85", "\xC2\xA0", "\xE3\x80\x80", "\xE2\x80\xA8"}) {
+  for (const char* white :
+       {" ", "\t", "\r", "\xC2\x85", "\xC2\xA0", "\xE3\x80\x80", "\xE2\x80\xA8"}) {
     EXPECT_EQ((*space)->find_all(white).size(), 1u) << white;
   }
   // U+180E is not White_Space since Unicode 6.3 (PCRE2's own \s still matches it); U+001C is not.
@@ -201,14 +216,17 @@ TEST(TokenizerRegexTest, QwenPatternSplits) {
   ASSERT_TRUE(pattern.ok()) << pattern.status();
   const auto pieces = [&](const std::string& text) {
     std::vector<std::string> out;
-    for (const auto& m : (*pattern)->find_all(text)) out.push_back(text.substr(m.begin, m.end - m.begin));
+    for (const auto& m : (*pattern)->find_all(text))
+      out.push_back(text.substr(m.begin, m.end - m.begin));
     return out;
   };
   using V = std::vector<std::string>;
   EXPECT_EQ(pieces("Hello world's 2024!!\n\n  x"),
             (V{"Hello", " world", "'s", " ", "2", "0", "2", "4", "!!\n\n", " ", " x"}));
   EXPECT_EQ(pieces("IT'LL a  b\t"), (V{"IT", "'LL", " a", " ", " b", "\t"}));
-  EXPECT_EQ(pieces("it'\xC5\xBF" "a"), (V{"it", "'\xC5\xBF", "a"}));  // (?i) folds long s to s
+  EXPECT_EQ(pieces("it'\xC5\xBF"
+                   "a"),
+            (V{"it", "'\xC5\xBF", "a"}));  // (?i) folds long s to s
   EXPECT_EQ(pieces("x\xE1\xA0\x8E\xE1\xA0\x8Ethe"), (V{"x", "\xE1\xA0\x8E\xE1\xA0\x8E", "the"}));
   EXPECT_EQ(pieces("x\xC2\x85\xC2\x85the"), (V{"x", "\xC2\x85", "\xC2\x85the"}));
 }
@@ -279,8 +297,8 @@ TEST(BpeTest, EqualRanksMergeLeftmostFirst) {
 }
 
 // Naive BPE: repeatedly merge the lowest-ranked adjacent pair, leftmost first.
-std::vector<std::string> naive_bpe(const std::string& word,
-                                   const std::map<std::pair<std::string, std::string>, int>& ranks) {
+std::vector<std::string> naive_bpe(
+    const std::string& word, const std::map<std::pair<std::string, std::string>, int>& ranks) {
   std::vector<std::string> symbols;
   for (const char c : word) symbols.emplace_back(1, c);
   while (true) {
@@ -360,7 +378,8 @@ TEST(AddedTokensTest, LeftmostLongestAndFlags) {
   });
   const auto split = [&](const std::string& text) {
     std::vector<std::pair<std::string, int32_t>> out;
-    for (const TextPiece& p : matcher.split(text)) out.emplace_back(text.substr(p.begin, p.end - p.begin), p.id);
+    for (const TextPiece& p : matcher.split(text))
+      out.emplace_back(text.substr(p.begin, p.end - p.begin), p.id);
     return out;
   };
   using V = std::vector<std::pair<std::string, int32_t>>;
@@ -377,8 +396,8 @@ TEST(TokenizerTest, SpecialTokensAreMatchedBeforeSplitting) {
   TempDir dir;
   TinyTokenizerSpec spec;
   spec.merges = {{"a", "b"}, {"\xC4\xA0", "ab"}};  // "Ġ" + "ab"
-  spec.added_tokens = {added_token(300, "<|end|>", true), added_token(301, "<|end|>x", false,
-                                                                      {{"normalized", false}})};
+  spec.added_tokens = {added_token(300, "<|end|>", true),
+                       added_token(301, "<|end|>x", false, {{"normalized", false}})};
   auto tokenizer = load_tiny(dir, spec);
   ASSERT_NE(tokenizer, nullptr);
   EXPECT_EQ(tokenizer->encode("ab<|end|> ab"), (std::vector<int32_t>{256, 300, 257}));
@@ -436,23 +455,32 @@ TEST(TokenizerTest, LoadErrorsNameTheFileAndField) {
 
   const auto load_edited = [](const std::function<void(nlohmann::json&)>& edit) {
     TempDir dir;
-    nlohmann::json json = tiny_tokenizer_json({{{"a", "b"}}, nlohmann::json::array(), {{"type", "NFC"}}});
+    nlohmann::json json =
+        tiny_tokenizer_json({{{"a", "b"}}, nlohmann::json::array(), {{"type", "NFC"}}});
     edit(json);
     write_json(dir.path() + "/tokenizer.json", json);
     auto loaded = Tokenizer::load(dir.path());
     return loaded.ok() ? std::string("ok") : std::string(loaded.status().message());
   };
-  EXPECT_NE(load_edited([](nlohmann::json& j) { j["model"]["type"] = "WordPiece"; }).find("model.type"),
-            std::string::npos);
-  EXPECT_NE(load_edited([](nlohmann::json& j) { j["model"]["merges"].push_back("a zz"); }).find("merges[1]"),
+  EXPECT_NE(
+      load_edited([](nlohmann::json& j) { j["model"]["type"] = "WordPiece"; }).find("model.type"),
+      std::string::npos);
+  EXPECT_NE(load_edited([](nlohmann::json& j) {
+              j["model"]["merges"].push_back("a zz");
+            }).find("merges[1]"),
             std::string::npos);
   EXPECT_NE(load_edited([](nlohmann::json& j) {
               j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
             }).find("pattern"),
             std::string::npos);
-  EXPECT_NE(load_edited([](nlohmann::json& j) { j["added_tokens"] = nlohmann::json::array({nlohmann::json{{"content", "x"}}}); }).find("added_tokens[0]"),
+  EXPECT_NE(load_edited([](nlohmann::json& j) {
+              j["added_tokens"] = nlohmann::json::array({nlohmann::json{{"content", "x"}}});
+            }).find("added_tokens[0]"),
             std::string::npos);
-  EXPECT_EQ(load_edited([](nlohmann::json& j) { j["model"]["merges"] = nlohmann::json::array({nlohmann::json::array({"a", "b"})}); }), "ok");
+  EXPECT_EQ(load_edited([](nlohmann::json& j) {
+              j["model"]["merges"] = nlohmann::json::array({nlohmann::json::array({"a", "b"})});
+            }),
+            "ok");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -464,7 +492,8 @@ TEST(TokenizerTest, ChatTemplateIsQwen3WithoutThinking) {
 TEST(TokenizerTest, PromptIsTruncatedThenPaddedWithEndOfText) {
   TempDir dir;
   TinyTokenizerSpec spec;
-  spec.added_tokens = {added_token(300, "<|endoftext|>", true), added_token(301, "<|im_start|>", true),
+  spec.added_tokens = {added_token(300, "<|endoftext|>", true),
+                       added_token(301, "<|im_start|>", true),
                        added_token(302, "<|im_end|>", true)};
   auto tokenizer = load_tiny(dir, spec);
   ASSERT_NE(tokenizer, nullptr);
@@ -472,14 +501,16 @@ TEST(TokenizerTest, PromptIsTruncatedThenPaddedWithEndOfText) {
   ASSERT_GT(full.size(), 10u);
   EXPECT_EQ(full.front(), 301);
 
-  const TokenizedPrompt padded = tokenize_prompt(*tokenizer, "a fox", static_cast<int64_t>(full.size()) + 5);
+  const TokenizedPrompt padded =
+      tokenize_prompt(*tokenizer, "a fox", static_cast<int64_t>(full.size()) + 5);
   EXPECT_FALSE(padded.truncated);
   EXPECT_EQ(padded.num_tokens, static_cast<int64_t>(full.size()));
   ASSERT_EQ(padded.ids.size(), full.size() + 5);
   EXPECT_TRUE(std::equal(full.begin(), full.end(), padded.ids.begin()));
   for (size_t i = full.size(); i < padded.ids.size(); ++i) EXPECT_EQ(padded.ids[i], 300) << i;
 
-  const TokenizedPrompt exact = tokenize_prompt(*tokenizer, "a fox", static_cast<int64_t>(full.size()));
+  const TokenizedPrompt exact =
+      tokenize_prompt(*tokenizer, "a fox", static_cast<int64_t>(full.size()));
   EXPECT_FALSE(exact.truncated);
   EXPECT_EQ(exact.ids, full);
 

@@ -41,7 +41,8 @@ TEST(TorchRandnTest, MatchesEveryGoldenTensor) {
   bool saw_scalar_path = false, saw_large = false;
   for (const SafetensorsEntry& entry : (*file)->entries()) {
     SCOPED_TRACE(entry.name);
-    const std::vector<std::string> parts = absl::StrSplit(entry.name, '.');  // seed42 . 1x128x64x64 . f32
+    const std::vector<std::string> parts =
+        absl::StrSplit(entry.name, '.');  // seed42 . 1x128x64x64 . f32
     ASSERT_EQ(parts.size(), 3u);
     uint64_t seed = 0;
     ASSERT_TRUE(absl::SimpleAtoi(parts[0].substr(4), &seed));
@@ -83,10 +84,13 @@ TEST(TorchRandnTest, MatchesPipelineInitialLatents) {
 // An independent model of the generator: standard MT19937 on the low 32 bits of the seed.
 struct Draws {
   explicit Draws(uint64_t seed) : engine(static_cast<uint32_t>(seed)) {}
-  double uniform(int bits) { return static_cast<double>(engine() & ((1u << bits) - 1)) / (1u << bits); }
+  double uniform(int bits) {
+    return static_cast<double>(engine() & ((1u << bits) - 1)) / (1u << bits);
+  }
   double uniform53() {
     const uint64_t high = engine(), low = engine();
-    return static_cast<double>(((high << 32) | low) & ((uint64_t{1} << 53) - 1)) / 9007199254740992.0;
+    return static_cast<double>(((high << 32) | low) & ((uint64_t{1} << 53) - 1)) /
+           9007199254740992.0;
   }
   std::mt19937 engine;
 };
@@ -127,7 +131,8 @@ TEST(TorchRandnTest, TailIsRecomputedFromSixteenFreshDraws) {
   Draws draws(11);
   std::vector<double> u(36);
   for (double& value : u) value = draws.uniform(24);
-  for (int j = 0; j < 4; ++j) expect_pair(x[j], torch_randn_f32(11, 16)[j + 8], u[j], u[j + 8], 1e-5);
+  for (int j = 0; j < 4; ++j)
+    expect_pair(x[j], torch_randn_f32(11, 16)[j + 8], u[j], u[j + 8], 1e-5);
   for (int j = 0; j < 8; ++j) expect_pair(x[4 + j], x[12 + j], u[20 + j], u[28 + j], 1e-5);
   EXPECT_EQ(head(x, 4), head(torch_randn_f32(11, 16), 4));
 }
@@ -143,8 +148,8 @@ TEST(TorchRandnTest, Bf16UsesEightBitUniformsAndRoundsToBf16) {
   for (float value : x) EXPECT_EQ(value, round_to_bf16(value));
   // 8-bit uniforms: u1 >= 1/256, so |x| <= sqrt(2 ln 256) = 3.33 for every sample.
   const std::vector<float> many = torch_randn_bf16(5, 1 << 16);
-  const float largest = std::fabs(*std::max_element(many.begin(), many.end(),
-                                                    [](float a, float b) { return std::fabs(a) < std::fabs(b); }));
+  const float largest = std::fabs(*std::max_element(
+      many.begin(), many.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); }));
   EXPECT_LE(largest, 3.34f);
 }
 
@@ -176,7 +181,8 @@ TEST(TorchRandnTest, PrefixesAgreeUpToTheRecomputedTail) {
     EXPECT_EQ(head(x, stable), head(big, stable)) << n;
     // The last 16 values come from fresh draws, not from the longer tensor's values.
     EXPECT_NE(std::vector<float>(x.end() - 16, x.end()),
-              std::vector<float>(big.begin() + n - 16, big.begin() + n)) << n;
+              std::vector<float>(big.begin() + n - 16, big.begin() + n))
+        << n;
   }
   const std::vector<float> big_bf16 = torch_randn_bf16(42, 4096);
   EXPECT_EQ(torch_randn_bf16(42, 2048), head(big_bf16, 2048));

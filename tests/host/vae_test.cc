@@ -22,7 +22,9 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-std::string tiny_vae_dir() { return testing::test_data_dir() + "/tiny-klein/checkpoint/vae"; }
+std::string tiny_vae_dir() {
+  return testing::test_data_dir() + "/tiny-klein/checkpoint/vae";
+}
 
 nlohmann::json tiny_config() {
   auto config = read_json_file(tiny_vae_dir() + "/config.json");
@@ -88,7 +90,8 @@ TEST(VaeConfigTest, UnsupportedConfigsNameTheField) {
     nlohmann::json json = tiny_config();
     json[bad.field] = bad.value;
     auto config = VaeConfig::from_json(json, "vae/config.json");
-    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << bad.field << " = " << bad.value;
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad.field << " = " << bad.value;
     EXPECT_THAT(config.status().message(), HasSubstr("vae/config.json")) << bad.field;
     EXPECT_THAT(config.status().message(), HasSubstr(bad.field)) << bad.value;
   }
@@ -146,7 +149,8 @@ TEST_F(VaeWeightsTest, LoadsOnlyTheDecoder) {
 
 TEST_F(VaeWeightsTest, EncoderTensorsAreOptional) {
   for (auto it = tensors_.begin(); it != tensors_.end();) {
-    const bool encoder = it->first.rfind("encoder.", 0) == 0 || it->first.rfind("quant_conv.", 0) == 0;
+    const bool encoder =
+        it->first.rfind("encoder.", 0) == 0 || it->first.rfind("quant_conv.", 0) == 0;
     it = encoder ? tensors_.erase(it) : std::next(it);
   }
   EXPECT_TRUE(load().ok()) << load();
@@ -156,7 +160,8 @@ TEST_F(VaeWeightsTest, MissingDecoderTensorIsNamed) {
   tensors_.erase("decoder.up_blocks.3.resnets.0.conv_shortcut.weight");
   const absl::Status status = load();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("missing tensors: decoder.up_blocks.3.resnets.0.conv_shortcut.weight"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("missing tensors: decoder.up_blocks.3.resnets.0.conv_shortcut.weight"));
 }
 
 TEST_F(VaeWeightsTest, RenamedDecoderTensorIsMissingAndUnexpected) {
@@ -164,8 +169,10 @@ TEST_F(VaeWeightsTest, RenamedDecoderTensorIsMissingAndUnexpected) {
   node.key() = "decoder.mid_block.attentions.0.key.bias";
   tensors_.insert(std::move(node));
   const absl::Status status = load();
-  EXPECT_THAT(status.message(), HasSubstr("missing tensors: decoder.mid_block.attentions.0.to_k.bias"));
-  EXPECT_THAT(status.message(), HasSubstr("unexpected tensors: decoder.mid_block.attentions.0.key.bias"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("missing tensors: decoder.mid_block.attentions.0.to_k.bias"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("unexpected tensors: decoder.mid_block.attentions.0.key.bias"));
 }
 
 TEST_F(VaeWeightsTest, MissingBatchNormStatisticsAreNamed) {
@@ -175,7 +182,9 @@ TEST_F(VaeWeightsTest, MissingBatchNormStatisticsAreNamed) {
 
 TEST_F(VaeWeightsTest, ReshapedTensorIsNamed) {
   tensors_["decoder.conv_out.weight"].shape = {3, 16, 1, 9};
-  EXPECT_THAT(load().message(), HasSubstr("wrong shape: decoder.conv_out.weight is [3, 16, 1, 9], expected [3, 16, 3, 3]"));
+  EXPECT_THAT(
+      load().message(),
+      HasSubstr("wrong shape: decoder.conv_out.weight is [3, 16, 1, 9], expected [3, 16, 3, 3]"));
 }
 
 TEST_F(VaeWeightsTest, ConfigWithoutMidAttentionRejectsAttentionTensors) {
@@ -219,7 +228,8 @@ class VaeDecodeTest : public ::testing::Test {
     const TensorRef* ref = checkpoint_->find(name);
     EXPECT_NE(ref, nullptr) << name;
     std::vector<float> values(static_cast<size_t>(shape_numel(ref->entry->shape)));
-    widen_to_f32(ref->entry->dtype, ref->data(), static_cast<int64_t>(values.size()), values.data());
+    widen_to_f32(ref->entry->dtype, ref->data(), static_cast<int64_t>(values.size()),
+                 values.data());
     return values;
   }
 
@@ -261,14 +271,15 @@ TEST_F(VaeDecodeTest, DecodeTokensMatchesPipelineGolden) {
   auto file = SafetensorsFile::open(testing::test_data_dir() + "/tiny-klein/pipeline.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   auto tokens = read_f32(**file, "case0.latents_after_step3");  // [1, 16, 128], h = w = 4
-  auto reference = read_f32(**file, "case0.image");               // [1, 3, 64, 64] in [0, 1]
+  auto reference = read_f32(**file, "case0.image");             // [1, 3, 64, 64] in [0, 1]
   ASSERT_TRUE(tokens.ok() && reference.ok());
   auto image = vae_->decode_tokens(upload(*tokens, {16, 128}), 4, 4);
   ASSERT_TRUE(image.ok()) << image.status();
   const std::vector<float> hwc = download(*image);
   std::vector<float> chw(hwc.size());
   for (int64_t p = 0; p < 64 * 64; ++p) {
-    for (int64_t c = 0; c < 3; ++c) chw[c * 64 * 64 + p] = std::clamp(hwc[p * 3 + c] / 2.0f + 0.5f, 0.0f, 1.0f);
+    for (int64_t c = 0; c < 3; ++c)
+      chw[c * 64 * 64 + p] = std::clamp(hwc[p * 3 + c] / 2.0f + 0.5f, 0.0f, 1.0f);
   }
   EXPECT_LE(relative_l2_error(chw, *reference), 1e-4);
 }
@@ -288,7 +299,8 @@ TEST_F(VaeDecodeTest, RejectsMismatchedInputs) {
 
 TEST(ImageToU8Test, ClampsAndRoundsHalfToEven) {
   const std::vector<float> image = {-1.0f, 1.0f, -3.0f, 7.5f, 0.0f, NAN, -INFINITY, INFINITY};
-  const std::vector<uint8_t> expected = {0, 255, 0, 255, 128, 0, 0, 255};  // 0 -> 127.5 -> 128 (even)
+  const std::vector<uint8_t> expected = {0,   255, 0, 255,
+                                         128, 0,   0, 255};  // 0 -> 127.5 -> 128 (even)
   EXPECT_EQ(image_to_u8(image), expected);
 
   // Against a naive reference on a dense sweep: the float32 value v = (x / 2 + 0.5) * 255 after
@@ -305,7 +317,8 @@ TEST(ImageToU8Test, ClampsAndRoundsHalfToEven) {
     int expected_level = static_cast<int>(v - below < 0.5 ? below : below + 1);
     if (v - below == 0.5) {
       ++ties;
-      expected_level = static_cast<int>(below) % 2 == 0 ? static_cast<int>(below) : static_cast<int>(below) + 1;
+      expected_level =
+          static_cast<int>(below) % 2 == 0 ? static_cast<int>(below) : static_cast<int>(below) + 1;
     }
     ASSERT_EQ(ours[i], expected_level) << "x = " << sweep[i];
   }

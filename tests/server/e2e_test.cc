@@ -35,8 +35,9 @@ struct Decoded {
 Decoded decode(const std::string& bytes) {
   Decoded d;
   int channels = 0;
-  stbi_uc* pixels = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()),
-                                          static_cast<int>(bytes.size()), &d.width, &d.height, &channels, 3);
+  stbi_uc* pixels =
+      stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()),
+                            static_cast<int>(bytes.size()), &d.width, &d.height, &channels, 3);
   d.ok = pixels != nullptr;
   if (pixels) stbi_image_free(pixels);
   return d;
@@ -64,13 +65,16 @@ class E2E : public ::testing::Test {
     ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
   }
   std::string metrics() { return http_get(server_->metrics_port(), "/metrics"); }
-  std::optional<double> metric(const std::string& name, const std::map<std::string, std::string>& labels = {}) {
+  std::optional<double> metric(const std::string& name,
+                               const std::map<std::string, std::string>& labels = {}) {
     return metric_value(metrics(), name, labels);
   }
-  bool wait_metric(const std::string& name, const std::map<std::string, std::string>& labels, double value) {
+  bool wait_metric(const std::string& name, const std::map<std::string, std::string>& labels,
+                   double value) {
     return wait_for_metric(server_->metrics_port(), name, labels, value);
   }
-  grpc::Status generate(const v1::GenerateImageRequest& request, v1::GenerateImageResponse* response) {
+  grpc::Status generate(const v1::GenerateImageRequest& request,
+                        v1::GenerateImageResponse* response) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + kTestWaitLimit);
     return stub_->GenerateImage(&context, request, response);
@@ -123,7 +127,8 @@ TEST_F(E2E, GeneratesImagesAndReportsThemInMetrics) {
   EXPECT_GT(t.decode_seconds(), 0.0);
   EXPECT_GT(t.encode_seconds(), 0.0);
   EXPECT_GE(t.queue_seconds(), 0.0);
-  EXPECT_GE(t.total_seconds(), t.queue_seconds() + t.text_encode_seconds() + t.denoise_seconds() + t.decode_seconds());
+  EXPECT_GE(t.total_seconds(),
+            t.queue_seconds() + t.text_encode_seconds() + t.denoise_seconds() + t.decode_seconds());
 
   // Same seed, same bytes; another seed, other bytes.
   v1::GenerateImageResponse same, other;
@@ -179,17 +184,30 @@ TEST_F(E2E, GeneratesImagesAndReportsThemInMetrics) {
   // /metrics: 7 GenerateImage calls (first, same, other, random, replay, two, jpeg) and 1 stream,
   // generating 8 + 1 = 9 images with `steps` steps each; the warm-up is not counted.
   const std::string text = metrics();
-  EXPECT_EQ(metric_value(text, "flux2_requests_total", {{"method", "GenerateImage"}, {"code", "OK"}}), 7.0);
-  EXPECT_EQ(metric_value(text, "flux2_requests_total", {{"method", "GenerateImageStream"}, {"code", "OK"}}), 1.0);
-  EXPECT_EQ(metric_value(text, "flux2_requests_total", {{"method", "GetModelInfo"}, {"code", "OK"}}), 1.0);
-  EXPECT_EQ(metric_value(text, "flux2_request_duration_seconds_count", {{"method", "GenerateImage"}}), 7.0);
-  EXPECT_EQ(metric_value(text, "flux2_denoise_step_duration_seconds_count", {{"quality", "lossless"}}), 9.0 * steps);
+  EXPECT_EQ(
+      metric_value(text, "flux2_requests_total", {{"method", "GenerateImage"}, {"code", "OK"}}),
+      7.0);
+  EXPECT_EQ(metric_value(text, "flux2_requests_total",
+                         {{"method", "GenerateImageStream"}, {"code", "OK"}}),
+            1.0);
+  EXPECT_EQ(
+      metric_value(text, "flux2_requests_total", {{"method", "GetModelInfo"}, {"code", "OK"}}),
+      1.0);
+  EXPECT_EQ(
+      metric_value(text, "flux2_request_duration_seconds_count", {{"method", "GenerateImage"}}),
+      7.0);
+  EXPECT_EQ(
+      metric_value(text, "flux2_denoise_step_duration_seconds_count", {{"quality", "lossless"}}),
+      9.0 * steps);
   EXPECT_EQ(metric_value(text, "flux2_images_generated_total"), 9.0);
   EXPECT_EQ(metric_value(text, "flux2_pixels_generated_total"), 9.0 * 64 * 48);
   EXPECT_EQ(metric_value(text, "flux2_queue_duration_seconds_count"), 8.0);
   for (const char* stage : {"tokenize", "text_encode", "denoise", "decode", "encode"}) {
-    EXPECT_EQ(metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", stage}}), 8.0) << stage;
-    EXPECT_GT(metric_value(text, "flux2_stage_duration_seconds_sum", {{"stage", stage}}).value_or(0.0), 0.0)
+    EXPECT_EQ(metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", stage}}), 8.0)
+        << stage;
+    EXPECT_GT(
+        metric_value(text, "flux2_stage_duration_seconds_sum", {{"stage", stage}}).value_or(0.0),
+        0.0)
         << stage;
   }
   EXPECT_EQ(metric_value(text, "flux2_ready"), 1.0);
@@ -213,11 +231,18 @@ TEST_F(E2E, EachInvalidFieldGivesInvalidArgumentNamingIt) {
       {"width not x16", [](auto& r) { r.set_width(72 + 1); }, "width"},
       {"width negative", [](auto& r) { r.set_width(-64); }, "width"},
       {"height not x16", [](auto& r) { r.set_height(50); }, "height"},
-      {"over the pixel budget", [](auto& r) { r.set_width(4096); r.set_height(2048); }, "width"},
-      {"steps above the limit", [](auto& r) { r.set_num_inference_steps(201); }, "num_inference_steps"},
+      {"over the pixel budget",
+       [](auto& r) {
+         r.set_width(4096);
+         r.set_height(2048);
+       },
+       "width"},
+      {"steps above the limit", [](auto& r) { r.set_num_inference_steps(201); },
+       "num_inference_steps"},
       {"steps negative", [](auto& r) { r.set_num_inference_steps(-3); }, "num_inference_steps"},
       {"guidance NaN", [](auto& r) { r.set_guidance_scale(std::nan("")); }, "guidance_scale"},
-      {"guidance inf", [](auto& r) { r.set_guidance_scale(std::numeric_limits<double>::infinity()); },
+      {"guidance inf",
+       [](auto& r) { r.set_guidance_scale(std::numeric_limits<double>::infinity()); },
        "guidance_scale"},
       {"guidance out of range", [](auto& r) { r.set_guidance_scale(1e6); }, "guidance_scale"},
       {"negative prompt on a distilled model", [](auto& r) { r.set_negative_prompt("blurry"); },
@@ -225,8 +250,8 @@ TEST_F(E2E, EachInvalidFieldGivesInvalidArgumentNamingIt) {
       {"num_images above the limit", [](auto& r) { r.set_num_images(5); }, "num_images"},
       {"unknown quality", [](auto& r) { r.set_quality(static_cast<v1::Quality>(42)); }, "quality"},
       {"QUALITY_HIGH not enabled", [](auto& r) { r.set_quality(v1::QUALITY_HIGH); }, "quality"},
-      {"unknown output format", [](auto& r) { r.set_output_format(static_cast<v1::OutputFormat>(3)); },
-       "output_format"},
+      {"unknown output format",
+       [](auto& r) { r.set_output_format(static_cast<v1::OutputFormat>(3)); }, "output_format"},
       {"request id not printable", [](auto& r) { r.set_request_id("id\x01"); }, "request_id"},
   };
   for (const BadCase& c : cases) {
@@ -235,15 +260,17 @@ TEST_F(E2E, EachInvalidFieldGivesInvalidArgumentNamingIt) {
     v1::GenerateImageResponse response;
     const grpc::Status status = generate(request, &response);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
-    EXPECT_NE(status.error_message().find(c.field), std::string::npos) << c.name << ": " << status.error_message();
+    EXPECT_NE(status.error_message().find(c.field), std::string::npos)
+        << c.name << ": " << status.error_message();
     const std::vector<std::string> fields = bad_request_fields(status);
     EXPECT_NE(std::find(fields.begin(), fields.end(), c.field), fields.end()) << c.name;
   }
   // Still serving, and every rejection counted.
   v1::GenerateImageResponse response;
   EXPECT_TRUE(generate(small_request(1), &response).ok());
-  EXPECT_EQ(metric("flux2_requests_total", {{"method", "GenerateImage"}, {"code", "INVALID_ARGUMENT"}}),
-            static_cast<double>(cases.size()));
+  EXPECT_EQ(
+      metric("flux2_requests_total", {{"method", "GenerateImage"}, {"code", "INVALID_ARGUMENT"}}),
+      static_cast<double>(cases.size()));
   EXPECT_EQ(metric("flux2_images_generated_total"), 1.0);
 }
 
@@ -259,10 +286,14 @@ TEST_F(E2E, OverloadRejectsTheExcessAtOnceAndCountsIt) {
   // N = 6 > Q + 1 concurrent requests: the 3 beyond the running one and the full queue fail at
   // once, while the first request is still running.
   std::vector<std::unique_ptr<UnaryCall>> excess;
-  for (int i = 0; i < 3; ++i) excess.push_back(std::make_unique<UnaryCall>(stub_.get(), small_request(10 + i, 1)));
-  for (auto& call : excess) EXPECT_EQ(call->finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  for (int i = 0; i < 3; ++i)
+    excess.push_back(std::make_unique<UnaryCall>(stub_.get(), small_request(10 + i, 1)));
+  for (auto& call : excess)
+    EXPECT_EQ(call->finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_FALSE(running.done());
-  EXPECT_EQ(metric("flux2_requests_total", {{"method", "GenerateImage"}, {"code", "RESOURCE_EXHAUSTED"}}), 3.0);
+  EXPECT_EQ(
+      metric("flux2_requests_total", {{"method", "GenerateImage"}, {"code", "RESOURCE_EXHAUSTED"}}),
+      3.0);
   running.cancel();
   EXPECT_EQ(running.finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(queued_1.finish().ok());
@@ -274,7 +305,8 @@ TEST_F(E2E, FiftyMillisecondDeadlineIsExceeded) {
   start({"--test-step-delay-ms", "200"});
   UnaryCall hurried(stub_.get(), small_request(1, 4), std::chrono::milliseconds(50));
   EXPECT_EQ(hurried.finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  ASSERT_TRUE(wait_metric("flux2_requests_total", {{"method", "GenerateImage"}, {"code", "DEADLINE_EXCEEDED"}}, 1.0));
+  ASSERT_TRUE(wait_metric("flux2_requests_total",
+                          {{"method", "GenerateImage"}, {"code", "DEADLINE_EXCEEDED"}}, 1.0));
   // The worker stopped at the next step boundary: the following request is served.
   v1::GenerateImageResponse response;
   EXPECT_TRUE(generate(small_request(2, 1), &response).ok());
@@ -284,7 +316,8 @@ TEST_F(E2E, FiftyMillisecondDeadlineIsExceeded) {
   ASSERT_TRUE(running.wait_progress(1));
   UnaryCall queued(stub_.get(), small_request(4, 1), std::chrono::milliseconds(50));
   EXPECT_EQ(queued.finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  ASSERT_TRUE(wait_metric("flux2_requests_total", {{"method", "GenerateImage"}, {"code", "DEADLINE_EXCEEDED"}}, 2.0));
+  ASSERT_TRUE(wait_metric("flux2_requests_total",
+                          {{"method", "GenerateImage"}, {"code", "DEADLINE_EXCEEDED"}}, 2.0));
   EXPECT_EQ(metric("flux2_queue_depth"), 0.0);
   EXPECT_FALSE(running.done());
   running.cancel();
@@ -302,7 +335,8 @@ TEST_F(E2E, CancelMidRunFreesTheWorker) {
   EXPECT_EQ(victim.finish().error_code(), grpc::StatusCode::CANCELLED);
   const grpc::Status next_status = next.finish();
   ASSERT_TRUE(next_status.ok()) << next_status.error_message();
-  ASSERT_TRUE(wait_metric("flux2_requests_total", {{"method", "GenerateImageStream"}, {"code", "CANCELLED"}}, 1.0));
+  ASSERT_TRUE(wait_metric("flux2_requests_total",
+                          {{"method", "GenerateImageStream"}, {"code", "CANCELLED"}}, 1.0));
   // Steps taken: the victim's (stopped early) plus the next request's 2.
   const double steps_taken = metric("flux2_denoise_step_duration_seconds_count").value_or(-1.0);
   EXPECT_GE(steps_taken, 2.0 + 2.0);
@@ -353,7 +387,8 @@ TEST_F(E2E, ReflectionListsTheServices) {
   grpc::CompletionQueue cq;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  auto call = stub.PrepareCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto call = stub.PrepareCall(
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   void* tag;
   bool ok;
   auto* const kTag = reinterpret_cast<void*>(1);
@@ -370,7 +405,8 @@ TEST_F(E2E, ReflectionListsTheServices) {
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(response.Dump(&slices).ok());
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   EXPECT_NE(bytes.find("flux2.v1.ImageGeneration"), std::string::npos);
   EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
   context.TryCancel();

@@ -18,9 +18,9 @@
 namespace flux2::server {
 namespace {
 
-using testing::FakeEngineControl;
 using testing::fake_engine_factory;
 using testing::fake_pixel;
+using testing::FakeEngineControl;
 using testing::metric_value;
 
 constexpr auto kLimit = std::chrono::seconds(60);
@@ -72,15 +72,16 @@ JobSpec spec(uint64_t seed, int steps, int num_images = 1, ImageFormat format = 
 // Decodes an encoded image and checks it against the fake engine's pixels for `seed`.
 void expect_fake_pixels(const EncodedImage& image, uint64_t seed) {
   int w = 0, h = 0, channels = 0;
-  stbi_uc* pixels = stbi_load_from_memory(image.bytes.data(), static_cast<int>(image.bytes.size()), &w, &h,
-                                          &channels, 3);
+  stbi_uc* pixels = stbi_load_from_memory(image.bytes.data(), static_cast<int>(image.bytes.size()),
+                                          &w, &h, &channels, 3);
   ASSERT_NE(pixels, nullptr) << stbi_failure_reason();
   EXPECT_EQ(w, 64);
   EXPECT_EQ(h, 48);
   int mismatches = 0;
   for (int y = 0; y < h; ++y) {
     for (int x = 0; x < w; ++x) {
-      for (int c = 0; c < 3; ++c) mismatches += pixels[(y * w + x) * 3 + c] != fake_pixel(seed, x, y, c);
+      for (int c = 0; c < 3; ++c)
+        mismatches += pixels[(y * w + x) * 3 + c] != fake_pixel(seed, x, y, c);
     }
   }
   EXPECT_EQ(mismatches, 0);  // PNG is lossless
@@ -192,7 +193,9 @@ TEST_F(EngineWorkerTest, GeneratesEncodesAndReportsEveryStep) {
   EXPECT_GT(r.result.report.text_encode_seconds, 0.0);
   EXPECT_GE(r.result.report.queue_seconds, 0.0);
   const std::string text = metrics_.render();
-  EXPECT_EQ(metric_value(text, "flux2_denoise_step_duration_seconds_count", {{"quality", "lossless"}}), 6.0);
+  EXPECT_EQ(
+      metric_value(text, "flux2_denoise_step_duration_seconds_count", {{"quality", "lossless"}}),
+      6.0);
   EXPECT_EQ(metric_value(text, "flux2_images_generated_total"), 2.0);
   EXPECT_EQ(metric_value(text, "flux2_pixels_generated_total"), 2.0 * 64 * 48);
   EXPECT_EQ(metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", "encode"}}), 1.0);
@@ -214,7 +217,8 @@ TEST_F(EngineWorkerTest, EncodesJpeg) {
   EXPECT_EQ(bytes[0], 0xFF);  // JPEG SOI marker
   EXPECT_EQ(bytes[1], 0xD8);
   int w = 0, h = 0, channels = 0;
-  stbi_uc* pixels = stbi_load_from_memory(bytes.data(), static_cast<int>(bytes.size()), &w, &h, &channels, 3);
+  stbi_uc* pixels =
+      stbi_load_from_memory(bytes.data(), static_cast<int>(bytes.size()), &w, &h, &channels, 3);
   ASSERT_NE(pixels, nullptr);
   EXPECT_EQ(w, 64);
   EXPECT_EQ(h, 48);

@@ -29,14 +29,18 @@ class FakeEngine final : public Engine {
   const PipelineInfo& info() const override { return info_; }
 
   absl::Status validate(const GenerateParams& params) const override {
-    if (params.width % 16 != 0 || params.width <= 0) return absl::InvalidArgumentError("width: bad");
-    if (params.height % 16 != 0 || params.height <= 0) return absl::InvalidArgumentError("height: bad");
+    if (params.width % 16 != 0 || params.width <= 0)
+      return absl::InvalidArgumentError("width: bad");
+    if (params.height % 16 != 0 || params.height <= 0)
+      return absl::InvalidArgumentError("height: bad");
     return absl::OkStatus();
   }
 
-  absl::StatusOr<GeneratedImage> generate(const GenerateParams& params, const GenerateHooks& hooks) override {
+  absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
+                                          const GenerateHooks& hooks) override {
     control_->on_generate(params.seed);
-    const int64_t steps = params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;
+    const int64_t steps =
+        params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;
     GeneratedImage image;
     image.width = params.width;
     image.height = params.height;
@@ -59,7 +63,8 @@ class FakeEngine final : public Engine {
     image.rgb.resize(static_cast<size_t>(params.width * params.height * 3));
     for (int64_t y = 0; y < params.height; ++y) {
       for (int64_t x = 0; x < params.width; ++x) {
-        for (int c = 0; c < 3; ++c) image.rgb[(y * params.width + x) * 3 + c] = fake_pixel(params.seed, x, y, c);
+        for (int c = 0; c < 3; ++c)
+          image.rgb[(y * params.width + x) * 3 + c] = fake_pixel(params.seed, x, y, c);
       }
     }
     return image;

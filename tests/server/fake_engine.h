@@ -35,7 +35,7 @@ class FakeEngineControl {
   std::vector<uint64_t> seeds() const;
 
   // Engine side.
-  void before_step();   // waits at the gate, counts the start
+  void before_step();  // waits at the gate, counts the start
   void after_step();
   void on_generate(uint64_t seed);
   absl::Status wait_load();

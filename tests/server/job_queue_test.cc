@@ -16,7 +16,8 @@ struct Outcome {
   absl::Status status;
 };
 
-std::shared_ptr<Job> make_job(Outcome* outcome, Clock::time_point deadline = Clock::time_point::max()) {
+std::shared_ptr<Job> make_job(Outcome* outcome,
+                              Clock::time_point deadline = Clock::time_point::max()) {
   JobSpec spec;
   spec.params.prompt = "p";
   return std::make_shared<Job>(spec, Clock::now(), deadline, nullptr,
@@ -36,7 +37,7 @@ TEST(JobQueue, AdmitsUpToCapacityThenRejectsAtOnce) {
   const absl::Status full = queue.push(c);
   EXPECT_TRUE(absl::IsResourceExhausted(full)) << full;
   EXPECT_EQ(queue.size(), 2);
-  EXPECT_EQ(queue.pop(), a);  // FIFO
+  EXPECT_EQ(queue.pop(), a);        // FIFO
   EXPECT_TRUE(queue.push(c).ok());  // a slot freed
   EXPECT_EQ(queue.pop(), b);
   EXPECT_EQ(queue.pop(), c);
@@ -138,9 +139,9 @@ TEST(Job, CancelAndDeadlineStopIt) {
 TEST(Job, NoProgressAfterFinish) {
   int events = 0;
   JobSpec spec;
-  auto job = std::make_shared<Job>(spec, Clock::now(), Clock::time_point::max(),
-                                   [&events](const ProgressEvent&) { ++events; },
-                                   [](const absl::Status&, JobResult&&) {});
+  auto job = std::make_shared<Job>(
+      spec, Clock::now(), Clock::time_point::max(), [&events](const ProgressEvent&) { ++events; },
+      [](const absl::Status&, JobResult&&) {});
   job->report_progress({});  // queued: not running yet
   ASSERT_TRUE(job->start_running());
   job->report_progress({});
@@ -152,8 +153,9 @@ TEST(Job, NoProgressAfterFinish) {
 TEST(Job, FinishListenerRunsAfterTheOutcome) {
   std::vector<std::string> order;
   JobSpec spec;
-  auto job = std::make_shared<Job>(spec, Clock::now(), Clock::time_point::max(), nullptr,
-                                   [&order](const absl::Status&, JobResult&&) { order.push_back("done"); });
+  auto job = std::make_shared<Job>(
+      spec, Clock::now(), Clock::time_point::max(), nullptr,
+      [&order](const absl::Status&, JobResult&&) { order.push_back("done"); });
   job->set_on_finished([&order] { order.push_back("finished"); });
   job->finish(absl::CancelledError("x"));
   job->finish(absl::CancelledError("y"));

@@ -42,14 +42,19 @@ TEST(Metrics, EveryContractNameWithItsType) {
   for (const auto& [name, type] : families) {
     EXPECT_TRUE(has_line(text, "# TYPE " + name + " " + type)) << name;
   }
-  EXPECT_EQ(metric_value(text, "flux2_build_info", {{"version", "1.2.3"}, {"backend", "cpu"}, {"model", "tiny"}}),
+  EXPECT_EQ(metric_value(text, "flux2_build_info",
+                         {{"version", "1.2.3"}, {"backend", "cpu"}, {"model", "tiny"}}),
             1.0);
   // Zeros for the series known to exist.
-  EXPECT_EQ(metric_value(text, "flux2_requests_total", {{"method", "GenerateImage"}, {"code", "OK"}}), 0.0);
-  EXPECT_EQ(metric_value(text, "flux2_requests_total", {{"method", "GenerateImage"}, {"code", "RESOURCE_EXHAUSTED"}}),
+  EXPECT_EQ(
+      metric_value(text, "flux2_requests_total", {{"method", "GenerateImage"}, {"code", "OK"}}),
+      0.0);
+  EXPECT_EQ(metric_value(text, "flux2_requests_total",
+                         {{"method", "GenerateImage"}, {"code", "RESOURCE_EXHAUSTED"}}),
             0.0);
   for (const char* stage : {"tokenize", "text_encode", "denoise", "decode", "encode"}) {
-    EXPECT_EQ(metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", stage}}), 0.0) << stage;
+    EXPECT_EQ(metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", stage}}), 0.0)
+        << stage;
   }
   // No GPU gauges on the CPU.
   EXPECT_EQ(text.find("flux2_gpu_memory"), std::string::npos);
@@ -58,20 +63,24 @@ TEST(Metrics, EveryContractNameWithItsType) {
 TEST(Metrics, BucketsFollowMetricsMd) {
   Metrics metrics;
   const std::string text = metrics.render();
-  for (const char* le : {"0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "20", "30", "60",
-                         "120", "300", "+Inf"}) {
-    EXPECT_TRUE(metric_value(text, "flux2_queue_duration_seconds_bucket", {{"le", le}}).has_value()) << le;
-    EXPECT_TRUE(metric_value(text, "flux2_stage_duration_seconds_bucket", {{"stage", "denoise"}, {"le", le}})
+  for (const char* le : {"0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "20",
+                         "30", "60", "120", "300", "+Inf"}) {
+    EXPECT_TRUE(metric_value(text, "flux2_queue_duration_seconds_bucket", {{"le", le}}).has_value())
+        << le;
+    EXPECT_TRUE(metric_value(text, "flux2_stage_duration_seconds_bucket",
+                             {{"stage", "denoise"}, {"le", le}})
                     .has_value())
         << le;
   }
-  for (const char* le : {"0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"}) {
+  for (const char* le :
+       {"0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"}) {
     EXPECT_TRUE(metric_value(text, "flux2_denoise_step_duration_seconds_bucket",
                              {{"quality", "lossless"}, {"le", le}})
                     .has_value())
         << le;
   }
-  EXPECT_FALSE(metric_value(text, "flux2_denoise_step_duration_seconds_bucket", {{"le", "300"}}).has_value());
+  EXPECT_FALSE(metric_value(text, "flux2_denoise_step_duration_seconds_bucket", {{"le", "300"}})
+                   .has_value());
 }
 
 TEST(Metrics, CountsAndObservations) {
@@ -89,18 +98,27 @@ TEST(Metrics, CountsAndObservations) {
   metrics.set_ready(true);
   metrics.set_model_load_seconds(12.5);
   const std::string text = metrics.render();
-  EXPECT_EQ(metric_value(text, "flux2_requests_total", {{"method", "GenerateImage"}, {"code", "OK"}}), 1.0);
+  EXPECT_EQ(
+      metric_value(text, "flux2_requests_total", {{"method", "GenerateImage"}, {"code", "OK"}}),
+      1.0);
   EXPECT_EQ(metric_value(text, "flux2_requests_total", {{"code", "RESOURCE_EXHAUSTED"}}), 2.0);
-  EXPECT_EQ(metric_value(text, "flux2_request_duration_seconds_count", {{"method", "GenerateImage"}}), 3.0);
-  EXPECT_EQ(metric_value(text, "flux2_denoise_step_duration_seconds_count", {{"quality", "lossless"}}), 1.0);
-  EXPECT_EQ(metric_value(text, "flux2_denoise_step_duration_seconds_count", {{"quality", "high"}}), 1.0);
+  EXPECT_EQ(
+      metric_value(text, "flux2_request_duration_seconds_count", {{"method", "GenerateImage"}}),
+      3.0);
+  EXPECT_EQ(
+      metric_value(text, "flux2_denoise_step_duration_seconds_count", {{"quality", "lossless"}}),
+      1.0);
+  EXPECT_EQ(metric_value(text, "flux2_denoise_step_duration_seconds_count", {{"quality", "high"}}),
+            1.0);
   // 0.02 s falls in the 0.025 bucket and above, not in 0.01.
-  EXPECT_EQ(metric_value(text, "flux2_denoise_step_duration_seconds_bucket", {{"quality", "lossless"}, {"le", "0.01"}}),
+  EXPECT_EQ(metric_value(text, "flux2_denoise_step_duration_seconds_bucket",
+                         {{"quality", "lossless"}, {"le", "0.01"}}),
             0.0);
   EXPECT_EQ(metric_value(text, "flux2_denoise_step_duration_seconds_bucket",
                          {{"quality", "lossless"}, {"le", "0.025"}}),
             1.0);
-  EXPECT_EQ(metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", "text_encode"}}), 1.0);
+  EXPECT_EQ(metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", "text_encode"}}),
+            1.0);
   EXPECT_EQ(metric_value(text, "flux2_queue_duration_seconds_count"), 1.0);
   EXPECT_EQ(metric_value(text, "flux2_queue_depth"), 3.0);
   EXPECT_EQ(metric_value(text, "flux2_requests_in_flight"), 1.0);
@@ -120,7 +138,8 @@ TEST(Metrics, FastPathCountersComeFromTheRegistry) {
   path.count_invocation();
   path.count_fallback("unaligned");
   const std::string text = metrics.render();
-  EXPECT_EQ(metric_value(text, "flux2_fast_path_invocations_total", {{"path", "server_metrics_test_path"}}),
+  EXPECT_EQ(metric_value(text, "flux2_fast_path_invocations_total",
+                         {{"path", "server_metrics_test_path"}}),
             before + 2.0);
   EXPECT_EQ(metric_value(text, "flux2_fast_path_fallbacks_total",
                          {{"path", "server_metrics_test_path"}, {"reason", "unaligned"}}),

@@ -49,9 +49,9 @@ TEST(RequestValidation, DefaultsAndRandomSeed) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->params.width, kDefaultImageSide);
   EXPECT_EQ(spec->params.height, kDefaultImageSide);
-  EXPECT_EQ(spec->params.num_inference_steps, 0);     // the model default
-  EXPECT_LT(spec->params.guidance_scale, 0.0);        // the model default
-  EXPECT_EQ(spec->params.seed, 777u);                  // absent: the random one
+  EXPECT_EQ(spec->params.num_inference_steps, 0);  // the model default
+  EXPECT_LT(spec->params.guidance_scale, 0.0);     // the model default
+  EXPECT_EQ(spec->params.seed, 777u);              // absent: the random one
   EXPECT_EQ(spec->params.quality, Quality::kLossless);
   EXPECT_EQ(spec->num_images, 1);
   EXPECT_EQ(spec->format, ImageFormat::kPng);
@@ -108,9 +108,24 @@ TEST(RequestValidation, EachInvalidFieldIsNamed) {
       {"negative width", [](auto& r) { r.set_width(-16); }, "width"},
       {"height not x16", [](auto& r) { r.set_height(250); }, "height"},
       {"negative height", [](auto& r) { r.set_height(-32); }, "height"},
-      {"pixel budget", [](auto& r) { r.set_width(2048); r.set_height(1024); }, "width"},
-      {"pixel budget (height)", [](auto& r) { r.set_width(1024); r.set_height(2048); }, "height"},
-      {"default size over budget", [](auto& r) { r.set_width(0); r.set_height(2048); }, "height"},
+      {"pixel budget",
+       [](auto& r) {
+         r.set_width(2048);
+         r.set_height(1024);
+       },
+       "width"},
+      {"pixel budget (height)",
+       [](auto& r) {
+         r.set_width(1024);
+         r.set_height(2048);
+       },
+       "height"},
+      {"default size over budget",
+       [](auto& r) {
+         r.set_width(0);
+         r.set_height(2048);
+       },
+       "height"},
       {"steps too many", [](auto& r) { r.set_num_inference_steps(51); }, "num_inference_steps"},
       {"steps negative", [](auto& r) { r.set_num_inference_steps(-1); }, "num_inference_steps"},
       {"guidance NaN", [nan](auto& r) { r.set_guidance_scale(nan); }, "guidance_scale"},
@@ -120,11 +135,14 @@ TEST(RequestValidation, EachInvalidFieldIsNamed) {
       {"guidance too large", [](auto& r) { r.set_guidance_scale(100.5); }, "guidance_scale"},
       {"unknown quality", [](auto& r) { r.set_quality(static_cast<v1::Quality>(7)); }, "quality"},
       {"quality high disabled", [](auto& r) { r.set_quality(v1::QUALITY_HIGH); }, "quality"},
-      {"unknown format", [](auto& r) { r.set_output_format(static_cast<v1::OutputFormat>(9)); }, "output_format"},
+      {"unknown format", [](auto& r) { r.set_output_format(static_cast<v1::OutputFormat>(9)); },
+       "output_format"},
       {"num_images too many", [](auto& r) { r.set_num_images(5); }, "num_images"},
       {"num_images negative", [](auto& r) { r.set_num_images(-1); }, "num_images"},
-      {"negative prompt without CFG", [](auto& r) { r.set_negative_prompt("blurry"); }, "negative_prompt"},
-      {"request id too long", [](auto& r) { r.set_request_id(std::string(129, 'x')); }, "request_id"},
+      {"negative prompt without CFG", [](auto& r) { r.set_negative_prompt("blurry"); },
+       "negative_prompt"},
+      {"request id too long", [](auto& r) { r.set_request_id(std::string(129, 'x')); },
+       "request_id"},
       {"request id not printable", [](auto& r) { r.set_request_id("a\nb"); }, "request_id"},
   };
   for (const InvalidCase& c : cases) {
@@ -133,7 +151,8 @@ TEST(RequestValidation, EachInvalidFieldIsNamed) {
     absl::StatusOr<JobSpec> spec = validate_generate_request(request, test_limits(), 1);
     ASSERT_FALSE(spec.ok()) << c.name;
     EXPECT_TRUE(absl::IsInvalidArgument(spec.status())) << c.name;
-    EXPECT_NE(spec.status().message().find(c.field), std::string::npos) << c.name << ": " << spec.status();
+    EXPECT_NE(spec.status().message().find(c.field), std::string::npos)
+        << c.name << ": " << spec.status();
     bool named = false;
     for (const FieldViolation& v : field_violations_of(spec.status())) named |= v.field == c.field;
     EXPECT_TRUE(named) << c.name << ": no violation names " << c.field;
@@ -153,7 +172,8 @@ TEST(RequestValidation, ReportsEveryViolationAtOnce) {
 }
 
 TEST(RequestValidation, EngineErrorsBecomeFieldViolations) {
-  const absl::Status status = engine_validation_status(absl::InvalidArgumentError("height: 40 is not a multiple"));
+  const absl::Status status =
+      engine_validation_status(absl::InvalidArgumentError("height: 40 is not a multiple"));
   ASSERT_TRUE(absl::IsInvalidArgument(status));
   const std::vector<FieldViolation> violations = field_violations_of(status);
   ASSERT_EQ(violations.size(), 1u);
@@ -164,7 +184,8 @@ TEST(RequestValidation, EngineErrorsBecomeFieldViolations) {
 }
 
 TEST(RpcStatus, InvalidArgumentCarriesBadRequestDetails) {
-  const absl::Status status = invalid_argument_status({{"width", "odd"}, {"guidance_scale", "NaN"}});
+  const absl::Status status =
+      invalid_argument_status({{"width", "odd"}, {"guidance_scale", "NaN"}});
   const grpc::Status rpc = to_grpc_status(status);
   EXPECT_EQ(rpc.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(rpc.error_message(), "width: odd; guidance_scale: NaN");
@@ -174,7 +195,8 @@ TEST(RpcStatus, InvalidArgumentCarriesBadRequestDetails) {
   EXPECT_EQ(details.message(), rpc.error_message());
   ASSERT_EQ(details.details_size(), 1);
   EXPECT_EQ(details.details(0).type_url(), kBadRequestTypeUrl);
-  EXPECT_EQ(testing::bad_request_fields(rpc), (std::vector<std::string>{"width", "guidance_scale"}));
+  EXPECT_EQ(testing::bad_request_fields(rpc),
+            (std::vector<std::string>{"width", "guidance_scale"}));
 }
 
 TEST(RpcStatus, CodesAndMessagesPassThrough) {
@@ -183,9 +205,11 @@ TEST(RpcStatus, CodesAndMessagesPassThrough) {
   EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(full.error_message(), "queue full");
   EXPECT_TRUE(full.error_details().empty());
-  EXPECT_EQ(to_grpc_status(absl::DeadlineExceededError("")).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(to_grpc_status(absl::DeadlineExceededError("")).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(to_grpc_status(absl::UnavailableError("")).error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_EQ(to_grpc_status(absl::UnauthenticatedError("")).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(to_grpc_status(absl::UnauthenticatedError("")).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(grpc_code_name(grpc::StatusCode::RESOURCE_EXHAUSTED), "RESOURCE_EXHAUSTED");
   EXPECT_EQ(grpc_code_name(grpc::StatusCode::OK), "OK");
   EXPECT_EQ(grpc_code_name(grpc::StatusCode::DEADLINE_EXCEEDED), "DEADLINE_EXCEEDED");

@@ -1,5 +1,6 @@
 // flux2_server flag parsing and validation (server/server_options.h): the contract's defaults,
-// every flag parsed, and errors that name the flag. Run: build/bin/server_unit_tests --gtest_filter='ServerOptions*'
+// every flag parsed, and errors that name the flag. Run: build/bin/server_unit_tests
+// --gtest_filter='ServerOptions*'
 #include "server/server_options.h"
 
 #include <string>
@@ -41,12 +42,40 @@ TEST(ServerOptions, DefaultsFollowTheServerContract) {
 }
 
 TEST(ServerOptions, ParsesEveryFlag) {
-  absl::StatusOr<ParsedFlags> parsed =
-      parse({"--port", "1234", "--metrics-port=2345", "--host", "127.0.0.1", "--model-dir", "/m",
-             "--backend", "cuda", "--queue-depth", "3", "--max-pixels", "1048576", "--max-images", "2",
-             "--max-steps", "60", "--max-prompt-bytes", "100", "--drain-timeout-s", "1.5", "--warmup-steps",
-             "0", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--auth-token-file", "t", "--fast-paths", "off",
-             "--enable-quality-high", "--test-step-delay-ms", "250"});
+  absl::StatusOr<ParsedFlags> parsed = parse({"--port",
+                                              "1234",
+                                              "--metrics-port=2345",
+                                              "--host",
+                                              "127.0.0.1",
+                                              "--model-dir",
+                                              "/m",
+                                              "--backend",
+                                              "cuda",
+                                              "--queue-depth",
+                                              "3",
+                                              "--max-pixels",
+                                              "1048576",
+                                              "--max-images",
+                                              "2",
+                                              "--max-steps",
+                                              "60",
+                                              "--max-prompt-bytes",
+                                              "100",
+                                              "--drain-timeout-s",
+                                              "1.5",
+                                              "--warmup-steps",
+                                              "0",
+                                              "--tls-cert",
+                                              "c.pem",
+                                              "--tls-key",
+                                              "k.pem",
+                                              "--auth-token-file",
+                                              "t",
+                                              "--fast-paths",
+                                              "off",
+                                              "--enable-quality-high",
+                                              "--test-step-delay-ms",
+                                              "250"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ServerOptions& o = parsed->options;
   EXPECT_EQ(o.port, 1234);
@@ -136,10 +165,27 @@ TEST(ServerOptions, HelpDocumentsEveryFlag) {
   ASSERT_TRUE(parsed.ok());
   EXPECT_TRUE(parsed->help);
   const std::string help = server_help_text();
-  for (const char* flag : {"--port", "--metrics-port", "--host", "--model-dir", "--backend", "--queue-depth",
-                           "--max-pixels", "--max-images", "--drain-timeout-s", "--warmup-steps", "--tls-cert",
-                           "--tls-key", "--auth-token-file", "--fast-paths", "--enable-quality-high", "--probe",
-                           "--addr", "--max-steps", "--max-prompt-bytes", "--test-step-delay-ms", "--help"}) {
+  for (const char* flag : {"--port",
+                           "--metrics-port",
+                           "--host",
+                           "--model-dir",
+                           "--backend",
+                           "--queue-depth",
+                           "--max-pixels",
+                           "--max-images",
+                           "--drain-timeout-s",
+                           "--warmup-steps",
+                           "--tls-cert",
+                           "--tls-key",
+                           "--auth-token-file",
+                           "--fast-paths",
+                           "--enable-quality-high",
+                           "--probe",
+                           "--addr",
+                           "--max-steps",
+                           "--max-prompt-bytes",
+                           "--test-step-delay-ms",
+                           "--help"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }
   EXPECT_NE(help.find("TEST ONLY"), std::string::npos);

@@ -46,7 +46,8 @@ class ServerTest : public ::testing::Test {
 
   // Creates and starts the server; waits for readiness unless `wait_ready` is false.
   void start(bool wait_ready = true) {
-    absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options_, testing::fake_engine_factory(control_));
+    absl::StatusOr<std::unique_ptr<Server>> server =
+        Server::Create(options_, testing::fake_engine_factory(control_));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
     ASSERT_TRUE(server_->Start().ok());
@@ -64,7 +65,8 @@ class ServerTest : public ::testing::Test {
   }
 
   std::string metrics_text() { return server_->metrics().render(); }
-  bool wait_metric(const std::string& name, const std::map<std::string, std::string>& labels, double value) {
+  bool wait_metric(const std::string& name, const std::map<std::string, std::string>& labels,
+                   double value) {
     return testing::wait_for_metric(server_->metrics_port(), name, labels, value);
   }
 
@@ -87,7 +89,8 @@ TEST_F(ServerTest, ReadinessWaitsForLoadAndWarmup) {
             grpc::StatusCode::UNAVAILABLE);
   grpc::ClientContext info_context;
   v1::GetModelInfoResponse info;
-  EXPECT_EQ(stub_->GetModelInfo(&info_context, {}, &info).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(stub_->GetModelInfo(&info_context, {}, &info).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(metric_value(metrics_text(), "flux2_ready"), 0.0);
 
   control_->release_load();
@@ -110,7 +113,8 @@ TEST_F(ServerTest, PortInUseFailsStartNamingTheFlag) {
   start();
   ServerOptions clash = options_;
   clash.port = server_->grpc_port();
-  absl::StatusOr<std::unique_ptr<Server>> second = Server::Create(clash, testing::fake_engine_factory(control_));
+  absl::StatusOr<std::unique_ptr<Server>> second =
+      Server::Create(clash, testing::fake_engine_factory(control_));
   ASSERT_TRUE(second.ok());
   const absl::Status started = (*second)->Start();
   EXPECT_TRUE(absl::IsUnavailable(started)) << started;
@@ -155,7 +159,9 @@ TEST_F(ServerTest, GenerateImageReturnsTheImageSeedAndTimings) {
   EXPECT_GT(response.timings().denoise_seconds(), 0.0);
   EXPECT_GT(response.timings().encode_seconds(), 0.0);
   EXPECT_GT(response.timings().total_seconds(), 0.0);  // the fake's step times are not wall time
-  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total", {{"method", "GenerateImage"}, {"code", "OK"}}), 1.0);
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total",
+                         {{"method", "GenerateImage"}, {"code", "OK"}}),
+            1.0);
 }
 
 TEST_F(ServerTest, RandomSeedIsReturnedAndReproduces) {
@@ -186,7 +192,8 @@ TEST_F(ServerTest, StreamSendsOneProgressEventPerStepThenTheResult) {
   }
   EXPECT_EQ(call.result().seed(), 9u);
   EXPECT_EQ(call.result().images_size(), 1);
-  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total", {{"method", "GenerateImageStream"}, {"code", "OK"}}),
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total",
+                         {{"method", "GenerateImageStream"}, {"code", "OK"}}),
             1.0);
 }
 
@@ -211,12 +218,13 @@ TEST_F(ServerTest, GetModelInfoDescribesModelAndLimits) {
 
 TEST_F(ServerTest, InvalidRequestsNameTheFieldAndTheServerKeepsServing) {
   start();
-  const std::vector<std::pair<std::function<void(v1::GenerateImageRequest&)>, std::string>> cases = {
-      {[](auto& r) { r.set_width(65); }, "width"},
-      {[](auto& r) { r.set_guidance_scale(std::nan("")); }, "guidance_scale"},
-      {[](auto& r) { r.set_num_images(99); }, "num_images"},
-      {[](auto& r) { r.set_quality(v1::QUALITY_HIGH); }, "quality"},
-  };
+  const std::vector<std::pair<std::function<void(v1::GenerateImageRequest&)>, std::string>> cases =
+      {
+          {[](auto& r) { r.set_width(65); }, "width"},
+          {[](auto& r) { r.set_guidance_scale(std::nan("")); }, "guidance_scale"},
+          {[](auto& r) { r.set_num_images(99); }, "num_images"},
+          {[](auto& r) { r.set_quality(v1::QUALITY_HIGH); }, "quality"},
+      };
   for (const auto& [mutate, field] : cases) {
     v1::GenerateImageRequest request = small_request(1);
     mutate(request);
@@ -231,7 +239,8 @@ TEST_F(ServerTest, InvalidRequestsNameTheFieldAndTheServerKeepsServing) {
   grpc::ClientContext context;
   v1::GenerateImageResponse response;
   EXPECT_TRUE(stub_->GenerateImage(&context, small_request(1), &response).ok());
-  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total", {{"code", "INVALID_ARGUMENT"}}), 4.0);
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total", {{"code", "INVALID_ARGUMENT"}}),
+            4.0);
   EXPECT_EQ(control_->generations(), 2);  // the warm-up and the valid request only
 }
 
@@ -249,7 +258,8 @@ TEST_F(ServerTest, OverloadIsRejectedAtOnceAndCounted) {
   // N = 6 > Q + 1 = 3 concurrent requests: the 3 beyond the running one and the queue are refused
   // while the running one is still held at the gate.
   std::vector<std::unique_ptr<UnaryCall>> excess;
-  for (int i = 0; i < 3; ++i) excess.push_back(std::make_unique<UnaryCall>(stub_.get(), small_request(10 + i)));
+  for (int i = 0; i < 3; ++i)
+    excess.push_back(std::make_unique<UnaryCall>(stub_.get(), small_request(10 + i)));
   for (auto& call : excess) {
     const grpc::Status status = call->finish();
     EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
@@ -273,7 +283,8 @@ TEST_F(ServerTest, DeadlineWhileQueuedFreesTheSlot) {
   UnaryCall late(stub_.get(), small_request(2), std::chrono::milliseconds(50));
   EXPECT_EQ(late.finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   // The server withdrew it from the queue while the running request is still held.
-  ASSERT_TRUE(wait_metric("flux2_requests_total", {{"method", "GenerateImage"}, {"code", "DEADLINE_EXCEEDED"}}, 1.0));
+  ASSERT_TRUE(wait_metric("flux2_requests_total",
+                          {{"method", "GenerateImage"}, {"code", "DEADLINE_EXCEEDED"}}, 1.0));
   EXPECT_EQ(metric_value(metrics_text(), "flux2_queue_depth"), 0.0);
   EXPECT_FALSE(running.done());
   control_->open_gate();
@@ -284,8 +295,9 @@ TEST_F(ServerTest, DeadlineWhileQueuedFreesTheSlot) {
 TEST_F(ServerTest, CancelMidRunFreesTheWorker) {
   // Slow steps (test-only delay: 100 steps x 50 ms = 5 s) instead of the gate: the client's cancel
   // travels asynchronously, and gated fake steps would all run before it arrives. The exact
-  // "stops within one step" bound is proven by EngineWorkerTest.CancelMidRunFreesTheWorkerWithinOneStep;
-  // here the cancel must travel from the client through OnCancel to the job.
+  // "stops within one step" bound is proven by
+  // EngineWorkerTest.CancelMidRunFreesTheWorkerWithinOneStep; here the cancel must travel from the
+  // client through OnCancel to the job.
   options_.test_step_delay_s = 0.05;
   start();
   const int warmup_steps = control_->steps_started();
@@ -298,7 +310,8 @@ TEST_F(ServerTest, CancelMidRunFreesTheWorker) {
   ASSERT_TRUE(next.finish().ok());
   const int victim_steps = control_->steps_started() - warmup_steps - 2;
   EXPECT_LT(victim_steps, 100);  // it stopped early and the next request got the worker
-  ASSERT_TRUE(wait_metric("flux2_requests_total", {{"method", "GenerateImageStream"}, {"code", "CANCELLED"}}, 1.0));
+  ASSERT_TRUE(wait_metric("flux2_requests_total",
+                          {{"method", "GenerateImageStream"}, {"code", "CANCELLED"}}, 1.0));
 }
 
 TEST_F(ServerTest, BearerTokenGuardsGenerationButNotHealth) {
@@ -315,21 +328,24 @@ TEST_F(ServerTest, BearerTokenGuardsGenerationButNotHealth) {
   EXPECT_TRUE(right.finish().ok());
   grpc::ClientContext context;
   v1::GetModelInfoResponse info;
-  EXPECT_EQ(stub_->GetModelInfo(&context, {}, &info).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(stub_->GetModelInfo(&context, {}, &info).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
 }
 
 TEST_F(ServerTest, TlsServesTlsClientsOnlyAndTheProbeSpeaksTls) {
   // A throwaway self-signed certificate for 127.0.0.1 (openssl is a test-time tool only).
   const std::string dir = ::testing::TempDir();
   const std::string cert = dir + "/flux2_tls_cert.pem", key = dir + "/flux2_tls_key.pem";
-  const std::string command = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 "
-                              "-addext subjectAltName=IP:127.0.0.1 -keyout " + key + " -out " + cert +
-                              " >/dev/null 2>&1";
+  const std::string command =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 "
+      "-addext subjectAltName=IP:127.0.0.1 -keyout " +
+      key + " -out " + cert + " >/dev/null 2>&1";
   ASSERT_EQ(std::system(command.c_str()), 0)
       << "openssl (installed by deploy/install_deps.sh) made no certificate";
   options_.tls_cert = cert;
   options_.tls_key = key;
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Create(options_, testing::fake_engine_factory(control_));
+  absl::StatusOr<std::unique_ptr<Server>> server =
+      Server::Create(options_, testing::fake_engine_factory(control_));
   ASSERT_TRUE(server.ok()) << server.status();
   server_ = std::move(*server);
   ASSERT_TRUE(server_->Start().ok());
@@ -369,7 +385,8 @@ TEST_F(ServerTest, DrainFinishesInFlightWorkAndRefusesNewWork) {
   ASSERT_TRUE(wait_metric("flux2_queue_depth", {}, 1.0));
 
   absl::Status drained = absl::UnknownError("not run");
-  std::thread stopper([&] { drained = server_->GracefulStop(Clock::now() + std::chrono::seconds(120)); });
+  std::thread stopper(
+      [&] { drained = server_->GracefulStop(Clock::now() + std::chrono::seconds(120)); });
   ASSERT_TRUE(wait_for_health(channel_, "readiness", "NOT_SERVING"));
   EXPECT_EQ(health_status(channel_, "liveness"), "SERVING");
   UnaryCall refused(stub_.get(), small_request(3));

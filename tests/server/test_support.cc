@@ -37,7 +37,8 @@ std::string http_get(int port, const std::string& path) {
     if (send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
       char buffer[8192];
       ssize_t n;
-      while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, static_cast<size_t>(n));
+      while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0)
+        response.append(buffer, static_cast<size_t>(n));
     }
   }
   close(fd);
@@ -93,8 +94,8 @@ std::optional<double> metric_value(const std::string& text, const std::string& n
   return sum;
 }
 
-bool wait_for_metric(int port, const std::string& name, const std::map<std::string, std::string>& labels,
-                     double expected) {
+bool wait_for_metric(int port, const std::string& name,
+                     const std::map<std::string, std::string>& labels, double expected) {
   const auto limit = std::chrono::steady_clock::now() + kTestWaitLimit;
   while (std::chrono::steady_clock::now() < limit) {
     if (metric_value(http_get(port, "/metrics"), name, labels) == expected) return true;
@@ -106,10 +107,12 @@ bool wait_for_metric(int port, const std::string& name, const std::map<std::stri
 std::shared_ptr<grpc::Channel> local_channel(int port) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                   grpc::InsecureChannelCredentials(), args);
 }
 
-std::string health_status(const std::shared_ptr<grpc::Channel>& channel, const std::string& service) {
+std::string health_status(const std::shared_ptr<grpc::Channel>& channel,
+                          const std::string& service) {
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -117,7 +120,8 @@ std::string health_status(const std::shared_ptr<grpc::Channel>& channel, const s
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
   const grpc::Status status = stub->Check(&context, request, &response);
-  if (!status.ok()) return "error " + std::to_string(status.error_code()) + ": " + status.error_message();
+  if (!status.ok())
+    return "error " + std::to_string(status.error_code()) + ": " + status.error_message();
   return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
 }
 
@@ -134,11 +138,13 @@ bool wait_for_health(const std::shared_ptr<grpc::Channel>& channel, const std::s
 std::vector<std::string> bad_request_fields(const grpc::Status& status) {
   std::vector<std::string> fields;
   google::rpc::Status details;
-  if (status.error_details().empty() || !details.ParseFromString(status.error_details())) return fields;
+  if (status.error_details().empty() || !details.ParseFromString(status.error_details()))
+    return fields;
   for (const google::protobuf::Any& any : details.details()) {
     google::rpc::BadRequest bad_request;
     if (!any.UnpackTo(&bad_request)) continue;
-    for (const auto& violation : bad_request.field_violations()) fields.push_back(violation.field());
+    for (const auto& violation : bad_request.field_violations())
+      fields.push_back(violation.field());
   }
   return fields;
 }
@@ -153,8 +159,9 @@ flux2::v1::GenerateImageRequest small_request(uint64_t seed, int steps) {
   return request;
 }
 
-UnaryCall::UnaryCall(flux2::v1::ImageGeneration::Stub* stub, flux2::v1::GenerateImageRequest request,
-                     std::chrono::milliseconds timeout, const std::string& token) {
+UnaryCall::UnaryCall(flux2::v1::ImageGeneration::Stub* stub,
+                     flux2::v1::GenerateImageRequest request, std::chrono::milliseconds timeout,
+                     const std::string& token) {
   if (timeout.count() > 0) context_.set_deadline(std::chrono::system_clock::now() + timeout);
   if (!token.empty()) context_.AddMetadata("authorization", "Bearer " + token);
   thread_ = std::thread([this, stub, request] {
@@ -170,14 +177,17 @@ UnaryCall::~UnaryCall() {
   }
 }
 
-bool UnaryCall::done() const { return done_.load(); }
+bool UnaryCall::done() const {
+  return done_.load();
+}
 
 grpc::Status UnaryCall::finish() {
   if (thread_.joinable()) thread_.join();
   return status_;
 }
 
-StreamCall::StreamCall(flux2::v1::ImageGeneration::Stub* stub, flux2::v1::GenerateImageRequest request) {
+StreamCall::StreamCall(flux2::v1::ImageGeneration::Stub* stub,
+                       flux2::v1::GenerateImageRequest request) {
   thread_ = std::thread([this, stub, request] {
     std::unique_ptr<grpc::ClientReader<flux2::v1::GenerateImageStreamResponse>> reader =
         stub->GenerateImageStream(&context_, request);
@@ -210,7 +220,8 @@ StreamCall::~StreamCall() {
 
 bool StreamCall::wait_progress(int n) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, kTestWaitLimit, [&] { return static_cast<int>(progress_.size()) >= n || ended_; });
+  cv_.wait_for(lock, kTestWaitLimit,
+               [&] { return static_cast<int>(progress_.size()) >= n || ended_; });
   return static_cast<int>(progress_.size()) >= n;
 }
 
@@ -246,7 +257,8 @@ std::unique_ptr<ServerProcess> ServerProcess::start(const std::string& binary,
     ADD_FAILURE() << "pipe failed";
     return nullptr;
   }
-  std::vector<std::string> argv_strings = {binary, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0"};
+  std::vector<std::string> argv_strings = {binary, "--host",         "127.0.0.1", "--port",
+                                           "0",    "--metrics-port", "0"};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& arg : argv_strings) argv.push_back(arg.data());
@@ -256,7 +268,8 @@ std::unique_ptr<ServerProcess> ServerProcess::start(const std::string& binary,
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&actions, out[0]);
   auto process = std::unique_ptr<ServerProcess>(new ServerProcess());
-  const int spawned = posix_spawn(&process->pid_, binary.c_str(), &actions, nullptr, argv.data(), environ);
+  const int spawned =
+      posix_spawn(&process->pid_, binary.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
   if (spawned != 0) {
@@ -291,7 +304,9 @@ ServerProcess::~ServerProcess() {
   }
 }
 
-void ServerProcess::send_signal(int signal) const { kill(pid_, signal); }
+void ServerProcess::send_signal(int signal) const {
+  kill(pid_, signal);
+}
 
 int ServerProcess::wait_exit(std::chrono::seconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;

@@ -8,12 +8,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "flux2/v1/image_generation.grpc.pb.h"
@@ -38,13 +38,15 @@ std::vector<MetricSample> parse_prometheus_text(const std::string& text);
 std::optional<double> metric_value(const std::string& text, const std::string& name,
                                    const std::map<std::string, std::string>& labels = {});
 // Polls /metrics until metric_value(...) == expected (true) or kTestWaitLimit passes (false).
-bool wait_for_metric(int port, const std::string& name, const std::map<std::string, std::string>& labels,
-                     double expected);
+bool wait_for_metric(int port, const std::string& name,
+                     const std::map<std::string, std::string>& labels, double expected);
 
-// ---- gRPC client ---------------------------------------------------------------------------------
+// ---- gRPC client
+// ---------------------------------------------------------------------------------
 std::shared_ptr<grpc::Channel> local_channel(int port);
 // grpc.health.v1 Check; returns the status name ("SERVING", "NOT_SERVING") or the RPC error.
-std::string health_status(const std::shared_ptr<grpc::Channel>& channel, const std::string& service);
+std::string health_status(const std::shared_ptr<grpc::Channel>& channel,
+                          const std::string& service);
 // Polls health_status until it equals `expected` (true) or kTestWaitLimit passes (false).
 bool wait_for_health(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
                      const std::string& expected);
@@ -58,7 +60,8 @@ class UnaryCall {
  public:
   // `timeout`: the call's deadline from now (none when zero). `token`: bearer token metadata.
   UnaryCall(flux2::v1::ImageGeneration::Stub* stub, flux2::v1::GenerateImageRequest request,
-            std::chrono::milliseconds timeout = std::chrono::milliseconds(0), const std::string& token = "");
+            std::chrono::milliseconds timeout = std::chrono::milliseconds(0),
+            const std::string& token = "");
   ~UnaryCall();
   void cancel() { context_.TryCancel(); }
   bool done() const;
@@ -102,12 +105,14 @@ class StreamCall {
   std::thread thread_;
 };
 
-// ---- the flux2_server process --------------------------------------------------------------------
+// ---- the flux2_server process
+// --------------------------------------------------------------------
 class ServerProcess {
  public:
   // Starts `binary` with `args` plus --host 127.0.0.1 --port 0 --metrics-port 0 and reads the
   // bound ports from its "listening" line. Fails the current test when that does not happen.
-  static std::unique_ptr<ServerProcess> start(const std::string& binary, const std::vector<std::string>& args);
+  static std::unique_ptr<ServerProcess> start(const std::string& binary,
+                                              const std::vector<std::string>& args);
   ~ServerProcess();  // SIGKILLs a process still running
 
   int grpc_port() const { return grpc_port_; }
