@@ -31,7 +31,7 @@ absl::StatusOr<double> Backend::time_ms(const std::function<absl::Status()>& wor
 }
 
 absl::Status Backend::swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,
-                                    const Tensor& w, const Tensor& y,
+                                    const Weight& w, const Tensor& y,
                                     const GatedResidual* residual) {
   if (x.rank() != 2 || gate.rank() != 2 || x.rows() != gate.rows() || x.cols() < gate.cols()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -46,7 +46,7 @@ absl::Status Backend::swiglu_linear(const Tensor& gate, const Tensor& up, const 
 
 absl::Status Backend::layer_norm_modulate_linear(const Tensor& x, const Tensor& shift,
                                                  const Tensor& scale, float eps,
-                                                 const Tensor& normed, const Tensor& w,
+                                                 const Tensor& normed, const Weight& w,
                                                  const Tensor& y) {
   FLUX_RETURN_IF_ERROR(layer_norm_modulate(x, shift, scale, eps, normed));
   return linear(normed, w, {}, y);

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/base/request_options.h"
 #include "kernels/base/tensor.h"
 
 namespace flux2 {
@@ -45,10 +47,30 @@ struct QkNormRope {
   RopeStyle style = RopeStyle::kInterleaved;
 };
 
-// What a request trades for speed (request-scoped; design.md "Lossless by default").
-enum class Quality : uint8_t {
-  kLossless,  // reference numerics; only fast paths proven bit-identical to their eager chain
-  kHigh,      // also numerically different fast paths (FP8 GEMMs), each with a measured bound
+// A backend's low-precision copy of a projection weight for quality=high (FP8 on Hopper, NVFP4 on
+// Blackwell), made once by Backend::add_fp8_weight and held by the model beside the bf16 values.
+class LowPrecisionWeight {
+ public:
+  virtual ~LowPrecisionWeight() = default;
+  virtual int64_t device_bytes() const = 0;
+};
+
+// A projection weight [N, K] as the model holds it: its values and, once the model registered it
+// for quality=high, the backend's low-precision copy, which linear, layer_norm_modulate_linear and
+// swiglu_linear use instead while a request runs at Quality::kHigh. A plain tensor converts to a
+// weight without a copy (and then always runs at the activation precision).
+struct Weight {
+  Weight() = default;
+  Weight(Tensor values) : tensor(std::move(values)) {}  // NOLINT(google-explicit-constructor)
+  Tensor tensor;
+  std::shared_ptr<const LowPrecisionWeight> low_precision;  // null: not registered
+};
+
+// How `flux2 bench --profile` groups the device time of ops (Backend::set_op_profiling).
+enum class OpProfiling : uint8_t {
+  kOff,
+  kByCategory,  // "gemm", "attention", "norm", "elementwise", "quantize", "conv", "other"
+  kByShape,     // the categories split by GEMM shape (M x N x K) and by op name
 };
 
 // Device memory as the backend sees it (zeros on the CPU backend).
@@ -101,25 +123,23 @@ class Backend {
   virtual BackendMemoryStats memory_stats() const { return {}; }
   virtual void reset_peak_memory() {}
   // Op profiling for `flux2 bench --profile`: while on, the device time of every op is summed by
-  // category ("gemm", "attention", "norm", "elementwise", "conv", "other"); take_op_profile()
-  // waits for the device, returns the sums in milliseconds and clears them.
-  virtual void set_op_profiling(bool enabled) {}
+  // category (or by shape: OpProfiling); take_op_profile() waits for the device, returns the sums
+  // in milliseconds and clears them.
+  virtual void set_op_profiling(OpProfiling mode) {}
   virtual std::map<std::string, double> take_op_profile() { return {}; }
-  // quality=high: keeps an FP8 copy of weight `w` [N, K] that linear() uses for that weight while
-  // the quality is kHigh; returns the device bytes added. Unimplemented without an FP8 path.
-  virtual absl::StatusOr<int64_t> add_fp8_weight(const Tensor& w) {
+  // quality=high: the low-precision copy of projection weight `w` [N, K] that the model keeps in
+  // Weight::low_precision. Unimplemented without a low-precision path.
+  virtual absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_fp8_weight(
+      const Tensor& w) {
     return absl::UnimplementedError(std::string(name()) +
                                     " backend has no FP8 path for quality=high");
   }
-  // Request-scoped quality (kLossless unless a request asks for kHigh).
-  virtual void set_quality(Quality quality) {}
-  // Request-scoped switch: false forces every fused fast path onto its eager chain (same results
-  // by contract, used by tests and the request field). Backends without fast paths ignore it.
-  virtual void set_fast_paths(bool enabled) {}
+  // The options of the request running now (RequestScope); defaults outside any request.
+  const RequestOptions& request() const { return request_; }
 
   // ---- dense layers -------------------------------------------------------------------------
   // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N] when bias is defined).
-  virtual absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+  virtual absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                               const Tensor& y) = 0;
   // out[i, :] = table[ids[i], :]; ids is i32 [L], table [V, C].
   virtual absl::Status embedding(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
@@ -138,7 +158,7 @@ class Backend {
   // on CUDA), and with `residual` add into the stream without writing y, so callers must not read
   // act (or y) after.
   virtual absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,
-                                     const Tensor& w, const Tensor& y,
+                                     const Weight& w, const Tensor& y,
                                      const GatedResidual* residual);
 
   // ---- normalisation ------------------------------------------------------------------------
@@ -151,7 +171,7 @@ class Backend {
   // (quality=high on CUDA), so callers must not read normed after.
   virtual absl::Status layer_norm_modulate_linear(const Tensor& x, const Tensor& shift,
                                                   const Tensor& scale, float eps,
-                                                  const Tensor& normed, const Tensor& w,
+                                                  const Tensor& normed, const Weight& w,
                                                   const Tensor& y);
   // out = RMSNorm(x) ⊙ weight over the last dim; weight [D].
   virtual absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps,
@@ -211,6 +231,29 @@ class Backend {
   // out = uncond + scale · (cond − uncond) (classifier-free guidance).
   virtual absl::Status cfg_combine(const Tensor& uncond, const Tensor& cond, float scale,
                                    const Tensor& out) = 0;
+
+ private:
+  friend class RequestScope;
+  RequestOptions request_;
+};
+
+// The options one request runs under: set on `backend` for the scope's lifetime, then the previous
+// ones come back (a nested scope, such as the text encoder's lossless one inside a quality=high
+// request, restores its request's). Create one per request; the backend serves one thread at a
+// time, so no two requests can see each other's options.
+class RequestScope {
+ public:
+  RequestScope(Backend& backend, const RequestOptions& options)
+      : backend_(backend), previous_(backend.request_) {
+    backend_.request_ = options;
+  }
+  ~RequestScope() { backend_.request_ = previous_; }
+  RequestScope(const RequestScope&) = delete;
+  RequestScope& operator=(const RequestScope&) = delete;
+
+ private:
+  Backend& backend_;
+  RequestOptions previous_;
 };
 
 }  // namespace flux2

@@ -50,24 +50,7 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Flux2Transformer::rope_tables(
 }
 
 absl::StatusOr<int64_t> Flux2Transformer::enable_quality_high() {
-  int64_t bytes = 0;
-  auto add = [&](const Tensor& w) -> absl::Status {
-    FLUX_ASSIGN_OR_RETURN(int64_t added, backend_.add_fp8_weight(w));
-    bytes += added;
-    return absl::OkStatus();
-  };
-  for (const Flux2DoubleBlockWeights& b : weights_.double_blocks) {
-    for (const Tensor* w : {&b.img_qkv, &b.txt_qkv, &b.img_out, &b.txt_out, &b.img_ff_in,
-                            &b.img_ff_out, &b.txt_ff_in, &b.txt_ff_out}) {
-      FLUX_RETURN_IF_ERROR(add(*w));
-    }
-  }
-  for (const Flux2SingleBlockWeights& b : weights_.single_blocks) {
-    FLUX_RETURN_IF_ERROR(add(b.qkv_mlp));
-    FLUX_RETURN_IF_ERROR(add(b.out));
-  }
-  FLUX_RETURN_IF_ERROR(backend_.synchronize());
-  return bytes;
+  return register_low_precision_weights(backend_, weights_.table(config_));
 }
 
 absl::StatusOr<Tensor> Flux2Transformer::embed_conditioning(std::span<const float> values,

@@ -54,8 +54,8 @@ class Flux2Transformer {
                                                                          Flux2Config config,
                                                                          uint64_t seed);
 
-  // quality=high: registers FP8 copies of every block projection with the backend (the
-  // embedders, modulation and output projection stay bf16); returns the bytes added.
+  // quality=high: the backend's low-precision copies of the FP8-eligible weights of the tensor
+  // table (the blocks' projections), kept in the weights; returns the device bytes added.
   absl::StatusOr<int64_t> enable_quality_high();
 
   const Flux2Config& config() const { return config_; }

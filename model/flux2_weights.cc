@@ -12,6 +12,12 @@ std::vector<WeightSpec> Flux2Weights::table(const Flux2Config& config) {
   auto add = [&](std::string name, Shape shape, Tensor* target, int64_t row = 0) {
     specs.push_back(WeightSpec{std::move(name), std::move(shape), target, row});
   };
+  // A block projection: FP8-eligible (quality=high keeps its low-precision copy in `target`).
+  auto add_projection = [&](std::string name, Shape shape, Weight* target, int64_t row = 0) {
+    WeightSpec spec{std::move(name), std::move(shape), &target->tensor, row};
+    spec.fp8 = target;
+    specs.push_back(std::move(spec));
+  };
 
   add("x_embedder.weight", {d, config.in_channels}, &x_embedder);
   add("context_embedder.weight", {d, config.joint_attention_dim}, &context_embedder);
@@ -32,29 +38,29 @@ std::vector<WeightSpec> Flux2Weights::table(const Flux2Config& config) {
   for (int64_t i = 0; i < config.num_layers; ++i) {
     Flux2DoubleBlockWeights& b = double_blocks[i];
     const std::string p = absl::StrCat("transformer_blocks.", i, ".");
-    add(p + "attn.to_q.weight", {d, d}, &b.img_qkv, 0);
-    add(p + "attn.to_k.weight", {d, d}, &b.img_qkv, d);
-    add(p + "attn.to_v.weight", {d, d}, &b.img_qkv, 2 * d);
-    add(p + "attn.add_q_proj.weight", {d, d}, &b.txt_qkv, 0);
-    add(p + "attn.add_k_proj.weight", {d, d}, &b.txt_qkv, d);
-    add(p + "attn.add_v_proj.weight", {d, d}, &b.txt_qkv, 2 * d);
+    add_projection(p + "attn.to_q.weight", {d, d}, &b.img_qkv, 0);
+    add_projection(p + "attn.to_k.weight", {d, d}, &b.img_qkv, d);
+    add_projection(p + "attn.to_v.weight", {d, d}, &b.img_qkv, 2 * d);
+    add_projection(p + "attn.add_q_proj.weight", {d, d}, &b.txt_qkv, 0);
+    add_projection(p + "attn.add_k_proj.weight", {d, d}, &b.txt_qkv, d);
+    add_projection(p + "attn.add_v_proj.weight", {d, d}, &b.txt_qkv, 2 * d);
     add(p + "attn.norm_q.weight", {dh}, &b.img_norm_q);
     add(p + "attn.norm_k.weight", {dh}, &b.img_norm_k);
     add(p + "attn.norm_added_q.weight", {dh}, &b.txt_norm_q);
     add(p + "attn.norm_added_k.weight", {dh}, &b.txt_norm_k);
-    add(p + "attn.to_out.0.weight", {d, d}, &b.img_out);
-    add(p + "attn.to_add_out.weight", {d, d}, &b.txt_out);
-    add(p + "ff.linear_in.weight", {2 * f, d}, &b.img_ff_in);
-    add(p + "ff.linear_out.weight", {d, f}, &b.img_ff_out);
-    add(p + "ff_context.linear_in.weight", {2 * f, d}, &b.txt_ff_in);
-    add(p + "ff_context.linear_out.weight", {d, f}, &b.txt_ff_out);
+    add_projection(p + "attn.to_out.0.weight", {d, d}, &b.img_out);
+    add_projection(p + "attn.to_add_out.weight", {d, d}, &b.txt_out);
+    add_projection(p + "ff.linear_in.weight", {2 * f, d}, &b.img_ff_in);
+    add_projection(p + "ff.linear_out.weight", {d, f}, &b.img_ff_out);
+    add_projection(p + "ff_context.linear_in.weight", {2 * f, d}, &b.txt_ff_in);
+    add_projection(p + "ff_context.linear_out.weight", {d, f}, &b.txt_ff_out);
   }
   single_blocks.resize(static_cast<size_t>(config.num_single_layers));
   for (int64_t j = 0; j < config.num_single_layers; ++j) {
     Flux2SingleBlockWeights& b = single_blocks[j];
     const std::string p = absl::StrCat("single_transformer_blocks.", j, ".");
-    add(p + "attn.to_qkv_mlp_proj.weight", {3 * d + 2 * f, d}, &b.qkv_mlp);
-    add(p + "attn.to_out.weight", {d, d + f}, &b.out);
+    add_projection(p + "attn.to_qkv_mlp_proj.weight", {3 * d + 2 * f, d}, &b.qkv_mlp);
+    add_projection(p + "attn.to_out.weight", {d, d + f}, &b.out);
     add(p + "attn.norm_q.weight", {dh}, &b.norm_q);
     add(p + "attn.norm_k.weight", {dh}, &b.norm_k);
   }

@@ -1,6 +1,8 @@
 // Flux2Weights: the FLUX.2 transformer's parameters on a backend, one typed member per use, and
 // the tensor table that maps diffusers checkpoint names onto them (style.md P8). Projections that
-// run on the same input are fused along rows at load (q|k|v). Tested by
+// run on the same input are fused along rows at load (q|k|v). The blocks' projections are Weights:
+// the table marks them FP8-eligible, and quality=high keeps their low-precision copies there (the
+// embedders, modulation and output projection stay bf16). Tested by
 // tests/host/checkpoint_test.cc.
 #pragma once
 
@@ -12,23 +14,23 @@
 namespace flux2 {
 
 struct Flux2DoubleBlockWeights {  // transformer_blocks.{i}
-  Tensor img_qkv;                 // [3D, D]  attn.to_q | to_k | to_v
-  Tensor txt_qkv;                 // [3D, D]  attn.add_q_proj | add_k_proj | add_v_proj
+  Weight img_qkv;                 // [3D, D]  attn.to_q | to_k | to_v
+  Weight txt_qkv;                 // [3D, D]  attn.add_q_proj | add_k_proj | add_v_proj
   Tensor img_norm_q;              // [Dh]     attn.norm_q
   Tensor img_norm_k;              // [Dh]     attn.norm_k
   Tensor txt_norm_q;              // [Dh]     attn.norm_added_q
   Tensor txt_norm_k;              // [Dh]     attn.norm_added_k
-  Tensor img_out;                 // [D, D]   attn.to_out.0
-  Tensor txt_out;                 // [D, D]   attn.to_add_out
-  Tensor img_ff_in;               // [2F, D]  ff.linear_in (gate | up)
-  Tensor img_ff_out;              // [D, F]   ff.linear_out
-  Tensor txt_ff_in;               // [2F, D]  ff_context.linear_in
-  Tensor txt_ff_out;              // [D, F]   ff_context.linear_out
+  Weight img_out;                 // [D, D]   attn.to_out.0
+  Weight txt_out;                 // [D, D]   attn.to_add_out
+  Weight img_ff_in;               // [2F, D]  ff.linear_in (gate | up)
+  Weight img_ff_out;              // [D, F]   ff.linear_out
+  Weight txt_ff_in;               // [2F, D]  ff_context.linear_in
+  Weight txt_ff_out;              // [D, F]   ff_context.linear_out
 };
 
 struct Flux2SingleBlockWeights {  // single_transformer_blocks.{j}
-  Tensor qkv_mlp;  // [3D + 2F, D]  attn.to_qkv_mlp_proj: q | k | v | mlp gate | mlp up
-  Tensor out;      // [D, D + F]    attn.to_out: attention columns, then MLP columns
+  Weight qkv_mlp;  // [3D + 2F, D]  attn.to_qkv_mlp_proj: q | k | v | mlp gate | mlp up
+  Weight out;      // [D, D + F]    attn.to_out: attention columns, then MLP columns
   Tensor norm_q;   // [Dh]          attn.norm_q
   Tensor norm_k;   // [Dh]          attn.norm_k
 };

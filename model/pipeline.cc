@@ -14,15 +14,12 @@
 #include "model/rope.h"
 #include "model/timestep_embedding.h"
 #include "model/torch_randn.h"
+#include "kernels/base/elapsed.h"
 
 namespace flux2 {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Steps and guidance accepted by validate(); generous bounds that keep a request finite.
 constexpr int64_t kMaxSteps = 200;
@@ -52,16 +49,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
                      "\" is not served; only Flux2KleinPipeline (FLUX.2-klein) checkpoints are"));
   }
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
-  PipelineInfo& info = pipeline->info_;
-  info.model_dir = model_dir;
-  info.model_name = model_name_of(model_dir);
-  info.pipeline_class = index.class_name;
-  info.is_distilled = options.is_distilled.value_or(index.is_distilled);
-  info.uses_cfg = !info.is_distilled;
-  info.variant = info.is_distilled ? "klein-distilled" : "klein-base";
-  info.default_steps = info.is_distilled ? 4 : 50;
-  info.default_guidance = 4.0;
-  info.backend = std::string(backend.name());
+  pipeline->describe(model_dir, model_name_of(model_dir),
+                     options.is_distilled.value_or(index.is_distilled));
 
   const std::string scheduler_path = model_dir + "/scheduler/scheduler_config.json";
   FLUX_ASSIGN_OR_RETURN(nlohmann::json scheduler_json, read_json_file(scheduler_path));
@@ -84,12 +73,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
     FLUX_ASSIGN_OR_RETURN(pipeline->vae_, VaeDecoder::load(backend, weights));
   }
 
-  FLUX_RETURN_IF_ERROR(pipeline->connect_components(model_dir));
-  if (options.enable_quality_high) {
-    FLUX_ASSIGN_OR_RETURN(info.fp8_bytes, pipeline->transformer_->enable_quality_high());
-    info.quality_high = true;
-  }
-  info.load_seconds = seconds_since(start);
+  FLUX_RETURN_IF_ERROR(pipeline->finish_load(model_dir, options.enable_quality_high, start));
   return pipeline;
 }
 
@@ -132,15 +116,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
                                                                   const RandomPipelineSpec& spec) {
   const Clock::time_point start = Clock::now();
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
-  PipelineInfo& info = pipeline->info_;
-  info.model_dir = "(random weights)";
-  info.model_name = spec.name;
-  info.pipeline_class = "Flux2KleinPipeline";
-  info.is_distilled = spec.is_distilled;
-  info.uses_cfg = !spec.is_distilled;
-  info.variant = spec.is_distilled ? "klein-distilled" : "klein-base";
-  info.default_steps = spec.is_distilled ? 4 : 50;
-  info.backend = std::string(backend.name());
+  pipeline->describe("(random weights)", spec.name, spec.is_distilled);
   FLUX_ASSIGN_OR_RETURN(pipeline->tokenizer_, Tokenizer::load(spec.tokenizer_dir));
   FLUX_ASSIGN_OR_RETURN(
       pipeline->text_encoder_,
@@ -149,13 +125,32 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
                         Flux2Transformer::create_random(backend, spec.transformer, spec.seed + 1));
   FLUX_ASSIGN_OR_RETURN(pipeline->vae_,
                         VaeDecoder::create_random(backend, spec.vae, spec.seed + 2));
-  FLUX_RETURN_IF_ERROR(pipeline->connect_components(spec.name));
-  if (spec.enable_quality_high) {
-    FLUX_ASSIGN_OR_RETURN(info.fp8_bytes, pipeline->transformer_->enable_quality_high());
-    info.quality_high = true;
-  }
-  info.load_seconds = seconds_since(start);
+  FLUX_RETURN_IF_ERROR(pipeline->finish_load(spec.name, spec.enable_quality_high, start));
   return pipeline;
+}
+
+void Pipeline::describe(const std::string& model_dir, const std::string& model_name,
+                        bool is_distilled) {
+  info_.model_dir = model_dir;
+  info_.model_name = model_name;
+  info_.pipeline_class = "Flux2KleinPipeline";
+  info_.is_distilled = is_distilled;
+  info_.uses_cfg = !is_distilled;
+  info_.variant = is_distilled ? "klein-distilled" : "klein-base";
+  info_.default_steps = is_distilled ? 4 : 50;
+  info_.default_guidance = 4.0;
+  info_.backend = std::string(backend_.name());
+}
+
+absl::Status Pipeline::finish_load(const std::string& source, bool enable_quality_high,
+                                   std::chrono::steady_clock::time_point start) {
+  FLUX_RETURN_IF_ERROR(connect_components(source));
+  if (enable_quality_high) {
+    FLUX_ASSIGN_OR_RETURN(info_.fp8_bytes, transformer_->enable_quality_high());
+    info_.quality_high = true;
+  }
+  info_.load_seconds = seconds_since(start);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> Pipeline::negative_embeddings(const TokenizedPrompt& tokens) const {
@@ -207,10 +202,8 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
                                                   const GenerateHooks& hooks) const {
   FLUX_RETURN_IF_ERROR(validate(params));
   Backend& be = backend_;
-  be.set_fast_paths(params.fast_paths);
-  // The text encoder always runs at lossless numerics (quality=high is the transformer's and the
-  // VAE's), so the negative-prompt cache below may serve both qualities.
-  be.set_quality(Quality::kLossless);
+  const RequestOptions request{params.quality, params.fast_paths};
+  const RequestScope request_scope(be, request);  // every op of this request runs under it
   const DType act = be.activation_dtype();
   const Flux2Config& flux = transformer_->config();
   const int64_t steps =
@@ -236,11 +229,15 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   if (cfg) negative_tokens = tokenize_prompt(*tokenizer_, params.negative_prompt, max_length);
   timings.tokenize = seconds_since(start);
   start = Clock::now();
+  // The text encoder always runs at lossless numerics (quality=high is the transformer's and the
+  // VAE's), so the negative-prompt cache below may serve both qualities.
+  std::optional<RequestScope> text_scope(std::in_place, be, request.at_lossless());
   FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, text_encoder_->encode(tokens.ids, tokens.num_tokens));
   Tensor negative_embeds;
   if (cfg) {
     FLUX_ASSIGN_OR_RETURN(negative_embeds, negative_embeddings(negative_tokens));
   }
+  text_scope.reset();
   // Noise drawn like diffusers: randn([1, 128, h, w]) in the activation dtype, packed to tokens.
   // Drawn on the host while the device runs the text encoder (its ops are asynchronous).
   const std::vector<float> noise = act == DType::kBF16 ? torch_randn_bf16(params.seed, channels * n)
@@ -253,7 +250,6 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   }
   FLUX_RETURN_IF_ERROR(be.synchronize());
   timings.text_encode = seconds_since(start);  // text encoding, overlapped with drawing the noise
-  be.set_quality(params.quality);
 
   start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(Tensor latents, be.empty(act, {n, channels}));

@@ -5,6 +5,7 @@
 // pipeline`, tests/host/pipeline_test.cc and the server end-to-end tests.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -135,8 +136,14 @@ class Pipeline {
 
  private:
   Pipeline(Backend& backend) : backend_(backend) {}
+  // The PipelineInfo fields every klein pipeline derives from its name and variant.
+  void describe(const std::string& model_dir, const std::string& model_name, bool is_distilled);
   // Checks that the components fit together and fills the derived PipelineInfo fields.
   absl::Status connect_components(const std::string& source);
+  // The end of load() and create_random(): connect_components, quality=high's low-precision
+  // weights when asked for, and the load time since `start`.
+  absl::Status finish_load(const std::string& source, bool enable_quality_high,
+                           std::chrono::steady_clock::time_point start);
   // The CFG negative prompt's embeddings, cached per distinct token sequence (the default "" is
   // encoded once per model, not per request).
   absl::StatusOr<Tensor> negative_embeddings(const TokenizedPrompt& tokens) const;

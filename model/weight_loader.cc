@@ -82,6 +82,19 @@ absl::Status validate_weights(const ComponentWeights& checkpoint,
   return absl::InvalidArgumentError(message);
 }
 
+absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
+                                                       const std::vector<WeightSpec>& table) {
+  int64_t bytes = 0;
+  std::set<Weight*> registered;  // fused targets (q | k | v) appear once per part
+  for (const WeightSpec& spec : table) {
+    if (spec.fp8 == nullptr || !registered.insert(spec.fp8).second) continue;
+    FLUX_ASSIGN_OR_RETURN(spec.fp8->low_precision, backend.add_fp8_weight(spec.fp8->tensor));
+    bytes += spec.fp8->low_precision->device_bytes();
+  }
+  FLUX_RETURN_IF_ERROR(backend.synchronize());
+  return bytes;
+}
+
 absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<WeightSpec>& table) {
   // Size every target from the specs that fill it: rows add up, the rest must agree.
   std::map<Tensor*, Shape> shapes;

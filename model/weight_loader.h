@@ -27,6 +27,9 @@ struct WeightSpec {
   Tensor* target;          // receives the tensor; allocated by the loader
   int64_t target_row = 0;  // first row of `target` (several specs may fill one fused tensor)
   WeightLayout layout = WeightLayout::kAsIs;
+  // Set for the projections quality=high runs in FP8 (FP8-eligible): the weight whose `tensor` is
+  // `target`; register_low_precision_weights stores the backend's low-precision copy in it.
+  Weight* fp8 = nullptr;
 };
 
 // Checkpoint tensors a model may leave unread (e.g. the VAE encoder).
@@ -54,6 +57,11 @@ absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<Wei
 // checkpoint.
 absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>& table,
                                  uint64_t seed);
+
+// quality=high: registers a low-precision copy of every FP8-eligible weight of `table` (one per
+// fused target) with `backend`, stored in the spec's Weight; returns the device bytes added.
+absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
+                                                       const std::vector<WeightSpec>& table);
 
 // Validates, allocates each target (rows = the rows its specs fill), and uploads with dtype
 // conversion to backend.weight_dtype().

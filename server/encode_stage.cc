@@ -6,15 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/image_encode.h"
+#include "kernels/base/elapsed.h"
 
 namespace flux2::server {
-namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-}  // namespace
 
 EncodeStage::EncodeStage(Metrics& metrics) : metrics_(metrics) {}
 

@@ -7,13 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fast_path_registry.h"
+#include "kernels/base/elapsed.h"
 
 namespace flux2::server {
 namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Fast-path activity between two registry snapshots, active paths only.
 std::vector<FastPathCounters> fast_path_delta(const std::vector<FastPathCounters>& before,
@@ -123,6 +120,7 @@ absl::Status EngineWorker::load_and_warm_up() {
     params.width = params.height = info.backend == "cuda" ? 1024 : 16 * info.pixel_multiple;
     params.num_inference_steps = options_.warmup_steps;
     params.seed = 0;
+    params.fast_paths = options_.fast_paths;
     std::vector<Quality> qualities = {Quality::kLossless};
     if (info.quality_high && info.backend == "cuda")
       qualities.push_back(Quality::kHigh);  // FP8 plans

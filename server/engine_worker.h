@@ -23,6 +23,7 @@ namespace flux2::server {
 struct WorkerOptions {
   int warmup_steps = 1;            // steps of the warm-up generation; 0 skips it
   double test_step_delay_s = 0.0;  // TEST ONLY: sleep after every denoising step
+  bool fast_paths = true;          // --fast-paths: the warm-up runs as the requests will
 };
 
 // Where the worker is in its life.

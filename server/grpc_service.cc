@@ -11,6 +11,7 @@
 #include "kernels/base/fast_path_registry.h"
 #include "kernels/base/status.h"
 #include "server/rpc_status.h"
+#include "kernels/base/elapsed.h"
 
 #ifndef FLUX2_VERSION
 #define FLUX2_VERSION "unknown"
@@ -20,10 +21,6 @@ namespace flux2::server {
 namespace {
 
 namespace v1 = flux2::v1;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // The call's gRPC deadline on the steady clock (max() when it has none).
 Clock::time_point steady_deadline(const grpc::CallbackServerContext& context) {
@@ -344,7 +341,10 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
     response->add_output_formats(v1::OUTPUT_FORMAT_PNG);
     response->add_output_formats(v1::OUTPUT_FORMAT_JPEG);
     for (const FastPathCounters& path : fast_path_snapshot()) response->add_fast_paths(path.path);
-    response->set_fast_paths_enabled(fast_paths_enabled());
+    response->set_fast_paths_enabled(model.limits.fast_paths);
+    for (const auto& [flag, value] : model.backend_options.describe()) {
+      (*response->mutable_backend_options())[flag] = value;
+    }
     response->set_server_version(FLUX2_VERSION);
     response->set_weight_bytes(info.device_bytes);
   }

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "flux2/v1/image_generation.grpc.pb.h"
+#include "kernels/backend_options.h"
 #include "server/engine.h"
 #include "server/job.h"
 #include "server/metrics.h"
@@ -25,6 +26,7 @@ struct ServingModel {
   PipelineInfo info;
   RequestLimits limits;
   int queue_depth = 0;
+  BackendOptions backend_options;  // as the flags set them (GetModelInfo)
   const Engine* engine = nullptr;  // for Engine::validate (thread-safe); outlives the RPCs
 };
 

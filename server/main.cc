@@ -63,7 +63,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flux2_server: cannot install the SIGTERM/SIGINT handlers\n");
     return 1;
   }
-  flux2::set_fast_paths_enabled(options.fast_paths);
   absl::StatusOr<std::unique_ptr<flux2::server::Server>> server =
       flux2::server::Server::Create(options);
   if (!server.ok()) {

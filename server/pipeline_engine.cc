@@ -37,21 +37,26 @@ class PipelineEngine final : public Engine {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> create_server_backend(absl::string_view requested,
+                                                               const BackendOptions& options,
                                                                bool model_dir_given) {
   if (requested == "auto") {
     // The embedded tiny checkpoint always runs on the CPU, so the README's run command works
-    // anywhere; a real checkpoint goes to the GPU when one is usable.
+    // anywhere; a real checkpoint goes to the GPU when there is one.
     if (model_dir_given && cuda_backend_compiled()) {
-      absl::StatusOr<std::unique_ptr<Backend>> cuda = create_backend("cuda");
-      if (cuda.ok()) return cuda;
+      absl::StatusOr<std::unique_ptr<Backend>> cuda = create_backend("cuda", options);
+      if (!absl::IsNotFound(cuda.status())) {
+        if (cuda.ok()) return cuda;
+        return absl::Status(cuda.status().code(),
+                            absl::StrCat("--backend auto: ", cuda.status().message()));
+      }
     }
-    return create_backend("cpu");
+    return create_backend("cpu", options);
   }
   if (requested != "cpu" && requested != "cuda") {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend: \"", requested, "\" is not auto, cpu or cuda"));
   }
-  absl::StatusOr<std::unique_ptr<Backend>> backend = create_backend(requested);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = create_backend(requested, options);
   if (!backend.ok()) {
     return absl::Status(backend.status().code(),
                         absl::StrCat("--backend ", requested, ": ", backend.status().message()));
@@ -60,11 +65,12 @@ absl::StatusOr<std::unique_ptr<Backend>> create_server_backend(absl::string_view
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view backend_name,
+                                                             const BackendOptions& backend_options,
                                                              bool model_dir_given,
                                                              const std::string& model_dir,
                                                              bool enable_quality_high) {
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
-                        create_server_backend(backend_name, model_dir_given));
+                        create_server_backend(backend_name, backend_options, model_dir_given));
   PipelineOptions options;
   options.enable_quality_high = enable_quality_high;
   absl::StatusOr<std::unique_ptr<Pipeline>> pipeline = Pipeline::load(*backend, model_dir, options);

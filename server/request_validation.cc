@@ -167,6 +167,7 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
   params.guidance_scale = guidance;
   params.seed = request.has_seed() ? request.seed() : random_seed;
   params.quality = quality;
+  params.fast_paths = limits.fast_paths;
   spec.num_images = request.num_images() == 0 ? 1 : request.num_images();
   spec.format = format;
   spec.request_id = request.request_id();

@@ -26,6 +26,7 @@ struct RequestLimits {
   int64_t max_prompt_bytes = 8192;    // prompt / negative_prompt bound
   bool uses_cfg = false;              // the model takes a negative prompt
   bool quality_high_enabled = false;  // --enable-quality-high
+  bool fast_paths = true;             // --fast-paths: every request's fast-path switch
 };
 
 // Image side used when width / height is 0 (issue 4).

@@ -53,8 +53,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
     return absl::InvalidArgumentError("--probe: probe mode does not serve");
   if (!factory) {
     factory = [options]() {
-      return load_pipeline_engine(options.backend, !options.model_dir.empty(),
-                                  resolved_model_dir(options), options.enable_quality_high);
+      return load_pipeline_engine(options.backend, options.backend_options,
+                                  !options.model_dir.empty(), resolved_model_dir(options),
+                                  options.enable_quality_high);
     };
   }
   std::unique_ptr<Server> server(new Server(options, std::move(factory)));
@@ -83,6 +84,7 @@ Server::Server(const ServerOptions& options, EngineFactory factory)
   WorkerOptions worker_options;
   worker_options.warmup_steps = options.warmup_steps;
   worker_options.test_step_delay_s = options.test_step_delay_s;
+  worker_options.fast_paths = options.fast_paths;
   worker_ = std::make_unique<EngineWorker>(
       factory_, queue_, encoder_, metrics_, worker_options,
       [this](WorkerPhase phase, const absl::Status& status) { on_worker_phase(phase, status); });
@@ -172,6 +174,8 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     limits.max_prompt_bytes = options_.max_prompt_bytes;
     limits.uses_cfg = model->info.uses_cfg;
     limits.quality_high_enabled = options_.enable_quality_high && model->info.quality_high;
+    limits.fast_paths = options_.fast_paths;
+    model->backend_options = options_.backend_options;
     metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 #include "server/cli/args.h"
+#include "server/cli/backend_flags.h"
 
 #ifndef FLUX2_TINY_CHECKPOINT_DIR
 #error "FLUX2_TINY_CHECKPOINT_DIR must be defined by the build"
@@ -63,6 +64,7 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
         absl::StrCat("unexpected argument \"", args.positional().front(), "\" (see --help)"));
   }
   std::set<std::string> known = kValueFlags;
+  known.insert(backend_flag_names().begin(), backend_flag_names().end());
   known.insert(kBoolFlags.begin(), kBoolFlags.end());
   FLUX_RETURN_IF_ERROR(args.check_known(known));
 
@@ -87,12 +89,8 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
   o.tls_cert = args.get("--tls-cert", o.tls_cert);
   o.tls_key = args.get("--tls-key", o.tls_key);
   o.auth_token_file = args.get("--auth-token-file", o.auth_token_file);
-  const std::string fast_paths = args.get("--fast-paths", o.fast_paths ? "on" : "off");
-  if (fast_paths != "on" && fast_paths != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--fast-paths: \"", fast_paths, "\" is not on or off"));
-  }
-  o.fast_paths = fast_paths == "on";
+  FLUX_ASSIGN_OR_RETURN(o.fast_paths, parse_on_off(args, "--fast-paths", o.fast_paths));
+  FLUX_ASSIGN_OR_RETURN(o.backend_options, parse_backend_flags(args));
   o.enable_quality_high =
       args.has("--enable-quality-high") && args.get("--enable-quality-high") != "false";
   {
@@ -187,7 +185,10 @@ std::string server_help_text() {
       "  --warmup-steps N         steps of the warm-up generation run before readiness (default "
       "1;\n"
       "                           0 skips it)\n"
-      "  --fast-paths on|off      fused fast paths (default on; off runs the eager chains only)\n"
+      "  --fast-paths on|off      fused kernels (default on); off: each runs its eager chain\n"
+      "                           instead (same bytes); cuDNN attention and the quality=high FP8\n"
+      "                           paths are implementations, kept either way\n",
+      backend_flags_help(),
       "  --enable-quality-high    accept QUALITY_HIGH requests (numerically different fast paths,\n"
       "                           FP8 weight copies made at load; needs the cuda backend, else "
       "the\n"

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/backend_options.h"
 
 namespace flux2::server {
 
@@ -27,7 +28,11 @@ struct ServerOptions {
   std::string tls_cert;              // PEM certificate chain; with tls_key enables TLS
   std::string tls_key;               // PEM private key
   std::string auth_token_file;       // file holding the bearer token ImageGeneration requires
-  bool fast_paths = true;            // --fast-paths on|off (off: eager chains only)
+  // --fast-paths on|off: the fast-path switch of every request (RequestOptions::fast_paths; off:
+  // every fused kernel runs its eager chain, same bytes; implementations such as cuDNN attention
+  // and the quality=high FP8 GEMMs are kept).
+  bool fast_paths = true;
+  BackendOptions backend_options;    // --cpu-threads, --fp8-attention, --gemm-autotune
   bool enable_quality_high = false;  // accept QUALITY_HIGH requests
   double test_step_delay_s = 0.0;    // TEST ONLY: sleep after every denoising step (slow requests)
 

@@ -1,9 +1,10 @@
 // A small fork-join thread pool behind parallel_for; see parallel.h.
 #include "kernels/base/parallel.h"
 
+#include "absl/strings/str_cat.h"
+
 #include <algorithm>
 #include <condition_variable>
-#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -91,20 +92,38 @@ class ThreadPool {
   bool stopping_ = false;
 };
 
-int configured_threads() {
-  if (const char* env = std::getenv("FLUX2_CPU_THREADS")) {
-    const int n = std::atoi(env);
-    if (n > 0) return n;
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
-}
+std::mutex configure_mutex;
+int requested_threads = 0;  // set_parallel_thread_count's value; 0: the hardware's
+bool pool_started = false;  // the pool exists and its size is fixed
 
 ThreadPool& pool() {
-  static ThreadPool instance(configured_threads());
+  static ThreadPool instance([] {
+    std::lock_guard<std::mutex> lock(configure_mutex);
+    pool_started = true;
+    return requested_threads > 0 ? requested_threads
+                                 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }());
   return instance;
 }
 
 }  // namespace
+
+absl::Status set_parallel_thread_count(int threads) {
+  if (threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu-threads: ", threads, " is negative"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(configure_mutex);
+    if (!pool_started) {
+      requested_threads = threads;
+      return absl::OkStatus();
+    }
+  }
+  if (threads == 0 || threads == parallel_thread_count()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("cpu-threads: the worker pool already runs ", parallel_thread_count(),
+                   " threads; it is sized once, before the first parallel_for"));
+}
 
 int parallel_thread_count() {
   return pool().size();

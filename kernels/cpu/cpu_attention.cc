@@ -1,6 +1,8 @@
 // CpuBackend attention: softmax(q kᵀ · scale + mask) v per head, with grouped-query heads, an
 // optional causal mask and a key-length mask. Float32 values, double accumulation for the
-// softmax denominator. Tested by tests/host/cpu_ops_test.cc.
+// softmax denominator. At quality=high the transformer's attention (non-causal, unmasked)
+// emulates the CUDA backend's FP8 attention: Q, K and V in E4M3 per head and 128 tokens, the
+// probabilities rounded to E4M3 (cpu_fp8.h). Tested by tests/host/cpu_ops_test.cc.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "kernels/base/parallel.h"
 #include "kernels/cpu/cpu_access.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_fp8.h"
 
 namespace flux2 {
 
@@ -30,6 +33,26 @@ absl::Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tenso
   FLUX_RETURN_IF_ERROR(check_matrix(kOp, "out", out, sq, heads * dh));
   const int64_t valid_keys = params.num_valid_keys < 0 ? sk : std::min(sk, params.num_valid_keys);
   const int64_t group = heads / kv_heads;
+  // quality=high: the operands the FP8 kernel reads, then P rounded as it rounds P.
+  const bool fp8 =
+      request().quality == Quality::kHigh && !params.causal && params.num_valid_keys < 0;
+  if (fp8) {
+    std::vector<Tensor> copies;
+    for (const Tensor* t : {&q, &k, &v}) {
+      FLUX_ASSIGN_OR_RETURN(Tensor copy, empty(DType::kF32, {t->rows(), t->cols()}));
+      cpu::quantize_head_blocks_e4m3(*t, dh, /*power_of_two=*/t == &v, copy);
+      copies.push_back(std::move(copy));
+    }
+    return attention_rows(copies[0], copies[1], copies[2], params, out, valid_keys, true);
+  }
+  return attention_rows(q, k, v, params, out, valid_keys, false);
+}
+
+absl::Status CpuBackend::attention_rows(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const AttentionParams& params, const Tensor& out,
+                                        int64_t valid_keys, bool fp8_probabilities) {
+  const int64_t heads = params.num_heads, dh = params.head_dim, sq = q.rows(), sk = k.rows();
+  const int64_t group = heads / params.num_kv_heads;
 
   parallel_for(heads * sq, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(static_cast<size_t>(sk));
@@ -51,8 +74,9 @@ absl::Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tenso
       for (int64_t j = 0; j < last; ++j) {
         const float p = std::exp(scores[j] - max_score);
         denominator += p;
+        const float weight = fp8_probabilities ? cpu::round_probability_e4m3(p) : p;
         const float* vj = cpu::row(v, j) + kvh * dh;
-        for (int64_t d = 0; d < dh; ++d) acc[d] += static_cast<double>(p) * vj[d];
+        for (int64_t d = 0; d < dh; ++d) acc[d] += static_cast<double>(weight) * vj[d];
       }
       float* o = cpu::row(out, i) + h * dh;
       for (int64_t d = 0; d < dh; ++d) {

@@ -1,5 +1,7 @@
 // The CPU reference backend: float32 math in plain loops over host memory, multithreaded with
-// parallel_for, GEMMs through OpenBLAS. It is the oracle the CUDA backend is compared against.
+// parallel_for, GEMMs through OpenBLAS. It is the oracle the CUDA backend is compared against; at
+// quality=high it emulates the CUDA backend's FP8 formats in float32 (cpu_fp8.h), the
+// same-precision reference of the quality=high bounds.
 // Tested op by op by tests/host/cpu_ops_test.cc and end to end by the golden checker.
 #pragma once
 
@@ -21,7 +23,11 @@ class CpuBackend final : public Backend {
   absl::Status synchronize() override { return absl::OkStatus(); }
   absl::Status fill_uniform(const Tensor& t, uint64_t seed, float scale) override;
 
-  absl::Status linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+  // quality=high: a per-channel E4M3 copy of w, dequantized (cpu_fp8.h); linear then quantizes
+  // x per token the same way: a float32 emulation of the CUDA backend's rowwise FP8 GEMMs.
+  absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_fp8_weight(
+      const Tensor& w) override;
+  absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                       const Tensor& y) override;
   absl::Status embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
 
@@ -52,6 +58,13 @@ class CpuBackend final : public Backend {
   absl::Status euler_step(const Tensor& x, const Tensor& v, float dt) override;
   absl::Status cfg_combine(const Tensor& uncond, const Tensor& cond, float scale,
                            const Tensor& out) override;
+
+ private:
+  // attention's loops over (head, query row), keys below valid_keys; `fp8_probabilities` rounds
+  // each probability as the FP8 kernel does before it weights V.
+  absl::Status attention_rows(const Tensor& q, const Tensor& k, const Tensor& v,
+                              const AttentionParams& params, const Tensor& out, int64_t valid_keys,
+                              bool fp8_probabilities);
 };
 
 }  // namespace flux2

@@ -1,4 +1,5 @@
-// CpuBackend dense ops: linear through OpenBLAS sgemm, and embedding lookup.
+// CpuBackend dense ops: linear through OpenBLAS sgemm (at quality=high on FP8-emulated operands
+// for registered weights), and embedding lookup.
 // Tested by tests/host/cpu_ops_test.cc against naive loops.
 #include <cblas.h>
 
@@ -7,12 +8,19 @@
 #include "kernels/base/parallel.h"
 #include "kernels/cpu/cpu_access.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_fp8.h"
 
 namespace flux2 {
 
-absl::Status CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& bias,
+absl::Status CpuBackend::linear(const Tensor& x, const Weight& weight, const Tensor& bias,
                                 const Tensor& y) {
   constexpr absl::string_view kOp = "linear";
+  // quality=high with a registered weight and no bias (as the CUDA backend's FP8 GEMMs): the
+  // weight's E4M3 copy and x quantized per token.
+  const bool fp8 = request().quality == Quality::kHigh && weight.low_precision != nullptr &&
+                   bias.data() == nullptr;
+  const Tensor& w =
+      fp8 ? static_cast<const cpu::CpuLowPrecision&>(*weight.low_precision).values : weight.tensor;
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "x", x));
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "w", w));
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "y", y));
@@ -24,8 +32,13 @@ absl::Status CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& 
     FLUX_RETURN_IF_ERROR(check_vector(kOp, "bias", bias, n));
   }
   if (m == 0 || n == 0) return absl::OkStatus();
+  Tensor xq = x;
+  if (fp8) {
+    FLUX_ASSIGN_OR_RETURN(xq, empty(DType::kF32, {m, k}));
+    cpu::quantize_rows_e4m3(x, xq);
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), 1.0f, x.data_as<float>(), static_cast<int>(x.row_stride()),
+              static_cast<int>(k), 1.0f, xq.data_as<float>(), static_cast<int>(xq.row_stride()),
               w.data_as<float>(), static_cast<int>(w.row_stride()), 0.0f, y.data_as<float>(),
               static_cast<int>(y.row_stride()));
   if (bias.data() != nullptr) {
@@ -36,6 +49,19 @@ absl::Status CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& 
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> CpuBackend::add_fp8_weight(
+    const Tensor& w) {
+  FLUX_RETURN_IF_ERROR(cpu::check_f32("add_fp8_weight", "w", w));
+  if (w.rank() != 2 || w.cols() % 16 != 0) {  // the CUDA backend's FP8 requirement, kept alike
+    return op_error("add_fp8_weight",
+                    absl::StrCat("w ", w.describe(), " is not an [N, K] with K % 16 == 0"));
+  }
+  auto low = std::make_shared<cpu::CpuLowPrecision>();
+  FLUX_ASSIGN_OR_RETURN(low->values, empty(DType::kF32, {w.rows(), w.cols()}));
+  cpu::quantize_rows_e4m3(w, low->values);
+  return std::shared_ptr<const LowPrecisionWeight>(std::move(low));
 }
 
 absl::Status CpuBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {

@@ -17,14 +17,14 @@ absl::StatusOr<CublasLtApi> load() {
     if (library != nullptr) break;
   }
   if (library == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot load cuBLASLt: ", dlerror()));
+    return absl::FailedPreconditionError(absl::StrCat("cannot load cuBLASLt: ", dlerror()));
   }
   CublasLtApi api{};
   absl::Status status;
   auto resolve = [&](auto& slot, const char* symbol) {
     void* address = dlsym(library, symbol);
     if (address == nullptr && status.ok()) {
-      status = absl::UnavailableError(absl::StrCat("cuBLASLt has no symbol ", symbol));
+      status = absl::FailedPreconditionError(absl::StrCat("cuBLASLt has no symbol ", symbol));
     }
     slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(address);
   };

@@ -1,9 +1,9 @@
-// CudaBackend construction, memory and host transfers; compute ops live in cuda_ops.cc.
+// CudaBackend construction, memory and host transfers (compute ops: cuda_backend_impl.h lists
+// the files).
 // Memory comes from the device's stream-ordered pool (release threshold at max, so freed blocks
 // are reused, not returned); transfers go through two pinned staging buffers, converting dtypes
 // on the host while the previous chunk is in flight. Tested by tests/cuda/backend_ops_test.cc.
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -20,12 +20,6 @@ namespace {
 
 constexpr size_t kStagingBytes = size_t{32} << 20;
 constexpr int64_t kAllocationAlignment = 256;  // cuBLASLt's default alignment assumption
-
-// Whether the environment variable `name` is set to exactly `value`.
-bool env_is(const char* name, const char* value) {
-  const char* set = std::getenv(name);
-  return set != nullptr && std::strcmp(set, value) == 0;
-}
 
 // Converts `count` host values of `from` into `to` at dst (host memory).
 absl::Status convert_host(const void* src, DType from, void* dst, DType to, int64_t count) {
@@ -65,9 +59,9 @@ CudaStream::~CudaStream() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOptions& options) {
   FLUX_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info());
-  std::unique_ptr<CudaBackend> backend(new CudaBackend());
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(options));
   backend->total_bytes_ = info.total_bytes;
   backend->stream_ = std::make_shared<CudaStream>();
   FLUX_RETURN_IF_ERROR(cuda_status(
@@ -87,24 +81,22 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create() {
         cudaEventCreateWithFlags(&backend->staging_done_[i], cudaEventDisableTiming), "event"));
   }
   cuda::GemmOptions gemm_options;
-  gemm_options.fp8_fast_accumulation = !env_is("FLUX2_FP8_FAST_ACCUM", "0");
+  gemm_options.autotune = options.gemm_autotune;
   FLUX_ASSIGN_OR_RETURN(backend->gemm_, cuda::Gemm::create(backend->stream(), gemm_options));
   FLUX_ASSIGN_OR_RETURN(backend->sdpa_, cuda::CudnnSdpa::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->conv_, cuda::CudnnConv::create(backend->stream()));
-  // Per-token x per-channel FP8 scales unless FLUX2_FP8_ROWWISE=0 (per-tensor scales).
-  backend->fp8_rowwise_ =
-      !env_is("FLUX2_FP8_ROWWISE", "0") && backend->gemm_->supports_rowwise_fp8();
-  backend->flash_fp8_attention_ = !env_is("FLUX2_FLASH_FP8", "0");
+  backend->fp8_rowwise_ = backend->gemm_->supports_rowwise_fp8();
   backend->nvfp4_ = info.major >= 10 && backend->gemm_->supports_nvfp4();
-  std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB); quality=high: %s%s, %s\n",
-               info.name.c_str(), info.major, info.minor, info.total_bytes / 1e9,
+  cuda::fast_path(cuda::CudaPath::kGateResidual);  // registers the whole table (GetModelInfo)
+  std::string settings;
+  for (const auto& [flag, value] : options.describe()) absl::StrAppend(&settings, " --", flag, "=", value);
+  std::fprintf(stderr,
+               "flux2: CUDA backend on %s (sm_%d%d, %.1f GB);%s; quality=high: %s, %s\n",
+               info.name.c_str(), info.major, info.minor, info.total_bytes / 1e9, settings.c_str(),
                backend->nvfp4_         ? "NVFP4 GEMMs"
                : backend->fp8_rowwise_ ? "FP8 GEMMs, per-token x per-channel scales"
                                        : "FP8 GEMMs, per-tensor scales",
-               backend->nvfp4_                      ? ""
-               : gemm_options.fp8_fast_accumulation ? ", fast accumulation"
-                                                    : ", fp32-promoted accumulation",
-               backend->flash_fp8_attention_ && cuda::flash_attention_fp8_available()
+               options.fp8_attention && cuda::flash_attention_fp8_available()
                    ? "FP8 flash attention"
                    : "bf16 attention");
   return backend;
@@ -141,7 +133,6 @@ absl::StatusOr<Tensor> CudaBackend::empty(DType dtype, Shape shape) {
 }
 
 absl::Status CudaBackend::upload(const void* host, DType host_dtype, const Tensor& dst) {
-  OpProfileScope op(*this, "");  // untimed: ends any hand-off
   if (dst.device() != Device::kCuda) return op_error("upload", "destination is not on the GPU");
   const int64_t cols = dst.cols(), rows = dst.rows();
   const int64_t dst_elem = dtype_size(dst.dtype()), host_elem = dtype_size(host_dtype);
@@ -196,7 +187,6 @@ absl::Status CudaBackend::copy(const Tensor& src, const Tensor& dst) {
 }
 
 absl::Status CudaBackend::fill_uniform(const Tensor& t, uint64_t seed, float scale) {
-  OpProfileScope op(*this, "");  // untimed: ends any hand-off
   if (t.device() != Device::kCuda || t.dtype() != DType::kBF16 || !t.contiguous()) {
     return op_error("fill_uniform",
                     absl::StrCat("expected a contiguous bf16 GPU tensor, got ", t.describe()));
@@ -260,67 +250,6 @@ void CudaBackend::reset_peak_memory() {
   cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
 }
 
-OpProfileScope::OpProfileScope(CudaBackend& backend, std::string category)
-    : backend_(backend), category_(std::move(category)) {
-  if (backend_.op_depth_++ == 0) {
-    backend_.incoming_ = std::move(backend_.handoff_);
-    backend_.handoff_.reset();
-  }
-  if (backend_.profiling_ && !category_.empty()) {
-    counted_ = true;
-    if (backend_.profile_depth_++ == 0) {
-      cudaEventCreate(&start_);
-      cudaEventRecord(start_, backend_.stream());
-    }
-  }
-}
-
-OpProfileScope::~OpProfileScope() {
-  --backend_.op_depth_;
-  if (!counted_) return;
-  if (--backend_.profile_depth_ == 0 && start_ != nullptr) {
-    cudaEvent_t stop;
-    cudaEventCreate(&stop);
-    cudaEventRecord(stop, backend_.stream());
-    backend_.profiled_.push_back({std::move(category_), start_, stop});
-  }
-}
-
-void CudaBackend::hand_off(const Tensor& out, Tensor row_amax, Tensor fp8, Tensor fp8_scale) {
-  handoff_ = AmaxHandoff{static_cast<const char*>(out.data()),
-                         out.rows(),
-                         out.cols(),
-                         out.row_stride(),
-                         std::move(row_amax),
-                         std::move(fp8),
-                         std::move(fp8_scale)};
-}
-
-std::optional<int64_t> CudaBackend::incoming_rows(const Tensor& x) const {
-  if (!incoming_ || !handoff_wanted()) return std::nullopt;
-  const AmaxHandoff& h = *incoming_;
-  const auto* data = static_cast<const char*>(x.data());
-  if (x.cols() != h.cols || x.row_stride() != h.stride || data < h.data) return std::nullopt;
-  const int64_t offset = data - h.data, row_bytes = h.stride * 2;
-  if (offset % row_bytes != 0) return std::nullopt;
-  const int64_t first_row = offset / row_bytes;
-  if (first_row + x.rows() > h.rows) return std::nullopt;
-  return first_row;
-}
-
-std::map<std::string, double> CudaBackend::take_op_profile() {
-  std::map<std::string, double> totals;
-  cudaStreamSynchronize(stream());
-  for (const ProfiledOp& op : profiled_) {
-    float ms = 0.0f;
-    if (cudaEventElapsedTime(&ms, op.start, op.stop) == cudaSuccess) totals[op.category] += ms;
-    cudaEventDestroy(op.start);
-    cudaEventDestroy(op.stop);
-  }
-  profiled_.clear();
-  return totals;
-}
-
 absl::StatusOr<Tensor> CudaBackend::scratch(Shape shape, DType dtype) {
   return empty(dtype, std::move(shape));
 }
@@ -331,8 +260,8 @@ bool CudaBackend::capturing() const {
   return status != cudaStreamCaptureStatusNone;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> create_cuda_backend() {
-  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::create());
+absl::StatusOr<std::unique_ptr<Backend>> create_cuda_backend(const BackendOptions& options) {
+  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::create(options));
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

@@ -11,11 +11,13 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/backend_options.h"
 
 namespace flux2 {
 
-// The CUDA backend on the current device; Unavailable when no usable GPU is present.
-absl::StatusOr<std::unique_ptr<Backend>> create_cuda_backend();
+// The CUDA backend on the current device; NotFound when there is no CUDA device, any other error
+// when one exists but the backend cannot start on it (a library that does not load, ...).
+absl::StatusOr<std::unique_ptr<Backend>> create_cuda_backend(const BackendOptions& options = {});
 
 struct CudaDeviceInfo {
   std::string name;          // "NVIDIA H200"
@@ -24,12 +26,9 @@ struct CudaDeviceInfo {
   int multiprocessors = 0;
 };
 
-// The current device, or Unavailable (with the CUDA error) when there is none.
+// The current device; NotFound when there is none (no device, or no driver to reach one),
+// Internal when the runtime fails otherwise.
 absl::StatusOr<CudaDeviceInfo> cuda_device_info();
-
-// Test hook: makes the next fused launch of fast path `path` fail as a kernel error would, to
-// exercise the disable-and-fall-back rule (tests/cuda/fast_path_fallback_test.cc).
-void inject_fast_path_failure(absl::string_view path);
 
 // The backend's stream (for tests and benchmarks that time with CUDA events); null for others.
 cudaStream_t cuda_stream_of(Backend& backend);

@@ -10,15 +10,24 @@ namespace flux2 {
 absl::StatusOr<CudaDeviceInfo> cuda_device_info() {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess || count == 0) {
-    return absl::UnavailableError(absl::StrCat(
+  if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver ||
+      (error == cudaSuccess && count == 0)) {
+    cudaGetLastError();
+    return absl::NotFoundError(absl::StrCat(
         "no CUDA device: ", error != cudaSuccess ? cudaGetErrorString(error) : "none found"));
   }
+  if (error != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("cudaGetDeviceCount failed: ", cudaGetErrorString(error)));
+  }
   int device = 0;
-  cudaGetDevice(&device);
   cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
-    return absl::UnavailableError("cudaGetDeviceProperties failed");
+  const cudaError_t props = cudaGetDevice(&device) == cudaSuccess
+                                ? cudaGetDeviceProperties(&prop, device)
+                                : cudaErrorInvalidDevice;
+  if (props != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("cudaGetDeviceProperties failed: ", cudaGetErrorString(props)));
   }
   CudaDeviceInfo info;
   info.name = prop.name;

@@ -38,17 +38,6 @@ absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, cudaSt
 absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, SiluMath math,
                           cudaStream_t stream);
 
-// ---- quality=high: row maxima for the FP8 quantizer (u32 [rows], f32 magnitude bits) ----
-// Whether the row-amax kernels below serve these matrices (16-byte rows, columns % 8 == 0).
-bool row_amax_supported(std::initializer_list<const Mat*> mats);
-// swiglu_fused, and each row's max |out| into row_amax[r]: stored, or with `merge` max-ed into the
-// value there (extending the maxima of the columns to the left). One block per row.
-absl::Status swiglu_fused_row_amax(const Mat& gate, const Mat& up, const Mat& out,
-                                   uint32_t* row_amax, bool merge, SiluMath math,
-                                   cudaStream_t stream);
-// row_amax[r] = max |x[r, :]|. One block per row.
-absl::Status row_amax_bf16(const Mat& x, uint32_t* row_amax, cudaStream_t stream);
-
 // ---- single kernels with PyTorch's rounding points inside ----
 // x = bf16(f32(x) + dt·f32(v)): the scheduler's float32 Euler update (product and sum rounded
 // separately, no FMA), stored back in bf16.

@@ -271,8 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                const __grid_constant__ CUtensorMap k_map,
                                const __grid_constant__ CUtensorMap vt_map, __nv_bfloat16* out,
                                int64_t out_stride, int s_q, int s_kv, float scale_log2,
-                               const float* scale_q, const float* scale_k, const float* scale_v,
-                               uint32_t* row_amax) {
+                               const float* scale_q, const float* scale_k, const float* scale_v) {
 #ifdef FLUX2_FLASH_FP8_DEVICE  // elsewhere never launched: flash_attention_fp8_available()
   extern __shared__ uint8_t shared_raw[];
   auto& s = *reinterpret_cast<SharedTiles*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) &
@@ -391,22 +390,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     sum += __shfl_xor_sync(0xffffffff, sum, 2);
     const float factor = 1.0f / sum;
     __nv_bfloat162 values[16];
-    uint32_t magnitude = 0;
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
       values[c] = __floats2bfloat162_rn(o[4 * c + 2 * r] * factor, o[4 * c + 2 * r + 1] * factor);
-      magnitude = max(magnitude, max(__float_as_uint(__low2float(values[c])) & 0x7fffffffu,
-                                     __float_as_uint(__high2float(values[c])) & 0x7fffffffu));
     }
-    // This head's part of the row's max |out| (the quad holds the row): an integer max, so the
-    // CTAs of the other heads may add theirs in any order.
-    magnitude = max(magnitude, __shfl_xor_sync(0xffffffff, magnitude, 1));
-    magnitude = max(magnitude, __shfl_xor_sync(0xffffffff, magnitude, 2));
     if (row + 8 * r >= s_q) continue;
     __nv_bfloat16* dst = out + (row + 8 * r) * out_stride + head * 128 + 2 * t;
 #pragma unroll
     for (int c = 0; c < 16; ++c) *reinterpret_cast<__nv_bfloat162*>(dst + 8 * c) = values[c];
-    if (row_amax != nullptr && t == 0) atomicMax(row_amax + row + 8 * r, magnitude);
   }
 #endif  // FLUX2_FLASH_FP8_DEVICE
 }
@@ -531,7 +522,7 @@ absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream) 
   flash_attention_fp8_kernel<<<grid, kThreads, kSharedBytes, stream>>>(
       q_map, k_map, vt_map, static_cast<__nv_bfloat16*>(args.out.data), args.out.stride,
       static_cast<int>(s_q), static_cast<int>(s_kv), scale_log2, args.scale_q, args.scale_k,
-      args.scale_v, args.row_amax);
+      args.scale_v);
   FLUX_RETURN_IF_LAUNCH_FAILED("flash_attention_fp8");
   return absl::OkStatus();
 }

@@ -67,9 +67,6 @@ struct FlashFp8Args {
   const float* scale_q = nullptr;
   const float* scale_k = nullptr;
   const float* scale_v = nullptr;
-  // Optional, zeroed by the caller: receives each output row's max |out| over all heads (f32
-  // magnitude bits of the bf16 values), the producers' hand-off to the FP8 GEMM after attention.
-  uint32_t* row_amax = nullptr;
 };
 
 // True when the kernel runs here: compiled for sm_90a and the device is compute capability 9.0.

@@ -4,7 +4,6 @@
 #include "kernels/cuda/gemm.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -47,18 +46,6 @@ struct Gemm::Plan {
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulHeuristicResult_t> candidates;  // heuristic order; tuned once if asked
 };
-
-namespace {
-
-bool autotune_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("FLUX2_GEMM_AUTOTUNE");
-    return env != nullptr && std::string(env) == "1";
-  }();
-  return enabled;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Gemm>> Gemm::create(cudaStream_t stream,
                                                    const GemmOptions& options) {
@@ -260,7 +247,7 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
   const void* alpha_arg =
       format == Format::kNvfp4 ? static_cast<const void*>(alpha_device) : &alpha;
   const void* beta_arg = format == Format::kNvfp4 ? static_cast<const void*>(zero_) : &beta;
-  if (autotune_enabled() && !p->candidates.empty() && !capturing(stream_) && beta == 0.0f) {
+  if (options_.autotune && !p->candidates.empty() && !capturing(stream_) && beta == 0.0f) {
     // Time each candidate on the real operands (the output is rewritten by the final call).
     constexpr int kRepeats = 3;
     cudaEvent_t start, stop;

@@ -1,7 +1,7 @@
 // bf16 GEMMs through cuBLASLt (kernels.md §1): Y = X·Wᵀ (+ bias) in the TN "column-major swap"
 // layout, fp32 accumulation, one plan per shape and pointer-alignment class (descriptors + the
 // heuristic's best algorithm without split-K reductions, for run-to-run determinism), one 32 MiB
-// workspace per stream. FLUX2_GEMM_AUTOTUNE=1 times the heuristic's top candidates on the first
+// workspace per stream. GemmOptions::autotune times the heuristic's top candidates on the first
 // call of each shape instead (faster, but the choice may differ between processes). Tested by
 // tests/cuda/backend_ops_test.cc (against the CPU backend) and tests/cuda/quality_high_test.cc
 // (FP8).
@@ -23,6 +23,9 @@ struct GemmOptions {
   // promoting to fp32 every few k-steps: 5-8% faster on the H200. Its error is measured against the
   // error of the E4M3 operands themselves (tests/cuda/fp8_accumulation_test.cc, PERF_NOTES run 31).
   bool fp8_fast_accumulation = true;
+  // Time the heuristic's top candidates on each shape's first call and keep the fastest
+  // (BackendOptions::gemm_autotune) instead of taking its first one.
+  bool autotune = false;
 };
 
 class Gemm {

@@ -100,16 +100,13 @@ struct ModulateLn {
   }
 };
 
-// row_amax (optional): receives the f32 magnitude bits of max |out| over the row (the rounded
-// values), for the FP8 quantizer that reads this output next.
-// fp8 (optional): also E4M3 [rows, cols] = fp8_quantize_value(out, *fp8.scale) of the rounded
-// outputs.
+// fp8 (optional): also E4M3 [rows, cols] of the rounded outputs, each row under the scale of its
+// own max |out| (written to fp8.row_scales[r]).
 // kPacks: packs held per thread, at least ceil(cols / 8 / kVecThreads) (registers scale with it;
 // the reduction order does not depend on it, so every instantiation gives the same bits).
 template <int kPacks, typename Epilogue>
 __global__ void __launch_bounds__(kVecThreads)
-    layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue, uint32_t* row_amax,
-                          Fp8Rows fp8) {
+    layer_norm_vec_kernel(Mat x, float eps, Mat out, Epilogue epilogue, Fp8Rows fp8) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const int packs = static_cast<int>(x.cols / 8);
@@ -145,7 +142,7 @@ __global__ void __launch_bounds__(kVecThreads)
   bf16* o = out.data != nullptr ? row_ptr_mut(out, r) : nullptr;  // null: E4M3 rows only
   const bool vector_store = aligned16(o) && (out.stride * 2) % 16 == 0;
   uint32_t magnitude = 0;
-  const bool per_row = fp8.row_scales != nullptr;  // quantized after the row's max is known
+  const bool quantize = fp8.values != nullptr;  // quantized after the row's max is known
   const typename Epilogue::Row mod = epilogue.row(r);
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
@@ -159,9 +156,7 @@ __global__ void __launch_bounds__(kVecThreads)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       result.v[i] = to_bf16(v[i]);
-      if (row_amax != nullptr || per_row) {
-        magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
-      }
+      if (quantize) magnitude = max(magnitude, __float_as_uint(to_f32(result.v[i])) & 0x7fffffffu);
     }
     if (o != nullptr && vector_store) {
       reinterpret_cast<Bf16x8*>(o)[p] = result;
@@ -169,21 +164,13 @@ __global__ void __launch_bounds__(kVecThreads)
 #pragma unroll
       for (int i = 0; i < 8; ++i) o[p * 8 + i] = result.v[i];
     }
-    if (fp8.values != nullptr) held[j] = result;  // the input is spent: keep what to quantize
+    if (quantize) held[j] = result;  // the input is spent: keep what to quantize
   }
-  if (row_amax != nullptr || per_row) {
-    __shared__ uint32_t max_scratch[32];
-    magnitude = block_max_bits(magnitude, max_scratch);
-    if (row_amax != nullptr && threadIdx.x == 0) row_amax[r] = magnitude;
-  }
-  if (fp8.values == nullptr) return;
-  float scale = 0.0f;
-  if (per_row) {
-    scale = fp8_dequant_scale(__uint_as_float(magnitude));
-    if (threadIdx.x == 0) fp8.row_scales[r] = scale;
-  } else {
-    scale = *fp8.scale;
-  }
+  if (!quantize) return;
+  __shared__ uint32_t max_scratch[32];
+  magnitude = block_max_bits(magnitude, max_scratch);
+  const float scale = fp8_dequant_scale(__uint_as_float(magnitude));
+  if (threadIdx.x == 0) fp8.row_scales[r] = scale;
   const float encode = fp8_encode_factor(scale);
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
@@ -199,12 +186,11 @@ __global__ void __launch_bounds__(kVecThreads)
 // Launches layer_norm_vec_kernel with the fewest packs per thread that hold x's rows.
 template <typename Epilogue>
 void launch_layer_norm_vec(const Mat& x, float eps, const Mat& out, Epilogue epilogue,
-                           uint32_t* row_amax, Fp8Rows fp8, cudaStream_t stream) {
+                           Fp8Rows fp8, cudaStream_t stream) {
   const int64_t per_thread = (x.cols / 8 + kVecThreads - 1) / kVecThreads;
   auto launch = [&](auto packs) {
     layer_norm_vec_kernel<decltype(packs)::value>
-        <<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(x, eps, out, epilogue, row_amax,
-                                                                    fp8);
+        <<<static_cast<unsigned>(x.rows), kVecThreads, 0, stream>>>(x, eps, out, epilogue, fp8);
   };
   if (per_thread <= 1) {
     launch(std::integral_constant<int, 1>{});
@@ -232,7 +218,7 @@ __global__ void layer_norm_kernel(Mat x, float eps, Mat out) {
 }
 
 __global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t rows_per_mod,
-                                           float eps, Mat out, uint32_t* row_amax) {
+                                           float eps, Mat out) {
   const int64_t r = blockIdx.x;
   const bf16* in = row_ptr(x, r);
   const bf16* sh = row_ptr(shift, row_div(r, rows_per_mod));
@@ -240,19 +226,11 @@ __global__ void layer_norm_modulate_kernel(Mat x, Mat shift, Mat scale, int64_t 
   float mean, rstd;
   row_stats(in, x.cols, eps, &mean, &rstd);
   bf16* o = row_ptr_mut(out, r);
-  uint32_t magnitude = 0;
   for (int64_t c = threadIdx.x; c < x.cols; c += blockDim.x) {
     const float n = ln_value(to_f32(in[c]), mean, rstd);
     const float one_plus = round_bf16(__fadd_rn(1.0f, to_f32(sc[c])));  // bf16(1 + scale)
     const float scaled = round_bf16(__fmul_rn(one_plus, n));            // bf16(· LN(x))
     o[c] = to_bf16(__fadd_rn(scaled, to_f32(sh[c])));                   // bf16(+ shift)
-    if (row_amax != nullptr)
-      magnitude = max(magnitude, __float_as_uint(to_f32(o[c])) & 0x7fffffffu);
-  }
-  if (row_amax != nullptr) {
-    __shared__ uint32_t max_scratch[32];
-    magnitude = block_max_bits(magnitude, max_scratch);
-    if (threadIdx.x == 0) row_amax[r] = magnitude;
   }
 }
 
@@ -513,34 +491,6 @@ int head_blocks(const Mat& x, int64_t head_dim) {
   return static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
-// A bound on |layer_norm_modulate's output| from the modulation alone: the normalised row has
-// sum n^2 = D var / (var + eps) <= D, so |n| <= sqrt(D); then |bf16(1 + scale)| · |n| + |shift|,
-// with (1 + 2^-7) for each of the two bf16 roundings and the rounding of n. One block.
-__global__ void fp8_layer_norm_modulate_scale_kernel(Mat shift, Mat scale, int64_t cols,
-                                                     float* dequant_scale) {
-  __shared__ uint32_t scratch[32];
-  uint32_t max_one_plus = 0, max_shift = 0;
-  for (int64_t r = 0; r < shift.rows; ++r) {
-    const bf16* sh = row_ptr(shift, r);
-    const bf16* sc = row_ptr(scale, r);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      max_one_plus = max(max_one_plus,
-                         __float_as_uint(round_bf16(__fadd_rn(1.0f, to_f32(sc[c])))) & 0x7fffffffu);
-      max_shift = max(max_shift, __float_as_uint(to_f32(sh[c])) & 0x7fffffffu);
-    }
-  }
-  max_one_plus = block_max_bits(max_one_plus, scratch);
-  max_shift = block_max_bits(max_shift, scratch);
-  if (threadIdx.x == 0) {
-    constexpr float kRounding = 1.0f + 1.0f / 128.0f;
-    const float bound =
-        (__uint_as_float(max_one_plus) * sqrtf(static_cast<float>(cols)) * kRounding * kRounding +
-         __uint_as_float(max_shift)) *
-        kRounding;
-    *dequant_scale = fp8_dequant_scale(bound);
-  }
-}
-
 }  // namespace
 
 absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream_t stream) {
@@ -548,7 +498,7 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
     return absl::InvalidArgumentError("layer_norm: shape mismatch");
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
-    launch_layer_norm_vec(x, eps, out, PlainLn{}, nullptr, Fp8Rows{}, stream);
+    launch_layer_norm_vec(x, eps, out, PlainLn{}, Fp8Rows{}, stream);
   } else {
     layer_norm_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(x, eps, out);
   }
@@ -558,28 +508,25 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
 
 absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat& scale,
                                        int64_t rows_per_mod, float eps, const Mat& out,
-                                       cudaStream_t stream, uint32_t* row_amax, Fp8Rows fp8) {
+                                       cudaStream_t stream, Fp8Rows fp8) {
   if (x.rows != out.rows || x.cols != out.cols || shift.cols != x.cols || scale.cols != x.cols ||
       rows_per_mod <= 0 || shift.rows * rows_per_mod != x.rows || scale.rows != shift.rows) {
     return absl::InvalidArgumentError("layer_norm_modulate: shape mismatch");
   }
-  if (fp8.values != nullptr &&
-      (!ln_vectorized(x) || (fp8.scale == nullptr) == (fp8.row_scales == nullptr))) {
+  if (fp8.values != nullptr && (!ln_vectorized(x) || fp8.row_scales == nullptr)) {
     return absl::InvalidArgumentError(
-        "layer_norm_modulate: an E4M3 output needs the vectorized layout and a scale or row "
-        "scales");
+        "layer_norm_modulate: an E4M3 output needs the vectorized layout and row scales");
   }
-  if (out.data == nullptr && fp8.row_scales == nullptr) {
+  if (out.data == nullptr && fp8.values == nullptr) {
     return absl::InvalidArgumentError(
         "layer_norm_modulate: out may be left out only for E4M3 rows");
   }
   if (x.rows == 0) return absl::OkStatus();
   if (ln_vectorized(x)) {
-    launch_layer_norm_vec(x, eps, out, ModulateLn{shift, scale, rows_per_mod}, row_amax, fp8,
-                          stream);
+    launch_layer_norm_vec(x, eps, out, ModulateLn{shift, scale, rows_per_mod}, fp8, stream);
   } else {
     layer_norm_modulate_kernel<<<static_cast<unsigned>(x.rows), kRowThreads, 0, stream>>>(
-        x, shift, scale, rows_per_mod, eps, out, row_amax);
+        x, shift, scale, rows_per_mod, eps, out);
   }
   FLUX_RETURN_IF_LAUNCH_FAILED("layer_norm_modulate");
   return absl::OkStatus();
@@ -587,18 +534,6 @@ absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat
 
 bool layer_norm_writes_fp8(const Mat& x) {
   return ln_vectorized(x);
-}
-
-absl::Status fp8_layer_norm_modulate_scale(const Mat& shift, const Mat& scale, int64_t cols,
-                                           float* dequant_scale, cudaStream_t stream) {
-  if (shift.cols != cols || scale.cols != cols || shift.rows != scale.rows || shift.rows <= 0 ||
-      dequant_scale == nullptr) {
-    return absl::InvalidArgumentError(
-        "fp8_layer_norm_modulate_scale: shift and scale must be [B, cols]");
-  }
-  fp8_layer_norm_modulate_scale_kernel<<<1, 1024, 0, stream>>>(shift, scale, cols, dequant_scale);
-  FLUX_RETURN_IF_LAUNCH_FAILED("fp8_layer_norm_modulate_scale");
-  return absl::OkStatus();
 }
 
 absl::Status rms_norm_qwen_bf16(const Mat& x, const void* weight, float eps, const Mat& out,

@@ -16,29 +16,19 @@ namespace flux2::cuda {
 absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream_t stream);
 // out = bf16(bf16(bf16(1 + scale) · bf16(LN(x))) + shift) in one kernel; scale/shift rows [1, D]
 // (rows_per_mod rows of x share one modulation row). Bit-identical to layer_norm_bf16 followed by
-// one_plus_bf16, gate_mul_bf16 and add_row_bf16. row_amax (optional, u32 [rows]) receives each
-// row's max |out| as f32 magnitude bits. fp8 (optional, quality=high): also writes
-// E4M3 [rows, cols] = fp8_quantize_value(out, *fp8.scale) of the rounded outputs (RNE,
-// saturating), for the FP8 GEMM that reads `out` next; needs layer_norm_writes_fp8(x). With
-// fp8.row_scales instead of fp8.scale, each row is quantized under the scale of its own max |out|,
-// written to row_scales[r]: bit for bit fp8_quantize_rows of `out`; then out.data may be null
-// (the E4M3 rows alone).
+// one_plus_bf16, gate_mul_bf16 and add_row_bf16. fp8 (optional, quality=high): also writes
+// E4M3 [rows, cols] of the rounded outputs, each row quantized under the scale of its own max
+// |out| (written to row_scales[r]): bit for bit fp8_quantize_rows of `out`, for the FP8 GEMM that
+// reads it next; needs layer_norm_writes_fp8(x). out.data may then be null (the E4M3 rows alone).
 struct Fp8Rows {
-  uint8_t* values = nullptr;     // contiguous [rows, cols] E4M3, 8-byte aligned
-  const float* scale = nullptr;  // device fp32 dequantization scale, or
-  float* row_scales = nullptr;   // [rows]: receives each row's scale
+  uint8_t* values = nullptr;    // contiguous [rows, cols] E4M3, 8-byte aligned
+  float* row_scales = nullptr;  // [rows]: receives each row's dequantization scale
 };
 absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat& scale,
                                        int64_t rows_per_mod, float eps, const Mat& out,
-                                       cudaStream_t stream, uint32_t* row_amax = nullptr,
-                                       Fp8Rows fp8 = {});
+                                       cudaStream_t stream, Fp8Rows fp8 = {});
 // Whether layer_norm_modulate_fused can also write E4M3 for x (the vectorized row layout).
 bool layer_norm_writes_fp8(const Mat& x);
-// *dequant_scale = fp8_dequant_scale(B) for a bound B on |layer_norm_modulate(x, shift, scale)|
-// that holds for every x: (max |bf16(1 + scale)| · sqrt(cols) + max |shift|), with margins for the
-// bf16 roundings. One kernel; the E4M3 output of layer_norm_modulate_fused never saturates with it.
-absl::Status fp8_layer_norm_modulate_scale(const Mat& shift, const Mat& scale, int64_t cols,
-                                           float* dequant_scale, cudaStream_t stream);
 
 // Qwen3RMSNorm: out = bf16(weight · bf16(x · rsqrt(mean(x²) + eps))).
 absl::Status rms_norm_qwen_bf16(const Mat& x, const void* weight, float eps, const Mat& out,

@@ -81,7 +81,6 @@ enum class ScaleKind : uint8_t {
 };
 
 // Pass 2: one block reduces the partials and writes amax (optional) and the scale.
-// Also turns a producer's row maxima into the per-tensor scale (fp8_scale_from_row_amax).
 __global__ void amax_finalize_kernel(const uint32_t* partials, int64_t count, ScaleKind kind,
                                      float* amax_out, float* scale_out) {
   __shared__ uint32_t scratch[32];
@@ -486,18 +485,6 @@ absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream)
     fp8_quantize_rows_kernel<true><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
   }
   FLUX_RETURN_IF_LAUNCH_FAILED(kOp);
-  return absl::OkStatus();
-}
-
-absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, float* scale,
-                                     cudaStream_t stream) {
-  if (rows <= 0 || row_amax == nullptr || scale == nullptr) {
-    return absl::InvalidArgumentError(
-        "fp8_scale_from_row_amax: needs rows > 0, row maxima and a scale");
-  }
-  amax_finalize_kernel<<<1, 1024, 0, stream>>>(row_amax, rows, ScaleKind::kFp8Dequant, nullptr,
-                                               scale);
-  FLUX_RETURN_IF_LAUNCH_FAILED("fp8_scale_from_row_amax");
   return absl::OkStatus();
 }
 

@@ -66,12 +66,6 @@ absl::Status fp8_quantize_static(const Fp8QuantizeArgs& args, cudaStream_t strea
 // For cuBLASLt's OUTER_VEC_32F scale mode on the weight operand. One kernel.
 absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream);
 
-// *scale = fp8_dequant_scale(max over rows of row_amax[r]) (f32 magnitude bits, as the producers'
-// row-amax outputs hold them): with fp8_quantize_static, bit-identical to fp8_quantize_dynamic
-// over the same matrix. One kernel.
-absl::Status fp8_scale_from_row_amax(const uint32_t* row_amax, int64_t rows, float* scale,
-                                     cudaStream_t stream);
-
 // ---- NVFP4 (E2M1 values, UE4M3 scales per 16 elements, per-tensor fp32 global scale) ----
 
 struct Nvfp4QuantizeArgs {

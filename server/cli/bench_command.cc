@@ -7,11 +7,13 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend_factory.h"
+#include "kernels/base/fast_path_registry.h"
 #include "kernels/base/status.h"
 #include "model/flux2_presets.h"
 #include "model/flux2_transformer.h"
@@ -21,6 +23,7 @@
 #include "model/scheduler.h"
 #include "nlohmann/json.hpp"
 #include "server/cli/args.h"
+#include "server/cli/backend_flags.h"
 #include "server/cli/commands.h"
 
 namespace flux2 {
@@ -36,24 +39,40 @@ struct BenchOptions {
   std::string quality = "lossless";
   int64_t height = 1024, width = 1024, text_len = 512;
   int64_t steps = 10, warmup = 3;
-  bool fast_paths = true;
+  RequestOptions request;  // what the timed work runs under (--quality, --no-fast-paths)
   bool json = false;
-  bool profile = false;  // also report device time per op category
+  OpProfiling profile = OpProfiling::kOff;  // also report device time per op category (or shape)
 };
+
+// Fallbacks counted since `before` (fast_path_snapshot), by path and reason: a healthy run at the
+// real shapes has none.
+nlohmann::json fallbacks_since(const std::vector<FastPathCounters>& before) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const FastPathCounters& now : fast_path_snapshot()) {
+    const FastPathCounters* then = nullptr;
+    for (const FastPathCounters& b : before) then = b.path == now.path ? &b : then;
+    for (const auto& [reason, count] : now.fallbacks) {
+      const int64_t earlier =
+          then != nullptr && then->fallbacks.count(reason) ? then->fallbacks.at(reason) : 0;
+      if (count > earlier) out[now.path][reason] = count - earlier;
+    }
+  }
+  return out;
+}
 
 absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   FLUX_ASSIGN_OR_RETURN(Flux2Config config, flux2_preset(o.model));
   if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
     return absl::InvalidArgumentError("--height/--width must be positive multiples of 16");
   }
-  be.set_fast_paths(o.fast_paths);
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Transformer> model,
                         Flux2Transformer::create_random(be, config, 1));
   int64_t fp8_bytes = 0;
-  if (o.quality == "high") {
+  if (o.request.quality == Quality::kHigh) {
     FLUX_ASSIGN_OR_RETURN(fp8_bytes, model->enable_quality_high());
   }
-  be.set_quality(o.quality == "high" ? Quality::kHigh : Quality::kLossless);
+  const std::vector<FastPathCounters> before = fast_path_snapshot();
+  const RequestScope request(be, o.request);
   const int64_t h = o.height / 16, w = o.width / 16, n = h * w, l = o.text_len;
   const DType act = be.activation_dtype();
   FLUX_ASSIGN_OR_RETURN(Tensor prompt, be.empty(act, {l, config.joint_attention_dim}));
@@ -89,15 +108,15 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   }
   std::sort(synced.begin(), synced.end());
   std::map<std::string, double> profile;
-  if (o.profile) {
+  if (o.profile != OpProfiling::kOff) {
     // A few more steps with events around every op: where the step's time goes.
     constexpr int kProfiledSteps = 3;
-    be.set_op_profiling(true);
+    be.set_op_profiling(o.profile);
     for (int i = 0; i < kProfiledSteps; ++i) {
       FLUX_RETURN_IF_ERROR(model->forward(cond, total - 1, x, v));
       FLUX_RETURN_IF_ERROR(be.euler_step(x, v, 0.0f));
     }
-    be.set_op_profiling(false);
+    be.set_op_profiling(OpProfiling::kOff);
     for (const auto& [category, ms] : be.take_op_profile()) profile[category] = ms / kProfiledSteps;
   }
   std::sort(times.begin(), times.end());
@@ -111,7 +130,8 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
                            {"width", o.width},
                            {"text_len", l},
                            {"backend", std::string(be.name())},
-                           {"fast_paths", o.fast_paths},
+                           {"fast_paths", o.request.fast_paths},
+                           {"fast_path_fallbacks", fallbacks_since(before)},
                            {"steps_timed", o.steps},
                            {"ms_per_step_median", median},
                            {"ms_per_step_min", times.front()},
@@ -125,7 +145,7 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
                            {"peak_device_bytes", memory.peak_bytes},
                            {"weight_bytes", model->load_report().device_bytes},
                            {"fp8_weight_bytes", fp8_bytes}};
-  if (o.profile) {
+  if (o.profile != OpProfiling::kOff) {
     double sum = 0.0;
     for (const auto& [category, ms] : profile) sum += ms;
     result["profile_ms"] = profile;
@@ -155,7 +175,7 @@ absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const BenchOptions& 
   FLUX_ASSIGN_OR_RETURN(Tensor v, be.empty(act, {s, d}));
   FLUX_ASSIGN_OR_RETURN(Tensor out, be.empty(act, {s, d}));
   for (const Tensor* t : {&fused, &q, &k, &v}) FLUX_RETURN_IF_ERROR(be.fill_uniform(*t, 3, 1.0f));
-  be.set_quality(o.quality == "high" ? Quality::kHigh : Quality::kLossless);  // high: FP8 attention
+  const RequestScope request(be, o.request);  // high: FP8 attention
   const AttentionParams params{config.num_attention_heads, config.num_attention_heads, dh,
                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
   auto time_layout = [&](const Tensor& qq, const Tensor& kk,
@@ -186,8 +206,7 @@ absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const BenchOptions& 
 absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                                          const std::string& tokenizer_dir, int repeats) {
   FLUX_ASSIGN_OR_RETURN(RandomPipelineSpec spec, random_pipeline_spec(o.model, tokenizer_dir));
-  spec.enable_quality_high = o.quality == "high";
-  be.set_fast_paths(o.fast_paths);
+  spec.enable_quality_high = o.request.quality == Quality::kHigh;
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline, Pipeline::create_random(be, spec));
   GenerateParams params;
   params.prompt =
@@ -196,10 +215,11 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
   params.width = o.width;
   params.num_inference_steps = o.model == "dev" ? 50 : 4;  // the published defaults
   params.max_sequence_length = o.text_len;
-  params.fast_paths = o.fast_paths;
-  params.quality = o.quality == "high" ? Quality::kHigh : Quality::kLossless;
+  params.fast_paths = o.request.fast_paths;
+  params.quality = o.request.quality;
   std::vector<double> e2e, tokenize, text_encode, denoise, decode, encode, steps;
   be.reset_peak_memory();
+  const std::vector<FastPathCounters> before = fast_path_snapshot();
   for (int run = -1; run < repeats; ++run) {  // run -1 warms up
     const auto start = std::chrono::steady_clock::now();
     FLUX_ASSIGN_OR_RETURN(GeneratedImage image, pipeline->generate(params));
@@ -217,11 +237,12 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     for (double s : image.timings.steps) steps.push_back(1e3 * s);
   }
   const BackendMemoryStats memory = be.memory_stats();
+  const nlohmann::json fallbacks = fallbacks_since(before);
   std::map<std::string, double> profile;
-  if (o.profile) {  // one more request with events around every op: where its time goes
-    be.set_op_profiling(true);
+  if (o.profile != OpProfiling::kOff) {  // one more request with events around every op
+    be.set_op_profiling(o.profile);
     FLUX_ASSIGN_OR_RETURN(GeneratedImage image, pipeline->generate(params));
-    be.set_op_profiling(false);
+    be.set_op_profiling(OpProfiling::kOff);
     profile = be.take_op_profile();
   }
   const double step_median = median_of(steps);
@@ -234,7 +255,8 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"width", o.width},
                         {"text_len", o.text_len},
                         {"backend", std::string(be.name())},
-                        {"fast_paths", o.fast_paths},
+                        {"fast_paths", o.request.fast_paths},
+                        {"fast_path_fallbacks", fallbacks},
                         {"e2e", true},
                         {"request_steps", params.num_inference_steps},
                         {"repeats", repeats},
@@ -258,21 +280,26 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
 
 int run_bench(int argc, char** argv, int first) {
   auto args = Args::parse(argc, argv, first,
-                          {"--json", "--no-fast-paths", "--e2e", "--profile", "--attention-only"});
+                          {"--json", "--no-fast-paths", "--e2e", "--profile", "--profile-by-shape",
+                           "--attention-only"});
   if (!args.ok()) return fail(args.status().message());
-  if (auto known =
-          args->check_known({"--model", "--height", "--width", "--text-len", "--quality", "--steps",
-                             "--warmup", "--json", "--no-fast-paths", "--backend", "--e2e",
-                             "--profile", "--tokenizer", "--repeats", "--attention-only"});
-      !known.ok()) {
-    return fail(known.message());
-  }
+  std::set<std::string> known = {"--model",   "--height",        "--width",   "--text-len",
+                                 "--quality", "--steps",         "--warmup",  "--json",
+                                 "--backend", "--no-fast-paths", "--e2e",     "--profile",
+                                 "--tokenizer", "--repeats",     "--attention-only",
+                                 "--profile-by-shape"};
+  known.insert(backend_flag_names().begin(), backend_flag_names().end());
+  if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
+  auto backend_options = parse_backend_flags(*args);
+  if (!backend_options.ok()) return fail(backend_options.status().message());
   BenchOptions o;
   o.model = args->get("--model", "klein-4b");
   o.quality = args->get("--quality", "lossless");
   o.json = args->has("--json");
-  o.fast_paths = !args->has("--no-fast-paths");
-  o.profile = args->has("--profile");
+  o.request.fast_paths = !args->has("--no-fast-paths");
+  o.profile = args->has("--profile-by-shape") ? OpProfiling::kByShape
+              : args->has("--profile")        ? OpProfiling::kByCategory
+                                              : OpProfiling::kOff;
   auto height = args->get_int("--height", 1024), width = args->get_int("--width", 1024);
   auto text_len = args->get_int("--text-len", 512), steps = args->get_int("--steps", 10);
   auto warmup = args->get_int("--warmup", 3);
@@ -289,7 +316,8 @@ int run_bench(int argc, char** argv, int first) {
   if (o.quality != "lossless" && o.quality != "high") {
     return fail(absl::StrCat("--quality ", o.quality, ": expected lossless or high"));
   }
-  auto backend = create_backend(args->get("--backend", "cuda"));
+  o.request.quality = o.quality == "high" ? Quality::kHigh : Quality::kLossless;
+  auto backend = create_backend(args->get("--backend", "cuda"), *backend_options);
   if (!backend.ok()) return fail(backend.status().message());
   auto repeats = args->get_int("--repeats", 5);
   if (!repeats.ok() || *repeats < 1) return fail("--repeats must be a positive integer");

@@ -4,6 +4,7 @@
 // own golden_<part>.cc. Tested by tests/golden/ (ctest label "golden").
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -14,6 +15,7 @@
 #include "absl/strings/string_view.h"
 
 #include "kernels/backend.h"
+#include "model/safetensors.h"
 
 namespace flux2 {
 
@@ -54,6 +56,12 @@ struct GoldenContext {
   double tolerance(const std::string& key) const;
   std::string checkpoint_dir() const { return dir + "/checkpoint"; }
 };
+
+// Runs `run_case("case0")`, `run_case("case1")`, ... while `vectors` has "<case>.<first_tensor>",
+// reporting a case's error as its failure; no case at all is a failure too.
+void for_each_case(const SafetensorsFile& vectors, absl::string_view file,
+                   absl::string_view first_tensor, GoldenReport& report,
+                   const std::function<absl::Status(const std::string& name)>& run_case);
 
 // A backend tensor's values as host floats (waits for the device).
 absl::StatusOr<std::vector<float>> download_values(Backend& backend, const Tensor& tensor);

@@ -116,17 +116,9 @@ void check_golden_text_encoder(const GoldenContext& context, GoldenReport& repor
   if (!checkpoint.ok()) return report.fail(kFile, "-", checkpoint.status().message());
   auto model = Qwen3Encoder::load(*context.backend, *checkpoint, *taps);
   if (!model.ok()) return report.fail(kFile, "-", model.status().message());
-
-  for (int k = 0;; ++k) {
-    const std::string name = absl::StrCat("case", k);
-    if ((*vectors)->find(name + ".input_ids") == nullptr) {
-      if (k == 0) report.fail(kFile, "-", "no cases (case0.input_ids missing)");
-      break;
-    }
-    if (absl::Status status = run_case(context, **model, **vectors, name, report); !status.ok()) {
-      report.fail(kFile, name, status.message());
-    }
-  }
+  for_each_case(**vectors, kFile, "input_ids", report, [&](const std::string& name) {
+    return run_case(context, **model, **vectors, name, report);
+  });
 }
 
 }  // namespace flux2

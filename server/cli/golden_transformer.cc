@@ -91,18 +91,10 @@ void check_golden_transformer(const GoldenContext& context, GoldenReport& report
     if (auto added = (*model)->enable_quality_high(); !added.ok())
       return report.fail(kFile, "-", added.status().message());
   }
-  context.backend->set_quality(context.quality);
-
-  for (int k = 0;; ++k) {
-    const std::string name = absl::StrCat("case", k);
-    if ((*vectors)->find(name + ".hidden_states") == nullptr) {
-      if (k == 0) report.fail(kFile, "-", "no cases (case0.hidden_states missing)");
-      break;
-    }
-    if (absl::Status status = run_case(context, **model, **vectors, name, report); !status.ok()) {
-      report.fail(kFile, name, status.message());
-    }
-  }
+  const RequestScope request(*context.backend, {context.quality});
+  for_each_case(**vectors, kFile, "hidden_states", report, [&](const std::string& name) {
+    return run_case(context, **model, **vectors, name, report);
+  });
 }
 
 }  // namespace flux2

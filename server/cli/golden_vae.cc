@@ -73,18 +73,11 @@ void check_golden_vae(const GoldenContext& context, GoldenReport& report) {
   if (!checkpoint.ok()) return report.fail(kFile, "-", checkpoint.status().message());
   auto vae = VaeDecoder::load(*context.backend, *checkpoint);
   if (!vae.ok()) return report.fail(kFile, "-", vae.status().message());
-  context.backend->set_quality(context.quality);  // quality=high: the fused-bias convolutions
-
-  for (int k = 0;; ++k) {
-    const std::string name = absl::StrCat("case", k);
-    if ((*vectors)->find(name + ".latents") == nullptr) {
-      if (k == 0) report.fail(kFile, "-", "no cases (case0.latents missing)");
-      break;
-    }
-    if (absl::Status status = run_case(context, **vae, **vectors, name, report); !status.ok()) {
-      report.fail(kFile, name, status.message());
-    }
-  }
+  // quality=high: the fused-bias convolutions.
+  const RequestScope request(*context.backend, {context.quality});
+  for_each_case(**vectors, kFile, "latents", report, [&](const std::string& name) {
+    return run_case(context, **vae, **vectors, name, report);
+  });
 }
 
 }  // namespace flux2

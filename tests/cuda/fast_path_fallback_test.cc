@@ -1,9 +1,12 @@
-// Fallback rules of the fast paths (design.md): a failed precondition runs the eager chain and is
-// counted by reason; an injected kernel error disables the path for the process, counts
+// Fallback rules of the fast paths (design.md) on the CUDA backend: a call a path never serves by
+// design counts nothing; a failed precondition runs the fallback and is counted by reason; the
+// fast-path switch sends fused kernels to their eager chains and leaves implementations alone; an injected kernel error disables the path for the process, counts
 // "runtime_error" and still returns the eager result; during CUDA graph capture the error
 // propagates instead. Its own binary, because disabling is process-wide.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+
+#include <vector>
 
 #include "kernels/base/fast_path_registry.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -33,27 +36,69 @@ TEST(FastPathFallbackTest, WrongDtypeIsRejectedBeforeAnyLaunch) {
   EXPECT_EQ(counters("gate_residual").invocations, before);
 }
 
-TEST(FastPathFallbackTest, UnsupportedAttentionShapeFallsBackAndIsCounted) {
+// Every path's fallbacks added up, for "nothing was counted" checks.
+int64_t total_fallbacks() {
+  int64_t total = 0;
+  for (const FastPathCounters& c : fast_path_snapshot()) {
+    for (const auto& [reason, count] : c.fallbacks) total += count;
+  }
+  return total;
+}
+
+// The text encoder's causal, padded GQA attention is not what cuDNN's path serves: it runs the
+// plain kernel and no path counts a fallback (it used to count cudnn_attention{unsupported_shape}
+// on every layer of every request, ~27 per klein request, above the 1% alert).
+TEST(FastPathFallbackTest, CausalAttentionIsNotAFallback) {
   FLUX2_REQUIRE_GPU(be);
-  // Causal attention (the text encoder) is not served by the fused cuDNN path.
   Tensor q = random_bf16(*be, 40, 256, 3), k = random_bf16(*be, 40, 128, 4),
          v = random_bf16(*be, 40, 128, 5);
   Tensor out = be->empty(DType::kBF16, {40, 256}).value();
+  const int64_t before = total_fallbacks();
+  const int64_t cudnn = counters("cudnn_attention").invocations;
+  const AttentionParams params{2, 1, 128, 0.088f, true, 33};
+  for (const Quality quality : {Quality::kLossless, Quality::kHigh}) {
+    const RequestScope request(*be, {quality});
+    ASSERT_TRUE(be->attention(q, k, v, params, out).ok());
+  }
+  EXPECT_EQ(total_fallbacks(), before) << "a by-design choice counted a fallback";
+  EXPECT_EQ(counters("cudnn_attention").invocations, cudnn);
+}
+
+// A shape the path means to serve but cannot (head_dim 12: cuDNN needs a multiple of 8) is a real
+// fallback: counted with its reason, and the plain kernel's result returned.
+TEST(FastPathFallbackTest, UnsupportedAttentionShapeFallsBackAndIsCounted) {
+  FLUX2_REQUIRE_GPU(be);
+  Tensor q = random_bf16(*be, 40, 24, 3), k = random_bf16(*be, 40, 24, 4),
+         v = random_bf16(*be, 40, 24, 5);
+  Tensor out = be->empty(DType::kBF16, {40, 24}).value();
   const int64_t before = fallbacks("cudnn_attention", "unsupported_shape");
-  AttentionParams params{2, 1, 128, 0.088f, true, 33};
+  const AttentionParams params{2, 2, 12, 0.29f};
   ASSERT_TRUE(be->attention(q, k, v, params, out).ok());
   EXPECT_EQ(fallbacks("cudnn_attention", "unsupported_shape"), before + 1);
 }
 
-TEST(FastPathFallbackTest, SwitchedOffIsCounted) {
+// One switch, one meaning: fast paths off runs the fused kernels' eager chains (counted
+// "switched_off"), while implementations such as cuDNN attention keep running and count nothing.
+TEST(FastPathFallbackTest, SwitchedOffCountsFusedKernelsOnly) {
   FLUX2_REQUIRE_GPU(be);
   Tensor x = random_bf16(*be, 8, 128, 6), gate = random_bf16(*be, 1, 128, 7),
          update = random_bf16(*be, 8, 128, 8);
-  const int64_t before = fallbacks("gate_residual", "switched_off");
-  be->set_fast_paths(false);
+  Tensor q = random_bf16(*be, 64, 256, 9), out = be->empty(DType::kBF16, {64, 256}).value();
+  const int64_t switched = fallbacks("gate_residual", "switched_off");
+  const int64_t cudnn = counters("cudnn_attention").invocations;
+  const int64_t before = total_fallbacks();
+  {
+    const RequestScope off(*be, {Quality::kLossless, /*fast_paths=*/false});
+    ASSERT_TRUE(be->gate_residual(x, gate.reshape({128}), update).ok());
+    ASSERT_TRUE(be->attention(q, q, q, AttentionParams{2, 2, 128, 0.088f}, out).ok());
+  }
+  EXPECT_EQ(fallbacks("gate_residual", "switched_off"), switched + 1);
+  EXPECT_EQ(counters("cudnn_attention").invocations, cudnn + 1);
+  EXPECT_EQ(total_fallbacks(), before + 1) << "only the fused kernel fell back";
+  // Outside the scope the request's switch is gone: the fused kernel runs again.
+  const int64_t fused = counters("gate_residual").invocations;
   ASSERT_TRUE(be->gate_residual(x, gate.reshape({128}), update).ok());
-  be->set_fast_paths(true);
-  EXPECT_EQ(fallbacks("gate_residual", "switched_off"), before + 1);
+  EXPECT_EQ(counters("gate_residual").invocations, fused + 1);
 }
 
 TEST(FastPathFallbackTest, ErrorDuringCapturePropagates) {
@@ -78,9 +123,10 @@ TEST(FastPathFallbackTest, InjectedKernelErrorDisablesPathAndFallsBack) {
   Tensor x = random_bf16(*be, 300, 3072, 12, 4.0f), gate = random_bf16(*be, 1, 3072, 13);
   Tensor update = random_bf16(*be, 300, 3072, 14);
   Tensor expected = clone(*be, x);
-  be->set_fast_paths(false);
-  ASSERT_TRUE(be->gate_residual(expected, gate.reshape({3072}), update).ok());
-  be->set_fast_paths(true);
+  {
+    const RequestScope eager(*be, {Quality::kLossless, /*fast_paths=*/false});
+    ASSERT_TRUE(be->gate_residual(expected, gate.reshape({3072}), update).ok());
+  }
   const int64_t runtime_errors = fallbacks("gate_residual", "runtime_error");
   inject_fast_path_failure("gate_residual");
   ASSERT_TRUE(be->gate_residual(x, gate.reshape({3072}), update).ok())

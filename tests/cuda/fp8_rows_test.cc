@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "kernels/base/fast_path_registry.h"
@@ -36,8 +37,10 @@ class Fp8RowsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why;
-    be_ = testing::gpu_backend(&why);
-    if (be_ == nullptr) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+    bool no_device = false;
+    be_ = testing::gpu_backend(&why, &no_device);
+    if (be_ == nullptr && no_device) GTEST_SKIP() << "no CUDA device: " << why;
+    ASSERT_NE(be_, nullptr) << "the CUDA backend did not start: " << why;
     cuda_ = static_cast<CudaBackend*>(be_);
   }
   Tensor empty(DType dtype, Shape shape) { return be_->empty(dtype, shape).value(); }
@@ -66,17 +69,15 @@ class Fp8RowsTest : public ::testing::Test {
   // quality=high with rowwise FP8 for the backend-level tests; false (and a skip) without it.
   bool rowwise_high() {
     if (!cuda_->fp8_rowwise()) return false;
-    be_->set_quality(Quality::kHigh);
+    high_.emplace(*be_, RequestOptions{Quality::kHigh});
     return true;
   }
-  void TearDown() override {
-    if (be_ != nullptr) be_->set_quality(Quality::kLossless);
-  }
-  Tensor fp8_weight(int64_t n, int64_t k, uint64_t seed) {
+  Weight fp8_weight(int64_t n, int64_t k, uint64_t seed) {
     return testing::fp8_weight(*be_, n, k, seed);
   }
   Backend* be_ = nullptr;
   CudaBackend* cuda_ = nullptr;
+  std::optional<RequestScope> high_;  // the test's quality=high request, ended with the test
 };
 
 TEST_F(Fp8RowsTest, SwigluRowsEqualTheQuantizedConcatenation) {
@@ -143,8 +144,8 @@ TEST_F(Fp8RowsTest, LayerNormRowsEqualTheQuantizedOutput) {
     ASSERT_TRUE(cuda::layer_norm_writes_fp8(mat(x)));
     ASSERT_TRUE(
         cuda::layer_norm_modulate_fused(
-            mat(x), mat(shift), mat(scale), rows, 1e-6f, mat(out), cuda_->stream(), nullptr,
-            cuda::Fp8Rows{static_cast<uint8_t*>(codes.data()), nullptr, scales.data_as<float>()})
+            mat(x), mat(shift), mat(scale), rows, 1e-6f, mat(out), cuda_->stream(),
+            cuda::Fp8Rows{static_cast<uint8_t*>(codes.data()), scales.data_as<float>()})
             .ok());
     ASSERT_TRUE(cuda::layer_norm_modulate_fused(mat(x), mat(shift), mat(scale), rows, 1e-6f,
                                                 mat(plain), cuda_->stream())
@@ -164,7 +165,7 @@ TEST_F(Fp8RowsTest, SwigluLinearEqualsSwigluThenLinear) {
     const Tensor gate = mlp.col_slice(0, f), up = mlp.col_slice(f, f);
     Tensor fused_in = random_bf16(*be_, s, prefix + f, 52),
            eager_in = testing::clone(*be_, fused_in);
-    Tensor w = fp8_weight(n, prefix + f, 53 + prefix);
+    Weight w = fp8_weight(n, prefix + f, 53 + prefix);
     Tensor fused = empty(DType::kBF16, {s, n}), eager = empty(DType::kBF16, {s, n});
     const int64_t before = testing::fast_path_counters("swiglu_fp8").invocations;
     ASSERT_TRUE(be_->swiglu_linear(gate, up, fused_in, w, fused, nullptr).ok());
@@ -184,7 +185,8 @@ TEST_F(Fp8RowsTest, SwigluLinearAddsTheGatedResidualInItsGemm) {
   const int64_t s = 300, prefix = 256, f = 384, n = 384;
   Tensor mlp = random_bf16(*be_, s, 2 * f, 91, 4.0f);
   const Tensor gate = mlp.col_slice(0, f), up = mlp.col_slice(f, f);
-  Tensor in = random_bf16(*be_, s, prefix + f, 92), w = fp8_weight(n, prefix + f, 93);
+  Tensor in = random_bf16(*be_, s, prefix + f, 92);
+  Weight w = fp8_weight(n, prefix + f, 93);
   Tensor stream = random_bf16(*be_, s, n, 94, 2.0f),
          residual_gate = random_bf16(*be_, 1, n, 95, 1.5f);
   Tensor fused_stream = testing::clone(*be_, stream), y = empty(DType::kBF16, {s, n});
@@ -216,7 +218,7 @@ TEST_F(Fp8RowsTest, SwigluLinearFallsBackOnShapesItCannotServe) {
   Tensor mlp = random_bf16(*be_, s, 2 * f, 61);
   const Tensor gate = mlp.col_slice(0, f), up = mlp.col_slice(f, f);
   Tensor fused_in = random_bf16(*be_, s, prefix + f, 62), eager_in = testing::clone(*be_, fused_in);
-  Tensor w = fp8_weight(n, prefix + f, 63);
+  Weight w = fp8_weight(n, prefix + f, 63);
   Tensor fused = empty(DType::kBF16, {s, n}), eager = empty(DType::kBF16, {s, n});
   const int64_t before = testing::fast_path_fallbacks("swiglu_fp8", "unsupported_shape");
   ASSERT_TRUE(be_->swiglu_linear(gate, up, fused_in, w, fused, nullptr).ok());
@@ -235,7 +237,7 @@ TEST_F(Fp8RowsTest, LayerNormLinearEqualsTheOpsInTurn) {
   const int64_t s = 300, d = 3072, n = 256;
   Tensor x = random_bf16(*be_, s, d, 81, 3.0f), normed = empty(DType::kBF16, {s, d});
   Tensor shift = random_bf16(*be_, 1, d, 82), scale = random_bf16(*be_, 1, d, 83);
-  Tensor w = fp8_weight(n, d, 84);
+  Weight w = fp8_weight(n, d, 84);
   Tensor fused = empty(DType::kBF16, {s, n}), eager = empty(DType::kBF16, {s, n});
   const int64_t before = testing::fast_path_counters("layer_norm_fp8").invocations;
   ASSERT_TRUE(be_->layer_norm_modulate_linear(x, shift, scale, 1e-6f, normed, w, fused).ok());

@@ -14,10 +14,11 @@ std::string test_data_dir() {
   return env != nullptr ? env : FLUX2_TEST_DATA;
 }
 
-Backend* gpu_backend(std::string* why) {
+Backend* gpu_backend(std::string* why, bool* no_device) {
   static absl::StatusOr<std::unique_ptr<Backend>> backend = create_cuda_backend();
   if (!backend.ok()) {
     *why = std::string(backend.status().message());
+    if (no_device != nullptr) *no_device = absl::IsNotFound(backend.status());
     return nullptr;
   }
   return backend->get();
@@ -51,15 +52,12 @@ Tensor clone(Backend& be, const Tensor& t) {
   return copy;
 }
 
-Tensor fp8_weight(Backend& be, int64_t n, int64_t k, uint64_t seed) {
-  Tensor w = random_bf16(be, n, k, seed, 0.05f);
-  EXPECT_TRUE(be.add_fp8_weight(w).ok());
+Weight fp8_weight(Backend& be, int64_t n, int64_t k, uint64_t seed) {
+  Weight w = random_bf16(be, n, k, seed, 0.05f);
+  auto low = be.add_fp8_weight(w.tensor);
+  EXPECT_TRUE(low.ok()) << low.status();
+  if (low.ok()) w.low_precision = *low;
   return w;
-}
-
-void unrelated_op(Backend& be) {
-  Tensor a = random_bf16(be, 4, 16, 99), b = be.empty(DType::kBF16, {4, 16}).value();
-  EXPECT_TRUE(be.silu(a, b).ok());
 }
 
 FastPathCounters fast_path_counters(const std::string& path) {

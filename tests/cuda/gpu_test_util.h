@@ -1,5 +1,6 @@
-// Helpers for the GPU tests: skip with a message where no GPU exists, a shared CUDA backend, and
-// random bf16 matrices / byte comparison through the backend.
+// Helpers for the GPU tests: skip with a message where no CUDA device exists (and fail where one
+// exists but the backend does not start), a shared CUDA backend, and random bf16 matrices / byte
+// comparison through the backend. Used by every test in tests/cuda.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -22,26 +23,19 @@ std::string test_data_dir();
 FastPathCounters fast_path_counters(const std::string& path);
 int64_t fast_path_fallbacks(const std::string& path, const std::string& reason);
 
-// Sets a backend's request quality for a scope, back to lossless at its end (the backend is
-// shared by the tests of a process, so a failed assertion must not leave it at high).
-class QualityScope {
- public:
-  QualityScope(Backend& be, Quality quality) : be_(be) { be_.set_quality(quality); }
-  ~QualityScope() { be_.set_quality(Quality::kLossless); }
-  QualityScope(const QualityScope&) = delete;
-  QualityScope& operator=(const QualityScope&) = delete;
+// The process-wide CUDA backend, or null with the reason; `*no_device` tells whether that is
+// because no CUDA device exists here (the one case a GPU test skips).
+Backend* gpu_backend(std::string* why, bool* no_device = nullptr);
 
- private:
-  Backend& be_;
-};
-
-// The process-wide CUDA backend, or null (with the reason) when there is no usable GPU.
-Backend* gpu_backend(std::string* why);
-
-#define FLUX2_REQUIRE_GPU(backend)                                         \
-  std::string flux2_no_gpu_reason_;                                        \
-  Backend* backend = ::flux2::testing::gpu_backend(&flux2_no_gpu_reason_); \
-  if (backend == nullptr) GTEST_SKIP() << "no usable CUDA GPU: " << flux2_no_gpu_reason_
+// Skips the test where no CUDA device exists (CI); on a machine with one, a backend that fails to
+// start (cuBLASLt or cuDNN not loading, ...) fails the test.
+#define FLUX2_REQUIRE_GPU(backend)                                                           \
+  std::string flux2_no_gpu_reason_;                                                          \
+  bool flux2_no_device_ = false;                                                             \
+  Backend* backend = ::flux2::testing::gpu_backend(&flux2_no_gpu_reason_, &flux2_no_device_); \
+  if (backend == nullptr && flux2_no_device_)                                                \
+    GTEST_SKIP() << "no CUDA device: " << flux2_no_gpu_reason_;                              \
+  if (backend == nullptr) FAIL() << "the CUDA backend did not start: " << flux2_no_gpu_reason_
 
 // A bf16 [rows, cols] tensor of uniform values in [-scale, scale] (seeded).
 Tensor random_bf16(Backend& be, int64_t rows, int64_t cols, uint64_t seed, float scale = 1.0f);
@@ -52,8 +46,6 @@ std::vector<float> values(Backend& be, const Tensor& t);
 // A device copy of `t` (contiguous, same dtype).
 Tensor clone(Backend& be, const Tensor& t);
 // A random weight [n, k] registered for quality=high's FP8 GEMMs.
-Tensor fp8_weight(Backend& be, int64_t n, int64_t k, uint64_t seed);
-// A small op on unrelated tensors: ends any producer hand-off between two ops.
-void unrelated_op(Backend& be);
+Weight fp8_weight(Backend& be, int64_t n, int64_t k, uint64_t seed);
 
 }  // namespace flux2::testing

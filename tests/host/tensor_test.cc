@@ -38,26 +38,80 @@ TEST(DTypeTest, Bf16RoundsToNearestEven) {
   EXPECT_FALSE(dtype_from_name("F4").ok());
 }
 
-TEST(FastPathRegistryTest, CountsInvocationsFallbacksAndDisable) {
-  static FastPath path("test_path");
-  path.count_invocation();
-  path.count_fallback("unsupported_shape");
-  path.count_fallback("unsupported_shape");
-  EXPECT_TRUE(path.enabled());
-  set_fast_paths_enabled(false);
-  EXPECT_FALSE(path.enabled());
-  set_fast_paths_enabled(true);
-  path.disable("injected error");
-  EXPECT_FALSE(path.enabled());
+// The counters of one path in the registry's snapshot.
+FastPathCounters counters_of(const std::string& name) {
   for (const FastPathCounters& c : fast_path_snapshot()) {
-    if (c.path != "test_path") continue;
-    EXPECT_EQ(c.invocations, 1);
-    EXPECT_EQ(c.fallbacks.at("unsupported_shape"), 2);
-    EXPECT_EQ(c.fallbacks.at("runtime_error"), 1);
-    EXPECT_TRUE(c.disabled);
-    return;
+    if (c.path == name) return c;
   }
-  FAIL() << "test_path not in the snapshot";
+  return FastPathCounters{name};
+}
+
+// run_fast_path's outcome for one call: which side ran.
+std::string run_once(FastPath& path, const RequestOptions& request, absl::string_view unsupported,
+                     absl::Status fast_status = absl::OkStatus(), bool capturing = false,
+                     absl::Status* returned = nullptr) {
+  std::string ran;
+  absl::Status status = run_fast_path(
+      path, request, unsupported,
+      [&] {
+        ran = "fast";
+        return fast_status;
+      },
+      [&] {
+        ran += ran.empty() ? "fallback" : "+fallback";
+        return absl::OkStatus();
+      },
+      [&] { return capturing; });
+  if (returned != nullptr) *returned = status;
+  return ran;
+}
+
+TEST(FastPathRegistryTest, FusedPathsHonourTheSwitchImplementationsDoNot) {
+  static FastPath fused(FastPathSpec{"test_fused", FastPathKind::kFused, Quality::kLossless, ""});
+  static FastPath library(
+      FastPathSpec{"test_library", FastPathKind::kImplementation, Quality::kLossless, ""});
+  const RequestOptions on{}, off{Quality::kLossless, false};
+  EXPECT_EQ(run_once(fused, on, ""), "fast");
+  EXPECT_EQ(run_once(fused, off, ""), "fallback");
+  EXPECT_EQ(run_once(library, off, ""), "fast");  // the switch is for fused kernels only
+  EXPECT_EQ(run_once(library, on, "unsupported_shape"), "fallback");
+  const FastPathCounters f = counters_of("test_fused"), l = counters_of("test_library");
+  EXPECT_EQ(f.kind, FastPathKind::kFused);
+  EXPECT_EQ(f.invocations, 1);
+  EXPECT_EQ(f.fallbacks, (std::map<std::string, int64_t>{{"switched_off", 1}}));
+  EXPECT_EQ(l.kind, FastPathKind::kImplementation);
+  EXPECT_EQ(l.invocations, 1);
+  EXPECT_EQ(l.fallbacks, (std::map<std::string, int64_t>{{"unsupported_shape", 1}}));
+}
+
+TEST(FastPathRegistryTest, AFailureDisablesThePathAndFallsBackExceptDuringCapture) {
+  static FastPath path(FastPathSpec{"test_failing", FastPathKind::kFused, Quality::kLossless, ""});
+  const RequestOptions request{};
+  absl::Status returned;
+  // During a graph capture the error propagates and the path stays enabled.
+  EXPECT_EQ(run_once(path, request, "", absl::InternalError("boom"), true, &returned), "fast");
+  EXPECT_EQ(returned.code(), absl::StatusCode::kInternal);
+  EXPECT_FALSE(counters_of("test_failing").disabled);
+  // Outside one the request completes on the fallback and the path is disabled for the process.
+  EXPECT_EQ(run_once(path, request, "", absl::InternalError("boom"), false, &returned),
+            "fast+fallback");
+  EXPECT_TRUE(returned.ok()) << returned;
+  EXPECT_EQ(run_once(path, request, ""), "fallback");
+  const FastPathCounters c = counters_of("test_failing");
+  EXPECT_TRUE(c.disabled);
+  EXPECT_EQ(c.invocations, 0);
+  EXPECT_EQ(c.fallbacks, (std::map<std::string, int64_t>{{"disabled_after_error", 1},
+                                                          {"runtime_error", 1}}));
+}
+
+TEST(FastPathRegistryTest, AnInjectedFailureHitsTheNamedPathOnce) {
+  static FastPath path(FastPathSpec{"test_injected", FastPathKind::kFused, Quality::kLossless, ""});
+  static FastPath other(FastPathSpec{"test_bystander", FastPathKind::kFused, Quality::kLossless, ""});
+  inject_fast_path_failure("test_injected");
+  EXPECT_EQ(run_once(other, RequestOptions{}, ""), "fast");
+  EXPECT_EQ(run_once(path, RequestOptions{}, ""), "fallback");  // the injected error, then disabled
+  EXPECT_TRUE(counters_of("test_injected").disabled);
+  EXPECT_FALSE(counters_of("test_bystander").disabled);
 }
 
 }  // namespace

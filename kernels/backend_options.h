@@ -1,0 +1,33 @@
+// Process-wide settings of a backend, fixed when it is created (create_backend): filled from the
+// flags of flux2_server and flux2, printed in the start-up log and reported by GetModelInfo, so
+// nothing else (no environment variable) steers the backends. What changes per request is in
+// RequestOptions (kernels/base/request_options.h). Tested by tests/host/small_units_test.cc.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flux2 {
+
+struct BackendOptions {
+  // CPU backend: worker threads of parallel_for (--cpu-threads); 0: the hardware's concurrency.
+  int cpu_threads = 0;
+  // CUDA backend, quality=high: attention through our FP8 flash-attention kernel on Hopper
+  // (--fp8-attention on); off: bf16 attention (cuDNN), ~2 ms slower per klein-4B step and closer
+  // to lossless.
+  bool fp8_attention = true;
+  // CUDA backend: time cuBLASLt's top candidates on each GEMM shape's first call and keep the
+  // fastest (--gemm-autotune); faster, but the choice, and so the last bits of lossless results,
+  // may differ between processes. Off: the heuristic's first algorithm, the same in every process.
+  bool gemm_autotune = false;
+
+  // Every option as (flag name, value), in flag order: the start-up log and GetModelInfo.
+  std::vector<std::pair<std::string, std::string>> describe() const {
+    return {{"cpu-threads", std::to_string(cpu_threads)},
+            {"fp8-attention", fp8_attention ? "on" : "off"},
+            {"gemm-autotune", gemm_autotune ? "on" : "off"}};
+  }
+};
+
+}  // namespace flux2

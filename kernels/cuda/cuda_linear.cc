@@ -1,0 +1,225 @@
+// CudaBackend's projections: linear through cuBLASLt (bf16), and at quality=high the
+// low-precision GEMMs of registered weights (add_fp8_weight: FP8, NVFP4 on Blackwell), with the
+// activation quantized just before the GEMM or written in E4M3 by the op that produces it:
+// LayerNorm+modulate and SwiGLU (layer_norm_modulate_linear, swiglu_linear).
+// Tested by tests/cuda/backend_ops_test.cc, fp8_rows_test.cc and quality_high_test.cc.
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/fp8_nvfp4.h"
+#include "kernels/cuda/cuda_backend_impl.h"
+#include "kernels/cuda/cuda_checks.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/norms.h"
+#include "kernels/cuda/quantize.h"
+#include "kernels/cuda/swiglu_fp8.h"
+
+namespace flux2 {
+
+using cuda::check_bf16;
+using cuda::CudaPath;
+
+const CudaLowPrecision* CudaBackend::low_precision_of(const Weight& w) const {
+  if (request().quality != Quality::kHigh || w.low_precision == nullptr) return nullptr;
+  // add_fp8_weight made it, so it is ours.
+  return static_cast<const CudaLowPrecision*>(w.low_precision.get());
+}
+
+absl::Status CudaBackend::linear(const Tensor& x, const Weight& weight, const Tensor& bias,
+                                 const Tensor& y) {
+  const Tensor& w = weight.tensor;
+  FLUX_RETURN_IF_ERROR(check_bf16("linear", "x", x));
+  FLUX_RETURN_IF_ERROR(check_bf16("linear", "w", w));
+  FLUX_RETURN_IF_ERROR(check_bf16("linear", "y", y));
+  FLUX_RETURN_IF_ERROR(check_matrix("linear", "w", w, y.cols(), x.cols()));
+  FLUX_RETURN_IF_ERROR(check_matrix("linear", "y", y, x.rows(), w.rows()));
+  if (bias.data() != nullptr) {
+    FLUX_RETURN_IF_ERROR(check_bf16("linear", "bias", bias));
+    FLUX_RETURN_IF_ERROR(check_vector("linear", "bias", bias, w.rows()));
+  }
+  auto bf16 = [&] {
+    OpProfileScope profile(*this, profile_category("gemm", x, w.rows()));
+    return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
+  };
+  const CudaLowPrecision* low = low_precision_of(weight);
+  if (low == nullptr) return bf16();
+  return run_path(
+      CudaPath::kFp8Linear, cuda::fp8_linear_unsupported(x.cols(), bias.data() != nullptr, nvfp4_),
+      [&] { return linear_low_precision(x, *low, y); }, bf16);
+}
+
+absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,
+                                        const Weight& w, const Tensor& y,
+                                        const GatedResidual* residual) {
+  // quality=high with rowwise FP8: SwiGLU writes the GEMM's E4M3 input rows itself.
+  const CudaLowPrecision* low = fp8_rows_wanted() ? low_precision_of(w) : nullptr;
+  if (low == nullptr) return Backend::swiglu_linear(gate, up, x, w, y, residual);
+  constexpr absl::string_view kOp = "swiglu_linear";
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "gate", gate));
+  FLUX_RETURN_IF_ERROR(cuda::check_same_bf16(kOp, gate, "up", up));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
+  if (x.rows() != gate.rows() || x.cols() < gate.cols()) {
+    return op_error(kOp, absl::StrCat("x ", x.describe(), " must have gate's rows and end with its ",
+                                      gate.cols(), " columns"));
+  }
+  FLUX_RETURN_IF_ERROR(cuda::check_projection(kOp, x, w.tensor, y));
+  if (residual != nullptr) {
+    FLUX_RETURN_IF_ERROR(cuda::check_same_bf16(kOp, y, "residual stream", residual->stream));
+    FLUX_RETURN_IF_ERROR(check_bf16(kOp, "residual gate", residual->gate));
+    FLUX_RETURN_IF_ERROR(check_vector(kOp, "residual gate", residual->gate, w.tensor.rows()));
+  }
+  const int64_t prefix = x.cols() - gate.cols();
+  const cuda::Mat prefix_mat =
+      prefix > 0 ? mat(x.col_slice(0, prefix)) : cuda::Mat{nullptr, x.rows(), 0, 0};
+  return run_path(
+      CudaPath::kSwigluFp8, cuda::swiglu_fp8_unsupported(x.cols(), prefix_mat, mat(gate), mat(up)),
+      [&] { return swiglu_linear_fp8(gate, up, x, *low, y, residual); },
+      [&] { return Backend::swiglu_linear(gate, up, x, w, y, residual); });
+}
+
+absl::Status CudaBackend::layer_norm_modulate_linear(const Tensor& x, const Tensor& shift,
+                                                     const Tensor& scale, float eps,
+                                                     const Tensor& normed, const Weight& w,
+                                                     const Tensor& y) {
+  // quality=high with rowwise FP8: the norm writes only the GEMM's E4M3 rows.
+  const CudaLowPrecision* low = fp8_rows_wanted() ? low_precision_of(w) : nullptr;
+  if (low == nullptr) {
+    return Backend::layer_norm_modulate_linear(x, shift, scale, eps, normed, w, y);
+  }
+  constexpr absl::string_view kOp = "layer_norm_modulate_linear";
+  FLUX_RETURN_IF_ERROR(cuda::check_layer_norm_operands(kOp, x, shift, scale));
+  FLUX_RETURN_IF_ERROR(cuda::check_same_bf16(kOp, x, "normed", normed));
+  FLUX_RETURN_IF_ERROR(cuda::check_projection(kOp, x, w.tensor, y));
+  return run_path(
+      CudaPath::kLayerNormFp8, cuda::layer_norm_fp8_unsupported(mat(x)),
+      [&] { return layer_norm_linear_fp8(x, shift, scale, eps, *low, y); },
+      [&] { return Backend::layer_norm_modulate_linear(x, shift, scale, eps, normed, w, y); });
+}
+
+absl::StatusOr<CudaLowPrecision> CudaBackend::quantize_low_precision(const Tensor& x) {
+  const int64_t m = x.rows(), k = x.cols();
+  CudaLowPrecision low;
+  FLUX_ASSIGN_OR_RETURN(Tensor workspace, scratch({cuda::kQuantizeWorkspaceBytes}, DType::kU8));
+  if (nvfp4_) {  // Blackwell: packed E2M1 values, swizzled UE4M3 block scales, a global scale
+    FLUX_ASSIGN_OR_RETURN(low.values, empty(DType::kU8, {m, k / 2}));
+    FLUX_ASSIGN_OR_RETURN(low.scale, empty(DType::kU8, {nvfp4_scale_bytes(m, k)}));
+    FLUX_ASSIGN_OR_RETURN(low.global, empty(DType::kF32, {1}));
+    cuda::Nvfp4QuantizeArgs args;
+    args.in.first = mat(x);
+    args.out = low.values.data();
+    args.out_bytes = low.values.bytes();
+    args.scales = low.scale.data();
+    args.scales_bytes = low.scale.bytes();
+    args.global_scale = low.global.data_as<float>();
+    args.workspace = workspace.data();
+    args.workspace_bytes = workspace.bytes();
+    FLUX_RETURN_IF_ERROR(cuda::nvfp4_quantize_dynamic(args, stream()));
+    return low;
+  }
+  FLUX_ASSIGN_OR_RETURN(low.values, empty(DType::kF8E4M3, {m, k}));
+  FLUX_ASSIGN_OR_RETURN(low.scale, empty(DType::kF32, {fp8_rowwise_ ? m : 1}));
+  cuda::Fp8QuantizeArgs args;
+  args.in.first = mat(x);
+  args.out = low.values.data();
+  args.out_bytes = low.values.bytes();
+  args.scale = low.scale.data_as<float>();
+  if (fp8_rowwise_) {
+    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_rows(args, stream()));  // one kernel, a scale per row
+  } else {
+    args.workspace = workspace.data();
+    args.workspace_bytes = workspace.bytes();
+    FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_dynamic(args, stream()));
+  }
+  return low;
+}
+
+absl::Status CudaBackend::linear_low_precision(const Tensor& x, const CudaLowPrecision& w,
+                                               const Tensor& y) {
+  CudaLowPrecision xq;
+  {
+    OpProfileScope profile(*this, profile_category("quantize", x, w.values.rows()));
+    FLUX_ASSIGN_OR_RETURN(xq, quantize_low_precision(x));
+  }
+  return gemm_low_precision(x, xq, w, y);
+}
+
+absl::Status CudaBackend::gemm_low_precision(const Tensor& x, const CudaLowPrecision& xq,
+                                             const CudaLowPrecision& w, const Tensor& y) {
+  OpProfileScope profile(*this, profile_category("gemm", x, w.values.rows()));
+  const int64_t m = x.rows(), k = x.cols();
+  const cuda::Mat x_mat{xq.values.data(), m, k, k}, w_mat{w.values.data(), w.values.rows(), k, k};
+  if (nvfp4_) {
+    FLUX_ASSIGN_OR_RETURN(Tensor alpha, scratch({1}, DType::kF32));  // 1 / (gs_x · gs_w)
+    FLUX_RETURN_IF_ERROR(cuda::inverse_product(
+        xq.global.data_as<float>(), w.global.data_as<float>(), alpha.data_as<float>(), stream()));
+    return gemm_->linear_nvfp4(x_mat, xq.scale.data(), w_mat, w.scale.data(),
+                               alpha.data_as<float>(), mat(y));
+  }
+  return gemm_->linear_fp8(x_mat, xq.scale.data_as<float>(), w_mat, w.scale.data_as<float>(),
+                           mat(y), fp8_rowwise_);
+}
+
+absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> CudaBackend::add_fp8_weight(
+    const Tensor& w) {
+  FLUX_RETURN_IF_ERROR(check_tensor("add_fp8_weight", "w", w, Device::kCuda, DType::kBF16));
+  if (w.rank() != 2 || !w.contiguous() || w.cols() % 16 != 0) {
+    return op_error("add_fp8_weight", absl::StrCat("w ", w.describe(),
+                                                   " is not a contiguous [N, K] with K % 16 == 0"));
+  }
+  // Per output channel when rowwise (the weight's rows are the GEMM's output channels).
+  FLUX_ASSIGN_OR_RETURN(CudaLowPrecision low, quantize_low_precision(w));
+  return std::shared_ptr<const LowPrecisionWeight>(
+      std::make_shared<CudaLowPrecision>(std::move(low)));
+}
+
+absl::Status CudaBackend::swiglu_linear_fp8(const Tensor& gate, const Tensor& up, const Tensor& x,
+                                            const CudaLowPrecision& w, const Tensor& y,
+                                            const GatedResidual* residual) {
+  const int64_t m = x.rows(), k = x.cols(), prefix = k - gate.cols();
+  CudaLowPrecision xq;
+  {
+    OpProfileScope profile(*this, op_category("elementwise", "swiglu_fp8"));
+    FLUX_ASSIGN_OR_RETURN(xq.values, scratch({m, k}, DType::kF8E4M3));
+    FLUX_ASSIGN_OR_RETURN(xq.scale, scratch({m, 1}, DType::kF32));
+    cuda::SwigluFp8Rows args;
+    args.prefix = prefix > 0 ? mat(x.col_slice(0, prefix)) : cuda::Mat{nullptr, m, 0, 0};
+    args.gate = mat(gate);
+    args.up = mat(up);
+    args.math = silu_math();
+    args.out = xq.values.data();
+    args.out_bytes = xq.values.bytes();
+    args.row_scales = xq.scale.data_as<float>();
+    FLUX_RETURN_IF_ERROR(cuda::swiglu_fp8_rows(args, stream()));
+  }
+  if (residual == nullptr) return gemm_low_precision(x, xq, w, y);
+  // stream += gate ⊙ (x · wᵀ) in the GEMM: the gate times each output channel's scale, then the
+  // epilogue adds the stream (beta = 1, in place). One rounding instead of gate_residual's three.
+  const int64_t n = w.values.rows();
+  OpProfileScope profile(*this, profile_category("gemm", x, n));
+  FLUX_ASSIGN_OR_RETURN(Tensor gated, scratch({n}, DType::kF32));
+  FLUX_RETURN_IF_ERROR(cuda::gated_channel_scales(w.scale.data_as<float>(), residual->gate.data(),
+                                                  n, gated.data_as<float>(), stream()));
+  const cuda::Mat x_mat{xq.values.data(), m, k, k}, w_mat{w.values.data(), n, k, k};
+  return gemm_->linear_fp8(x_mat, xq.scale.data_as<float>(), w_mat, gated.data_as<float>(),
+                           mat(residual->stream), /*rowwise=*/true, /*accumulate=*/true);
+}
+
+absl::Status CudaBackend::layer_norm_linear_fp8(const Tensor& x, const Tensor& shift,
+                                                const Tensor& scale, float eps,
+                                                const CudaLowPrecision& w, const Tensor& y) {
+  const int64_t m = x.rows(), k = x.cols();
+  CudaLowPrecision xq;
+  {
+    OpProfileScope profile(*this, op_category("norm", "layer_norm_fp8"));
+    FLUX_ASSIGN_OR_RETURN(xq.values, scratch({m, k}, DType::kF8E4M3));
+    FLUX_ASSIGN_OR_RETURN(xq.scale, scratch({m, 1}, DType::kF32));
+    const cuda::Mat sh{shift.data(), 1, k, k}, sc{scale.data(), 1, k, k};
+    FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(
+        mat(x), sh, sc, m, eps, cuda::Mat{nullptr, m, k, k}, stream(),
+        cuda::Fp8Rows{static_cast<uint8_t*>(xq.values.data()), xq.scale.data_as<float>()}));
+  }
+  return gemm_low_precision(x, xq, w, y);
+}
+
+}  // namespace flux2

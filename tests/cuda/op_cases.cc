@@ -1,0 +1,299 @@
+// The op cases of gpu_op_test (harness: op_harness.h), at the real FLUX.2 shapes (klein-4B D=3072
+// F=9216, klein-9B D=4096, dev D=6144; 4608 = 4096 image + 512 text tokens) and awkward ones (17
+// text tokens, odd token counts, single rows, strided column slices of the fused buffers the model
+// passes). Adding an op or a shape is one add(). The main: `gpu_op_test [--perf] [--op NAME]`.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "kernels/cuda/attention_fallback.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "tests/cuda/op_harness.h"
+
+namespace flux2::testing {
+namespace {
+
+struct Rows {
+  int64_t s, d;
+};
+// Token counts x widths for the fused element-wise and norm kernels.
+constexpr Rows kFusedShapes[] = {{4608, 3072}, {4608, 6144}, {17, 3072}, {4611, 3072},
+                                 {1, 128},     {29, 4096},   {33, 768}};
+
+std::string sd(const Rows& r) { return absl::StrCat("S=", r.s, ",D=", r.d); }
+
+cuda::Mat mat(const Tensor& t) { return cuda::Mat{t.data(), t.rows(), t.cols(), t.row_stride()}; }
+
+// RoPE-like f32 tables [rows, 128].
+std::vector<float> table(int64_t rows, bool sine) {
+  std::vector<float> values(static_cast<size_t>(rows * 128));
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = sine ? std::sin(0.001f * i) : std::cos(0.001f * i);
+  }
+  return values;
+}
+
+struct AttentionShape {
+  int64_t s, heads, kv_heads, head_dim;
+  bool causal;
+  int64_t valid_keys;
+};
+
+AttentionParams params_of(const AttentionShape& a) {
+  return {a.heads,  a.kv_heads,  a.head_dim, static_cast<float>(1 / std::sqrt(double(a.head_dim))),
+          a.causal, a.valid_keys};
+}
+
+std::string vars_of(const AttentionShape& a) {
+  return absl::StrCat("S=", a.s, ",H=", a.heads, ",Hkv=", a.kv_heads, ",Dh=", a.head_dim,
+                      a.causal ? ",causal" : "", a.valid_keys >= 0 ? ",valid=" : "",
+                      a.valid_keys >= 0 ? absl::StrCat(a.valid_keys) : "");
+}
+
+std::vector<OpCase> make_cases() {
+  std::vector<OpCase> cases;
+  auto add = [&](OpCase c) { cases.push_back(std::move(c)); };
+
+  for (const Rows r : kFusedShapes) {
+    add({"gate_residual", sd(r),
+         [r](OpEnv& e) {
+           Tensor x = e.in_place(r.s, r.d, 4.0f);
+           Tensor gate = e.input(1, r.d).reshape({r.d}), update = e.input(r.s, r.d, 4.0f);
+           return e.call(x, [&be = e.backend(), x, gate, update] {
+             return be.gate_residual(x, gate, update);
+           });
+         },
+         "gate_residual"});
+    // The single block: [q|k|v|gate|up] -> SwiGLU into the mlp columns of [attn|mlp].
+    add({"swiglu", sd(r) + ",into_concat",
+         [r](OpEnv& e) {
+           const int64_t f = 3 * r.d;
+           Tensor wide = e.input(r.s, 3 * r.d + 2 * f, 3.0f);
+           Tensor out = e.output(r.s, r.d + f).col_slice(r.d, f);
+           return e.call(out, [&be = e.backend(), wide, out, r, f] {
+             return be.swiglu(wide.col_slice(3 * r.d, f), wide.col_slice(3 * r.d + f, f), out);
+           });
+         },
+         "swiglu"});
+    // shift and scale are column slices of the fused per-step modulation row, as in the model.
+    add({"layer_norm_modulate", sd(r),
+         [r](OpEnv& e) {
+           Tensor x = e.input(r.s, r.d, 5.0f), mod = e.input(1, 17 * r.d);
+           Tensor out = e.output(r.s, r.d);
+           return e.call(out, [&be = e.backend(), x, mod, out, r] {
+             return be.layer_norm_modulate(x, mod.col_slice(3 * r.d, r.d),
+                                           mod.col_slice(4 * r.d, r.d), 1e-6f, out);
+           });
+         },
+         "layer_norm_modulate"});
+    for (const RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+      // q inside the fused [q|k|v] projection buffer, as the model passes it.
+      add({"qk_norm_rope",
+           sd(r) + (style == RopeStyle::kInterleaved ? ",interleaved" : ",half_split"),
+           [r, style](OpEnv& e) {
+             Tensor qkv = e.in_place(r.s, 3 * r.d, 3.0f), weight = e.input(1, 128);
+             Tensor cos = e.input_values(r.s, 128, table(r.s, false), /*f32=*/true);
+             Tensor sin = e.input_values(r.s, 128, table(r.s, true), /*f32=*/true);
+             Tensor q = qkv.col_slice(r.d, r.d);
+             return e.call(q, [&be = e.backend(), q, weight, cos, sin, style] {
+               return be.qk_norm_rope(q, 128, weight.reshape({128}), 1e-6f, cos, sin, style);
+             });
+           },
+           "qk_norm_rope"});
+    }
+  }
+
+  // LayerNorm + modulation holds a row in registers, as many 16-byte packs per thread as the row
+  // needs: every instantiation (1, 2, 3, 4, 6 and 8 packs of 128 threads).
+  for (const int64_t d : {1024, 2048, 3072, 4096, 6144, 8192}) {
+    add({"layer_norm_modulate", absl::StrCat("S=19,D=", d, ",packs"),
+         [d](OpEnv& e) {
+           Tensor x = e.input(19, d, 3.0f), shift = e.input(1, d), scale = e.input(1, d);
+           Tensor out = e.output(19, d);
+           return e.call(out, [&be = e.backend(), x, shift, scale, out, d] {
+             return be.layer_norm_modulate(x, shift.reshape({d}), scale.reshape({d}), 1e-6f, out);
+           });
+         },
+         "layer_norm_modulate"});
+  }
+
+  add({"linear", "M=77,N=512,K=3072,bias,into_slice", [](OpEnv& e) {
+         Tensor x = e.input(77, 3072), w = e.input(512, 3072, 0.02f), bias = e.input(1, 512);
+         Tensor y = e.output(77, 1024).col_slice(256, 512);
+         return e.call(y, [&be = e.backend(), x, w, bias, y] {
+           return be.linear(x, w, bias.reshape({512}), y);
+         });
+       }});
+
+  // Attention: cuDNN SDPA where it applies (its path must run), the VAE's single wide head by
+  // GEMMs, and the text encoder's causal, padded GQA attention, which cuDNN's path does not serve
+  // by design: the plain kernel, and no fallback counted. Each shape also runs the plain kernel
+  // directly (the fallback cuDNN hides), against the same CPU reference.
+  for (const AttentionShape a :
+       {AttentionShape{600, 4, 4, 128, false, -1}, AttentionShape{77, 3, 3, 32, false, -1},
+        AttentionShape{100, 1, 1, 512, false, -1}, AttentionShape{64, 4, 2, 16, true, 21}}) {
+    const bool cudnn = !a.causal && a.head_dim <= 256;
+    auto inputs = [a](OpEnv& e) {
+      return std::vector<Tensor>{e.input(a.s, a.heads * a.head_dim),
+                                 e.input(a.s, a.kv_heads * a.head_dim),
+                                 e.input(a.s, a.kv_heads * a.head_dim),
+                                 e.output(a.s, a.heads * a.head_dim)};
+    };
+    auto through_backend = [a, inputs](OpEnv& e) {
+      const std::vector<Tensor> t = inputs(e);
+      return e.call(t[3], [&be = e.backend(), t, a] {
+        return be.attention(t[0], t[1], t[2], params_of(a), t[3]);
+      });
+    };
+    add({"attention", vars_of(a), through_backend, cudnn ? "cudnn_attention" : ""});
+    if (a.head_dim > 256) continue;  // the plain kernel holds heads of up to 256
+    OpCase plain{"attention_plain_kernel", vars_of(a), through_backend};
+    plain.run_gpu = [a, inputs](OpEnv& e) {
+      const std::vector<Tensor> t = inputs(e);
+      return e.call(t[3], [&be = e.backend(), t, a] {
+        return cuda::attention_fallback(mat(t[0]), mat(t[1]), mat(t[2]), params_of(a), mat(t[3]),
+                                        cuda_stream_of(be));
+      });
+    };
+    add(std::move(plain));
+  }
+
+  // FLUX.2's QK-norm + RoPE + attention as one op (at lossless: the ops in turn) on the double
+  // block's joint rows: 40 text rows with the text weights, then image rows.
+  add({"normed_attention", "S=296,split=40,H=2,Dh=128",
+       [](OpEnv& e) {
+         const int64_t s = 296, w = 256;
+         Tensor qkv = e.in_place(s, 3 * w, 3.0f), out = e.output(s, w);
+         std::vector<Tensor> norms;
+         for (int i = 0; i < 4; ++i) norms.push_back(e.input(1, 128).reshape({128}));
+         Tensor cos = e.input_values(s, 128, table(s, false), true);
+         Tensor sin = e.input_values(s, 128, table(s, true), true);
+         return e.call(out, [&be = e.backend(), qkv, out, norms, cos, sin] {
+           const QkNormRope norm{{norms[0], norms[1]}, {norms[2], norms[3]}, 40, 1e-6f, cos, sin,
+                                 RopeStyle::kInterleaved};
+           const AttentionParams p{2, 2, 128, static_cast<float>(1 / std::sqrt(128.0))};
+           return be.normed_attention(qkv.col_slice(0, w), qkv.col_slice(w, w),
+                                      qkv.col_slice(2 * w, w), norm, p, out);
+         });
+       },
+       "qk_norm_rope"});
+
+  add({"rms_norm", "S=33,D=256", [](OpEnv& e) {
+         Tensor x = e.input(33, 256, 3.0f), w = e.input(1, 256), out = e.output(33, 256);
+         return e.call(out, [&be = e.backend(), x, w, out] {
+           return be.rms_norm(x, w.reshape({256}), 1e-6f, out);
+         });
+       }});
+  add({"swiglu", "S=33,D=256,contiguous",
+       [](OpEnv& e) {
+         Tensor g = e.input(33, 256, 3.0f), u = e.input(33, 256), out = e.output(33, 256);
+         return e.call(out, [&be = e.backend(), g, u, out] { return be.swiglu(g, u, out); });
+       },
+       "swiglu"});
+
+  // GroupNorm at the VAE decoder's channel counts (C = 128 and 512; 300 pixels leave most of the
+  // statistics blocks one pixel or none; C = 24 leaves threads idle; C = 36 takes the scalar path).
+  struct GroupNormShape {
+    int64_t pixels, channels, groups;
+    bool silu;
+  };
+  for (const GroupNormShape g : {GroupNormShape{4099, 128, 32, true}, {2053, 512, 32, false},
+                                 {300, 128, 32, true}, {1031, 24, 8, true}, {300, 36, 4, false}}) {
+    add({"group_norm",
+         absl::StrCat("P=", g.pixels, ",C=", g.channels, ",G=", g.groups, g.silu ? ",silu" : ""),
+         [g](OpEnv& e) {
+           // A ramp over the pixels plus per-channel offsets: statistics that differ by group.
+           std::vector<float> host(static_cast<size_t>(g.pixels * g.channels));
+           for (int64_t p = 0; p < g.pixels; ++p) {
+             for (int64_t ch = 0; ch < g.channels; ++ch) {
+               host[p * g.channels + ch] = round_to_bf16(
+                   3.0f * p / g.pixels + 0.25f * (ch % 7) + 0.5f * std::sin(0.37f * (p + 5 * ch)));
+             }
+           }
+           Tensor x = e.input_values(g.pixels, g.channels, host);
+           Tensor gamma = e.input(1, g.channels), beta = e.input(1, g.channels);
+           Tensor out = e.output(g.pixels, g.channels);
+           return e.call(out, [&be = e.backend(), x, gamma, beta, out, g] {
+             return be.group_norm(x, g.groups, gamma.reshape({g.channels}),
+                                  beta.reshape({g.channels}), 1e-6f, g.silu, out);
+           });
+         }});
+  }
+
+  add({"conv2d", "H=12,W=20,Cin=32,Cout=64,k3", [](OpEnv& e) {
+         Tensor x = e.input(12 * 20, 32), w = e.input(64, 9 * 32, 0.1f), b = e.input(1, 64);
+         Tensor out = e.output(12 * 20, 64);
+         return e.call(out, [&be = e.backend(), x, w, b, out] {
+           return be.conv2d(x.reshape({12, 20, 32}), w.reshape({64, 3, 3, 32}), b.reshape({64}),
+                            out.reshape({12, 20, 64}));
+         });
+       }});
+  add({"upsample_nearest_2x", "H=12,W=20,C=64", [](OpEnv& e) {
+         Tensor x = e.input(12 * 20, 64), out = e.output(24 * 40, 64);
+         return e.call(out, [&be = e.backend(), x, out] {
+           return be.upsample_nearest_2x(x.reshape({12, 20, 64}), out.reshape({24, 40, 64}));
+         });
+       }});
+  add({"latent_unpack", "h=6,w=10,C=32", [](OpEnv& e) {
+         Tensor tokens = e.input(60, 128), mean = e.input(1, 128);
+         std::vector<float> var(128);  // positive variances, bf16-exact
+         for (size_t i = 0; i < var.size(); ++i) var[i] = 0.25f + 0.0078125f * i;
+         Tensor variance = e.input_values(1, 128, var);
+         Tensor out = e.output(12 * 20, 32);
+         return e.call(out, [&be = e.backend(), tokens, mean, variance, out] {
+           return be.latent_unpack(tokens, mean.reshape({128}), variance.reshape({128}), 1e-4f,
+                                   out.reshape({12, 20, 32}));
+         });
+       }});
+  return cases;
+}
+
+std::string test_name(const OpCase& c) {
+  std::string vars = absl::StrReplaceAll(c.vars, {{"=", ""}, {",", "_"}, {"-", "m"}});
+  return c.op + "__" + vars;
+}
+
+class OpTest : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(OpTest, Case) { check_op_case(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpTest, ::testing::ValuesIn(op_cases()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) {
+                           return test_name(info.param);
+                         });
+
+}  // namespace
+
+const std::vector<OpCase>& op_cases() {
+  static const std::vector<OpCase> cases = make_cases();
+  return cases;
+}
+
+}  // namespace flux2::testing
+
+// gpu_op_test [--perf] [--op NAME] [gtest flags]: --op keeps the cases of one op, --perf times
+// them instead of checking them.
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  bool perf = false;
+  std::string op;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--perf") perf = true;
+    if (arg == "--op" && i + 1 < argc) op = argv[++i];
+    if (arg.rfind("--op=", 0) == 0) op = arg.substr(5);
+  }
+  if (perf) {
+    for (const flux2::testing::OpCase& c : flux2::testing::op_cases()) {
+      if (op.empty() || c.op == op) flux2::testing::time_op_case(c);
+    }
+    return 0;
+  }
+  if (!op.empty()) ::testing::GTEST_FLAG(filter) = "Ops/OpTest.Case/" + op + "__*";
+  return RUN_ALL_TESTS();
+}
