@@ -1,6 +1,7 @@
 // `flux2 generate`: offline text-to-image without the server; writes a PNG and prints the stage
 // timings. Tested by tests/host/generate_command_test.cc (tiny checkpoint, bad inputs).
 #include <cstdio>
+#include <set>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "model/image_encode.h"
 #include "model/pipeline.h"
 #include "server/cli/args.h"
+#include "server/cli/backend_flags.h"
 #include "server/cli/commands.h"
 
 namespace flux2 {
@@ -24,12 +26,13 @@ int fail(absl::string_view message) {
 int run_generate(int argc, char** argv, int first) {
   auto args = Args::parse(argc, argv, first, {"--no-fast-paths"});
   if (!args.ok()) return fail(args.status().message());
-  if (auto known = args->check_known({"--model-dir", "--prompt", "--negative-prompt", "--height",
-                                      "--width", "--steps", "--seed", "--guidance", "--out",
-                                      "--backend", "--max-sequence-length", "--no-fast-paths"});
-      !known.ok()) {
-    return fail(known.message());
-  }
+  std::set<std::string> known = {"--model-dir", "--prompt", "--negative-prompt", "--height",
+                                 "--width", "--steps", "--seed", "--guidance", "--out",
+                                 "--backend", "--max-sequence-length", "--no-fast-paths"};
+  known.insert(backend_flag_names().begin(), backend_flag_names().end());
+  if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
+  auto backend_options = parse_backend_flags(*args);
+  if (!backend_options.ok()) return fail(backend_options.status().message());
   if (!args->has("--prompt")) return fail("--prompt is required");
   const std::string model_dir = args->get("--model-dir", FLUX2_TINY_CHECKPOINT_DIR);
   GenerateParams params;
@@ -54,7 +57,7 @@ int run_generate(int argc, char** argv, int first) {
   params.guidance_scale = *guidance;
   const std::string out = args->get("--out", "flux2.png");
 
-  auto backend = create_backend(args->get("--backend", "cpu"));
+  auto backend = create_backend(args->get("--backend", "cpu"), *backend_options);
   if (!backend.ok()) return fail(backend.status().message());
   auto pipeline = Pipeline::load(**backend, model_dir);
   if (!pipeline.ok()) return fail(pipeline.status().message());

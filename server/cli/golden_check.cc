@@ -2,6 +2,7 @@
 #include "server/cli/golden_check.h"
 
 #include <cstdio>
+#include <set>
 #include <filesystem>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "kernels/base/status.h"
 #include "model/json_util.h"
 #include "server/cli/args.h"
+#include "server/cli/backend_flags.h"
 #include "server/cli/commands.h"
 
 namespace flux2 {
@@ -43,7 +45,7 @@ const GoldenPart kParts[] = {
 void print_usage() {
   std::fprintf(stderr,
                "usage: flux2 check-golden --golden DIR [--backend cpu|cuda] [--only PART,...] "
-               "[--quality lossless|high]\n"
+               "[--quality lossless|high (cuda)]\n"
                "parts: tokenizer, text_encoder, transformer, vae, scheduler, randn, pipeline\n");
 }
 
@@ -51,15 +53,19 @@ void print_usage() {
 
 void GoldenReport::compare(absl::string_view file, absl::string_view case_name,
                            absl::string_view tensor, std::span<const float> out,
-                           std::span<const float> ref, double tolerance) {
+                           std::span<const float> ref, const absl::StatusOr<double>& tolerance) {
+  if (!tolerance.ok()) {
+    record(false, file, case_name, tensor, tolerance.status().message());
+    return;
+  }
   if (out.size() != ref.size()) {
     record(false, file, case_name, tensor,
            absl::StrCat("size ", out.size(), " != reference size ", ref.size()));
     return;
   }
   const double error = relative_l2_error(out, ref);
-  record(error <= tolerance, file, case_name, tensor,
-         absl::StrFormat("rel_err=%.3e tol=%.1e", error, tolerance));
+  record(error <= *tolerance, file, case_name, tensor,
+         absl::StrFormat("rel_err=%.3e tol=%.2e", error, *tolerance));
 }
 
 void GoldenReport::record(bool passed, absl::string_view file, absl::string_view case_name,
@@ -102,12 +108,15 @@ void GoldenReport::skip(absl::string_view file, absl::string_view reason) {
   std::fflush(stdout);
 }
 
-double GoldenContext::tolerance(const std::string& key) const {
+absl::StatusOr<double> GoldenContext::tolerance(const std::string& key, double fp8_error) const {
   if (backend == nullptr || backend->activation_dtype() == DType::kF32) return 1e-4;
   auto it = bf16_errors.find(key);
-  const double reference = it == bf16_errors.end() ? 0.0 : it->second;
-  if (quality == Quality::kHigh) return std::max(5.0 * reference, 5e-2);
-  return std::max(2.0 * reference, 1e-2);
+  if (it == bf16_errors.end()) {
+    return absl::NotFoundError(absl::StrCat("no bf16 error for ", key, " in ", dir,
+                                            "/bf16_reference.json: the bound cannot be derived"));
+  }
+  const double bf16 = std::max(2.0 * it->second, 1e-2);
+  return quality == Quality::kHigh ? bf16 + 2.0 * fp8_error : bf16;
 }
 
 int run_check_golden(int argc, char** argv, int first) {
@@ -117,8 +126,9 @@ int run_check_golden(int argc, char** argv, int first) {
     print_usage();
     return 2;
   }
-  if (auto known = args->check_known({"--golden", "--backend", "--only", "--quality"});
-      !known.ok()) {
+  std::set<std::string> known_flags = {"--golden", "--backend", "--only", "--quality"};
+  known_flags.insert(backend_flag_names().begin(), backend_flag_names().end());
+  if (auto known = args->check_known(known_flags); !known.ok()) {
     std::fprintf(stderr, "check-golden: %s\n", std::string(known.message()).c_str());
     print_usage();
     return 2;
@@ -150,7 +160,12 @@ int run_check_golden(int argc, char** argv, int first) {
     }
   }
 
-  auto backend = create_backend(context.backend_name);
+  auto backend_options = parse_backend_flags(*args);
+  if (!backend_options.ok()) {
+    std::fprintf(stderr, "check-golden: %s\n", std::string(backend_options.status().message()).c_str());
+    return 2;
+  }
+  auto backend = create_backend(context.backend_name, *backend_options);
   if (!backend.ok()) {
     std::fprintf(stderr, "check-golden: --backend %s: %s\n", context.backend_name.c_str(),
                  std::string(backend.status().message()).c_str());

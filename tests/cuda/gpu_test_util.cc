@@ -9,11 +9,6 @@
 
 namespace flux2::testing {
 
-std::string test_data_dir() {
-  const char* env = std::getenv("FLUX2_TEST_DATA");
-  return env != nullptr ? env : FLUX2_TEST_DATA;
-}
-
 Backend* gpu_backend(std::string* why, bool* no_device) {
   static absl::StatusOr<std::unique_ptr<Backend>> backend = create_cuda_backend();
   if (!backend.ok()) {

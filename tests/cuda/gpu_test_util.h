@@ -12,12 +12,10 @@
 #include "kernels/backend.h"
 #include "kernels/base/fast_path_registry.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "tests/host/test_util.h"
 
 namespace flux2::testing {
 
-// tests/data: $FLUX2_TEST_DATA when set (the GPU machine runs a copy of the tree elsewhere), else
-// the path compiled in.
-std::string test_data_dir();
 
 // A fast path's counters now (zeros when it has not run yet), and one fallback reason's count.
 FastPathCounters fast_path_counters(const std::string& path);

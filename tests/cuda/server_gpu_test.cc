@@ -1,9 +1,14 @@
-// flux2_server on the GPU (issue 6): serves a checkpoint directory in the Hugging Face layout —
+// flux2_server on the GPU: serves a checkpoint directory in the Hugging Face layout —
 // $FLUX2_GPU_MODEL_DIR (klein-4B shapes, random weights, written by flux2_make_random_checkpoint;
 // 1024x1024 requests) or else the tiny checkpoint of tests/data (256x256) — answers requests at
-// both qualities with valid PNGs, and its metrics show the GPU memory gauges and the per-step
-// histogram. Skips only where no GPU exists.
+// both qualities with valid PNGs, a QUALITY_HIGH response really made at high (quality echoed,
+// FP8 paths counted, other bytes than lossless), no fast-path fallback at the real shapes (in the
+// responses and in the metrics), GPU memory gauges and the per-step histogram; and with
+// --fast-paths off the fused kernels run their eager chains (counted "switched_off", same bytes)
+// while cuDNN attention keeps running. Skips only where no CUDA device exists.
 #include <cstdlib>
+#include <map>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -20,35 +25,79 @@ using server::testing::local_channel;
 using server::testing::metric_value;
 using server::testing::ServerProcess;
 
+std::string server_binary() {
+  const char* binary = std::getenv("FLUX2_SERVER_BINARY");
+  return binary != nullptr ? binary : FLUX2_SERVER_BINARY;
+}
+
+std::string tiny_checkpoint() { return testing::test_data_dir() + "/tiny-klein/checkpoint"; }
+
+v1::GenerateImageRequest request_of(int size, v1::Quality quality) {
+  v1::GenerateImageRequest request;
+  request.set_prompt("a red fox in fresh snow, watercolor");
+  request.set_width(size);
+  request.set_height(size);
+  request.set_seed(7);
+  request.set_quality(quality);
+  return request;
+}
+
+// Invocations and fallbacks ("path:reason") a response reports.
+struct Usage {
+  std::map<std::string, int64_t> invocations;
+  std::map<std::string, int64_t> fallbacks;
+};
+Usage usage_of(const v1::GenerateImageResponse& response) {
+  Usage usage;
+  for (const v1::FastPathUsage& path : response.fast_paths()) {
+    usage.invocations[path.path()] = path.invocations();
+    for (const auto& [reason, count] : path.fallbacks()) {
+      usage.fallbacks[path.path() + ":" + reason] = count;
+    }
+  }
+  return usage;
+}
+
+// Sum of every flux2_fast_path_fallbacks_total series.
+double total_fallbacks(const std::string& metrics) {
+  double total = 0.0;
+  for (const auto& sample : server::testing::parse_prometheus_text(metrics)) {
+    if (sample.name == "flux2_fast_path_fallbacks_total") total += sample.value;
+  }
+  return total;
+}
+
 TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
   FLUX2_REQUIRE_GPU(be);
   const char* real_size_dir = std::getenv("FLUX2_GPU_MODEL_DIR");
-  const std::string model_dir = real_size_dir != nullptr
-                                    ? real_size_dir
-                                    : testing::test_data_dir() + "/tiny-klein/checkpoint";
-  const int size = real_size_dir != nullptr ? 1024 : 256;
-  const char* binary = std::getenv("FLUX2_SERVER_BINARY");
+  const bool real = real_size_dir != nullptr;
+  const std::string model_dir = real ? real_size_dir : tiny_checkpoint();
+  const int size = real ? 1024 : 256;
   auto server = ServerProcess::start(
-      binary != nullptr ? binary : FLUX2_SERVER_BINARY,
-      {"--model-dir", model_dir, "--backend", "cuda", "--enable-quality-high"});
+      server_binary(), {"--model-dir", model_dir, "--backend", "cuda", "--enable-quality-high"});
   ASSERT_NE(server, nullptr);
   auto channel = local_channel(server->grpc_port());
   ASSERT_TRUE(server::testing::wait_for_health(channel, "readiness", "SERVING"));
   auto stub = v1::ImageGeneration::NewStub(channel);
+  {
+    v1::GetModelInfoResponse info;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_TRUE(info.fast_paths_enabled());
+    EXPECT_EQ(info.backend_options().at("fp8-attention"), "on");
+    EXPECT_EQ(info.backend_options().at("gemm-autotune"), "off");
+  }
 
+  std::map<v1::Quality, std::string> pngs;
   for (v1::Quality quality : {v1::QUALITY_LOSSLESS, v1::QUALITY_HIGH}) {
-    v1::GenerateImageRequest request;
-    request.set_prompt("a red fox in fresh snow, watercolor");
-    request.set_width(size);
-    request.set_height(size);
-    request.set_seed(7);
-    request.set_quality(quality);
     v1::GenerateImageResponse response;
     grpc::ClientContext context;
-    const grpc::Status status = stub->GenerateImage(&context, request, &response);
+    const grpc::Status status = stub->GenerateImage(&context, request_of(size, quality), &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
     ASSERT_EQ(response.images_size(), 1);
+    EXPECT_EQ(response.quality(), quality);
     const std::string& png = response.images(0).data();
+    pngs[quality] = png;
     int w = 0, h = 0, channels = 0;
     stbi_uc* pixels = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(png.data()),
                                             static_cast<int>(png.size()), &w, &h, &channels, 3);
@@ -56,23 +105,92 @@ TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
     stbi_image_free(pixels);
     EXPECT_EQ(w, size);
     EXPECT_EQ(h, size);
+    const Usage usage = usage_of(response);
+    if (quality == v1::QUALITY_HIGH) {
+      // Every norm+projection pair of the blocks writes its GEMM's E4M3 rows at high.
+      EXPECT_GT(usage.invocations.count("layer_norm_fp8") ? usage.invocations.at("layer_norm_fp8")
+                                                          : 0,
+                0)
+          << "the QUALITY_HIGH response ran no FP8 path";
+      if (real) EXPECT_GT(usage.invocations.count("flash_attention_fp8"), 0u);
+    } else {
+      EXPECT_EQ(usage.invocations.count("fp8_linear") + usage.invocations.count("layer_norm_fp8"),
+                0u)
+          << "a lossless request ran an FP8 path";
+    }
+    // At the real shapes every path serves every call: a healthy request reports no fallback.
+    // (The tiny checkpoint's head_dim 32 is not the FP8 attention's 128: its fallback is real.)
+    if (real) {
+      EXPECT_EQ(response.fast_path_fallbacks(), 0)
+          << ::testing::PrintToString(usage.fallbacks);
+    }
     const v1::Timings& t = response.timings();
     std::printf(
         "%s %dx%d: total %.1f ms (queue %.1f, text encode %.1f, denoise %.1f, decode %.1f, encode "
-        "%.1f)\n",
+        "%.1f), fallbacks %lld\n",
         quality == v1::QUALITY_HIGH ? "high" : "lossless", size, size, 1e3 * t.total_seconds(),
         1e3 * t.queue_seconds(), 1e3 * t.text_encode_seconds(), 1e3 * t.denoise_seconds(),
-        1e3 * t.decode_seconds(), 1e3 * t.encode_seconds());
+        1e3 * t.decode_seconds(), 1e3 * t.encode_seconds(),
+        static_cast<long long>(response.fast_path_fallbacks()));
   }
+  EXPECT_NE(pngs[v1::QUALITY_LOSSLESS], pngs[v1::QUALITY_HIGH])
+      << "QUALITY_HIGH gave the lossless bytes";
   const std::string metrics = server::testing::http_get(server->metrics_port(), "/metrics");
   // The weights alone: 14 GB at klein-4B shapes, 21 MB for the tiny checkpoint.
-  EXPECT_GT(metric_value(metrics, "flux2_gpu_memory_used_bytes").value_or(0),
-            real_size_dir != nullptr ? 1e9 : 1e7);
+  EXPECT_GT(metric_value(metrics, "flux2_gpu_memory_used_bytes").value_or(0), real ? 1e9 : 1e7);
   EXPECT_GT(metric_value(metrics, "flux2_gpu_memory_total_bytes").value_or(0), 1e10);
   // Two requests of 4 steps each (the warm-up is not a request).
   EXPECT_GE(metric_value(metrics, "flux2_denoise_step_duration_seconds_count").value_or(0), 8.0);
+  // The warm-up and both requests (text encoder included) at the real shapes: no fallback at all.
+  if (real) EXPECT_EQ(total_fallbacks(metrics), 0.0);
   server->send_signal(SIGTERM);
   EXPECT_EQ(server->wait_exit(std::chrono::seconds(120)), 0);
+}
+
+// --fast-paths off: GetModelInfo says so, the fused kernels run their eager chains (counted
+// "switched_off") with the same bytes as a server with them on, and cuDNN attention, an
+// implementation rather than a fused kernel, keeps running (never "disabled_after_error").
+TEST(ServerGpuTest, FastPathsOffRunsTheEagerChainsWithTheSameBytes) {
+  FLUX2_REQUIRE_GPU(be);
+  std::map<bool, std::string> pngs;
+  for (const bool on : {true, false}) {
+    auto server = ServerProcess::start(server_binary(), {"--model-dir", tiny_checkpoint(),
+                                                         "--backend", "cuda", "--fast-paths",
+                                                         on ? "on" : "off"});
+    ASSERT_NE(server, nullptr);
+    auto channel = local_channel(server->grpc_port());
+    ASSERT_TRUE(server::testing::wait_for_health(channel, "readiness", "SERVING"));
+    auto stub = v1::ImageGeneration::NewStub(channel);
+    v1::GetModelInfoResponse info;
+    {
+      grpc::ClientContext context;
+      ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+    }
+    EXPECT_EQ(info.fast_paths_enabled(), on);
+    v1::GenerateImageResponse response;
+    grpc::ClientContext context;
+    const grpc::Status status =
+        stub->GenerateImage(&context, request_of(256, v1::QUALITY_LOSSLESS), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    pngs[on] = response.images(0).data();
+    const Usage usage = usage_of(response);
+    EXPECT_GT(usage.invocations.count("cudnn_attention") ? usage.invocations.at("cudnn_attention")
+                                                         : 0,
+              0)
+        << "cuDNN attention must run with fast paths " << (on ? "on" : "off");
+    for (const auto& [key, count] : usage.fallbacks) {
+      EXPECT_EQ(key.find("disabled_after_error"), std::string::npos) << key;
+      if (on) ADD_FAILURE() << "fallback with fast paths on: " << key << " " << count;
+    }
+    if (!on) {
+      EXPECT_GT(usage.fallbacks.count("gate_residual:switched_off"), 0u)
+          << ::testing::PrintToString(usage.fallbacks);
+      EXPECT_EQ(usage.invocations.count("gate_residual"), 0u);
+    }
+    server->send_signal(SIGTERM);
+    EXPECT_EQ(server->wait_exit(std::chrono::seconds(120)), 0);
+  }
+  EXPECT_EQ(pngs[true], pngs[false]) << "fast paths changed a lossless result";
 }
 
 }  // namespace

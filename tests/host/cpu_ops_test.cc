@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/numerics.h"
 #include "kernels/cpu/cpu_backend.h"
 
@@ -396,6 +397,77 @@ TEST_F(CpuOpsTest, UpsampleAndEmbedding) {
   ASSERT_TRUE(be_.upload(bad, DType::kI32, ids).ok());
   EXPECT_EQ(be_.embedding(ids, make(table, {5, 3}), rows).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// quality=high on the CPU backend emulates the CUDA backend's FP8 formats (cpu_fp8.h): the
+// reference of the quality=high bounds. Against a double-precision product of operands quantized
+// here with the E4M3 conversions of fp8_nvfp4.h (per row of x, per row of w, scale = amax / 448):
+// the float32 sgemm of the same E4M3 values stays within the float32 bound above.
+TEST_F(CpuOpsTest, Fp8LinearEqualsTheProductOfE4m3Operands) {
+  const int64_t m = 9, k = 64, n = 12;
+  const auto x = random(m * k, 3.0f), w = random(n * k, 0.2f);
+  auto quantized = [](std::vector<float> v, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float amax = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(v[r * cols + c]));
+      const float scale = fp8_dequant_scale(amax);
+      for (int64_t c = 0; c < cols; ++c) {
+        v[r * cols + c] = e4m3_to_f32(fp8_quantize_value(v[r * cols + c], scale)) * scale;
+      }
+    }
+    return v;
+  };
+  const std::vector<float> xq = quantized(x, m, k), wq = quantized(w, n, k);
+  Weight weight = make(w, {n, k});
+  auto low = be_.add_fp8_weight(weight.tensor);
+  ASSERT_TRUE(low.ok()) << low.status();
+  weight.low_precision = *low;
+  Tensor y = be_.empty(DType::kF32, {m, n}).value(), plain = be_.empty(DType::kF32, {m, n}).value();
+  {
+    const RequestScope high(be_, {Quality::kHigh});
+    ASSERT_TRUE(be_.linear(make(x, {m, k}), weight, {}, y).ok());
+  }
+  ASSERT_TRUE(be_.linear(make(x, {m, k}), weight, {}, plain).ok());  // lossless: the values
+  std::vector<float> ref(static_cast<size_t>(m * n)), exact(ref.size());
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0.0, full = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        acc += double(xq[i * k + c]) * wq[j * k + c];
+        full += double(x[i * k + c]) * w[j * k + c];
+      }
+      ref[i * n + j] = static_cast<float>(acc);
+      exact[i * n + j] = static_cast<float>(full);
+    }
+  }
+  EXPECT_LE(relative_l2_error(get(y), ref), kTolerance);
+  EXPECT_LE(relative_l2_error(get(plain), exact), kTolerance) << "lossless used the FP8 copy";
+  // E4M3 keeps 3 mantissa bits: each operand within 2^-4 relative, so the product within ~2^-3.
+  const double fp8_error = relative_l2_error(get(y), exact);
+  EXPECT_GT(fp8_error, 1e-3);
+  EXPECT_LE(fp8_error, 0.125);
+  EXPECT_FALSE(be_.add_fp8_weight(make(random(4 * 12), {4, 12})).ok()) << "K % 16 != 0";
+}
+
+// The transformer's attention at quality=high takes E4M3 operands (per head and 128 tokens) and
+// E4M3 probabilities: a few percent from the float32 one (3 mantissa bits on Q, K, V and P), while
+// causal attention (the text encoder's, which the FP8 kernel does not serve) stays as it is.
+TEST_F(CpuOpsTest, Fp8AttentionOnlyForTheTransformersAttention) {
+  const int64_t s = 200, heads = 2, d = 32;
+  const auto q = random(s * heads * d), k = random(s * heads * d), v = random(s * heads * d);
+  const Tensor tq = make(q, {s, heads * d}), tk = make(k, {s, heads * d}),
+               tv = make(v, {s, heads * d});
+  auto run = [&](Quality quality, bool causal) {
+    Tensor out = be_.empty(DType::kF32, {s, heads * d}).value();
+    const RequestScope request(be_, {quality});
+    AttentionParams p{heads, heads, d, 1.0f / std::sqrt(float(d)), causal};
+    EXPECT_TRUE(be_.attention(tq, tk, tv, p, out).ok());
+    return get(out);
+  };
+  const double error = relative_l2_error(run(Quality::kHigh, false), run(Quality::kLossless, false));
+  EXPECT_GT(error, 1e-3);
+  EXPECT_LE(error, 0.125);
+  EXPECT_EQ(run(Quality::kHigh, true), run(Quality::kLossless, true));
 }
 
 }  // namespace

@@ -1,14 +1,21 @@
-// Small host units: command-line parsing, backend creation by name, the relative-error measure,
-// RoPE tables and the timestep embedding (each against values derived by hand from their spec).
+// Small host units: command-line parsing and the backend flags, backend creation by name, request
+// scopes, parallel_for, the relative-error measure, RoPE tables and the timestep embedding (each
+// against values derived by hand from their spec).
+#include <atomic>
 #include <cmath>
+#include <mutex>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 #include "kernels/backend_factory.h"
+#include "kernels/base/parallel.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/base/numerics.h"
 #include "model/rope.h"
 #include "model/timestep_embedding.h"
 #include "server/cli/args.h"
+#include "server/cli/backend_flags.h"
 
 namespace flux2 {
 namespace {
@@ -40,6 +47,87 @@ TEST(BackendFactoryTest, CreatesByName) {
   // (and never another code: that would make GPU tests and `--backend auto` treat a broken GPU as
   // an absent one).
   if (!cuda.ok()) EXPECT_EQ(cuda.status().code(), absl::StatusCode::kNotFound) << cuda.status();
+}
+
+TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {
+  const char* argv[] = {"flux2", "--cpu-threads", "3", "--fp8-attention", "off",
+                        "--gemm-autotune=on"};
+  auto args = Args::parse(6, const_cast<char**>(argv), 1);
+  ASSERT_TRUE(args.ok());
+  auto options = parse_backend_flags(*args);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->cpu_threads, 3);
+  EXPECT_FALSE(options->fp8_attention);
+  EXPECT_TRUE(options->gemm_autotune);
+  using Pairs = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(options->describe(),
+            (Pairs{{"cpu-threads", "3"}, {"fp8-attention", "off"}, {"gemm-autotune", "on"}}));
+  EXPECT_EQ(BackendOptions{}.describe(),
+            (Pairs{{"cpu-threads", "0"}, {"fp8-attention", "on"}, {"gemm-autotune", "off"}}));
+  for (const char* bad : {"--fp8-attention=maybe", "--cpu-threads=-2", "--gemm-autotune=1"}) {
+    const char* one[] = {"flux2", bad};
+    auto parsed = Args::parse(2, const_cast<char**>(one), 1);
+    ASSERT_TRUE(parsed.ok());
+    const absl::Status status = parse_backend_flags(*parsed).status();
+    const std::string flag = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_NE(status.message().find(flag), std::string::npos) << bad << ": " << status;
+  }
+}
+
+// A request's options hold for its scope only; a nested scope (the text encoder's lossless one
+// inside a quality=high request) restores its request's options at its end.
+TEST(RequestScopeTest, OptionsHoldForTheScopeAndNestedScopesRestore) {
+  CpuBackend be;
+  EXPECT_EQ(be.request().quality, Quality::kLossless);
+  EXPECT_TRUE(be.request().fast_paths);
+  {
+    const RequestScope request(be, {Quality::kHigh, false});
+    EXPECT_EQ(be.request().quality, Quality::kHigh);
+    EXPECT_FALSE(be.request().fast_paths);
+    {
+      const RequestScope text(be, be.request().at_lossless());
+      EXPECT_EQ(be.request().quality, Quality::kLossless);
+      EXPECT_FALSE(be.request().fast_paths) << "at_lossless keeps the request's switch";
+    }
+    EXPECT_EQ(be.request().quality, Quality::kHigh);
+  }
+  EXPECT_EQ(be.request().quality, Quality::kLossless);
+  EXPECT_TRUE(be.request().fast_paths);
+}
+
+// parallel_for covers [0, n) with disjoint chunks, at most one per thread, none below
+// min_chunk items (unless n is smaller), and runs nested calls serially on the calling thread.
+TEST(ParallelForTest, ChunksCoverTheRangeOnceAndNestedCallsRunInline) {
+  for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{100003}}) {
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    std::mutex mutex;
+    std::vector<std::pair<int64_t, int64_t>> chunks;
+    parallel_for(n, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) hits[i]++;
+      std::lock_guard<std::mutex> lock(mutex);
+      chunks.emplace_back(begin, end);
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n " << n << ", item " << i;
+    EXPECT_LE(static_cast<int>(chunks.size()), std::max(1, parallel_thread_count()));
+    for (const auto& [begin, end] : chunks) {
+      if (chunks.size() > 1) EXPECT_GE(end - begin, 16) << "n " << n;
+    }
+  }
+  std::atomic<int> inner_total{0};
+  parallel_for(64, 1, [&](int64_t begin, int64_t end) {
+    const std::thread::id outer = std::this_thread::get_id();
+    parallel_for(10, 1, [&](int64_t b, int64_t e) {
+      EXPECT_TRUE(std::this_thread::get_id() == outer) << "a nested call left its thread";
+      inner_total += static_cast<int>(e - b);
+    });
+  });
+  EXPECT_EQ(inner_total.load() % 10, 0);
+  EXPECT_GE(inner_total.load(), 10);
+  // The pool is sized once: asking for its own size again is fine, another size is refused.
+  EXPECT_TRUE(set_parallel_thread_count(parallel_thread_count()).ok());
+  EXPECT_EQ(set_parallel_thread_count(parallel_thread_count() + 1).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(set_parallel_thread_count(-1).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(NumericsTest, RelativeL2Error) {

@@ -13,7 +13,9 @@ namespace flux2::testing {
 namespace fs = std::filesystem;
 
 std::string test_data_dir() {
-  return FLUX2_TEST_DATA;
+  // The GPU machine runs a copy of the tree elsewhere (tests/gpu/run_on_device.sh sets it).
+  const char* moved = std::getenv("FLUX2_TEST_DATA");
+  return moved != nullptr ? moved : FLUX2_TEST_DATA;
 }
 
 TempDir::TempDir() {

@@ -11,7 +11,8 @@
 
 namespace flux2::testing {
 
-// The tests/data directory (FLUX2_TEST_DATA).
+// The tests/data directory: $FLUX2_TEST_DATA when set (the GPU machine runs a copy of the tree
+// elsewhere), else the path compiled in.
 std::string test_data_dir();
 
 // A fresh directory under the system temp dir, removed by the destructor.
