@@ -86,8 +86,9 @@ class Flux2Transformer {
   absl::StatusOr<Tensor> embed_conditioning(std::span<const float> values, const Tensor& linear_1,
                                             const Tensor& linear_2) const;
 
-  // RoPE tables [S, Dh] of the position ids of recent requests (same size and text length share
-  // them): computing them in float64 costs milliseconds per request.
+  // RoPE tables [S, Dh] for the position ids of a request, cached on the device by the ids (a
+  // size and text length share them; at most 8 distinct ones, the smallest key evicted first):
+  // computing them in float64 costs milliseconds per request.
   absl::StatusOr<std::pair<Tensor, Tensor>> rope_tables(const std::vector<int64_t>& ids) const;
 
   Backend& backend_;

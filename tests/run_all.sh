@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
-# Builds everything and runs every test (ctest): host unit tests, golden checks against diffusers,
-# tokenizer corpus, server end-to-end, deployment checks; GPU tests skip where no GPU exists.
-#   tests/run_all.sh [extra ctest args]     (BUILD_DIR defaults to ./build)
+# Builds everything and runs every test: the format check (clang-format over every C++/CUDA
+# source), the build with warnings as errors (FLUX2_WERROR), ctest (host unit tests, golden checks
+# against diffusers, tokenizer corpus, server end-to-end, deployment checks; GPU tests skip where
+# no CUDA device exists), then the sanitizer job: a CPU-only build with ASan + UBSan
+# (FLUX2_SANITIZE) running the host and server tests.
+#   tests/run_all.sh [extra ctest args]     (BUILD_DIR defaults to ./build, the sanitizer build
+#                                            to ./build-sanitize)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$repo/build}"
 "$repo/deploy/install_deps.sh"
-cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+"$repo/tests/check_format.sh"
+cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLUX2_WERROR=ON
 cmake --build "$build" -j "$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"
+
+sanitize="${SANITIZE_BUILD_DIR:-$repo/build-sanitize}"
+cmake -S "$repo" -B "$sanitize" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUX2_CUDA=OFF \
+  -DFLUX2_SANITIZE=ON -DFLUX2_WERROR=ON
+cmake --build "$sanitize" -j "$(nproc)" --target host_tests server_unit_tests server_e2e_tests \
+  flux2 flux2_server
+# Leaks are reported too (LeakSanitizer); a UBSan finding fails its test.
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+ctest --test-dir "$sanitize" --output-on-failure -j "$(nproc)" -L 'host|server' "$@"

@@ -1,6 +1,6 @@
 // A plain CUDA attention kernel for every shape the models use (any head_dim <= 512, grouped-query
 // heads, causal and key-length masks): the fallback when cuDNN's fused SDPA cannot serve a shape,
-// and the reference the cuDNN path is tested against (tests/cuda/backend_ops_test.cc,
+// and the reference the cuDNN path is tested against (tests/cuda/op_cases.cc (gpu_op_test),
 // tests/cuda/fast_path_fallback_test.cc).
 #pragma once
 

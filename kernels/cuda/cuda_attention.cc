@@ -2,7 +2,7 @@
 // flash attention (with QK-norm and RoPE fused into its operand quantizer) at quality=high, the
 // plain kernel for what neither serves (the text encoder's causal attention: not applicable to
 // either, so not a fallback), and two GEMMs around a row softmax for the VAE's single wide head.
-// Tested by tests/cuda/backend_ops_test.cc, flash_attention_fp8_test.cc and
+// Tested by tests/cuda/op_cases.cc (gpu_op_test), flash_attention_fp8_test.cc and
 // fast_path_fallback_test.cc.
 #include <algorithm>
 #include <optional>

@@ -2,7 +2,7 @@
 // the files).
 // Memory comes from the device's stream-ordered pool (release threshold at max, so freed blocks
 // are reused, not returned); transfers go through two pinned staging buffers, converting dtypes
-// on the host while the previous chunk is in flight. Tested by tests/cuda/backend_ops_test.cc.
+// on the host while the previous chunk is in flight. Tested by tests/cuda/op_cases.cc (gpu_op_test).
 #include <cstdio>
 #include <cstring>
 #include <limits>

@@ -1,6 +1,6 @@
 // Operand checks shared by the CUDA backend's ops (style.md P2: validate, then launch): each
 // returns InvalidArgument naming the op and the tensor. Internal to kernels/cuda; the error
-// messages are asserted by tests/cuda/backend_ops_test.cc and fp8_rows_test.cc.
+// messages are asserted by tests/cuda/fast_path_fallback_test.cc and fp8_rows_test.cc.
 #pragma once
 
 #include "absl/strings/string_view.h"

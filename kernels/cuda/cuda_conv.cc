@@ -1,6 +1,6 @@
 // CudaBackend's convolutions through cuDNN (NHWC): PyTorch's convolution then bias add at
 // lossless, the bias (and the resnet's shortcut add) in cuDNN's epilogue at quality=high.
-// Tested by tests/cuda/backend_ops_test.cc and the VAE goldens on the CUDA backend.
+// Tested by tests/cuda/op_cases.cc, backend_ops_test.cc (the fused bias bound) and the VAE goldens.
 #include <string>
 
 #include "absl/strings/str_cat.h"

@@ -17,7 +17,7 @@ constexpr Kind kFused = FastPathKind::kFused;
 constexpr Kind kImplementation = FastPathKind::kImplementation;
 
 // Lossless fused kernels are proven bit-identical to their eager chains by
-// tests/cuda/fused_ops_test.cc; the quality=high paths carry measured bounds (kernels/README.md).
+// tests/cuda/op_cases.cc (gpu_op_test); the quality=high paths carry measured bounds (kernels/README.md).
 constexpr std::array<FastPathSpec, static_cast<size_t>(CudaPath::kCount)> kTable = {{
     {"gate_residual", kFused, Quality::kLossless, "x += gate * update in one pass; any bf16 shape"},
     {"swiglu", kFused, Quality::kLossless, "silu(gate) * up in one pass; any bf16 shape"},

@@ -2,7 +2,7 @@
 // low-precision GEMMs of registered weights (add_fp8_weight: FP8, NVFP4 on Blackwell), with the
 // activation quantized just before the GEMM or written in E4M3 by the op that produces it:
 // LayerNorm+modulate and SwiGLU (layer_norm_modulate_linear, swiglu_linear).
-// Tested by tests/cuda/backend_ops_test.cc, fp8_rows_test.cc and quality_high_test.cc.
+// Tested by tests/cuda/op_cases.cc (gpu_op_test), fp8_rows_test.cc and quality_high_test.cc.
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"

@@ -1,7 +1,7 @@
 // CudaBackend's element-wise, norm, image and sampling ops: operand checks, then the fused kernel
 // or its eager chain (fast paths of cuda_fast_paths.h, fallbacks counted by reason). Projections,
 // attention and convolutions have their own files (cuda_backend_impl.h lists them).
-// Tested by tests/cuda/fused_ops_test.cc (fused == eager bit for bit) and backend_ops_test.cc.
+// Tested by tests/cuda/op_cases.cc (gpu_op_test: fused == eager bit for bit, CUDA vs CPU).
 #include <string>
 #include <vector>
 

@@ -1,6 +1,6 @@
 // Small RAII helpers for cuDNN's backend (graph) API, shared by the SDPA plans and the
 // convolutions: an owned descriptor, tensor descriptors, and "first engine config that finalizes"
-// plans. Exercised through tests/cuda/backend_ops_test.cc.
+// plans. Exercised through tests/cuda/op_cases.cc (gpu_op_test).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,6 +1,6 @@
 // cuDNN SDPA plans through the backend API (one SDPA_FWD operation); see cudnn_sdpa.h. Tensors
 // are (b, h, s, d) with token-major strides so Q, K and V are read straight out of fused
-// projection buffers. Tested by tests/cuda/backend_ops_test.cc (vs the CPU reference).
+// projection buffers. Tested by tests/cuda/op_cases.cc (gpu_op_test) (vs the CPU reference).
 #include "kernels/cuda/cudnn_sdpa.h"
 
 #include <cudnn.h>

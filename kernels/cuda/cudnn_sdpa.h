@@ -2,7 +2,7 @@
 // Q/K/V/O read and written in place in token-major buffers (row strides), one execution plan per
 // shape built on first use. Serves non-causal, unmasked attention with head_dim a multiple of 8
 // and <= 256; anything else is Unimplemented and the caller falls back.
-// Tested against the CPU reference and the fallback kernel by tests/cuda/backend_ops_test.cc.
+// Tested against the CPU reference and the fallback kernel by tests/cuda/op_cases.cc (gpu_op_test).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,6 +1,6 @@
 // CUDA launchers for the VAE decoder and text-encoder ops that are not GEMMs or attention:
 // GroupNorm (+SiLU), nearest ×2 upsampling, latent unpacking and embedding lookup (bf16, NHWC).
-// Tested against the CPU backend by tests/cuda/backend_ops_test.cc.
+// Tested against the CPU backend by tests/cuda/op_cases.cc (gpu_op_test).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -297,6 +297,21 @@ __global__ void qk_rms_norm_kernel(Mat x, int64_t head_dim, const bf16* weight, 
   }
 }
 
+// The rotary embedding of one staged head (fp32 values in shared memory, written by this warp)
+// into `head` (bf16), with row `row` of the tables: the common tail of rope_kernel and
+// qk_norm_rope_kernel.
+__device__ __forceinline__ void rope_staged_head(const float* values, bf16* head, int64_t head_dim,
+                                                 int64_t row, const Mat& cos, const Mat& sin,
+                                                 RopeStyle style) {
+  const float* c_row = static_cast<const float*>(cos.data) + row * cos.stride;
+  const float* s_row = static_cast<const float*>(sin.data) + row * sin.stride;
+  for (int64_t d = threadIdx.x & 31; d < head_dim; d += 32) {
+    float sign;
+    const int64_t p = rope_partner(d, head_dim, style, &sign);
+    head[d] = to_bf16(rope_value(values[d], values[p], sign, c_row[d], s_row[d], style));
+  }
+}
+
 __global__ void rope_kernel(Mat x, int64_t head_dim, Mat cos, Mat sin, RopeStyle style) {
   __shared__ float staged[kWarpsPerBlock][kMaxHeadDim];
   const HeadIndex at = warp_head(x, head_dim);
@@ -305,13 +320,7 @@ __global__ void rope_kernel(Mat x, int64_t head_dim, Mat cos, Mat sin, RopeStyle
   bf16* head = row_ptr_mut(x, at.row) + at.head * head_dim;
   for (int64_t d = threadIdx.x & 31; d < head_dim; d += 32) values[d] = to_f32(head[d]);
   __syncwarp();
-  const float* c_row = static_cast<const float*>(cos.data) + at.row * cos.stride;
-  const float* s_row = static_cast<const float*>(sin.data) + at.row * sin.stride;
-  for (int64_t d = threadIdx.x & 31; d < head_dim; d += 32) {
-    float sign;
-    const int64_t p = rope_partner(d, head_dim, style, &sign);
-    head[d] = to_bf16(rope_value(values[d], values[p], sign, c_row[d], s_row[d], style));
-  }
+  rope_staged_head(values, head, head_dim, at.row, cos, sin, style);
 }
 
 __global__ void qk_norm_rope_kernel(Mat x, int64_t head_dim, const bf16* weight, float eps, Mat cos,
@@ -326,13 +335,7 @@ __global__ void qk_norm_rope_kernel(Mat x, int64_t head_dim, const bf16* weight,
     values[d] = head_norm_value(to_f32(head[d]), rstd, to_f32(weight[d]), style);
   }
   __syncwarp();
-  const float* c_row = static_cast<const float*>(cos.data) + at.row * cos.stride;
-  const float* s_row = static_cast<const float*>(sin.data) + at.row * sin.stride;
-  for (int64_t d = threadIdx.x & 31; d < head_dim; d += 32) {
-    float sign;
-    const int64_t p = rope_partner(d, head_dim, style, &sign);
-    head[d] = to_bf16(rope_value(values[d], values[p], sign, c_row[d], s_row[d], style));
-  }
+  rope_staged_head(values, head, head_dim, at.row, cos, sin, style);
 }
 
 // ---- head_dim 128: lane l holds elements 4l..4l+3 (8-byte loads); used by both the eager norm

@@ -308,6 +308,14 @@ absl::Status check_workspace(const char* op, const void* workspace, int64_t byte
   return absl::OkStatus();
 }
 
+// What a dynamic quantizer needs beyond its operands: an optional aligned amax output and the
+// workspace of its amax passes.
+absl::Status check_dynamic(const char* op, const float* amax, const void* workspace,
+                           int64_t workspace_bytes) {
+  if (auto st = check_scalar(op, "amax", amax, true); !st.ok()) return st;
+  return check_workspace(op, workspace, workspace_bytes);
+}
+
 // Passes 1 and 2 of a dynamic quantizer.
 absl::Status launch_amax(const char* op, const CatSource& s, void* workspace, ScaleKind kind,
                          float* amax, float* scale, cudaStream_t stream) {
@@ -425,8 +433,9 @@ absl::Status fp8_quantize_dynamic(const Fp8QuantizeArgs& args, cudaStream_t stre
   constexpr const char* kOp = "fp8_quantize_dynamic";
   CatSource s;
   if (auto st = validate_fp8(kOp, args, &s); !st.ok()) return st;
-  if (auto st = check_scalar(kOp, "amax", args.amax, true); !st.ok()) return st;
-  if (auto st = check_workspace(kOp, args.workspace, args.workspace_bytes); !st.ok()) return st;
+  if (auto st = check_dynamic(kOp, args.amax, args.workspace, args.workspace_bytes); !st.ok()) {
+    return st;
+  }
   // One cooperative kernel: as many blocks as are resident at once (the grid barrier needs every
   // block running), at most the workspace's partial slots; the last word is the barrier.
   const bool hw = args.conversion != QuantizeConversion::kSoftware;
@@ -492,8 +501,9 @@ absl::Status nvfp4_quantize_dynamic(const Nvfp4QuantizeArgs& args, cudaStream_t 
   constexpr const char* kOp = "nvfp4_quantize_dynamic";
   CatSource s;
   if (auto st = validate_nvfp4(kOp, args, &s); !st.ok()) return st;
-  if (auto st = check_scalar(kOp, "amax", args.amax, true); !st.ok()) return st;
-  if (auto st = check_workspace(kOp, args.workspace, args.workspace_bytes); !st.ok()) return st;
+  if (auto st = check_dynamic(kOp, args.amax, args.workspace, args.workspace_bytes); !st.ok()) {
+    return st;
+  }
   if (auto st = launch_amax(kOp, s, args.workspace, ScaleKind::kNvfp4Global, args.amax,
                             args.global_scale, stream);
       !st.ok()) {

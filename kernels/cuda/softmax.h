@@ -1,6 +1,6 @@
 // Row softmax for attention computed through GEMMs (the VAE's single-head, head_dim 512 attention,
 // which cuDNN's fused SDPA does not serve): f32 scores in, bf16 probabilities out.
-// Tested through tests/cuda/backend_ops_test.cc (attention d=512 against the CPU backend).
+// Tested through tests/cuda/op_cases.cc (gpu_op_test) (attention d=512 against the CPU backend).
 #pragma once
 
 #include <cuda_runtime_api.h>

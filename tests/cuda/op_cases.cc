@@ -151,7 +151,6 @@ std::vector<OpCase> make_cases() {
       });
     };
     add({"attention", vars_of(a), through_backend, cudnn ? "cudnn_attention" : ""});
-    if (a.head_dim > 256) continue;  // the plain kernel holds heads of up to 256
     OpCase plain{"attention_plain_kernel", vars_of(a), through_backend};
     plain.run_gpu = [a, inputs](OpEnv& e) {
       const std::vector<Tensor> t = inputs(e);

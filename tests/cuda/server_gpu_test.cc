@@ -8,7 +8,9 @@
 // while cuDNN attention keeps running. Skips only where no CUDA device exists.
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -58,6 +60,24 @@ Usage usage_of(const v1::GenerateImageResponse& response) {
   return usage;
 }
 
+// A started server that reports SERVING, with a stub, and its GetModelInfo answer.
+struct Serving {
+  std::unique_ptr<ServerProcess> process;
+  std::unique_ptr<v1::ImageGeneration::Stub> stub;
+  v1::GetModelInfoResponse info;
+};
+Serving start_serving(const std::vector<std::string>& args) {
+  Serving s;
+  s.process = ServerProcess::start(server_binary(), args);
+  if (s.process == nullptr) return s;
+  auto channel = local_channel(s.process->grpc_port());
+  EXPECT_TRUE(server::testing::wait_for_health(channel, "readiness", "SERVING"));
+  s.stub = v1::ImageGeneration::NewStub(channel);
+  grpc::ClientContext context;
+  EXPECT_TRUE(s.stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &s.info).ok());
+  return s;
+}
+
 // Sum of every flux2_fast_path_fallbacks_total series.
 double total_fallbacks(const std::string& metrics) {
   double total = 0.0;
@@ -73,20 +93,14 @@ TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
   const bool real = real_size_dir != nullptr;
   const std::string model_dir = real ? real_size_dir : tiny_checkpoint();
   const int size = real ? 1024 : 256;
-  auto server = ServerProcess::start(
-      server_binary(), {"--model-dir", model_dir, "--backend", "cuda", "--enable-quality-high"});
-  ASSERT_NE(server, nullptr);
-  auto channel = local_channel(server->grpc_port());
-  ASSERT_TRUE(server::testing::wait_for_health(channel, "readiness", "SERVING"));
-  auto stub = v1::ImageGeneration::NewStub(channel);
-  {
-    v1::GetModelInfoResponse info;
-    grpc::ClientContext context;
-    ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
-    EXPECT_TRUE(info.fast_paths_enabled());
-    EXPECT_EQ(info.backend_options().at("fp8-attention"), "on");
-    EXPECT_EQ(info.backend_options().at("gemm-autotune"), "off");
-  }
+  Serving serving =
+      start_serving({"--model-dir", model_dir, "--backend", "cuda", "--enable-quality-high"});
+  ASSERT_NE(serving.process, nullptr);
+  ServerProcess* server = serving.process.get();
+  v1::ImageGeneration::Stub* stub = serving.stub.get();
+  EXPECT_TRUE(serving.info.fast_paths_enabled());
+  EXPECT_EQ(serving.info.backend_options().at("fp8-attention"), "on");
+  EXPECT_EQ(serving.info.backend_options().at("gemm-autotune"), "off");
 
   std::map<v1::Quality, std::string> pngs;
   for (v1::Quality quality : {v1::QUALITY_LOSSLESS, v1::QUALITY_HIGH}) {
@@ -154,19 +168,12 @@ TEST(ServerGpuTest, FastPathsOffRunsTheEagerChainsWithTheSameBytes) {
   FLUX2_REQUIRE_GPU(be);
   std::map<bool, std::string> pngs;
   for (const bool on : {true, false}) {
-    auto server = ServerProcess::start(server_binary(), {"--model-dir", tiny_checkpoint(),
-                                                         "--backend", "cuda", "--fast-paths",
-                                                         on ? "on" : "off"});
-    ASSERT_NE(server, nullptr);
-    auto channel = local_channel(server->grpc_port());
-    ASSERT_TRUE(server::testing::wait_for_health(channel, "readiness", "SERVING"));
-    auto stub = v1::ImageGeneration::NewStub(channel);
-    v1::GetModelInfoResponse info;
-    {
-      grpc::ClientContext context;
-      ASSERT_TRUE(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
-    }
-    EXPECT_EQ(info.fast_paths_enabled(), on);
+    Serving serving = start_serving(
+        {"--model-dir", tiny_checkpoint(), "--backend", "cuda", "--fast-paths", on ? "on" : "off"});
+    ASSERT_NE(serving.process, nullptr);
+    ServerProcess* server = serving.process.get();
+    v1::ImageGeneration::Stub* stub = serving.stub.get();
+    EXPECT_EQ(serving.info.fast_paths_enabled(), on);
     v1::GenerateImageResponse response;
     grpc::ClientContext context;
     const grpc::Status status =

@@ -1,134 +1,157 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine from the repository root (device `run`, carrying .device-bin from
-# tests/gpu/build_bundle.sh): the GPU tests, the goldens on the CUDA backend and `flux2 bench` at
-# the real shapes. Logs go to $OUT; a summary prints last.
-#   tests/gpu/run_on_device.sh [tests] [golden] [bench] [bench-dev] [high] [fp8] [attention] [profile]
-#                              [gemm-shapes] [e2e] [e2e-4b] [server]   (default: tests golden bench bench-dev)
+# tests/gpu/build_bundle.sh, and .device-bin-base for `ab`): the GPU tests, the goldens on the CUDA
+# backend and `flux2 bench` at the real shapes. Logs go to $OUT; a summary prints last. The exit
+# status is non-zero when any test, golden check or bench failed (every failure is a failure on a
+# machine with a GPU; tests skip only where no CUDA device exists).
+#   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
+#                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf]
+#                              (default: tests golden bench bench-dev)
 set -uo pipefail
-for part in lib bin; do
-  if [[ -f .device-bin/$part.tar.xz && ! -d .device-bin/$part ]]; then tar -C .device-bin -xJf .device-bin/$part.tar.xz; fi
+for dir in .device-bin .device-bin-base; do
+  for part in lib bin; do
+    if [[ -f $dir/$part.tar.xz && ! -d $dir/$part ]]; then tar -C $dir -xJf $dir/$part.tar.xz; fi
+  done
 done
 tokenizer_json=tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json
 [[ -f $tokenizer_json ]] || xz -dc .device-bin/tokenizer.json.xz >"$tokenizer_json"
 export LD_LIBRARY_PATH="$PWD/.device-bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export FLUX2_TEST_DATA="$PWD/tests/data"
 bin="$PWD/.device-bin/bin"
+base_bin="$PWD/.device-bin-base/bin"
+tokenizer=tests/data/tiny-klein/checkpoint/tokenizer
 out="${OUT:-/tmp/flux2-out}"
 mkdir -p "$out"
 parts=("$@")
 (( ${#parts[@]} )) || parts=(tests golden bench bench-dev)
 want() { [[ " ${parts[*]} " == *" $1 "* ]]; }
 summary=()
+failures=0
+# Records one step: its summary line, and a failure when its exit status is not 0.
+record() {
+  local code=$1 line=$2
+  if (( code != 0 )); then
+    failures=$((failures + 1))
+    line="FAIL (exit $code) $line"
+  fi
+  summary+=("$line")
+}
 # Runs GPU test executables; each adds a summary line (its gtest verdicts and measured numbers).
 run_gtests() {
   for t in "$@"; do
     "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
-    summary+=("$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)|relative L2|accumulation fast' "$out/$t.log" | tr '\n' ' '))")
+    record $? "$t: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)|relative L2|worst error' "$out/$t.log" | tr '\n' ' ')"
   done
+}
+# Runs `flux2 bench ARGS...` with binary $1, appending its JSON line to $out/$2.
+bench() {
+  local flux2=$1 file=$2 label=$3
+  shift 3
+  "$flux2" bench "$@" --json >>"$out/$file" 2>>"$out/bench.err"
+  record $? "$label: $(tail -n1 "$out/$file")"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 if want tests; then
-  run_gtests gpu_exposer_cublaslt_test gpu_backend_ops_test gpu_fused_ops_test gpu_fast_path_fallback_test \
+  run_gtests gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test \
              gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test \
-             gpu_fp8_handoff_test gpu_fp8_accumulation_test gpu_flash_attention_fp8_test gpu_fp8_rows_test
-  FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1  # tiny checkpoint
-  summary+=("gpu_server_test (tiny): exit $? $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')")
+             gpu_fp8_accumulation_test gpu_flash_attention_fp8_test gpu_fp8_rows_test
+  FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1
+  record $? "gpu_server_test (tiny): $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')"
 fi
 if want golden; then
   for dir in tiny-klein tiny-dev; do
     "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda >"$out/golden-$dir.log" 2>&1
-    summary+=("golden $dir (cuda): exit $? $(tail -n1 "$out/golden-$dir.log")")
+    record $? "golden $dir (cuda): $(tail -n1 "$out/golden-$dir.log")"
     high_parts=transformer; [[ -f tests/data/$dir/vae_decode.safetensors ]] && high_parts=transformer,vae
     "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda --only $high_parts --quality high \
       >"$out/golden-high-$dir.log" 2>&1
-    summary+=("golden $dir (cuda, quality=high): exit $? $(tail -n1 "$out/golden-high-$dir.log")")
+    record $? "golden $dir (cuda, quality=high): $(tail -n1 "$out/golden-high-$dir.log")"
   done
-fi
-if want bench; then
-  for model in klein-4b klein-9b; do
-    "$bin/flux2" bench --model "$model" --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
-    summary+=("bench $model: $(tail -n1 "$out/bench.jsonl")")
-  done
-  "$bin/flux2" bench --model klein-4b --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
-  summary+=("profile klein-4b: $(tail -n1 "$out/profile.jsonl")")
-  "$bin/flux2" bench --model klein-4b --no-fast-paths --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
-  summary+=("bench klein-4b eager: $(tail -n1 "$out/bench.jsonl")")
 fi
 if want server; then
-  # issue 6: the server on a klein-4B-shaped checkpoint directory with random weights.
+  # The server on a klein-4B-shaped checkpoint directory with random weights.
   model_dir=/tmp/flux2-random-klein-4b
   [[ -d $model_dir ]] || "$bin/flux2_make_random_checkpoint" --model klein-4b --out "$model_dir" \
-      --tokenizer tests/data/tiny-klein/checkpoint/tokenizer >"$out/make_checkpoint.log" 2>&1
-  FLUX2_GPU_MODEL_DIR=$model_dir FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server.log" 2>&1
-  summary+=("gpu_server_test: exit $? $(grep -E '1024x1024|PASSED|FAILED' "$out/server.log" | tr '\n' ' ')")
+      --tokenizer "$tokenizer" >"$out/make_checkpoint.log" 2>&1
+  FLUX2_GPU_MODEL_DIR=$model_dir FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" \
+    --gtest_filter='*ServesACheckpointDirectory*' >"$out/server.log" 2>&1
+  record $? "gpu_server_test: $(grep -E '1024x1024|PASSED|FAILED' "$out/server.log" | tr '\n' ' ')"
+fi
+if want bench; then
+  for model in klein-4b klein-9b; do bench "$bin/flux2" bench.jsonl "bench $model" --model "$model"; done
+  bench "$bin/flux2" profile.jsonl "profile klein-4b" --model klein-4b --profile
+  bench "$bin/flux2" bench.jsonl "bench klein-4b eager" --model klein-4b --no-fast-paths
 fi
 if want high; then
   for model in klein-4b dev; do
-    "$bin/flux2" bench --model "$model" --quality high --profile --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
-    summary+=("bench $model high: $(tail -n1 "$out/bench.jsonl")")
+    bench "$bin/flux2" bench.jsonl "bench $model high" --model "$model" --quality high --profile
   done
-  grep -h "relative L2" "$out/gpu_quality_high_test.log" | while read -r line; do echo "quality: $line"; done
+fi
+if want ab; then
+  # Before (the base commit's flux2) and after in one run, alternating: same machine, same clocks.
+  for quality in lossless high; do
+    for run in "klein-4b 1" "klein-4b 2" "dev 1"; do
+      set -- $run
+      bench "$base_bin/flux2" ab.jsonl "before $1 $quality #$2" --model "$1" --quality $quality
+      bench "$bin/flux2" ab.jsonl "after $1 $quality #$2" --model "$1" --quality $quality
+    done
+    bench "$base_bin/flux2" ab.jsonl "before e2e klein-4b $quality" --e2e --model klein-4b \
+      --quality $quality --tokenizer "$tokenizer"
+    bench "$bin/flux2" ab.jsonl "after e2e klein-4b $quality" --e2e --model klein-4b \
+      --quality $quality --tokenizer "$tokenizer"
+  done
 fi
 if want attention; then
   for model in klein-4b dev; do
     for quality in lossless high; do
-      summary+=("attention $model $quality: $("$bin/flux2" bench --model "$model" --attention-only --quality $quality 2>>"$out/bench.err")")
+      "$bin/flux2" bench --model "$model" --attention-only --quality $quality >>"$out/attention.jsonl" 2>>"$out/bench.err"
+      record $? "attention $model $quality: $(tail -n1 "$out/attention.jsonl")"
     done
   done
 fi
-if want fp8; then  # quality=high only: its tests, attention alone and the klein-4B step
-  want tests || run_gtests gpu_flash_attention_fp8_test gpu_fp8_handoff_test gpu_quality_high_test \
-                          gpu_quantize_test gpu_fp8_accumulation_test gpu_fp8_rows_test
-  for quality in lossless high; do
-    summary+=("attention klein-4b $quality: $("$bin/flux2" bench --model klein-4b --attention-only --quality $quality 2>>"$out/bench.err")")
-  done
-  for i in 1 2; do
-    "$bin/flux2" bench --model klein-4b --quality high --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
-    summary+=("bench klein-4b high: $(tail -n1 "$out/bench.jsonl")")
-  done
-  "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
-  summary+=("profile klein-4b high: $(tail -n1 "$out/profile.jsonl")")
-  FLUX2_FLASH_FP8=0 "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
-  summary+=("profile klein-4b high, bf16 attention (FLUX2_FLASH_FP8=0): $(tail -n1 "$out/profile.jsonl")")
-  FLUX2_FP8_FAST_ACCUM=0 "$bin/flux2" bench --model klein-4b --quality high --profile --json \
-    >>"$out/profile.jsonl" 2>>"$out/bench.err"
-  summary+=("profile klein-4b high, fp32-promoted accumulation (fast accumulation off): $(tail -n1 "$out/profile.jsonl")")
+if want fp8; then  # quality=high only: its tests, and the klein-4B step with each alternative
+  want tests || run_gtests gpu_flash_attention_fp8_test gpu_quality_high_test gpu_quantize_test \
+                           gpu_fp8_accumulation_test gpu_fp8_rows_test
+  for i in 1 2; do bench "$bin/flux2" bench.jsonl "bench klein-4b high" --model klein-4b --quality high; done
+  bench "$bin/flux2" profile.jsonl "profile klein-4b high" --model klein-4b --quality high --profile
+  bench "$bin/flux2" profile.jsonl "profile klein-4b high, bf16 attention (--fp8-attention off)" \
+    --model klein-4b --quality high --profile --fp8-attention off
 fi
 if want gemm-shapes; then
-  FLUX2_PROFILE_GEMM_SHAPES=1 "$bin/flux2" bench --model klein-4b --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
-  summary+=("gemm shapes klein-4b lossless: $(tail -n1 "$out/profile.jsonl")")
-  FLUX2_PROFILE_GEMM_SHAPES=1 "$bin/flux2" bench --model klein-4b --quality high --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
-  summary+=("gemm shapes klein-4b high: $(tail -n1 "$out/profile.jsonl")")
+  for quality in lossless high; do
+    bench "$bin/flux2" profile.jsonl "gemm shapes klein-4b $quality" --model klein-4b --quality $quality \
+      --profile-by-shape
+  done
 fi
 if want profile; then
-  for tune in 0 1; do
+  for tune in off on; do
     for model in klein-4b dev; do
-      FLUX2_GEMM_AUTOTUNE=$tune "$bin/flux2" bench --model "$model" --profile --json >>"$out/profile.jsonl" 2>>"$out/bench.err"
-      summary+=("profile $model autotune=$tune: $(tail -n1 "$out/profile.jsonl")")
+      bench "$bin/flux2" profile.jsonl "profile $model gemm-autotune=$tune" --model "$model" --profile \
+        --gemm-autotune $tune
     done
   done
 fi
 if want e2e-4b; then
   for quality in lossless high; do
-    "$bin/flux2" bench --e2e --model klein-4b --quality $quality --json --tokenizer tests/data/tiny-klein/checkpoint/tokenizer \
-      >>"$out/e2e.jsonl" 2>>"$out/bench.err"
-    summary+=("e2e klein-4b $quality: $(tail -n1 "$out/e2e.jsonl")")
+    bench "$bin/flux2" e2e.jsonl "e2e klein-4b $quality" --e2e --model klein-4b --quality $quality \
+      --tokenizer "$tokenizer"
   done
 fi
 if want e2e; then
   for model in klein-4b klein-9b; do
-    "$bin/flux2" bench --e2e --model "$model" --json --tokenizer tests/data/tiny-klein/checkpoint/tokenizer \
-      >>"$out/e2e.jsonl" 2>>"$out/bench.err"
-    summary+=("e2e $model: $(tail -n1 "$out/e2e.jsonl")")
+    bench "$bin/flux2" e2e.jsonl "e2e $model" --e2e --model "$model" --tokenizer "$tokenizer"
   done
-  "$bin/flux2" bench --e2e --model dev --repeats 1 --json --tokenizer tests/data/tiny-klein/checkpoint/tokenizer \
-    >>"$out/e2e.jsonl" 2>>"$out/bench.err"
-  summary+=("e2e dev: $(tail -n1 "$out/e2e.jsonl")")
+  bench "$bin/flux2" e2e.jsonl "e2e dev" --e2e --model dev --repeats 1 --tokenizer "$tokenizer"
 fi
 if want bench-dev; then
-  "$bin/flux2" bench --model dev --json >>"$out/bench.jsonl" 2>>"$out/bench.err"
-  summary+=("bench dev: $(tail -n1 "$out/bench.jsonl")")
+  bench "$bin/flux2" bench.jsonl "bench dev" --model dev
+fi
+if want perf; then
+  "$bin/gpu_op_test" --perf >"$out/op_perf.txt" 2>&1
+  record $? "op perf: $(wc -l <"$out/op_perf.txt") cases timed (op_perf.txt)"
 fi
 echo "==== summary"
 printf '%s\n' "${summary[@]}"
+echo "==== ${failures} failed step(s)"
+(( failures == 0 ))

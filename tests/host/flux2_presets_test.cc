@@ -1,5 +1,7 @@
-// The published shapes: parameter counts from architecture §8 and the floors of performance.md.
+// The published shapes: parameter counts from architecture §8, the floors of performance.md and the
+// random-weight pipelines of `flux2 bench --e2e`.
 #include "model/flux2_presets.h"
+#include "model/pipeline_presets.h"
 
 #include <gtest/gtest.h>
 
@@ -22,6 +24,29 @@ TEST(Flux2PresetsTest, FloorsMatchPerformanceDoc) {
   const StepFlops flops = flux2_step_flops(flux2_preset("klein-4b").value(), 4096, 512);
   EXPECT_NEAR(flops.linear / 1e12, 28.3, 0.1);
   EXPECT_NEAR(flops.attention / 1e12, 6.5, 0.1);
+}
+
+// The random-weight pipelines of `flux2 bench --e2e`: each model's transformer preset, its text
+// encoder's published dimensions and taps (Qwen3-4B / 8B, taps 9/18/27; dev: Mistral-Small-3.x
+// 24B, taps 10/20/30 of 40 layers) and the published VAE; an unknown model is an error.
+TEST(PipelinePresetsTest, TextEncodersAndTapsPerModel) {
+  auto klein = random_pipeline_spec("klein-4b", "/tokenizer");
+  ASSERT_TRUE(klein.ok()) << klein.status();
+  EXPECT_EQ(klein->transformer.hidden(), 3072);
+  EXPECT_EQ(klein->text_encoder.hidden_size, 2560);
+  EXPECT_EQ(klein->taps, (std::vector<int64_t>{9, 18, 27}));
+  EXPECT_EQ(klein->text_encoder.hidden_size * 3, klein->transformer.joint_attention_dim);
+  auto nine = random_pipeline_spec("klein-9b", "/tokenizer");
+  ASSERT_TRUE(nine.ok());
+  EXPECT_EQ(nine->text_encoder.hidden_size * 3, nine->transformer.joint_attention_dim);
+  auto dev = random_pipeline_spec("dev", "/tokenizer");
+  ASSERT_TRUE(dev.ok());
+  EXPECT_EQ(dev->text_encoder.hidden_size, 5120);
+  EXPECT_EQ(dev->text_encoder.num_hidden_layers, 40);
+  EXPECT_EQ(dev->taps, (std::vector<int64_t>{10, 20, 30}));
+  EXPECT_EQ(dev->text_encoder.hidden_size * 3, dev->transformer.joint_attention_dim);
+  EXPECT_EQ(dev->vae.latent_channels, 32);
+  EXPECT_FALSE(random_pipeline_spec("klein-2b", "/tokenizer").ok());
 }
 
 }  // namespace
