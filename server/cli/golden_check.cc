@@ -2,6 +2,7 @@
 #include "server/cli/golden_check.h"
 
 #include <cstdio>
+#include <memory>
 #include <set>
 #include <filesystem>
 #include <vector>
@@ -174,6 +175,22 @@ int run_check_golden(int argc, char** argv, int first) {
     return absl::IsNotFound(backend.status()) ? kExitNoDevice : 2;
   }
   context.backend = backend->get();
+  std::unique_ptr<Backend> fp8_backend;
+  if (context.quality == Quality::kHigh) {
+    if (context.backend->activation_dtype() == DType::kF32) {
+      std::fprintf(stderr,
+                   "check-golden: --quality high is checked on a bf16 backend (--backend cuda), "
+                   "against the cpu backend's FP8 emulation\n");
+      return 2;
+    }
+    absl::StatusOr<std::unique_ptr<Backend>> cpu = create_backend("cpu", *backend_options);
+    if (!cpu.ok()) {
+      std::fprintf(stderr, "check-golden: %s\n", std::string(cpu.status().message()).c_str());
+      return 2;
+    }
+    fp8_backend = std::move(*cpu);
+    context.fp8_backend = fp8_backend.get();
+  }
   const std::string bf16_path = context.dir + "/bf16_reference.json";
   if (std::filesystem::exists(bf16_path)) {
     auto json = read_json_file(bf16_path);

@@ -20,8 +20,10 @@ export FLUX2_TEST_DATA="$PWD/tests/data"
 bin="$PWD/.device-bin/bin"
 base_bin="$PWD/.device-bin-base/bin"
 tokenizer=tests/data/tiny-klein/checkpoint/tokenizer
-out="${OUT:-/tmp/flux2-out}"
-mkdir -p "$out"
+# Logs in a scratch folder, packed into $OUT/logs.tgz at the end (a device call returns few files).
+results="${OUT:-/tmp/flux2-out}"
+out=/tmp/flux2-logs
+rm -rf "$out" && mkdir -p "$out" "$results"
 parts=("$@")
 (( ${#parts[@]} )) || parts=(tests golden bench bench-dev)
 want() { [[ " ${parts[*]} " == *" $1 "* ]]; }
@@ -151,7 +153,10 @@ if want perf; then
   "$bin/gpu_op_test" --perf >"$out/op_perf.txt" 2>&1
   record $? "op perf: $(wc -l <"$out/op_perf.txt") cases timed (op_perf.txt)"
 fi
-echo "==== summary"
-printf '%s\n' "${summary[@]}"
-echo "==== ${failures} failed step(s)"
+{
+  echo "==== summary"
+  printf '%s\n' "${summary[@]}"
+  echo "==== ${failures} failed step(s)"
+} | tee "$out/summary.txt"
+tar -C "$out" -czf "$results/logs.tgz" .
 (( failures == 0 ))
