@@ -8,7 +8,11 @@
 #include <string>
 #include <vector>
 
+#include <cmath>
+
+#include "kernels/base/dtype.h"
 #include "kernels/base/fast_path_registry.h"
+#include "kernels/base/uniform_hash.h"
 #include "model/checkpoint.h"
 #include "model/pipeline.h"
 #include "model/pipeline_presets.h"
@@ -60,28 +64,32 @@ TEST(PipelineFastPathsTest, TinyCheckpointLatentsIdenticalWithFastPathsOnAndOff)
   EXPECT_NE(fast.latents.front(), fast.latents.back());  // the steps did something
 }
 
-// The tiny checkpoint with its text encoder's MLP gates scaled by 2^10: gate values spread over
-// |g| ~ 1..100, where quality=high's fast SiLU rounds differently from the exact one (tests/cuda/
-// quality_high_test.cc), so a text encoder run at high gives other embeddings. (The plain tiny
-// checkpoint's small activations round alike under both SiLUs and could not show that.)
+// The tiny checkpoint with its text encoder's MLP gate weights replaced by uniform values of
+// ±30·sqrt(3/d): on RMS-normalised inputs of width d the gate values then spread as a normal of
+// standard deviation ~30, over the range where quality=high's fast SiLU rounds differently from
+// the exact one (tests/cuda/quality_high_test.cc, gate in [-100, 100]), so a text encoder run at
+// high gives other embeddings. (The plain tiny checkpoint's small activations round alike under
+// both SiLUs, and scaling its gates only moved them to where both SiLUs agree again.)
 std::string checkpoint_with_loud_text_encoder(const testing::TempDir& dir) {
   const std::string out = dir.path() + "/checkpoint";
   testing::copy_tree(testing::test_data_dir() + "/tiny-klein/checkpoint", out);
   const std::string file = out + "/text_encoder/model.safetensors";
   std::map<std::string, testing::RawTensor> tensors = testing::read_all_tensors(file);
-  int scaled = 0;
+  int replaced = 0;
   for (auto& [name, tensor] : tensors) {
     if (name.find("mlp.gate_proj.weight") == std::string::npos) continue;
     EXPECT_EQ(tensor.dtype, "BF16");
-    for (size_t i = 0; i + 1 < tensor.bytes.size(); i += 2) {  // x 2^10: exponent + 10, exact
-      uint16_t bits = static_cast<uint16_t>(tensor.bytes[i] | (tensor.bytes[i + 1] << 8));
-      if ((bits & 0x7f80) != 0) bits = static_cast<uint16_t>(bits + (10 << 7));
+    EXPECT_EQ(tensor.shape.size(), 2u);
+    const float scale = 30.0f * std::sqrt(3.0f / static_cast<float>(tensor.shape.back()));
+    for (size_t i = 0; i + 1 < tensor.bytes.size(); i += 2) {
+      const float value = (2.0f * uniform_hash(replaced + 1, i / 2) - 1.0f) * scale;
+      const uint16_t bits = f32_to_bf16_bits(value);
       tensor.bytes[i] = static_cast<uint8_t>(bits & 0xff);
       tensor.bytes[i + 1] = static_cast<uint8_t>(bits >> 8);
     }
-    ++scaled;
+    ++replaced;
   }
-  EXPECT_GT(scaled, 0);
+  EXPECT_GT(replaced, 0);
   testing::write_safetensors(file, tensors);
   return out;
 }
