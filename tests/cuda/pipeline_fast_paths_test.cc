@@ -65,8 +65,8 @@ TEST(PipelineFastPathsTest, TinyCheckpointLatentsIdenticalWithFastPathsOnAndOff)
 }
 
 // The tiny checkpoint with its text encoder's MLP gate weights replaced by uniform values of
-// ±30·sqrt(3/d): on RMS-normalised inputs of width d the gate values then spread as a normal of
-// standard deviation ~30, over the range where quality=high's fast SiLU rounds differently from
+// ±30·sqrt(3/d) and the RMSNorm in front of the MLP set to weight 1: on its unit-RMS outputs of
+// width d the gate values then spread as a normal of standard deviation ~30, over the range where quality=high's fast SiLU rounds differently from
 // the exact one (tests/cuda/quality_high_test.cc, gate in [-100, 100]), so a text encoder run at
 // high gives other embeddings. (The plain tiny checkpoint's small activations round alike under
 // both SiLUs, and scaling its gates only moved them to where both SiLUs agree again.)
@@ -77,6 +77,13 @@ std::string checkpoint_with_loud_text_encoder(const testing::TempDir& dir) {
   std::map<std::string, testing::RawTensor> tensors = testing::read_all_tensors(file);
   int replaced = 0;
   for (auto& [name, tensor] : tensors) {
+    if (name.find("post_attention_layernorm.weight") != std::string::npos) {
+      for (size_t i = 0; i + 1 < tensor.bytes.size(); i += 2) {  // bf16 1.0
+        tensor.bytes[i] = 0x80;
+        tensor.bytes[i + 1] = 0x3f;
+      }
+      continue;
+    }
     if (name.find("mlp.gate_proj.weight") == std::string::npos) continue;
     EXPECT_EQ(tensor.dtype, "BF16");
     EXPECT_EQ(tensor.shape.size(), 2u);
