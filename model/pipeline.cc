@@ -232,6 +232,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   // The text encoder always runs at lossless numerics (quality=high is the transformer's and the
   // VAE's), so the negative-prompt cache below may serve both qualities.
   std::optional<RequestScope> text_scope(std::in_place, be, request.at_lossless());
+  if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
   FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, text_encoder_->encode(tokens.ids, tokens.num_tokens));
   Tensor negative_embeds;
   if (cfg) {
@@ -301,6 +302,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   timings.denoise = seconds_since(start);
 
   // Decode: BatchNorm de-normalisation, unpatchify, VAE decoder, uint8.
+  if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
   start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(Tensor pixels, vae_->decode_tokens(latents, h, w));  // [H, W, 3]
   if (hooks.on_image) hooks.on_image(pixels);

@@ -101,8 +101,10 @@ struct GeneratedImage {
 };
 
 struct GenerateHooks {
-  // Checked before each step; returning a non-OK status (Cancelled, DeadlineExceeded) stops the
-  // generation with that status.
+  // Checked at every stage boundary: before the text encoder, before each step and before the VAE
+  // decode; returning a non-OK status (Cancelled, DeadlineExceeded) stops the generation with that
+  // status. Each call runs under the request options of the stage that follows (the text
+  // encoder's are lossless whatever the request's quality).
   std::function<absl::Status()> check_continue;
   // Called after each step with its index (0-based), the step count and its wall time.
   std::function<void(int64_t step, int64_t steps, double seconds)> on_step;

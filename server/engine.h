@@ -21,7 +21,8 @@ class Engine {
   // Model-specific checks of params (InvalidArgument whose message starts with the field name).
   // Must be thread-safe: the RPC threads call it while the worker generates.
   virtual absl::Status validate(const GenerateParams& params) const = 0;
-  // One image. Calls hooks.check_continue before every step and hooks.on_step after it.
+  // One image. Calls hooks.check_continue at every stage boundary (text encoder, each step, VAE
+  // decode) and hooks.on_step after each step.
   // Worker thread only.
   virtual absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                                   const GenerateHooks& hooks) = 0;

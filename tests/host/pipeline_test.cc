@@ -1,6 +1,7 @@
 // The pipeline on the tiny checkpoint (CPU): argument validation names the field, a seed fixes
 // the image, the CFG path (with its cached negative-prompt embeddings) repeats exactly, and
-// quality=high is refused unless the pipeline was loaded with it.
+// quality=high is refused unless the pipeline was loaded with it, and a request's stages run
+// under the options they must (the text encoder lossless whatever the request asks).
 #include "model/pipeline.h"
 
 #include <gmock/gmock.h>
@@ -36,6 +37,41 @@ class PipelineTest : public ::testing::Test {
   }
   CpuBackend backend_;
 };
+
+// check_continue runs at every stage boundary under the options of the stage that follows: the
+// text encoder at lossless with the request's fast-path switch (its numerics serve the negative-
+// prompt cache of both qualities), then every step and the decode at the request's quality; after
+// the request the backend is back to the defaults. A pipeline that ran its text encoder at the
+// request's quality fails here (the tiny checkpoint's activations are too small for a numeric
+// comparison to show that: fast and exact SiLU round them alike).
+TEST_F(PipelineTest, EachStageRunsUnderItsRequestOptions) {
+  PipelineOptions options;
+  options.is_distilled = false;  // CFG: the negative prompt is encoded too
+  options.enable_quality_high = true;
+  auto pipeline =
+      Pipeline::load(backend_, testing::test_data_dir() + "/tiny-klein/checkpoint", options);
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+  GenerateParams p = small(3);
+  p.quality = Quality::kHigh;
+  p.fast_paths = false;
+  p.guidance_scale = 4.0;
+  std::vector<RequestOptions> seen;
+  GenerateHooks hooks;
+  hooks.check_continue = [&] {
+    seen.push_back(backend_.request());
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE((*pipeline)->generate(p, hooks).ok());
+  ASSERT_EQ(seen.size(), 4u);  // text encoder, 2 steps, decode
+  EXPECT_EQ(seen[0].quality, Quality::kLossless) << "the text encoder ran at the request's quality";
+  EXPECT_FALSE(seen[0].fast_paths);
+  for (size_t i = 1; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].quality, Quality::kHigh) << "stage " << i;
+    EXPECT_FALSE(seen[i].fast_paths) << "stage " << i;
+  }
+  EXPECT_EQ(backend_.request().quality, Quality::kLossless);
+  EXPECT_TRUE(backend_.request().fast_paths);
+}
 
 TEST_F(PipelineTest, ValidationNamesTheField) {
   auto pipeline = load();
