@@ -1,5 +1,6 @@
 // Creates a backend by name ("cpu", "cuda") with its process-wide options; "cuda" exists only in
-// builds with the CUDA toolkit and on machines with a GPU. Tested by tests/host/small_units_test.cc.
+// builds with the CUDA toolkit and on machines with a GPU. Tested by
+// tests/host/small_units_test.cc.
 #pragma once
 
 #include <memory>

@@ -8,13 +8,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/base/elapsed.h"
 #include "kernels/base/status.h"
 #include "model/checkpoint.h"
 #include "model/json_util.h"
 #include "model/rope.h"
 #include "model/timestep_embedding.h"
 #include "model/torch_randn.h"
-#include "kernels/base/elapsed.h"
 
 namespace flux2 {
 namespace {

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "model/image_encode.h"
 #include "kernels/base/elapsed.h"
+#include "model/image_encode.h"
 
 namespace flux2::server {
 

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/base/fast_path_registry.h"
 #include "kernels/base/elapsed.h"
+#include "kernels/base/fast_path_registry.h"
 
 namespace flux2::server {
 namespace {

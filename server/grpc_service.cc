@@ -8,10 +8,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/elapsed.h"
 #include "kernels/base/fast_path_registry.h"
 #include "kernels/base/status.h"
 #include "server/rpc_status.h"
-#include "kernels/base/elapsed.h"
 
 #ifndef FLUX2_VERSION
 #define FLUX2_VERSION "unknown"

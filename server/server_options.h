@@ -13,21 +13,21 @@
 namespace flux2::server {
 
 struct ServerOptions {
-  std::string host = "0.0.0.0";      // address the gRPC port binds to
-  int port = 50051;                  // gRPC port; 0 picks a free one (printed at start-up)
-  int metrics_port = 9464;           // Prometheus /metrics over HTTP; 0 picks a free one
-  std::string model_dir;             // empty: the embedded tiny checkpoint on the CPU backend
-  std::string backend = "auto";      // auto | cpu | cuda
-  int queue_depth = 8;               // requests that may wait behind the running one
-  int64_t max_pixels = 4194304;      // width x height budget per image (2048 x 2048)
-  int max_images = 4;                // num_images upper bound
-  int max_steps = 200;               // num_inference_steps upper bound
-  int max_prompt_bytes = 8192;       // prompt / negative_prompt size bound
-  double drain_timeout_s = 600.0;    // SIGTERM: time in-flight and queued work gets to finish
-  int warmup_steps = 1;              // steps of the warm-up generation before readiness; 0: none
-  std::string tls_cert;              // PEM certificate chain; with tls_key enables TLS
-  std::string tls_key;               // PEM private key
-  std::string auth_token_file;       // file holding the bearer token ImageGeneration requires
+  std::string host = "0.0.0.0";    // address the gRPC port binds to
+  int port = 50051;                // gRPC port; 0 picks a free one (printed at start-up)
+  int metrics_port = 9464;         // Prometheus /metrics over HTTP; 0 picks a free one
+  std::string model_dir;           // empty: the embedded tiny checkpoint on the CPU backend
+  std::string backend = "auto";    // auto | cpu | cuda
+  int queue_depth = 8;             // requests that may wait behind the running one
+  int64_t max_pixels = 4194304;    // width x height budget per image (2048 x 2048)
+  int max_images = 4;              // num_images upper bound
+  int max_steps = 200;             // num_inference_steps upper bound
+  int max_prompt_bytes = 8192;     // prompt / negative_prompt size bound
+  double drain_timeout_s = 600.0;  // SIGTERM: time in-flight and queued work gets to finish
+  int warmup_steps = 1;            // steps of the warm-up generation before readiness; 0: none
+  std::string tls_cert;            // PEM certificate chain; with tls_key enables TLS
+  std::string tls_key;             // PEM private key
+  std::string auth_token_file;     // file holding the bearer token ImageGeneration requires
   // --fast-paths on|off: the fast-path switch of every request (RequestOptions::fast_paths; off:
   // every fused kernel runs its eager chain, same bytes; implementations such as cuDNN attention
   // and the quality=high FP8 GEMMs are kept).

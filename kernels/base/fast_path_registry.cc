@@ -24,8 +24,8 @@ using Entry = FastPath::Entry;
 
 struct Registry {
   std::mutex mutex;
-  std::deque<Entry> entries;          // deque: stable addresses
-  std::set<std::string> injected;     // paths whose next run fails (test hook)
+  std::deque<Entry> entries;              // deque: stable addresses
+  std::set<std::string> injected;         // paths whose next run fails (test hook)
   std::atomic<bool> any_injected{false};  // lets the hot path skip the lock
 };
 

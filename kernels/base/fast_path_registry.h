@@ -4,7 +4,8 @@
 // decides per call whether it runs, counts its invocations and its fallbacks by reason, and
 // disables it for the process after a runtime error (logged once). server/ exports the counters as
 // flux2_fast_path_invocations_total{path} and flux2_fast_path_fallbacks_total{path,reason}.
-// Tested by tests/host/tensor_test.cc (FastPathRegistryTest) and tests/cuda/fast_path_fallback_test.cc.
+// Tested by tests/host/tensor_test.cc (FastPathRegistryTest) and
+// tests/cuda/fast_path_fallback_test.cc.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +32,10 @@ enum class FastPathKind : uint8_t {
 
 // One row of a backend's policy table.
 struct FastPathSpec {
-  const char* name;     // the metric label, e.g. "gate_residual"
+  const char* name;  // the metric label, e.g. "gate_residual"
   FastPathKind kind;
-  Quality quality;      // kLossless: serves both qualities; kHigh: consulted only at quality=high
-  const char* serves;   // its preconditions in words; the code checks them before launch
+  Quality quality;     // kLossless: serves both qualities; kHigh: consulted only at quality=high
+  const char* serves;  // its preconditions in words; the code checks them before launch
 };
 
 // Fallback reasons the rule itself gives (paths add their own, e.g. "unsupported_shape").
@@ -43,7 +44,7 @@ inline constexpr absl::string_view kDisabledAfterError = "disabled_after_error";
 inline constexpr absl::string_view kRuntimeError = "runtime_error";
 
 struct FastPathCounters {
-  std::string path;                          // e.g. "gate_residual"
+  std::string path;  // e.g. "gate_residual"
   FastPathKind kind = FastPathKind::kFused;
   int64_t invocations = 0;                   // times the fast path ran
   std::map<std::string, int64_t> fallbacks;  // reason -> times the fallback ran instead

@@ -100,8 +100,9 @@ ThreadPool& pool() {
   static ThreadPool instance([] {
     std::lock_guard<std::mutex> lock(configure_mutex);
     pool_started = true;
-    return requested_threads > 0 ? requested_threads
-                                 : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return requested_threads > 0
+               ? requested_threads
+               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }());
   return instance;
 }

@@ -12,7 +12,9 @@ namespace {
 
 constexpr int64_t kBlockRows = 128;  // the FP8 attention's token block
 
-float dequantized(float x, float scale) { return e4m3_to_f32(fp8_quantize_value(x, scale)) * scale; }
+float dequantized(float x, float scale) {
+  return e4m3_to_f32(fp8_quantize_value(x, scale)) * scale;
+}
 
 // The power of two at or above `scale` (a positive finite float), as V's block scales.
 float power_of_two_at_or_above(float scale) {

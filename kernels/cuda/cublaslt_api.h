@@ -1,6 +1,7 @@
 // cuBLASLt loaded at run time with dlopen (toolchain.md: linking libcublasLt into the same binary
 // as prometheus-cpp's Exposer breaks civetweb's thread creation through its large static TLS).
-// Host-only; tested by tests/cuda/exposer_cublaslt_test.cc and tests/cuda/op_cases.cc (gpu_op_test).
+// Host-only; tested by tests/cuda/exposer_cublaslt_test.cc and tests/cuda/op_cases.cc
+// (gpu_op_test).
 #pragma once
 
 #include <cublasLt.h>

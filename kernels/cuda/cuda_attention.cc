@@ -77,8 +77,8 @@ absl::Status CudaBackend::normed_attention(const Tensor& q, const Tensor& k, con
   };
   const bool fusable =
       wants_fp8_attention(params) && !cuda::fast_path(CudaPath::kFlashAttentionFp8).disabled() &&
-      check_bf16("normed_attention", "q", q).ok() &&
-      check_bf16("normed_attention", "k", k).ok() && check_bf16("normed_attention", "v", v).ok() &&
+      check_bf16("normed_attention", "q", q).ok() && check_bf16("normed_attention", "k", k).ok() &&
+      check_bf16("normed_attention", "v", v).ok() &&
       check_bf16("normed_attention", "out", out).ok() &&
       cuda::flash_attention_fp8_unsupported(params, mat(q), mat(k), mat(v)).empty() &&
       norm.style == RopeStyle::kInterleaved && norm.split >= 0 && norm.split <= q.rows() &&
@@ -101,8 +101,7 @@ absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, 
                                               const AttentionParams& params, const QkNormRope* norm,
                                               const cuda::Mat& out) {
   const int64_t s = q.rows(), width = q.cols(), heads = params.num_heads;
-  std::optional<OpProfileScope> profile(std::in_place, *this,
-                                        op_category("quantize", "attention"));
+  std::optional<OpProfileScope> profile(std::in_place, *this, op_category("quantize", "attention"));
   FLUX_ASSIGN_OR_RETURN(Tensor q8, scratch({s, width}, DType::kF8E4M3));
   FLUX_ASSIGN_OR_RETURN(Tensor k8, scratch({s, width}, DType::kF8E4M3));
   FLUX_ASSIGN_OR_RETURN(Tensor vt8,
@@ -134,8 +133,7 @@ absl::Status CudaBackend::attention_by_gemms(const Tensor& q, const Tensor& k, c
   // 4096 query rows x 16384 keys of f32 scores is 256 MiB: bounded whatever the image size.
   constexpr int64_t kMaxScoreElements = int64_t{1} << 26;
   const int64_t keys = k.rows();
-  const int64_t chunk =
-      std::max<int64_t>(1, std::min<int64_t>(q.rows(), kMaxScoreElements / keys));
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(q.rows(), kMaxScoreElements / keys));
   FLUX_ASSIGN_OR_RETURN(Tensor scores, scratch({chunk, keys}, DType::kF32));
   FLUX_ASSIGN_OR_RETURN(Tensor probs, scratch({chunk, keys}));
   for (int64_t r0 = 0; r0 < q.rows(); r0 += chunk) {

@@ -2,7 +2,8 @@
 // the files).
 // Memory comes from the device's stream-ordered pool (release threshold at max, so freed blocks
 // are reused, not returned); transfers go through two pinned staging buffers, converting dtypes
-// on the host while the previous chunk is in flight. Tested by tests/cuda/op_cases.cc (gpu_op_test).
+// on the host while the previous chunk is in flight. Tested by tests/cuda/op_cases.cc
+// (gpu_op_test).
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -89,9 +90,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOp
   backend->nvfp4_ = info.major >= 10 && backend->gemm_->supports_nvfp4();
   cuda::fast_path(cuda::CudaPath::kGateResidual);  // registers the whole table (GetModelInfo)
   std::string settings;
-  for (const auto& [flag, value] : options.describe()) absl::StrAppend(&settings, " --", flag, "=", value);
-  std::fprintf(stderr,
-               "flux2: CUDA backend on %s (sm_%d%d, %.1f GB);%s; quality=high: %s, %s\n",
+  for (const auto& [flag, value] : options.describe())
+    absl::StrAppend(&settings, " --", flag, "=", value);
+  std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB);%s; quality=high: %s, %s\n",
                info.name.c_str(), info.major, info.minor, info.total_bytes / 1e9, settings.c_str(),
                backend->nvfp4_         ? "NVFP4 GEMMs"
                : backend->fp8_rowwise_ ? "FP8 GEMMs, per-token x per-channel scales"

@@ -41,9 +41,7 @@ struct CudaLowPrecision final : LowPrecisionWeight {
   Tensor scale;   // FP8: f32 [N] per output channel (rowwise) or [1] per tensor (amax / 448);
                   // NVFP4: UE4M3 block scales, 128x4 swizzled
   Tensor global;  // NVFP4 only: f32 [1] global encode scale
-  int64_t device_bytes() const override {
-    return values.bytes() + scale.bytes() + global.bytes();
-  }
+  int64_t device_bytes() const override { return values.bytes() + scale.bytes() + global.bytes(); }
 };
 
 class CudaBackend final : public Backend {
@@ -81,14 +79,13 @@ class CudaBackend final : public Backend {
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;
   absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
-  absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,
-                             const Weight& w, const Tensor& y,
-                             const GatedResidual* residual) override;
+  absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x, const Weight& w,
+                             const Tensor& y, const GatedResidual* residual) override;
   absl::Status layer_norm_modulate(const Tensor& x, const Tensor& shift, const Tensor& scale,
                                    float eps, const Tensor& out) override;
-  absl::Status layer_norm_modulate_linear(const Tensor& x, const Tensor& shift,
-                                          const Tensor& scale, float eps, const Tensor& normed,
-                                          const Weight& w, const Tensor& y) override;
+  absl::Status layer_norm_modulate_linear(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                                          float eps, const Tensor& normed, const Weight& w,
+                                          const Tensor& y) override;
   absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps,
                         const Tensor& out) override;
   absl::Status qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight, float eps,

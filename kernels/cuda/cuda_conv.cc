@@ -27,9 +27,8 @@ absl::Status CudaBackend::check_conv2d(const Tensor& x, const Tensor& w, const T
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "bias", bias));
   FLUX_RETURN_IF_ERROR(check_bf16("conv2d", "out", out));
   if (x.rank() != 3 || w.rank() != 4 || out.rank() != 3 || !x.contiguous() || !out.contiguous() ||
-      w.dim(3) != x.dim(2) || w.dim(1) != w.dim(2) || w.dim(1) % 2 == 0 ||
-      out.dim(0) != x.dim(0) || out.dim(1) != x.dim(1) || out.dim(2) != w.dim(0) ||
-      bias.numel() != w.dim(0)) {
+      w.dim(3) != x.dim(2) || w.dim(1) != w.dim(2) || w.dim(1) % 2 == 0 || out.dim(0) != x.dim(0) ||
+      out.dim(1) != x.dim(1) || out.dim(2) != w.dim(0) || bias.numel() != w.dim(0)) {
     return op_error("conv2d", absl::StrCat("shapes do not match: x ", x.describe(), ", w ",
                                            w.describe(), ", out ", out.describe()));
   }

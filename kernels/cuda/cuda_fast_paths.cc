@@ -17,13 +17,15 @@ constexpr Kind kFused = FastPathKind::kFused;
 constexpr Kind kImplementation = FastPathKind::kImplementation;
 
 // Lossless fused kernels are proven bit-identical to their eager chains by
-// tests/cuda/op_cases.cc (gpu_op_test); the quality=high paths carry measured bounds (kernels/README.md).
+// tests/cuda/op_cases.cc (gpu_op_test); the quality=high paths carry measured bounds
+// (kernels/README.md).
 constexpr std::array<FastPathSpec, static_cast<size_t>(CudaPath::kCount)> kTable = {{
     {"gate_residual", kFused, Quality::kLossless, "x += gate * update in one pass; any bf16 shape"},
     {"swiglu", kFused, Quality::kLossless, "silu(gate) * up in one pass; any bf16 shape"},
     {"layer_norm_modulate", kFused, Quality::kLossless,
      "LayerNorm + (1 + scale), + shift in one pass; any bf16 shape"},
-    {"qk_norm_rope", kFused, Quality::kLossless, "per-head RMSNorm + RoPE in place; any bf16 shape"},
+    {"qk_norm_rope", kFused, Quality::kLossless,
+     "per-head RMSNorm + RoPE in place; any bf16 shape"},
     {"token_concat", kFused, Quality::kLossless,
      "attention and SwiGLU outputs written straight into a column range of a wider buffer"},
     {"cudnn_attention", kImplementation, Quality::kLossless,
@@ -46,7 +48,9 @@ constexpr absl::string_view kUnsupportedShape = "unsupported_shape";
 
 }  // namespace
 
-const FastPathSpec& fast_path_spec(CudaPath path) { return kTable[static_cast<size_t>(path)]; }
+const FastPathSpec& fast_path_spec(CudaPath path) {
+  return kTable[static_cast<size_t>(path)];
+}
 
 FastPath& fast_path(CudaPath path) {
   static std::deque<FastPath>* paths = [] {

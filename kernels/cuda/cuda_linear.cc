@@ -60,8 +60,9 @@ absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, co
   FLUX_RETURN_IF_ERROR(cuda::check_same_bf16(kOp, gate, "up", up));
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
   if (x.rows() != gate.rows() || x.cols() < gate.cols()) {
-    return op_error(kOp, absl::StrCat("x ", x.describe(), " must have gate's rows and end with its ",
-                                      gate.cols(), " columns"));
+    return op_error(kOp,
+                    absl::StrCat("x ", x.describe(), " must have gate's rows and end with its ",
+                                 gate.cols(), " columns"));
   }
   FLUX_RETURN_IF_ERROR(cuda::check_projection(kOp, x, w.tensor, y));
   if (residual != nullptr) {

@@ -1,6 +1,7 @@
 // Element-wise CUDA launchers on bf16 matrices (rows may be strided): the eager pieces PyTorch
 // runs as separate kernels (each rounding to bf16) and the fused kernels that replay the same
-// roundings in one pass. Tested bit for bit (fused vs eager) by tests/cuda/op_cases.cc (gpu_op_test).
+// roundings in one pass. Tested bit for bit (fused vs eager) by tests/cuda/op_cases.cc
+// (gpu_op_test).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -3,8 +3,8 @@
 // heuristic's best algorithm without split-K reductions, for run-to-run determinism), one 32 MiB
 // workspace per stream. GemmOptions::autotune times the heuristic's top candidates on the first
 // call of each shape instead (faster, but the choice may differ between processes). Tested by
-// tests/cuda/op_cases.cc (gpu_op_test) (against the CPU backend) and tests/cuda/quality_high_test.cc
-// (FP8).
+// tests/cuda/op_cases.cc (gpu_op_test) (against the CPU backend) and
+// tests/cuda/quality_high_test.cc (FP8).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,6 +1,7 @@
 // The per-element arithmetic of QK-norm and RoPE, shared by the norm kernels (norms.cu) and the
 // FP8 attention operand quantizer that fuses them (attention_fp8_operands.cu), so that both round
-// alike. Tested through tests/cuda/op_cases.cc (gpu_op_test) and tests/cuda/flash_attention_fp8_test.cc.
+// alike. Tested through tests/cuda/op_cases.cc (gpu_op_test) and
+// tests/cuda/flash_attention_fp8_test.cc.
 #pragma once
 
 #include "kernels/backend.h"  // RopeStyle

@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(kVecThreads)
 
 // Launches layer_norm_vec_kernel with the fewest packs per thread that hold x's rows.
 template <typename Epilogue>
-void launch_layer_norm_vec(const Mat& x, float eps, const Mat& out, Epilogue epilogue,
-                           Fp8Rows fp8, cudaStream_t stream) {
+void launch_layer_norm_vec(const Mat& x, float eps, const Mat& out, Epilogue epilogue, Fp8Rows fp8,
+                           cudaStream_t stream) {
   const int64_t per_thread = (x.cols / 8 + kVecThreads - 1) / kVecThreads;
   auto launch = [&](auto packs) {
     layer_norm_vec_kernel<decltype(packs)::value>

@@ -38,7 +38,8 @@ absl::StatusOr<BackendOptions> parse_backend_flags(const Args& args) {
 std::string backend_flags_help() {
   return "  --cpu-threads N          cpu backend worker threads (default 0: one per core)\n"
          "  --fp8-attention on|off   cuda, quality=high: attention in FP8 through our flash\n"
-         "                           kernel (default on); off: bf16 attention, closer to lossless,\n"
+         "                           kernel (default on); off: bf16 attention, closer to "
+         "lossless,\n"
          "                           ~2 ms slower per klein-4B step\n"
          "  --gemm-autotune on|off   cuda: time cuBLASLt's top GEMM candidates per shape and keep\n"
          "                           the fastest (default off: the heuristic's first, the same in\n"

@@ -283,11 +283,10 @@ int run_bench(int argc, char** argv, int first) {
                           {"--json", "--no-fast-paths", "--e2e", "--profile", "--profile-by-shape",
                            "--attention-only"});
   if (!args.ok()) return fail(args.status().message());
-  std::set<std::string> known = {"--model",   "--height",        "--width",   "--text-len",
-                                 "--quality", "--steps",         "--warmup",  "--json",
-                                 "--backend", "--no-fast-paths", "--e2e",     "--profile",
-                                 "--tokenizer", "--repeats",     "--attention-only",
-                                 "--profile-by-shape"};
+  std::set<std::string> known = {
+      "--model",     "--height",  "--width",          "--text-len",        "--quality", "--steps",
+      "--warmup",    "--json",    "--backend",        "--no-fast-paths",   "--e2e",     "--profile",
+      "--tokenizer", "--repeats", "--attention-only", "--profile-by-shape"};
   known.insert(backend_flag_names().begin(), backend_flag_names().end());
   if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
   auto backend_options = parse_backend_flags(*args);

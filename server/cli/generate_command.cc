@@ -1,8 +1,8 @@
 // `flux2 generate`: offline text-to-image without the server; writes a PNG and prints the stage
 // timings. Tested by tests/host/generate_command_test.cc (tiny checkpoint, bad inputs).
 #include <cstdio>
-#include <set>
 #include <fstream>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,9 +26,18 @@ int fail(absl::string_view message) {
 int run_generate(int argc, char** argv, int first) {
   auto args = Args::parse(argc, argv, first, {"--no-fast-paths"});
   if (!args.ok()) return fail(args.status().message());
-  std::set<std::string> known = {"--model-dir", "--prompt", "--negative-prompt", "--height",
-                                 "--width", "--steps", "--seed", "--guidance", "--out",
-                                 "--backend", "--max-sequence-length", "--no-fast-paths"};
+  std::set<std::string> known = {"--model-dir",
+                                 "--prompt",
+                                 "--negative-prompt",
+                                 "--height",
+                                 "--width",
+                                 "--steps",
+                                 "--seed",
+                                 "--guidance",
+                                 "--out",
+                                 "--backend",
+                                 "--max-sequence-length",
+                                 "--no-fast-paths"};
   known.insert(backend_flag_names().begin(), backend_flag_names().end());
   if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
   auto backend_options = parse_backend_flags(*args);

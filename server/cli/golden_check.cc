@@ -2,9 +2,9 @@
 #include "server/cli/golden_check.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <set>
-#include <filesystem>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -84,10 +84,12 @@ void for_each_case(const SafetensorsFile& vectors, absl::string_view file,
   for (int k = 0;; ++k) {
     const std::string name = absl::StrCat("case", k);
     if (vectors.find(absl::StrCat(name, ".", first_tensor)) == nullptr) {
-      if (k == 0) report.fail(file, "-", absl::StrCat("no cases (case0.", first_tensor, " missing)"));
+      if (k == 0)
+        report.fail(file, "-", absl::StrCat("no cases (case0.", first_tensor, " missing)"));
       return;
     }
-    if (absl::Status status = run_case(name); !status.ok()) report.fail(file, name, status.message());
+    if (absl::Status status = run_case(name); !status.ok())
+      report.fail(file, name, status.message());
   }
 }
 
@@ -163,7 +165,8 @@ int run_check_golden(int argc, char** argv, int first) {
 
   auto backend_options = parse_backend_flags(*args);
   if (!backend_options.ok()) {
-    std::fprintf(stderr, "check-golden: %s\n", std::string(backend_options.status().message()).c_str());
+    std::fprintf(stderr, "check-golden: %s\n",
+                 std::string(backend_options.status().message()).c_str());
     return 2;
   }
   auto backend = create_backend(context.backend_name, *backend_options);

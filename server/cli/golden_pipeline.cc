@@ -76,7 +76,8 @@ absl::Status run_case(const GoldenContext& context, const nlohmann::json& item,
     if (entry.name.rfind(p, 0) != 0) continue;
     const std::string tensor = entry.name.substr(p.size());
     FLUX_ASSIGN_OR_RETURN(std::vector<float> reference, read_f32(vectors, entry.name));
-    const absl::StatusOr<double> tolerance = context.tolerance(absl::StrCat("pipeline.", name, ".", tensor));
+    const absl::StatusOr<double> tolerance =
+        context.tolerance(absl::StrCat("pipeline.", name, ".", tensor));
     if (tensor == "initial_latents") {
       report.compare(kFile, name, tensor, produced[tensor], pack_latents(reference, 128, h * w),
                      tolerance);

@@ -75,7 +75,8 @@ absl::Status run_case(const GoldenContext& context, const Flux2Transformer& mode
   FLUX_ASSIGN_OR_RETURN(auto outputs, forward_case(*context.backend, model, vectors, name));
   std::map<std::string, std::vector<float>> emulated;
   if (fp8_reference != nullptr) {
-    FLUX_ASSIGN_OR_RETURN(emulated, forward_case(*context.fp8_backend, *fp8_reference, vectors, name));
+    FLUX_ASSIGN_OR_RETURN(emulated,
+                          forward_case(*context.fp8_backend, *fp8_reference, vectors, name));
   }
   const std::string p = name + ".";
   for (const SafetensorsEntry& entry : vectors.entries()) {

@@ -13,8 +13,8 @@
 #include "kernels/base/fast_path_registry.h"
 #include "kernels/base/numerics.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cuda/image_ops.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/image_ops.h"
 #include "tests/cuda/gpu_test_util.h"
 #include "tests/cuda/op_harness.h"
 

@@ -142,11 +142,10 @@ TEST_F(Fp8RowsTest, LayerNormRowsEqualTheQuantizedOutput) {
     Tensor out = empty(DType::kBF16, {rows, d}), plain = empty(DType::kBF16, {rows, d});
     Tensor codes = empty(DType::kU8, {rows, d}), scales = empty(DType::kF32, {rows});
     ASSERT_TRUE(cuda::layer_norm_writes_fp8(mat(x)));
-    ASSERT_TRUE(
-        cuda::layer_norm_modulate_fused(
-            mat(x), mat(shift), mat(scale), rows, 1e-6f, mat(out), cuda_->stream(),
-            cuda::Fp8Rows{static_cast<uint8_t*>(codes.data()), scales.data_as<float>()})
-            .ok());
+    ASSERT_TRUE(cuda::layer_norm_modulate_fused(
+                    mat(x), mat(shift), mat(scale), rows, 1e-6f, mat(out), cuda_->stream(),
+                    cuda::Fp8Rows{static_cast<uint8_t*>(codes.data()), scales.data_as<float>()})
+                    .ok());
     ASSERT_TRUE(cuda::layer_norm_modulate_fused(mat(x), mat(shift), mat(scale), rows, 1e-6f,
                                                 mat(plain), cuda_->stream())
                     .ok());

@@ -16,7 +16,6 @@
 
 namespace flux2::testing {
 
-
 // A fast path's counters now (zeros when it has not run yet), and one fallback reason's count.
 FastPathCounters fast_path_counters(const std::string& path);
 int64_t fast_path_fallbacks(const std::string& path, const std::string& reason);
@@ -27,12 +26,12 @@ Backend* gpu_backend(std::string* why, bool* no_device = nullptr);
 
 // Skips the test where no CUDA device exists (CI); on a machine with one, a backend that fails to
 // start (cuBLASLt or cuDNN not loading, ...) fails the test.
-#define FLUX2_REQUIRE_GPU(backend)                                                           \
-  std::string flux2_no_gpu_reason_;                                                          \
-  bool flux2_no_device_ = false;                                                             \
+#define FLUX2_REQUIRE_GPU(backend)                                                            \
+  std::string flux2_no_gpu_reason_;                                                           \
+  bool flux2_no_device_ = false;                                                              \
   Backend* backend = ::flux2::testing::gpu_backend(&flux2_no_gpu_reason_, &flux2_no_device_); \
-  if (backend == nullptr && flux2_no_device_)                                                \
-    GTEST_SKIP() << "no CUDA device: " << flux2_no_gpu_reason_;                              \
+  if (backend == nullptr && flux2_no_device_)                                                 \
+    GTEST_SKIP() << "no CUDA device: " << flux2_no_gpu_reason_;                               \
   if (backend == nullptr) FAIL() << "the CUDA backend did not start: " << flux2_no_gpu_reason_
 
 // A bf16 [rows, cols] tensor of uniform values in [-scale, scale] (seeded).

@@ -25,9 +25,13 @@ struct Rows {
 constexpr Rows kFusedShapes[] = {{4608, 3072}, {4608, 6144}, {17, 3072}, {4611, 3072},
                                  {1, 128},     {29, 4096},   {33, 768}};
 
-std::string sd(const Rows& r) { return absl::StrCat("S=", r.s, ",D=", r.d); }
+std::string sd(const Rows& r) {
+  return absl::StrCat("S=", r.s, ",D=", r.d);
+}
 
-cuda::Mat mat(const Tensor& t) { return cuda::Mat{t.data(), t.rows(), t.cols(), t.row_stride()}; }
+cuda::Mat mat(const Tensor& t) {
+  return cuda::Mat{t.data(), t.rows(), t.cols(), t.row_stride()};
+}
 
 // RoPE-like f32 tables [rows, 128].
 std::vector<float> table(int64_t rows, bool sine) {
@@ -139,10 +143,9 @@ std::vector<OpCase> make_cases() {
         AttentionShape{100, 1, 1, 512, false, -1}, AttentionShape{64, 4, 2, 16, true, 21}}) {
     const bool cudnn = !a.causal && a.head_dim <= 256;
     auto inputs = [a](OpEnv& e) {
-      return std::vector<Tensor>{e.input(a.s, a.heads * a.head_dim),
-                                 e.input(a.s, a.kv_heads * a.head_dim),
-                                 e.input(a.s, a.kv_heads * a.head_dim),
-                                 e.output(a.s, a.heads * a.head_dim)};
+      return std::vector<Tensor>{
+          e.input(a.s, a.heads * a.head_dim), e.input(a.s, a.kv_heads * a.head_dim),
+          e.input(a.s, a.kv_heads * a.head_dim), e.output(a.s, a.heads * a.head_dim)};
     };
     auto through_backend = [a, inputs](OpEnv& e) {
       const std::vector<Tensor> t = inputs(e);
@@ -173,7 +176,7 @@ std::vector<OpCase> make_cases() {
          Tensor cos = e.input_values(s, 128, table(s, false), true);
          Tensor sin = e.input_values(s, 128, table(s, true), true);
          return e.call(out, [&be = e.backend(), qkv, out, norms, cos, sin] {
-           const QkNormRope norm{{norms[0], norms[1]}, {norms[2], norms[3]}, 40, 1e-6f, cos, sin,
+           const QkNormRope norm{{norms[0], norms[1]},   {norms[2], norms[3]}, 40, 1e-6f, cos, sin,
                                  RopeStyle::kInterleaved};
            const AttentionParams p{2, 2, 128, static_cast<float>(1 / std::sqrt(128.0))};
            return be.normed_attention(qkv.col_slice(0, w), qkv.col_slice(w, w),
@@ -201,8 +204,11 @@ std::vector<OpCase> make_cases() {
     int64_t pixels, channels, groups;
     bool silu;
   };
-  for (const GroupNormShape g : {GroupNormShape{4099, 128, 32, true}, {2053, 512, 32, false},
-                                 {300, 128, 32, true}, {1031, 24, 8, true}, {300, 36, 4, false}}) {
+  for (const GroupNormShape g : {GroupNormShape{4099, 128, 32, true},
+                                 {2053, 512, 32, false},
+                                 {300, 128, 32, true},
+                                 {1031, 24, 8, true},
+                                 {300, 36, 4, false}}) {
     add({"group_norm",
          absl::StrCat("P=", g.pixels, ",C=", g.channels, ",G=", g.groups, g.silu ? ",silu" : ""),
          [g](OpEnv& e) {
@@ -210,8 +216,8 @@ std::vector<OpCase> make_cases() {
            std::vector<float> host(static_cast<size_t>(g.pixels * g.channels));
            for (int64_t p = 0; p < g.pixels; ++p) {
              for (int64_t ch = 0; ch < g.channels; ++ch) {
-               host[p * g.channels + ch] = round_to_bf16(
-                   3.0f * p / g.pixels + 0.25f * (ch % 7) + 0.5f * std::sin(0.37f * (p + 5 * ch)));
+               host[p * g.channels + ch] = round_to_bf16(3.0f * p / g.pixels + 0.25f * (ch % 7) +
+                                                         0.5f * std::sin(0.37f * (p + 5 * ch)));
              }
            }
            Tensor x = e.input_values(g.pixels, g.channels, host);
@@ -259,7 +265,9 @@ std::string test_name(const OpCase& c) {
 
 class OpTest : public ::testing::TestWithParam<OpCase> {};
 
-TEST_P(OpTest, Case) { check_op_case(GetParam()); }
+TEST_P(OpTest, Case) {
+  check_op_case(GetParam());
+}
 
 INSTANTIATE_TEST_SUITE_P(Ops, OpTest, ::testing::ValuesIn(op_cases()),
                          [](const ::testing::TestParamInfo<OpCase>& info) {

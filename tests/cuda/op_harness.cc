@@ -96,7 +96,8 @@ std::vector<float> OpEnv::draw(int64_t count, float scale) {
   std::vector<float> values(static_cast<size_t>(count));
   const uint64_t stream = seed_ * 1000003u + draws_++;
   for (int64_t i = 0; i < count; ++i) {
-    values[i] = round_to_bf16((2.0f * uniform_hash(stream, static_cast<uint64_t>(i)) - 1.0f) * scale);
+    values[i] =
+        round_to_bf16((2.0f * uniform_hash(stream, static_cast<uint64_t>(i)) - 1.0f) * scale);
   }
   return values;
 }
@@ -111,8 +112,7 @@ Tensor OpEnv::input(int64_t rows, int64_t cols, float scale) {
   return input_values(rows, cols, draw(rows * cols, scale));
 }
 
-Tensor OpEnv::input_values(int64_t rows, int64_t cols, const std::vector<float>& values,
-                           bool f32) {
+Tensor OpEnv::input_values(int64_t rows, int64_t cols, const std::vector<float>& values, bool f32) {
   EXPECT_EQ(static_cast<int64_t>(values.size()), rows * cols);
   Tensor t = upload(backend_, rows, cols, values, f32 ? DType::kF32 : backend_.activation_dtype());
   bytes_ += t.bytes();
@@ -149,13 +149,13 @@ void check_op_case(const OpCase& c) {
   ASSERT_TRUE(gpu->synchronize().ok());
   check_sentinels(*gpu, fast_env, *fast, what);
   if (!c.path.empty()) {
-    EXPECT_GT(fast_path_counters(c.path).invocations, invoked) << what << ": " << c.path
-                                                                << " did not run";
+    EXPECT_GT(fast_path_counters(c.path).invocations, invoked)
+        << what << ": " << c.path << " did not run";
   }
   const std::vector<std::string> fell_back = fallbacks_since(before);
-  const std::vector<std::string> expected =
-      c.expected_fallback.empty() ? std::vector<std::string>{}
-                                  : std::vector<std::string>{c.expected_fallback};
+  const std::vector<std::string> expected = c.expected_fallback.empty()
+                                                ? std::vector<std::string>{}
+                                                : std::vector<std::string>{c.expected_fallback};
   EXPECT_EQ(fell_back, expected) << what << ": fallbacks counted";
   const std::vector<uint16_t> fast_bits = bits(*gpu, *fast);
 

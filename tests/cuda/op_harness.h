@@ -89,7 +89,9 @@ struct OpCase {
 };
 
 // gtest prints a case as its name (op and vars), not its bytes.
-inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.op << " " << c.vars; }
+inline void PrintTo(const OpCase& c, std::ostream* os) {
+  *os << c.op << " " << c.vars;
+}
 
 // Every registered case (op_cases.cc), in registration order.
 const std::vector<OpCase>& op_cases();

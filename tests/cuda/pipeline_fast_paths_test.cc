@@ -88,8 +88,8 @@ TEST(PipelineFastPathsTest, LosslessCfgRequestUnchangedByAnEarlierHighOne) {
 // quality: the text encoder's causal attention is not a fallback, and every path serves every call.
 TEST(PipelineFastPathsTest, HealthyKlein4bRequestReportsNoFallbacks) {
   FLUX2_REQUIRE_GPU(be);
-  auto spec = random_pipeline_spec("klein-4b", testing::test_data_dir() +
-                                                   "/tiny-klein/checkpoint/tokenizer");
+  auto spec = random_pipeline_spec("klein-4b",
+                                   testing::test_data_dir() + "/tiny-klein/checkpoint/tokenizer");
   ASSERT_TRUE(spec.ok()) << spec.status();
   spec->enable_quality_high = true;
   auto pipeline = Pipeline::create_random(*be, *spec);

@@ -88,9 +88,10 @@ TEST(QualityHighTest, Klein4bShapesLosslessUnchangedAndEveryFp8PathRuns) {
   EXPECT_EQ(ran.invocations["flash_attention_fp8"], d + s);
   EXPECT_TRUE(ran.fallbacks.empty()) << "fallbacks: " << ::testing::PrintToString(ran.fallbacks);
   // The bound is asserted against the FP8 emulation below; this is the full model's number.
-  std::printf("klein-4B transformer output, high vs lossless: relative L2 %.4e, FP8 weights %.2f GB\n",
-              relative_l2_error(testing::values(*be, high), testing::values(*be, lossless)),
-              *fp8_bytes / 1e9);
+  std::printf(
+      "klein-4B transformer output, high vs lossless: relative L2 %.4e, FP8 weights %.2f GB\n",
+      relative_l2_error(testing::values(*be, high), testing::values(*be, lossless)),
+      *fp8_bytes / 1e9);
 }
 
 // quality=high against a same-precision reference (style.md P4 (c), FA3's "2x the low-precision
@@ -147,9 +148,10 @@ TEST(QualityHighTest, Klein4bWidthsWithinTwiceTheEmulatedFp8Error) {
   const double e_fp8 = relative_l2_error(emulated, reference);  // the FP8 formats' own error
   const double e_bf16 = relative_l2_error(lossless, reference);
   const double e_high = relative_l2_error(high, reference);
-  std::printf("klein-4B widths, 3 blocks: relative L2 to float32: high %.4e, bound 2 x (FP8 "
-              "emulation %.4e + bf16 lossless %.4e) = %.4e\n",
-              e_high, e_fp8, e_bf16, 2 * (e_fp8 + e_bf16));
+  std::printf(
+      "klein-4B widths, 3 blocks: relative L2 to float32: high %.4e, bound 2 x (FP8 "
+      "emulation %.4e + bf16 lossless %.4e) = %.4e\n",
+      e_high, e_fp8, e_bf16, 2 * (e_fp8 + e_bf16));
   EXPECT_GT(relative_l2_error(emulated, reference), 1e-4) << "the emulation changed nothing";
   EXPECT_LE(e_high, 2 * (e_fp8 + e_bf16));
   EXPECT_GT(e_high, e_bf16) << "quality=high matched lossless: no FP8 path ran";

@@ -1,8 +1,8 @@
 // The FP8 / NVFP4 quantizer kernels (kernels/cuda/quantize.h) equal the CPU references of
 // kernels/base/fp8_nvfp4.h bit for bit, with kAuto (cvt instructions where compiled) and kSoftware
 // conversions, at the klein-4B shapes and awkward ones; the fused token-concat quantizers equal
-// quantize(materialized concat) byte for byte; amax is deterministic; bad arguments are rejected before any launch; the hardware conversions equal the
-// software ones over all 2^32 f32 inputs.
+// quantize(materialized concat) byte for byte; amax is deterministic; bad arguments are rejected
+// before any launch; the hardware conversions equal the software ones over all 2^32 f32 inputs.
 // Run: build/bin/gpu_quantize_test (skips without a GPU).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

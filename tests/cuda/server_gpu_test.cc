@@ -32,7 +32,9 @@ std::string server_binary() {
   return binary != nullptr ? binary : FLUX2_SERVER_BINARY;
 }
 
-std::string tiny_checkpoint() { return testing::test_data_dir() + "/tiny-klein/checkpoint"; }
+std::string tiny_checkpoint() {
+  return testing::test_data_dir() + "/tiny-klein/checkpoint";
+}
 
 v1::GenerateImageRequest request_of(int size, v1::Quality quality) {
   v1::GenerateImageRequest request;
@@ -122,9 +124,8 @@ TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
     const Usage usage = usage_of(response);
     if (quality == v1::QUALITY_HIGH) {
       // Every norm+projection pair of the blocks writes its GEMM's E4M3 rows at high.
-      EXPECT_GT(usage.invocations.count("layer_norm_fp8") ? usage.invocations.at("layer_norm_fp8")
-                                                          : 0,
-                0)
+      EXPECT_GT(
+          usage.invocations.count("layer_norm_fp8") ? usage.invocations.at("layer_norm_fp8") : 0, 0)
           << "the QUALITY_HIGH response ran no FP8 path";
       if (real) EXPECT_GT(usage.invocations.count("flash_attention_fp8"), 0u);
     } else {
@@ -135,8 +136,7 @@ TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
     // At the real shapes every path serves every call: a healthy request reports no fallback.
     // (The tiny checkpoint's head_dim 32 is not the FP8 attention's 128: its fallback is real.)
     if (real) {
-      EXPECT_EQ(response.fast_path_fallbacks(), 0)
-          << ::testing::PrintToString(usage.fallbacks);
+      EXPECT_EQ(response.fast_path_fallbacks(), 0) << ::testing::PrintToString(usage.fallbacks);
     }
     const v1::Timings& t = response.timings();
     std::printf(
@@ -181,9 +181,8 @@ TEST(ServerGpuTest, FastPathsOffRunsTheEagerChainsWithTheSameBytes) {
     ASSERT_TRUE(status.ok()) << status.error_message();
     pngs[on] = response.images(0).data();
     const Usage usage = usage_of(response);
-    EXPECT_GT(usage.invocations.count("cudnn_attention") ? usage.invocations.at("cudnn_attention")
-                                                         : 0,
-              0)
+    EXPECT_GT(
+        usage.invocations.count("cudnn_attention") ? usage.invocations.at("cudnn_attention") : 0, 0)
         << "cuDNN attention must run with fast paths " << (on ? "on" : "off");
     for (const auto& [key, count] : usage.fallbacks) {
       EXPECT_EQ(key.find("disabled_after_error"), std::string::npos) << key;
@@ -192,8 +191,8 @@ TEST(ServerGpuTest, FastPathsOffRunsTheEagerChainsWithTheSameBytes) {
     if (!on) {
       EXPECT_GT(usage.fallbacks.count("gate_residual:switched_off"), 0u)
           << ::testing::PrintToString(usage.fallbacks);
-      EXPECT_EQ(usage.invocations.count("gate_residual") ? usage.invocations.at("gate_residual") : 0,
-                0);
+      EXPECT_EQ(
+          usage.invocations.count("gate_residual") ? usage.invocations.at("gate_residual") : 0, 0);
     }
     server->send_signal(SIGTERM);
     EXPECT_EQ(server->wait_exit(std::chrono::seconds(120)), 0);

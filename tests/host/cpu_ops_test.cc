@@ -464,7 +464,8 @@ TEST_F(CpuOpsTest, Fp8AttentionOnlyForTheTransformersAttention) {
     EXPECT_TRUE(be_.attention(tq, tk, tv, p, out).ok());
     return get(out);
   };
-  const double error = relative_l2_error(run(Quality::kHigh, false), run(Quality::kLossless, false));
+  const double error =
+      relative_l2_error(run(Quality::kHigh, false), run(Quality::kLossless, false));
   EXPECT_GT(error, 1e-3);
   EXPECT_LE(error, 0.125);
   EXPECT_EQ(run(Quality::kHigh, true), run(Quality::kLossless, true));

@@ -9,9 +9,9 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend_factory.h"
+#include "kernels/base/numerics.h"
 #include "kernels/base/parallel.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/base/numerics.h"
 #include "model/rope.h"
 #include "model/timestep_embedding.h"
 #include "server/cli/args.h"
@@ -50,8 +50,8 @@ TEST(BackendFactoryTest, CreatesByName) {
 }
 
 TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {
-  const char* argv[] = {"flux2", "--cpu-threads", "3", "--fp8-attention", "off",
-                        "--gemm-autotune=on"};
+  const char* argv[] = {"flux2",           "--cpu-threads", "3",
+                        "--fp8-attention", "off",           "--gemm-autotune=on"};
   auto args = Args::parse(6, const_cast<char**>(argv), 1);
   ASSERT_TRUE(args.ok());
   auto options = parse_backend_flags(*args);

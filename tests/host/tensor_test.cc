@@ -100,13 +100,14 @@ TEST(FastPathRegistryTest, AFailureDisablesThePathAndFallsBackExceptDuringCaptur
   const FastPathCounters c = counters_of("test_failing");
   EXPECT_TRUE(c.disabled);
   EXPECT_EQ(c.invocations, 0);
-  EXPECT_EQ(c.fallbacks, (std::map<std::string, int64_t>{{"disabled_after_error", 1},
-                                                          {"runtime_error", 1}}));
+  EXPECT_EQ(c.fallbacks,
+            (std::map<std::string, int64_t>{{"disabled_after_error", 1}, {"runtime_error", 1}}));
 }
 
 TEST(FastPathRegistryTest, AnInjectedFailureHitsTheNamedPathOnce) {
   static FastPath path(FastPathSpec{"test_injected", FastPathKind::kFused, Quality::kLossless, ""});
-  static FastPath other(FastPathSpec{"test_bystander", FastPathKind::kFused, Quality::kLossless, ""});
+  static FastPath other(
+      FastPathSpec{"test_bystander", FastPathKind::kFused, Quality::kLossless, ""});
   inject_fast_path_failure("test_injected");
   EXPECT_EQ(run_once(other, RequestOptions{}, ""), "fast");
   EXPECT_EQ(run_once(path, RequestOptions{}, ""), "fallback");  // the injected error, then disabled

@@ -108,7 +108,8 @@ TEST(Metrics, BucketsFollowMetricsMd) {
   Metrics metrics;
   metrics.count_request("GenerateImage", "OK", 0.3);  // a request series exists only once counted
   const std::string text = metrics.render();
-  EXPECT_EQ(rendered_buckets(text, "flux2_request_duration_seconds", "method=\"GenerateImage\""), slow);
+  EXPECT_EQ(rendered_buckets(text, "flux2_request_duration_seconds", "method=\"GenerateImage\""),
+            slow);
   EXPECT_EQ(rendered_buckets(text, "flux2_queue_duration_seconds", ""), slow);
   EXPECT_EQ(rendered_buckets(text, "flux2_stage_duration_seconds", "stage=\"denoise\""), slow);
   EXPECT_EQ(rendered_buckets(text, "flux2_denoise_step_duration_seconds", "quality=\"lossless\""),
