@@ -32,7 +32,6 @@ absl::Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tenso
   FLUX_RETURN_IF_ERROR(check_matrix(kOp, "v", v, sk, kv_heads * dh));
   FLUX_RETURN_IF_ERROR(check_matrix(kOp, "out", out, sq, heads * dh));
   const int64_t valid_keys = params.num_valid_keys < 0 ? sk : std::min(sk, params.num_valid_keys);
-  const int64_t group = heads / kv_heads;
   // quality=high: the operands the FP8 kernel reads, then P rounded as it rounds P.
   const bool fp8 =
       request().quality == Quality::kHigh && !params.causal && params.num_valid_keys < 0;

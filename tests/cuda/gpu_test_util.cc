@@ -59,7 +59,9 @@ FastPathCounters fast_path_counters(const std::string& path) {
   for (const FastPathCounters& c : fast_path_snapshot()) {
     if (c.path == path) return c;
   }
-  return FastPathCounters{path};
+  FastPathCounters none;
+  none.path = path;
+  return none;
 }
 
 int64_t fast_path_fallbacks(const std::string& path, const std::string& reason) {

@@ -127,7 +127,9 @@ TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
       EXPECT_GT(
           usage.invocations.count("layer_norm_fp8") ? usage.invocations.at("layer_norm_fp8") : 0, 0)
           << "the QUALITY_HIGH response ran no FP8 path";
-      if (real) EXPECT_GT(usage.invocations.count("flash_attention_fp8"), 0u);
+      if (real) {
+        EXPECT_GT(usage.invocations.count("flash_attention_fp8"), 0u);
+      }
     } else {
       EXPECT_EQ(usage.invocations.count("fp8_linear") + usage.invocations.count("layer_norm_fp8"),
                 0u)
@@ -156,7 +158,9 @@ TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
   // Two requests of 4 steps each (the warm-up is not a request).
   EXPECT_GE(metric_value(metrics, "flux2_denoise_step_duration_seconds_count").value_or(0), 8.0);
   // The warm-up and both requests (text encoder included) at the real shapes: no fallback at all.
-  if (real) EXPECT_EQ(total_fallbacks(metrics), 0.0);
+  if (real) {
+    EXPECT_EQ(total_fallbacks(metrics), 0.0);
+  }
   server->send_signal(SIGTERM);
   EXPECT_EQ(server->wait_exit(std::chrono::seconds(120)), 0);
 }

@@ -46,7 +46,9 @@ TEST(BackendFactoryTest, CreatesByName) {
   // Without a CUDA device (or without CUDA in the build) the backend is NotFound, never a crash
   // (and never another code: that would make GPU tests and `--backend auto` treat a broken GPU as
   // an absent one).
-  if (!cuda.ok()) EXPECT_EQ(cuda.status().code(), absl::StatusCode::kNotFound) << cuda.status();
+  if (!cuda.ok()) {
+    EXPECT_EQ(cuda.status().code(), absl::StatusCode::kNotFound) << cuda.status();
+  }
 }
 
 TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {
@@ -110,7 +112,9 @@ TEST(ParallelForTest, ChunksCoverTheRangeOnceAndNestedCallsRunInline) {
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n " << n << ", item " << i;
     EXPECT_LE(static_cast<int>(chunks.size()), std::max(1, parallel_thread_count()));
     for (const auto& [begin, end] : chunks) {
-      if (chunks.size() > 1) EXPECT_GE(end - begin, 16) << "n " << n;
+      if (chunks.size() > 1) {
+        EXPECT_GE(end - begin, 16) << "n " << n;
+      }
     }
   }
   std::atomic<int> inner_total{0};

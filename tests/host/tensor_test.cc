@@ -43,7 +43,9 @@ FastPathCounters counters_of(const std::string& name) {
   for (const FastPathCounters& c : fast_path_snapshot()) {
     if (c.path == name) return c;
   }
-  return FastPathCounters{name};
+  FastPathCounters none;
+  none.path = name;
+  return none;
 }
 
 // run_fast_path's outcome for one call: which side ran.
