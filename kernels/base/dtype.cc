@@ -61,31 +61,41 @@ float f16_bits_to_f32(uint16_t bits) {
   return sign ? -magnitude : magnitude;
 }
 
+namespace {
+
+// Element i of `src` as T: a memcpy load, so the data may sit at any address (a safetensors data
+// section starts at an arbitrary offset; UBSan flagged the typed loads at odd offsets).
+template <typename T>
+T load_unaligned(const void* src, int64_t i) {
+  T value;
+  std::memcpy(&value, static_cast<const char*>(src) + i * static_cast<int64_t>(sizeof(T)),
+              sizeof(T));
+  return value;
+}
+
+}  // namespace
+
 void widen_to_f32(DType dtype, const void* src, int64_t count, float* dst) {
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
       return;
-    case DType::kBF16: {
-      const auto* in = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < count; ++i) dst[i] = bf16_bits_to_f32(in[i]);
+    case DType::kBF16:
+      for (int64_t i = 0; i < count; ++i)
+        dst[i] = bf16_bits_to_f32(load_unaligned<uint16_t>(src, i));
       return;
-    }
-    case DType::kF16: {
-      const auto* in = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < count; ++i) dst[i] = f16_bits_to_f32(in[i]);
+    case DType::kF16:
+      for (int64_t i = 0; i < count; ++i)
+        dst[i] = f16_bits_to_f32(load_unaligned<uint16_t>(src, i));
       return;
-    }
-    case DType::kI64: {
-      const auto* in = static_cast<const int64_t*>(src);
-      for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(in[i]);
+    case DType::kI64:
+      for (int64_t i = 0; i < count; ++i)
+        dst[i] = static_cast<float>(load_unaligned<int64_t>(src, i));
       return;
-    }
-    case DType::kI32: {
-      const auto* in = static_cast<const int32_t*>(src);
-      for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(in[i]);
+    case DType::kI32:
+      for (int64_t i = 0; i < count; ++i)
+        dst[i] = static_cast<float>(load_unaligned<int32_t>(src, i));
       return;
-    }
     case DType::kU8: {
       const auto* in = static_cast<const uint8_t*>(src);
       for (int64_t i = 0; i < count; ++i) dst[i] = in[i];

@@ -53,7 +53,8 @@ inline float round_to_bf16(float value) {
 // IEEE binary16 -> f32 (exact).
 float f16_bits_to_f32(uint16_t bits);
 
-// Widens `count` elements of `dtype` at `src` into f32 (F32, BF16, F16, I64, I32, U8 only).
+// Widens `count` elements of `dtype` at `src` into f32 (F32, BF16, F16, I64, I32, U8 only); `src`
+// may be unaligned (safetensors data at any offset).
 void widen_to_f32(DType dtype, const void* src, int64_t count, float* dst);
 
 }  // namespace flux2

@@ -31,8 +31,8 @@ absl::Status convert_host(const void* src, DType from, void* dst, DType to, int6
   if (to == DType::kBF16 && (from == DType::kF32 || from == DType::kF16)) {
     auto* out = static_cast<uint16_t*>(dst);
     for (int64_t i = 0; i < count; ++i) {
-      const float v = from == DType::kF32 ? static_cast<const float*>(src)[i]
-                                          : f16_bits_to_f32(static_cast<const uint16_t*>(src)[i]);
+      float v;  // memcpy loads: checkpoint data may sit at any address
+      widen_to_f32(from, static_cast<const char*>(src) + i * dtype_size(from), 1, &v);
       out[i] = f32_to_bf16_bits(v);
     }
     return absl::OkStatus();
@@ -43,8 +43,11 @@ absl::Status convert_host(const void* src, DType from, void* dst, DType to, int6
     return absl::OkStatus();
   }
   if (to == DType::kI32 && from == DType::kI64) {
-    for (int64_t i = 0; i < count; ++i)
-      static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(static_cast<const int64_t*>(src)[i]);
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t v;
+      std::memcpy(&v, static_cast<const char*>(src) + i * 8, sizeof(v));
+      static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(v);
+    }
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(

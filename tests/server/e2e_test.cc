@@ -85,6 +85,21 @@ class E2E : public ::testing::Test {
   std::unique_ptr<v1::ImageGeneration::Stub> stub_;
 };
 
+// Backend flags steer the backend and GetModelInfo reports them, with the fast-path switch; the
+// defaults are reported too (nothing else, no environment variable, steers the backend).
+TEST_F(E2E, GetModelInfoReportsTheBackendOptionsTheFlagsSet) {
+  start({"--cpu-threads", "2", "--gemm-autotune", "on", "--fast-paths", "off"});
+  grpc::ClientContext context;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(stub_->GetModelInfo(&context, {}, &info).ok());
+  EXPECT_FALSE(info.fast_paths_enabled());
+  EXPECT_EQ(info.backend_options().at("cpu-threads"), "2");
+  EXPECT_EQ(info.backend_options().at("gemm-autotune"), "on");
+  EXPECT_EQ(info.backend_options().at("fp8-attention"), "on");
+  v1::GenerateImageResponse response;
+  EXPECT_TRUE(generate(small_request(7, 1), &response).ok());
+}
+
 TEST_F(E2E, GeneratesImagesAndReportsThemInMetrics) {
   start();
   // GetModelInfo: the tiny distilled klein checkpoint on the CPU.

@@ -73,6 +73,10 @@ TEST(ServerOptions, ParsesEveryFlag) {
                                               "t",
                                               "--fast-paths",
                                               "off",
+                                              "--fp8-attention",
+                                              "off",
+                                              "--cpu-threads",
+                                              "6",
                                               "--enable-quality-high",
                                               "--test-step-delay-ms",
                                               "250"});
@@ -95,6 +99,9 @@ TEST(ServerOptions, ParsesEveryFlag) {
   EXPECT_EQ(o.tls_key, "k.pem");
   EXPECT_EQ(o.auth_token_file, "t");
   EXPECT_FALSE(o.fast_paths);
+  EXPECT_FALSE(o.backend_options.fp8_attention);
+  EXPECT_EQ(o.backend_options.cpu_threads, 6);
+  EXPECT_FALSE(o.backend_options.gemm_autotune);
   EXPECT_TRUE(o.enable_quality_high);
   EXPECT_DOUBLE_EQ(o.test_step_delay_s, 0.25);
   EXPECT_TRUE(validate_server_options(o).ok());
@@ -120,6 +127,8 @@ TEST(ServerOptions, ParseErrorsNameTheFlag) {
       {{"--port", "abc"}, "--port"},
       {{"--bogus", "1"}, "--bogus"},
       {{"--fast-paths", "maybe"}, "--fast-paths"},
+      {{"--fp8-attention", "1"}, "--fp8-attention"},
+      {{"--cpu-threads", "-1"}, "--cpu-threads"},
       {{"--queue-depth"}, "--queue-depth"},
       {{"--drain-timeout-s", "soon"}, "--drain-timeout-s"},
       {{"extra"}, "extra"},
@@ -179,6 +188,9 @@ TEST(ServerOptions, HelpDocumentsEveryFlag) {
                            "--tls-key",
                            "--auth-token-file",
                            "--fast-paths",
+                           "--cpu-threads",
+                           "--fp8-attention",
+                           "--gemm-autotune",
                            "--enable-quality-high",
                            "--probe",
                            "--addr",
