@@ -79,6 +79,7 @@ std::vector<OpCase> make_cases() {
            const int64_t f = 3 * r.d;
            Tensor wide = e.input(r.s, 3 * r.d + 2 * f, 3.0f);
            Tensor out = e.output(r.s, r.d + f).col_slice(r.d, f);
+           e.set_bytes(3 * r.s * f * 2);  // gate and up read, the product written (bf16)
            return e.call(out, [&be = e.backend(), wide, out, r, f] {
              return be.swiglu(wide.col_slice(3 * r.d, f), wide.col_slice(3 * r.d + f, f), out);
            });
@@ -104,6 +105,7 @@ std::vector<OpCase> make_cases() {
              Tensor cos = e.input_values(r.s, 128, table(r.s, false), /*f32=*/true);
              Tensor sin = e.input_values(r.s, 128, table(r.s, true), /*f32=*/true);
              Tensor q = qkv.col_slice(r.d, r.d);
+             e.set_bytes(2 * r.s * r.d * 2 + 2 * r.s * 128 * 4);  // q read and written, tables
              return e.call(q, [&be = e.backend(), q, weight, cos, sin, style] {
                return be.qk_norm_rope(q, 128, weight.reshape({128}), 1e-6f, cos, sin, style);
              });

@@ -44,8 +44,12 @@ class OpEnv {
   absl::StatusOr<Tensor> call(Tensor result, std::function<absl::Status()> op);
   const std::function<absl::Status()>& last_op() const { return op_; }
 
-  // Bytes of every input and output (perf mode: the traffic a kernel cannot avoid).
+  // Bytes of every input and in-place input the case made: perf mode's
+  // traffic a kernel cannot avoid, with the result's bytes added. A case whose op reads only
+  // column slices of its buffers says what it touches instead (set_bytes: inputs and outputs).
   int64_t bytes() const { return bytes_; }
+  void set_bytes(int64_t bytes) { bytes_ = bytes, bytes_set_ = true; }
+  bool bytes_set() const { return bytes_set_; }
   // The NaN-filled buffers with their guarded region, for the sentinel check.
   struct Guarded {
     Tensor buffer;
@@ -59,6 +63,7 @@ class OpEnv {
   uint64_t seed_;
   uint64_t draws_ = 0;
   int64_t bytes_ = 0;
+  bool bytes_set_ = false;
   std::vector<Guarded> guarded_;
   std::function<absl::Status()> op_;
 };
