@@ -8,11 +8,12 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 runtime_packages=(libgrpc++1.51 libprotobuf32 libabsl20220623 libprometheus-cpp-pull1.0
-                  libprometheus-cpp-core1.0 libopenblas0-pthread libpcre2-8-0 libutf8proc2 zlib1g)
+                  libprometheus-cpp-core1.0 libopenblas0-pthread libpcre2-8-0 libutf8proc2 zlib1g libpng16-16
+                  libjpeg62-turbo)
 build_packages=(build-essential cmake ninja-build pkg-config git clang-format
                 libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
                 prometheus-cpp-dev libstb-dev libgtest-dev nlohmann-json3-dev libpcre2-dev
-                libutf8proc-dev libopenblas-dev zlib1g-dev
+                libutf8proc-dev libopenblas-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev
                 python3 python3-grpcio python3-protobuf prometheus yamllint nodejs npm curl openssl)
 
 packages=("${runtime_packages[@]}")

@@ -52,24 +52,31 @@ absl::Status Backend::layer_norm_modulate_linear(const Tensor& x, const Tensor& 
   return linear(normed, w, {}, y);
 }
 
-absl::Status Backend::normed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                       const QkNormRope& norm, const AttentionParams& params,
-                                       const Tensor& out) {
+absl::Status Backend::normed_qk(const Tensor& q, const Tensor& k, const QkNormRope& norm,
+                                int64_t head_dim) {
   const int64_t rows = q.rows();
-  if (norm.split < 0 || norm.split > rows || k.rows() != rows) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "normed_attention: split ", norm.split, " outside [0, ", rows, "] or q and k rows differ"));
+  if (norm.split < 0 || norm.split > rows || k.rows() != rows || norm.cos.rows() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("normed_qk: split ", norm.split, " outside [0, ", rows,
+                     "] or q, k and the RoPE tables differ in rows"));
   }
   for (int part = 0; part < 2; ++part) {
     const int64_t first = part == 0 ? 0 : norm.split,
                   count = part == 0 ? norm.split : rows - norm.split;
     if (count == 0) continue;
     const Tensor cos = norm.cos.row_slice(first, count), sin = norm.sin.row_slice(first, count);
-    FLUX_RETURN_IF_ERROR(qk_norm_rope(q.row_slice(first, count), params.head_dim,
-                                      norm.q_weight[part], norm.eps, cos, sin, norm.style));
-    FLUX_RETURN_IF_ERROR(qk_norm_rope(k.row_slice(first, count), params.head_dim,
-                                      norm.k_weight[part], norm.eps, cos, sin, norm.style));
+    FLUX_RETURN_IF_ERROR(qk_norm_rope(q.row_slice(first, count), head_dim, norm.q_weight[part],
+                                      norm.eps, cos, sin, norm.style));
+    FLUX_RETURN_IF_ERROR(qk_norm_rope(k.row_slice(first, count), head_dim, norm.k_weight[part],
+                                      norm.eps, cos, sin, norm.style));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::normed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const QkNormRope& norm, const AttentionParams& params,
+                                       const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(normed_qk(q, k, norm, params.head_dim));
   return attention(q, k, v, params, out);
 }
 

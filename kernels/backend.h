@@ -191,6 +191,11 @@ class Backend {
   // Hkv·Dh].
   virtual absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const AttentionParams& params, const Tensor& out) = 0;
+  // In place: QkNormRope's per-head RMSNorm and RoPE on q and k (rows [0, split) with the first
+  // weights, the rest with the second); normed_attention's first half, for callers that attend
+  // to other keys too (klein-KV's cached reference keys).
+  absl::Status normed_qk(const Tensor& q, const Tensor& k, const QkNormRope& norm,
+                         int64_t head_dim);
   // FLUX.2's attention with its QK-norm and RoPE in front: qk_norm_rope on q and on k (rows
   // [0, split) with the first weights, the rest with the second: the text and image streams of a
   // double block), then attention. The default is those ops in turn; a backend may fuse the norms
@@ -212,6 +217,11 @@ class Backend {
     if (absl::Status status = conv2d(x, w, bias, out); !status.ok()) return status;
     return add(residual, out, out);
   }
+  // diffusers' Downsample2D (padding 0): x [H, W, Cin] (H, W even) zero-padded by one row at the
+  // bottom and one column at the right, then a 3x3 convolution with stride 2 and bias:
+  // out [H/2, W/2, Cout], w [Cout, 3, 3, Cin].
+  virtual absl::Status conv2d_downsample(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                         const Tensor& out) = 0;
   // out [2H, 2W, C] = nearest-neighbour ×2 of x [H, W, C].
   virtual absl::Status upsample_nearest_2x(const Tensor& x, const Tensor& out) = 0;
   // Packed latent tokens [h·w, 4C] (token = row·w + col, channel = c·4 + dy·2 + dx) →
@@ -219,6 +229,11 @@ class Backend {
   // out [2h, 2w, C] NHWC (architecture §2.3, §2.5).
   virtual absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean,
                                      const Tensor& bn_var, float eps, const Tensor& out) = 0;
+  // The inverse, for the editing pipeline's reference latents: the first C = tokens.cols() / 4
+  // channels of x [2h, 2w, Cx] (the posterior's mean of mean | logvar) → patchify 2x2 →
+  // BatchNorm normalisation (z − mean) / sqrt(var + eps) → tokens [h·w, 4C] (same channel order).
+  virtual absl::Status latent_pack(const Tensor& x, const Tensor& bn_mean, const Tensor& bn_var,
+                                   float eps, const Tensor& tokens) = 0;
 
   // diffusers' post-processing of an image [H, W, 3] in about [-1, 1] into H·W·3 host bytes:
   // round(clamp(x / 2 + 0.5, 0, 1) · 255), the first two ops in the activation dtype (bf16 ops on

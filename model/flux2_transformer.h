@@ -1,7 +1,10 @@
 // The FLUX.2 transformer (Flux2Transformer2DModel, architecture §1) for every variant, written
-// once against the backend interface. Batch 1: text and image tokens share one joint residual
-// stream [L + N, D] (text rows first), so the double blocks' concatenation and the final split are
-// row slices, never copies. Tested by `flux2 check-golden --only transformer` (tests/golden).
+// once against the backend interface. Batch 1: text, image and reference tokens share one joint
+// residual stream [L + N + R, D] (text rows, then the generated image's, then the references'), so
+// the double blocks' concatenation and the final split are row slices, never copies. Editing
+// rides references in the image stream (only the first N outputs are the velocity); klein-KV runs
+// them once at step 0 and attends to their cached K/V after. Tested by `flux2 check-golden --only
+// transformer` and `--only edit` / `edit_kv` (tests/golden).
 #pragma once
 
 #include <functional>
@@ -21,9 +24,9 @@
 
 namespace flux2 {
 
-// Activation buffers for one (text length, image length), reused by every step of a request.
+// Activation buffers for one (text, image, reference) length, reused by every step of a request.
 struct Flux2Workspace {
-  Tensor stream;  // [S, D]        joint residual stream: text rows, then image rows
+  Tensor stream;  // [S, D]        joint residual stream: text, image, then reference rows
   Tensor normed;  // [S, D]        modulated LayerNorm output
   Tensor wide;    // [S, 3D + 2F]  fused projections: q|k|v (+ mlp gate|up in single blocks)
   Tensor
@@ -31,14 +34,33 @@ struct Flux2Workspace {
   Tensor proj;   // [S, D]        output projections before the gated residual
 };
 
+// klein-KV's reference keys and values, post-RoPE, of every layer (double blocks, then single
+// blocks): [R, D] each, filled by the step that runs the references (step 0).
+struct Flux2KvCache {
+  std::vector<Tensor> keys, values;
+  bool filled = false;
+};
+
+// The reference tokens of an editing request, as the transformer sees them.
+struct Flux2References {
+  std::vector<int64_t> ids;  // [R, 4] position ids (T = 10 (k + 1), row, col, 0) per reference
+  // klein-KV: the first forward runs the references (timestep-0 modulation, attending only to
+  // themselves) and caches their K/V; later forwards take only the N image rows and attend to the
+  // cache. Otherwise the references ride in the stream at every forward.
+  bool kv_cache = false;
+};
+
 // Everything the steps of one request share.
 struct Flux2Conditioning {
-  int64_t text_len = 0;   // L
-  int64_t image_len = 0;  // N
-  Tensor txt;             // [L, D]      context_embedder(prompt_embeds), step independent
-  Tensor rope_cos;        // [L + N, Dh] text rows, then image rows
-  Tensor rope_sin;        // [L + N, Dh]
-  Tensor modulation;      // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
+  int64_t text_len = 0;       // L
+  int64_t image_len = 0;      // N: the generated image's tokens (the velocity's rows)
+  int64_t reference_len = 0;  // R: reference tokens (0: text-to-image)
+  Tensor txt;                 // [L, D]      context_embedder(prompt_embeds), step independent
+  Tensor rope_cos;            // [L + N + R, Dh] text rows, then image rows, then references
+  Tensor rope_sin;            // [L + N + R, Dh]
+  Tensor modulation;          // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
+  Tensor reference_modulation;      // [1, 17D] klein-KV: the timestep-0 modulation of references
+  std::shared_ptr<Flux2KvCache> kv;  // klein-KV only
   std::shared_ptr<Flux2Workspace> workspace;
 };
 
@@ -63,14 +85,18 @@ class Flux2Transformer {
 
   // Per-request precomputation. prompt_embeds [L, J]; txt_ids [L, 4] and img_ids [N, 4] integer
   // positions; timesteps: the model's `timestep` input per step, in sigma units (0..1);
-  // guidance: one raw guidance scale per step when the model has a guidance embedder, else empty.
+  // guidance: one raw guidance scale per step when the model has a guidance embedder, else empty;
+  // references: the editing request's reference tokens (null: text-to-image).
   absl::StatusOr<Flux2Conditioning> prepare(const Tensor& prompt_embeds,
                                             std::span<const int64_t> txt_ids,
                                             std::span<const int64_t> img_ids,
                                             std::span<const float> timesteps,
-                                            std::span<const float> guidance) const;
+                                            std::span<const float> guidance,
+                                            const Flux2References* references = nullptr) const;
 
-  // out [N, out_channels] = the velocity for latent tokens x [N, in_channels] at `step`.
+  // out [N, out_channels] = the velocity at `step` for x [N + R, in_channels]: the latent tokens,
+  // then the R reference tokens (R = 0 for text-to-image; klein-KV: x is [N + R] at the forward
+  // that fills the cache and [N] after it).
   absl::Status forward(const Flux2Conditioning& cond, int64_t step, const Tensor& x,
                        const Tensor& out, const ActivationTap& tap = nullptr) const;
 
@@ -78,10 +104,18 @@ class Flux2Transformer {
   Flux2Transformer(Backend& backend, Flux2Config config)
       : backend_(backend), config_(std::move(config)) {}
 
-  absl::Status double_block(const Flux2DoubleBlockWeights& w, const Tensor& mod,
-                            const Flux2Conditioning& cond) const;
-  absl::Status single_block(const Flux2SingleBlockWeights& w, const Tensor& mod,
-                            const Flux2Conditioning& cond) const;
+  struct Pass;  // one forward's row layout and modulations (flux2_transformer.cc)
+  absl::Status double_block(const Flux2DoubleBlockWeights& w, const Pass& pass,
+                            size_t layer) const;
+  absl::Status single_block(const Flux2SingleBlockWeights& w, const Pass& pass,
+                            size_t layer) const;
+  // The attention of one block: q, k, v [S, D] views of the pass's fused projections; QK-norm
+  // and RoPE, then joint attention (with klein-KV's reference rules) into out [S, D].
+  absl::Status attend(const Pass& pass, const QkNormRope& norm, const Tensor& q, const Tensor& k,
+                      const Tensor& v, const Tensor& out, size_t layer) const;
+  // The shared modulation [steps, 17D] of timesteps (+ guidance): silu(temb) · modulationᵀ.
+  absl::StatusOr<Tensor> modulation_rows(std::span<const float> timesteps,
+                                         std::span<const float> guidance) const;
   // MLP(sinusoid(scaled values)) for every step: [steps, D] (TimestepEmbedding, §1.4).
   absl::StatusOr<Tensor> embed_conditioning(std::span<const float> values, const Tensor& linear_1,
                                             const Tensor& linear_2) const;

@@ -43,14 +43,21 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
                                                          const PipelineOptions& options) {
   const Clock::time_point start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(ModelIndex index, ModelIndex::read(model_dir));
-  if (index.class_name != "Flux2KleinPipeline") {
-    return absl::UnimplementedError(
-        absl::StrCat(model_dir, "/model_index.json: pipeline class \"", index.class_name,
-                     "\" is not served; only Flux2KleinPipeline (FLUX.2-klein) checkpoints are"));
+  if (index.class_name != "Flux2KleinPipeline" && index.class_name != "Flux2KleinKVPipeline") {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, "/model_index.json: pipeline class \"", index.class_name,
+        "\" is not served; only Flux2KleinPipeline and Flux2KleinKVPipeline (FLUX.2-klein) "
+        "checkpoints are"));
+  }
+  const bool kv_cache =
+      options.kv_cache.value_or(index.class_name == "Flux2KleinKVPipeline");
+  const bool is_distilled = options.is_distilled.value_or(index.is_distilled || kv_cache);
+  if (kv_cache && !is_distilled) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        model_dir, ": klein-KV runs distilled checkpoints only (Flux2KleinKVPipeline has no CFG)"));
   }
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
-  pipeline->describe(model_dir, model_name_of(model_dir),
-                     options.is_distilled.value_or(index.is_distilled));
+  pipeline->describe(model_dir, model_name_of(model_dir), is_distilled, kv_cache);
 
   const std::string scheduler_path = model_dir + "/scheduler/scheduler_config.json";
   FLUX_ASSIGN_OR_RETURN(nlohmann::json scheduler_json, read_json_file(scheduler_path));
@@ -71,6 +78,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
   {
     FLUX_ASSIGN_OR_RETURN(ComponentWeights weights, ComponentWeights::open(model_dir + "/vae"));
     FLUX_ASSIGN_OR_RETURN(pipeline->vae_, VaeDecoder::load(backend, weights));
+    FLUX_ASSIGN_OR_RETURN(pipeline->vae_encoder_, VaeEncoder::load(backend, weights));
   }
 
   FLUX_RETURN_IF_ERROR(pipeline->finish_load(model_dir, options.enable_quality_high, start));
@@ -107,7 +115,7 @@ absl::Status Pipeline::connect_components(const std::string& source) {
   info_.pixel_multiple = 2 * vae.scale_factor();
   info_.text_encoder_bytes = text_encoder_->device_bytes();
   info_.transformer_bytes = transformer_->load_report().device_bytes;
-  info_.vae_bytes = vae_->device_bytes();
+  info_.vae_bytes = vae_->device_bytes() + vae_encoder_->device_bytes();
   info_.device_bytes = info_.text_encoder_bytes + info_.transformer_bytes + info_.vae_bytes;
   return absl::OkStatus();
 }
@@ -116,7 +124,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
                                                                   const RandomPipelineSpec& spec) {
   const Clock::time_point start = Clock::now();
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
-  pipeline->describe("(random weights)", spec.name, spec.is_distilled);
+  pipeline->describe("(random weights)", spec.name, spec.is_distilled || spec.kv_cache,
+                     spec.kv_cache);
   FLUX_ASSIGN_OR_RETURN(pipeline->tokenizer_, Tokenizer::load(spec.tokenizer_dir));
   FLUX_ASSIGN_OR_RETURN(
       pipeline->text_encoder_,
@@ -125,18 +134,21 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
                         Flux2Transformer::create_random(backend, spec.transformer, spec.seed + 1));
   FLUX_ASSIGN_OR_RETURN(pipeline->vae_,
                         VaeDecoder::create_random(backend, spec.vae, spec.seed + 2));
+  FLUX_ASSIGN_OR_RETURN(pipeline->vae_encoder_,
+                        VaeEncoder::create_random(backend, spec.vae, spec.seed + 3));
   FLUX_RETURN_IF_ERROR(pipeline->finish_load(spec.name, spec.enable_quality_high, start));
   return pipeline;
 }
 
 void Pipeline::describe(const std::string& model_dir, const std::string& model_name,
-                        bool is_distilled) {
+                        bool is_distilled, bool kv_cache) {
   info_.model_dir = model_dir;
   info_.model_name = model_name;
-  info_.pipeline_class = "Flux2KleinPipeline";
+  info_.pipeline_class = kv_cache ? "Flux2KleinKVPipeline" : "Flux2KleinPipeline";
   info_.is_distilled = is_distilled;
   info_.uses_cfg = !is_distilled;
-  info_.variant = is_distilled ? "klein-distilled" : "klein-base";
+  info_.uses_kv_cache = kv_cache;
+  info_.variant = kv_cache ? "klein-kv" : is_distilled ? "klein-distilled" : "klein-base";
   info_.default_steps = is_distilled ? 4 : 50;
   info_.default_guidance = 4.0;
   info_.backend = std::string(backend_.name());
@@ -167,10 +179,68 @@ absl::StatusOr<Tensor> Pipeline::negative_embeddings(const TokenizedPrompt& toke
   return embeds;
 }
 
+absl::StatusOr<std::vector<int64_t>> Pipeline::encode_references(
+    const std::vector<RgbImage>& references, const Tensor& tokens) const {
+  Backend& be = backend_;
+  std::vector<int64_t> ids;
+  int64_t row = 0;
+  for (size_t k = 0; k < references.size(); ++k) {
+    const RgbImage& reference = references[k];
+    const std::vector<float> unit = reference_to_unit_range(reference);  // [H, W, 3] in [-1, 1]
+    FLUX_ASSIGN_OR_RETURN(Tensor pixels,
+                          be.empty(be.activation_dtype(), {reference.height, reference.width, 3}));
+    FLUX_RETURN_IF_ERROR(be.upload(unit.data(), DType::kF32, pixels));
+    FLUX_ASSIGN_OR_RETURN(Tensor encoded, vae_encoder_->encode_tokens(pixels));  // [h w, 128]
+    if (row + encoded.rows() > tokens.rows()) {
+      return absl::InternalError("reference tokens overflow their rows");
+    }
+    FLUX_RETURN_IF_ERROR(be.copy(encoded, tokens.row_slice(row, encoded.rows())));
+    row += encoded.rows();
+    // diffusers' _prepare_image_ids: (T = 10 + 10 k, row, col, 0), row-major.
+    const int64_t h = reference.height / info_.pixel_multiple;
+    const int64_t w = reference.width / info_.pixel_multiple;
+    for (int64_t y = 0; y < h; ++y) {
+      for (int64_t x = 0; x < w; ++x) {
+        ids.insert(ids.end(), {10 * (static_cast<int64_t>(k) + 1), y, x, 0});
+      }
+    }
+  }
+  return ids;
+}
+
+ImageSize output_size(const GenerateParams& params) {
+  constexpr int64_t kDefaultSide = 1024;  // diffusers: default_sample_size 128 x vae_scale_factor 8
+  ImageSize size{params.width, params.height};
+  if (size.width == 0) size.width = params.references.empty() ? kDefaultSide
+                                                                : params.references[0].width;
+  if (size.height == 0) size.height = params.references.empty() ? kDefaultSide
+                                                                  : params.references[0].height;
+  return size;
+}
+
+absl::Status Pipeline::validate_references(const GenerateParams& params) const {
+  for (size_t i = 0; i < params.references.size(); ++i) {
+    const RgbImage& reference = params.references[i];
+    const std::string field = absl::StrCat("reference_images[", i, "]");
+    // A prepared reference passes prepare_reference unchanged; its errors name the field.
+    FLUX_ASSIGN_OR_RETURN(RgbImage prepared,
+                          prepare_reference(reference, info_.pixel_multiple, field));
+    if (prepared.width != reference.width || prepared.height != reference.height) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", reference.width, "x", reference.height,
+          " is not prepared (prepare_reference: sides multiples of ", info_.pixel_multiple,
+          ", at most ", kReferenceMaxArea, " pixels)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Pipeline::validate(const GenerateParams& params) const {
   const int64_t multiple = info_.pixel_multiple;
-  for (auto [name, value] : {std::pair<const char*, int64_t>{"width", params.width},
-                             std::pair<const char*, int64_t>{"height", params.height}}) {
+  FLUX_RETURN_IF_ERROR(validate_references(params));
+  const ImageSize size = output_size(params);
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"width", size.width},
+                             std::pair<const char*, int64_t>{"height", size.height}}) {
     if (value < multiple || value % multiple != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": ", value, " is not a positive multiple of ", multiple));
@@ -213,12 +283,18 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   const int64_t max_length =
       params.max_sequence_length > 0 ? params.max_sequence_length : info_.max_sequence_length;
   const bool cfg = info_.uses_cfg && guidance > 1.0;
-  const int64_t h = params.height / info_.pixel_multiple, w = params.width / info_.pixel_multiple;
+  const ImageSize size = output_size(params);
+  const int64_t h = size.height / info_.pixel_multiple, w = size.width / info_.pixel_multiple;
   const int64_t n = h * w, channels = flux.in_channels;
+  int64_t reference_tokens = 0;  // R: every reference's tokens, in order
+  for (const RgbImage& reference : params.references) {
+    reference_tokens += (reference.height / info_.pixel_multiple) *
+                        (reference.width / info_.pixel_multiple);
+  }
 
   GeneratedImage image;
-  image.width = params.width;
-  image.height = params.height;
+  image.width = size.width;
+  image.height = size.height;
   image.seed = params.seed;
   StageTimings& timings = image.timings;
 
@@ -252,8 +328,24 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   FLUX_RETURN_IF_ERROR(be.synchronize());
   timings.text_encode = seconds_since(start);  // text encoding, overlapped with drawing the noise
 
+  // The transformer's input: the noisy latents [N, 128], then the reference tokens [R, 128].
+  FLUX_ASSIGN_OR_RETURN(Tensor model_input, be.empty(act, {n + reference_tokens, channels}));
+  const Tensor latents = model_input.row_slice(0, n);
+  std::optional<Flux2References> references;
+  if (reference_tokens > 0) {
+    // References: VAE-encoded once per request, under the request's quality.
+    if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
+    start = Clock::now();
+    references.emplace();
+    references->kv_cache = info_.uses_kv_cache;
+    FLUX_ASSIGN_OR_RETURN(references->ids,
+                          encode_references(params.references,
+                                            model_input.row_slice(n, reference_tokens)));
+    FLUX_RETURN_IF_ERROR(be.synchronize());
+    timings.reference_encode = seconds_since(start);
+  }
+
   start = Clock::now();
-  FLUX_ASSIGN_OR_RETURN(Tensor latents, be.empty(act, {n, channels}));
   FLUX_RETURN_IF_ERROR(be.upload(packed.data(), DType::kF32, latents));
   if (hooks.on_latents) hooks.on_latents(-1, latents);
 
@@ -269,13 +361,15 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
     guidance_values.assign(static_cast<size_t>(steps), static_cast<float>(guidance));
   const std::vector<int64_t> txt_ids = flux2_text_ids(prompt_embeds.rows());
   const std::vector<int64_t> img_ids = flux2_image_ids(h, w);
-  FLUX_ASSIGN_OR_RETURN(
-      Flux2Conditioning cond,
-      transformer_->prepare(prompt_embeds, txt_ids, img_ids, model_timesteps, guidance_values));
+  const Flux2References* refs = references ? &*references : nullptr;
+  FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond,
+                        transformer_->prepare(prompt_embeds, txt_ids, img_ids, model_timesteps,
+                                              guidance_values, refs));
   Flux2Conditioning negative_cond;
-  if (cfg) {
-    FLUX_ASSIGN_OR_RETURN(negative_cond, transformer_->prepare(negative_embeds, txt_ids, img_ids,
-                                                               model_timesteps, guidance_values));
+  if (cfg) {  // the references ride in both branches
+    FLUX_ASSIGN_OR_RETURN(negative_cond,
+                          transformer_->prepare(negative_embeds, txt_ids, img_ids, model_timesteps,
+                                                guidance_values, refs));
   }
   FLUX_ASSIGN_OR_RETURN(Tensor velocity, be.empty(act, {n, channels}));
   Tensor negative_velocity;
@@ -286,9 +380,11 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   for (int64_t i = 0; i < steps; ++i) {
     if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
     const Clock::time_point step_start = Clock::now();
-    FLUX_RETURN_IF_ERROR(transformer_->forward(cond, i, latents, velocity));  // [N, 128]
+    // [latents; references], but the latents alone once klein-KV cached the references' K/V.
+    const Tensor& x = cond.kv != nullptr && cond.kv->filled ? latents : model_input;
+    FLUX_RETURN_IF_ERROR(transformer_->forward(cond, i, x, velocity));  // [N, 128]
     if (cfg) {
-      FLUX_RETURN_IF_ERROR(transformer_->forward(negative_cond, i, latents, negative_velocity));
+      FLUX_RETURN_IF_ERROR(transformer_->forward(negative_cond, i, x, negative_velocity));
       FLUX_RETURN_IF_ERROR(
           be.cfg_combine(negative_velocity, velocity, static_cast<float>(guidance), velocity));
     }
@@ -309,7 +405,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   image.rgb.resize(static_cast<size_t>(pixels.numel()));
   FLUX_RETURN_IF_ERROR(be.to_rgb8(pixels, image.rgb.data()));
   timings.decode = seconds_since(start);
-  if (static_cast<int64_t>(image.rgb.size()) != params.width * params.height * 3) {
+  if (static_cast<int64_t>(image.rgb.size()) != size.width * size.height * 3) {
     return absl::InternalError("decoded image has the wrong size");
   }
   return image;

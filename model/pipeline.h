@@ -18,9 +18,11 @@
 #include "kernels/backend.h"
 #include "model/flux2_transformer.h"
 #include "model/qwen3_encoder.h"
+#include "model/reference_image.h"
 #include "model/scheduler.h"
 #include "model/tokenizer.h"
 #include "model/vae_decoder.h"
+#include "model/vae_encoder.h"
 
 namespace flux2 {
 
@@ -29,9 +31,12 @@ struct PipelineInfo {
   std::string model_dir;
   std::string model_name;      // directory name, e.g. "FLUX.2-klein-4B"
   std::string pipeline_class;  // model_index.json _class_name
-  std::string variant;         // "klein-distilled", "klein-base"
+  std::string variant;         // "klein-distilled", "klein-base", "klein-kv"
   bool is_distilled = true;    // distilled: no CFG
   bool uses_cfg = false;       // base models: true CFG against the negative prompt
+  // klein-KV (Flux2KleinKVPipeline): step 0 caches the reference tokens' K/V of every layer and
+  // later steps attend to the cache instead of running the references again.
+  bool uses_kv_cache = false;
   int64_t default_steps = 4;   // distilled 4, base 50
   double default_guidance = 4.0;
   int64_t max_sequence_length = 512;
@@ -58,6 +63,7 @@ struct RandomPipelineSpec {
   VaeConfig vae;
   std::string tokenizer_dir;  // a real tokenizer.json (tokenization cost is part of a request)
   bool is_distilled = true;
+  bool kv_cache = false;  // run as klein-KV (Flux2KleinKVPipeline)
   bool enable_quality_high = false;
   uint64_t seed = 1;
 };
@@ -65,6 +71,9 @@ struct RandomPipelineSpec {
 // Load-time overrides, for tests that run one checkpoint both ways.
 struct PipelineOptions {
   std::optional<bool> is_distilled;  // replaces model_index.json's is_distilled
+  // Run as klein-KV (true) or as the plain klein pipeline (false) whatever model_index.json's
+  // class says: the goldens run one checkpoint both ways.
+  std::optional<bool> kv_cache;
   // Keep FP8 copies of the transformer's block weights so requests may ask for Quality::kHigh
   // (costs about half the transformer's bf16 bytes; reported in PipelineInfo::fp8_bytes).
   bool enable_quality_high = false;
@@ -73,20 +82,33 @@ struct PipelineOptions {
 struct GenerateParams {
   std::string prompt;
   std::string negative_prompt;  // CFG models only ("" = the empty prompt, as diffusers)
-  int64_t width = 1024;         // pixels, multiple of 16
-  int64_t height = 1024;
+  // Pixels, multiples of 16; 0: the first reference's (prepared) size, else 1024 (output_size).
+  int64_t width = 0;
+  int64_t height = 0;
   int64_t num_inference_steps = 0;  // 0: the model default
   double guidance_scale = -1.0;     // < 0: the model default; CFG applies when > 1 on base models
   uint64_t seed = 0;
   int64_t max_sequence_length = 0;  // 0: the model default (512)
   Quality quality = Quality::kLossless;
   bool fast_paths = true;  // false: every fused fast path runs its eager chain
+  // Reference images for editing, in order (prepare_reference: sides multiples of 16, at most
+  // kReferenceMaxArea pixels); empty: text-to-image. Reference k is image k + 1 of the prompt.
+  std::vector<RgbImage> references;
 };
+
+// The size a request generates: width and height when given, else the first reference's size,
+// else 1024 x 1024 (diffusers' default_sample_size x vae_scale_factor).
+struct ImageSize {
+  int64_t width = 0;
+  int64_t height = 0;
+};
+ImageSize output_size(const GenerateParams& params);
 
 // Wall-clock seconds per stage of one generation.
 struct StageTimings {
   double tokenize = 0.0;
   double text_encode = 0.0;
+  double reference_encode = 0.0;  // VAE-encoding the reference images (0 without references)
   double denoise = 0.0;       // all steps
   std::vector<double> steps;  // each step (transformer forward(s) + Euler update)
   double decode = 0.0;        // VAE decode + post-processing to uint8
@@ -101,8 +123,8 @@ struct GeneratedImage {
 };
 
 struct GenerateHooks {
-  // Checked at every stage boundary: before the text encoder, before each step and before the VAE
-  // decode; returning a non-OK status (Cancelled, DeadlineExceeded) stops the generation with that
+  // Checked at every stage boundary: before the text encoder, before the reference encode, before
+  // each step and before the VAE decode; returning a non-OK status (Cancelled, DeadlineExceeded) stops the generation with that
   // status. Each call runs under the request options of the stage that follows (the text
   // encoder's are lossless whatever the request's quality).
   std::function<absl::Status()> check_continue;
@@ -130,7 +152,7 @@ class Pipeline {
   const PipelineInfo& info() const { return info_; }
 
   // Checks params against the model and returns InvalidArgument naming the field (width,
-  // height, num_inference_steps, guidance_scale, max_sequence_length).
+  // height, num_inference_steps, guidance_scale, max_sequence_length, reference_images[i]).
   absl::Status validate(const GenerateParams& params) const;
 
   absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
@@ -139,7 +161,14 @@ class Pipeline {
  private:
   Pipeline(Backend& backend) : backend_(backend) {}
   // The PipelineInfo fields every klein pipeline derives from its name and variant.
-  void describe(const std::string& model_dir, const std::string& model_name, bool is_distilled);
+  void describe(const std::string& model_dir, const std::string& model_name, bool is_distilled,
+                bool kv_cache);
+  // Checks the references of `params` (prepared, within the area) naming reference_images[i].
+  absl::Status validate_references(const GenerateParams& params) const;
+  // VAE-encodes the references into rows [0, R) of `tokens` [R, 128] (R: their tokens in order)
+  // and returns their position ids [R, 4] (T = 10 (k + 1), row, col, 0).
+  absl::StatusOr<std::vector<int64_t>> encode_references(const std::vector<RgbImage>& references,
+                                                         const Tensor& tokens) const;
   // Checks that the components fit together and fills the derived PipelineInfo fields.
   absl::Status connect_components(const std::string& source);
   // The end of load() and create_random(): connect_components, quality=high's low-precision
@@ -157,6 +186,7 @@ class Pipeline {
   std::unique_ptr<Qwen3Encoder> text_encoder_;
   std::unique_ptr<Flux2Transformer> transformer_;
   std::unique_ptr<VaeDecoder> vae_;
+  std::unique_ptr<VaeEncoder> vae_encoder_;
   mutable std::map<std::vector<int32_t>, Tensor> negative_cache_;
 };
 

@@ -12,13 +12,12 @@
 #include "absl/strings/str_join.h"
 #include "kernels/base/status.h"
 #include "model/json_util.h"
+#include "model/vae_layers.h"
 #include "model/vae_weights.h"
 
 namespace flux2 {
 namespace {
 
-constexpr float kGroupNormEps =
-    1e-6f;                     // every GroupNorm of the decoder (resnet_eps, conv_norm_out)
 constexpr int64_t kPatch = 2;  // latent patchify 2x2: packed channels = 4 x latent_channels
 
 class BackendVaeDecoder final : public VaeDecoder {
@@ -51,78 +50,22 @@ class BackendVaeDecoder final : public VaeDecoder {
 
  private:
   absl::StatusOr<Tensor> image(int64_t height, int64_t width, int64_t channels) const {
-    return backend_.empty(backend_.activation_dtype(), {height, width, channels});
+    return layers_.image(height, width, channels);
   }
-  // Each returns a fresh [H', W', C'] tensor; the input is left untouched.
-  absl::StatusOr<Tensor> conv(const VaeConvWeights& w, const Tensor& x) const;
-  absl::StatusOr<Tensor> group_norm(const VaeGroupNormWeights& w, const Tensor& x, bool silu) const;
-  absl::StatusOr<Tensor> resnet(const VaeResnetWeights& w, const Tensor& x) const;
-  absl::StatusOr<Tensor> attention(const VaeAttentionWeights& w, const Tensor& x) const;
+  // Upsample2D: nearest-neighbour x2, then a 3x3 convolution.
   absl::StatusOr<Tensor> upsample(const VaeConvWeights& w, const Tensor& x) const;
 
   Backend& backend_;
   VaeConfig config_;
+  VaeLayers layers_{backend_, config_.norm_num_groups};
   VaeWeights weights_;
   LoadReport load_report_;
 };
 
-absl::StatusOr<Tensor> BackendVaeDecoder::conv(const VaeConvWeights& w, const Tensor& x) const {
-  FLUX_ASSIGN_OR_RETURN(Tensor out, image(x.dim(0), x.dim(1), w.weight.dim(0)));
-  FLUX_RETURN_IF_ERROR(backend_.conv2d(x, w.weight, w.bias, out));
-  return out;
-}
-
-absl::StatusOr<Tensor> BackendVaeDecoder::group_norm(const VaeGroupNormWeights& w, const Tensor& x,
-                                                     bool silu) const {
-  FLUX_ASSIGN_OR_RETURN(Tensor out, image(x.dim(0), x.dim(1), x.dim(2)));
-  FLUX_RETURN_IF_ERROR(
-      backend_.group_norm(x, config_.norm_num_groups, w.gamma, w.beta, kGroupNormEps, silu, out));
-  return out;
-}
-
-// ResnetBlock2D: x + conv2(silu(gn2(conv1(silu(gn1(x)))))), x through the 1x1 shortcut when
-// the channel count changes.
-absl::StatusOr<Tensor> BackendVaeDecoder::resnet(const VaeResnetWeights& w, const Tensor& x) const {
-  FLUX_ASSIGN_OR_RETURN(Tensor h, group_norm(w.norm1, x, /*silu=*/true));  // [H, W, Cin]
-  FLUX_ASSIGN_OR_RETURN(h, conv(w.conv1, h));                              // [H, W, Cout]
-  FLUX_ASSIGN_OR_RETURN(h, group_norm(w.norm2, h, /*silu=*/true));         // [H, W, Cout]
-  Tensor shortcut = x;                                                     // [H, W, Cin = Cout]
-  if (w.conv_shortcut.weight.data() != nullptr) {
-    FLUX_ASSIGN_OR_RETURN(shortcut, conv(w.conv_shortcut, x));  // [H, W, Cout]
-  }
-  const int64_t cout = w.conv2.weight.dim(0);
-  FLUX_ASSIGN_OR_RETURN(Tensor out, image(h.dim(0), h.dim(1), cout));
-  // [H, W, Cout] = shortcut + conv2(h), one op (fused at quality=high on CUDA)
-  FLUX_RETURN_IF_ERROR(backend_.conv2d_add(h, w.conv2.weight, w.conv2.bias, shortcut, out));
-  return out;
-}
-
-// The mid block's attention: x + to_out(attention(q, k, v)) over the H x W pixels as tokens,
-// one head of width C, q|k|v = linear(GroupNorm(x)) with biases, scale 1 / sqrt(C).
-absl::StatusOr<Tensor> BackendVaeDecoder::attention(const VaeAttentionWeights& w,
-                                                    const Tensor& x) const {
-  Backend& be = backend_;
-  const int64_t height = x.dim(0), width = x.dim(1), c = x.dim(2), pixels = height * width;
-  const AttentionParams params{/*num_heads=*/1, /*num_kv_heads=*/1, /*head_dim=*/c,
-                               static_cast<float>(1.0 / std::sqrt(static_cast<double>(c)))};
-  FLUX_ASSIGN_OR_RETURN(Tensor normed, group_norm(w.group_norm, x, /*silu=*/false));  // [H, W, C]
-  FLUX_ASSIGN_OR_RETURN(Tensor qkv, be.empty(be.activation_dtype(), {pixels, 3 * c}));
-  FLUX_RETURN_IF_ERROR(be.linear(normed, w.qkv_weight, w.qkv_bias, qkv));  // [P, 3C]
-  FLUX_ASSIGN_OR_RETURN(Tensor attended, be.empty(be.activation_dtype(), {pixels, c}));
-  FLUX_RETURN_IF_ERROR(be.attention(qkv.col_slice(0, c), qkv.col_slice(c, c),
-                                    qkv.col_slice(2 * c, c), params, attended));  // [P, C]
-  FLUX_ASSIGN_OR_RETURN(Tensor projected, image(height, width, c));
-  FLUX_RETURN_IF_ERROR(be.linear(attended, w.out_weight, w.out_bias, projected));  // [H, W, C]
-  FLUX_ASSIGN_OR_RETURN(Tensor out, image(height, width, c));
-  FLUX_RETURN_IF_ERROR(be.add(x, projected, out));  // [H, W, C]
-  return out;
-}
-
-// Upsample2D: nearest-neighbour x2, then a 3x3 convolution.
 absl::StatusOr<Tensor> BackendVaeDecoder::upsample(const VaeConvWeights& w, const Tensor& x) const {
   FLUX_ASSIGN_OR_RETURN(Tensor up, image(2 * x.dim(0), 2 * x.dim(1), x.dim(2)));
   FLUX_RETURN_IF_ERROR(backend_.upsample_nearest_2x(x, up));  // [2H, 2W, C]
-  return conv(w, up);                                         // [2H, 2W, C]
+  return layers_.conv(w, up);                                 // [2H, 2W, C]
 }
 
 absl::StatusOr<Tensor> BackendVaeDecoder::decode(const Tensor& latents) const {
@@ -135,24 +78,23 @@ absl::StatusOr<Tensor> BackendVaeDecoder::decode(const Tensor& latents) const {
   const VaeWeights& w = weights_;
   Tensor x = latents;  // [h, w, Cl]
   if (config_.use_post_quant_conv) {
-    FLUX_ASSIGN_OR_RETURN(x, conv(w.post_quant_conv, x));  // [h, w, Cl]
+    FLUX_ASSIGN_OR_RETURN(x, layers_.conv(w.post_quant_conv, x));  // [h, w, Cl]
   }
-  FLUX_ASSIGN_OR_RETURN(x, conv(w.conv_in, x));           // [h, w, C_top]
-  FLUX_ASSIGN_OR_RETURN(x, resnet(w.mid_resnets[0], x));  // [h, w, C_top]
-  if (config_.mid_block_add_attention) {
-    FLUX_ASSIGN_OR_RETURN(x, attention(w.mid_attention, x));  // [h, w, C_top]
-  }
-  FLUX_ASSIGN_OR_RETURN(x, resnet(w.mid_resnets[1], x));  // [h, w, C_top]
+  FLUX_ASSIGN_OR_RETURN(x, layers_.conv(w.conv_in, x));  // [h, w, C_top]
+  FLUX_ASSIGN_OR_RETURN(x, layers_.mid_block(w.mid_resnets,
+                                             config_.mid_block_add_attention ? &w.mid_attention
+                                                                             : nullptr,
+                                             x));  // [h, w, C_top]
   for (const VaeUpBlockWeights& block : w.up_blocks) {
     for (const VaeResnetWeights& layer : block.resnets) {
-      FLUX_ASSIGN_OR_RETURN(x, resnet(layer, x));  // [h_i, w_i, C_i]
+      FLUX_ASSIGN_OR_RETURN(x, layers_.resnet(layer, x));  // [h_i, w_i, C_i]
     }
     if (block.has_upsampler) {
       FLUX_ASSIGN_OR_RETURN(x, upsample(block.upsampler, x));  // [2 h_i, 2 w_i, C_i]
     }
   }
-  FLUX_ASSIGN_OR_RETURN(x, group_norm(w.conv_norm_out, x, /*silu=*/true));  // [H, W, C_0]
-  return conv(w.conv_out, x);                                               // [H, W, out_channels]
+  FLUX_ASSIGN_OR_RETURN(x, layers_.group_norm(w.conv_norm_out, x, /*silu=*/true));  // [H, W, C_0]
+  return layers_.conv(w.conv_out, x);  // [H, W, out_channels]
 }
 
 absl::StatusOr<Tensor> BackendVaeDecoder::decode_tokens(const Tensor& tokens, int64_t h,
@@ -222,6 +164,8 @@ absl::StatusOr<VaeConfig> VaeConfig::from_json(const nlohmann::json& json,
   FLUX_RETURN_IF_ERROR(f.read("batch_norm_eps", &config.batch_norm_eps));
   FLUX_RETURN_IF_ERROR(f.read("mid_block_add_attention", &config.mid_block_add_attention));
   FLUX_RETURN_IF_ERROR(f.read("use_post_quant_conv", &config.use_post_quant_conv));
+  FLUX_RETURN_IF_ERROR(f.read("use_quant_conv", &config.use_quant_conv));
+  FLUX_RETURN_IF_ERROR(f.read("in_channels", &config.in_channels));
   FLUX_RETURN_IF_ERROR(f.read("act_fn", &act_fn));
   FLUX_RETURN_IF_ERROR(f.read("patch_size", &patch_size));
 
@@ -232,6 +176,7 @@ absl::StatusOr<VaeConfig> VaeConfig::from_json(const nlohmann::json& json,
   }
   if (config.block_out_channels.empty())
     return config_error(source, "block_out_channels", "is empty");
+  config.encoder_block_out_channels = config.block_out_channels;
   if (!decoder_channels.empty()) {
     // A smaller decoder paired with the standard encoder: the decoder is built from these.
     if (decoder_channels.size() != config.block_out_channels.size()) {
@@ -254,6 +199,13 @@ absl::StatusOr<VaeConfig> VaeConfig::from_json(const nlohmann::json& json,
   if (config.latent_channels <= 0)
     return config_error(source, "latent_channels", "must be positive");
   if (config.out_channels <= 0) return config_error(source, "out_channels", "must be positive");
+  if (config.in_channels <= 0) return config_error(source, "in_channels", "must be positive");
+  for (int64_t channels : config.encoder_block_out_channels) {
+    if (channels <= 0 || channels % config.norm_num_groups != 0) {
+      return config_error(source, "block_out_channels",
+                          "entries must be positive multiples of norm_num_groups");
+    }
+  }
   if (!(config.batch_norm_eps >= 0.0) || !std::isfinite(config.batch_norm_eps)) {
     return config_error(source, "batch_norm_eps", "must be a finite number >= 0");
   }
@@ -268,6 +220,8 @@ absl::StatusOr<VaeConfig> VaeConfig::from_json(const nlohmann::json& json,
   }
   FLUX_RETURN_IF_ERROR(check_string_array(json, source, "up_block_types", "UpDecoderBlock2D",
                                           config.block_out_channels.size()));
+  FLUX_RETURN_IF_ERROR(check_string_array(json, source, "down_block_types", "DownEncoderBlock2D",
+                                          config.encoder_block_out_channels.size()));
   return config;
 }
 

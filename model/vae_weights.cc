@@ -1,4 +1,4 @@
-// The FLUX.2 VAE decoder tensor table; see vae_weights.h.
+// The FLUX.2 VAE decoder and encoder tensor tables; see vae_weights.h.
 // Tested by tests/host/vae_test.cc and `flux2 check-golden --only vae`.
 #include "model/vae_weights.h"
 
@@ -88,6 +88,48 @@ std::vector<WeightSpec> VaeWeights::table(const VaeConfig& config) {
   add.group_norm("decoder.conv_norm_out", channels.front(), conv_norm_out);
   add.conv("decoder.conv_out", channels.front(), config.out_channels, 3, conv_out);
   return specs;
+}
+
+std::vector<WeightSpec> VaeEncoderWeights::table(const VaeConfig& config) {
+  std::vector<WeightSpec> specs;
+  TableBuilder add(specs);
+  const int64_t latent = config.latent_channels;
+  const std::vector<int64_t>& channels = config.encoder_block_out_channels;
+  const int64_t top = channels.back();
+
+  add.tensor("bn.running_mean", {4 * latent}, &bn_mean);
+  add.tensor("bn.running_var", {4 * latent}, &bn_var);
+  add.conv("encoder.conv_in", config.in_channels, channels.front(), 3, conv_in);
+  down_blocks.assign(channels.size(), VaeDownBlockWeights{});
+  int64_t in = channels.front();
+  for (size_t i = 0; i < channels.size(); ++i) {
+    VaeDownBlockWeights& block = down_blocks[i];
+    const int64_t out = channels[i];
+    const std::string prefix = absl::StrCat("encoder.down_blocks.", i);
+    block.resnets.resize(static_cast<size_t>(config.layers_per_block));
+    for (size_t r = 0; r < block.resnets.size(); ++r) {
+      add.resnet(absl::StrCat(prefix, ".resnets.", r), r == 0 ? in : out, out, block.resnets[r]);
+    }
+    block.has_downsampler = i + 1 < channels.size();
+    if (block.has_downsampler) {
+      add.conv(prefix + ".downsamplers.0.conv", out, out, 3, block.downsampler);
+    }
+    in = out;
+  }
+  add.resnet("encoder.mid_block.resnets.0", top, top, mid_resnets[0]);
+  if (config.mid_block_add_attention) {
+    add.attention("encoder.mid_block.attentions.0", top, mid_attention);
+  }
+  add.resnet("encoder.mid_block.resnets.1", top, top, mid_resnets[1]);
+  add.group_norm("encoder.conv_norm_out", top, conv_norm_out);
+  add.conv("encoder.conv_out", top, 2 * latent, 3, conv_out);
+  if (config.use_quant_conv) add.conv("quant_conv", 2 * latent, 2 * latent, 1, quant_conv);
+  return specs;
+}
+
+bool vae_encoder_unused_tensor(absl::string_view name) {
+  return absl::StartsWith(name, "decoder.") || absl::StartsWith(name, "post_quant_conv.") ||
+         name == "bn.num_batches_tracked";
 }
 
 bool vae_unused_tensor(absl::string_view name) {

@@ -60,6 +60,32 @@ struct VaeWeights {
   std::vector<WeightSpec> table(const VaeConfig& config);
 };
 
+struct VaeDownBlockWeights {             // encoder.down_blocks.{i} (DownEncoderBlock2D)
+  std::vector<VaeResnetWeights> resnets;  // layers_per_block
+  bool has_downsampler = false;           // every down block but the last
+  VaeConvWeights downsampler;             // downsamplers.0.conv: 3x3, stride 2, padding (0,1,0,1)
+};
+
+// The encoder half (architecture §3): conv_in, down blocks, mid block, GroupNorm + SiLU,
+// conv_out to mean | logvar, quant_conv; and the latent BatchNorm statistics.
+struct VaeEncoderWeights {
+  Tensor bn_mean;                                // [4 x latent_channels]  bn.running_mean
+  Tensor bn_var;                                 // [4 x latent_channels]  bn.running_var
+  VaeConvWeights conv_in;                        // encoder.conv_in: 3x3 in_channels -> C_0
+  std::vector<VaeDownBlockWeights> down_blocks;  // C_0 first
+  VaeResnetWeights mid_resnets[2];               // encoder.mid_block.resnets.{0,1} at C_top
+  VaeAttentionWeights mid_attention;             // encoder.mid_block.attentions.0
+  VaeGroupNormWeights conv_norm_out;             // [C_top]
+  VaeConvWeights conv_out;                       // 3x3 C_top -> 2 x latent_channels
+  VaeConvWeights quant_conv;                     // 1x1 2 x latent -> 2 x latent (use_quant_conv)
+
+  std::vector<WeightSpec> table(const VaeConfig& config);
+};
+
+// Checkpoint tensors the encoder leaves unread: the decoder, post_quant_conv and the BatchNorm's
+// num_batches_tracked counter.
+bool vae_encoder_unused_tensor(absl::string_view name);
+
 // Checkpoint tensors the decoder leaves unread: the encoder, quant_conv and the BatchNorm's
 // num_batches_tracked counter.
 bool vae_unused_tensor(absl::string_view name);

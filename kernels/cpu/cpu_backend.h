@@ -50,9 +50,13 @@ class CpuBackend final : public Backend {
 
   absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                       const Tensor& out) override;
+  absl::Status conv2d_downsample(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                 const Tensor& out) override;
   absl::Status upsample_nearest_2x(const Tensor& x, const Tensor& out) override;
   absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean, const Tensor& bn_var,
                              float eps, const Tensor& out) override;
+  absl::Status latent_pack(const Tensor& x, const Tensor& bn_mean, const Tensor& bn_var, float eps,
+                           const Tensor& tokens) override;
 
   absl::Status to_rgb8(const Tensor& image, uint8_t* host) override;
   absl::Status euler_step(const Tensor& x, const Tensor& v, float dt) override;

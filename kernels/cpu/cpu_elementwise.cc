@@ -171,4 +171,37 @@ absl::Status CpuBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_me
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::latent_pack(const Tensor& x, const Tensor& bn_mean, const Tensor& bn_var,
+                                     float eps, const Tensor& tokens) {
+  constexpr absl::string_view kOp = "latent_pack";
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "x", x));
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "tokens", tokens));
+  const int64_t c = tokens.cols() / 4;
+  if (x.rank() != 3 || !x.contiguous() || x.dim(0) % 2 || x.dim(1) % 2 || x.dim(2) < c ||
+      tokens.cols() % 4 != 0) {
+    return op_error(kOp, absl::StrCat("x ", x.describe(), " is not a contiguous [2h, 2w, >= ", c,
+                                      "] for tokens ", tokens.describe()));
+  }
+  const int64_t h = x.dim(0) / 2, w = x.dim(1) / 2, cx = x.dim(2);
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "tokens", tokens, h * w, 4 * c));
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "bn_mean", bn_mean));
+  FLUX_RETURN_IF_ERROR(check_vector(kOp, "bn_mean", bn_mean, 4 * c));
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "bn_var", bn_var));
+  FLUX_RETURN_IF_ERROR(check_vector(kOp, "bn_var", bn_var, 4 * c));
+  const float* mean = bn_mean.data_as<float>();
+  const float* var = bn_var.data_as<float>();
+  const float* in = x.data_as<float>();
+  for (int64_t row = 0; row < h; ++row) {
+    for (int64_t col = 0; col < w; ++col) {
+      float* token = cpu::row(tokens, row * w + col);
+      for (int64_t ch = 0; ch < 4 * c; ++ch) {
+        const int64_t latent_c = ch / 4, dy = (ch / 2) % 2, dx = ch % 2;
+        const float z = in[((2 * row + dy) * 2 * w + (2 * col + dx)) * cx + latent_c];
+        token[ch] = (z - mean[ch]) / std::sqrt(var[ch] + eps);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace flux2

@@ -1,5 +1,6 @@
 // CudaBackend's convolutions through cuDNN (NHWC): PyTorch's convolution then bias add at
-// lossless, the bias (and the resnet's shortcut add) in cuDNN's epilogue at quality=high.
+// lossless, the bias (and the resnet's shortcut add) in cuDNN's epilogue at quality=high; the VAE
+// encoder's stride-2 downsampling (explicit zero padding, then cuDNN).
 // Tested by tests/cuda/op_cases.cc, backend_ops_test.cc (the fused bias bound) and the VAE goldens.
 #include <string>
 
@@ -81,6 +82,30 @@ absl::Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Ten
     return add(residual, out, out);
   };
   return conv2d_fused(x, w, bias, &residual, out, separate);
+}
+
+absl::Status CudaBackend::conv2d_downsample(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                            const Tensor& out) {
+  OpProfileScope profile(*this, op_category("conv", by_shape() ? conv_shape(x, w, " s2") : ""));
+  constexpr absl::string_view kOp = "conv2d_downsample";
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "w", w));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "bias", bias));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "out", out));
+  if (x.rank() != 3 || w.rank() != 4 || out.rank() != 3 || !x.contiguous() || !out.contiguous() ||
+      w.dim(1) != 3 || w.dim(2) != 3 || w.dim(3) != x.dim(2) || x.dim(0) % 2 || x.dim(1) % 2 ||
+      out.dim(0) != x.dim(0) / 2 || out.dim(1) != x.dim(1) / 2 || out.dim(2) != w.dim(0) ||
+      bias.numel() != w.dim(0)) {
+    return op_error(kOp, absl::StrCat("shapes do not match: x ", x.describe(), ", w ",
+                                      w.describe(), ", out ", out.describe()));
+  }
+  // F.pad(x, (0, 1, 0, 1)) as PyTorch does it, then the unpadded stride-2 convolution.
+  const int64_t height = x.dim(0), width = x.dim(1), c = x.dim(2);
+  FLUX_ASSIGN_OR_RETURN(Tensor padded, scratch({height + 1, width + 1, c}));
+  FLUX_RETURN_IF_ERROR(cuda::pad_bottom_right_bf16(x.data(), height, width, c, padded.data(),
+                                                   stream()));
+  return conv_->run(padded.data(), height + 1, width + 1, c, w.data(), w.dim(0), 3, bias.data(),
+                    out.data(), /*stride=*/2);
 }
 
 }  // namespace flux2

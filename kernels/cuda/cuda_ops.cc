@@ -192,6 +192,26 @@ absl::Status CudaBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_m
                                   out.data(), stream());
 }
 
+absl::Status CudaBackend::latent_pack(const Tensor& x, const Tensor& bn_mean,
+                                      const Tensor& bn_var, float eps, const Tensor& tokens) {
+  OpProfileScope profile(*this, "other");
+  FLUX_RETURN_IF_ERROR(check_bf16("latent_pack", "x", x));
+  FLUX_RETURN_IF_ERROR(check_bf16("latent_pack", "tokens", tokens));
+  FLUX_RETURN_IF_ERROR(check_bf16("latent_pack", "bn_mean", bn_mean));
+  FLUX_RETURN_IF_ERROR(check_bf16("latent_pack", "bn_var", bn_var));
+  const int64_t c = tokens.cols() / 4;
+  if (x.rank() != 3 || !x.contiguous() || x.dim(0) % 2 || x.dim(1) % 2 || x.dim(2) < c ||
+      tokens.cols() % 4 != 0) {
+    return op_error("latent_pack", "x must be a contiguous [2h, 2w, >= tokens.cols / 4]");
+  }
+  const int64_t h = x.dim(0) / 2, w = x.dim(1) / 2;
+  FLUX_RETURN_IF_ERROR(check_matrix("latent_pack", "tokens", tokens, h * w, 4 * c));
+  FLUX_RETURN_IF_ERROR(check_vector("latent_pack", "bn_mean", bn_mean, 4 * c));
+  FLUX_RETURN_IF_ERROR(check_vector("latent_pack", "bn_var", bn_var, 4 * c));
+  return cuda::latent_pack_bf16(x.data(), x.dim(2), bn_mean.data(), bn_var.data(), eps, h, w, c,
+                                mat(tokens), stream());
+}
+
 absl::Status CudaBackend::to_rgb8(const Tensor& image, uint8_t* host) {
   OpProfileScope profile(*this, "other");
   FLUX_RETURN_IF_ERROR(check_bf16("to_rgb8", "image", image));

@@ -47,7 +47,7 @@ CudnnConv::~CudnnConv() {
 absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second.get();
-  const auto [h, w, cin, cout, k] = key;
+  const auto [h, w, cin, cout, k, stride] = key;
   auto p = std::make_unique<Plan>();
   FLUX_RETURN_IF_ERROR(check(cudnnCreateTensorDescriptor(&p->x), "x desc"));
   FLUX_RETURN_IF_ERROR(check(cudnnCreateTensorDescriptor(&p->y), "y desc"));
@@ -55,12 +55,15 @@ absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
   FLUX_RETURN_IF_ERROR(check(cudnnCreateFilterDescriptor(&p->w), "w desc"));
   FLUX_RETURN_IF_ERROR(check(cudnnCreateConvolutionDescriptor(&p->conv), "conv desc"));
   const int ih = static_cast<int>(h), iw = static_cast<int>(w), ic = static_cast<int>(cin);
-  const int oc = static_cast<int>(cout), ks = static_cast<int>(k), pad = ks / 2;
+  const int oc = static_cast<int>(cout), ks = static_cast<int>(k);
+  // Stride 1: "same" padding k / 2. Stride 2: no padding (the caller pads, as Downsample2D does).
+  const int st = static_cast<int>(stride), pad = st == 1 ? ks / 2 : 0;
+  const int oh = (ih + 2 * pad - ks) / st + 1, ow = (iw + 2 * pad - ks) / st + 1;
   FLUX_RETURN_IF_ERROR(
       check(cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 1, ic, ih, iw),
             "x"));
   FLUX_RETURN_IF_ERROR(
-      check(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 1, oc, ih, iw),
+      check(cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 1, oc, oh, ow),
             "y"));
   FLUX_RETURN_IF_ERROR(check(
       cudnnSetTensor4dDescriptor(p->bias, CUDNN_TENSOR_NHWC, CUDNN_DATA_BFLOAT16, 1, oc, 1, 1),
@@ -69,7 +72,7 @@ absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
       cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NHWC, oc, ic, ks, ks),
       "w"));
   FLUX_RETURN_IF_ERROR(
-      check(cudnnSetConvolution2dDescriptor(p->conv, pad, pad, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION,
+      check(cudnnSetConvolution2dDescriptor(p->conv, pad, pad, st, st, 1, 1, CUDNN_CROSS_CORRELATION,
                                             CUDNN_DATA_FLOAT),
             "conv"));
   FLUX_RETURN_IF_ERROR(
@@ -108,8 +111,8 @@ absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
 
 absl::Status CudnnConv::run(const void* x, int64_t height, int64_t width, int64_t cin,
                             const void* w, int64_t cout, int64_t ksize, const void* bias,
-                            void* out) {
-  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize}));
+                            void* out, int64_t stride) {
+  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize, stride}));
   cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
   const float one = 1.0f, zero = 0.0f;
   FLUX_RETURN_IF_ERROR(
@@ -121,14 +124,14 @@ absl::Status CudnnConv::run(const void* x, int64_t height, int64_t width, int64_
 
 absl::StatusOr<bool> CudnnConv::fuses_bias(int64_t height, int64_t width, int64_t cin, int64_t cout,
                                            int64_t ksize) {
-  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize}));
+  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize, 1}));
   return p->algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
 }
 
 absl::Status CudnnConv::run_fused_bias(const void* x, int64_t height, int64_t width, int64_t cin,
                                        const void* w, int64_t cout, int64_t ksize, const void* bias,
                                        void* out, const void* residual) {
-  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize}));
+  FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize, 1}));
   if (p->algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
     return absl::FailedPreconditionError("cuDNN fuses the bias only into IMPLICIT_PRECOMP_GEMM");
   }

@@ -1,4 +1,4 @@
-// NHWC bf16 convolution (stride 1, "same" padding) through cuDNN's legacy convolution API
+// NHWC bf16 convolution (stride 1 with "same" padding, or stride 2 unpadded) through cuDNN's legacy convolution API
 // (kernels.md §5.3): tensor-op math, algorithm chosen once per shape, bias added by cuDNN — as a
 // separate pass (PyTorch's two roundings) or fused into the convolution's epilogue (one rounding).
 // Tested against the CPU backend by tests/cuda/op_cases.cc (gpu_op_test).
@@ -22,9 +22,10 @@ class CudnnConv {
   CudnnConv& operator=(const CudnnConv&) = delete;
 
   // out [H, W, Cout] = bf16(bf16(conv(x [H, W, Cin], w [Cout, k, k, Cin])) + bias [Cout]), as
-  // PyTorch computes it (the convolution, then a separate bias add); all contiguous bf16.
+  // PyTorch computes it (the convolution, then a separate bias add); all contiguous bf16. With
+  // stride 2 there is no padding: out is [(H - k) / 2 + 1, (W - k) / 2 + 1, Cout].
   absl::Status run(const void* x, int64_t height, int64_t width, int64_t cin, const void* w,
-                   int64_t cout, int64_t ksize, const void* bias, void* out);
+                   int64_t cout, int64_t ksize, const void* bias, void* out, int64_t stride = 1);
   // out = bf16(conv(x, w) + bias [+ residual]) with the bias (and the residual [H, W, Cout], when
   // not null) added in the convolution's epilogue: one rounding and no second pass over the output
   // (which costs as much as the convolution at 128 channels). Only where fuses_bias() (cuDNN fuses
@@ -38,7 +39,7 @@ class CudnnConv {
 
  private:
   struct Plan;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;  // H, W, Cin, Cout, k
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;  // H W Cin Cout k s
   CudnnConv() = default;
   absl::StatusOr<Plan*> plan(const Key& key);
 

@@ -308,6 +308,52 @@ absl::Status latent_unpack_bf16(const Mat& tokens, const void* mean, const void*
   return absl::OkStatus();
 }
 
+absl::Status latent_pack_bf16(const void* x, int64_t cx, const void* mean, const void* var,
+                              float eps, int64_t h, int64_t w, int64_t c, const Mat& tokens,
+                              cudaStream_t stream) {
+  if (tokens.rows != h * w || tokens.cols != 4 * c || cx < c) {
+    return absl::InvalidArgumentError("latent_pack: tokens do not match the grid");
+  }
+  const bf16* in = static_cast<const bf16*>(x);
+  const bf16* m = static_cast<const bf16*>(mean);
+  const bf16* s = static_cast<const bf16*>(var);
+  launch_rows(
+      h * w, 4 * c, false, stream, [=] __device__(int64_t, int64_t) {},
+      [=] __device__(int64_t token, int64_t ch) {
+        const float std = round_bf16(sqrtf(round_bf16(__fadd_rn(to_f32(s[ch]), eps))));
+        const int64_t row = token / w, col = token % w;
+        const int64_t latent_c = ch / 4, dy = (ch / 2) % 2, dx = ch % 2;
+        const float z = to_f32(in[((2 * row + dy) * 2 * w + (2 * col + dx)) * cx + latent_c]);
+        const float centered = round_bf16(__fsub_rn(z, to_f32(m[ch])));
+        static_cast<bf16*>(tokens.data)[token * tokens.stride + ch] =
+            to_bf16(__fdiv_rn(centered, std));
+      });
+  FLUX_RETURN_IF_LAUNCH_FAILED("latent_pack");
+  return absl::OkStatus();
+}
+
+namespace {
+
+__global__ void pad_bottom_right_kernel(const bf16* x, int64_t h, int64_t w, int64_t c, bf16* out) {
+  const int64_t count = (h + 1) * (w + 1) * c;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t ch = i % c, pixel = i / c, col = pixel % (w + 1), row = pixel / (w + 1);
+    out[i] = row < h && col < w ? x[(row * w + col) * c + ch] : to_bf16(0.0f);
+  }
+}
+
+}  // namespace
+
+absl::Status pad_bottom_right_bf16(const void* x, int64_t h, int64_t w, int64_t c, void* out,
+                                   cudaStream_t stream) {
+  const int64_t count = (h + 1) * (w + 1) * c;
+  pad_bottom_right_kernel<<<grid_for(count, 256), 256, 0, stream>>>(static_cast<const bf16*>(x), h,
+                                                                    w, c, static_cast<bf16*>(out));
+  FLUX_RETURN_IF_LAUNCH_FAILED("pad_bottom_right");
+  return absl::OkStatus();
+}
+
 absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table, const Mat& out,
                             cudaStream_t stream) {
   if (out.rows != count || out.cols != table.cols)

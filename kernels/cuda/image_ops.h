@@ -1,5 +1,6 @@
 // CUDA launchers for the VAE decoder and text-encoder ops that are not GEMMs or attention:
-// GroupNorm (+SiLU), nearest ×2 upsampling, latent unpacking and embedding lookup (bf16, NHWC).
+// GroupNorm (+SiLU), nearest ×2 upsampling, zero padding, latent (un)packing and embedding lookup
+// (bf16, NHWC).
 // Tested against the CPU backend by tests/cuda/op_cases.cc (gpu_op_test).
 #pragma once
 
@@ -28,6 +29,16 @@ absl::Status upsample_nearest_2x_bf16(const void* x, int64_t h, int64_t w, int64
 // bf16(bf16(z · bf16(sqrt(bf16(var + eps)))) + mean).
 absl::Status latent_unpack_bf16(const Mat& tokens, const void* mean, const void* var, float eps,
                                 int64_t h, int64_t w, int64_t c, void* out, cudaStream_t stream);
+// The inverse for reference latents: the first C channels of x [2h, 2w, Cx] (contiguous bf16) ->
+// patchify -> tokens [h·w, 4C] = bf16(bf16(z − mean) / bf16(sqrt(bf16(var + eps)))), diffusers'
+// bf16 order.
+absl::Status latent_pack_bf16(const void* x, int64_t cx, const void* mean, const void* var,
+                              float eps, int64_t h, int64_t w, int64_t c, const Mat& tokens,
+                              cudaStream_t stream);
+// out [H + 1, W + 1, C] = x [H, W, C] with a zero row appended at the bottom and a zero column at
+// the right (F.pad(x, (0, 1, 0, 1)) in NCHW terms); contiguous bf16.
+absl::Status pad_bottom_right_bf16(const void* x, int64_t h, int64_t w, int64_t c, void* out,
+                                   cudaStream_t stream);
 // out[i, :] = table[ids[i], :] (ids int32 [L], table bf16 [V, C]); ids outside [0, V) give
 // InvalidArgument after the copy is checked on the host (ids are host-visible at the call).
 absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table, const Mat& out,
