@@ -343,6 +343,9 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
                                             model_input.row_slice(n, reference_tokens)));
     FLUX_RETURN_IF_ERROR(be.synchronize());
     timings.reference_encode = seconds_since(start);
+    if (hooks.on_references) {
+      hooks.on_references(model_input.row_slice(n, reference_tokens), references->ids);
+    }
   }
 
   start = Clock::now();

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,8 @@ struct GenerateHooks {
   // Called with the latent tokens [N, 128]: step -1 is the initial noise, then after each step
   // (for golden checks).
   std::function<void(int64_t step, const Tensor& latents)> on_latents;
+  // Called once with the reference tokens [R, 128] and their position ids [R, 4] (editing only).
+  std::function<void(const Tensor& tokens, std::span<const int64_t> ids)> on_references;
   // Called with the decoded image [H, W, 3] in about [-1, 1], before post-processing.
   std::function<void(const Tensor& image)> on_image;
 };

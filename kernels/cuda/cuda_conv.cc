@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/cuda_checks.h"
+#include "kernels/cuda/image_ops.h"
 
 namespace flux2 {
 namespace {

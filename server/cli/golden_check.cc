@@ -38,16 +38,20 @@ const GoldenPart kParts[] = {
     {"text_encoder", "text_encoder.safetensors", check_golden_text_encoder},
     {"transformer", "transformer.safetensors", check_golden_transformer},
     {"vae", "vae_decode.safetensors", check_golden_vae},
+    {"vae_encode", "vae_encode_cases.json", check_golden_vae_encode},
     {"scheduler", "scheduler_cases.json", check_golden_scheduler},
     {"randn", "randn.safetensors", check_golden_randn},
     {"pipeline", "pipeline_cases.json", check_golden_pipeline},
+    {"edit", "edit_cases.json", check_golden_edit},
+    {"edit_kv", "edit_kv_cases.json", check_golden_edit_kv},
 };
 
 void print_usage() {
   std::fprintf(stderr,
                "usage: flux2 check-golden --golden DIR [--backend cpu|cuda] [--only PART,...] "
                "[--quality lossless|high (cuda)]\n"
-               "parts: tokenizer, text_encoder, transformer, vae, scheduler, randn, pipeline\n");
+               "parts: tokenizer, text_encoder, transformer, vae, vae_encode, scheduler, randn, "
+               "pipeline, edit, edit_kv\n");
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // `flux2 check-golden`: runs every case of a reference-vector directory in the ../shared/golden
 // format and prints one PASS/FAIL line per check, then "N passed, M failed". Each part
-// (tokenizer, text_encoder, transformer, vae, scheduler, randn, pipeline) is one function in its
-// own golden_<part>.cc. Tested by tests/golden/ (ctest label "golden").
+// (tokenizer, text_encoder, transformer, vae, vae_encode, scheduler, randn, pipeline with edit and
+// edit_kv) is one function in its own golden_<part>.cc. Tested by tests/golden/ (ctest label "golden").
 #pragma once
 
 #include <functional>
@@ -86,6 +86,9 @@ void check_golden_transformer(const GoldenContext& context, GoldenReport& report
 void check_golden_vae(const GoldenContext& context, GoldenReport& report);
 void check_golden_scheduler(const GoldenContext& context, GoldenReport& report);
 void check_golden_randn(const GoldenContext& context, GoldenReport& report);
+void check_golden_vae_encode(const GoldenContext& context, GoldenReport& report);
 void check_golden_pipeline(const GoldenContext& context, GoldenReport& report);
+void check_golden_edit(const GoldenContext& context, GoldenReport& report);
+void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report);
 
 }  // namespace flux2

@@ -1,22 +1,26 @@
-// check-golden part "pipeline": whole generations prompt -> image (pipeline_cases.json +
-// pipeline.safetensors): the initial noise, the latents after every step, the float image and
-// image_u8 (golden/README.md: 1e-4 relative; u8 equal up to 1 level on <= 0.5% of values).
+// check-golden parts "pipeline", "edit" and "edit_kv": whole generations prompt (+ reference
+// images) -> image (pipeline_cases.json + pipeline.safetensors, edit_*, edit_kv_*): the initial
+// noise, the reference tokens, the latents after every step, the float image and image_u8
+// (golden/README.md: 1e-4 relative; u8 equal up to 1 level on <= 0.5% of values).
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "kernels/base/status.h"
 #include "model/json_util.h"
 #include "model/pipeline.h"
+#include "model/reference_image.h"
 #include "model/safetensors.h"
 #include "server/cli/golden_check.h"
 
 namespace flux2 {
 namespace {
 
-constexpr char kFile[] = "pipeline.safetensors";
 constexpr double kMaxOffByOneFraction = 0.005;  // golden/README.md: at most 0.5% of values
 
 // NCHW [1, C, H, W] -> HWC.
@@ -36,21 +40,48 @@ std::vector<float> pack_latents(const std::vector<float>& nchw, int64_t c, int64
   return tokens;
 }
 
-absl::Status run_case(const GoldenContext& context, const nlohmann::json& item,
-                      const SafetensorsFile& vectors, const std::string& name,
-                      GoldenReport& report) {
+// One part: its cases, its vectors and how its pipeline runs.
+struct GenerationPart {
+  const char* cases;    // e.g. "edit_cases.json"
+  const char* vectors;  // e.g. "edit.safetensors"
+  bool kv_cache;        // run as klein-KV
+};
+
+absl::StatusOr<std::string> read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
+                      const nlohmann::json& item, const SafetensorsFile& vectors,
+                      const std::string& name, GoldenReport& report) {
   Backend& be = *context.backend;
+  const char* kFile = part.vectors;
   PipelineOptions options;
   options.is_distilled = item.value("is_distilled", true);
+  options.kv_cache = part.kv_cache;
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline,
                         Pipeline::load(be, context.checkpoint_dir(), options));
   GenerateParams params;
   params.prompt = item.at("prompt").get<std::string>();
-  params.height = item.at("height").get<int64_t>();
-  params.width = item.at("width").get<int64_t>();
+  if (item.value("size_given", true)) {  // else the size comes from the first reference
+    params.height = item.at("height").get<int64_t>();
+    params.width = item.at("width").get<int64_t>();
+  }
+  if (item.contains("references")) {
+    for (size_t k = 0; k < item.at("references").size(); ++k) {
+      const std::string path = context.dir + "/" + item.at("references")[k].get<std::string>();
+      FLUX_ASSIGN_OR_RETURN(std::string bytes, read_file_bytes(path));
+      FLUX_ASSIGN_OR_RETURN(RgbImage reference,
+                            load_reference(bytes, pipeline->info().pixel_multiple,
+                                           absl::StrCat("references[", k, "]")));
+      params.references.push_back(std::move(reference));
+    }
+  }
   params.num_inference_steps = item.at("steps").get<int64_t>();
   params.seed = item.at("seed").get<uint64_t>();
-  params.guidance_scale = item.at("guidance_scale").get<double>();
+  params.guidance_scale = item.value("guidance_scale", -1.0);
   params.max_sequence_length = item.at("max_sequence_length").get<int64_t>();
 
   std::map<std::string, std::vector<float>> produced;
@@ -67,8 +98,21 @@ absl::Status run_case(const GoldenContext& context, const nlohmann::json& item,
     keep(step < 0 ? "initial_latents" : absl::StrCat("latents_after_step", step), latents);
   };
   hooks.on_image = [&](const Tensor& image) { keep("image", image); };
+  hooks.on_references = [&](const Tensor& tokens, std::span<const int64_t> ids) {
+    keep("image_latents", tokens);
+    produced["image_latent_ids"].assign(ids.begin(), ids.end());
+  };
   FLUX_ASSIGN_OR_RETURN(GeneratedImage image, pipeline->generate(params, hooks));
   FLUX_RETURN_IF_ERROR(hook_status);
+  if (image.width != item.at("width").get<int64_t>() ||
+      image.height != item.at("height").get<int64_t>()) {
+    report.fail(kFile, name, absl::StrCat("generated ", image.width, "x", image.height, ", expected ",
+                                          item.at("width").get<int64_t>(), "x",
+                                          item.at("height").get<int64_t>()));
+    return absl::OkStatus();
+  }
+  params.width = image.width;
+  params.height = image.height;
 
   const int64_t h = params.height / 16, w = params.width / 16;
   const std::string p = name + ".";
@@ -76,8 +120,8 @@ absl::Status run_case(const GoldenContext& context, const nlohmann::json& item,
     if (entry.name.rfind(p, 0) != 0) continue;
     const std::string tensor = entry.name.substr(p.size());
     FLUX_ASSIGN_OR_RETURN(std::vector<float> reference, read_f32(vectors, entry.name));
-    const absl::StatusOr<double> tolerance =
-        context.tolerance(absl::StrCat("pipeline.", name, ".", tensor));
+    const absl::StatusOr<double> tolerance = context.tolerance(
+        absl::StrCat(absl::StripSuffix(kFile, ".safetensors"), ".", name, ".", tensor));
     if (tensor == "initial_latents") {
       report.compare(kFile, name, tensor, produced[tensor], pack_latents(reference, 128, h * w),
                      tolerance);
@@ -101,6 +145,9 @@ absl::Status run_case(const GoldenContext& context, const nlohmann::json& item,
           name, tensor,
           absl::StrFormat("off_by_one=%.4f%% worse=%d tol=%.2f%%", 100 * fraction, worse,
                           100 * kMaxOffByOneFraction));
+    } else if (tensor == "image_latent_ids") {  // integer positions: equal
+      const bool equal = produced[tensor] == reference;
+      report.record(equal, kFile, name, tensor, equal ? "equal" : "position ids differ");
     } else if (produced.count(tensor)) {
       report.compare(kFile, name, tensor, produced[tensor], reference, tolerance);
     } else {
@@ -110,18 +157,16 @@ absl::Status run_case(const GoldenContext& context, const nlohmann::json& item,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-void check_golden_pipeline(const GoldenContext& context, GoldenReport& report) {
-  auto cases = read_json_file(context.dir + "/pipeline_cases.json");
-  if (!cases.ok()) return report.fail("pipeline_cases.json", "-", cases.status().message());
-  auto vectors = SafetensorsFile::open(context.dir + "/" + kFile);
-  if (!vectors.ok()) return report.fail(kFile, "-", vectors.status().message());
-  if (!cases->is_array() || cases->empty())
-    return report.fail("pipeline_cases.json", "-", "no cases");
+void check_generations(const GoldenContext& context, const GenerationPart& part,
+                       GoldenReport& report) {
+  auto cases = read_json_file(context.dir + "/" + part.cases);
+  if (!cases.ok()) return report.fail(part.cases, "-", cases.status().message());
+  auto vectors = SafetensorsFile::open(context.dir + "/" + part.vectors);
+  if (!vectors.ok()) return report.fail(part.vectors, "-", vectors.status().message());
+  if (!cases->is_array() || cases->empty()) return report.fail(part.cases, "-", "no cases");
   if (context.backend->activation_dtype() != DType::kF32) {
     // golden/README.md: with random weights bf16 generations are chaotic; compare modules instead.
-    report.skip(kFile,
+    report.skip(part.vectors,
                 "whole generations are compared on float32 backends only (golden/README.md: bf16 "
                 "generations with random weights are chaotic; modules are compared instead)");
     return;
@@ -129,13 +174,28 @@ void check_golden_pipeline(const GoldenContext& context, GoldenReport& report) {
   for (size_t k = 0; k < cases->size(); ++k) {
     const std::string name = absl::StrCat("case", k);
     try {
-      if (absl::Status s = run_case(context, (*cases)[k], **vectors, name, report); !s.ok()) {
-        report.fail(kFile, name, s.message());
+      if (absl::Status s = run_case(context, part, (*cases)[k], **vectors, name, report);
+          !s.ok()) {
+        report.fail(part.vectors, name, s.message());
       }
     } catch (const nlohmann::json::exception& error) {
-      report.fail("pipeline_cases.json", name, error.what());
+      report.fail(part.cases, name, error.what());
     }
   }
+}
+
+}  // namespace
+
+void check_golden_pipeline(const GoldenContext& context, GoldenReport& report) {
+  check_generations(context, {"pipeline_cases.json", "pipeline.safetensors", false}, report);
+}
+
+void check_golden_edit(const GoldenContext& context, GoldenReport& report) {
+  check_generations(context, {"edit_cases.json", "edit.safetensors", false}, report);
+}
+
+void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report) {
+  check_generations(context, {"edit_kv_cases.json", "edit_kv.safetensors", true}, report);
 }
 
 }  // namespace flux2
