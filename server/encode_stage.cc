@@ -105,6 +105,7 @@ void EncodeStage::run_finish(Task& task) {
   // thread finishes running jobs, so the finish below cannot be preempted.
   metrics_.observe_stage(Stage::kEncode, result.encode_seconds);
   metrics_.count_images(static_cast<int64_t>(result.images.size()), pixels);
+  metrics_.count_reference_images(static_cast<int64_t>(job.spec().params.references.size()));
   job.finish(absl::OkStatus(), std::move(result));
 }
 

@@ -110,6 +110,11 @@ absl::Status EngineWorker::load_and_warm_up() {
   engine_ = std::move(*engine);
   const PipelineInfo& info = engine_->info();
   std::fprintf(stderr, "flux2_server: %s\n", info.load_summary().c_str());
+  if (options_.max_sequence_length > info.max_sequence_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-sequence-length: ", options_.max_sequence_length,
+                     " exceeds the model's limit of ", info.max_sequence_length));
+  }
   if (options_.warmup_steps > 0) {
     // A generation touches every stage once (allocations, GEMM / attention / convolution plans,
     // kernel loading) so the first request does not pay for it. On the GPU plans are per shape,
@@ -121,20 +126,34 @@ absl::Status EngineWorker::load_and_warm_up() {
     params.num_inference_steps = options_.warmup_steps;
     params.seed = 0;
     params.fast_paths = options_.fast_paths;
+    params.max_sequence_length = options_.max_sequence_length;
     std::vector<Quality> qualities = {Quality::kLossless};
     if (info.quality_high && info.backend == "cuda")
       qualities.push_back(Quality::kHigh);  // FP8 plans
+    // With editing on, each quality also runs with one mid-gray reference of the output size
+    // (already prepared: sides multiples of 16, at most kReferenceMaxArea pixels).
+    std::vector<std::vector<RgbImage>> reference_sets = {{}};
+    if (options_.warmup_reference) {
+      RgbImage gray{params.width, params.height,
+                    std::vector<uint8_t>(static_cast<size_t>(params.width * params.height * 3),
+                                         uint8_t{128})};
+      reference_sets.push_back({std::move(gray)});
+    }
     for (Quality quality : qualities) {
-      params.quality = quality;
-      absl::StatusOr<GeneratedImage> image = engine_->generate(params, {});
-      if (!image.ok()) {
-        return absl::Status(image.status().code(),
-                            absl::StrCat("warm-up generation failed: ", image.status().message()));
+      for (const std::vector<RgbImage>& references : reference_sets) {
+        params.quality = quality;
+        params.references = references;
+        absl::StatusOr<GeneratedImage> image = engine_->generate(params, {});
+        if (!image.ok()) {
+          return absl::Status(image.status().code(), absl::StrCat("warm-up generation failed: ",
+                                                                  image.status().message()));
+        }
       }
     }
-    std::fprintf(stderr, "flux2_server: warm-up (%d steps at %lldx%lld, %zu qualities) done\n",
+    std::fprintf(stderr, "flux2_server: warm-up (%d steps at %lldx%lld, %zu qualities%s) done\n",
                  options_.warmup_steps, static_cast<long long>(params.width),
-                 static_cast<long long>(params.height), qualities.size());
+                 static_cast<long long>(params.height), qualities.size(),
+                 options_.warmup_reference ? ", with and without a reference" : "");
   }
   metrics_.set_model_load_seconds(seconds_since(start));
   if (info.backend == "cuda") metrics_.set_gpu_memory(engine_->memory_stats());
@@ -183,6 +202,7 @@ void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     const StageTimings& t = image->timings;
     report.tokenize_seconds += t.tokenize;
     report.text_encode_seconds += t.text_encode;
+    report.reference_encode_seconds += t.reference_encode;
     report.denoise_seconds += t.denoise;
     report.decode_seconds += t.decode;
     report.step_seconds.insert(report.step_seconds.end(), t.steps.begin(), t.steps.end());
@@ -193,6 +213,9 @@ void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
   if (status.ok()) {
     metrics_.observe_stage(Stage::kTokenize, report.tokenize_seconds);
     metrics_.observe_stage(Stage::kTextEncode, report.text_encode_seconds);
+    if (!spec.params.references.empty()) {
+      metrics_.observe_stage(Stage::kReferenceEncode, report.reference_encode_seconds);
+    }
     metrics_.observe_stage(Stage::kDenoise, report.denoise_seconds);
     metrics_.observe_stage(Stage::kDecode, report.decode_seconds);
   }

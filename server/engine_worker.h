@@ -24,6 +24,12 @@ struct WorkerOptions {
   int warmup_steps = 1;            // steps of the warm-up generation; 0 skips it
   double test_step_delay_s = 0.0;  // TEST ONLY: sleep after every denoising step
   bool fast_paths = true;          // --fast-paths: the warm-up runs as the requests will
+  // --max-sequence-length: every request's, so the warm-up's too; loading fails when it exceeds
+  // the model's limit. 0: the model default.
+  int64_t max_sequence_length = 0;
+  // Editing is on (--max-reference-images > 0): the warm-up also runs a generation with one
+  // reference, so the VAE encoder's plans and the longer attention exist before readiness.
+  bool warmup_reference = false;
 };
 
 // Where the worker is in its life.

@@ -334,8 +334,11 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
     limits->set_max_guidance(model.limits.max_guidance);
     limits->set_max_images(static_cast<int32_t>(model.limits.max_images));
     limits->set_max_prompt_bytes(static_cast<int32_t>(model.limits.max_prompt_bytes));
-    limits->set_max_sequence_length(static_cast<int32_t>(info.max_sequence_length));
+    limits->set_max_sequence_length(static_cast<int32_t>(model.limits.max_sequence_length));
     limits->set_queue_depth(model.queue_depth);
+    limits->set_max_reference_images(static_cast<int32_t>(model.limits.max_reference_images));
+    limits->set_max_reference_bytes(model.limits.max_reference_bytes);
+    limits->set_max_request_bytes(model.limits.max_request_bytes);
     response->add_quality_levels(v1::QUALITY_LOSSLESS);
     if (model.limits.quality_high_enabled) response->add_quality_levels(v1::QUALITY_HIGH);
     response->add_output_formats(v1::OUTPUT_FORMAT_PNG);
@@ -369,6 +372,7 @@ void fill_generate_response(const JobSpec& spec, JobResult&& result, const Servi
   timings->set_queue_seconds(report.queue_seconds);
   timings->set_tokenize_seconds(report.tokenize_seconds);
   timings->set_text_encode_seconds(report.text_encode_seconds);
+  timings->set_reference_encode_seconds(report.reference_encode_seconds);
   timings->set_denoise_seconds(report.denoise_seconds);
   for (double step : report.step_seconds) timings->add_step_seconds(step);
   timings->set_decode_seconds(report.decode_seconds);

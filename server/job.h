@@ -42,7 +42,9 @@ constexpr int kJpegQuality = 95;
 
 // A validated request (server/request_validation.h builds it from the proto).
 struct JobSpec {
-  GenerateParams params;  // params.seed is the first image's seed; image i uses seed + i
+  // params.seed is the first image's seed; image i uses seed + i. params.width / height are the
+  // output size (never 0); params.references are decoded and prepared.
+  GenerateParams params;
   int num_images = 1;
   ImageFormat format = ImageFormat::kPng;
   std::string request_id;
@@ -71,6 +73,7 @@ struct WorkerReport {
   double queue_seconds = 0.0;
   double tokenize_seconds = 0.0;
   double text_encode_seconds = 0.0;
+  double reference_encode_seconds = 0.0;  // 0 without references
   double denoise_seconds = 0.0;
   std::vector<double> step_seconds;  // every step of every image, in order
   double decode_seconds = 0.0;

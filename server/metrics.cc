@@ -63,6 +63,8 @@ absl::string_view stage_name(Stage stage) {
       return "tokenize";
     case Stage::kTextEncode:
       return "text_encode";
+    case Stage::kReferenceEncode:
+      return "reference_encode";
     case Stage::kDenoise:
       return "denoise";
     case Stage::kDecode:
@@ -121,6 +123,11 @@ Metrics::Metrics()
                   .Help("Width x height of every image returned")
                   .Register(*registry_)
                   .Add({})),
+      reference_images_(BuildCounter()
+                            .Name("flux2_reference_images_total")
+                            .Help("Reference images of the requests that returned images")
+                            .Register(*registry_)
+                            .Add({})),
       model_load_(BuildGauge()
                       .Name("flux2_model_load_duration_seconds")
                       .Help("Weight loading + warm-up at startup")
@@ -156,8 +163,8 @@ Metrics::Metrics()
                            "CANCELLED", "UNAVAILABLE", "INTERNAL"}) {
     requests_.Add({{"method", "GenerateImage"}, {"code", code}});
   }
-  for (Stage stage :
-       {Stage::kTokenize, Stage::kTextEncode, Stage::kDenoise, Stage::kDecode, Stage::kEncode}) {
+  for (Stage stage : {Stage::kTokenize, Stage::kTextEncode, Stage::kReferenceEncode,
+                      Stage::kDenoise, Stage::kDecode, Stage::kEncode}) {
     stage_duration_.Add({{"stage", std::string(stage_name(stage))}}, request_buckets());
   }
   step_duration_.Add({{"quality", "lossless"}}, step_buckets());
@@ -192,6 +199,10 @@ void Metrics::add_in_flight(int delta) {
 void Metrics::count_images(int64_t images, int64_t pixels) {
   images_.Increment(static_cast<double>(images));
   pixels_.Increment(static_cast<double>(pixels));
+}
+
+void Metrics::count_reference_images(int64_t references) {
+  reference_images_.Increment(static_cast<double>(references));
 }
 
 void Metrics::set_model_load_seconds(double seconds) {

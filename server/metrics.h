@@ -25,9 +25,11 @@ namespace flux2::server {
 enum class Stage : uint8_t {
   kTokenize,    // prompt (and negative prompt) -> token ids
   kTextEncode,  // Qwen3 text encoder
-  kDenoise,     // noise, conditioning and every denoising step
-  kDecode,      // VAE decode to 8-bit pixels
-  kEncode,      // PNG / JPEG encoding
+  // VAE encoder over the reference images (observed only for requests with references)
+  kReferenceEncode,
+  kDenoise,  // noise, conditioning and every denoising step
+  kDecode,   // VAE decode to 8-bit pixels
+  kEncode,   // PNG / JPEG encoding
 };
 
 class Metrics {
@@ -43,6 +45,8 @@ class Metrics {
   void set_queue_depth(int depth);
   void add_in_flight(int delta);
   void count_images(int64_t images, int64_t pixels);
+  // Reference images of a request that returned its images (counted with count_images).
+  void count_reference_images(int64_t references);
   void set_model_load_seconds(double seconds);
   void set_ready(bool ready);
   void set_build_info(absl::string_view version, absl::string_view backend,
@@ -67,6 +71,7 @@ class Metrics {
   prometheus::Gauge& in_flight_;
   prometheus::Counter& images_;
   prometheus::Counter& pixels_;
+  prometheus::Counter& reference_images_;
   prometheus::Gauge& model_load_;
   prometheus::Gauge& ready_;
   prometheus::Family<prometheus::Gauge>& build_info_;

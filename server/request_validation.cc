@@ -2,13 +2,15 @@
 #include "server/request_validation.h"
 
 #include <cmath>
-#include "absl/types/optional.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/optional.h"
 #include "google/rpc/error_details.pb.h"
+#include "model/reference_image.h"
 
 namespace flux2::server {
 namespace {
@@ -20,9 +22,60 @@ void check_side(absl::string_view field, int32_t value, const RequestLimits& lim
   if (value < 0 || value % limits.pixel_multiple != 0) {
     violations->push_back(
         {std::string(field),
-         absl::StrCat(value, " is not a positive multiple of ", limits.pixel_multiple, " (0 means ",
-                      kDefaultImageSide, ")")});
+         absl::StrCat(value, " is not a positive multiple of ", limits.pixel_multiple,
+                      " (0 means the first reference image's, else ", kDefaultImageSide, ")")});
   }
+}
+
+// The description of a load_reference error: its message without the leading "field: ".
+std::string reference_error(const absl::Status& status, absl::string_view field) {
+  absl::string_view message = status.message();
+  const std::string prefix = absl::StrCat(field, ": ");
+  if (absl::StartsWith(message, prefix)) message.remove_prefix(prefix.size());
+  return std::string(message);
+}
+
+// Decodes and prepares the reference images, in order, into `references`; each bad one is a
+// violation of `reference_images[i]`. Returns whether reference 0 (which sets a default output
+// size) was prepared.
+bool load_references(const v1::GenerateImageRequest& request, const RequestLimits& limits,
+                     std::vector<RgbImage>* references, std::vector<FieldViolation>* violations) {
+  const int count = request.reference_images_size();
+  if (count == 0) return false;
+  if (limits.max_reference_images == 0) {
+    violations->push_back({"reference_images",
+                           "this server does not accept reference images "
+                           "(--max-reference-images 0)"});
+    return false;
+  }
+  if (count > limits.max_reference_images) {
+    violations->push_back(
+        {"reference_images", absl::StrCat(count, " reference images exceed the limit of ",
+                                          limits.max_reference_images)});
+    return false;
+  }
+  bool first_ok = false;
+  for (int i = 0; i < count; ++i) {
+    const std::string field = absl::StrCat("reference_images[", i, "]");
+    const std::string& data = request.reference_images(i).data();
+    if (data.empty()) {
+      violations->push_back({field, "empty"});
+      continue;
+    }
+    if (static_cast<int64_t>(data.size()) > limits.max_reference_bytes) {
+      violations->push_back({field, absl::StrCat(data.size(), " bytes exceed the limit of ",
+                                                 limits.max_reference_bytes)});
+      continue;
+    }
+    absl::StatusOr<RgbImage> image = load_reference(data, limits.pixel_multiple, field);
+    if (!image.ok()) {
+      violations->push_back({field, reference_error(image.status(), field)});
+      continue;
+    }
+    if (i == 0) first_ok = true;
+    references->push_back(std::move(*image));
+  }
+  return first_ok;
 }
 
 void check_prompt(absl::string_view field, const std::string& text, const RequestLimits& limits,
@@ -89,14 +142,28 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
 
   check_side("width", request.width(), limits, &violations);
   check_side("height", request.height(), limits, &violations);
-  const int64_t width = request.width() == 0 ? kDefaultImageSide : request.width();
-  const int64_t height = request.height() == 0 ? kDefaultImageSide : request.height();
-  if (request.width() >= 0 && request.height() >= 0 && width * height > limits.max_pixels) {
-    const std::string description =
-        absl::StrCat(width, " x ", height, " = ", width * height, " pixels exceeds the budget of ",
-                     limits.max_pixels, " pixels (width x height)");
-    violations.push_back({"width", description});
-    violations.push_back({"height", description});
+
+  // Reference images (field 10), then the output size they may set.
+  GenerateParams sized;  // what output_size() reads: the requested size and the references
+  sized.width = request.width();
+  sized.height = request.height();
+  const bool first_reference_ok = load_references(request, limits, &sized.references, &violations);
+  const bool size_from_reference =
+      request.reference_images_size() > 0 && (request.width() == 0 || request.height() == 0);
+  // Unknown when it would come from a reference that failed (that violation is reported).
+  const bool size_known = !size_from_reference || first_reference_ok;
+  ImageSize size;
+  if (size_known) {
+    size = output_size(sized);
+    if (request.width() >= 0 && request.height() >= 0 &&
+        size.width * size.height > limits.max_pixels) {
+      const std::string description = absl::StrCat(
+          size.width, " x ", size.height, " = ", size.width * size.height,
+          " pixels exceeds the budget of ", limits.max_pixels, " pixels (width x height",
+          size_from_reference ? "; 0 takes the size of reference_images[0])" : ")");
+      violations.push_back({"width", description});
+      violations.push_back({"height", description});
+    }
   }
 
   if (request.num_inference_steps() < 0 || request.num_inference_steps() > limits.max_steps) {
@@ -161,8 +228,10 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
   GenerateParams& params = spec.params;
   params.prompt = request.prompt();
   params.negative_prompt = request.negative_prompt();
-  params.width = width;
-  params.height = height;
+  params.width = size.width;  // resolved: the engine sees the output size, never 0
+  params.height = size.height;
+  params.references = std::move(sized.references);
+  params.max_sequence_length = limits.max_sequence_length;
   params.num_inference_steps = request.num_inference_steps();
   params.guidance_scale = guidance;
   params.seed = request.has_seed() ? request.seed() : random_seed;

@@ -1,7 +1,9 @@
 // Request validation before admission (service.md "Clear validation errors that name the field"):
 // turns a flux2.v1.GenerateImageRequest into a JobSpec, or an InvalidArgument status whose message
 // names every bad field and whose payload carries a google.rpc.BadRequest (the RPC layer copies it
-// into the grpc-status-details-bin trailer). Tested by tests/server/request_validation_test.cc.
+// into the grpc-status-details-bin trailer). Reference images are decoded and prepared here, on
+// the RPC thread, so a bad image is refused before admission and never reaches the worker.
+// Tested by tests/server/request_validation_test.cc.
 #pragma once
 
 #include <cstdint>
@@ -22,11 +24,15 @@ struct RequestLimits {
   int64_t max_steps = 200;       // num_inference_steps upper bound
   double min_guidance = 0.0;     // guidance_scale range (inclusive)
   double max_guidance = 100.0;
-  int64_t max_images = 4;             // num_images upper bound
-  int64_t max_prompt_bytes = 8192;    // prompt / negative_prompt bound
-  bool uses_cfg = false;              // the model takes a negative prompt
-  bool quality_high_enabled = false;  // --enable-quality-high
-  bool fast_paths = true;             // --fast-paths: every request's fast-path switch
+  int64_t max_images = 4;            // num_images upper bound
+  int64_t max_prompt_bytes = 8192;   // prompt / negative_prompt bound
+  int64_t max_reference_images = 4;  // reference_images upper bound; 0: editing is off
+  int64_t max_reference_bytes = int64_t{10} << 20;  // one reference's encoded bytes
+  int64_t max_request_bytes = int64_t{48} << 20;    // gRPC's receive limit (GetModelInfo only)
+  int64_t max_sequence_length = 512;                // every request's text-encoder length
+  bool uses_cfg = false;                            // the model takes a negative prompt
+  bool quality_high_enabled = false;                // --enable-quality-high
+  bool fast_paths = true;  // --fast-paths: every request's fast-path switch
 };
 
 // Image side used when width / height is 0 (issue 4).
@@ -42,6 +48,12 @@ struct FieldViolation {
 };
 
 // Validates `request` against `limits`. `random_seed` is the seed used when the request has none.
+// Decodes and prepares every reference image (model/reference_image.h, sides cropped to
+// limits.pixel_multiple); each bad one is a violation of `reference_images[i]`. The JobSpec's
+// width and height are the output size (model/pipeline.h output_size): the request's, else the
+// first reference's prepared size, else kDefaultImageSide; limits.max_pixels applies to it.
+// CPU-heavy with references (decoding up to limits.max_reference_images images): call it off the
+// worker thread.
 absl::StatusOr<JobSpec> validate_generate_request(const flux2::v1::GenerateImageRequest& request,
                                                   const RequestLimits& limits,
                                                   uint64_t random_seed);

@@ -85,6 +85,8 @@ Server::Server(const ServerOptions& options, EngineFactory factory)
   worker_options.warmup_steps = options.warmup_steps;
   worker_options.test_step_delay_s = options.test_step_delay_s;
   worker_options.fast_paths = options.fast_paths;
+  worker_options.max_sequence_length = options.max_sequence_length;
+  worker_options.warmup_reference = options.max_reference_images > 0;
   worker_ = std::make_unique<EngineWorker>(
       factory_, queue_, encoder_, metrics_, worker_options,
       [this](WorkerPhase phase, const absl::Status& status) { on_worker_phase(phase, status); });
@@ -111,6 +113,8 @@ absl::Status Server::Start() {
   // gRPC sets SO_REUSEPORT by default, which lets a second server bind the same port and silently
   // take half the connections; a port in use must be an error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Requests carry reference images: gRPC refuses larger messages with RESOURCE_EXHAUSTED.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_request_bytes));
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (!tls_cert_pem_.empty()) {
     grpc::SslServerCredentialsOptions ssl;
@@ -172,11 +176,23 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     limits.max_guidance = kMaxGuidance;
     limits.max_images = options_.max_images;
     limits.max_prompt_bytes = options_.max_prompt_bytes;
+    limits.max_reference_images = options_.max_reference_images;
+    limits.max_reference_bytes = options_.max_reference_bytes;
+    limits.max_request_bytes = options_.max_request_bytes;
+    limits.max_sequence_length = options_.max_sequence_length;
     limits.uses_cfg = model->info.uses_cfg;
     limits.quality_high_enabled = options_.enable_quality_high && model->info.quality_high;
     limits.fast_paths = options_.fast_paths;
     model->backend_options = options_.backend_options;
     metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
+    // The start-up log names every limit the requests meet (GetModelInfo.limits reports them).
+    const std::string limits_line = absl::StrCat(
+        "max_pixels=", limits.max_pixels, " max_images=", limits.max_images,
+        " max_steps=", limits.max_steps, " max_prompt_bytes=", limits.max_prompt_bytes,
+        " max_sequence_length=", limits.max_sequence_length,
+        " max_reference_images=", limits.max_reference_images,
+        " max_reference_bytes=", limits.max_reference_bytes,
+        " max_request_bytes=", limits.max_request_bytes, " queue_depth=", options_.queue_depth);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (draining_) return;
@@ -184,7 +200,7 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     }
     set_health(/*ready=*/true, /*live=*/true);
     metrics_.set_ready(true);
-    std::fprintf(stderr, "flux2_server: ready\n");
+    std::fprintf(stderr, "flux2_server: ready (limits: %s)\n", limits_line.c_str());
   } else if (phase == WorkerPhase::kFailed) {
     set_health(/*ready=*/false, /*live=*/false);
     std::lock_guard<std::mutex> lock(mu_);

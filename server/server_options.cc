@@ -27,6 +27,10 @@ const std::set<std::string> kValueFlags = {"--host",
                                            "--max-images",
                                            "--max-steps",
                                            "--max-prompt-bytes",
+                                           "--max-reference-images",
+                                           "--max-reference-bytes",
+                                           "--max-request-bytes",
+                                           "--max-sequence-length",
                                            "--drain-timeout-s",
                                            "--warmup-steps",
                                            "--tls-cert",
@@ -81,6 +85,16 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
   FLUX_RETURN_IF_ERROR(read_int(args, "--max-images", &o.max_images));
   FLUX_RETURN_IF_ERROR(read_int(args, "--max-steps", &o.max_steps));
   FLUX_RETURN_IF_ERROR(read_int(args, "--max-prompt-bytes", &o.max_prompt_bytes));
+  FLUX_RETURN_IF_ERROR(read_int(args, "--max-reference-images", &o.max_reference_images));
+  {
+    FLUX_ASSIGN_OR_RETURN(o.max_reference_bytes,
+                          args.get_int("--max-reference-bytes", o.max_reference_bytes));
+  }
+  {
+    FLUX_ASSIGN_OR_RETURN(o.max_request_bytes,
+                          args.get_int("--max-request-bytes", o.max_request_bytes));
+  }
+  FLUX_RETURN_IF_ERROR(read_int(args, "--max-sequence-length", &o.max_sequence_length));
   {
     FLUX_ASSIGN_OR_RETURN(o.drain_timeout_s,
                           args.get_double("--drain-timeout-s", o.drain_timeout_s));
@@ -130,6 +144,25 @@ absl::Status validate_server_options(const ServerOptions& o) {
   FLUX_RETURN_IF_ERROR(check_range("--max-images", o.max_images, 1, 64));
   FLUX_RETURN_IF_ERROR(check_range("--max-steps", o.max_steps, 1, 1000));
   FLUX_RETURN_IF_ERROR(check_range("--max-prompt-bytes", o.max_prompt_bytes, 1, 1 << 20));
+  // 16 bounds the decoded references a queued request holds (each up to 1024 x 1024 x 3 bytes).
+  FLUX_RETURN_IF_ERROR(check_range("--max-reference-images", o.max_reference_images, 0, 16));
+  // 64 MiB per image; the decoder bounds the pixels separately (model/reference_image.h).
+  FLUX_RETURN_IF_ERROR(check_range("--max-reference-bytes",
+                                   static_cast<double>(o.max_reference_bytes), 1.0,
+                                   64.0 * 1024 * 1024));
+  // gRPC keeps a received message in memory until its call ends; 1 GiB bounds one request, and
+  // below 4 MiB (gRPC's default) nothing is gained.
+  FLUX_RETURN_IF_ERROR(check_range("--max-request-bytes", static_cast<double>(o.max_request_bytes),
+                                   4.0 * 1024 * 1024, 1024.0 * 1024 * 1024));
+  if (o.max_request_bytes < min_request_bytes(o)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-request-bytes: ", o.max_request_bytes, " is less than the ", min_request_bytes(o),
+        " bytes the other limits need (", o.max_reference_images, " x --max-reference-bytes ",
+        o.max_reference_bytes, " + 2 x --max-prompt-bytes ", o.max_prompt_bytes, " + ",
+        kRequestOverheadBytes, " for the other fields)"));
+  }
+  // The model's own bound (512 for klein) is checked when it is loaded.
+  FLUX_RETURN_IF_ERROR(check_range("--max-sequence-length", o.max_sequence_length, 1, 4096));
   if (!std::isfinite(o.drain_timeout_s)) {
     return absl::InvalidArgumentError("--drain-timeout-s: not a finite number");
   }
@@ -147,6 +180,11 @@ absl::Status validate_server_options(const ServerOptions& o) {
   return absl::OkStatus();
 }
 
+int64_t min_request_bytes(const ServerOptions& options) {
+  return int64_t{options.max_reference_images} * options.max_reference_bytes +
+         2 * int64_t{options.max_prompt_bytes} + kRequestOverheadBytes;
+}
+
 std::string resolved_model_dir(const ServerOptions& options) {
   return options.model_dir.empty() ? std::string(FLUX2_TINY_CHECKPOINT_DIR) : options.model_dir;
 }
@@ -156,7 +194,7 @@ std::string server_help_text() {
       "usage: flux2_server [flags]\n"
       "       flux2_server --probe liveness|readiness [--addr HOST:PORT] [--tls-cert FILE]\n"
       "\n"
-      "Serves FLUX.2 text-to-image generation over gRPC (flux2.v1.ImageGeneration, "
+      "Serves FLUX.2 text-to-image generation and editing over gRPC (flux2.v1.ImageGeneration, "
       "grpc.health.v1,\n"
       "server reflection) with Prometheus metrics on a separate HTTP port.\n"
       "\n"
@@ -201,6 +239,16 @@ std::string server_help_text() {
       "  --max-images N           largest num_images per request (default 4)\n"
       "  --max-steps N            largest num_inference_steps (default 200)\n"
       "  --max-prompt-bytes N     largest prompt / negative_prompt in bytes (default 8192)\n"
+      "  --max-sequence-length N  text-encoder tokens of every request: prompts are padded or\n"
+      "                           truncated to N (default 512, diffusers' default; at most the\n"
+      "                           model's own limit)\n"
+      "  --max-reference-images N largest number of reference_images (editing) per request\n"
+      "                           (default 4, as BFL's klein API; 0 refuses reference images)\n"
+      "  --max-reference-bytes N  largest encoded reference image (PNG/JPEG) in bytes (default\n"
+      "                           10485760 = 10 MiB)\n"
+      "  --max-request-bytes N    gRPC's max receive message size (default 50331648 = 48 MiB);\n"
+      "                           must fit max-reference-images x max-reference-bytes + 2 x\n"
+      "                           max-prompt-bytes + 64 KiB, or the server refuses to start\n"
       "  --drain-timeout-s S      on SIGTERM/SIGINT, time queued and running requests get to "
       "finish\n"
       "                           before they are cancelled (default 600); the exit code is 0\n"

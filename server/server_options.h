@@ -13,16 +13,24 @@
 namespace flux2::server {
 
 struct ServerOptions {
-  std::string host = "0.0.0.0";    // address the gRPC port binds to
-  int port = 50051;                // gRPC port; 0 picks a free one (printed at start-up)
-  int metrics_port = 9464;         // Prometheus /metrics over HTTP; 0 picks a free one
-  std::string model_dir;           // empty: the embedded tiny checkpoint on the CPU backend
-  std::string backend = "auto";    // auto | cpu | cuda
-  int queue_depth = 8;             // requests that may wait behind the running one
-  int64_t max_pixels = 4194304;    // width x height budget per image (2048 x 2048)
-  int max_images = 4;              // num_images upper bound
-  int max_steps = 200;             // num_inference_steps upper bound
-  int max_prompt_bytes = 8192;     // prompt / negative_prompt size bound
+  std::string host = "0.0.0.0";  // address the gRPC port binds to
+  int port = 50051;              // gRPC port; 0 picks a free one (printed at start-up)
+  int metrics_port = 9464;       // Prometheus /metrics over HTTP; 0 picks a free one
+  std::string model_dir;         // empty: the embedded tiny checkpoint on the CPU backend
+  std::string backend = "auto";  // auto | cpu | cuda
+  int queue_depth = 8;           // requests that may wait behind the running one
+  int64_t max_pixels = 4194304;  // width x height budget per image (2048 x 2048)
+  int max_images = 4;            // num_images upper bound
+  int max_steps = 200;           // num_inference_steps upper bound
+  int max_prompt_bytes = 8192;   // prompt / negative_prompt size bound
+  // Editing: reference images per request (4 as BFL's klein API; 0 refuses reference_images).
+  int max_reference_images = 4;
+  int64_t max_reference_bytes = int64_t{10} << 20;  // one reference's encoded bytes (10 MiB)
+  // gRPC's max receive message size: four 10 MiB references plus the prompt and the rest fit.
+  int64_t max_request_bytes = int64_t{48} << 20;
+  // Text-encoder sequence length of every request (prompts padded or truncated to it); 512 is
+  // diffusers' default, the goldens use 64 and 96.
+  int max_sequence_length = 512;
   double drain_timeout_s = 600.0;  // SIGTERM: time in-flight and queued work gets to finish
   int warmup_steps = 1;            // steps of the warm-up generation before readiness; 0: none
   std::string tls_cert;            // PEM certificate chain; with tls_key enables TLS
@@ -51,11 +59,18 @@ struct ParsedFlags {
 // validate cross-field constraints; call validate_server_options next.
 absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv);
 
-// Checks ranges and combinations (ports, depth, TLS cert without key, probe service names).
+// Checks ranges and combinations (ports, depth, TLS cert without key, probe service names, a
+// receive limit smaller than what the reference and prompt limits need).
 absl::Status validate_server_options(const ServerOptions& options);
 
 // The --help text: every flag, its default and its meaning.
 std::string server_help_text();
+
+// The smallest --max-request-bytes the other limits need: every reference at its byte limit, the
+// prompt and negative prompt at theirs, plus kRequestOverheadBytes for the other fields and the
+// protobuf framing.
+int64_t min_request_bytes(const ServerOptions& options);
+inline constexpr int64_t kRequestOverheadBytes = 64 << 10;
 
 // The model directory to serve: --model-dir, or the embedded tiny checkpoint.
 std::string resolved_model_dir(const ServerOptions& options);

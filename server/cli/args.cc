@@ -17,15 +17,19 @@ absl::StatusOr<Args> Args::parse(int argc, char** argv, int first,
       continue;
     }
     const size_t equals = word.find('=');
+    std::string name = word, value;
     if (equals != std::string::npos) {
-      args.values_[word.substr(0, equals)] = word.substr(equals + 1);
+      name = word.substr(0, equals);
+      value = word.substr(equals + 1);
     } else if (flags.count(word)) {
-      args.values_[word] = "true";
+      value = "true";
     } else if (i + 1 < argc) {
-      args.values_[word] = argv[++i];
+      value = argv[++i];
     } else {
       return absl::InvalidArgumentError(absl::StrCat("option ", word, " needs a value"));
     }
+    args.values_[name] = value;
+    args.occurrences_.emplace_back(std::move(name), std::move(value));
   }
   return args;
 }
@@ -33,6 +37,14 @@ absl::StatusOr<Args> Args::parse(int argc, char** argv, int first,
 std::string Args::get(absl::string_view name, absl::string_view fallback) const {
   auto it = values_.find(std::string(name));
   return it == values_.end() ? std::string(fallback) : it->second;
+}
+
+std::vector<std::string> Args::get_all(absl::string_view name) const {
+  std::vector<std::string> values;
+  for (const auto& [option, value] : occurrences_) {
+    if (option == name) values.push_back(value);
+  }
+  return values;
 }
 
 absl::StatusOr<int64_t> Args::get_int(absl::string_view name, int64_t fallback) const {

@@ -1,14 +1,17 @@
-// `flux2 generate`: offline text-to-image without the server; writes a PNG and prints the stage
-// timings. Tested by tests/host/generate_command_test.cc (tiny checkpoint, bad inputs).
+// `flux2 generate`: offline text-to-image and editing (--reference, repeatable) without the server;
+// writes a PNG and prints the stage timings. Tested by tests/host/generate_command_test.cc (tiny
+// checkpoint, bad inputs, references).
 #include <cstdio>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend_factory.h"
 #include "model/image_encode.h"
 #include "model/pipeline.h"
+#include "model/reference_image.h"
 #include "server/cli/args.h"
 #include "server/cli/backend_flags.h"
 #include "server/cli/commands.h"
@@ -19,6 +22,22 @@ namespace {
 int fail(absl::string_view message) {
   std::fprintf(stderr, "flux2 generate: %s\n", std::string(message).c_str());
   return 1;
+}
+
+// The bytes of every --reference file, in order; errors name the flag ("--reference[1]: cannot
+// read b.png").
+absl::StatusOr<std::vector<std::string>> read_references(const std::vector<std::string>& paths) {
+  std::vector<std::string> files;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    std::ifstream in(paths[i], std::ios::binary);
+    std::stringstream bytes;
+    if (in) bytes << in.rdbuf();
+    if (!in) {
+      return absl::NotFoundError(absl::StrCat("--reference[", i, "]: cannot read ", paths[i]));
+    }
+    files.push_back(bytes.str());
+  }
+  return files;
 }
 
 }  // namespace
@@ -37,6 +56,7 @@ int run_generate(int argc, char** argv, int first) {
                                  "--out",
                                  "--backend",
                                  "--max-sequence-length",
+                                 "--reference",
                                  "--no-fast-paths"};
   known.insert(backend_flag_names().begin(), backend_flag_names().end());
   if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
@@ -48,7 +68,8 @@ int run_generate(int argc, char** argv, int first) {
   params.prompt = args->get("--prompt");
   params.negative_prompt = args->get("--negative-prompt");
   params.fast_paths = !args->has("--no-fast-paths");
-  auto height = args->get_int("--height", 1024), width = args->get_int("--width", 1024);
+  // 0: the first reference's prepared size, else 1024 (model/pipeline.h output_size).
+  auto height = args->get_int("--height", 0), width = args->get_int("--width", 0);
   auto steps = args->get_int("--steps", 0), seed = args->get_int("--seed", 0);
   auto max_len = args->get_int("--max-sequence-length", 0);
   auto guidance = args->get_double("--guidance", -1.0);
@@ -65,12 +86,24 @@ int run_generate(int argc, char** argv, int first) {
   params.max_sequence_length = *max_len;
   params.guidance_scale = *guidance;
   const std::string out = args->get("--out", "flux2.png");
+  auto reference_files = read_references(args->get_all("--reference"));
+  if (!reference_files.ok()) return fail(reference_files.status().message());
 
   auto backend = create_backend(args->get("--backend", "cpu"), *backend_options);
   if (!backend.ok()) return fail(backend.status().message());
   auto pipeline = Pipeline::load(**backend, model_dir);
   if (!pipeline.ok()) return fail(pipeline.status().message());
   std::fprintf(stderr, "flux2 generate: %s\n", (*pipeline)->info().load_summary().c_str());
+  for (size_t i = 0; i < reference_files->size(); ++i) {
+    const std::string field = absl::StrCat("--reference[", i, "]");
+    const std::string& bytes = (*reference_files)[i];
+    auto reference = load_reference(bytes, (*pipeline)->info().pixel_multiple, field);
+    if (!reference.ok()) return fail(reference.status().message());
+    params.references.push_back(std::move(*reference));
+  }
+  const ImageSize size = output_size(params);
+  params.width = size.width;
+  params.height = size.height;
   auto image = (*pipeline)->generate(params);
   if (!image.ok()) return fail(image.status().message());
   auto png = encode_png(image->rgb, image->width, image->height);
@@ -80,12 +113,12 @@ int run_generate(int argc, char** argv, int first) {
   if (!file) return fail(absl::StrCat("cannot write ", out));
   const StageTimings& t = image->timings;
   std::printf(
-      "wrote %s (%lldx%lld, seed %llu): tokenize %.1f ms, text encode %.1f ms, denoise %.1f ms "
-      "(%zu steps), "
-      "decode %.1f ms\n",
+      "wrote %s (%lldx%lld, seed %llu, %zu references): tokenize %.1f ms, text encode %.1f ms, "
+      "reference encode %.1f ms, denoise %.1f ms (%zu steps), decode %.1f ms\n",
       out.c_str(), static_cast<long long>(image->width), static_cast<long long>(image->height),
-      static_cast<unsigned long long>(image->seed), 1e3 * t.tokenize, 1e3 * t.text_encode,
-      1e3 * t.denoise, t.steps.size(), 1e3 * t.decode);
+      static_cast<unsigned long long>(image->seed), params.references.size(), 1e3 * t.tokenize,
+      1e3 * t.text_encode, 1e3 * t.reference_encode, 1e3 * t.denoise, t.steps.size(),
+      1e3 * t.decode);
   return 0;
 }
 

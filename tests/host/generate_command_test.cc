@@ -1,10 +1,12 @@
-// `flux2 generate` on the tiny checkpoint: writes a PNG of the requested size; bad inputs (size
-// not a multiple of 16, zero steps, a missing model directory) fail with exit status 1.
+// `flux2 generate` on the tiny checkpoint: writes a PNG of the requested size, or of the first
+// --reference's prepared size; bad inputs (size not a multiple of 16, zero steps, a missing model
+// directory, a missing or bad reference file, named by the flag) fail with exit status 1.
 #include <fstream>
 #include <iterator>
 
 #include <gtest/gtest.h>
 
+#include "model/image_encode.h"
 #include "server/cli/commands.h"
 #include "tests/host/test_util.h"
 
@@ -37,6 +39,66 @@ TEST(GenerateCommandTest, WritesAPngOfTheRequestedSize) {
   EXPECT_EQ(std::string(bytes.begin() + 12, bytes.begin() + 16), "IHDR");
   EXPECT_EQ(big_endian(bytes, 16), 48u);  // width
   EXPECT_EQ(big_endian(bytes, 20), 32u);  // height
+}
+
+std::vector<unsigned char> read_file(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  return std::vector<unsigned char>((std::istreambuf_iterator<char>(file)),
+                                    std::istreambuf_iterator<char>());
+}
+
+// Writes a width x height PNG (a gradient) to `path`.
+void write_png(const std::string& path, int64_t width, int64_t height) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(width * height * 3));
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>(i * 7);
+  absl::StatusOr<std::vector<uint8_t>> png = encode_png(rgb, width, height);
+  ASSERT_TRUE(png.ok()) << png.status();
+  std::ofstream file(path, std::ios::binary);
+  file.write(reinterpret_cast<const char*>(png->data()), static_cast<std::streamsize>(png->size()));
+}
+
+TEST(GenerateCommandTest, ReferencesSetTheOutputSize) {
+  testing::TempDir dir;
+  const std::string model = testing::test_data_dir() + "/tiny-klein/checkpoint";
+  write_png(dir.path() + "/a.png", 100, 72);  // center-cropped to 96 x 64
+  write_png(dir.path() + "/b.png", 64, 64);
+  const std::string out = dir.path() + "/edit.png";
+  ASSERT_EQ(generate({"--model-dir", model, "--prompt", "make it night", "--reference",
+                      dir.path() + "/a.png", "--reference", dir.path() + "/b.png", "--steps", "1",
+                      "--out", out}),
+            0);
+  const std::vector<unsigned char> bytes = read_file(out);
+  ASSERT_GT(bytes.size(), 33u);
+  EXPECT_EQ(big_endian(bytes, 16), 96u);  // width
+  EXPECT_EQ(big_endian(bytes, 20), 64u);  // height
+}
+
+TEST(GenerateCommandTest, BadReferencesNameTheFlag) {
+  testing::TempDir dir;
+  const std::string model = testing::test_data_dir() + "/tiny-klein/checkpoint";
+  write_png(dir.path() + "/good.png", 64, 64);
+  write_png(dir.path() + "/small.png", 32, 32);
+  {
+    std::ofstream text(dir.path() + "/notes.txt");
+    text << "not an image";
+  }
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(generate({"--model-dir", model, "--prompt", "x", "--reference",
+                      dir.path() + "/good.png", "--reference", dir.path() + "/missing.png"}),
+            1);
+  EXPECT_EQ(generate({"--model-dir", model, "--prompt", "x", "--reference",
+                      dir.path() + "/good.png", "--reference", dir.path() + "/notes.txt"}),
+            1);
+  EXPECT_EQ(
+      generate({"--model-dir", model, "--prompt", "x", "--reference", dir.path() + "/small.png"}),
+      1);
+  const std::string errors = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(errors.find("--reference[1]: cannot read " + dir.path() + "/missing.png"),
+            std::string::npos)
+      << errors;
+  EXPECT_NE(errors.find("--reference[1]: not a PNG or JPEG image"), std::string::npos) << errors;
+  EXPECT_NE(errors.find("--reference[0]: 32x32 is under 64 px a side"), std::string::npos)
+      << errors;
 }
 
 TEST(GenerateCommandTest, BadInputsFailClearly) {

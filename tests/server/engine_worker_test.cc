@@ -21,6 +21,7 @@ namespace {
 using testing::fake_engine_factory;
 using testing::fake_pixel;
 using testing::FakeEngineControl;
+using testing::kFakeReferenceEncodeSeconds;
 using testing::metric_value;
 
 constexpr auto kLimit = std::chrono::seconds(60);
@@ -92,12 +93,13 @@ class EngineWorkerTest : public ::testing::Test {
  protected:
   void SetUp() override { control_ = std::make_shared<FakeEngineControl>(); }
 
-  void start(int warmup_steps = 0) {
+  void start(int warmup_steps = 0, bool warmup_reference = false) {
     queue_ = std::make_unique<JobQueue>(8, [this](int depth) { metrics_.set_queue_depth(depth); });
     encoder_ = std::make_unique<EncodeStage>(metrics_);
     encoder_->start();
     WorkerOptions options;
     options.warmup_steps = warmup_steps;
+    options.warmup_reference = warmup_reference;
     worker_ = std::make_unique<EngineWorker>(
         fake_engine_factory(control_), *queue_, *encoder_, metrics_, options,
         [this](WorkerPhase phase, const absl::Status& status) {
@@ -148,6 +150,20 @@ TEST_F(EngineWorkerTest, WarmsUpBeforeServing) {
   EXPECT_NE(worker_->engine(), nullptr);
   // The warm-up is not a request: no step or request metrics.
   EXPECT_EQ(metric_value(metrics_.render(), "flux2_denoise_step_duration_seconds_count"), 0.0);
+}
+
+TEST_F(EngineWorkerTest, WarmUpRunsWithAReferenceWhenEditingIsOn) {
+  start(/*warmup_steps=*/1, /*warmup_reference=*/true);
+  ASSERT_TRUE(wait_phase(WorkerPhase::kServing));
+  EXPECT_EQ(generations_when_serving_, 2);
+  const std::vector<std::vector<RgbImage>> references = control_->references();
+  ASSERT_EQ(references.size(), 2u);
+  EXPECT_TRUE(references[0].empty());  // text-to-image first
+  ASSERT_EQ(references[1].size(), 1u);
+  // A prepared reference of the warm-up size (16 x 16 latent tokens on the CPU).
+  EXPECT_EQ(references[1][0].width, 256);
+  EXPECT_EQ(references[1][0].height, 256);
+  EXPECT_EQ(references[1][0].pixels.size(), 256u * 256u * 3u);
 }
 
 TEST_F(EngineWorkerTest, NoWarmupWhenZeroSteps) {
@@ -203,6 +219,41 @@ TEST_F(EngineWorkerTest, GeneratesEncodesAndReportsEveryStep) {
   EXPECT_EQ(metric_value(text, "flux2_queue_duration_seconds_count"), 1.0);
   EXPECT_EQ(metric_value(text, "flux2_requests_in_flight"), 0.0);
   EXPECT_EQ(metric_value(text, "flux2_queue_depth"), 0.0);
+  // Text-to-image: no reference stage, no reference counted.
+  EXPECT_EQ(r.result.report.reference_encode_seconds, 0.0);
+  EXPECT_EQ(
+      metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", "reference_encode"}}),
+      0.0);
+  EXPECT_EQ(metric_value(text, "flux2_reference_images_total"), 0.0);
+}
+
+TEST_F(EngineWorkerTest, ReferencesReachTheEngineAndAreTimedAndCounted) {
+  start();
+  Recorder r;
+  JobSpec s = spec(/*seed=*/5, /*steps=*/1, /*num_images=*/2);
+  for (int64_t side : {64, 80}) {
+    s.params.references.push_back(
+        RgbImage{side, 64, std::vector<uint8_t>(static_cast<size_t>(side * 64 * 3), uint8_t{7})});
+  }
+  ASSERT_TRUE(queue_->push(r.make(std::move(s))).ok());
+  ASSERT_TRUE(r.wait());
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  const std::vector<std::vector<RgbImage>> seen = control_->references();
+  ASSERT_EQ(seen.size(), 2u);  // both images were generated with both references
+  for (const std::vector<RgbImage>& references : seen) {
+    ASSERT_EQ(references.size(), 2u);
+    EXPECT_EQ(references[1].width, 80);
+  }
+  // Summed over the images, like the other stages.
+  EXPECT_DOUBLE_EQ(r.result.report.reference_encode_seconds, 2 * 2 * kFakeReferenceEncodeSeconds);
+  const std::string text = metrics_.render();
+  EXPECT_EQ(
+      metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", "reference_encode"}}),
+      1.0);
+  EXPECT_DOUBLE_EQ(
+      *metric_value(text, "flux2_stage_duration_seconds_sum", {{"stage", "reference_encode"}}),
+      2 * 2 * kFakeReferenceEncodeSeconds);
+  EXPECT_EQ(metric_value(text, "flux2_reference_images_total"), 2.0);  // per request, not image
 }
 
 TEST_F(EngineWorkerTest, EncodesJpeg) {

@@ -38,7 +38,7 @@ class FakeEngine final : public Engine {
 
   absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                           const GenerateHooks& hooks) override {
-    control_->on_generate(params.seed);
+    control_->on_generate(params);
     const int64_t steps =
         params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;
     GeneratedImage image;
@@ -47,6 +47,8 @@ class FakeEngine final : public Engine {
     image.seed = params.seed;
     image.timings.tokenize = 1e-4;
     image.timings.text_encode = 2e-3;
+    image.timings.reference_encode =
+        kFakeReferenceEncodeSeconds * static_cast<double>(params.references.size());
     image.timings.decode = 3e-3;
     for (int64_t i = 0; i < steps; ++i) {
       if (hooks.check_continue) {
@@ -166,10 +168,16 @@ void FakeEngineControl::after_step() {
   cv_.notify_all();
 }
 
-void FakeEngineControl::on_generate(uint64_t seed) {
+std::vector<std::vector<RgbImage>> FakeEngineControl::references() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return references_;
+}
+
+void FakeEngineControl::on_generate(const GenerateParams& params) {
   std::lock_guard<std::mutex> lock(mu_);
   ++generations_;
-  seeds_.push_back(seed);
+  seeds_.push_back(params.seed);
+  references_.push_back(params.references);
   cv_.notify_all();
 }
 

@@ -33,11 +33,13 @@ class FakeEngineControl {
   int generations() const;
   // Seeds of every generate() call, in order (including the warm-up).
   std::vector<uint64_t> seeds() const;
+  // The references of every generate() call, in order (including the warm-up).
+  std::vector<std::vector<RgbImage>> references() const;
 
   // Engine side.
   void before_step();  // waits at the gate, counts the start
   void after_step();
-  void on_generate(uint64_t seed);
+  void on_generate(const GenerateParams& params);
   absl::Status wait_load();
 
   bool uses_cfg = false;
@@ -52,11 +54,14 @@ class FakeEngineControl {
   int finished_ = 0;
   int generations_ = 0;
   std::vector<uint64_t> seeds_;
+  std::vector<std::vector<RgbImage>> references_;
   bool load_held_ = false;
   absl::Status load_status_;
 };
 
-// Pixels: rgb[(y * W + x) * 3 + c] = (seed * 31 + x * 7 + y * 13 + c * 101) mod 256.
+// Pixels: rgb[(y * W + x) * 3 + c] = (seed * 31 + x * 7 + y * 13 + c * 101) mod 256. A generation
+// with references reports kFakeReferenceEncodeSeconds per reference as its reference_encode time.
+inline constexpr double kFakeReferenceEncodeSeconds = 4e-3;
 uint8_t fake_pixel(uint64_t seed, int64_t x, int64_t y, int c);
 
 // A factory producing a FakeEngine bound to `control` (which must outlive it).

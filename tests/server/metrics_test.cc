@@ -40,6 +40,7 @@ TEST(Metrics, EveryContractNameWithItsType) {
       {"flux2_requests_in_flight", "gauge"},
       {"flux2_images_generated_total", "counter"},
       {"flux2_pixels_generated_total", "counter"},
+      {"flux2_reference_images_total", "counter"},
       {"flux2_model_load_duration_seconds", "gauge"},
       {"flux2_ready", "gauge"},
       {"flux2_build_info", "gauge"},
@@ -57,7 +58,8 @@ TEST(Metrics, EveryContractNameWithItsType) {
   EXPECT_EQ(metric_value(text, "flux2_requests_total",
                          {{"method", "GenerateImage"}, {"code", "RESOURCE_EXHAUSTED"}}),
             0.0);
-  for (const char* stage : {"tokenize", "text_encode", "denoise", "decode", "encode"}) {
+  for (const char* stage :
+       {"tokenize", "text_encode", "reference_encode", "denoise", "decode", "encode"}) {
     EXPECT_EQ(metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", stage}}), 0.0)
         << stage;
   }
@@ -81,6 +83,21 @@ std::vector<std::string> metrics_md_buckets(const std::string& after) {
   return buckets;
 }
 
+// The table rows of METRICS.md: (name, type) with the type's first word ("gauge (1)" -> "gauge").
+std::vector<std::pair<std::string, std::string>> metrics_md_names() {
+  std::ifstream in(FLUX2_METRICS_MD);
+  std::vector<std::pair<std::string, std::string>> names;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| `flux2_", 0) != 0) continue;
+    const size_t name_end = line.find('`', 3);
+    const size_t type_start = line.find("| ", name_end) + 2;
+    const size_t type_end = line.find_first_of(" |", type_start);
+    names.emplace_back(line.substr(3, name_end - 3),
+                       line.substr(type_start, type_end - type_start));
+  }
+  return names;
+}
+
 // Every `le` of `histogram`'s buckets (the series whose labels include `label`), in order.
 std::vector<std::string> rendered_buckets(const std::string& text, const std::string& histogram,
                                           const std::string& label) {
@@ -96,6 +113,18 @@ std::vector<std::string> rendered_buckets(const std::string& text, const std::st
     buckets.push_back(line.substr(le + 4, end - le - 4));
   }
   return buckets;
+}
+
+TEST(Metrics, EveryNameOfMetricsMdIsExportedWithItsType) {
+  const std::vector<std::pair<std::string, std::string>> names = metrics_md_names();
+  ASSERT_GE(names.size(), 15u) << "METRICS.md: no table of metric names";
+  Metrics metrics;
+  metrics.set_build_info("1.2.3", "cpu", "tiny");
+  metrics.set_gpu_memory({1, 2, 3});  // the CUDA-only gauges
+  const std::string text = metrics.render();
+  for (const auto& [name, type] : names) {
+    EXPECT_TRUE(has_line(text, "# TYPE " + name + " " + type)) << name << " " << type;
+  }
 }
 
 TEST(Metrics, BucketsFollowMetricsMd) {
@@ -128,6 +157,8 @@ TEST(Metrics, CountsAndObservations) {
   metrics.set_queue_depth(3);
   metrics.add_in_flight(1);
   metrics.count_images(2, 2 * 64 * 48);
+  metrics.count_reference_images(3);
+  metrics.observe_stage(Stage::kReferenceEncode, 0.04);
   metrics.set_ready(true);
   metrics.set_model_load_seconds(12.5);
   const std::string text = metrics.render();
@@ -157,6 +188,10 @@ TEST(Metrics, CountsAndObservations) {
   EXPECT_EQ(metric_value(text, "flux2_requests_in_flight"), 1.0);
   EXPECT_EQ(metric_value(text, "flux2_images_generated_total"), 2.0);
   EXPECT_EQ(metric_value(text, "flux2_pixels_generated_total"), 2.0 * 64 * 48);
+  EXPECT_EQ(metric_value(text, "flux2_reference_images_total"), 3.0);
+  EXPECT_EQ(
+      metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", "reference_encode"}}),
+      1.0);
   EXPECT_EQ(metric_value(text, "flux2_ready"), 1.0);
   EXPECT_EQ(metric_value(text, "flux2_model_load_duration_seconds"), 12.5);
 }

@@ -1,6 +1,8 @@
 // Request validation (server/request_validation.h) and the absl -> gRPC status mapping
 // (server/rpc_status.h): defaults, seeds, one table row per invalid field (the violation names it),
-// and the BadRequest details in the grpc-status-details-bin payload.
+// the BadRequest details in the grpc-status-details-bin payload, and reference images (each bad
+// one named reference_images[i]; a good one prepared and setting the output size), encoded by
+// tests/server/test_support.h.
 // Run: build/bin/server_unit_tests --gtest_filter='RequestValidation*:RpcStatus*'
 #include "server/request_validation.h"
 
@@ -181,6 +183,156 @@ TEST(RequestValidation, EngineErrorsBecomeFieldViolations) {
   EXPECT_EQ(violations[0].description, "40 is not a multiple");
   EXPECT_TRUE(engine_validation_status(absl::OkStatus()).ok());
   EXPECT_TRUE(absl::IsInternal(engine_validation_status(absl::InternalError("x"))));
+}
+
+// ---- reference images ---------------------------------------------------------------------------
+
+using testing::gradient_pixels;
+
+std::string png(int64_t width, int64_t height) {
+  return testing::gradient_png(width, height);
+}
+std::string jpeg(int64_t width, int64_t height) {
+  return testing::gradient_jpeg(width, height);
+}
+
+// An editing request without a size: the output takes the first reference's.
+v1::GenerateImageRequest edit_request(const std::vector<std::string>& references) {
+  v1::GenerateImageRequest request;
+  request.set_prompt("make it night");
+  for (const std::string& data : references) request.add_reference_images()->set_data(data);
+  return request;
+}
+
+std::vector<std::string> violation_fields(const absl::Status& status) {
+  std::vector<std::string> fields;
+  for (const FieldViolation& v : field_violations_of(status)) fields.push_back(v.field);
+  return fields;
+}
+
+TEST(RequestValidation, ReferenceSetsTheOutputSizeAndIsPrepared) {
+  // 100 x 72 is not a multiple of 16: center-cropped to 96 x 64 (no resampling).
+  absl::StatusOr<JobSpec> spec =
+      validate_generate_request(edit_request({png(100, 72), jpeg(64, 80)}), test_limits(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const GenerateParams& params = spec->params;
+  ASSERT_EQ(params.references.size(), 2u);
+  EXPECT_EQ(params.references[0].width, 96);
+  EXPECT_EQ(params.references[0].height, 64);
+  EXPECT_EQ(params.references[0].pixels.size(), 96u * 64u * 3u);
+  EXPECT_EQ(params.references[1].width, 64);
+  EXPECT_EQ(params.references[1].height, 80);
+  // The crop keeps the center: pixel (0, 0) of the prepared image is (2, 4) of the original.
+  const std::vector<uint8_t> original = gradient_pixels(100, 72);
+  EXPECT_EQ(params.references[0].pixels[0], original[(4 * 100 + 2) * 3]);
+  EXPECT_EQ(params.width, 96);  // width = height = 0: the first reference's prepared size
+  EXPECT_EQ(params.height, 64);
+  EXPECT_EQ(params.max_sequence_length, test_limits().max_sequence_length);
+
+  // A size in the request wins over the reference's.
+  v1::GenerateImageRequest sized = edit_request({png(100, 72)});
+  sized.set_width(64);
+  sized.set_height(48);
+  spec = validate_generate_request(sized, test_limits(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->params.width, 64);
+  EXPECT_EQ(spec->params.height, 48);
+  EXPECT_EQ(spec->params.references.size(), 1u);
+}
+
+TEST(RequestValidation, LargeReferenceIsResizedToTheAreaAndSizesTheOutput) {
+  // 2048 x 1024 (2 MP) -> diffusers' int(side x sqrt(1 MP / area)) = 1448 x 724 -> cropped to
+  // multiples of 16: 1440 x 720, the output size.
+  RequestLimits limits = test_limits();
+  limits.max_pixels = 2048 * 2048;
+  absl::StatusOr<JobSpec> spec =
+      validate_generate_request(edit_request({png(2048, 1024)}), limits, 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->params.references[0].width, 1440);
+  EXPECT_EQ(spec->params.references[0].height, 720);
+  EXPECT_EQ(spec->params.width, 1440);
+  EXPECT_EQ(spec->params.height, 720);
+}
+
+TEST(RequestValidation, PixelBudgetAppliesToTheReferenceSize) {
+  RequestLimits limits = test_limits();
+  limits.max_pixels = 64 * 64;
+  absl::StatusOr<JobSpec> spec = validate_generate_request(edit_request({png(100, 72)}), limits, 1);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(violation_fields(spec.status()), (std::vector<std::string>{"width", "height"}));
+  EXPECT_NE(spec.status().message().find("96 x 64 = 6144 pixels exceeds the budget of 4096"),
+            std::string::npos)
+      << spec.status();
+  EXPECT_NE(spec.status().message().find("reference_images[0]"), std::string::npos);
+}
+
+struct BadReferenceCase {
+  const char* name;
+  std::vector<std::string> references;
+  RequestLimits limits;
+  const char* field;
+  const char* message;  // the status message (starts with the violation)
+};
+
+TEST(RequestValidation, EachBadReferenceIsNamed) {
+  const std::string good = png(64, 64);
+  std::string truncated = png(80, 80);
+  truncated.resize(truncated.size() / 2);
+  RequestLimits no_editing = test_limits();
+  no_editing.max_reference_images = 0;
+  const std::vector<BadReferenceCase> cases = {
+      {"too many", std::vector<std::string>(5, good), test_limits(), "reference_images",
+       "reference_images: 5 reference images exceed the limit of 4"},
+      {"too many bytes",
+       {good, good, std::string(12000000, 'x')},
+       test_limits(),
+       "reference_images[2]",
+       "reference_images[2]: 12000000 bytes exceed the limit of 10485760"},
+      {"empty", {""}, test_limits(), "reference_images[0]", "reference_images[0]: empty"},
+      {"not an image",
+       {good, "GIF89a not really"},
+       test_limits(),
+       "reference_images[1]",
+       "reference_images[1]: not a PNG or JPEG image"},
+      {"under 64 px",
+       {png(32, 32)},
+       test_limits(),
+       "reference_images[0]",
+       "reference_images[0]: 32x32 is under 64 px a side"},
+      {"aspect 12:1",
+       {png(768, 64)},
+       test_limits(),
+       "reference_images[0]",
+       "reference_images[0]: aspect ratio 12.0 exceeds 8"},
+      {"truncated PNG", {truncated}, test_limits(), "reference_images[0]", "reference_images[0]: "},
+      {"editing off",
+       {good},
+       no_editing,
+       "reference_images",
+       "reference_images: this server does not accept reference images"},
+  };
+  for (const BadReferenceCase& c : cases) {
+    absl::StatusOr<JobSpec> spec =
+        validate_generate_request(edit_request(c.references), c.limits, 1);
+    ASSERT_FALSE(spec.ok()) << c.name;
+    EXPECT_TRUE(absl::IsInvalidArgument(spec.status())) << c.name << ": " << spec.status();
+    EXPECT_EQ(spec.status().message().substr(0, std::string(c.message).size()), c.message)
+        << c.name << ": " << spec.status();
+    EXPECT_EQ(violation_fields(spec.status()), std::vector<std::string>{c.field})
+        << c.name << ": " << spec.status();
+  }
+}
+
+TEST(RequestValidation, EveryBadReferenceGetsItsOwnViolation) {
+  v1::GenerateImageRequest request = edit_request({"", png(64, 64), "junk", png(32, 32)});
+  request.set_num_inference_steps(-1);
+  absl::StatusOr<JobSpec> spec = validate_generate_request(request, test_limits(), 1);
+  ASSERT_FALSE(spec.ok());
+  // In field order; the size is unknown (reference 0 is bad), so no width/height violation.
+  EXPECT_EQ(violation_fields(spec.status()),
+            (std::vector<std::string>{"reference_images[0]", "reference_images[2]",
+                                      "reference_images[3]", "num_inference_steps"}));
+  EXPECT_EQ(spec.status().message().substr(0, 25), "reference_images[0]: empt");
 }
 
 TEST(RpcStatus, InvalidArgumentCarriesBadRequestDetails) {

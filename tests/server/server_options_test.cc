@@ -30,6 +30,11 @@ TEST(ServerOptions, DefaultsFollowTheServerContract) {
   EXPECT_EQ(o.queue_depth, 8);
   EXPECT_EQ(o.max_pixels, 4194304);
   EXPECT_EQ(o.max_images, 4);
+  EXPECT_EQ(o.max_reference_images, 4);                // BFL's klein API
+  EXPECT_EQ(o.max_reference_bytes, 10 * 1024 * 1024);  // per image
+  EXPECT_EQ(o.max_request_bytes, 48 * 1024 * 1024);    // 4 x 10 MiB + the rest
+  EXPECT_GE(o.max_request_bytes, min_request_bytes(o));
+  EXPECT_EQ(o.max_sequence_length, 512);  // diffusers' default
   EXPECT_EQ(o.drain_timeout_s, 600.0);
   EXPECT_EQ(o.warmup_steps, 1);
   EXPECT_TRUE(o.fast_paths);
@@ -79,7 +84,15 @@ TEST(ServerOptions, ParsesEveryFlag) {
                                               "6",
                                               "--enable-quality-high",
                                               "--test-step-delay-ms",
-                                              "250"});
+                                              "250",
+                                              "--max-reference-images",
+                                              "2",
+                                              "--max-reference-bytes",
+                                              "1000000",
+                                              "--max-request-bytes",
+                                              "8388608",
+                                              "--max-sequence-length",
+                                              "64"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ServerOptions& o = parsed->options;
   EXPECT_EQ(o.port, 1234);
@@ -104,7 +117,28 @@ TEST(ServerOptions, ParsesEveryFlag) {
   EXPECT_FALSE(o.backend_options.gemm_autotune);
   EXPECT_TRUE(o.enable_quality_high);
   EXPECT_DOUBLE_EQ(o.test_step_delay_s, 0.25);
+  EXPECT_EQ(o.max_reference_images, 2);
+  EXPECT_EQ(o.max_reference_bytes, 1000000);
+  EXPECT_EQ(o.max_request_bytes, 8388608);
+  EXPECT_EQ(o.max_sequence_length, 64);
   EXPECT_TRUE(validate_server_options(o).ok());
+}
+
+TEST(ServerOptions, RequestLimitMustFitTheReferences) {
+  // 8 x 10 MiB references do not fit the default 48 MiB: the flag parser says what they need.
+  absl::StatusOr<ParsedFlags> parsed = parse({"--max-reference-images", "8"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  absl::Status status = validate_server_options(parsed->options);
+  EXPECT_NE(status.message().find("--max-request-bytes: 50331648 is less than the"),
+            std::string::npos)
+      << status;
+  parsed = parse({"--max-reference-images", "8", "--max-request-bytes", "100000000"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(validate_server_options(parsed->options).ok());
+  // Editing off needs no room for references.
+  parsed = parse({"--max-reference-images", "0", "--max-request-bytes", "4194304"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(validate_server_options(parsed->options).ok());
 }
 
 TEST(ServerOptions, ProbeMode) {
@@ -159,6 +193,12 @@ TEST(ServerOptions, ValidationErrorsNameTheFlag) {
       {{"--tls-cert", "c.pem"}, "--tls-key"},
       {{"--tls-key", "k.pem"}, "--tls-cert"},
       {{"--test-step-delay-ms", "-5"}, "--test-step-delay-ms"},
+      {{"--max-reference-images", "-1"}, "--max-reference-images"},
+      {{"--max-reference-images", "17"}, "--max-reference-images"},
+      {{"--max-reference-bytes", "0"}, "--max-reference-bytes"},
+      {{"--max-request-bytes", "1000"}, "--max-request-bytes"},
+      {{"--max-reference-bytes", "20000000"}, "--max-request-bytes"},
+      {{"--max-sequence-length", "0"}, "--max-sequence-length"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<ParsedFlags> parsed = parse(c.args);
@@ -197,6 +237,10 @@ TEST(ServerOptions, HelpDocumentsEveryFlag) {
                            "--max-steps",
                            "--max-prompt-bytes",
                            "--test-step-delay-ms",
+                           "--max-reference-images",
+                           "--max-reference-bytes",
+                           "--max-request-bytes",
+                           "--max-sequence-length",
                            "--help"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }

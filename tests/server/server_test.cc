@@ -2,7 +2,8 @@
 // wait at a gate the test opens, so every assertion is an ordering: readiness after load and
 // warm-up, a failed load, both generation RPCs, validation with BadRequest details, overload
 // (RESOURCE_EXHAUSTED at once, counted), deadlines while queued, cancellation freeing the worker,
-// bearer-token auth, and the drain (SIGTERM path) with and without a timeout.
+// bearer-token auth, the drain (SIGTERM path) with and without a timeout, and editing (reference
+// images through both RPCs, each bad one refused naming it, the receive limit).
 // Run: build/bin/server_unit_tests --gtest_filter='ServerTest*'
 #include "server/server.h"
 
@@ -96,7 +97,8 @@ TEST_F(ServerTest, ReadinessWaitsForLoadAndWarmup) {
   control_->release_load();
   ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
   EXPECT_EQ(health_status(channel_, ""), "SERVING");
-  EXPECT_EQ(control_->generations(), 1);  // the warm-up ran before readiness
+  // The warm-up ran before readiness: text-to-image and, editing being on, with a reference.
+  EXPECT_EQ(control_->generations(), 2);
   EXPECT_EQ(metric_value(metrics_text(), "flux2_ready"), 1.0);
 }
 
@@ -212,6 +214,10 @@ TEST_F(ServerTest, GetModelInfoDescribesModelAndLimits) {
   EXPECT_EQ(info.limits().max_pixels(), options_.max_pixels);
   EXPECT_EQ(info.limits().max_images(), options_.max_images);
   EXPECT_EQ(info.limits().queue_depth(), 5);
+  EXPECT_EQ(info.limits().max_reference_images(), 4);
+  EXPECT_EQ(info.limits().max_reference_bytes(), 10 * 1024 * 1024);
+  EXPECT_EQ(info.limits().max_request_bytes(), 48 * 1024 * 1024);
+  EXPECT_EQ(info.limits().max_sequence_length(), 512);
   ASSERT_EQ(info.quality_levels_size(), 2);
   EXPECT_EQ(info.quality_levels(1), v1::QUALITY_HIGH);
 }
@@ -241,7 +247,102 @@ TEST_F(ServerTest, InvalidRequestsNameTheFieldAndTheServerKeepsServing) {
   EXPECT_TRUE(stub_->GenerateImage(&context, small_request(1), &response).ok());
   EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total", {{"code", "INVALID_ARGUMENT"}}),
             4.0);
-  EXPECT_EQ(control_->generations(), 2);  // the warm-up and the valid request only
+  EXPECT_EQ(control_->generations(), 3);  // the two warm-ups and the valid request only
+}
+
+TEST_F(ServerTest, EditingThroughBothRpcs) {
+  options_.max_sequence_length = 64;
+  start();
+  v1::GenerateImageRequest request = small_request(21, /*steps=*/2);
+  request.set_width(0);  // the first reference's prepared size: 100 x 72 -> 96 x 64
+  request.set_height(0);
+  request.add_reference_images()->set_data(testing::gradient_png(100, 72));
+  request.add_reference_images()->set_data(testing::gradient_jpeg(64, 64));
+  grpc::ClientContext context;
+  v1::GenerateImageResponse response;
+  const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.images_size(), 1);
+  EXPECT_EQ(response.images(0).width(), 96);
+  EXPECT_EQ(response.images(0).height(), 64);
+  EXPECT_DOUBLE_EQ(response.timings().reference_encode_seconds(),
+                   2 * testing::kFakeReferenceEncodeSeconds);
+  const std::vector<std::vector<RgbImage>> seen = control_->references();
+  ASSERT_EQ(seen.back().size(), 2u);
+  EXPECT_EQ(seen.back()[0].width, 96);  // prepared before the engine saw it
+  EXPECT_EQ(seen.back()[1].height, 64);
+
+  StreamCall stream(stub_.get(), request);
+  ASSERT_TRUE(stream.finish().ok());
+  EXPECT_EQ(stream.event_kinds(), "ppr");
+  EXPECT_EQ(stream.result().images(0).width(), 96);
+  EXPECT_DOUBLE_EQ(stream.result().timings().reference_encode_seconds(),
+                   2 * testing::kFakeReferenceEncodeSeconds);
+  const std::string text = metrics_text();
+  EXPECT_EQ(metric_value(text, "flux2_reference_images_total"), 4.0);
+  EXPECT_EQ(
+      metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", "reference_encode"}}),
+      2.0);
+}
+
+TEST_F(ServerTest, EachBadReferenceIsRefusedNamingItAndTheServerKeepsServing) {
+  start();
+  const int generations = control_->generations();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"not an image"}, "reference_images[0]: not a PNG or JPEG image"},
+      {{testing::gradient_png(64, 64), testing::gradient_png(32, 32)},
+       "reference_images[1]: 32x32 is under 64 px a side"},
+      {{testing::gradient_png(768, 64)}, "reference_images[0]: aspect ratio 12.0 exceeds 8"},
+      {{""}, "reference_images[0]: empty"},
+      {std::vector<std::string>(5, testing::gradient_png(64, 64)),
+       "reference_images: 5 reference images exceed the limit of 4"},
+  };
+  for (const auto& [references, message] : cases) {
+    v1::GenerateImageRequest request = small_request(1);
+    for (const std::string& data : references) request.add_reference_images()->set_data(data);
+    grpc::ClientContext context;
+    v1::GenerateImageResponse response;
+    const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << message;
+    EXPECT_EQ(status.error_message(), message);
+    const std::string field = message.substr(0, message.find(':'));
+    EXPECT_EQ(bad_request_fields(status), std::vector<std::string>{field}) << message;
+  }
+  EXPECT_EQ(control_->generations(), generations);  // refused before admission
+  grpc::ClientContext context;
+  v1::GenerateImageResponse response;
+  v1::GenerateImageRequest good = small_request(2);
+  good.add_reference_images()->set_data(testing::gradient_png(64, 64));
+  EXPECT_TRUE(stub_->GenerateImage(&context, good, &response).ok());
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total", {{"code", "INVALID_ARGUMENT"}}),
+            5.0);
+}
+
+TEST_F(ServerTest, ReceiveLimitFollowsTheFlag) {
+  // 1500 x 1000 noise: a PNG over gRPC's default 4 MiB, under --max-request-bytes' 48 MiB.
+  const std::string big = testing::noise_png(1500, 1000);
+  ASSERT_GT(big.size(), 4u << 20);
+  start();
+  v1::GenerateImageRequest request = small_request(3, 1);
+  request.add_reference_images()->set_data(big);
+  {
+    grpc::ClientContext context;
+    v1::GenerateImageResponse response;
+    const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    // Over 1024 x 1024 px: resized to that area (1254 x 836), then cropped to 1248 x 832.
+    EXPECT_EQ(control_->references().back().at(0).width, 1248);
+    EXPECT_EQ(control_->references().back().at(0).height, 832);
+  }
+  server_->GracefulStop(Clock::now() + std::chrono::seconds(60)).IgnoreError();
+  server_.reset();
+  options_.max_reference_images = 0;  // the smallest receive limit needs no room for references
+  options_.max_request_bytes = 4 << 20;
+  start();
+  grpc::ClientContext context;
+  v1::GenerateImageResponse response;
+  const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
 }
 
 TEST_F(ServerTest, OverloadIsRejectedAtOnceAndCounted) {

@@ -19,6 +19,7 @@
 #include "google/rpc/status.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "model/image_encode.h"
 
 extern char** environ;
 
@@ -147,6 +148,45 @@ std::vector<std::string> bad_request_fields(const grpc::Status& status) {
       fields.push_back(violation.field());
   }
   return fields;
+}
+
+std::vector<uint8_t> gradient_pixels(int64_t width, int64_t height) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(width * height * 3));
+  for (int64_t y = 0; y < height; ++y) {
+    for (int64_t x = 0; x < width; ++x) {
+      for (int64_t c = 0; c < 3; ++c) {
+        rgb[(y * width + x) * 3 + c] = static_cast<uint8_t>((x * 5 + y * 11 + c * 70) & 0xff);
+      }
+    }
+  }
+  return rgb;
+}
+
+namespace {
+
+std::string bytes_or_fail(const absl::StatusOr<std::vector<uint8_t>>& bytes) {
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return bytes.ok() ? std::string(bytes->begin(), bytes->end()) : std::string();
+}
+
+}  // namespace
+
+std::string gradient_png(int64_t width, int64_t height) {
+  return bytes_or_fail(encode_png(gradient_pixels(width, height), width, height));
+}
+
+std::string gradient_jpeg(int64_t width, int64_t height) {
+  return bytes_or_fail(encode_jpeg(gradient_pixels(width, height), width, height, 90));
+}
+
+std::string noise_png(int64_t width, int64_t height) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(width * height * 3));
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (uint8_t& value : rgb) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;  // PCG's LCG step
+    value = static_cast<uint8_t>(state >> 56);
+  }
+  return bytes_or_fail(encode_png(rgb, width, height));
 }
 
 flux2::v1::GenerateImageRequest small_request(uint64_t seed, int steps) {

@@ -1,6 +1,7 @@
 // Helpers shared by the server tests: a minimal HTTP GET for /metrics, a Prometheus text parser,
-// gRPC client helpers (health check, BadRequest field extraction) and a handle on a spawned
-// flux2_server process (start, read its ports, signal, wait for its exit).
+// gRPC client helpers (health check, BadRequest field extraction), reference images (PNG / JPEG
+// bytes built with model/image_encode.h) and a handle on a spawned flux2_server process (start,
+// read its ports, signal, wait for its exit).
 #pragma once
 
 #include <sys/types.h>
@@ -54,6 +55,16 @@ bool wait_for_health(const std::shared_ptr<grpc::Channel>& channel, const std::s
 std::vector<std::string> bad_request_fields(const grpc::Status& status);
 // A small valid request (64 x 48, fixed seed) for the tiny or the fake model.
 flux2::v1::GenerateImageRequest small_request(uint64_t seed, int steps = 2);
+
+// ---- reference images ---------------------------------------------------------------------------
+// width x height x 3 bytes: pixel (x, y) channel c = (x * 5 + y * 11 + c * 70) mod 256, so no two
+// neighbours are alike and a crop shows in the pixels.
+std::vector<uint8_t> gradient_pixels(int64_t width, int64_t height);
+// gradient_pixels encoded as PNG / JPEG (quality 90) bytes; fails the current test on error.
+std::string gradient_png(int64_t width, int64_t height);
+std::string gradient_jpeg(int64_t width, int64_t height);
+// Incompressible pixels (a fixed pseudo-random sequence) as PNG: about width x height x 3 bytes.
+std::string noise_png(int64_t width, int64_t height);
 
 // A GenerateImage call running on its own thread.
 class UnaryCall {
