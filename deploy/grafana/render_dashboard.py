@@ -70,8 +70,10 @@ def panels() -> list:
             [target(quantile(q, "flux2_request_duration_seconds", "le", gen), f"p{int(q * 100)}", ref)
              for q, ref in ((0.5, "A"), (0.95, "B"), (0.99, "C"))]),
         timeseries(
-            "Throughput: images/s", "Images returned per second.", "ops",
-            [target(f"sum(rate(flux2_images_generated_total{{{SEL}}}{RATE}))", "images/s", "A")]),
+            "Throughput: images/s", "Images returned per second, and the reference images of the editing "
+            "requests that returned them.", "ops",
+            [target(f"sum(rate(flux2_images_generated_total{{{SEL}}}{RATE}))", "images/s", "A"),
+             target(f"sum(rate(flux2_reference_images_total{{{SEL}}}{RATE}))", "reference images/s", "B")]),
         timeseries(
             "Throughput: megapixels/s", "Width x height of every returned image, in megapixels per second.",
             "none",
@@ -93,7 +95,7 @@ def panels() -> list:
              for q, ref in ((0.5, "A"), (0.95, "B"), (0.99, "C"))]),
         timeseries(
             "Stage breakdown (mean seconds per request)", "Mean time per request in each stage: "
-            "tokenize, text_encode, denoise, decode, encode.", "s",
+            "tokenize, text_encode, reference_encode (editing requests only), denoise, decode, encode.", "s",
             [target(f"sum by (stage) (rate(flux2_stage_duration_seconds_sum{{{SEL}}}{RATE}))"
                     f" / sum by (stage) (rate(flux2_stage_duration_seconds_count{{{SEL}}}{RATE}))",
                     "{{stage}}", "A")], stack=True),
