@@ -56,9 +56,9 @@ absl::Status Backend::normed_qk(const Tensor& q, const Tensor& k, const QkNormRo
                                 int64_t head_dim) {
   const int64_t rows = q.rows();
   if (norm.split < 0 || norm.split > rows || k.rows() != rows || norm.cos.rows() != rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("normed_qk: split ", norm.split, " outside [0, ", rows,
-                     "] or q, k and the RoPE tables differ in rows"));
+    return absl::InvalidArgumentError(absl::StrCat("normed_qk: split ", norm.split, " outside [0, ",
+                                                   rows,
+                                                   "] or q, k and the RoPE tables differ in rows"));
   }
   for (int part = 0; part < 2; ++part) {
     const int64_t first = part == 0 ? 0 : norm.split,

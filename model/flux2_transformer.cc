@@ -197,9 +197,8 @@ Tensor rows_of(const Tensor& t, const Segment& segment) {
 
 // Rows [begin, end) split where their modulation changes: in klein-KV's extract forward the
 // reference rows (from L + N on) use the timestep-0 modulation; otherwise one segment.
-std::vector<Segment> modulation_segments(const Tensor& mod, const Tensor& ref_mod,
-                                                bool extract, int64_t references_from,
-                                                int64_t begin, int64_t end) {
+std::vector<Segment> modulation_segments(const Tensor& mod, const Tensor& ref_mod, bool extract,
+                                         int64_t references_from, int64_t begin, int64_t end) {
   if (!extract) return {Segment{begin, end - begin, &mod}};
   const int64_t split = std::clamp(references_from, begin, end);
   std::vector<Segment> segments;
@@ -230,7 +229,7 @@ absl::Status Flux2Transformer::attend(const Pass& p, const QkNormRope& norm, con
     FLUX_RETURN_IF_ERROR(be.copy(ref_v, cache.values[layer]));  // [R, D]
     FLUX_RETURN_IF_ERROR(
         be.attention(q.row_slice(0, joint), k, v, params, out.row_slice(0, joint)));  // [L+N, D]
-    return be.attention(ref_q, ref_k, ref_v, params, out.row_slice(joint, p.r));     // [R, D]
+    return be.attention(ref_q, ref_k, ref_v, params, out.row_slice(joint, p.r));      // [R, D]
   }
   // Cached: the R reference rows go after the stream's keys, in the workspace rows past S (it
   // was sized for L + N + R), so one attention sees [text; image; references].
@@ -275,20 +274,16 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
   // writes the FP8 GEMM's input rows directly.
   for (const Segment& g : img_segments) {
     FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(
-        rows_of(x, g), img_mod(*g.mod, 0), img_mod(*g.mod, 1), eps, rows_of(p.normed, g),
-        w.img_qkv, rows_of(qkv, g)));  // [N (+R), 3D]
+        rows_of(x, g), img_mod(*g.mod, 0), img_mod(*g.mod, 1), eps, rows_of(p.normed, g), w.img_qkv,
+        rows_of(qkv, g)));  // [N (+R), 3D]
   }
   FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(txt_rows(x), txt_mod(0), txt_mod(1), eps,
                                                      txt_rows(p.normed), w.txt_qkv,
                                                      txt_rows(qkv)));  // [L, 3D]
   // QK-norm (text rows, then image rows, each stream with its weights) and RoPE, then attention.
-  const QkNormRope norm{{w.txt_norm_q, w.img_norm_q},
-                        {w.txt_norm_k, w.img_norm_k},
-                        l,
-                        eps,
-                        p.rope_cos,
-                        p.rope_sin,
-                        RopeStyle::kInterleaved};
+  const QkNormRope norm{
+      {w.txt_norm_q, w.img_norm_q}, {w.txt_norm_k, w.img_norm_k}, l, eps, p.rope_cos, p.rope_sin,
+      RopeStyle::kInterleaved};
   FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn, layer));                       // [S, D]
   FLUX_RETURN_IF_ERROR(be.linear(img_rows(attn), w.img_out, {}, img_rows(p.proj)));  // [N, D]
   FLUX_RETURN_IF_ERROR(be.linear(txt_rows(attn), w.txt_out, {}, txt_rows(p.proj)));  // [L, D]
@@ -338,12 +333,12 @@ absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, co
   const Tensor mlp_gate = p.wide.col_slice(3 * d, f), mlp_up = p.wide.col_slice(3 * d + f, f);
 
   for (const Segment& g : segments) {
-    FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(rows_of(x, g), shift(*g.mod),
-                                                       scale(*g.mod), eps, rows_of(p.normed, g),
-                                                       w.qkv_mlp, rows_of(p.wide, g)));  // [S, 3D + 2F]
+    FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(rows_of(x, g), shift(*g.mod), scale(*g.mod),
+                                                       eps, rows_of(p.normed, g), w.qkv_mlp,
+                                                       rows_of(p.wide, g)));  // [S, 3D + 2F]
   }
-  const QkNormRope norm{{w.norm_q, {}}, {w.norm_k, {}}, q.rows(),           eps,
-                        p.rope_cos,     p.rope_sin,     RopeStyle::kInterleaved};
+  const QkNormRope norm{{w.norm_q, {}}, {w.norm_k, {}},         q.rows(), eps, p.rope_cos,
+                        p.rope_sin,     RopeStyle::kInterleaved};
   FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, p.attn_mlp.col_slice(0, d), layer));  // [S, D]
   // to_out reads [attn | swiglu(mlp)]: the SwiGLU lands next to the attention output; then the
   // gated residual.

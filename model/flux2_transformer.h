@@ -52,14 +52,14 @@ struct Flux2References {
 
 // Everything the steps of one request share.
 struct Flux2Conditioning {
-  int64_t text_len = 0;       // L
-  int64_t image_len = 0;      // N: the generated image's tokens (the velocity's rows)
-  int64_t reference_len = 0;  // R: reference tokens (0: text-to-image)
-  Tensor txt;                 // [L, D]      context_embedder(prompt_embeds), step independent
-  Tensor rope_cos;            // [L + N + R, Dh] text rows, then image rows, then references
-  Tensor rope_sin;            // [L + N + R, Dh]
-  Tensor modulation;          // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
-  Tensor reference_modulation;      // [1, 17D] klein-KV: the timestep-0 modulation of references
+  int64_t text_len = 0;         // L
+  int64_t image_len = 0;        // N: the generated image's tokens (the velocity's rows)
+  int64_t reference_len = 0;    // R: reference tokens (0: text-to-image)
+  Tensor txt;                   // [L, D]      context_embedder(prompt_embeds), step independent
+  Tensor rope_cos;              // [L + N + R, Dh] text rows, then image rows, then references
+  Tensor rope_sin;              // [L + N + R, Dh]
+  Tensor modulation;            // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
+  Tensor reference_modulation;  // [1, 17D] klein-KV: the timestep-0 modulation of references
   std::shared_ptr<Flux2KvCache> kv;  // klein-KV only
   std::shared_ptr<Flux2Workspace> workspace;
 };
@@ -105,10 +105,8 @@ class Flux2Transformer {
       : backend_(backend), config_(std::move(config)) {}
 
   struct Pass;  // one forward's row layout and modulations (flux2_transformer.cc)
-  absl::Status double_block(const Flux2DoubleBlockWeights& w, const Pass& pass,
-                            size_t layer) const;
-  absl::Status single_block(const Flux2SingleBlockWeights& w, const Pass& pass,
-                            size_t layer) const;
+  absl::Status double_block(const Flux2DoubleBlockWeights& w, const Pass& pass, size_t layer) const;
+  absl::Status single_block(const Flux2SingleBlockWeights& w, const Pass& pass, size_t layer) const;
   // The attention of one block: q, k, v [S, D] views of the pass's fused projections; QK-norm
   // and RoPE, then joint attention (with klein-KV's reference rules) into out [S, D].
   absl::Status attend(const Pass& pass, const QkNormRope& norm, const Tensor& q, const Tensor& k,

@@ -49,8 +49,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
         "\" is not served; only Flux2KleinPipeline and Flux2KleinKVPipeline (FLUX.2-klein) "
         "checkpoints are"));
   }
-  const bool kv_cache =
-      options.kv_cache.value_or(index.class_name == "Flux2KleinKVPipeline");
+  const bool kv_cache = options.kv_cache.value_or(index.class_name == "Flux2KleinKVPipeline");
   const bool is_distilled = options.is_distilled.value_or(index.is_distilled || kv_cache);
   if (kv_cache && !is_distilled) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -211,10 +210,10 @@ absl::StatusOr<std::vector<int64_t>> Pipeline::encode_references(
 ImageSize output_size(const GenerateParams& params) {
   constexpr int64_t kDefaultSide = 1024;  // diffusers: default_sample_size 128 x vae_scale_factor 8
   ImageSize size{params.width, params.height};
-  if (size.width == 0) size.width = params.references.empty() ? kDefaultSide
-                                                                : params.references[0].width;
-  if (size.height == 0) size.height = params.references.empty() ? kDefaultSide
-                                                                  : params.references[0].height;
+  if (size.width == 0)
+    size.width = params.references.empty() ? kDefaultSide : params.references[0].width;
+  if (size.height == 0)
+    size.height = params.references.empty() ? kDefaultSide : params.references[0].height;
   return size;
 }
 
@@ -226,10 +225,10 @@ absl::Status Pipeline::validate_references(const GenerateParams& params) const {
     FLUX_ASSIGN_OR_RETURN(RgbImage prepared,
                           prepare_reference(reference, info_.pixel_multiple, field));
     if (prepared.width != reference.width || prepared.height != reference.height) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": ", reference.width, "x", reference.height,
-          " is not prepared (prepare_reference: sides multiples of ", info_.pixel_multiple,
-          ", at most ", kReferenceMaxArea, " pixels)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", reference.width, "x", reference.height,
+                       " is not prepared (prepare_reference: sides multiples of ",
+                       info_.pixel_multiple, ", at most ", kReferenceMaxArea, " pixels)"));
     }
   }
   return absl::OkStatus();
@@ -288,8 +287,8 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   const int64_t n = h * w, channels = flux.in_channels;
   int64_t reference_tokens = 0;  // R: every reference's tokens, in order
   for (const RgbImage& reference : params.references) {
-    reference_tokens += (reference.height / info_.pixel_multiple) *
-                        (reference.width / info_.pixel_multiple);
+    reference_tokens +=
+        (reference.height / info_.pixel_multiple) * (reference.width / info_.pixel_multiple);
   }
 
   GeneratedImage image;
@@ -338,9 +337,9 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
     start = Clock::now();
     references.emplace();
     references->kv_cache = info_.uses_kv_cache;
-    FLUX_ASSIGN_OR_RETURN(references->ids,
-                          encode_references(params.references,
-                                            model_input.row_slice(n, reference_tokens)));
+    FLUX_ASSIGN_OR_RETURN(
+        references->ids,
+        encode_references(params.references, model_input.row_slice(n, reference_tokens)));
     FLUX_RETURN_IF_ERROR(be.synchronize());
     timings.reference_encode = seconds_since(start);
     if (hooks.on_references) {

@@ -38,7 +38,7 @@ struct PipelineInfo {
   // klein-KV (Flux2KleinKVPipeline): step 0 caches the reference tokens' K/V of every layer and
   // later steps attend to the cache instead of running the references again.
   bool uses_kv_cache = false;
-  int64_t default_steps = 4;   // distilled 4, base 50
+  int64_t default_steps = 4;  // distilled 4, base 50
   double default_guidance = 4.0;
   int64_t max_sequence_length = 512;
   int64_t pixel_multiple = 16;  // width and height must be multiples of this
@@ -110,9 +110,9 @@ struct StageTimings {
   double tokenize = 0.0;
   double text_encode = 0.0;
   double reference_encode = 0.0;  // VAE-encoding the reference images (0 without references)
-  double denoise = 0.0;       // all steps
-  std::vector<double> steps;  // each step (transformer forward(s) + Euler update)
-  double decode = 0.0;        // VAE decode + post-processing to uint8
+  double denoise = 0.0;           // all steps
+  std::vector<double> steps;      // each step (transformer forward(s) + Euler update)
+  double decode = 0.0;            // VAE decode + post-processing to uint8
 };
 
 struct GeneratedImage {
@@ -125,9 +125,9 @@ struct GeneratedImage {
 
 struct GenerateHooks {
   // Checked at every stage boundary: before the text encoder, before the reference encode, before
-  // each step and before the VAE decode; returning a non-OK status (Cancelled, DeadlineExceeded) stops the generation with that
-  // status. Each call runs under the request options of the stage that follows (the text
-  // encoder's are lossless whatever the request's quality).
+  // each step and before the VAE decode; returning a non-OK status (Cancelled, DeadlineExceeded)
+  // stops the generation with that status. Each call runs under the request options of the stage
+  // that follows (the text encoder's are lossless whatever the request's quality).
   std::function<absl::Status()> check_continue;
   // Called after each step with its index (0-based), the step count and its wall time.
   std::function<void(int64_t step, int64_t steps, double seconds)> on_step;

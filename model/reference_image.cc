@@ -120,7 +120,8 @@ absl::StatusOr<RgbImage> decode_png(absl::string_view bytes, absl::string_view f
   return image;
 }
 
-// ---- JPEG (libjpeg-turbo, PIL's decoder: islow IDCT, fancy upsampling) ---------------------------
+// ---- JPEG (libjpeg-turbo, PIL's decoder: islow IDCT, fancy upsampling)
+// ---------------------------
 
 struct JpegErrors {
   jpeg_error_mgr manager;
@@ -207,19 +208,19 @@ absl::StatusOr<RgbImage> prepare_reference(RgbImage image, int64_t multiple,
     return absl::InternalError(absl::StrCat(field, ": malformed RgbImage"));
   }
   if (width < kReferenceMinSide || height < kReferenceMinSide) {
-    return field_error(field, absl::StrCat(width, "x", height, " is under ", kReferenceMinSide,
-                                           " px a side"));
+    return field_error(
+        field, absl::StrCat(width, "x", height, " is under ", kReferenceMinSide, " px a side"));
   }
   const double aspect = std::max(static_cast<double>(width) / static_cast<double>(height),
                                  static_cast<double>(height) / static_cast<double>(width));
   if (aspect > kReferenceMaxAspect) {
-    return field_error(field, absl::StrFormat("aspect ratio %.1f exceeds %g", aspect,
-                                              kReferenceMaxAspect));
+    return field_error(
+        field, absl::StrFormat("aspect ratio %.1f exceeds %g", aspect, kReferenceMaxAspect));
   }
   if (width * height > kReferenceMaxArea) {
     // diffusers' _resize_to_target_area: int(side * sqrt(area / (w h))), PIL Lanczos.
-    const double scale = std::sqrt(static_cast<double>(kReferenceMaxArea) /
-                                   static_cast<double>(width * height));
+    const double scale =
+        std::sqrt(static_cast<double>(kReferenceMaxArea) / static_cast<double>(width * height));
     const int64_t new_width = static_cast<int64_t>(static_cast<double>(width) * scale);
     const int64_t new_height = static_cast<int64_t>(static_cast<double>(height) * scale);
     RgbImage resized{new_width, new_height,

@@ -81,10 +81,10 @@ absl::StatusOr<Tensor> BackendVaeDecoder::decode(const Tensor& latents) const {
     FLUX_ASSIGN_OR_RETURN(x, layers_.conv(w.post_quant_conv, x));  // [h, w, Cl]
   }
   FLUX_ASSIGN_OR_RETURN(x, layers_.conv(w.conv_in, x));  // [h, w, C_top]
-  FLUX_ASSIGN_OR_RETURN(x, layers_.mid_block(w.mid_resnets,
-                                             config_.mid_block_add_attention ? &w.mid_attention
-                                                                             : nullptr,
-                                             x));  // [h, w, C_top]
+  FLUX_ASSIGN_OR_RETURN(
+      x,
+      layers_.mid_block(w.mid_resnets, config_.mid_block_add_attention ? &w.mid_attention : nullptr,
+                        x));  // [h, w, C_top]
   for (const VaeUpBlockWeights& block : w.up_blocks) {
     for (const VaeResnetWeights& layer : block.resnets) {
       FLUX_ASSIGN_OR_RETURN(x, layers_.resnet(layer, x));  // [h_i, w_i, C_i]

@@ -22,7 +22,7 @@ struct VaeConfig {
   // order; the decoder reverses them.
   std::vector<int64_t> block_out_channels = {128, 256, 512, 512};
   std::vector<int64_t> encoder_block_out_channels = {128, 256, 512, 512};  // block_out_channels
-  int64_t in_channels = 3;     // image channels the encoder reads
+  int64_t in_channels = 3;       // image channels the encoder reads
   int64_t layers_per_block = 2;  // decoder up blocks have layers_per_block + 1 resnets
   int64_t latent_channels = 32;
   int64_t norm_num_groups = 32;
@@ -30,7 +30,7 @@ struct VaeConfig {
   double batch_norm_eps = 1e-4;  // latent BatchNorm statistics epsilon
   bool mid_block_add_attention = true;
   bool use_post_quant_conv = true;
-  bool use_quant_conv = true;  // the encoder's 1x1 convolution over mean | logvar
+  bool use_quant_conv = true;    // the encoder's 1x1 convolution over mean | logvar
   int64_t scale_factor() const;  // 2^(len(block_out_channels) - 1): 8 for the real VAE
 
   static absl::StatusOr<VaeConfig> from_json(const nlohmann::json& json, const std::string& source);

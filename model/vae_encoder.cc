@@ -37,9 +37,8 @@ absl::StatusOr<std::unique_ptr<VaeEncoder>> VaeEncoder::create_random(Backend& b
 
 absl::StatusOr<Tensor> VaeEncoder::encode(const Tensor& image) const {
   const int64_t multiple = config_.scale_factor();
-  if (image.rank() != 3 || image.dim(0) <= 0 || image.dim(1) <= 0 ||
-      image.dim(0) % multiple != 0 || image.dim(1) % multiple != 0 ||
-      image.dim(2) != config_.in_channels) {
+  if (image.rank() != 3 || image.dim(0) <= 0 || image.dim(1) <= 0 || image.dim(0) % multiple != 0 ||
+      image.dim(1) % multiple != 0 || image.dim(2) != config_.in_channels) {
     return absl::InvalidArgumentError(absl::StrCat("VAE encode: image ", image.describe(),
                                                    " is not [H, W, ", config_.in_channels,
                                                    "] with sides multiples of ", multiple));
@@ -54,12 +53,12 @@ absl::StatusOr<Tensor> VaeEncoder::encode(const Tensor& image) const {
       FLUX_ASSIGN_OR_RETURN(x, layers_.downsample(block.downsampler, x));  // [H_i / 2, W_i / 2]
     }
   }
-  FLUX_ASSIGN_OR_RETURN(x, layers_.mid_block(w.mid_resnets,
-                                             config_.mid_block_add_attention ? &w.mid_attention
-                                                                             : nullptr,
-                                             x));                           // [h, w, C_top]
+  FLUX_ASSIGN_OR_RETURN(
+      x,
+      layers_.mid_block(w.mid_resnets, config_.mid_block_add_attention ? &w.mid_attention : nullptr,
+                        x));                                                        // [h, w, C_top]
   FLUX_ASSIGN_OR_RETURN(x, layers_.group_norm(w.conv_norm_out, x, /*silu=*/true));  // [h, w, C_top]
-  FLUX_ASSIGN_OR_RETURN(x, layers_.conv(w.conv_out, x));  // [h, w, 2 Cl]
+  FLUX_ASSIGN_OR_RETURN(x, layers_.conv(w.conv_out, x));                            // [h, w, 2 Cl]
   if (config_.use_quant_conv) {
     FLUX_ASSIGN_OR_RETURN(x, layers_.conv(w.quant_conv, x));  // [h, w, 2 Cl]
   }

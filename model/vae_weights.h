@@ -60,7 +60,7 @@ struct VaeWeights {
   std::vector<WeightSpec> table(const VaeConfig& config);
 };
 
-struct VaeDownBlockWeights {             // encoder.down_blocks.{i} (DownEncoderBlock2D)
+struct VaeDownBlockWeights {              // encoder.down_blocks.{i} (DownEncoderBlock2D)
   std::vector<VaeResnetWeights> resnets;  // layers_per_block
   bool has_downsampler = false;           // every down block but the last
   VaeConvWeights downsampler;             // downsamplers.0.conv: 3x3, stride 2, padding (0,1,0,1)

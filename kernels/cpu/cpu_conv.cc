@@ -84,8 +84,8 @@ absl::Status CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& 
                                 const Tensor& out) {
   FLUX_RETURN_IF_ERROR(check_conv("conv2d", x, w, bias, out));
   if (out.dim(0) != x.dim(0) || out.dim(1) != x.dim(1)) {
-    return op_error("conv2d", absl::StrCat("out ", out.describe(), " is not the size of x ",
-                                           x.describe()));
+    return op_error("conv2d",
+                    absl::StrCat("out ", out.describe(), " is not the size of x ", x.describe()));
   }
   conv2d_im2col(x, w, bias, out, /*stride=*/1, /*pad=*/w.dim(1) / 2);
   return absl::OkStatus();

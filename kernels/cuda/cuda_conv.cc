@@ -97,14 +97,14 @@ absl::Status CudaBackend::conv2d_downsample(const Tensor& x, const Tensor& w, co
       w.dim(1) != 3 || w.dim(2) != 3 || w.dim(3) != x.dim(2) || x.dim(0) % 2 || x.dim(1) % 2 ||
       out.dim(0) != x.dim(0) / 2 || out.dim(1) != x.dim(1) / 2 || out.dim(2) != w.dim(0) ||
       bias.numel() != w.dim(0)) {
-    return op_error(kOp, absl::StrCat("shapes do not match: x ", x.describe(), ", w ",
-                                      w.describe(), ", out ", out.describe()));
+    return op_error(kOp, absl::StrCat("shapes do not match: x ", x.describe(), ", w ", w.describe(),
+                                      ", out ", out.describe()));
   }
   // F.pad(x, (0, 1, 0, 1)) as PyTorch does it, then the unpadded stride-2 convolution.
   const int64_t height = x.dim(0), width = x.dim(1), c = x.dim(2);
   FLUX_ASSIGN_OR_RETURN(Tensor padded, scratch({height + 1, width + 1, c}));
-  FLUX_RETURN_IF_ERROR(cuda::pad_bottom_right_bf16(x.data(), height, width, c, padded.data(),
-                                                   stream()));
+  FLUX_RETURN_IF_ERROR(
+      cuda::pad_bottom_right_bf16(x.data(), height, width, c, padded.data(), stream()));
   return conv_->run(padded.data(), height + 1, width + 1, c, w.data(), w.dim(0), 3, bias.data(),
                     out.data(), /*stride=*/2);
 }

@@ -192,8 +192,8 @@ absl::Status CudaBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_m
                                   out.data(), stream());
 }
 
-absl::Status CudaBackend::latent_pack(const Tensor& x, const Tensor& bn_mean,
-                                      const Tensor& bn_var, float eps, const Tensor& tokens) {
+absl::Status CudaBackend::latent_pack(const Tensor& x, const Tensor& bn_mean, const Tensor& bn_var,
+                                      float eps, const Tensor& tokens) {
   OpProfileScope profile(*this, "other");
   FLUX_RETURN_IF_ERROR(check_bf16("latent_pack", "x", x));
   FLUX_RETURN_IF_ERROR(check_bf16("latent_pack", "tokens", tokens));

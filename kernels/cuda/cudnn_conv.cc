@@ -72,8 +72,8 @@ absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
       cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_BFLOAT16, CUDNN_TENSOR_NHWC, oc, ic, ks, ks),
       "w"));
   FLUX_RETURN_IF_ERROR(
-      check(cudnnSetConvolution2dDescriptor(p->conv, pad, pad, st, st, 1, 1, CUDNN_CROSS_CORRELATION,
-                                            CUDNN_DATA_FLOAT),
+      check(cudnnSetConvolution2dDescriptor(p->conv, pad, pad, st, st, 1, 1,
+                                            CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
             "conv"));
   FLUX_RETURN_IF_ERROR(
       check(cudnnSetConvolutionMathType(p->conv, CUDNN_TENSOR_OP_MATH), "math type"));
@@ -110,8 +110,8 @@ absl::StatusOr<CudnnConv::Plan*> CudnnConv::plan(const Key& key) {
 }
 
 absl::Status CudnnConv::run(const void* x, int64_t height, int64_t width, int64_t cin,
-                            const void* w, int64_t cout, int64_t ksize, const void* bias,
-                            void* out, int64_t stride) {
+                            const void* w, int64_t cout, int64_t ksize, const void* bias, void* out,
+                            int64_t stride) {
   FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize, stride}));
   cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
   const float one = 1.0f, zero = 0.0f;

@@ -1,7 +1,7 @@
-// NHWC bf16 convolution (stride 1 with "same" padding, or stride 2 unpadded) through cuDNN's legacy convolution API
-// (kernels.md §5.3): tensor-op math, algorithm chosen once per shape, bias added by cuDNN — as a
-// separate pass (PyTorch's two roundings) or fused into the convolution's epilogue (one rounding).
-// Tested against the CPU backend by tests/cuda/op_cases.cc (gpu_op_test).
+// NHWC bf16 convolution (stride 1 with "same" padding, or stride 2 unpadded) through cuDNN's legacy
+// convolution API (kernels.md §5.3): tensor-op math, algorithm chosen once per shape, bias added by
+// cuDNN — as a separate pass (PyTorch's two roundings) or fused into the convolution's epilogue
+// (one rounding). Tested against the CPU backend by tests/cuda/op_cases.cc (gpu_op_test).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,7 +1,8 @@
 // `flux2 check-golden`: runs every case of a reference-vector directory in the ../shared/golden
 // format and prints one PASS/FAIL line per check, then "N passed, M failed". Each part
 // (tokenizer, text_encoder, transformer, vae, vae_encode, scheduler, randn, pipeline with edit and
-// edit_kv) is one function in its own golden_<part>.cc. Tested by tests/golden/ (ctest label "golden").
+// edit_kv) is one function in its own golden_<part>.cc. Tested by tests/golden/ (ctest label
+// "golden").
 #pragma once
 
 #include <functional>

@@ -106,9 +106,10 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
   FLUX_RETURN_IF_ERROR(hook_status);
   if (image.width != item.at("width").get<int64_t>() ||
       image.height != item.at("height").get<int64_t>()) {
-    report.fail(kFile, name, absl::StrCat("generated ", image.width, "x", image.height, ", expected ",
-                                          item.at("width").get<int64_t>(), "x",
-                                          item.at("height").get<int64_t>()));
+    report.fail(
+        kFile, name,
+        absl::StrCat("generated ", image.width, "x", image.height, ", expected ",
+                     item.at("width").get<int64_t>(), "x", item.at("height").get<int64_t>()));
     return absl::OkStatus();
   }
   params.width = image.width;
@@ -174,8 +175,7 @@ void check_generations(const GoldenContext& context, const GenerationPart& part,
   for (size_t k = 0; k < cases->size(); ++k) {
     const std::string name = absl::StrCat("case", k);
     try {
-      if (absl::Status s = run_case(context, part, (*cases)[k], **vectors, name, report);
-          !s.ok()) {
+      if (absl::Status s = run_case(context, part, (*cases)[k], **vectors, name, report); !s.ok()) {
         report.fail(part.vectors, name, s.message());
       }
     } catch (const nlohmann::json::exception& error) {

@@ -43,9 +43,9 @@ absl::Status run_case(const GoldenContext& context, const VaeEncoder& encoder,
   FLUX_ASSIGN_OR_RETURN(RgbImage reference, load_reference(bytes, kPixelMultiple, path));
   const int64_t height = reference.height, width = reference.width;
   if (height != item.at("height").get<int64_t>() || width != item.at("width").get<int64_t>()) {
-    report.fail(kFile, name, absl::StrFormat("prepared %dx%d, expected %dx%d", height, width,
-                                             item.at("height").get<int64_t>(),
-                                             item.at("width").get<int64_t>()));
+    report.fail(kFile, name,
+                absl::StrFormat("prepared %dx%d, expected %dx%d", height, width,
+                                item.at("height").get<int64_t>(), item.at("width").get<int64_t>()));
     return absl::OkStatus();
   }
   // The preprocessing is exact in float32: the same 8-bit values, the same two float32 ops.

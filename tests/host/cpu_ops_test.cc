@@ -167,6 +167,36 @@ TEST_F(CpuOpsTest, Conv2dMatchesDirectLoop) {
   }
 }
 
+// Downsample2D: zero row and column appended at the bottom and right, 3x3, stride 2.
+TEST_F(CpuOpsTest, Conv2dDownsampleMatchesDirectLoop) {
+  const int64_t hgt = 6, wid = 8, cin = 5, cout = 3;
+  const auto x = random(hgt * wid * cin), w = random(cout * 9 * cin), b = random(cout);
+  Tensor out = be_.empty(DType::kF32, {hgt / 2, wid / 2, cout}).value();
+  ASSERT_TRUE(be_.conv2d_downsample(make(x, {hgt, wid, cin}), make(w, {cout, 3, 3, cin}),
+                                    make(b, {cout}), out)
+                  .ok());
+  std::vector<float> ref(static_cast<size_t>(hgt / 2 * wid / 2 * cout));
+  for (int64_t y = 0; y < hgt / 2; ++y)
+    for (int64_t xx = 0; xx < wid / 2; ++xx)
+      for (int64_t o = 0; o < cout; ++o) {
+        double acc = b[o];
+        for (int64_t ky = 0; ky < 3; ++ky)
+          for (int64_t kx = 0; kx < 3; ++kx) {
+            const int64_t sy = 2 * y + ky, sx = 2 * xx + kx;  // padding (0, 1, 0, 1)
+            if (sy >= hgt || sx >= wid) continue;
+            for (int64_t i = 0; i < cin; ++i)
+              acc += double(x[(sy * wid + sx) * cin + i]) * w[((o * 3 + ky) * 3 + kx) * cin + i];
+          }
+        ref[(y * wid / 2 + xx) * cout + o] = static_cast<float>(acc);
+      }
+  EXPECT_LE(relative_l2_error(get(out), ref), kTolerance);
+  // Odd sides and a wrong output size are refused.
+  Tensor odd = be_.empty(DType::kF32, {2, 4, cout}).value();
+  EXPECT_FALSE(be_.conv2d_downsample(make(random(5 * 8 * cin), {5, 8, cin}),
+                                     make(w, {cout, 3, 3, cin}), make(b, {cout}), odd)
+                   .ok());
+}
+
 TEST_F(CpuOpsTest, LayerNormModulate) {
   const int64_t m = 5, d = 48;
   const auto x = random(m * d, 3.0f), shift = random(d), scale = random(d);
@@ -348,6 +378,30 @@ TEST_F(CpuOpsTest, LatentUnpackIsBatchNormThenUnpatchify) {
             tokens[token * 4 * c + packed] * std::sqrt(var[packed] + 1e-4) + mean[packed];
         EXPECT_NEAR(got[(y * 2 * w + x) * c + ch], expected, 1e-6) << y << "," << x << "," << ch;
       }
+}
+
+// latent_pack reads the first C channels of [mean | logvar] and inverts latent_unpack.
+TEST_F(CpuOpsTest, LatentPackInvertsUnpack) {
+  const int64_t h = 2, w = 3, c = 2;
+  const auto tokens = random(h * w * 4 * c);
+  const auto mean = random(4 * c);
+  std::vector<float> var(4 * c);
+  for (int64_t i = 0; i < 4 * c; ++i) var[i] = 0.5f + 0.1f * i;
+  Tensor unpacked = be_.empty(DType::kF32, {2 * h, 2 * w, c}).value();
+  ASSERT_TRUE(be_.latent_unpack(make(tokens, {h * w, 4 * c}), make(mean, {4 * c}),
+                                make(var, {4 * c}), 1e-4f, unpacked)
+                  .ok());
+  // Moments [2h, 2w, 2C]: the unpacked mean, then junk log-variances the pack must ignore.
+  const auto means = get(unpacked);
+  std::vector<float> moments(static_cast<size_t>(4 * h * w * 2 * c), 99.0f);
+  for (int64_t p = 0; p < 4 * h * w; ++p)
+    for (int64_t ch = 0; ch < c; ++ch) moments[p * 2 * c + ch] = means[p * c + ch];
+  Tensor packed = be_.empty(DType::kF32, {h * w, 4 * c}).value();
+  ASSERT_TRUE(be_.latent_pack(make(moments, {2 * h, 2 * w, 2 * c}), make(mean, {4 * c}),
+                              make(var, {4 * c}), 1e-4f, packed)
+                  .ok());
+  const auto got = get(packed);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], tokens[i], 1e-5) << i;
 }
 
 TEST_F(CpuOpsTest, ElementwiseOps) {

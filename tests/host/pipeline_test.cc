@@ -80,8 +80,13 @@ TEST_F(PipelineTest, ValidationNamesTheField) {
   p.width = 50;
   EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("width"));
   p = small(1);
-  p.height = 0;
+  p.height = -16;
   EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("height"));
+  // A reference that is not prepared (a side not a multiple of 16) is named.
+  p = small(1);
+  p.references.push_back(RgbImage{72, 64, std::vector<uint8_t>(72 * 64 * 3, 9)});
+  EXPECT_THAT(std::string(pipeline->validate(p).message()),
+              HasSubstr("reference_images[0]: 72x64 is not prepared"));
   p = small(1);
   p.num_inference_steps = 1000;
   EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("num_inference_steps"));
@@ -95,6 +100,20 @@ TEST_F(PipelineTest, ValidationNamesTheField) {
   p.quality = Quality::kHigh;
   EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("quality"));
   EXPECT_TRUE(pipeline->validate(small(1)).ok());
+}
+
+// 0 x 0 means the first reference's size, else 1024 x 1024 (diffusers' defaults).
+TEST(OutputSizeTest, DefaultsToTheFirstReference) {
+  GenerateParams p;
+  EXPECT_EQ(output_size(p).width, 1024);
+  EXPECT_EQ(output_size(p).height, 1024);
+  p.references.push_back(RgbImage{96, 64, {}});
+  p.references.push_back(RgbImage{128, 128, {}});
+  EXPECT_EQ(output_size(p).width, 96);
+  EXPECT_EQ(output_size(p).height, 64);
+  p.width = 48;
+  EXPECT_EQ(output_size(p).width, 48);
+  EXPECT_EQ(output_size(p).height, 64);
 }
 
 TEST_F(PipelineTest, SeedFixesTheImage) {
