@@ -20,9 +20,13 @@ namespace flux2 {
 using cuda::check_bf16;
 using cuda::CudaPath;
 
-bool CudaBackend::wants_fp8_attention(const AttentionParams& params) const {
+bool CudaBackend::wants_fp8_attention(const AttentionParams& params, int64_t query_rows,
+                                      int64_t key_rows) const {
+  // The FP8 kernel serves the transformer's joint self-attention (queries = keys). klein-KV's
+  // attention to cached reference keys (more keys than queries) runs bf16 cuDNN by design: not a
+  // fallback (kernels/README.md).
   return request().quality == Quality::kHigh && options_.fp8_attention &&
-         cuda::cudnn_attention_applies(params);  // the same scope: the transformer's attention
+         cuda::cudnn_attention_applies(params) && query_rows == key_rows;
 }
 
 absl::Status CudaBackend::attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -51,7 +55,9 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
       OpProfileScope profile(*this, "attention");
       return attention_by_gemms(q, k, v, params.scale, target);
     }
-    if (!wants_fp8_attention(params)) return attention_bf16(q, k, v, params, target);
+    if (!wants_fp8_attention(params, q.rows(), k.rows())) {
+      return attention_bf16(q, k, v, params, target);
+    }
     return run_path(
         CudaPath::kFlashAttentionFp8,
         cuda::flash_attention_fp8_unsupported(params, mat(q), mat(k), mat(v)),
@@ -76,7 +82,8 @@ absl::Status CudaBackend::normed_attention(const Tensor& q, const Tensor& k, con
            cuda::rows_aligned16(mat(t), 4);
   };
   const bool fusable =
-      wants_fp8_attention(params) && !cuda::fast_path(CudaPath::kFlashAttentionFp8).disabled() &&
+      wants_fp8_attention(params, q.rows(), k.rows()) &&
+      !cuda::fast_path(CudaPath::kFlashAttentionFp8).disabled() &&
       check_bf16("normed_attention", "q", q).ok() && check_bf16("normed_attention", "k", k).ok() &&
       check_bf16("normed_attention", "v", v).ok() &&
       check_bf16("normed_attention", "out", out).ok() &&

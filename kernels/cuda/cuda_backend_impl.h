@@ -183,7 +183,8 @@ class CudaBackend final : public Backend {
                                    const AttentionParams& params, const QkNormRope* norm,
                                    const cuda::Mat& out);
   // Whether a quality=high request's attention runs through our FP8 kernel (when it can).
-  bool wants_fp8_attention(const AttentionParams& params) const;
+  bool wants_fp8_attention(const AttentionParams& params, int64_t query_rows,
+                           int64_t key_rows) const;
   // Attention for one wide head (the VAE mid block, head_dim 512): Q·Kᵀ, row softmax, P·V.
   absl::Status attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                                   const cuda::Mat& out);

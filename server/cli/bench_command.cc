@@ -19,6 +19,7 @@
 #include "model/flux2_transformer.h"
 #include "model/image_encode.h"
 #include "model/pipeline_presets.h"
+#include "model/reference_image.h"
 #include "model/rope.h"
 #include "model/scheduler.h"
 #include "nlohmann/json.hpp"
@@ -39,6 +40,8 @@ struct BenchOptions {
   std::string quality = "lossless";
   int64_t height = 1024, width = 1024, text_len = 512;
   int64_t steps = 10, warmup = 3;
+  int64_t references = 0;  // --e2e: reference images at the output size (editing)
+  bool kv_cache = false;   // --e2e: run as klein-KV (references cached after step 0)
   RequestOptions request;  // what the timed work runs under (--quality, --no-fast-paths)
   bool json = false;
   OpProfiling profile = OpProfiling::kOff;  // also report device time per op category (or shape)
@@ -207,6 +210,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                                          const std::string& tokenizer_dir, int repeats) {
   FLUX_ASSIGN_OR_RETURN(RandomPipelineSpec spec, random_pipeline_spec(o.model, tokenizer_dir));
   spec.enable_quality_high = o.request.quality == Quality::kHigh;
+  spec.kv_cache = o.kv_cache;
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline, Pipeline::create_random(be, spec));
   GenerateParams params;
   params.prompt =
@@ -217,7 +221,18 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
   params.max_sequence_length = o.text_len;
   params.fast_paths = o.request.fast_paths;
   params.quality = o.request.quality;
-  std::vector<double> e2e, tokenize, text_encode, denoise, decode, encode, steps;
+  for (int64_t k = 0; k < o.references; ++k) {  // noise-like pixels: the encoder's cost is the same
+    RgbImage reference{o.width, o.height,
+                       std::vector<uint8_t>(static_cast<size_t>(o.width * o.height * 3))};
+    uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(k + 1);
+    for (uint8_t& value : reference.pixels) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      value = static_cast<uint8_t>(state >> 56);
+    }
+    params.references.push_back(std::move(reference));
+  }
+  std::vector<double> e2e, tokenize, text_encode, reference_encode, denoise, decode, encode, steps,
+      first_steps, later_steps;
   be.reset_peak_memory();
   const std::vector<FastPathCounters> before = fast_path_snapshot();
   for (int run = -1; run < repeats; ++run) {  // run -1 warms up
@@ -232,6 +247,10 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     encode.push_back(std::chrono::duration<double, std::milli>(end - encode_start).count());
     tokenize.push_back(1e3 * image.timings.tokenize);
     text_encode.push_back(1e3 * image.timings.text_encode);
+    reference_encode.push_back(1e3 * image.timings.reference_encode);
+    for (size_t i = 0; i < image.timings.steps.size(); ++i) {
+      (i == 0 ? first_steps : later_steps).push_back(1e3 * image.timings.steps[i]);
+    }
     denoise.push_back(1e3 * image.timings.denoise);
     decode.push_back(1e3 * image.timings.decode);
     for (double s : image.timings.steps) steps.push_back(1e3 * s);
@@ -259,6 +278,11 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"fast_path_fallbacks", fallbacks},
                         {"e2e", true},
                         {"request_steps", params.num_inference_steps},
+                        {"references", o.references},
+                        {"kv_cache", o.kv_cache},
+                        {"ms_reference_encode", median_of(reference_encode)},
+                        {"ms_first_step_median", median_of(first_steps)},
+                        {"ms_later_steps_median", median_of(later_steps)},
                         {"repeats", repeats},
                         {"ms_e2e_median", median_of(e2e)},
                         {"ms_tokenize", median_of(tokenize)},
@@ -281,12 +305,26 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
 int run_bench(int argc, char** argv, int first) {
   auto args = Args::parse(argc, argv, first,
                           {"--json", "--no-fast-paths", "--e2e", "--profile", "--profile-by-shape",
-                           "--attention-only"});
+                           "--attention-only", "--kv"});
   if (!args.ok()) return fail(args.status().message());
-  std::set<std::string> known = {
-      "--model",     "--height",  "--width",          "--text-len",        "--quality", "--steps",
-      "--warmup",    "--json",    "--backend",        "--no-fast-paths",   "--e2e",     "--profile",
-      "--tokenizer", "--repeats", "--attention-only", "--profile-by-shape"};
+  std::set<std::string> known = {"--model",
+                                 "--height",
+                                 "--width",
+                                 "--text-len",
+                                 "--quality",
+                                 "--steps",
+                                 "--warmup",
+                                 "--json",
+                                 "--backend",
+                                 "--no-fast-paths",
+                                 "--e2e",
+                                 "--profile",
+                                 "--tokenizer",
+                                 "--repeats",
+                                 "--attention-only",
+                                 "--profile-by-shape",
+                                 "--references",
+                                 "--kv"};
   known.insert(backend_flag_names().begin(), backend_flag_names().end());
   if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
   auto backend_options = parse_backend_flags(*args);
@@ -301,9 +339,9 @@ int run_bench(int argc, char** argv, int first) {
                                               : OpProfiling::kOff;
   auto height = args->get_int("--height", 1024), width = args->get_int("--width", 1024);
   auto text_len = args->get_int("--text-len", 512), steps = args->get_int("--steps", 10);
-  auto warmup = args->get_int("--warmup", 3);
-  for (const absl::Status& s :
-       {height.status(), width.status(), text_len.status(), steps.status(), warmup.status()}) {
+  auto warmup = args->get_int("--warmup", 3), references = args->get_int("--references", 0);
+  for (const absl::Status& s : {height.status(), width.status(), text_len.status(), steps.status(),
+                                warmup.status(), references.status()}) {
     if (!s.ok()) return fail(s.message());
   }
   o.height = *height;
@@ -311,6 +349,12 @@ int run_bench(int argc, char** argv, int first) {
   o.text_len = *text_len;
   o.steps = *steps;
   o.warmup = *warmup;
+  o.references = *references;
+  o.kv_cache = args->has("--kv");
+  if ((o.references != 0 || o.kv_cache) && !args->has("--e2e")) {
+    return fail("--references and --kv time whole requests: add --e2e");
+  }
+  if (o.references < 0 || o.references > 8) return fail("--references: expected 0..8");
   if (o.steps < 10) return fail("--steps: time at least 10 steps (performance.md)");
   if (o.quality != "lossless" && o.quality != "high") {
     return fail(absl::StrCat("--quality ", o.quality, ": expected lossless or high"));
@@ -333,14 +377,17 @@ int run_bench(int argc, char** argv, int first) {
   } else if (result->contains("e2e")) {
     const nlohmann::json& r = *result;
     std::printf(
-        "%s e2e %lldx%lld, %d steps: %.1f ms (tokenize %.2f, text encode %.1f, denoise %.1f, "
-        "decode %.1f, "
-        "encode %.1f), %.2f ms/step, peak %.2f GB\n",
+        "%s e2e %lldx%lld, %d steps, %lld references%s: %.1f ms (tokenize %.2f, text encode "
+        "%.1f, reference encode %.1f, denoise %.1f, decode %.1f, encode %.1f), %.2f ms/step "
+        "(first %.2f, later %.2f), peak %.2f GB\n",
         o.model.c_str(), static_cast<long long>(o.width), static_cast<long long>(o.height),
-        r["request_steps"].get<int>(), r["ms_e2e_median"].get<double>(),
+        r["request_steps"].get<int>(), static_cast<long long>(o.references),
+        o.kv_cache ? " (klein-KV)" : "", r["ms_e2e_median"].get<double>(),
         r["ms_tokenize"].get<double>(), r["ms_text_encode"].get<double>(),
-        r["ms_denoise"].get<double>(), r["ms_decode"].get<double>(), r["ms_encode"].get<double>(),
-        r["ms_per_step_median"].get<double>(), r["peak_device_bytes"].get<int64_t>() / 1e9);
+        r["ms_reference_encode"].get<double>(), r["ms_denoise"].get<double>(),
+        r["ms_decode"].get<double>(), r["ms_encode"].get<double>(),
+        r["ms_per_step_median"].get<double>(), r["ms_first_step_median"].get<double>(),
+        r["ms_later_steps_median"].get<double>(), r["peak_device_bytes"].get<int64_t>() / 1e9);
   } else {
     const nlohmann::json& r = *result;
     std::printf(

@@ -167,6 +167,18 @@ std::vector<OpCase> make_cases() {
     add(std::move(plain));
   }
 
+  // klein-KV's cached steps: the text and image rows attend to their own keys and the cached
+  // reference keys (more keys than queries); cuDNN's path must serve it.
+  add({"attention", "Sq=300,Sk=556,H=4,Dh=128",
+       [](OpEnv& e) {
+         Tensor q = e.input(300, 512), k = e.input(556, 512), v = e.input(556, 512);
+         Tensor out = e.output(300, 512);
+         return e.call(out, [&be = e.backend(), q, k, v, out] {
+           return be.attention(q, k, v, AttentionParams{4, 4, 128, 1.0f / std::sqrt(128.0f)}, out);
+         });
+       },
+       "cudnn_attention"});
+
   // FLUX.2's QK-norm + RoPE + attention as one op (at lossless: the ops in turn) on the double
   // block's joint rows: 40 text rows with the text weights, then image rows.
   add({"normed_attention", "S=296,split=40,H=2,Dh=128",
@@ -240,6 +252,15 @@ std::vector<OpCase> make_cases() {
                             out.reshape({12, 20, 64}));
          });
        }});
+  // The VAE encoder's Downsample2D: zero padding at the bottom/right, 3x3, stride 2.
+  add({"conv2d_downsample", "H=12,W=20,Cin=32,Cout=32", [](OpEnv& e) {
+         Tensor x = e.input(12 * 20, 32), w = e.input(32, 9 * 32, 0.1f), b = e.input(1, 32);
+         Tensor out = e.output(6 * 10, 32);
+         return e.call(out, [&be = e.backend(), x, w, b, out] {
+           return be.conv2d_downsample(x.reshape({12, 20, 32}), w.reshape({32, 3, 3, 32}),
+                                       b.reshape({32}), out.reshape({6, 10, 32}));
+         });
+       }});
   add({"upsample_nearest_2x", "H=12,W=20,C=64", [](OpEnv& e) {
          Tensor x = e.input(12 * 20, 64), out = e.output(24 * 40, 64);
          return e.call(out, [&be = e.backend(), x, out] {
@@ -255,6 +276,18 @@ std::vector<OpCase> make_cases() {
          return e.call(out, [&be = e.backend(), tokens, mean, variance, out] {
            return be.latent_unpack(tokens, mean.reshape({128}), variance.reshape({128}), 1e-4f,
                                    out.reshape({12, 20, 32}));
+         });
+       }});
+  // Reference latents: the mean (first 32 of 64 channels) patchified and normalised.
+  add({"latent_pack", "h=6,w=10,C=32,of64", [](OpEnv& e) {
+         Tensor x = e.input(12 * 20, 64), mean = e.input(1, 128);
+         std::vector<float> var(128);  // positive variances, bf16-exact
+         for (size_t i = 0; i < var.size(); ++i) var[i] = 0.25f + 0.0078125f * i;
+         Tensor variance = e.input_values(1, 128, var);
+         Tensor tokens = e.output(60, 128);
+         return e.call(tokens, [&be = e.backend(), x, mean, variance, tokens] {
+           return be.latent_pack(x.reshape({12, 20, 64}), mean.reshape({128}),
+                                 variance.reshape({128}), 1e-4f, tokens);
          });
        }});
   return cases;
