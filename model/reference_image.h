@@ -1,7 +1,8 @@
 // Reference images for editing, as diffusers' Flux2ImageProcessor prepares them: PNG or JPEG bytes
 // -> 8-bit RGB (alpha dropped, gamma chunks ignored, as PIL's convert("RGB")) -> refused under
 // 64 px a side or beyond 8:1 -> resized to 1024x1024 px of area when larger (stb_image_resize,
-// Catmull-Rom, where PIL uses Lanczos: docs/editing.md measures the difference) -> center-cropped
+// Catmull-Rom, where PIL uses Lanczos: README.md "How references are prepared" gives the measured
+// difference) -> center-cropped
 // to multiples of 16. Tested by tests/host/reference_image_test.cc (goldens, a corpus of corrupt
 // and truncated files) and `flux2 check-golden --only vae_encode`.
 #pragma once

@@ -5,8 +5,12 @@
 # status is non-zero when any test, golden check or bench failed (every failure is a failure on a
 # machine with a GPU; tests skip only where no CUDA device exists).
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
-#                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf]
+#                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
+#                              [edit]
 #                              (default: tests golden bench bench-dev)
+# `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
+# diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
+# resize with PIL's; `edit` times editing requests (one 1024x1024 reference, klein-KV, 4 references).
 set -uo pipefail
 for dir in .device-bin .device-bin-base; do
   for part in lib bin; do
@@ -54,6 +58,15 @@ bench() {
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
+if want references; then
+  mkdir -p /tmp/diffusers-src && tar -C /tmp/diffusers-src -xJf .device-bin/diffusers-src.tar.xz
+  python3 tests/gpu/make_editing_references.py --diffusers /tmp/diffusers-src/src \
+    --tool "$bin/flux2_prepare_reference" >"$out/references.log" 2>&1
+  record $? "references: $(tr '\n' ' ' <"$out/references.log" | tail -c 1500)"
+  if [[ -f $results/bf16_reference_vae_encode.json ]]; then
+    cp "$results/bf16_reference_vae_encode.json" tests/data/tiny-klein/
+  fi
+fi
 if want tests; then
   run_gtests gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test \
              gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test \
@@ -66,6 +79,7 @@ if want golden; then
     "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda >"$out/golden-$dir.log" 2>&1
     record $? "golden $dir (cuda): $(tail -n1 "$out/golden-$dir.log")"
     high_parts=transformer; [[ -f tests/data/$dir/vae_decode.safetensors ]] && high_parts=transformer,vae
+    [[ -f tests/data/$dir/vae_encode_cases.json ]] && high_parts=$high_parts,vae_encode
     "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda --only $high_parts --quality high \
       >"$out/golden-high-$dir.log" 2>&1
     record $? "golden $dir (cuda, quality=high): $(tail -n1 "$out/golden-high-$dir.log")"
@@ -145,6 +159,20 @@ if want e2e; then
     bench "$bin/flux2" e2e.jsonl "e2e $model" --e2e --model "$model" --tokenizer "$tokenizer"
   done
   bench "$bin/flux2" e2e.jsonl "e2e dev" --e2e --model dev --repeats 1 --tokenizer "$tokenizer"
+fi
+if want edit; then
+  for quality in lossless high; do
+    bench "$bin/flux2" edit.jsonl "e2e klein-4b $quality, 1 reference" --e2e --model klein-4b \
+      --quality $quality --references 1 --tokenizer "$tokenizer"
+  done
+  bench "$bin/flux2" edit.jsonl "e2e klein-4b, 4 references" --e2e --model klein-4b \
+    --references 4 --repeats 2 --tokenizer "$tokenizer"
+  bench "$bin/flux2" edit.jsonl "e2e klein-9b, text-to-image" --e2e --model klein-9b \
+    --tokenizer "$tokenizer"
+  for quality in lossless high; do
+    bench "$bin/flux2" edit.jsonl "e2e klein-9b-kv $quality, 1 reference" --e2e --model klein-9b \
+      --kv --quality $quality --references 1 --tokenizer "$tokenizer"
+  done
 fi
 if want bench-dev; then
   bench "$bin/flux2" bench.jsonl "bench dev" --model dev
