@@ -6,7 +6,7 @@
 # machine with a GPU; tests skip only where no CUDA device exists).
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
 #                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
-#                              [edit]
+#                              [edit] [edit-profile]
 #                              (default: tests golden bench bench-dev)
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
@@ -173,6 +173,10 @@ if want edit; then
     bench "$bin/flux2" edit.jsonl "e2e klein-9b-kv $quality, 1 reference" --e2e --model klein-9b \
       --kv --quality $quality --references 1 --tokenizer "$tokenizer"
   done
+fi
+if want edit-profile; then  # device time per op and shape of a klein-4B request with one reference
+  bench "$bin/flux2" profile.jsonl "profile e2e klein-4b, 1 reference" --e2e --model klein-4b \
+    --references 1 --repeats 1 --profile-by-shape --tokenizer "$tokenizer"
 fi
 if want bench-dev; then
   bench "$bin/flux2" bench.jsonl "bench dev" --model dev
