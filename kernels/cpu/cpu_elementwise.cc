@@ -141,6 +141,19 @@ absl::Status CpuBackend::upsample_nearest_2x(const Tensor& x, const Tensor& out)
   return absl::OkStatus();
 }
 
+namespace {
+
+// The latent BatchNorm's statistics: f32 vectors of the packed channel count.
+absl::Status check_batch_norm_stats(absl::string_view op, const Tensor& bn_mean,
+                                    const Tensor& bn_var, int64_t channels) {
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(op, "bn_mean", bn_mean));
+  FLUX_RETURN_IF_ERROR(check_vector(op, "bn_mean", bn_mean, channels));
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(op, "bn_var", bn_var));
+  return check_vector(op, "bn_var", bn_var, channels);
+}
+
+}  // namespace
+
 absl::Status CpuBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_mean,
                                        const Tensor& bn_var, float eps, const Tensor& out) {
   constexpr absl::string_view kOp = "latent_unpack";
@@ -151,10 +164,7 @@ absl::Status CpuBackend::latent_unpack(const Tensor& tokens, const Tensor& bn_me
   }
   const int64_t h = out.dim(0) / 2, w = out.dim(1) / 2, c = out.dim(2);
   FLUX_RETURN_IF_ERROR(check_matrix(kOp, "tokens", tokens, h * w, 4 * c));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "bn_mean", bn_mean));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "bn_mean", bn_mean, 4 * c));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "bn_var", bn_var));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "bn_var", bn_var, 4 * c));
+  FLUX_RETURN_IF_ERROR(check_batch_norm_stats(kOp, bn_mean, bn_var, 4 * c));
   const float* mean = bn_mean.data_as<float>();
   const float* var = bn_var.data_as<float>();
   float* o = out.data_as<float>();
@@ -184,10 +194,7 @@ absl::Status CpuBackend::latent_pack(const Tensor& x, const Tensor& bn_mean, con
   }
   const int64_t h = x.dim(0) / 2, w = x.dim(1) / 2, cx = x.dim(2);
   FLUX_RETURN_IF_ERROR(check_matrix(kOp, "tokens", tokens, h * w, 4 * c));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "bn_mean", bn_mean));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "bn_mean", bn_mean, 4 * c));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "bn_var", bn_var));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "bn_var", bn_var, 4 * c));
+  FLUX_RETURN_IF_ERROR(check_batch_norm_stats(kOp, bn_mean, bn_var, 4 * c));
   const float* mean = bn_mean.data_as<float>();
   const float* var = bn_var.data_as<float>();
   const float* in = x.data_as<float>();
