@@ -9,6 +9,7 @@ namespace flux2 {
 VaeConfig published_vae_config() {
   VaeConfig vae;  // the struct's defaults are the published decoder
   vae.block_out_channels = {128, 256, 512, 512};
+  vae.encoder_block_out_channels = vae.block_out_channels;
   vae.layers_per_block = 2;
   vae.latent_channels = 32;
   vae.norm_num_groups = 32;

@@ -2,8 +2,8 @@
 // layout (model_index.json, scheduler/, tokenizer/, text_encoder/ and transformer/ sharded with
 // *.safetensors.index.json, vae/) with random bf16 weights at a published model's shapes, so the
 // server and pipeline can be tested at real sizes without downloading weights. The tensor names
-// and shapes come from the models' own tensor tables (the VAE encoder half, which inference never
-// reads, is not written). Used by tests/gpu/run_on_device.sh.
+// and shapes come from the models' own tensor tables (the VAE's decoder and encoder, as published
+// checkpoints have both). Used by tests/gpu/run_on_device.sh.
 //   flux2_make_random_checkpoint --model klein-4b --out DIR [--tokenizer DIR] [--shard-gb 5]
 #include <cstdio>
 #include <filesystem>
@@ -212,7 +212,11 @@ int run(int argc, char** argv) {
                         {"up_block_types", std::vector<std::string>(4, "UpDecoderBlock2D")}}
              .dump(1);
   VaeWeights vae_weights;
+  VaeEncoderWeights encoder_weights;
   std::vector<TensorToWrite> vae_tensors = from_table(vae_weights.table(vae));
+  for (TensorToWrite& t : from_table(encoder_weights.table(vae))) {
+    if (!t.name.starts_with("bn.")) vae_tensors.push_back(std::move(t));  // bn.* written once
+  }
   for (TensorToWrite& t : vae_tensors) {
     if (t.name == "bn.running_var") t.scale = 0.0f;  // ones: variances must be positive
   }
