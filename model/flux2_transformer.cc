@@ -364,8 +364,8 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
   Pass p(cond);
   p.l = cond.text_len;
   p.n = cond.image_len;
-  p.cached = cond.kv != nullptr && cond.kv->filled;
-  p.extract = cond.kv != nullptr && !p.cached;
+  p.extract = cond.kv != nullptr && step == 0;  // diffusers' kv_cache_mode "extract"
+  p.cached = cond.kv != nullptr && step > 0;    // and "cached"
   p.r = p.cached ? 0 : cond.reference_len;
   const int64_t l = p.l, n = p.n, s = p.s();
   if (x.rows() != n + p.r || x.cols() != config_.in_channels || out.rows() != n ||
@@ -400,7 +400,6 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
     FLUX_RETURN_IF_ERROR(single_block(weights_.single_blocks[j], p, layer));
     if (tap) tap(absl::StrCat("block.single.", j, ".out"), p.stream);
   }
-  if (p.extract) cond.kv->filled = true;
 
   // Final modulated norm on the generated image's tokens (scale first, then shift), then the
   // projection; the reference rows are dropped.

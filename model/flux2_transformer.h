@@ -35,10 +35,9 @@ struct Flux2Workspace {
 };
 
 // klein-KV's reference keys and values, post-RoPE, of every layer (double blocks, then single
-// blocks): [R, D] each, filled by the step that runs the references (step 0).
+// blocks): [R, D] each, written by the forward at step 0 and read by the later steps.
 struct Flux2KvCache {
   std::vector<Tensor> keys, values;
-  bool filled = false;
 };
 
 // The reference tokens of an editing request, as the transformer sees them.
@@ -95,8 +94,8 @@ class Flux2Transformer {
                                             const Flux2References* references = nullptr) const;
 
   // out [N, out_channels] = the velocity at `step` for x [N + R, in_channels]: the latent tokens,
-  // then the R reference tokens (R = 0 for text-to-image; klein-KV: x is [N + R] at the forward
-  // that fills the cache and [N] after it).
+  // then the R reference tokens (R = 0 for text-to-image; klein-KV: x is [N + R] at step 0, which
+  // fills the cache, and [N] at later steps, which read it: step 0 runs first).
   absl::Status forward(const Flux2Conditioning& cond, int64_t step, const Tensor& x,
                        const Tensor& out, const ActivationTap& tap = nullptr) const;
 

@@ -219,17 +219,8 @@ ImageSize output_size(const GenerateParams& params) {
 
 absl::Status Pipeline::validate_references(const GenerateParams& params) const {
   for (size_t i = 0; i < params.references.size(); ++i) {
-    const RgbImage& reference = params.references[i];
-    const std::string field = absl::StrCat("reference_images[", i, "]");
-    // A prepared reference passes prepare_reference unchanged; its errors name the field.
-    FLUX_ASSIGN_OR_RETURN(RgbImage prepared,
-                          prepare_reference(reference, info_.pixel_multiple, field));
-    if (prepared.width != reference.width || prepared.height != reference.height) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": ", reference.width, "x", reference.height,
-                       " is not prepared (prepare_reference: sides multiples of ",
-                       info_.pixel_multiple, ", at most ", kReferenceMaxArea, " pixels)"));
-    }
+    FLUX_RETURN_IF_ERROR(check_prepared_reference(params.references[i], info_.pixel_multiple,
+                                                  absl::StrCat("reference_images[", i, "]")));
   }
   return absl::OkStatus();
 }
@@ -383,7 +374,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
     if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
     const Clock::time_point step_start = Clock::now();
     // [latents; references], but the latents alone once klein-KV cached the references' K/V.
-    const Tensor& x = cond.kv != nullptr && cond.kv->filled ? latents : model_input;
+    const Tensor& x = cond.kv != nullptr && i > 0 ? latents : model_input;
     FLUX_RETURN_IF_ERROR(transformer_->forward(cond, i, x, velocity));  // [N, 128]
     if (cfg) {
       FLUX_RETURN_IF_ERROR(transformer_->forward(negative_cond, i, x, negative_velocity));

@@ -13,6 +13,8 @@
 #include <cmath>
 #include <csetjmp>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -192,17 +194,10 @@ absl::StatusOr<RgbImage> decode_jpeg(absl::string_view bytes, absl::string_view 
   return image;
 }
 
-}  // namespace
-
-absl::StatusOr<RgbImage> decode_image(absl::string_view bytes, absl::string_view field) {
-  if (bytes.empty()) return field_error(field, "empty");
-  if (starts_with(bytes, "\x89PNG\r\n\x1a\n")) return decode_png(bytes, field);
-  if (starts_with(bytes, "\xff\xd8\xff")) return decode_jpeg(bytes, field);
-  return field_error(field, "not a PNG or JPEG image");
-}
-
-absl::StatusOr<RgbImage> prepare_reference(RgbImage image, int64_t multiple,
-                                           absl::string_view field) {
+// The refusals every reference gets: a malformed image, a side under kReferenceMinSide, an aspect
+// ratio beyond kReferenceMaxAspect.
+absl::Status check_reference_limits(const RgbImage& image, int64_t multiple,
+                                    absl::string_view field) {
   const int64_t width = image.width, height = image.height;
   if (static_cast<int64_t>(image.pixels.size()) != width * height * 3 || multiple <= 0) {
     return absl::InternalError(absl::StrCat(field, ": malformed RgbImage"));
@@ -217,6 +212,39 @@ absl::StatusOr<RgbImage> prepare_reference(RgbImage image, int64_t multiple,
     return field_error(
         field, absl::StrFormat("aspect ratio %.1f exceeds %g", aspect, kReferenceMaxAspect));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RgbImage> decode_image(absl::string_view bytes, absl::string_view field) {
+  if (bytes.empty()) return field_error(field, "empty");
+  if (starts_with(bytes, "\x89PNG\r\n\x1a\n")) return decode_png(bytes, field);
+  if (starts_with(bytes, "\xff\xd8\xff")) return decode_jpeg(bytes, field);
+  return field_error(field, "not a PNG or JPEG image");
+}
+
+absl::Status check_prepared_reference(const RgbImage& image, int64_t multiple,
+                                      absl::string_view field) {
+  if (absl::Status limits = check_reference_limits(image, multiple, field); !limits.ok()) {
+    return limits;
+  }
+  if (image.width % multiple != 0 || image.height % multiple != 0 ||
+      image.width * image.height > kReferenceMaxArea) {
+    return field_error(
+        field, absl::StrCat(image.width, "x", image.height,
+                            " is not prepared (prepare_reference: sides multiples of ", multiple,
+                            ", at most ", kReferenceMaxArea, " pixels)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RgbImage> prepare_reference(RgbImage image, int64_t multiple,
+                                           absl::string_view field) {
+  if (absl::Status limits = check_reference_limits(image, multiple, field); !limits.ok()) {
+    return limits;
+  }
+  const int64_t width = image.width, height = image.height;
   if (width * height > kReferenceMaxArea) {
     // diffusers' _resize_to_target_area: int(side * sqrt(area / (w h))), PIL Lanczos.
     const double scale =
@@ -245,6 +273,14 @@ absl::StatusOr<RgbImage> prepare_reference(RgbImage image, int64_t multiple,
     std::copy(src, src + crop_width * 3, cropped.pixels.data() + y * crop_width * 3);
   }
   return cropped;
+}
+
+absl::StatusOr<RgbImage> load_reference_file(const std::string& path, int64_t multiple,
+                                             absl::string_view field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(field, ": cannot read ", path));
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return load_reference(bytes, multiple, field);
 }
 
 absl::StatusOr<RgbImage> load_reference(absl::string_view bytes, int64_t multiple,

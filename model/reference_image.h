@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 #include "absl/strings/string_view.h"
 
@@ -47,6 +48,15 @@ absl::StatusOr<RgbImage> prepare_reference(RgbImage image, int64_t multiple,
 // decode_image, then prepare_reference.
 absl::StatusOr<RgbImage> load_reference(absl::string_view bytes, int64_t multiple,
                                         absl::string_view field);
+// load_reference of a file's bytes; NotFound "field: cannot read PATH" when it cannot be read.
+absl::StatusOr<RgbImage> load_reference_file(const std::string& path, int64_t multiple,
+                                             absl::string_view field);
+
+// OK when `image` is what prepare_reference returns for it (within the limits, sides multiples
+// of `multiple`, at most kReferenceMaxArea pixels), without copying it; else InvalidArgument
+// naming `field` (the refusals of prepare_reference, or "WxH is not prepared").
+absl::Status check_prepared_reference(const RgbImage& image, int64_t multiple,
+                                      absl::string_view field);
 
 // The image as the VAE encoder reads it: [H, W, 3] floats x / 127.5 - 1 in [-1, 1], row-major
 // (diffusers: x / 255, then 2x - 1, in float32).

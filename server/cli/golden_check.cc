@@ -110,6 +110,20 @@ absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>&
   return tensor;
 }
 
+std::vector<float> chw_to_hwc(const std::vector<float>& chw, int64_t c, int64_t h, int64_t w) {
+  std::vector<float> hwc(chw.size());
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t p = 0; p < h * w; ++p) hwc[p * c + ch] = chw[ch * h * w + p];
+  return hwc;
+}
+
+std::vector<float> hwc_to_chw(const std::vector<float>& hwc, int64_t c, int64_t h, int64_t w) {
+  std::vector<float> chw(hwc.size());
+  for (int64_t ch = 0; ch < c; ++ch)
+    for (int64_t p = 0; p < h * w; ++p) chw[ch * h * w + p] = hwc[p * c + ch];
+  return chw;
+}
+
 void GoldenReport::skip(absl::string_view file, absl::string_view reason) {
   std::printf("SKIP %s %s\n", std::string(file).c_str(), std::string(reason).c_str());
   std::fflush(stdout);

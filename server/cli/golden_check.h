@@ -80,6 +80,11 @@ absl::StatusOr<std::vector<float>> download_values(Backend& backend, const Tenso
 absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>& values,
                                      Shape shape);
 
+// [C, H, W] (batch 1, as the vectors store images and latents) -> [H, W, C] (the backends' NHWC
+// and packed tokens: h x w = tokens, w = 1), and back.
+std::vector<float> chw_to_hwc(const std::vector<float>& chw, int64_t c, int64_t h, int64_t w);
+std::vector<float> hwc_to_chw(const std::vector<float>& hwc, int64_t c, int64_t h, int64_t w);
+
 // The parts, each defined in golden_<part>.cc.
 void check_golden_tokenizer(const GoldenContext& context, GoldenReport& report);
 void check_golden_text_encoder(const GoldenContext& context, GoldenReport& report);

@@ -4,8 +4,6 @@
 // (golden/README.md: 1e-4 relative; u8 equal up to 1 level on <= 0.5% of values).
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -23,35 +21,12 @@ namespace {
 
 constexpr double kMaxOffByOneFraction = 0.005;  // golden/README.md: at most 0.5% of values
 
-// NCHW [1, C, H, W] -> HWC.
-std::vector<float> nchw_to_hwc(const std::vector<float>& nchw, int64_t c, int64_t h, int64_t w) {
-  std::vector<float> hwc(nchw.size());
-  for (int64_t ch = 0; ch < c; ++ch)
-    for (int64_t y = 0; y < h; ++y)
-      for (int64_t x = 0; x < w; ++x) hwc[(y * w + x) * c + ch] = nchw[(ch * h + y) * w + x];
-  return hwc;
-}
-
-// initial_latents [1, 128, h, w] -> packed tokens [h·w, 128].
-std::vector<float> pack_latents(const std::vector<float>& nchw, int64_t c, int64_t n) {
-  std::vector<float> tokens(nchw.size());
-  for (int64_t ch = 0; ch < c; ++ch)
-    for (int64_t t = 0; t < n; ++t) tokens[t * c + ch] = nchw[ch * n + t];
-  return tokens;
-}
-
 // One part: its cases, its vectors and how its pipeline runs.
 struct GenerationPart {
   const char* cases;    // e.g. "edit_cases.json"
   const char* vectors;  // e.g. "edit.safetensors"
   bool kv_cache;        // run as klein-KV
 };
-
-absl::StatusOr<std::string> read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
                       const nlohmann::json& item, const SafetensorsFile& vectors,
@@ -72,10 +47,9 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
   if (item.contains("references")) {
     for (size_t k = 0; k < item.at("references").size(); ++k) {
       const std::string path = context.dir + "/" + item.at("references")[k].get<std::string>();
-      FLUX_ASSIGN_OR_RETURN(std::string bytes, read_file_bytes(path));
       FLUX_ASSIGN_OR_RETURN(RgbImage reference,
-                            load_reference(bytes, pipeline->info().pixel_multiple,
-                                           absl::StrCat("references[", k, "]")));
+                            load_reference_file(path, pipeline->info().pixel_multiple,
+                                                absl::StrCat("references[", k, "]")));
       params.references.push_back(std::move(reference));
     }
   }
@@ -124,16 +98,16 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
     const absl::StatusOr<double> tolerance = context.tolerance(
         absl::StrCat(absl::StripSuffix(kFile, ".safetensors"), ".", name, ".", tensor));
     if (tensor == "initial_latents") {
-      report.compare(kFile, name, tensor, produced[tensor], pack_latents(reference, 128, h * w),
+      report.compare(kFile, name, tensor, produced[tensor], chw_to_hwc(reference, 128, h * w, 1),
                      tolerance);
     } else if (tensor == "image") {
       // The golden image is post-processed to [0, 1]: clamp(x / 2 + 0.5, 0, 1).
       std::vector<float> ours = produced["image"];
       for (float& v : ours) v = std::min(1.0f, std::max(0.0f, v / 2.0f + 0.5f));
       report.compare(kFile, name, tensor, ours,
-                     nchw_to_hwc(reference, 3, params.height, params.width), tolerance);
+                     chw_to_hwc(reference, 3, params.height, params.width), tolerance);
     } else if (tensor == "image_u8") {
-      const std::vector<float> ref = nchw_to_hwc(reference, 3, params.height, params.width);
+      const std::vector<float> ref = chw_to_hwc(reference, 3, params.height, params.width);
       int64_t off_by_one = 0, worse = 0;
       for (size_t i = 0; i < ref.size() && i < image.rgb.size(); ++i) {
         const int diff = std::abs(static_cast<int>(image.rgb[i]) - static_cast<int>(ref[i]));

@@ -17,21 +17,6 @@ namespace {
 
 constexpr char kFile[] = "vae_decode.safetensors";
 
-// [C, H, W] -> [H, W, C] (and back with the arguments swapped).
-std::vector<float> chw_to_hwc(const std::vector<float>& chw, int64_t c, int64_t h, int64_t w) {
-  std::vector<float> hwc(chw.size());
-  for (int64_t ch = 0; ch < c; ++ch)
-    for (int64_t p = 0; p < h * w; ++p) hwc[p * c + ch] = chw[ch * h * w + p];
-  return hwc;
-}
-
-std::vector<float> hwc_to_chw(const std::vector<float>& hwc, int64_t c, int64_t h, int64_t w) {
-  std::vector<float> chw(hwc.size());
-  for (int64_t ch = 0; ch < c; ++ch)
-    for (int64_t p = 0; p < h * w; ++p) chw[ch * h * w + p] = hwc[p * c + ch];
-  return chw;
-}
-
 absl::Status run_case(const GoldenContext& context, const VaeDecoder& vae,
                       const SafetensorsFile& vectors, const std::string& name,
                       GoldenReport& report) {

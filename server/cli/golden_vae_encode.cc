@@ -3,8 +3,6 @@
 // golden `image` exactly (8-bit pixels / 127.5 - 1), then the VAE encoder's posterior mean
 // `latent_mean` and the normalised, patchified `image_latents` by relative L2 error. See
 // golden_check.h.
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -24,23 +22,12 @@ namespace {
 constexpr char kFile[] = "vae_encode.safetensors";
 constexpr int64_t kPixelMultiple = 16;  // the editing pipeline's crop (vae_scale_factor x 2)
 
-// [C, H, W] (batch 1) -> [H, W, C] and back.
-std::vector<float> chw_to_hwc(const std::vector<float>& chw, int64_t c, int64_t h, int64_t w) {
-  std::vector<float> hwc(chw.size());
-  for (int64_t ch = 0; ch < c; ++ch)
-    for (int64_t p = 0; p < h * w; ++p) hwc[p * c + ch] = chw[ch * h * w + p];
-  return hwc;
-}
-
 absl::Status run_case(const GoldenContext& context, const VaeEncoder& encoder,
                       const nlohmann::json& item, const SafetensorsFile& vectors,
                       const std::string& name, GoldenReport& report) {
   Backend& be = *context.backend;
   const std::string path = context.dir + "/" + item.at("reference").get<std::string>();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  FLUX_ASSIGN_OR_RETURN(RgbImage reference, load_reference(bytes, kPixelMultiple, path));
+  FLUX_ASSIGN_OR_RETURN(RgbImage reference, load_reference_file(path, kPixelMultiple, path));
   const int64_t height = reference.height, width = reference.width;
   if (height != item.at("height").get<int64_t>() || width != item.at("width").get<int64_t>()) {
     report.fail(kFile, name,
@@ -75,10 +62,7 @@ absl::Status run_case(const GoldenContext& context, const VaeEncoder& encoder,
   FLUX_ASSIGN_OR_RETURN(Tensor tokens, encoder.encode_tokens(image));  // [h w, 4 Cl]
   FLUX_ASSIGN_OR_RETURN(std::vector<float> token_values, download_values(be, tokens));
   // image_latents [1, 4 Cl, h, w] (NCHW of the packed channels).
-  const int64_t n = tokens.rows(), c4 = tokens.cols();
-  std::vector<float> latents(token_values.size());
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t ch = 0; ch < c4; ++ch) latents[ch * n + t] = token_values[t * c4 + ch];
+  const std::vector<float> latents = hwc_to_chw(token_values, tokens.cols(), tokens.rows(), 1);
   FLUX_ASSIGN_OR_RETURN(std::vector<float> golden_latents,
                         read_f32(vectors, name + ".image_latents"));
   report.compare(kFile, name, "image_latents", latents, golden_latents,

@@ -5,8 +5,6 @@
 // counts no fallback at either quality.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -66,9 +64,7 @@ std::vector<RgbImage> golden_references() {
   std::vector<RgbImage> references;
   for (const char* name : {"ref1_64x80.png", "ref2_72x100.png"}) {
     const std::string path = testing::test_data_dir() + "/tiny-klein/references/" + name;
-    std::ifstream in(path, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto reference = load_reference(bytes, 16, name);
+    auto reference = load_reference_file(path, 16, name);
     EXPECT_TRUE(reference.ok()) << reference.status();
     if (reference.ok()) references.push_back(*std::move(reference));
   }

@@ -4,7 +4,6 @@
 // Lanczos resize (what diffusers uses) on the GPU machine, where PIL is installed.
 #include <cstdio>
 #include <fstream>
-#include <iterator>
 #include <string>
 
 #include "model/image_encode.h"
@@ -15,9 +14,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: flux2_prepare_reference IN OUT.png\n");
     return 2;
   }
-  std::ifstream in(argv[1], std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto image = flux2::load_reference(bytes, 16, argv[1]);
+  auto image = flux2::load_reference_file(argv[1], 16, argv[1]);
   if (!image.ok()) {
     std::fprintf(stderr, "%s\n", std::string(image.status().message()).c_str());
     return 1;
