@@ -1,5 +1,5 @@
 // The Hugging Face tokenizer.json pipeline (added tokens -> normalizer -> pre-tokenizer -> BPE) for
-// the Qwen2/Qwen3 family, the Qwen3 chat template and prompt padding; see tokenizer.h.
+// byte-level BPE files (Qwen3, Tekken), and prompt truncation and padding; see tokenizer.h.
 // Tested by tests/host/tokenizer_test.cc, tests/tokenizer/ and `flux2 check-golden --only
 // tokenizer`.
 #include "model/tokenizer.h"
@@ -20,11 +20,6 @@
 
 namespace flux2 {
 namespace {
-
-// The padding token of the Qwen3 tokenizer and its id there (golden/README.md), used when a
-// tokenizer lacks the token.
-constexpr char kEndOfText[] = "<|endoftext|>";
-constexpr int32_t kQwen3EndOfTextId = 151643;
 
 absl::StatusOr<AddedToken> parse_added_token(const nlohmann::json& entry, int64_t id,
                                              const std::string& where) {
@@ -51,7 +46,12 @@ absl::StatusOr<AddedToken> parse_added_token(const nlohmann::json& entry, int64_
 
 class HfTokenizer final : public Tokenizer {
  public:
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> create(const std::string& dir);
+  // `json` is tokenizer.json, `config` tokenizer_config.json or null; `path` and `config_path`
+  // name them in errors.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> create(const nlohmann::json& json,
+                                                           const nlohmann::json& config,
+                                                           const std::string& path,
+                                                           const std::string& config_path);
 
   std::vector<int32_t> encode(absl::string_view text) const override;
   int32_t token_id(absl::string_view token) const override;
@@ -67,20 +67,20 @@ class HfTokenizer final : public Tokenizer {
   std::unordered_map<std::string, int32_t> added_ids_;
 };
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::create(const std::string& dir) {
-  const std::string path = dir + "/tokenizer.json";
-  auto json = read_json_file(path);
-  if (!json.ok()) return json.status();
-  if (!json->is_object()) return absl::InvalidArgumentError(path + ": not a JSON object");
+absl::StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::create(const nlohmann::json& json,
+                                                               const nlohmann::json& config,
+                                                               const std::string& path,
+                                                               const std::string& config_path) {
+  if (!json.is_object()) return absl::InvalidArgumentError(path + ": not a JSON object");
 
   std::unique_ptr<HfTokenizer> tokenizer(new HfTokenizer());
-  if (!json->contains("model")) return absl::InvalidArgumentError(path + ": missing \"model\"");
-  auto bpe = BpeModel::from_json((*json)["model"], path);
+  if (!json.contains("model")) return absl::InvalidArgumentError(path + ": missing \"model\"");
+  auto bpe = BpeModel::from_json(json["model"], path);
   if (!bpe.ok()) return bpe.status();
   tokenizer->bpe_ = std::move(*bpe);
   const nlohmann::json null_value;
   const auto field = [&](const char* key) -> const nlohmann::json& {
-    return json->contains(key) ? (*json)[key] : null_value;
+    return json.contains(key) ? json[key] : null_value;
   };
   auto normalizer = TokenizerNormalizer::from_json(field("normalizer"), path);
   if (!normalizer.ok()) return normalizer.status();
@@ -108,16 +108,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfTokenizer::create(const std::string
   // transformers also reads tokenizer_config.json: tokens of its added_tokens_decoder that
   // tokenizer.json lacks are added, and split_special_tokens=true stops matching special tokens.
   bool split_special_tokens = false;
-  const std::string config_path = dir + "/tokenizer_config.json";
-  if (std::filesystem::exists(config_path)) {
-    auto config = read_json_file(config_path);
-    if (!config.ok()) return config.status();
-    if (config->contains("split_special_tokens") &&
-        (*config)["split_special_tokens"].is_boolean()) {
-      split_special_tokens = (*config)["split_special_tokens"].get<bool>();
+  if (!config.is_null() && !config.is_object()) {
+    return absl::InvalidArgumentError(config_path + ": not a JSON object");
+  }
+  if (config.is_object()) {
+    if (config.contains("split_special_tokens") && config["split_special_tokens"].is_boolean()) {
+      split_special_tokens = config["split_special_tokens"].get<bool>();
     }
-    if (config->contains("added_tokens_decoder") && (*config)["added_tokens_decoder"].is_object()) {
-      for (const auto& [key, entry] : (*config)["added_tokens_decoder"].items()) {
+    if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
+      for (const auto& [key, entry] : config["added_tokens_decoder"].items()) {
         const std::string where =
             absl::StrCat(config_path, ": added_tokens_decoder[\"", key, "\"]");
         int64_t id = -1;
@@ -192,24 +191,42 @@ int32_t HfTokenizer::token_id(absl::string_view token) const {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& dir) {
-  return HfTokenizer::create(dir);
+  const std::string path = dir + "/tokenizer.json";
+  auto json = read_json_file(path);
+  if (!json.ok()) return json.status();
+  // transformers also reads tokenizer_config.json when it is there.
+  const std::string config_path = dir + "/tokenizer_config.json";
+  nlohmann::json config;
+  if (std::filesystem::exists(config_path)) {
+    auto read = read_json_file(config_path);
+    if (!read.ok()) return read.status();
+    config = std::move(*read);
+  }
+  return HfTokenizer::create(*json, config, path, config_path);
 }
 
-std::string qwen3_chat_prompt(absl::string_view prompt) {
-  return "<|im_start|>user\n" + std::string(prompt) +
-         "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_json(
+    const nlohmann::json& tokenizer_json, const nlohmann::json& tokenizer_config,
+    const std::string& source) {
+  return HfTokenizer::create(tokenizer_json, tokenizer_config, source,
+                             absl::StrCat(source, " (tokenizer_config)"));
 }
 
 TokenizedPrompt tokenize_prompt(const Tokenizer& tokenizer, absl::string_view prompt,
                                 int64_t max_length) {
+  return tokenize_prompt(tokenizer, PromptFormat::kQwen3Chat, prompt, max_length);
+}
+
+TokenizedPrompt tokenize_prompt(const Tokenizer& tokenizer, PromptFormat format,
+                                absl::string_view prompt, int64_t max_length) {
   TokenizedPrompt result;
-  std::vector<int32_t> ids = tokenizer.encode(qwen3_chat_prompt(prompt));
+  std::vector<int32_t> ids = tokenizer.encode(chat_prompt(format, prompt));
   const size_t limit = static_cast<size_t>(std::max<int64_t>(max_length, 0));
   result.truncated = ids.size() > limit;
   if (result.truncated) ids.resize(limit);  // keep the first tokens, as transformers does
   result.num_tokens = static_cast<int64_t>(ids.size());
-  const int32_t found = tokenizer.token_id(kEndOfText);
-  const int32_t pad_id = found >= 0 ? found : kQwen3EndOfTextId;
+  const int32_t found = tokenizer.token_id(prompt_pad_token(format));
+  const int32_t pad_id = found >= 0 ? found : prompt_pad_fallback_id(format);
   ids.resize(limit, pad_id);
   result.ids = std::move(ids);
   return result;

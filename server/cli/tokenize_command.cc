@@ -1,10 +1,14 @@
-// `flux2 tokenize --tokenizer DIR`: one JSON string per line on stdin -> one JSON array of token
-// ids per line on stdout (no special tokens added; special tokens written in the text are
-// recognised), so that the tokenizer can be compared with other implementations.
-// Tested by tests/tokenizer/ (the corpus against Hugging Face tokenizers, and bad input lines).
+// `flux2 tokenize --tokenizer DIR [--format qwen3|mistral [--max-length N]]`: one JSON string per
+// line on stdin -> one JSON array of token ids per line on stdout (no special tokens added; special
+// tokens written in the text are recognised), so that the tokenizer can be compared with other
+// implementations. With --format each line is a prompt rendered through that chat template first,
+// and with --max-length also truncated and padded as the pipeline does (tokenize_prompt).
+// Tested by tests/tokenizer/ (the corpora against Hugging Face tokenizers, and bad input lines).
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -139,16 +143,35 @@ int run_tokenize(int argc, char** argv, int first) {
     std::fprintf(stderr, "flux2 tokenize: %s\n", std::string(args.status().message()).c_str());
     return 2;
   }
-  if (auto known = args->check_known({"--tokenizer"}); !known.ok()) {
+  if (auto known = args->check_known({"--tokenizer", "--format", "--max-length"}); !known.ok()) {
     std::fprintf(stderr, "flux2 tokenize: %s\n", std::string(known.message()).c_str());
     return 2;
   }
-  if (!args->has("--tokenizer") || !args->positional().empty()) {
+  if (!args->has("--tokenizer") || !args->positional().empty() ||
+      (args->has("--max-length") && !args->has("--format"))) {
     std::fprintf(
         stderr,
-        "usage: flux2 tokenize --tokenizer DIR < lines.jsonl\n"
+        "usage: flux2 tokenize --tokenizer DIR [--format qwen3|mistral [--max-length N]]"
+        " < lines.jsonl\n"
         "  DIR holds tokenizer.json; each stdin line is one JSON string, each stdout line\n"
-        "  the JSON array of its token ids (no special tokens added)\n");
+        "  the JSON array of its token ids (no special tokens added). --format renders each\n"
+        "  line through that chat template first; --max-length then truncates and pads\n"
+        "  to N ids as the pipeline does\n");
+    return 2;
+  }
+  std::optional<PromptFormat> format;
+  if (args->has("--format")) {
+    auto parsed = prompt_format_from_name(args->get("--format"));
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "flux2 tokenize: --format: %s\n",
+                   std::string(parsed.status().message()).c_str());
+      return 2;
+    }
+    format = *parsed;
+  }
+  auto max_length = args->get_int("--max-length", -1);
+  if (!max_length.ok() || (args->has("--max-length") && *max_length < 0)) {
+    std::fprintf(stderr, "flux2 tokenize: --max-length needs a non-negative integer\n");
     return 2;
   }
   auto tokenizer = Tokenizer::load(args->get("--tokenizer"));
@@ -172,7 +195,15 @@ int run_tokenize(int argc, char** argv, int first) {
     }
     std::string out = "[";
     bool first_id = true;
-    for (const int32_t id : (*tokenizer)->encode(*text)) {
+    std::vector<int32_t> ids;
+    if (!format.has_value()) {
+      ids = (*tokenizer)->encode(*text);
+    } else if (*max_length < 0) {
+      ids = (*tokenizer)->encode(chat_prompt(*format, *text));
+    } else {
+      ids = tokenize_prompt(**tokenizer, *format, *text, *max_length).ids;
+    }
+    for (const int32_t id : ids) {
       if (!first_id) out.push_back(',');
       absl::StrAppend(&out, id);
       first_id = false;

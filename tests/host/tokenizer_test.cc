@@ -1,7 +1,8 @@
 // Unit tests of the byte-level BPE tokenizer on tiny hand-written tokenizer.json files: the
 // byte-to-unicode table, merges by rank (against a naive reference), added/special tokens and their
-// flags, NFC, invalid UTF-8, split-pattern iteration, load errors, truncation and padding.
-// Run: build/bin/host_tests --gtest_filter='Tokenizer*:ByteLevel*:Utf8*:Bpe*:AddedTokens*'
+// flags, NFC, invalid UTF-8, split-pattern iteration, load errors, truncation and padding, and the
+// Qwen3 and Mistral chat templates.
+// Run: build/bin/host_tests --gtest_filter='Tokenizer*:ByteLevel*:Utf8*:Bpe*:AddedTokens*:Chat*'
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -523,6 +524,159 @@ TEST(TokenizerTest, PromptIsTruncatedThenPaddedWithEndOfText) {
   EXPECT_TRUE(none.truncated);
   EXPECT_EQ(none.num_tokens, 0);
   EXPECT_TRUE(none.ids.empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(TokenizerTest, FromJsonMatchesLoad) {
+  TempDir dir;
+  TinyTokenizerSpec spec;
+  spec.merges = {{"a", "b"}, {"ab", "c"}};
+  spec.added_tokens = {added_token(300, "<|x|>", true)};
+  const std::unique_ptr<Tokenizer> loaded = load_tiny(dir, spec);
+  ASSERT_NE(loaded, nullptr);
+  auto parsed = Tokenizer::from_json(tiny_tokenizer_json(spec), nlohmann::json(), "inline");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  for (const char* text : {"abc abd", "x<|x|>abc", "", "caba\n\n b"}) {
+    EXPECT_EQ((*parsed)->encode(text), loaded->encode(text)) << text;
+  }
+  auto bad = Tokenizer::from_json(tiny_tokenizer_json(spec), nlohmann::json::array(), "inline");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("inline"), std::string::npos) << bad.status();
+}
+
+// A tokenizer with the Mistral control tokens used by the template as added tokens, at
+// 300 + their Tekken id (the tiny vocabulary owns 0..255).
+std::unique_ptr<Tokenizer> load_tiny_mistral(const TempDir& dir, bool with_pad) {
+  TinyTokenizerSpec spec;
+  spec.normalizer = nullptr;  // Tekken's tokenizer.json has none
+  spec.added_tokens = {added_token(301, "<s>", true),
+                       added_token(303, "[INST]", true),
+                       added_token(304, "[/INST]", true),
+                       added_token(310, "[IMG]", true),
+                       added_token(317, "[SYSTEM_PROMPT]", true),
+                       added_token(318, "[/SYSTEM_PROMPT]", true)};
+  if (with_pad) spec.added_tokens.push_back(added_token(311, "<pad>", true));
+  return load_tiny(dir, spec);
+}
+
+TEST(ChatTemplateTest, MistralIsDiffusersFlux2Template) {
+  const std::string system =
+      "You are an AI that reasons about image descriptions. You give structured responses "
+      "focusing on object relationships, object\nattribution and actions without speculation.";
+  EXPECT_EQ(kFlux2DevSystemMessage, system);
+  EXPECT_EQ(mistral_chat_prompt("a cat"),
+            "<s>[SYSTEM_PROMPT]" + system + "[/SYSTEM_PROMPT][INST]a cat[/INST]");
+  EXPECT_EQ(mistral_chat_prompt(""),
+            "<s>[SYSTEM_PROMPT]" + system + "[/SYSTEM_PROMPT][INST][/INST]");
+  EXPECT_EQ(chat_prompt(PromptFormat::kMistralSmall3Chat, "x"), mistral_chat_prompt("x"));
+  EXPECT_EQ(chat_prompt(PromptFormat::kQwen3Chat, "x"), qwen3_chat_prompt("x"));
+}
+
+TEST(ChatTemplateTest, MistralRemovesEveryImgTokenInOnePass) {
+  const auto user = [](const std::string& prompt) {
+    const std::string text = mistral_chat_prompt(prompt);
+    const size_t begin = text.find("[/SYSTEM_PROMPT][INST]") + 22;
+    return text.substr(begin, text.size() - begin - 7);  // without the closing [/INST]
+  };
+  EXPECT_EQ(user("a [IMG] cat"), "a  cat");
+  EXPECT_EQ(user("[IMG][IMG]x[IMG]"), "x");
+  EXPECT_EQ(user("[IMG]"), "");
+  // Python's str.replace does not rescan what it produced: "[IM" + "G]" stays.
+  EXPECT_EQ(user("[IM[IMG]G]"), "[IMG]");
+  EXPECT_EQ(user("[img] [IMG_BREAK] [IMG_END]"), "[img] [IMG_BREAK] [IMG_END]");
+  // Invalid bytes are replaced before the removal, so the bytes around [IMG] never join into
+  // "€" (E2 82 AC).
+  EXPECT_EQ(user("\xE2\x82[IMG]\xAC"), "\xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
+TEST(ChatTemplateTest, MistralPromptIsTruncatedThenPaddedWithPad) {
+  TempDir dir;
+  const std::unique_ptr<Tokenizer> tokenizer = load_tiny_mistral(dir, /*with_pad=*/true);
+  ASSERT_NE(tokenizer, nullptr);
+  const std::vector<int32_t> full = tokenizer->encode(mistral_chat_prompt("a fox"));
+  ASSERT_GT(full.size(), 10u);
+  EXPECT_EQ(full.front(), 301);  // <s>, once: no special tokens are added
+  EXPECT_EQ(full[1], 317);
+  EXPECT_EQ(full.back(), 304);
+  const auto format = PromptFormat::kMistralSmall3Chat;
+
+  const int64_t length = static_cast<int64_t>(full.size());
+  const TokenizedPrompt padded = tokenize_prompt(*tokenizer, format, "a fox", length + 3);
+  EXPECT_FALSE(padded.truncated);
+  EXPECT_EQ(padded.num_tokens, length);
+  std::vector<int32_t> expected = full;
+  expected.insert(expected.end(), {311, 311, 311});
+  EXPECT_EQ(padded.ids, expected);
+
+  // One token short: the right end goes, and with it [/INST].
+  const TokenizedPrompt cut = tokenize_prompt(*tokenizer, format, "a fox", length - 1);
+  EXPECT_TRUE(cut.truncated);
+  EXPECT_EQ(cut.num_tokens, length - 1);
+  EXPECT_EQ(cut.ids, std::vector<int32_t>(full.begin(), full.end() - 1));
+  EXPECT_EQ(std::count(cut.ids.begin(), cut.ids.end(), 304), 0);
+
+  // [IMG] in the prompt never reaches the ids.
+  const TokenizedPrompt image = tokenize_prompt(*tokenizer, format, "a[IMG] fox", length);
+  EXPECT_EQ(image.ids, tokenize_prompt(*tokenizer, format, "a fox", length).ids);
+  EXPECT_EQ(std::count(image.ids.begin(), image.ids.end(), 310), 0);
+
+  // An empty prompt still has the whole template: ... [INST] [/INST], then padding.
+  // (The tiny vocabulary has no merges, so the system message alone is ~170 ids.)
+  const int64_t empty_length = static_cast<int64_t>(full.size()) - 5;  // "a fox" is 5 ids here
+  const TokenizedPrompt empty = tokenize_prompt(*tokenizer, format, "", empty_length + 4);
+  EXPECT_FALSE(empty.truncated);
+  ASSERT_EQ(empty.num_tokens, empty_length);
+  EXPECT_EQ(empty.ids[empty.num_tokens - 2], 303);
+  EXPECT_EQ(empty.ids[empty.num_tokens - 1], 304);
+  EXPECT_EQ(empty.ids.size(), static_cast<size_t>(empty_length + 4));
+  for (size_t i = static_cast<size_t>(empty.num_tokens); i < empty.ids.size(); ++i) {
+    EXPECT_EQ(empty.ids[i], 311) << i;
+  }
+  EXPECT_TRUE(tokenize_prompt(*tokenizer, format, "a fox", 0).ids.empty());
+}
+
+TEST(ChatTemplateTest, MistralPadsWithTekkenPadIdWhenTheTokenIsMissing) {
+  TempDir dir;
+  const std::unique_ptr<Tokenizer> tokenizer = load_tiny_mistral(dir, /*with_pad=*/false);
+  ASSERT_NE(tokenizer, nullptr);
+  EXPECT_EQ(prompt_pad_token(PromptFormat::kMistralSmall3Chat), "<pad>");
+  EXPECT_EQ(prompt_pad_fallback_id(PromptFormat::kMistralSmall3Chat), 11);
+  const TokenizedPrompt tokens =
+      tokenize_prompt(*tokenizer, PromptFormat::kMistralSmall3Chat, "a", 200);
+  ASSERT_LT(tokens.num_tokens, 200);
+  EXPECT_EQ(tokens.ids.back(), 11);
+}
+
+TEST(ChatTemplateTest, QwenFormatIsTheDefaultTokenizePrompt) {
+  TempDir dir;
+  TinyTokenizerSpec spec;
+  spec.added_tokens = {added_token(300, "<|endoftext|>", true),
+                       added_token(301, "<|im_start|>", true),
+                       added_token(302, "<|im_end|>", true)};
+  const std::unique_ptr<Tokenizer> tokenizer = load_tiny(dir, spec);
+  ASSERT_NE(tokenizer, nullptr);
+  const TokenizedPrompt old_api = tokenize_prompt(*tokenizer, "a [IMG] fox", 80);
+  const TokenizedPrompt new_api =
+      tokenize_prompt(*tokenizer, PromptFormat::kQwen3Chat, "a [IMG] fox", 80);
+  EXPECT_EQ(new_api.ids, old_api.ids);
+  EXPECT_EQ(new_api.num_tokens, old_api.num_tokens);
+  EXPECT_EQ(new_api.ids.back(), 300);
+  EXPECT_EQ(prompt_pad_fallback_id(PromptFormat::kQwen3Chat), 151643);
+}
+
+TEST(ChatTemplateTest, FormatNamesAndPipelineClasses) {
+  for (const PromptFormat format : {PromptFormat::kQwen3Chat, PromptFormat::kMistralSmall3Chat}) {
+    auto parsed = prompt_format_from_name(prompt_format_name(format));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, format);
+  }
+  EXPECT_FALSE(prompt_format_from_name("llama").ok());
+  EXPECT_EQ(*prompt_format_for_pipeline("Flux2Pipeline"), PromptFormat::kMistralSmall3Chat);
+  EXPECT_EQ(*prompt_format_for_pipeline("Flux2KleinPipeline"), PromptFormat::kQwen3Chat);
+  EXPECT_EQ(*prompt_format_for_pipeline("Flux2KleinKVPipeline"), PromptFormat::kQwen3Chat);
+  auto unknown = prompt_format_for_pipeline("FluxPipeline");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("FluxPipeline"), std::string::npos);
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 #!/usr/bin/env node
-// Helpers of the tokenizer corpus test (tests/tokenizer/run_corpus_test.sh):
-//   node corpus.js lines corpus.json > input.jsonl
+// Helpers of the tokenizer corpus test (tests/tokenizer/run_corpus_test.sh); several corpus files
+// are read as one corpus, in order:
+//   node corpus.js lines CORPUS.json... > input.jsonl
 //       one JSON string line per corpus entry, the stdin of `flux2 tokenize` and hf_tokenize.js.
 //       An entry is {"name", "text"}, {"name", "base64"} (raw bytes, invalid UTF-8 allowed: they
 //       are written unescaped inside the quotes so that both tokenizers see the same bytes) or
 //       {"name", "repeat", "times"} (the text repeated, for very long inputs).
-//   node corpus.js compare corpus.json expected.jsonl actual.jsonl
+//   node corpus.js compare expected.jsonl actual.jsonl CORPUS.json...
 //       requires identical id arrays per entry; prints every mismatch by entry name.
 'use strict';
 const fs = require('fs');
@@ -17,9 +18,18 @@ function die(message) {
   process.exit(1);
 }
 
-function readCorpus(file) {
-  const corpus = JSON.parse(fs.readFileSync(file, 'utf8'));
-  if (!Array.isArray(corpus)) die(`${file}: not a JSON array`);
+function readCorpus(files) {
+  const corpus = [];
+  const names = new Set();
+  for (const file of files) {
+    const entries = JSON.parse(fs.readFileSync(file, 'utf8'));
+    if (!Array.isArray(entries)) die(`${file}: not a JSON array`);
+    for (const entry of entries) {
+      if (names.has(entry.name)) die(`${file}: entry name ${JSON.stringify(entry.name)} is not unique`);
+      names.add(entry.name);
+      corpus.push(entry);
+    }
+  }
   return corpus;
 }
 
@@ -76,11 +86,11 @@ function compare(corpus, expected, actual) {
 }
 
 const [command, ...rest] = process.argv.slice(2);
-if (command === 'lines' && rest.length === 1) {
-  const lines = readCorpus(rest[0]).map((entry) => Buffer.concat([entryLine(entry), Buffer.from('\n')]));
+if (command === 'lines' && rest.length >= 1) {
+  const lines = readCorpus(rest).map((entry) => Buffer.concat([entryLine(entry), Buffer.from('\n')]));
   process.stdout.write(Buffer.concat(lines));
-} else if (command === 'compare' && rest.length === 3) {
-  process.exit(compare(readCorpus(rest[0]), readIdLines(rest[1]), readIdLines(rest[2])) ? 0 : 1);
+} else if (command === 'compare' && rest.length >= 3) {
+  process.exit(compare(readCorpus(rest.slice(2)), readIdLines(rest[0]), readIdLines(rest[1])) ? 0 : 1);
 } else {
-  die('usage: corpus.js lines CORPUS | corpus.js compare CORPUS EXPECTED ACTUAL');
+  die('usage: corpus.js lines CORPUS... | corpus.js compare EXPECTED ACTUAL CORPUS...');
 }
