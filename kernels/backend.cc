@@ -23,6 +23,17 @@ absl::StatusOr<std::vector<double>> Backend::time_each_ms(
   return times;
 }
 
+absl::StatusOr<CopyTicket> Backend::start_copies(const std::vector<CopyPair>& copies) {
+  for (const CopyPair& pair : copies) {
+    if (pair.src.shape() != pair.dst.shape() || pair.src.dtype() != pair.dst.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "start_copies: ", pair.src.describe(), " cannot be copied into ", pair.dst.describe()));
+    }
+    FLUX_RETURN_IF_ERROR(copy(pair.src, pair.dst));
+  }
+  return CopyTicket{};
+}
+
 absl::StatusOr<double> Backend::time_ms(const std::function<absl::Status()>& work) {
   FLUX_RETURN_IF_ERROR(synchronize());
   FLUX_ASSIGN_OR_RETURN(std::vector<double> times,

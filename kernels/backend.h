@@ -73,6 +73,16 @@ enum class OpProfiling : uint8_t {
   kByShape,     // the categories split by GEMM shape (M x N x K) and by op name
 };
 
+// One copy of Backend::start_copies: contiguous tensors of the same dtype and shape.
+struct CopyPair {
+  Tensor src, dst;
+};
+
+// The copies of one start_copies call, for await_copies (empty where they ran synchronously).
+struct CopyTicket {
+  std::shared_ptr<void> done;
+};
+
 // Device memory as the backend sees it (zeros on the CPU backend).
 struct BackendMemoryStats {
   int64_t used_bytes = 0;   // currently allocated by this backend
@@ -134,6 +144,23 @@ class Backend {
     return absl::UnimplementedError(std::string(name()) +
                                     " backend has no FP8 path for quality=high");
   }
+  // ---- host-resident weights (a memory plan for GPUs smaller than the model) ----------------
+  // An uninitialised contiguous tensor in host memory that upload() fills and start_copies()
+  // reads asynchronously: page-locked on CUDA (Device::kCpu there, so no other op takes it); on the
+  // CPU backend an ordinary tensor. Out of memory is ResourceExhausted.
+  virtual absl::StatusOr<Tensor> empty_host(DType dtype, Shape shape) {
+    return empty(dtype, std::move(shape));
+  }
+  // Copies each src into its dst once all work issued so far is done (so a dst may still be read
+  // by that work), on a copy stream beside the compute stream where the backend has one, and
+  // returns without waiting; work issued after await_copies(ticket) sees them complete. The
+  // default copies at once (the CPU backend, where ops run synchronously).
+  virtual absl::StatusOr<CopyTicket> start_copies(const std::vector<CopyPair>& copies);
+  virtual absl::Status await_copies(const CopyTicket& ticket) { return absl::OkStatus(); }
+  // Device memory not allocated by anyone (cudaMemGetInfo), for start-up plans; -1 where the
+  // backend has no separate device memory (CPU).
+  virtual int64_t free_device_bytes() const { return -1; }
+
   // The options of the request running now (RequestScope); defaults outside any request.
   const RequestOptions& request() const { return request_; }
 
@@ -181,6 +208,10 @@ class Backend {
   virtual absl::Status qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight,
                                     float eps, const Tensor& cos, const Tensor& sin,
                                     RopeStyle style) = 0;
+  // In place on x [S, H·Dh]: the rotary embedding alone (qk_norm_rope without the norm), for text
+  // encoders without q/k RMSNorm (Mistral).
+  virtual absl::Status rope(const Tensor& x, int64_t head_dim, const Tensor& cos, const Tensor& sin,
+                            RopeStyle style) = 0;
   // GroupNorm of x [P, C] (P pixels, NHWC) with `groups` channel groups, affine gamma/beta [C],
   // then SiLU when `silu` is set.
   virtual absl::Status group_norm(const Tensor& x, int64_t groups, const Tensor& gamma,

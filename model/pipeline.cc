@@ -1,5 +1,5 @@
-// The FLUX.2-klein text-to-image pipeline; see pipeline.h.
-// Tested by `flux2 check-golden --only pipeline` and tests/host/pipeline_test.cc.
+// The FLUX.2 pipelines (klein, klein-KV, dev): loading with a memory plan, and generation; see
+// pipeline.h. Tested by `flux2 check-golden --only pipeline` and tests/host/pipeline_test.cc.
 #include "model/pipeline.h"
 
 #include <chrono>
@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/base/elapsed.h"
 #include "kernels/base/status.h"
+#include "model/bfl_checkpoint.h"
 #include "model/checkpoint.h"
 #include "model/json_util.h"
 #include "model/rope.h"
@@ -36,6 +37,37 @@ std::string model_name_of(const std::string& model_dir) {
   return path.filename().string();
 }
 
+constexpr char kDevClass[] = "Flux2Pipeline";
+
+// The hidden-state taps of each text encoder (diffusers' text_encoder_out_layers).
+std::vector<int64_t> text_encoder_taps(bool dev) {
+  return dev ? std::vector<int64_t>{10, 20, 30} : std::vector<int64_t>{9, 18, 27};
+}
+
+// transformer/, or options.transformer_file (a BFL single file) with transformer/config.json.
+absl::StatusOr<ComponentWeights> open_transformer(const std::string& model_dir,
+                                                  const PipelineOptions& options) {
+  if (options.transformer_file.empty()) return ComponentWeights::open(model_dir + "/transformer");
+  FLUX_ASSIGN_OR_RETURN(const bool bfl, is_bfl_transformer_file(options.transformer_file));
+  if (!bfl) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.transformer_file,
+        ": not a Black Forest Labs FLUX.2 transformer (no double_blocks.0.img_attn.qkv.weight); "
+        "diffusers-named weights belong in ",
+        model_dir, "/transformer/"));
+  }
+  const std::string config_path = model_dir + "/transformer/config.json";
+  FLUX_ASSIGN_OR_RETURN(nlohmann::json config, read_json_file(config_path));
+  return open_bfl_transformer(options.transformer_file, std::move(config), config_path);
+}
+
+// Every tensor of `weights` at `value_bytes` bytes per value (all of them are loaded).
+int64_t component_bytes(const ComponentWeights& weights, int64_t value_bytes) {
+  int64_t values = 0;
+  for (const auto& [name, ref] : weights.tensors()) values += shape_numel(ref.entry->shape);
+  return values * value_bytes;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
@@ -43,43 +75,59 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
                                                          const PipelineOptions& options) {
   const Clock::time_point start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(ModelIndex index, ModelIndex::read(model_dir));
-  if (index.class_name != "Flux2KleinPipeline" && index.class_name != "Flux2KleinKVPipeline") {
-    return absl::UnimplementedError(absl::StrCat(
-        model_dir, "/model_index.json: pipeline class \"", index.class_name,
-        "\" is not served; only Flux2KleinPipeline and Flux2KleinKVPipeline (FLUX.2-klein) "
-        "checkpoints are"));
+  const bool dev = index.class_name == kDevClass;
+  if (!dev && index.class_name != "Flux2KleinPipeline" &&
+      index.class_name != "Flux2KleinKVPipeline") {
+    return absl::UnimplementedError(
+        absl::StrCat(model_dir, "/model_index.json: pipeline class \"", index.class_name,
+                     "\" is not served; only Flux2Pipeline (FLUX.2-dev), Flux2KleinPipeline and "
+                     "Flux2KleinKVPipeline (FLUX.2-klein) checkpoints are"));
   }
-  const bool kv_cache = options.kv_cache.value_or(index.class_name == "Flux2KleinKVPipeline");
+  const bool kv_cache =
+      !dev && options.kv_cache.value_or(index.class_name == "Flux2KleinKVPipeline");
   const bool is_distilled = options.is_distilled.value_or(index.is_distilled || kv_cache);
   if (kv_cache && !is_distilled) {
     return absl::InvalidArgumentError(absl::StrCat(
         model_dir, ": klein-KV runs distilled checkpoints only (Flux2KleinKVPipeline has no CFG)"));
   }
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
-  pipeline->describe(model_dir, model_name_of(model_dir), is_distilled, kv_cache);
+  pipeline->describe(model_dir, model_name_of(model_dir), dev ? kDevClass : index.class_name,
+                     is_distilled, kv_cache);
 
   const std::string scheduler_path = model_dir + "/scheduler/scheduler_config.json";
   FLUX_ASSIGN_OR_RETURN(nlohmann::json scheduler_json, read_json_file(scheduler_path));
   FLUX_ASSIGN_OR_RETURN(pipeline->scheduler_config_,
                         SchedulerConfig::from_json(scheduler_json, scheduler_path));
-
   FLUX_ASSIGN_OR_RETURN(pipeline->tokenizer_, Tokenizer::load(model_dir + "/tokenizer"));
-  {
-    FLUX_ASSIGN_OR_RETURN(ComponentWeights weights,
-                          ComponentWeights::open(model_dir + "/text_encoder"));
-    FLUX_ASSIGN_OR_RETURN(pipeline->text_encoder_, Qwen3Encoder::load(backend, weights));
-  }
-  {
-    FLUX_ASSIGN_OR_RETURN(ComponentWeights weights,
-                          ComponentWeights::open(model_dir + "/transformer"));
-    FLUX_ASSIGN_OR_RETURN(pipeline->transformer_, Flux2Transformer::load(backend, weights));
-  }
-  {
-    FLUX_ASSIGN_OR_RETURN(ComponentWeights weights, ComponentWeights::open(model_dir + "/vae"));
-    FLUX_ASSIGN_OR_RETURN(pipeline->vae_, VaeDecoder::load(backend, weights));
-    FLUX_ASSIGN_OR_RETURN(pipeline->vae_encoder_, VaeEncoder::load(backend, weights));
-  }
 
+  // The memory plan, from the tensor shapes, before anything is allocated.
+  FLUX_ASSIGN_OR_RETURN(ComponentWeights text_weights,
+                        ComponentWeights::open(model_dir + "/text_encoder"));
+  FLUX_ASSIGN_OR_RETURN(ComponentWeights transformer_weights, open_transformer(model_dir, options));
+  FLUX_ASSIGN_OR_RETURN(ComponentWeights vae_weights, ComponentWeights::open(model_dir + "/vae"));
+  const std::vector<int64_t> taps = text_encoder_taps(dev);
+  const int64_t value_bytes = dtype_size(backend.weight_dtype());
+  MemoryPlan plan;
+  FLUX_ASSIGN_OR_RETURN(
+      std::tie(plan.text_encoder_device, plan.text_encoder_host),
+      TextEncoder::planned_bytes(text_weights, taps, options.text_encoder_residency, value_bytes));
+  plan.transformer = component_bytes(transformer_weights, value_bytes);
+  plan.vae = component_bytes(vae_weights, value_bytes);
+  plan.fp8 = options.enable_quality_high ? plan.transformer / 2 : 0;
+  plan.prompt_cache = options.prompt_cache_bytes;
+  plan.working = kWorkingBytes;
+  FLUX_RETURN_IF_ERROR(check_memory_plan(
+      plan, backend.free_device_bytes(), model_dir,
+      options.text_encoder_residency == WeightResidency::kStreamed, "--text-encoder-offload"));
+
+  FLUX_ASSIGN_OR_RETURN(pipeline->text_encoder_, TextEncoder::load(backend, text_weights, taps,
+                                                                   options.text_encoder_residency));
+  FLUX_ASSIGN_OR_RETURN(pipeline->transformer_,
+                        Flux2Transformer::load(backend, transformer_weights));
+  FLUX_ASSIGN_OR_RETURN(pipeline->vae_, VaeDecoder::load(backend, vae_weights));
+  FLUX_ASSIGN_OR_RETURN(pipeline->vae_encoder_, VaeEncoder::load(backend, vae_weights));
+
+  pipeline->prompt_cache_ = PromptCache(options.prompt_cache_bytes);
   FLUX_RETURN_IF_ERROR(pipeline->finish_load(model_dir, options.enable_quality_high, start));
   return pipeline;
 }
@@ -89,8 +137,13 @@ std::string PipelineInfo::load_summary() const {
       "loaded %s (%s) on %s in %.2f s: text_encoder %.3f GB, transformer %.3f GB, vae %.3f GB%s",
       model_name, variant, backend, load_seconds, text_encoder_bytes / 1e9, transformer_bytes / 1e9,
       vae_bytes / 1e9,
-      quality_high ? absl::StrFormat(", fp8 copies for quality=high %.3f GB", fp8_bytes / 1e9)
-                   : "");
+      absl::StrCat(
+          text_encoder_streamed
+              ? absl::StrFormat(", text encoder streamed from %.3f GB of pinned host memory",
+                                text_encoder_host_bytes / 1e9)
+              : "",
+          quality_high ? absl::StrFormat(", fp8 copies for quality=high %.3f GB", fp8_bytes / 1e9)
+                       : ""));
 }
 
 absl::Status Pipeline::connect_components(const std::string& source) {
@@ -113,6 +166,9 @@ absl::Status Pipeline::connect_components(const std::string& source) {
   }
   info_.pixel_multiple = 2 * vae.scale_factor();
   info_.text_encoder_bytes = text_encoder_->device_bytes();
+  info_.text_encoder_host_bytes = text_encoder_->host_bytes();
+  info_.text_encoder_streamed = info_.text_encoder_host_bytes > 0;
+  info_.prompt_cache_bytes = prompt_cache_.capacity_bytes();
   info_.transformer_bytes = transformer_->load_report().device_bytes;
   info_.vae_bytes = vae_->device_bytes() + vae_encoder_->device_bytes();
   info_.device_bytes = info_.text_encoder_bytes + info_.transformer_bytes + info_.vae_bytes;
@@ -123,12 +179,13 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
                                                                   const RandomPipelineSpec& spec) {
   const Clock::time_point start = Clock::now();
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
-  pipeline->describe("(random weights)", spec.name, spec.is_distilled || spec.kv_cache,
-                     spec.kv_cache);
+  pipeline->describe("(random weights)", spec.name, spec.pipeline_class,
+                     spec.is_distilled || spec.kv_cache, spec.kv_cache);
   FLUX_ASSIGN_OR_RETURN(pipeline->tokenizer_, Tokenizer::load(spec.tokenizer_dir));
-  FLUX_ASSIGN_OR_RETURN(
-      pipeline->text_encoder_,
-      Qwen3Encoder::create_random(backend, spec.text_encoder, spec.taps, spec.seed));
+  FLUX_ASSIGN_OR_RETURN(pipeline->text_encoder_,
+                        TextEncoder::create_random(backend, spec.text_encoder, spec.taps, spec.seed,
+                                                   spec.text_encoder_residency));
+  pipeline->prompt_cache_ = PromptCache(spec.prompt_cache_bytes);
   FLUX_ASSIGN_OR_RETURN(pipeline->transformer_,
                         Flux2Transformer::create_random(backend, spec.transformer, spec.seed + 1));
   FLUX_ASSIGN_OR_RETURN(pipeline->vae_,
@@ -140,17 +197,23 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
 }
 
 void Pipeline::describe(const std::string& model_dir, const std::string& model_name,
-                        bool is_distilled, bool kv_cache) {
+                        const std::string& pipeline_class, bool is_distilled, bool kv_cache) {
+  const bool dev = pipeline_class == kDevClass;
   info_.model_dir = model_dir;
   info_.model_name = model_name;
-  info_.pipeline_class = kv_cache ? "Flux2KleinKVPipeline" : "Flux2KleinPipeline";
-  info_.is_distilled = is_distilled;
-  info_.uses_cfg = !is_distilled;
+  info_.pipeline_class = pipeline_class;
+  info_.guidance_embedded = dev;
+  info_.is_distilled = !dev && is_distilled;
+  info_.uses_cfg = !dev && !is_distilled;
   info_.uses_kv_cache = kv_cache;
-  info_.variant = kv_cache ? "klein-kv" : is_distilled ? "klein-distilled" : "klein-base";
-  info_.default_steps = is_distilled ? 4 : 50;
+  info_.variant = dev            ? "dev"
+                  : kv_cache     ? "klein-kv"
+                  : is_distilled ? "klein-distilled"
+                                 : "klein-base";
+  info_.default_steps = info_.is_distilled ? 4 : 50;
   info_.default_guidance = 4.0;
   info_.backend = std::string(backend_.name());
+  prompt_format_ = dev ? PromptFormat::kMistralSmall3Chat : PromptFormat::kQwen3Chat;
 }
 
 absl::Status Pipeline::finish_load(const std::string& source, bool enable_quality_high,
@@ -164,17 +227,18 @@ absl::Status Pipeline::finish_load(const std::string& source, bool enable_qualit
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> Pipeline::negative_embeddings(const TokenizedPrompt& tokens) const {
-  // Requests almost always use the default negative prompt "": encode each distinct one once.
+absl::StatusOr<Tensor> Pipeline::prompt_embeddings(const TokenizedPrompt& tokens, bool* hit) const {
   // The key ignores quality and fast paths: the text encoder's numerics depend on neither (generate
-  // runs it at lossless; its fast paths are bit-identical). When full, the smallest key goes.
-  constexpr size_t kCachedNegativePrompts = 4;
-  auto found = negative_cache_.find(tokens.ids);
-  if (found != negative_cache_.end()) return found->second;
+  // runs it at lossless; its fast paths are bit-identical), so a hit gives the bytes an encode
+  // would.
+  PromptCache::Key key{tokens.ids, tokens.num_tokens};
+  if (std::optional<Tensor> cached = prompt_cache_.find(key)) {
+    *hit = true;
+    return *cached;
+  }
+  *hit = false;
   FLUX_ASSIGN_OR_RETURN(Tensor embeds, text_encoder_->encode(tokens.ids, tokens.num_tokens));
-  if (negative_cache_.size() >= kCachedNegativePrompts)
-    negative_cache_.erase(negative_cache_.begin());
-  negative_cache_[tokens.ids] = embeds;
+  prompt_cache_.insert(std::move(key), embeds);
   return embeds;
 }
 
@@ -246,6 +310,11 @@ absl::Status Pipeline::validate(const GenerateParams& params) const {
     return absl::InvalidArgumentError(absl::StrCat("guidance_scale: ", params.guidance_scale,
                                                    " is not a finite value in 0..", kMaxGuidance));
   }
+  if (!params.negative_prompt.empty() && !info_.uses_cfg) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "negative_prompt: ", info_.model_name, " (", info_.variant,
+        ") runs without classifier-free guidance, so a negative prompt does not apply"));
+  }
   if (params.quality == Quality::kHigh && !info_.quality_high) {
     return absl::InvalidArgumentError(
         "quality: QUALITY_HIGH is not enabled for this model (load it with quality=high enabled)");
@@ -290,19 +359,24 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
 
   // Text: prompt (and the negative prompt for CFG) -> prompt embeddings [L, J].
   Clock::time_point start = Clock::now();
-  const TokenizedPrompt tokens = tokenize_prompt(*tokenizer_, params.prompt, max_length);
+  const TokenizedPrompt tokens =
+      tokenize_prompt(*tokenizer_, prompt_format_, params.prompt, max_length);
   TokenizedPrompt negative_tokens;
-  if (cfg) negative_tokens = tokenize_prompt(*tokenizer_, params.negative_prompt, max_length);
+  if (cfg) {
+    negative_tokens =
+        tokenize_prompt(*tokenizer_, prompt_format_, params.negative_prompt, max_length);
+  }
   timings.tokenize = seconds_since(start);
   start = Clock::now();
   // The text encoder always runs at lossless numerics (quality=high is the transformer's and the
-  // VAE's), so the negative-prompt cache below may serve both qualities.
+  // VAE's), so the prompt cache may serve both qualities.
   std::optional<RequestScope> text_scope(std::in_place, be, request.at_lossless());
   if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
-  FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, text_encoder_->encode(tokens.ids, tokens.num_tokens));
+  FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, prompt_embeddings(tokens, &image.prompt_cache_hit));
   Tensor negative_embeds;
   if (cfg) {
-    FLUX_ASSIGN_OR_RETURN(negative_embeds, negative_embeddings(negative_tokens));
+    bool negative_hit = false;
+    FLUX_ASSIGN_OR_RETURN(negative_embeds, prompt_embeddings(negative_tokens, &negative_hit));
   }
   text_scope.reset();
   // Noise drawn like diffusers: randn([1, 128, h, w]) in the activation dtype, packed to tokens.

@@ -1,7 +1,8 @@
-// Pipeline: prompt -> PNG-ready pixels for a FLUX.2-klein checkpoint directory (architecture §2):
-// tokenize, encode text, draw diffusers-compatible noise, run N Euler steps (CFG against the
-// negative prompt for klein base), decode with the VAE. The engine API server/ calls; one
-// pipeline per backend, used by one thread at a time. Tested by `flux2 check-golden --only
+// Pipeline: prompt -> PNG-ready pixels for a FLUX.2 checkpoint directory (klein: Flux2KleinPipeline
+// and Flux2KleinKVPipeline; dev: Flux2Pipeline; architecture §2): tokenize, encode text (cached
+// per prompt), draw diffusers-compatible noise, run N Euler steps (CFG against the negative prompt
+// for klein base, embedded guidance for dev), decode with the VAE. The engine API server/ calls;
+// one pipeline per backend, used by one thread at a time. Tested by `flux2 check-golden --only
 // pipeline`, tests/host/pipeline_test.cc and the server end-to-end tests.
 #pragma once
 
@@ -18,9 +19,11 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "model/flux2_transformer.h"
-#include "model/qwen3_encoder.h"
+#include "model/memory_plan.h"
+#include "model/prompt_cache.h"
 #include "model/reference_image.h"
 #include "model/scheduler.h"
+#include "model/text_encoder.h"
 #include "model/tokenizer.h"
 #include "model/vae_decoder.h"
 #include "model/vae_encoder.h"
@@ -32,9 +35,11 @@ struct PipelineInfo {
   std::string model_dir;
   std::string model_name;      // directory name, e.g. "FLUX.2-klein-4B"
   std::string pipeline_class;  // model_index.json _class_name
-  std::string variant;         // "klein-distilled", "klein-base", "klein-kv"
+  std::string variant;         // "klein-distilled", "klein-base", "klein-kv", "dev"
   bool is_distilled = true;    // distilled: no CFG
   bool uses_cfg = false;       // base models: true CFG against the negative prompt
+  // dev: guidance_scale enters the transformer through its guidance embedder (one call per step).
+  bool guidance_embedded = false;
   // klein-KV (Flux2KleinKVPipeline): step 0 caches the reference tokens' K/V of every layer and
   // later steps attend to the cache instead of running the references again.
   bool uses_kv_cache = false;
@@ -47,8 +52,14 @@ struct PipelineInfo {
   int64_t text_encoder_bytes = 0;
   int64_t transformer_bytes = 0;
   int64_t vae_bytes = 0;
-  int64_t fp8_bytes = 0;      // FP8 weight copies for quality=high (0 when not enabled)
-  bool quality_high = false;  // quality=high requests are served
+  int64_t fp8_bytes = 0;  // FP8 weight copies for quality=high (0 when not enabled)
+  // The text encoder's weights stay in page-locked host memory and stream onto the device layer by
+  // layer for each encode (the memory plan of GPUs smaller than the model); text_encoder_bytes is
+  // then its two device layer buffers.
+  bool text_encoder_streamed = false;
+  int64_t text_encoder_host_bytes = 0;
+  int64_t prompt_cache_bytes = 0;  // capacity of the prompt-embedding cache (0: off)
+  bool quality_high = false;       // quality=high requests are served
   double load_seconds = 0.0;
 
   // One log line: model, backend, bytes per component and load time.
@@ -57,9 +68,12 @@ struct PipelineInfo {
 
 // The shapes of a pipeline built with random weights (benchmarks at the published shapes).
 struct RandomPipelineSpec {
-  std::string name;  // e.g. "klein-4b (random weights)"
+  std::string name;                                   // e.g. "klein-4b (random weights)"
+  std::string pipeline_class = "Flux2KleinPipeline";  // or "Flux2Pipeline" (dev)
   Flux2Config transformer;
-  Qwen3Config text_encoder;
+  TextEncoderConfig text_encoder;
+  WeightResidency text_encoder_residency = WeightResidency::kDevice;
+  int64_t prompt_cache_bytes = kDefaultPromptCacheBytes;
   std::vector<int64_t> taps = {9, 18, 27};
   VaeConfig vae;
   std::string tokenizer_dir;  // a real tokenizer.json (tokenization cost is part of a request)
@@ -78,6 +92,15 @@ struct PipelineOptions {
   // Keep FP8 copies of the transformer's block weights so requests may ask for Quality::kHigh
   // (costs about half the transformer's bf16 bytes; reported in PipelineInfo::fp8_bytes).
   bool enable_quality_high = false;
+  // kStreamed: the text encoder's weights in pinned host memory, streamed per encode (the 80 GB
+  // memory plan for FLUX.2-dev).
+  WeightResidency text_encoder_residency = WeightResidency::kDevice;
+  // Bytes of prompt embeddings kept on the device for repeated prompts (0: no cache).
+  int64_t prompt_cache_bytes = kDefaultPromptCacheBytes;
+  // A transformer file to load instead of transformer/'s weights: a Black Forest Labs single-file
+  // checkpoint (flux2-dev.safetensors naming) or a diffusers-named one; its config comes from
+  // transformer/config.json.
+  std::string transformer_file;
 };
 
 struct GenerateParams {
@@ -121,6 +144,7 @@ struct GeneratedImage {
   std::vector<uint8_t> rgb;  // height x width x 3, row-major
   uint64_t seed = 0;
   StageTimings timings;
+  bool prompt_cache_hit = false;  // the prompt's embeddings came from the cache (no text encode)
 };
 
 struct GenerateHooks {
@@ -164,8 +188,8 @@ class Pipeline {
  private:
   Pipeline(Backend& backend) : backend_(backend) {}
   // The PipelineInfo fields every klein pipeline derives from its name and variant.
-  void describe(const std::string& model_dir, const std::string& model_name, bool is_distilled,
-                bool kv_cache);
+  void describe(const std::string& model_dir, const std::string& model_name,
+                const std::string& pipeline_class, bool is_distilled, bool kv_cache);
   // Checks the references of `params` (prepared, within the area) naming reference_images[i].
   absl::Status validate_references(const GenerateParams& params) const;
   // VAE-encodes the references into rows [0, R) of `tokens` [R, 128] (R: their tokens in order)
@@ -178,19 +202,19 @@ class Pipeline {
   // weights when asked for, and the load time since `start`.
   absl::Status finish_load(const std::string& source, bool enable_quality_high,
                            std::chrono::steady_clock::time_point start);
-  // The CFG negative prompt's embeddings, cached per distinct token sequence (the default "" is
-  // encoded once per model, not per request).
-  absl::StatusOr<Tensor> negative_embeddings(const TokenizedPrompt& tokens) const;
+  // The prompt embeddings of `tokens`: from the cache, else encoded (and cached). `hit` says which.
+  absl::StatusOr<Tensor> prompt_embeddings(const TokenizedPrompt& tokens, bool* hit) const;
 
   Backend& backend_;
   PipelineInfo info_;
   SchedulerConfig scheduler_config_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<Qwen3Encoder> text_encoder_;
+  PromptFormat prompt_format_ = PromptFormat::kQwen3Chat;
+  std::unique_ptr<TextEncoder> text_encoder_;
   std::unique_ptr<Flux2Transformer> transformer_;
   std::unique_ptr<VaeDecoder> vae_;
   std::unique_ptr<VaeEncoder> vae_encoder_;
-  mutable std::map<std::vector<int32_t>, Tensor> negative_cache_;
+  mutable PromptCache prompt_cache_;
 };
 
 }  // namespace flux2

@@ -23,7 +23,13 @@ absl::StatusOr<RandomPipelineSpec> random_pipeline_spec(const std::string& model
   spec.name = model + " (random weights)";
   spec.tokenizer_dir = tokenizer_dir;
   spec.vae = published_vae_config();
-  Qwen3Config& te = spec.text_encoder;
+  TextEncoderConfig& te = spec.text_encoder;
+  if (model == "dev") {  // Mistral-Small-3.1-24B's language model, taps 10/20/30
+    te = TextEncoderConfig::mistral_small_3();
+    spec.taps = {10, 20, 30};
+    spec.pipeline_class = "Flux2Pipeline";
+    return spec;
+  }
   te.num_hidden_layers = 36;
   te.num_attention_heads = 32;
   te.num_key_value_heads = 8;
@@ -31,18 +37,9 @@ absl::StatusOr<RandomPipelineSpec> random_pipeline_spec(const std::string& model
   if (model == "klein-4b") {  // Qwen3-4B
     te.hidden_size = 2560;
     te.intermediate_size = 9728;
-  } else if (model == "klein-9b") {  // Qwen3-8B
+  } else {  // klein-9b: Qwen3-8B
     te.hidden_size = 4096;
     te.intermediate_size = 12288;
-  } else {  // dev: Mistral-Small-3.2-24B dimensions, taps 10/20/30
-    te.hidden_size = 5120;
-    te.num_hidden_layers = 40;
-    te.intermediate_size = 32768;
-    // Mistral's vocabulary has 131072 ids; the embedding is only a lookup, so it keeps Qwen's
-    // 151936 rows here to accept the Qwen tokenizer's ids.
-    te.rms_norm_eps = 1e-5;
-    te.rope_theta = 1e9;
-    spec.taps = {10, 20, 30};
   }
   return spec;
 }

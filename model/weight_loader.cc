@@ -95,7 +95,8 @@ absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
   return bytes;
 }
 
-absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<WeightSpec>& table) {
+absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<WeightSpec>& table,
+                                         WeightMemory memory) {
   // Size every target from the specs that fill it: rows add up, the rest must agree.
   std::map<Tensor*, Shape> shapes;
   for (const WeightSpec& spec : table) {
@@ -110,7 +111,9 @@ absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<Wei
   }
   int64_t bytes = 0;
   for (auto& [target, shape] : shapes) {
-    FLUX_ASSIGN_OR_RETURN(*target, backend.empty(backend.weight_dtype(), shape));
+    FLUX_ASSIGN_OR_RETURN(*target, memory == WeightMemory::kHost
+                                       ? backend.empty_host(backend.weight_dtype(), shape)
+                                       : backend.empty(backend.weight_dtype(), shape));
     bytes += target->bytes();
   }
   return bytes;
@@ -131,12 +134,13 @@ absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>
 
 absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
                                         const std::vector<WeightSpec>& table,
-                                        const UnusedTensorFilter& unused) {
+                                        const UnusedTensorFilter& unused, WeightMemory memory) {
   const auto start = std::chrono::steady_clock::now();
   FLUX_RETURN_IF_ERROR(validate_weights(checkpoint, table, unused));
 
   LoadReport report;
-  FLUX_ASSIGN_OR_RETURN(report.device_bytes, allocate_weights(backend, table));
+  FLUX_ASSIGN_OR_RETURN(const int64_t bytes, allocate_weights(backend, table, memory));
+  (memory == WeightMemory::kHost ? report.host_bytes : report.device_bytes) = bytes;
 
   for (const WeightSpec& spec : table) {
     const TensorRef& ref = *checkpoint.find(spec.name);

@@ -35,9 +35,16 @@ struct WeightSpec {
 // Checkpoint tensors a model may leave unread (e.g. the VAE encoder).
 using UnusedTensorFilter = std::function<bool(absl::string_view name)>;
 
+// Where the loader allocates a table's targets.
+enum class WeightMemory : uint8_t {
+  kDevice,  // backend.empty(): the device
+  kHost,    // backend.empty_host(): page-locked host memory the device copies from
+};
+
 struct LoadReport {
   int64_t tensors = 0;       // checkpoint tensors read
-  int64_t device_bytes = 0;  // bytes allocated on the backend
+  int64_t device_bytes = 0;  // bytes allocated on the backend's device
+  int64_t host_bytes = 0;    // bytes allocated in host memory (WeightMemory::kHost)
   double seconds = 0.0;      // wall time of validation, allocation and upload
 };
 
@@ -49,8 +56,10 @@ absl::Status validate_weights(const ComponentWeights& checkpoint,
                               const UnusedTensorFilter& unused);
 
 // Allocates every target of `table` on `backend` (rows = the rows its specs fill, the other
-// dimensions must agree) and returns the bytes allocated. Targets are left uninitialised.
-absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<WeightSpec>& table);
+// dimensions must agree) in `memory` and returns the bytes allocated. Targets are left
+// uninitialised.
+absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<WeightSpec>& table,
+                                         WeightMemory memory = WeightMemory::kDevice);
 
 // Fills every target of `table` (already allocated) with reproducible random values: uniform in
 // ±1/sqrt(columns) for matrices, ±1 for vectors. For benchmarks at real shapes without a
@@ -63,10 +72,11 @@ absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>
 absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
                                                        const std::vector<WeightSpec>& table);
 
-// Validates, allocates each target (rows = the rows its specs fill), and uploads with dtype
-// conversion to backend.weight_dtype().
+// Validates, allocates each target (rows = the rows its specs fill) in `memory`, and uploads with
+// dtype conversion to backend.weight_dtype().
 absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
                                         const std::vector<WeightSpec>& table,
-                                        const UnusedTensorFilter& unused);
+                                        const UnusedTensorFilter& unused,
+                                        WeightMemory memory = WeightMemory::kDevice);
 
 }  // namespace flux2

@@ -42,6 +42,8 @@ class CpuBackend final : public Backend {
                         const Tensor& out) override;
   absl::Status qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight, float eps,
                             const Tensor& cos, const Tensor& sin, RopeStyle style) override;
+  absl::Status rope(const Tensor& x, int64_t head_dim, const Tensor& cos, const Tensor& sin,
+                    RopeStyle style) override;
   absl::Status group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta,
                           float eps, bool silu, const Tensor& out) override;
 

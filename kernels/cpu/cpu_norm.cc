@@ -76,22 +76,27 @@ absl::Status CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float e
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight,
-                                      float eps, const Tensor& cos, const Tensor& sin,
-                                      RopeStyle style) {
-  constexpr absl::string_view kOp = "qk_norm_rope";
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "x", x));
+namespace {
+
+// The rotary embedding of every head of x [S, H·Dh], after the head's RMSNorm with `norm_weight`
+// when one is given (qk_norm_rope) or on the values as they are (rope).
+absl::Status rotate_heads(absl::string_view op, const Tensor& x, int64_t head_dim,
+                          const Tensor* norm_weight, float eps, const Tensor& cos,
+                          const Tensor& sin, RopeStyle style) {
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(op, "x", x));
   if (head_dim <= 0 || head_dim % 2 != 0 || x.cols() % head_dim != 0) {
-    return op_error(kOp,
+    return op_error(op,
                     absl::StrCat("x ", x.describe(), " is not whole heads of even dim ", head_dim));
   }
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "norm_weight", norm_weight));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "norm_weight", norm_weight, head_dim));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "cos", cos));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "cos", cos, x.rows(), head_dim));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "sin", sin));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "sin", sin, x.rows(), head_dim));
-  const float* w = norm_weight.data_as<float>();
+  if (norm_weight != nullptr) {
+    FLUX_RETURN_IF_ERROR(cpu::check_f32(op, "norm_weight", *norm_weight));
+    FLUX_RETURN_IF_ERROR(check_vector(op, "norm_weight", *norm_weight, head_dim));
+  }
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(op, "cos", cos));
+  FLUX_RETURN_IF_ERROR(check_matrix(op, "cos", cos, x.rows(), head_dim));
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(op, "sin", sin));
+  FLUX_RETURN_IF_ERROR(check_matrix(op, "sin", sin, x.rows(), head_dim));
+  const float* w = norm_weight != nullptr ? norm_weight->data_as<float>() : nullptr;
   const int64_t heads = x.cols() / head_dim;
   const int64_t half = head_dim / 2;
   parallel_for(x.rows(), cpu::rows_per_chunk(x), [&](int64_t begin, int64_t end) {
@@ -101,8 +106,12 @@ absl::Status CpuBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const T
       const float* s = cpu::row(sin, r);
       for (int64_t h = 0; h < heads; ++h) {
         float* v = cpu::row(x, r) + h * head_dim;
-        const float rstd = rms_rstd(v, head_dim, eps);
-        for (int64_t d = 0; d < head_dim; ++d) normed[d] = v[d] * rstd * w[d];
+        if (w != nullptr) {
+          const float rstd = rms_rstd(v, head_dim, eps);
+          for (int64_t d = 0; d < head_dim; ++d) normed[d] = v[d] * rstd * w[d];
+        } else {
+          for (int64_t d = 0; d < head_dim; ++d) normed[d] = v[d];
+        }
         for (int64_t d = 0; d < head_dim; ++d) {
           float rotated;
           if (style == RopeStyle::kInterleaved) {
@@ -116,6 +125,19 @@ absl::Status CpuBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const T
     }
   });
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CpuBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight,
+                                      float eps, const Tensor& cos, const Tensor& sin,
+                                      RopeStyle style) {
+  return rotate_heads("qk_norm_rope", x, head_dim, &norm_weight, eps, cos, sin, style);
+}
+
+absl::Status CpuBackend::rope(const Tensor& x, int64_t head_dim, const Tensor& cos,
+                              const Tensor& sin, RopeStyle style) {
+  return rotate_heads("rope", x, head_dim, nullptr, 0.0f, cos, sin, style);
 }
 
 absl::Status CpuBackend::group_norm(const Tensor& x, int64_t groups, const Tensor& gamma,

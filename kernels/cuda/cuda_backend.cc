@@ -70,6 +70,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOp
   backend->stream_ = std::make_shared<CudaStream>();
   FLUX_RETURN_IF_ERROR(cuda_status(
       cudaStreamCreateWithFlags(&backend->stream_->stream, cudaStreamNonBlocking), "stream"));
+  backend->copy_stream_ = std::make_shared<CudaStream>();
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaStreamCreateWithFlags(&backend->copy_stream_->stream, cudaStreamNonBlocking),
+                  "copy stream"));
   int device = 0;
   FLUX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "device"));
   cudaMemPool_t pool;
@@ -137,6 +141,10 @@ absl::StatusOr<Tensor> CudaBackend::empty(DType dtype, Shape shape) {
 }
 
 absl::Status CudaBackend::upload(const void* host, DType host_dtype, const Tensor& dst) {
+  if (dst.device() == Device::kCpu) {  // an empty_host() tensor: convert straight into it
+    if (!dst.contiguous()) return op_error("upload", "host destination is not contiguous");
+    return convert_host(host, host_dtype, dst.data(), dst.dtype(), dst.numel());
+  }
   if (dst.device() != Device::kCuda) return op_error("upload", "destination is not on the GPU");
   const int64_t cols = dst.cols(), rows = dst.rows();
   const int64_t dst_elem = dtype_size(dst.dtype()), host_elem = dtype_size(host_dtype);
@@ -191,6 +199,16 @@ absl::Status CudaBackend::copy(const Tensor& src, const Tensor& dst) {
 }
 
 absl::Status CudaBackend::fill_uniform(const Tensor& t, uint64_t seed, float scale) {
+  if (t.device() == Device::kCpu && t.dtype() == DType::kBF16 && t.contiguous()) {
+    // A host tensor (empty_host): the same values, drawn on the device and copied back.
+    FLUX_ASSIGN_OR_RETURN(Tensor staged, empty(t.dtype(), t.shape()));
+    FLUX_RETURN_IF_ERROR(cuda::fill_uniform_bf16(staged.data(), t.numel(), seed, scale, stream()));
+    FLUX_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpyAsync(t.data(), staged.data(), static_cast<size_t>(t.bytes()),
+                                    cudaMemcpyDeviceToHost, stream()),
+                    "fill_uniform copy"));
+    return synchronize();
+  }
   if (t.device() != Device::kCuda || t.dtype() != DType::kBF16 || !t.contiguous()) {
     return op_error("fill_uniform",
                     absl::StrCat("expected a contiguous bf16 GPU tensor, got ", t.describe()));
@@ -226,6 +244,68 @@ absl::StatusOr<std::vector<double>> CudaBackend::time_each_ms(
   }
   if (!status.ok()) return status;
   return times;
+}
+
+absl::StatusOr<Tensor> CudaBackend::empty_host(DType dtype, Shape shape) {
+  const int64_t bytes = std::max<int64_t>(shape_numel(shape) * dtype_size(dtype), 1);
+  void* memory = nullptr;
+  const cudaError_t error =
+      cudaHostAlloc(&memory, static_cast<size_t>(bytes), cudaHostAllocDefault);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda: cannot allocate ", bytes, " bytes of page-locked host memory for ",
+                     shape_string(shape), ": ", cudaGetErrorString(error)));
+  }
+  std::shared_ptr<void> storage(memory, [](void* p) { cudaFreeHost(p); });
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  return Tensor(std::move(storage), memory, dtype, Device::kCpu, std::move(shape), cols);
+}
+
+absl::StatusOr<CopyTicket> CudaBackend::start_copies(const std::vector<CopyPair>& copies) {
+  cudaStream_t copy_stream = copy_stream_->stream;
+  cudaEvent_t after = nullptr, done = nullptr;
+  FLUX_RETURN_IF_ERROR(
+      cuda_status(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), "copy event"));
+  if (absl::Status status =
+          cuda_status(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "copy event");
+      !status.ok()) {
+    cudaEventDestroy(after);
+    return status;
+  }
+  CopyTicket ticket;
+  ticket.done = std::shared_ptr<void>(done, [after](void* e) {
+    cudaEventDestroy(after);
+    cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  });
+  // The copies start once the compute stream has reached this point (their targets are free).
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaEventRecord(after, stream()), "copy event record"));
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaStreamWaitEvent(copy_stream, after, 0), "copy wait"));
+  for (const CopyPair& pair : copies) {
+    if (pair.src.shape() != pair.dst.shape() || pair.src.dtype() != pair.dst.dtype() ||
+        !pair.src.contiguous() || !pair.dst.contiguous()) {
+      return op_error("start_copies", absl::StrCat(pair.src.describe(), " cannot be copied into ",
+                                                   pair.dst.describe()));
+    }
+    FLUX_RETURN_IF_ERROR(cuda_status(
+        cudaMemcpyAsync(pair.dst.data(), pair.src.data(), static_cast<size_t>(pair.src.bytes()),
+                        cudaMemcpyDefault, copy_stream),
+        "start_copies"));
+  }
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaEventRecord(done, copy_stream), "copy event record"));
+  return ticket;
+}
+
+absl::Status CudaBackend::await_copies(const CopyTicket& ticket) {
+  if (ticket.done == nullptr) return absl::OkStatus();
+  return cuda_status(cudaStreamWaitEvent(stream(), static_cast<cudaEvent_t>(ticket.done.get()), 0),
+                     "copy await");
+}
+
+int64_t CudaBackend::free_device_bytes() const {
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+  return static_cast<int64_t>(free);
 }
 
 BackendMemoryStats CudaBackend::memory_stats() const {

@@ -65,6 +65,10 @@ class CudaBackend final : public Backend {
   absl::Status fill_uniform(const Tensor& t, uint64_t seed, float scale) override;
   absl::StatusOr<std::vector<double>> time_each_ms(
       int64_t count, const std::function<absl::Status(int64_t)>& work) override;
+  absl::StatusOr<Tensor> empty_host(DType dtype, Shape shape) override;
+  absl::StatusOr<CopyTicket> start_copies(const std::vector<CopyPair>& copies) override;
+  absl::Status await_copies(const CopyTicket& ticket) override;
+  int64_t free_device_bytes() const override;
   BackendMemoryStats memory_stats() const override;
   void reset_peak_memory() override;
   void set_op_profiling(OpProfiling mode) override { profiling_ = mode; }
@@ -90,6 +94,8 @@ class CudaBackend final : public Backend {
                         const Tensor& out) override;
   absl::Status qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight, float eps,
                             const Tensor& cos, const Tensor& sin, RopeStyle style) override;
+  absl::Status rope(const Tensor& x, int64_t head_dim, const Tensor& cos, const Tensor& sin,
+                    RopeStyle style) override;
   absl::Status group_norm(const Tensor& x, int64_t groups, const Tensor& gamma, const Tensor& beta,
                           float eps, bool silu, const Tensor& out) override;
   absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -202,6 +208,7 @@ class CudaBackend final : public Backend {
 
   const BackendOptions options_;
   std::shared_ptr<CudaStream> stream_;
+  std::shared_ptr<CudaStream> copy_stream_;  // start_copies: host-resident weights onto the GPU
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<cuda::CudnnSdpa> sdpa_;
   std::unique_ptr<cuda::CudnnConv> conv_;

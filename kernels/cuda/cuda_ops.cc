@@ -124,6 +124,18 @@ absl::Status CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float 
   return cuda::rms_norm_qwen_bf16(mat(x), weight.data(), eps, mat(out), stream());
 }
 
+absl::Status CudaBackend::rope(const Tensor& x, int64_t head_dim, const Tensor& cos,
+                               const Tensor& sin, RopeStyle style) {
+  OpProfileScope profile(*this, op_category("norm", "rope"));
+  constexpr absl::string_view kOp = "rope";
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
+  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "cos", cos, Device::kCuda, DType::kF32));
+  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "sin", sin, Device::kCuda, DType::kF32));
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "cos", cos, x.rows(), head_dim));
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "sin", sin, x.rows(), head_dim));
+  return cuda::rope_bf16(mat(x), head_dim, mat(cos), mat(sin), style, stream());
+}
+
 absl::Status CudaBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight,
                                        float eps, const Tensor& cos, const Tensor& sin,
                                        RopeStyle style) {

@@ -40,9 +40,11 @@ struct BenchOptions {
   std::string quality = "lossless";
   int64_t height = 1024, width = 1024, text_len = 512;
   int64_t steps = 10, warmup = 3;
-  int64_t references = 0;  // --e2e: reference images at the output size (editing)
-  bool kv_cache = false;   // --e2e: run as klein-KV (references cached after step 0)
-  RequestOptions request;  // what the timed work runs under (--quality, --no-fast-paths)
+  int64_t references = 0;             // --e2e: reference images at the output size (editing)
+  bool kv_cache = false;              // --e2e: run as klein-KV (references cached after step 0)
+  bool text_encoder_offload = false;  // --e2e: the text encoder streamed from pinned host memory
+  bool prompt_cache = false;          // --e2e: repeated prompts served from the prompt cache
+  RequestOptions request;             // what the timed work runs under (--quality, --no-fast-paths)
   bool json = false;
   OpProfiling profile = OpProfiling::kOff;  // also report device time per op category (or shape)
 };
@@ -211,6 +213,9 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
   FLUX_ASSIGN_OR_RETURN(RandomPipelineSpec spec, random_pipeline_spec(o.model, tokenizer_dir));
   spec.enable_quality_high = o.request.quality == Quality::kHigh;
   spec.kv_cache = o.kv_cache;
+  if (o.text_encoder_offload) spec.text_encoder_residency = WeightResidency::kStreamed;
+  // Every run repeats the prompt: without --prompt-cache each one encodes it, as a new prompt does.
+  if (!o.prompt_cache) spec.prompt_cache_bytes = 0;
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline, Pipeline::create_random(be, spec));
   GenerateParams params;
   params.prompt =
@@ -296,6 +301,9 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"floor_fraction", floor / step_median},
                         {"peak_device_bytes", memory.peak_bytes},
                         {"weight_bytes", pipeline->info().device_bytes},
+                        {"text_encoder_offload", o.text_encoder_offload},
+                        {"text_encoder_host_bytes", pipeline->info().text_encoder_host_bytes},
+                        {"prompt_cache", o.prompt_cache},
                         {"load_seconds", pipeline->info().load_seconds},
                         {"profile_ms", profile}};
 }
@@ -305,7 +313,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
 int run_bench(int argc, char** argv, int first) {
   auto args = Args::parse(argc, argv, first,
                           {"--json", "--no-fast-paths", "--e2e", "--profile", "--profile-by-shape",
-                           "--attention-only", "--kv"});
+                           "--attention-only", "--kv", "--text-encoder-offload", "--prompt-cache"});
   if (!args.ok()) return fail(args.status().message());
   std::set<std::string> known = {"--model",
                                  "--height",
@@ -324,7 +332,9 @@ int run_bench(int argc, char** argv, int first) {
                                  "--attention-only",
                                  "--profile-by-shape",
                                  "--references",
-                                 "--kv"};
+                                 "--kv",
+                                 "--text-encoder-offload",
+                                 "--prompt-cache"};
   known.insert(backend_flag_names().begin(), backend_flag_names().end());
   if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
   auto backend_options = parse_backend_flags(*args);
@@ -351,8 +361,13 @@ int run_bench(int argc, char** argv, int first) {
   o.warmup = *warmup;
   o.references = *references;
   o.kv_cache = args->has("--kv");
-  if ((o.references != 0 || o.kv_cache) && !args->has("--e2e")) {
-    return fail("--references and --kv time whole requests: add --e2e");
+  o.text_encoder_offload = args->has("--text-encoder-offload");
+  o.prompt_cache = args->has("--prompt-cache");
+  if ((o.references != 0 || o.kv_cache || o.text_encoder_offload || o.prompt_cache) &&
+      !args->has("--e2e")) {
+    return fail(
+        "--references, --kv, --text-encoder-offload and --prompt-cache time whole requests: add "
+        "--e2e");
   }
   if (o.references < 0 || o.references > 8) return fail("--references: expected 0..8");
   if (o.steps < 10) return fail("--steps: time at least 10 steps (performance.md)");
@@ -364,13 +379,16 @@ int run_bench(int argc, char** argv, int first) {
   if (!backend.ok()) return fail(backend.status().message());
   auto repeats = args->get_int("--repeats", 5);
   if (!repeats.ok() || *repeats < 1) return fail("--repeats must be a positive integer");
-  auto result = args->has("--attention-only") ? bench_attention(**backend, o)
-                : args->has("--e2e")
-                    ? bench_e2e(**backend, o,
-                                args->get("--tokenizer",
-                                          std::string(FLUX2_TINY_CHECKPOINT_DIR) + "/tokenizer"),
-                                static_cast<int>(*repeats))
-                    : bench_step(**backend, o);
+  auto result =
+      args->has("--attention-only") ? bench_attention(**backend, o)
+      : args->has("--e2e")
+          ? bench_e2e(**backend, o,
+                      args->get("--tokenizer",
+                                std::string(o.model == "dev" ? FLUX2_TINY_DEV_CHECKPOINT_DIR
+                                                             : FLUX2_TINY_CHECKPOINT_DIR) +
+                                    "/tokenizer"),
+                      static_cast<int>(*repeats))
+          : bench_step(**backend, o);
   if (!result.ok()) return fail(result.status().message());
   if (o.json || args->has("--attention-only")) {
     std::printf("%s\n", result->dump().c_str());
@@ -379,7 +397,7 @@ int run_bench(int argc, char** argv, int first) {
     std::printf(
         "%s e2e %lldx%lld, %d steps, %lld references%s: %.1f ms (tokenize %.2f, text encode "
         "%.1f, reference encode %.1f, denoise %.1f, decode %.1f, encode %.1f), %.2f ms/step "
-        "(first %.2f, later %.2f), peak %.2f GB\n",
+        "(first %.2f, later %.2f), peak %.2f GB%s\n",
         o.model.c_str(), static_cast<long long>(o.width), static_cast<long long>(o.height),
         r["request_steps"].get<int>(), static_cast<long long>(o.references),
         o.kv_cache ? " (klein-KV)" : "", r["ms_e2e_median"].get<double>(),
@@ -387,7 +405,8 @@ int run_bench(int argc, char** argv, int first) {
         r["ms_reference_encode"].get<double>(), r["ms_denoise"].get<double>(),
         r["ms_decode"].get<double>(), r["ms_encode"].get<double>(),
         r["ms_per_step_median"].get<double>(), r["ms_first_step_median"].get<double>(),
-        r["ms_later_steps_median"].get<double>(), r["peak_device_bytes"].get<int64_t>() / 1e9);
+        r["ms_later_steps_median"].get<double>(), r["peak_device_bytes"].get<int64_t>() / 1e9,
+        o.text_encoder_offload ? " (text encoder streamed from host memory)" : "");
   } else {
     const nlohmann::json& r = *result;
     std::printf(

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 #include "model/checkpoint.h"
-#include "model/qwen3_encoder.h"
 #include "model/safetensors.h"
+#include "model/text_encoder.h"
 #include "nlohmann/json.hpp"
 #include "server/cli/golden_check.h"
 
@@ -41,7 +41,7 @@ absl::StatusOr<std::vector<int64_t>> golden_taps(const SafetensorsFile& vectors)
 }
 
 // Runs case `name` ("case0") and reports every hidden state and prompt_embeds it has.
-absl::Status run_case(const GoldenContext& context, const Qwen3Encoder& model,
+absl::Status run_case(const GoldenContext& context, const TextEncoder& model,
                       const SafetensorsFile& vectors, const std::string& name,
                       GoldenReport& report) {
   Backend& be = *context.backend;
@@ -117,7 +117,7 @@ void check_golden_text_encoder(const GoldenContext& context, GoldenReport& repor
   if (!taps.ok()) return report.fail(kFile, "-", taps.status().message());
   auto checkpoint = ComponentWeights::open(context.checkpoint_dir() + "/text_encoder");
   if (!checkpoint.ok()) return report.fail(kFile, "-", checkpoint.status().message());
-  auto model = Qwen3Encoder::load(*context.backend, *checkpoint, *taps);
+  auto model = TextEncoder::load(*context.backend, *checkpoint, *taps);
   if (!model.ok()) return report.fail(kFile, "-", model.status().message());
   for_each_case(**vectors, kFile, "input_ids", report, [&](const std::string& name) {
     return run_case(context, **model, **vectors, name, report);

@@ -18,7 +18,7 @@
 #include "kernels/base/uniform_hash.h"
 #include "model/flux2_weights.h"
 #include "model/pipeline_presets.h"
-#include "model/qwen3_weights.h"
+#include "model/text_encoder_weights.h"
 #include "model/vae_weights.h"
 #include "nlohmann/json.hpp"
 #include "server/cli/args.h"
@@ -166,7 +166,7 @@ int run(int argc, char** argv) {
   write_component(out + "/transformer", "diffusion_pytorch_model",
                   from_table(flux_weights.table(f)), shard_bytes, 1);
 
-  const Qwen3Config& q = spec->text_encoder;
+  const TextEncoderConfig& q = spec->text_encoder;
   std::ofstream(out + "/text_encoder/config.json") << nlohmann::json{
       {"architectures", {"Qwen3ForCausalLM"}},
       {"model_type", "qwen3"},
@@ -184,7 +184,7 @@ int run(int argc, char** argv) {
       {"hidden_act", "silu"},
       {"max_position_embeddings", 40960},
       {"torch_dtype", "bfloat16"}}.dump(1);
-  Qwen3Weights text_weights;
+  TextEncoderWeights text_weights;
   std::vector<TensorToWrite> text =
       from_table(text_weights.table(q, q.num_hidden_layers));  // every layer
   text.push_back({"model.norm.weight", {q.hidden_size}, 1.0f});

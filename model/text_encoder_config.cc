@@ -1,11 +1,12 @@
-// Qwen3Config::from_json: the text_encoder/config.json of a klein checkpoint, checked against the
-// Qwen3 variant we implement (architecture §4). Tested by tests/host/qwen3_encoder_test.cc.
+// TextEncoderConfig::from_json: the text_encoder/config.json of a klein (Qwen3) or dev (Mistral3)
+// checkpoint, checked against the variants we implement (architecture §4). Tested by
+// tests/host/text_encoder_test.cc.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 #include "model/json_util.h"
-#include "model/qwen3_encoder.h"
+#include "model/text_encoder.h"
 
 namespace flux2 {
 namespace {
@@ -13,7 +14,8 @@ namespace {
 // The rope settings, either HF >= 5 style (rope_parameters {rope_type, rope_theta, ...}) or the
 // older top-level rope_theta plus rope_scaling {type | rope_type, ...}. Only unscaled ("default")
 // RoPE over the whole head is supported.
-absl::Status read_rope(const nlohmann::json& json, const std::string& source, Qwen3Config& config) {
+absl::Status read_rope(const nlohmann::json& json, const std::string& source,
+                       TextEncoderConfig& config) {
   auto invalid = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
   };
@@ -47,6 +49,13 @@ absl::Status read_rope(const nlohmann::json& json, const std::string& source, Qw
 // Sliding-window attention is not implemented: every layer must be full attention.
 absl::Status check_full_attention(const nlohmann::json& json, const std::string& source) {
   JsonFields fields(json, source);
+  // Mistral's config names its window "sliding_window" (null: none).
+  if (json.contains("sliding_window") && !json["sliding_window"].is_null() &&
+      json.value("model_type", "") == "mistral") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": field \"sliding_window\" is ", json["sliding_window"].dump(),
+                     "; sliding-window attention is not supported (it must be null)"));
+  }
   bool sliding = false;
   FLUX_RETURN_IF_ERROR(fields.read("use_sliding_window", &sliding));
   if (sliding) {
@@ -73,20 +82,34 @@ absl::Status check_full_attention(const nlohmann::json& json, const std::string&
 
 }  // namespace
 
-absl::StatusOr<Qwen3Config> Qwen3Config::from_json(const nlohmann::json& json,
-                                                   const std::string& source) {
+absl::StatusOr<TextEncoderConfig> TextEncoderConfig::from_json(const nlohmann::json& json,
+                                                               const std::string& source) {
   auto invalid = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
   };
   if (!json.is_object()) return invalid("not a JSON object");
-  Qwen3Config config;
-  JsonFields f(json, source);
-  std::string model_type = "qwen3";
-  FLUX_RETURN_IF_ERROR(f.read("model_type", &model_type));
-  if (model_type != "qwen3") {
-    return invalid(
-        absl::StrCat("field \"model_type\" is \"", model_type, "\", expected \"qwen3\""));
+  std::string model_type;
+  FLUX_RETURN_IF_ERROR(JsonFields(json, source).read("model_type", &model_type));
+  if (model_type.empty()) model_type = "qwen3";
+  if (model_type == "mistral3") {
+    // Mistral3ForConditionalGeneration: the language model's fields are under text_config.
+    if (!json.contains("text_config") || !json["text_config"].is_object()) {
+      return invalid("model_type \"mistral3\" without a \"text_config\" object");
+    }
+    FLUX_ASSIGN_OR_RETURN(TextEncoderConfig config,
+                          from_json(json["text_config"], source + " text_config"));
+    if (config.family != TextEncoderFamily::kMistral) {
+      return invalid("field \"text_config.model_type\" must be \"mistral\"");
+    }
+    return config;
   }
+  if (model_type != "qwen3" && model_type != "mistral") {
+    return invalid(absl::StrCat("field \"model_type\" is \"", model_type,
+                                "\", expected \"qwen3\", \"mistral\" or \"mistral3\""));
+  }
+  TextEncoderConfig config;
+  config.family = model_type == "mistral" ? TextEncoderFamily::kMistral : TextEncoderFamily::kQwen3;
+  JsonFields f(json, source);
   FLUX_RETURN_IF_ERROR(f.read("hidden_size", &config.hidden_size, /*required=*/true));
   FLUX_RETURN_IF_ERROR(f.read("num_hidden_layers", &config.num_hidden_layers, /*required=*/true));
   FLUX_RETURN_IF_ERROR(
@@ -142,6 +165,22 @@ absl::StatusOr<Qwen3Config> Qwen3Config::from_json(const nlohmann::json& json,
   if (!(config.rope_theta > 0) || !std::isfinite(config.rope_theta)) {
     return invalid("field \"rope_theta\" must be positive");
   }
+  return config;
+}
+
+TextEncoderConfig TextEncoderConfig::mistral_small_3() {
+  TextEncoderConfig config;
+  config.family = TextEncoderFamily::kMistral;
+  config.hidden_size = 5120;
+  config.num_hidden_layers = 40;
+  config.num_attention_heads = 32;
+  config.num_key_value_heads = 8;
+  config.head_dim = 128;
+  config.intermediate_size = 32768;
+  config.vocab_size = 131072;
+  config.rms_norm_eps = 1e-5;
+  config.rope_theta = 1e9;
+  config.tie_word_embeddings = false;
   return config;
 }
 

@@ -17,9 +17,9 @@
 #include "kernels/base/numerics.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/checkpoint.h"
-#include "model/qwen3_encoder.h"
-#include "model/qwen3_weights.h"
 #include "model/safetensors.h"
+#include "model/text_encoder.h"
+#include "model/text_encoder_weights.h"
 #include "tests/host/test_util.h"
 
 namespace flux2 {
@@ -236,13 +236,13 @@ std::vector<float> to_float(const std::vector<double>& v) {
   return std::vector<float>(v.begin(), v.end());
 }
 
-class Qwen3EncoderTest : public ::testing::Test {
+class TextEncoderTest : public ::testing::Test {
  protected:
-  absl::StatusOr<std::unique_ptr<Qwen3Encoder>> load(const std::string& dir,
-                                                     std::vector<int64_t> taps) {
+  absl::StatusOr<std::unique_ptr<TextEncoder>> load(const std::string& dir,
+                                                    std::vector<int64_t> taps) {
     auto weights = ComponentWeights::open(dir);
     if (!weights.ok()) return weights.status();
-    return Qwen3Encoder::load(backend_, *weights, std::move(taps));
+    return TextEncoder::load(backend_, *weights, std::move(taps));
   }
   // A writable copy of the tiny-klein text encoder with its tensors in memory for editing.
   void copy_tiny_klein() {
@@ -260,9 +260,9 @@ class Qwen3EncoderTest : public ::testing::Test {
 
 // ---- config ------------------------------------------------------------------------------------
 
-TEST(Qwen3ConfigTest, ReadsTinyKleinWithRopeParameters) {
+TEST(TextEncoderConfigTest, ReadsTinyKleinWithRopeParameters) {
   auto json = nlohmann::json::parse(std::ifstream(tiny_klein_encoder_dir() + "/config.json"));
-  auto config = Qwen3Config::from_json(json, "config.json");
+  auto config = TextEncoderConfig::from_json(json, "config.json");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->hidden_size, 32);
   EXPECT_EQ(config->num_hidden_layers, 28);
@@ -275,17 +275,17 @@ TEST(Qwen3ConfigTest, ReadsTinyKleinWithRopeParameters) {
   EXPECT_EQ(config->rms_norm_eps, 1e-6);
 }
 
-TEST(Qwen3ConfigTest, TopLevelRopeThetaAndDerivedHeadDim) {
+TEST(TextEncoderConfigTest, TopLevelRopeThetaAndDerivedHeadDim) {
   nlohmann::json json = SyntheticQwen3().config();
   json["rope_theta"] = 5e5;
   json.erase("head_dim");
-  auto config = Qwen3Config::from_json(json, "config.json");
+  auto config = TextEncoderConfig::from_json(json, "config.json");
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->rope_theta, 5e5);
   EXPECT_EQ(config->head_dim, 16 / 4);  // hidden / heads
 }
 
-TEST(Qwen3ConfigTest, UnsupportedSettingsNameTheField) {
+TEST(TextEncoderConfigTest, UnsupportedSettingsNameTheField) {
   struct Case {
     const char* what;
     void (*edit)(nlohmann::json&);
@@ -328,7 +328,7 @@ TEST(Qwen3ConfigTest, UnsupportedSettingsNameTheField) {
   for (const Case& c : cases) {
     nlohmann::json json = SyntheticQwen3().config();
     c.edit(json);
-    auto config = Qwen3Config::from_json(json, "te/config.json");
+    auto config = TextEncoderConfig::from_json(json, "te/config.json");
     EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
     EXPECT_THAT(config.status().message(), HasSubstr("te/config.json")) << c.what;
     EXPECT_THAT(config.status().message(), HasSubstr(c.field)) << c.what;
@@ -338,7 +338,7 @@ TEST(Qwen3ConfigTest, UnsupportedSettingsNameTheField) {
 // ---- loading
 // -------------------------------------------------------------------------------------
 
-TEST_F(Qwen3EncoderTest, BadTapsAreRejected) {
+TEST_F(TextEncoderTest, BadTapsAreRejected) {
   for (const std::vector<int64_t>& taps :
        std::vector<std::vector<int64_t>>{{}, {0}, {-1, 9}, {29}, {9, 9}}) {
     auto model = load(tiny_klein_encoder_dir(), taps);
@@ -347,10 +347,10 @@ TEST_F(Qwen3EncoderTest, BadTapsAreRejected) {
   }
 }
 
-TEST_F(Qwen3EncoderTest, DeviceBytesCountOnlyTheNeededLayers) {
+TEST_F(TextEncoderTest, DeviceBytesCountOnlyTheNeededLayers) {
   auto model = load(tiny_klein_encoder_dir(), {2});
   ASSERT_TRUE(model.ok()) << model.status();
-  const Qwen3Config& c = (*model)->config();
+  const TextEncoderConfig& c = (*model)->config();
   const int64_t h = c.num_attention_heads, hkv = c.num_key_value_heads, dh = c.head_dim;
   const int64_t d = c.hidden_size, i = c.intermediate_size;
   const int64_t per_layer =
@@ -359,7 +359,7 @@ TEST_F(Qwen3EncoderTest, DeviceBytesCountOnlyTheNeededLayers) {
   EXPECT_EQ((*model)->device_bytes(), elements * dtype_size(backend_.weight_dtype()));
 }
 
-TEST_F(Qwen3EncoderTest, LaterLayersAreNotRead) {
+TEST_F(TextEncoderTest, LaterLayersAreNotRead) {
   copy_tiny_klein();
   // Layer 5 gets shapes that contradict the config (same byte size, so the file stays valid).
   tensors_["model.layers.5.self_attn.q_proj.weight"].shape = {32, 64};
@@ -375,7 +375,7 @@ TEST_F(Qwen3EncoderTest, LaterLayersAreNotRead) {
               HasSubstr("model.layers.5.mlp.down_proj.weight is [64, 32], expected [32, 64]"));
 }
 
-TEST_F(Qwen3EncoderTest, MissingNeededTensorIsNamed) {
+TEST_F(TextEncoderTest, MissingNeededTensorIsNamed) {
   copy_tiny_klein();
   tensors_.erase("model.layers.1.self_attn.k_norm.weight");
   rewrite();
@@ -384,7 +384,7 @@ TEST_F(Qwen3EncoderTest, MissingNeededTensorIsNamed) {
               HasSubstr("missing tensors: model.layers.1.self_attn.k_norm.weight"));
 }
 
-TEST_F(Qwen3EncoderTest, UnknownTensorInASkippedLayerIsStillAnError) {
+TEST_F(TextEncoderTest, UnknownTensorInASkippedLayerIsStillAnError) {
   copy_tiny_klein();
   auto node = tensors_.extract("model.layers.3.self_attn.q_proj.weight");
   node.key() = "model.layers.3.self_attn.q_proj.weightX";
@@ -397,9 +397,9 @@ TEST_F(Qwen3EncoderTest, UnknownTensorInASkippedLayerIsStillAnError) {
 }
 
 TEST(Qwen3UnusedTensorsTest, AcceptsExactlyTheSkippedCategories) {
-  Qwen3Config config;
+  TextEncoderConfig config;
   config.num_hidden_layers = 28;
-  const UnusedTensorFilter unused = qwen3_unused_tensors(config, 9);
+  const UnusedTensorFilter unused = text_encoder_unused_tensors(config, 9);
   for (const char* name :
        {"model.norm.weight", "lm_head.weight", "model.layers.9.self_attn.q_proj.weight",
         "model.layers.27.mlp.down_proj.weight", "model.layers.12.input_layernorm.weight",
@@ -421,7 +421,7 @@ TEST(Qwen3UnusedTensorsTest, AcceptsExactlyTheSkippedCategories) {
 // ---- forward
 // -------------------------------------------------------------------------------------
 
-class Qwen3ForwardTest : public Qwen3EncoderTest {
+class Qwen3ForwardTest : public TextEncoderTest {
  protected:
   void SetUp() override {
     model_dir_ = dir_.path() + "/synthetic";
@@ -515,7 +515,7 @@ TEST_F(Qwen3ForwardTest, BadInputsAreRejected) {
 
 // The golden pad rows (right padding; they attend to every real token before them) on their own,
 // so a pad-row mistake cannot hide behind the valid rows in the whole-tensor check-golden error.
-TEST_F(Qwen3EncoderTest, TinyKleinPaddingRowsMatchGolden) {
+TEST_F(TextEncoderTest, TinyKleinPaddingRowsMatchGolden) {
   auto model = load(tiny_klein_encoder_dir(), {9, 18, 27});
   ASSERT_TRUE(model.ok()) << model.status();
   auto vectors =

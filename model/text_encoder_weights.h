@@ -1,0 +1,58 @@
+// TextEncoderWeights: the text encoder's parameters on a backend (embedding plus the decoder layers
+// up to the last tap), the tensor table that maps the HF checkpoint names onto them (Qwen3's
+// `model.*`; Mistral3's `language_model.model.*` or `model.language_model.*`), and the filter that
+// lets the loader skip exactly the tensors the encoder never needs (later layers, final norm,
+// lm_head, a Mistral3 checkpoint's vision tower and projector) without reading them. Tested by
+// tests/host/text_encoder_test.cc.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/text_encoder.h"
+#include "model/weight_loader.h"
+
+namespace flux2 {
+
+struct TextEncoderLayerWeights {  // <prefix>layers.{i}
+  Tensor input_norm;              // [hidden]               input_layernorm
+  Tensor qkv;                     // [(H + 2 Hkv) Dh, hidden]  self_attn.q_proj | k_proj | v_proj
+  Tensor q_norm;                  // [Dh]                   self_attn.q_norm (Qwen3 only)
+  Tensor k_norm;                  // [Dh]                   self_attn.k_norm (Qwen3 only)
+  Tensor o_proj;                  // [hidden, H Dh]         self_attn.o_proj
+  Tensor post_norm;               // [hidden]               post_attention_layernorm
+  Tensor gate_up;                 // [2I, hidden]           mlp.gate_proj | up_proj
+  Tensor down_proj;               // [hidden, I]            mlp.down_proj
+};
+
+// The per-layer table of one layer: its specs (names after "<prefix>layers.{i}.") point into `l`.
+std::vector<WeightSpec> text_encoder_layer_table(const TextEncoderConfig& config,
+                                                 const std::string& layer_prefix,
+                                                 TextEncoderLayerWeights& l);
+
+struct TextEncoderWeights {
+  Tensor embed_tokens;  // [vocab, hidden]  <prefix>embed_tokens
+  std::vector<TextEncoderLayerWeights> layers;
+
+  // The tensor table for layers 0..num_layers-1 (resizes `layers`; targets point into *this).
+  // `prefix` is the checkpoint's name prefix of the language model ("model." for Qwen3).
+  std::vector<WeightSpec> table(const TextEncoderConfig& config, int64_t num_layers,
+                                const std::string& prefix = "model.");
+};
+
+// The language model's name prefix in `checkpoint`: "model." (Qwen3, MistralForCausalLM) or, for a
+// Mistral3ForConditionalGeneration, "language_model.model." (the original layout, which
+// transformers 5 writes) or "model.language_model." (transformers 4.52-4.x); the first whose
+// embed_tokens.weight is present. NotFound naming the candidates otherwise.
+absl::StatusOr<std::string> text_encoder_prefix(const TextEncoderConfig& config,
+                                                const ComponentWeights& checkpoint);
+
+// Accepts only the checkpoint tensors that an encoder running the first `num_layers` layers leaves
+// unread: every known tensor of layers num_layers..num_hidden_layers-1, <prefix>norm.weight, the
+// lm_head, and (Mistral3) everything of the vision tower and the multimodal projector. Anything
+// else (a misspelt name, a layer index beyond the config) stays an error.
+UnusedTensorFilter text_encoder_unused_tensors(const TextEncoderConfig& config, int64_t num_layers,
+                                               const std::string& prefix = "model.");
+
+}  // namespace flux2
