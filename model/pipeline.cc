@@ -373,6 +373,7 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   std::optional<RequestScope> text_scope(std::in_place, be, request.at_lossless());
   if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
   FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, prompt_embeddings(tokens, &image.prompt_cache_hit));
+  if (hooks.on_prompt_embeds) hooks.on_prompt_embeds(prompt_embeds);
   Tensor negative_embeds;
   if (cfg) {
     bool negative_hit = false;

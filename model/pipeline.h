@@ -155,6 +155,8 @@ struct GenerateHooks {
   std::function<absl::Status()> check_continue;
   // Called after each step with its index (0-based), the step count and its wall time.
   std::function<void(int64_t step, int64_t steps, double seconds)> on_step;
+  // Called once with the prompt embeddings [L, J] the transformer gets (for golden checks).
+  std::function<void(const Tensor& prompt_embeds)> on_prompt_embeds;
   // Called with the latent tokens [N, 128]: step -1 is the initial noise, then after each step
   // (for golden checks).
   std::function<void(int64_t step, const Tensor& latents)> on_latents;

@@ -1,7 +1,8 @@
 // check-golden parts "pipeline", "edit" and "edit_kv": whole generations prompt (+ reference
-// images) -> image (pipeline_cases.json + pipeline.safetensors, edit_*, edit_kv_*): the initial
-// noise, the reference tokens, the latents after every step, the float image and image_u8
-// (golden/README.md: 1e-4 relative; u8 equal up to 1 level on <= 0.5% of values).
+// images) -> image (pipeline_cases.json + pipeline.safetensors, edit_*, edit_kv_*), for whichever
+// pipeline the checkpoint's model_index.json names (klein, klein-KV, dev): the prompt embeddings,
+// the initial noise, the reference tokens, the latents after every step, the float image and
+// image_u8 (golden/README.md: 1e-4 relative; u8 equal up to 1 level on <= 0.5% of values).
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -72,6 +73,7 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
     keep(step < 0 ? "initial_latents" : absl::StrCat("latents_after_step", step), latents);
   };
   hooks.on_image = [&](const Tensor& image) { keep("image", image); };
+  hooks.on_prompt_embeds = [&](const Tensor& embeds) { keep("prompt_embeds", embeds); };
   hooks.on_references = [&](const Tensor& tokens, std::span<const int64_t> ids) {
     keep("image_latents", tokens);
     produced["image_latent_ids"].assign(ids.begin(), ids.end());

@@ -75,7 +75,7 @@ if want tests; then
   record $? "gpu_server_test (tiny): $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')"
 fi
 if want golden; then
-  for dir in tiny-klein tiny-dev; do
+  for dir in tiny-klein tiny-dev tiny-flux2-dev; do
     "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda >"$out/golden-$dir.log" 2>&1
     record $? "golden $dir (cuda): $(tail -n1 "$out/golden-$dir.log")"
     high_parts=transformer; [[ -f tests/data/$dir/vae_decode.safetensors ]] && high_parts=transformer,vae
