@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend_factory.h"
@@ -44,6 +45,9 @@ struct BenchOptions {
   bool kv_cache = false;              // --e2e: run as klein-KV (references cached after step 0)
   bool text_encoder_offload = false;  // --e2e: the text encoder streamed from pinned host memory
   bool prompt_cache = false;          // --e2e: repeated prompts served from the prompt cache
+  // --e2e: leave only this much device memory free (a ballast allocation), to run a smaller
+  // GPU's memory plan on a larger one; 0: no cap.
+  double device_memory_cap_gb = 0.0;
   RequestOptions request;             // what the timed work runs under (--quality, --no-fast-paths)
   bool json = false;
   OpProfiling profile = OpProfiling::kOff;  // also report device time per op category (or shape)
@@ -216,6 +220,14 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
   if (o.text_encoder_offload) spec.text_encoder_residency = WeightResidency::kStreamed;
   // Every run repeats the prompt: without --prompt-cache each one encodes it, as a new prompt does.
   if (!o.prompt_cache) spec.prompt_cache_bytes = 0;
+  Tensor ballast;  // --device-memory-cap-gb: what a smaller device would not have
+  if (o.device_memory_cap_gb > 0.0) {
+    const int64_t cap = static_cast<int64_t>(o.device_memory_cap_gb * 1e9);
+    const int64_t held = be.memory_stats().total_bytes - cap;
+    if (held > 0) {
+      FLUX_ASSIGN_OR_RETURN(ballast, be.empty(DType::kU8, {held}));
+    }
+  }
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline, Pipeline::create_random(be, spec));
   GenerateParams params;
   params.prompt =
@@ -236,6 +248,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     }
     params.references.push_back(std::move(reference));
   }
+  const int64_t free_after_load = be.free_device_bytes();
   std::vector<double> e2e, tokenize, text_encode, reference_encode, denoise, decode, encode, steps,
       first_steps, later_steps;
   be.reset_peak_memory();
@@ -260,7 +273,8 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     decode.push_back(1e3 * image.timings.decode);
     for (double s : image.timings.steps) steps.push_back(1e3 * s);
   }
-  const BackendMemoryStats memory = be.memory_stats();
+  BackendMemoryStats memory = be.memory_stats();
+  memory.peak_bytes -= ballast.bytes();  // the pipeline's own peak
   const nlohmann::json fallbacks = fallbacks_since(before);
   std::map<std::string, double> profile;
   if (o.profile != OpProfiling::kOff) {  // one more request with events around every op
@@ -304,6 +318,8 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"text_encoder_offload", o.text_encoder_offload},
                         {"text_encoder_host_bytes", pipeline->info().text_encoder_host_bytes},
                         {"prompt_cache", o.prompt_cache},
+                        {"device_memory_cap_gb", o.device_memory_cap_gb},
+                        {"free_device_bytes_after_load", free_after_load},
                         {"load_seconds", pipeline->info().load_seconds},
                         {"profile_ms", profile}};
 }
@@ -334,7 +350,8 @@ int run_bench(int argc, char** argv, int first) {
                                  "--references",
                                  "--kv",
                                  "--text-encoder-offload",
-                                 "--prompt-cache"};
+                                 "--prompt-cache",
+                                 "--device-memory-cap-gb"};
   known.insert(backend_flag_names().begin(), backend_flag_names().end());
   if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
   auto backend_options = parse_backend_flags(*args);
@@ -363,6 +380,13 @@ int run_bench(int argc, char** argv, int first) {
   o.kv_cache = args->has("--kv");
   o.text_encoder_offload = args->has("--text-encoder-offload");
   o.prompt_cache = args->has("--prompt-cache");
+  if (args->has("--device-memory-cap-gb")) {
+    if (!absl::SimpleAtod(args->get("--device-memory-cap-gb"), &o.device_memory_cap_gb) ||
+        !(o.device_memory_cap_gb > 0.0)) {
+      return fail("--device-memory-cap-gb: expected a positive number of GB");
+    }
+    if (!args->has("--e2e")) return fail("--device-memory-cap-gb caps whole requests: add --e2e");
+  }
   if ((o.references != 0 || o.kv_cache || o.text_encoder_offload || o.prompt_cache) &&
       !args->has("--e2e")) {
     return fail(

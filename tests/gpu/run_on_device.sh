@@ -6,11 +6,12 @@
 # machine with a GPU; tests skip only where no CUDA device exists).
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
 #                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
-#                              [edit] [edit-profile]
+#                              [edit] [edit-profile] [dev]
 #                              (default: tests golden bench bench-dev)
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
-# resize with PIL's; `edit` times editing requests (one 1024x1024 reference, klein-KV, 4 references).
+# resize with PIL's; `edit` times editing requests (one 1024x1024 reference, klein-KV, 4 references);
+# `dev` times FLUX.2-dev requests (resident; the 80 GB plan under an 80 GB cap; the prompt cache).
 set -uo pipefail
 for dir in .device-bin .device-bin-base; do
   for part in lib bin; do
@@ -19,6 +20,8 @@ for dir in .device-bin .device-bin-base; do
 done
 tokenizer_json=tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json
 [[ -f $tokenizer_json ]] || xz -dc .device-bin/tokenizer.json.xz >"$tokenizer_json"
+tekken_json=tests/data/tiny-flux2-dev/checkpoint/tokenizer/tokenizer.json  # tracked as .xz
+[[ -f $tekken_json ]] || xz -dkc "$tekken_json.xz" >"$tekken_json"
 export LD_LIBRARY_PATH="$PWD/.device-bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export FLUX2_TEST_DATA="$PWD/tests/data"
 bin="$PWD/.device-bin/bin"
@@ -180,6 +183,14 @@ if want edit-profile; then  # device time per op and shape of a klein-4B request
 fi
 if want bench-dev; then
   bench "$bin/flux2" bench.jsonl "bench dev" --model dev
+fi
+if want dev; then  # FLUX.2-dev whole requests, 50 steps, 1024x1024, 512 text tokens
+  bench "$bin/flux2" dev.jsonl "e2e dev lossless, resident" --e2e --model dev --repeats 1
+  bench "$bin/flux2" dev.jsonl "e2e dev lossless, 80 GB plan under an 80 GB cap" --e2e --model dev \
+    --repeats 1 --text-encoder-offload --device-memory-cap-gb 80
+  bench "$bin/flux2" dev.jsonl "e2e dev lossless, prompt cache (repeated prompt)" --e2e --model dev \
+    --repeats 1 --prompt-cache
+  bench "$bin/flux2" dev.jsonl "bench dev high" --model dev --quality high
 fi
 if want perf; then
   "$bin/gpu_op_test" --perf >"$out/op_perf.txt" 2>&1
