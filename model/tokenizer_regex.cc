@@ -6,6 +6,8 @@
 #include <pcre2.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/tokenizer_unicode_additions.h"
 
 namespace flux2 {
 namespace {
@@ -24,6 +26,23 @@ std::string pcre2_error_text(int code) {
 
 bool is_continuation_byte(char c) {
   return (static_cast<uint8_t>(c) & 0xC0) == 0x80;
+}
+
+// Bracket-class items ("\x{1E4F0}-\x{1E4F9}...") for the code points of `category` that PCRE2's
+// tables lack (tokenizer_unicode_additions.h): a one-letter category ("L") takes every L*, a
+// two-letter one only itself. Empty for other property names (scripts, "Any", ...).
+std::string unicode_addition_items(absl::string_view category) {
+  std::string items;
+  if (category.empty() || category.size() > 2) return items;
+  for (size_t k = 0; k < kUnicodeAdditionsSize; ++k) {
+    const UnicodeAddition& range = kUnicodeAdditions[k];
+    if (absl::string_view(range.category).substr(0, category.size()) != category) continue;
+    absl::StrAppendFormat(&items, "\\x{%X}", static_cast<uint32_t>(range.first));
+    if (range.last != range.first) {
+      absl::StrAppendFormat(&items, "-\\x{%X}", static_cast<uint32_t>(range.last));
+    }
+  }
+  return items;
 }
 
 }  // namespace
@@ -50,6 +69,35 @@ std::string oniguruma_compatible_pattern(absl::string_view pattern) {
     const char c = pattern[i];
     if (c == '\\' && i + 1 < n) {
       const char escaped = pattern[i + 1];
+      if (escaped == 'p' || escaped == 'P') {
+        // \p{Xx} or \pX: a general category gets the code points PCRE2's tables lack. \P
+        // outside a class becomes the negated class; inside one it is left as it is (a class
+        // item cannot subtract), as are other property names.
+        size_t stop = i + 2;
+        absl::string_view name;
+        if (stop < n && pattern[stop] == '{') {
+          const size_t close = pattern.find('}', stop);
+          if (close != absl::string_view::npos) {
+            name = pattern.substr(stop + 1, close - stop - 1);
+            stop = close + 1;
+          }
+        } else if (stop < n) {
+          name = pattern.substr(stop, 1);
+          stop += 1;
+        }
+        const absl::string_view original = pattern.substr(i, stop - i);
+        const std::string items = unicode_addition_items(name);
+        const bool negated = escaped == 'P';
+        if (items.empty() || (negated && in_class)) {
+          out.append(original.data(), original.size());
+        } else {
+          const std::string positive = absl::StrCat("\\p{", name, "}", items);
+          out += in_class ? positive : absl::StrCat(negated ? "[^" : "[", positive, "]");
+        }
+        i = stop;
+        at_class_start = false;
+        continue;
+      }
       if (escaped == 's') {
         out += in_class ? std::string(kWhiteSpaceItems) : absl::StrCat("[", kWhiteSpaceItems, "]");
       } else if (escaped == 'S' && !in_class) {

@@ -1,6 +1,7 @@
 // The split patterns of a tokenizer.json ("Regex" or literal "String"), compiled with PCRE2 (UTF +
 // UCP, JIT when available) and iterated like Hugging Face tokenizers' Oniguruma find_iter, so that
-// pre-tokenization agrees. Tested by tests/host/tokenizer_test.cc (TokenizerRegex*) and the corpus.
+// pre-tokenization agrees (Unicode properties included, see oniguruma_compatible_pattern). Tested
+// by tests/host/tokenizer_test.cc (TokenizerRegex*) and the corpus.
 #pragma once
 
 #include <cstddef>
@@ -47,7 +48,10 @@ class TokenizerRegex {
 
 // `pattern` with \s and \S rewritten to Unicode White_Space, which Oniguruma (and so Hugging Face
 // tokenizers) uses; PCRE2's UCP \s also matches U+180E MONGOLIAN VOWEL SEPARATOR. \S inside a
-// bracket class is left as it is. Exposed for tests.
+// bracket class is left as it is. The general categories of letters, marks and numbers (\p{L},
+// \p{Lu}, ..., \p{N}, \pL, and \P{..} outside a bracket class) also get the code points that
+// Oniguruma's Unicode 16.0 has and PCRE2's tables lack (tokenizer_unicode_additions.h).
+// Exposed for tests.
 std::string oniguruma_compatible_pattern(absl::string_view pattern);
 
 }  // namespace flux2

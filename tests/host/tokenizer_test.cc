@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_added_tokens.h"
 #include "model/tokenizer_byte_level.h"
@@ -196,7 +197,7 @@ TEST(Utf8Test, RandomBytesBecomeValidUtf8) {
 TEST(TokenizerRegexTest, WhiteSpaceRewriteFollowsOniguruma) {
   EXPECT_EQ(oniguruma_compatible_pattern("\\s+(?!\\S)"),
             "[\\t-\\r\\x{85}\\p{Z}]+(?![^\\t-\\r\\x{85}\\p{Z}])");
-  EXPECT_EQ(oniguruma_compatible_pattern("[^\\s\\p{L}]"), "[^\\t-\\r\\x{85}\\p{Z}\\p{L}]");
+  EXPECT_EQ(oniguruma_compatible_pattern("[^\\s\\p{P}]"), "[^\\t-\\r\\x{85}\\p{Z}\\p{P}]");
   EXPECT_EQ(oniguruma_compatible_pattern("\\\\s[]\\s][[:alpha:]\\s]"),
             "\\\\s[]\\t-\\r\\x{85}\\p{Z}][[:alpha:]\\t-\\r\\x{85}\\p{Z}]");
   EXPECT_EQ(oniguruma_compatible_pattern("\\Q\\s\\E\\s"), "\\Q\\s\\E[\\t-\\r\\x{85}\\p{Z}]");
@@ -210,6 +211,48 @@ TEST(TokenizerRegexTest, WhiteSpaceRewriteFollowsOniguruma) {
   // U+180E is not White_Space since Unicode 6.3 (PCRE2's own \s still matches it); U+001C is not.
   EXPECT_TRUE((*space)->find_all("\xE1\xA0\x8E").empty());
   EXPECT_TRUE((*space)->find_all("\x1C").empty());
+}
+
+// Code points newer than PCRE2 10.42's Unicode 14.0 tables, classified as Oniguruma's Unicode 16.0
+// does (tokenizer_unicode_additions.h): U+1CCF0 OUTLINED DIGIT ZERO (Nd, 16.0), U+1E4F0 NAG
+// MUNDARI DIGIT ZERO (Nd, 15.0), U+11F04 KAWI LETTER A (Lo, 15.0), U+31350 the first CJK Ext. H
+// ideograph (Lo, 15.0), U+0CF3 KANNADA SIGN COMBINING ANUSVARA ABOVE RIGHT (Mc, 15.0), U+1C89
+// CYRILLIC CAPITAL LETTER TJE (Lu, 16.0).
+TEST(TokenizerRegexTest, Unicode16CategoriesFollowOniguruma) {
+  const auto matches = [](const char* pattern, const std::string& text) {
+    auto regex = TokenizerRegex::compile_regex(pattern, "test");
+    EXPECT_TRUE(regex.ok()) << regex.status();
+    if (!regex.ok()) return std::string("error");
+    std::string out;
+    for (const auto& m : (*regex)->find_all(text)) {
+      absl::StrAppend(&out, "[", text.substr(m.begin, m.end - m.begin), "]");
+    }
+    return out;
+  };
+  const std::string digit16 = "\xF0\x9C\xB3\xB0";  // U+1CCF0
+  const std::string digit15 = "\xF0\x9E\x93\xB0";  // U+1E4F0
+  const std::string kawi = "\xF0\x91\xBC\x84";     // U+11F04
+  const std::string cjk_h = "\xF0\xB1\x8D\x90";    // U+31350
+  const std::string mark15 = "\xE0\xB3\xB3";       // U+0CF3
+  const std::string upper16 = "\xE1\xB2\x89";      // U+1C89
+  EXPECT_EQ(matches("\\p{N}", "1" + digit16 + "x" + digit15),
+            "[1][" + digit16 + "][" + digit15 + "]");
+  EXPECT_EQ(matches("\\pN+", digit16 + digit15), "[" + digit16 + digit15 + "]");
+  EXPECT_EQ(matches("\\p{Nd}", digit16), "[" + digit16 + "]");
+  EXPECT_EQ(matches("\\p{No}", digit16), "");
+  EXPECT_EQ(matches("\\p{L}+", "a" + kawi + cjk_h + "1"), "[a" + kawi + cjk_h + "]");
+  EXPECT_EQ(matches("\\p{Lo}+", kawi + upper16), "[" + kawi + "]");
+  EXPECT_EQ(matches("\\p{Lu}", kawi + upper16), "[" + upper16 + "]");
+  EXPECT_EQ(matches("[\\p{M}]", mark15), "[" + mark15 + "]");
+  EXPECT_EQ(matches("[^\\s\\p{L}\\p{N}]+", "!" + digit16 + kawi + "?"), "[!][?]");
+  EXPECT_EQ(matches("\\P{N}+", "a" + digit16 + "b"), "[a][b]");
+  // Llama 3's pattern as in Tekken's tokenizer.json: " " + U+1CCF0 is a space, then a number
+  // (with PCRE2's own tables it was one punctuation-like piece; corpus entry unicode_new.03).
+  EXPECT_EQ(matches("\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", " " + digit16),
+            "[ ][" + digit16 + "]");
+  // Other property names pass through unchanged.
+  EXPECT_EQ(oniguruma_compatible_pattern("\\p{Han}\\p{Zs}\\pP\\p{^L}[\\P{L}]"),
+            "\\p{Han}\\p{Zs}\\pP\\p{^L}[\\P{L}]");
 }
 
 TEST(TokenizerRegexTest, QwenPatternSplits) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ctest tokenizer.cli: `flux2 tokenize` accepts what it should (CRLF lines, escapes, empty input)
-# and rejects bad input lines with a message naming the line and a non-zero exit.
+# ctest tokenizer.cli: `flux2 tokenize` accepts what it should (CRLF lines, escapes, empty input,
+# --format/--max-length) and rejects bad input lines and options with a message naming them and a
+# non-zero exit.
 #   tests/tokenizer/tokenize_cli_test.sh FLUX2_BINARY TOKENIZER_DIR
 set -uo pipefail
 if [[ $# -ne 2 ]]; then
@@ -17,10 +18,10 @@ failures=0
 err="$(mktemp)"
 trap 'rm -f "$err"' EXIT
 
-# expect_ok NAME INPUT EXPECTED_STDOUT
+# expect_ok NAME INPUT EXPECTED_STDOUT [EXTRA_ARGS...]
 expect_ok() {
   local out rc
-  out="$(printf '%b' "$2" | "$flux2" tokenize --tokenizer "$tokenizer_dir" 2>"$err")"
+  out="$(printf '%b' "$2" | "$flux2" tokenize --tokenizer "$tokenizer_dir" "${@:4}" 2>"$err")"
   rc=$?
   if [[ $rc -ne 0 || "$out" != "$3" ]]; then
     echo "FAIL $1: rc=$rc stdout=[$out] expected [$3]; stderr: $(cat "$err")"
@@ -52,6 +53,11 @@ expect_ok "escapes" '"\\u0068ello\\tworld\\n\\ud83d\\ude00"\n' '[14990,76508,198
 expect_ok "lone_surrogate_is_fffd" '"\\ud800x"\n' '[5691,87]'
 expect_ok "empty_string" '""\n' '[]'
 expect_ok "no_input" '' ''
+# --format renders the chat template (Qwen3 here), --max-length truncates and pads (<|endoftext|>).
+qwen3_a='151644,872,198,64,151645,198,151644,77091,198,151667,271,151668,271'
+expect_ok "format_qwen3" '"a"\n' "[$qwen3_a]" --format qwen3
+expect_ok "format_qwen3_padded" '"a"\n' "[$qwen3_a,151643,151643]" --format qwen3 --max-length 15
+expect_ok "format_qwen3_truncated" '"a"\n' '[151644,872,198]' --format qwen3 --max-length 3
 expect_error "number_line" '"ok"\n42\n' "stdin line 2: expected a JSON string"
 expect_error "unterminated" '"abc\n' "stdin line 1: unterminated JSON string"
 expect_error "trailing_text" '"a" "b"\n' "stdin line 1: text after the closing"
@@ -61,6 +67,12 @@ expect_error "empty_line" '"a"\n\n"b"\n' "stdin line 2: expected a JSON string, 
 expect_error "json_array_line" '["a"]\n' "stdin line 1: expected a JSON string"
 expect_error "unknown_option" '' "unknown option --bogus" --bogus x
 expect_error "missing_tokenizer_flag" '' "usage: flux2 tokenize" extra
+expect_error "unknown_format" '' "unknown prompt format \"llama\"" --tokenizer "$tokenizer_dir" \
+  --format llama
+expect_error "max_length_without_format" '' "usage: flux2 tokenize" --tokenizer "$tokenizer_dir" \
+  --max-length 4
+expect_error "negative_max_length" '' "--max-length needs a non-negative integer" \
+  --tokenizer "$tokenizer_dir" --format qwen3 --max-length -1
 expect_error "missing_directory" '' "/nonexistent-dir/tokenizer.json" --tokenizer /nonexistent-dir
 
 if [[ $failures -ne 0 ]]; then
