@@ -69,7 +69,8 @@ absl::StatusOr<ComponentWeights> ComponentWeights::open(const std::string& dir) 
   if (!fs::is_directory(dir)) return absl::NotFoundError(absl::StrCat(dir, ": no such directory"));
   ComponentWeights weights;
   weights.dir_ = dir;
-  FLUX_ASSIGN_OR_RETURN(weights.config_, read_json_file(weights.config_path()));
+  weights.config_path_ = dir + "/config.json";
+  FLUX_ASSIGN_OR_RETURN(weights.config_, read_json_file(weights.config_path_));
 
   std::string index_path;
   FLUX_ASSIGN_OR_RETURN(std::vector<std::string> files, find_weight_files(dir, &index_path));
@@ -118,6 +119,19 @@ absl::StatusOr<ComponentWeights> ComponentWeights::open(const std::string& dir) 
                                                      "\" is listed for ", shard, " but not in it"));
     }
   }
+  return weights;
+}
+
+ComponentWeights ComponentWeights::from_view(std::string source, nlohmann::json config,
+                                             std::string config_path,
+                                             std::map<std::string, TensorRef, std::less<>> tensors,
+                                             std::shared_ptr<const void> keep_alive) {
+  ComponentWeights weights;
+  weights.dir_ = std::move(source);
+  weights.config_path_ = std::move(config_path);
+  weights.config_ = std::move(config);
+  weights.tensors_ = std::move(tensors);
+  weights.view_storage_ = std::move(keep_alive);
   return weights;
 }
 

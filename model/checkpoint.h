@@ -30,7 +30,10 @@ struct ModelIndex {
 struct TensorRef {
   const SafetensorsFile* file = nullptr;
   const SafetensorsEntry* entry = nullptr;
-  const void* data() const { return file->data(*entry); }
+  // Set for a tensor held in host memory instead of `file` (a view's rearranged copy; `entry`
+  // then gives its name, dtype and shape only).
+  const void* bytes = nullptr;
+  const void* data() const { return bytes != nullptr ? bytes : file->data(*entry); }
 };
 
 // All weights of one component directory, by tensor name (shards merged).
@@ -39,17 +42,27 @@ class ComponentWeights {
   // Opens `dir` (e.g. "<model>/transformer"): its config.json and its safetensors.
   static absl::StatusOr<ComponentWeights> open(const std::string& dir);
 
+  // A view that is not one directory: `tensors` point into storage `keep_alive` owns (a Black
+  // Forest Labs single file under diffusers names, model/bfl_checkpoint.h). `source` (the file)
+  // stands for dir() in errors; `config_path` says where `config` came from.
+  static ComponentWeights from_view(std::string source, nlohmann::json config,
+                                    std::string config_path,
+                                    std::map<std::string, TensorRef, std::less<>> tensors,
+                                    std::shared_ptr<const void> keep_alive);
+
   const std::string& dir() const { return dir_; }
   const nlohmann::json& config() const { return config_; }
-  std::string config_path() const { return dir_ + "/config.json"; }
+  std::string config_path() const { return config_path_; }
   // The tensor called `name`, or null.
   const TensorRef* find(absl::string_view name) const;
   const std::map<std::string, TensorRef, std::less<>>& tensors() const { return tensors_; }
 
  private:
   std::string dir_;
+  std::string config_path_;  // dir_ + "/config.json" for a directory
   nlohmann::json config_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::shared_ptr<const void> view_storage_;  // from_view's keep_alive
   std::map<std::string, TensorRef, std::less<>> tensors_;
 };
 
