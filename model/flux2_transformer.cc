@@ -27,7 +27,7 @@ absl::StatusOr<std::unique_ptr<Flux2Transformer>> Flux2Transformer::create_rando
     Backend& backend, Flux2Config config, uint64_t seed) {
   std::unique_ptr<Flux2Transformer> model(new Flux2Transformer(backend, std::move(config)));
   const std::vector<WeightSpec> table = model->weights_.table(model->config_);
-  FLUX_ASSIGN_OR_RETURN(model->load_report_.device_bytes, allocate_weights(backend, table));
+  FLUX_ASSIGN_OR_RETURN(model->load_report_.device_bytes, allocate_device_weights(backend, table));
   FLUX_RETURN_IF_ERROR(fill_random_weights(backend, table, seed));
   model->load_report_.tensors = static_cast<int64_t>(table.size());
   return model;

@@ -137,12 +137,11 @@ std::string PipelineInfo::load_summary() const {
       "loaded %s (%s) on %s in %.2f s: text_encoder %.3f GB, transformer %.3f GB, vae %.3f GB%s",
       model_name, variant, backend, load_seconds, text_encoder_bytes / 1e9, transformer_bytes / 1e9,
       vae_bytes / 1e9,
-      absl::StrCat(
-          text_encoder_streamed
-              ? absl::StrFormat(", text encoder streamed from %.3f GB of pinned host memory",
-                                text_encoder_host_bytes / 1e9)
-              : "",
-          quality_high ? absl::StrFormat(", fp8 copies for quality=high %.3f GB", fp8_bytes / 1e9)
+      absl::StrCat(absl::StrFormat(", text encoder %s %.3f GB of host memory",
+                                   text_encoder_streamed ? "streamed from" : "embedding in",
+                                   text_encoder_host_bytes / 1e9),
+                   quality_high
+                       ? absl::StrFormat(", fp8 copies for quality=high %.3f GB", fp8_bytes / 1e9)
                        : ""));
 }
 
@@ -167,7 +166,7 @@ absl::Status Pipeline::connect_components(const std::string& source) {
   info_.pixel_multiple = 2 * vae.scale_factor();
   info_.text_encoder_bytes = text_encoder_->device_bytes();
   info_.text_encoder_host_bytes = text_encoder_->host_bytes();
-  info_.text_encoder_streamed = info_.text_encoder_host_bytes > 0;
+  info_.text_encoder_streamed = text_encoder_->residency() == WeightResidency::kStreamed;
   info_.prompt_cache_bytes = prompt_cache_.capacity_bytes();
   info_.transformer_bytes = transformer_->load_report().device_bytes;
   info_.vae_bytes = vae_->device_bytes() + vae_encoder_->device_bytes();

@@ -57,9 +57,9 @@ struct PipelineInfo {
   // layer for each encode (the memory plan of GPUs smaller than the model); text_encoder_bytes is
   // then its two device layer buffers.
   bool text_encoder_streamed = false;
-  int64_t text_encoder_host_bytes = 0;
-  int64_t prompt_cache_bytes = 0;  // capacity of the prompt-embedding cache (0: off)
-  bool quality_high = false;       // quality=high requests are served
+  int64_t text_encoder_host_bytes = 0;  // the embedding table (always), the streamed layers
+  int64_t prompt_cache_bytes = 0;       // capacity of the prompt-embedding cache (0: off)
+  bool quality_high = false;            // quality=high requests are served
   double load_seconds = 0.0;
 
   // One log line: model, backend, bytes per component and load time.

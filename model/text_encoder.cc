@@ -44,21 +44,19 @@ class TextEncoderImpl final : public TextEncoder {
   const std::vector<int64_t>& taps() const override { return taps_; }
   int64_t device_bytes() const override { return load_report_.device_bytes; }
   int64_t host_bytes() const override { return load_report_.host_bytes; }
+  WeightResidency residency() const override { return residency_; }
   absl::StatusOr<Tensor> encode(std::span<const int32_t> ids, int64_t num_valid_tokens,
                                 const ActivationTap& tap) const override;
 
   TextEncoderWeights& weights() { return weights_; }
-  WeightMemory weight_memory() const {
-    return residency_ == WeightResidency::kStreamed ? WeightMemory::kHost : WeightMemory::kDevice;
-  }
   // Streamed: the two device layer buffers the layers take turns in (adds their bytes).
   absl::Status allocate_layer_buffers();
   void set_load_report(const LoadReport& report) { load_report_ = report; }
 
  private:
   absl::StatusOr<EncoderWorkspace> make_workspace(int64_t seq) const;
-  // ws.x = the embedding rows of `ids`: a device lookup, or (streamed: the table stays in host
-  // memory) the rows gathered on the host and uploaded.
+  // ws.x = the embedding rows of `ids`: gathered on the host from the table (which stays in host
+  // memory) and uploaded; on the CPU backend, its embedding op.
   absl::Status embed(std::span<const int32_t> ids, const EncoderWorkspace& ws) const;
   // Starts copying layer `layer`'s host weights into device buffer `buffer` (streamed only).
   absl::StatusOr<CopyTicket> stream_layer(size_t layer, int buffer) const;
@@ -70,7 +68,8 @@ class TextEncoderImpl final : public TextEncoder {
   TextEncoderConfig config_;
   std::vector<int64_t> taps_;
   WeightResidency residency_;
-  TextEncoderWeights weights_;                // on the device, or in host memory (streamed)
+  // The embedding in host memory; the layers on the device, or in host memory (streamed).
+  TextEncoderWeights weights_;
   TextEncoderLayerWeights layer_buffers_[2];  // streamed: the device copies of two layers
   LoadReport load_report_;
 };
@@ -80,7 +79,7 @@ absl::Status TextEncoderImpl::allocate_layer_buffers() {
   for (TextEncoderLayerWeights& buffer : layer_buffers_) {
     FLUX_ASSIGN_OR_RETURN(
         const int64_t bytes,
-        allocate_weights(backend_, text_encoder_layer_table(config_, "", buffer)));
+        allocate_device_weights(backend_, text_encoder_layer_table(config_, "", buffer)));
     load_report_.device_bytes += bytes;
   }
   return absl::OkStatus();
@@ -267,11 +266,11 @@ absl::StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::load(Backend& backend,
   FLUX_ASSIGN_OR_RETURN(const std::string prefix, text_encoder_prefix(config, checkpoint));
   const int64_t num_layers = *std::max_element(taps.begin(), taps.end());
   auto model = std::make_unique<TextEncoderImpl>(backend, config, std::move(taps), residency);
-  const std::vector<WeightSpec> table = model->weights().table(config, num_layers, prefix);
+  const std::vector<WeightSpec> table =
+      model->weights().table(config, num_layers, prefix, residency);
   FLUX_ASSIGN_OR_RETURN(LoadReport report,
                         load_weights(backend, checkpoint, table,
-                                     text_encoder_unused_tensors(config, num_layers, prefix),
-                                     model->weight_memory()));
+                                     text_encoder_unused_tensors(config, num_layers, prefix)));
   model->set_load_report(report);
   FLUX_RETURN_IF_ERROR(model->allocate_layer_buffers());
   return std::unique_ptr<TextEncoder>(std::move(model));
@@ -284,17 +283,18 @@ absl::StatusOr<std::pair<int64_t, int64_t>> TextEncoder::planned_bytes(
       TextEncoderConfig config,
       TextEncoderConfig::from_json(checkpoint.config(), checkpoint.config_path()));
   FLUX_RETURN_IF_ERROR(check_taps(taps, config, checkpoint.config_path()));
-  auto bytes_of = [&](const std::vector<WeightSpec>& table) {
-    int64_t values = 0;
-    for (const WeightSpec& spec : table) values += shape_numel(spec.shape);
-    return values * weight_dtype_size;
-  };
   TextEncoderWeights weights;
-  const int64_t all = bytes_of(weights.table(config, *std::max_element(taps.begin(), taps.end())));
-  if (residency == WeightResidency::kDevice) return std::pair<int64_t, int64_t>{all, 0};
-  TextEncoderLayerWeights layer;
-  return std::pair<int64_t, int64_t>{2 * bytes_of(text_encoder_layer_table(config, "", layer)),
-                                     all};
+  const WeightBytes bytes = planned_weight_bytes(
+      weights.table(config, *std::max_element(taps.begin(), taps.end()), "", residency),
+      weight_dtype_size);
+  int64_t device = bytes.device;
+  if (residency == WeightResidency::kStreamed) {  // the two device layer buffers
+    TextEncoderLayerWeights layer;
+    device +=
+        2 *
+        planned_weight_bytes(text_encoder_layer_table(config, "", layer), weight_dtype_size).device;
+  }
+  return std::pair<int64_t, int64_t>{device, bytes.host};
 }
 
 absl::StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::create_random(Backend& backend,
@@ -305,11 +305,12 @@ absl::StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::create_random(Backend&
   FLUX_RETURN_IF_ERROR(check_taps(taps, config, "random text encoder"));
   const int64_t num_layers = *std::max_element(taps.begin(), taps.end());
   auto model = std::make_unique<TextEncoderImpl>(backend, config, std::move(taps), residency);
-  const std::vector<WeightSpec> table = model->weights().table(config, num_layers);
+  const std::vector<WeightSpec> table =
+      model->weights().table(config, num_layers, "model.", residency);
   LoadReport report;
-  FLUX_ASSIGN_OR_RETURN(const int64_t bytes,
-                        allocate_weights(backend, table, model->weight_memory()));
-  (residency == WeightResidency::kStreamed ? report.host_bytes : report.device_bytes) = bytes;
+  FLUX_ASSIGN_OR_RETURN(const WeightBytes bytes, allocate_weights(backend, table));
+  report.device_bytes = bytes.device;
+  report.host_bytes = bytes.host;
   FLUX_RETURN_IF_ERROR(fill_random_weights(backend, table, seed));
   report.tensors = static_cast<int64_t>(table.size());
   model->set_load_report(report);

@@ -78,8 +78,12 @@ class TextEncoder {
 
   virtual const TextEncoderConfig& config() const = 0;
   virtual const std::vector<int64_t>& taps() const = 0;
-  virtual int64_t device_bytes() const = 0;  // weights held on the device (streamed: 2 layers)
-  virtual int64_t host_bytes() const = 0;    // weights held in pinned host memory (streamed)
+  // Weights held on the device (streamed: the two layer buffers) and in host memory (the
+  // embedding, whose rows are gathered on the host, and the streamed layers). On the CPU backend
+  // both are ordinary memory.
+  virtual int64_t device_bytes() const = 0;
+  virtual int64_t host_bytes() const = 0;
+  virtual WeightResidency residency() const = 0;
 
   // ids [L] right-padded; the first num_valid_tokens are real (attention mask 1). Returns
   // prompt_embeds [L, taps x hidden] (channel c x hidden + d from tap c) in the activation dtype.

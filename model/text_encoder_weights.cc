@@ -60,14 +60,18 @@ std::vector<WeightSpec> text_encoder_layer_table(const TextEncoderConfig& config
 }
 
 std::vector<WeightSpec> TextEncoderWeights::table(const TextEncoderConfig& config,
-                                                  int64_t num_layers, const std::string& prefix) {
+                                                  int64_t num_layers, const std::string& prefix,
+                                                  WeightResidency residency) {
   std::vector<WeightSpec> specs;
-  specs.push_back(WeightSpec{
-      prefix + "embed_tokens.weight", {config.vocab_size, config.hidden_size}, &embed_tokens});
+  WeightSpec embedding{
+      prefix + "embed_tokens.weight", {config.vocab_size, config.hidden_size}, &embed_tokens};
+  embedding.host = true;
+  specs.push_back(std::move(embedding));
   layers.resize(static_cast<size_t>(num_layers));
   for (int64_t i = 0; i < num_layers; ++i) {
     std::vector<WeightSpec> layer =
         text_encoder_layer_table(config, absl::StrCat(prefix, "layers.", i, "."), layers[i]);
+    for (WeightSpec& spec : layer) spec.host = residency == WeightResidency::kStreamed;
     specs.insert(specs.end(), layer.begin(), layer.end());
   }
   return specs;

@@ -36,9 +36,12 @@ struct TextEncoderWeights {
   std::vector<TextEncoderLayerWeights> layers;
 
   // The tensor table for layers 0..num_layers-1 (resizes `layers`; targets point into *this).
-  // `prefix` is the checkpoint's name prefix of the language model ("model." for Qwen3).
+  // `prefix` is the checkpoint's name prefix of the language model ("model." for Qwen3). The
+  // embedding is a host target (the encoder gathers its rows on the host: 0.8-1.3 GB less device
+  // memory), and so are the layers when `residency` is kStreamed.
   std::vector<WeightSpec> table(const TextEncoderConfig& config, int64_t num_layers,
-                                const std::string& prefix = "model.");
+                                const std::string& prefix = "model.",
+                                WeightResidency residency = WeightResidency::kDevice);
 };
 
 // The language model's name prefix in `checkpoint`: "model." (Qwen3, MistralForCausalLM) or, for a

@@ -32,7 +32,7 @@ class BackendVaeDecoder final : public VaeDecoder {
 
   absl::Status fill_random(uint64_t seed) {
     const std::vector<WeightSpec> table = weights_.table(config_);
-    FLUX_ASSIGN_OR_RETURN(load_report_.device_bytes, allocate_weights(backend_, table));
+    FLUX_ASSIGN_OR_RETURN(load_report_.device_bytes, allocate_device_weights(backend_, table));
     FLUX_RETURN_IF_ERROR(fill_random_weights(backend_, table, seed));
     // Variances must be positive: sqrt(var + eps) de-normalises the latents.
     const std::vector<float> ones(static_cast<size_t>(weights_.bn_var.numel()), 1.0f);

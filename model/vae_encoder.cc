@@ -25,7 +25,8 @@ absl::StatusOr<std::unique_ptr<VaeEncoder>> VaeEncoder::create_random(Backend& b
                                                                       uint64_t seed) {
   std::unique_ptr<VaeEncoder> encoder(new VaeEncoder(backend, std::move(config)));
   const std::vector<WeightSpec> table = encoder->weights_.table(encoder->config_);
-  FLUX_ASSIGN_OR_RETURN(encoder->load_report_.device_bytes, allocate_weights(backend, table));
+  FLUX_ASSIGN_OR_RETURN(encoder->load_report_.device_bytes,
+                        allocate_device_weights(backend, table));
   FLUX_RETURN_IF_ERROR(fill_random_weights(backend, table, seed));
   // Variances must be positive: the tokens are divided by sqrt(var + eps).
   const std::vector<float> ones(static_cast<size_t>(encoder->weights_.bn_var.numel()), 1.0f);

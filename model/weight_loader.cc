@@ -95,11 +95,21 @@ absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
   return bytes;
 }
 
-absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<WeightSpec>& table,
-                                         WeightMemory memory) {
+WeightBytes planned_weight_bytes(const std::vector<WeightSpec>& table, int64_t value_bytes) {
+  WeightBytes bytes;
+  for (const WeightSpec& spec : table) {
+    (spec.host ? bytes.host : bytes.device) += shape_numel(spec.shape) * value_bytes;
+  }
+  return bytes;
+}
+
+absl::StatusOr<WeightBytes> allocate_weights(Backend& backend,
+                                             const std::vector<WeightSpec>& table) {
   // Size every target from the specs that fill it: rows add up, the rest must agree.
   std::map<Tensor*, Shape> shapes;
+  std::set<Tensor*> host;
   for (const WeightSpec& spec : table) {
+    if (spec.host) host.insert(spec.target);
     const Shape piece = target_shape(spec);
     auto [it, inserted] = shapes.emplace(spec.target, piece);
     if (!inserted) {
@@ -109,14 +119,20 @@ absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<Wei
       shape[0] += piece[0];
     }
   }
-  int64_t bytes = 0;
+  WeightBytes bytes;
   for (auto& [target, shape] : shapes) {
-    FLUX_ASSIGN_OR_RETURN(*target, memory == WeightMemory::kHost
-                                       ? backend.empty_host(backend.weight_dtype(), shape)
-                                       : backend.empty(backend.weight_dtype(), shape));
-    bytes += target->bytes();
+    const bool on_host = host.count(target) != 0;
+    FLUX_ASSIGN_OR_RETURN(*target, on_host ? backend.empty_host(backend.weight_dtype(), shape)
+                                           : backend.empty(backend.weight_dtype(), shape));
+    (on_host ? bytes.host : bytes.device) += target->bytes();
   }
   return bytes;
+}
+
+absl::StatusOr<int64_t> allocate_device_weights(Backend& backend,
+                                                const std::vector<WeightSpec>& table) {
+  FLUX_ASSIGN_OR_RETURN(const WeightBytes bytes, allocate_weights(backend, table));
+  return bytes.device + bytes.host;
 }
 
 absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>& table,
@@ -134,13 +150,14 @@ absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>
 
 absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
                                         const std::vector<WeightSpec>& table,
-                                        const UnusedTensorFilter& unused, WeightMemory memory) {
+                                        const UnusedTensorFilter& unused) {
   const auto start = std::chrono::steady_clock::now();
   FLUX_RETURN_IF_ERROR(validate_weights(checkpoint, table, unused));
 
   LoadReport report;
-  FLUX_ASSIGN_OR_RETURN(const int64_t bytes, allocate_weights(backend, table, memory));
-  (memory == WeightMemory::kHost ? report.host_bytes : report.device_bytes) = bytes;
+  FLUX_ASSIGN_OR_RETURN(const WeightBytes bytes, allocate_weights(backend, table));
+  report.device_bytes = bytes.device;
+  report.host_bytes = bytes.host;
 
   for (const WeightSpec& spec : table) {
     const TensorRef& ref = *checkpoint.find(spec.name);

@@ -30,21 +30,18 @@ struct WeightSpec {
   // Set for the projections quality=high runs in FP8 (FP8-eligible): the weight whose `tensor` is
   // `target`; register_low_precision_weights stores the backend's low-precision copy in it.
   Weight* fp8 = nullptr;
+  // The target lives in host memory (Backend::empty_host: page-locked on CUDA), for weights the
+  // model only gathers from on the host or streams onto the device itself.
+  bool host = false;
 };
 
 // Checkpoint tensors a model may leave unread (e.g. the VAE encoder).
 using UnusedTensorFilter = std::function<bool(absl::string_view name)>;
 
-// Where the loader allocates a table's targets.
-enum class WeightMemory : uint8_t {
-  kDevice,  // backend.empty(): the device
-  kHost,    // backend.empty_host(): page-locked host memory the device copies from
-};
-
 struct LoadReport {
   int64_t tensors = 0;       // checkpoint tensors read
   int64_t device_bytes = 0;  // bytes allocated on the backend's device
-  int64_t host_bytes = 0;    // bytes allocated in host memory (WeightMemory::kHost)
+  int64_t host_bytes = 0;    // bytes allocated in host memory (WeightSpec::host)
   double seconds = 0.0;      // wall time of validation, allocation and upload
 };
 
@@ -55,11 +52,22 @@ absl::Status validate_weights(const ComponentWeights& checkpoint,
                               const std::vector<WeightSpec>& table,
                               const UnusedTensorFilter& unused);
 
+// The bytes allocate_weights gives each place, {device, host}.
+struct WeightBytes {
+  int64_t device = 0;
+  int64_t host = 0;
+};
+
 // Allocates every target of `table` on `backend` (rows = the rows its specs fill, the other
-// dimensions must agree) in `memory` and returns the bytes allocated. Targets are left
-// uninitialised.
-absl::StatusOr<int64_t> allocate_weights(Backend& backend, const std::vector<WeightSpec>& table,
-                                         WeightMemory memory = WeightMemory::kDevice);
+// dimensions must agree; host memory for WeightSpec::host targets) and returns the bytes
+// allocated. Targets are left uninitialised.
+absl::StatusOr<WeightBytes> allocate_weights(Backend& backend,
+                                             const std::vector<WeightSpec>& table);
+// allocate_weights for a table without host targets: the device bytes.
+absl::StatusOr<int64_t> allocate_device_weights(Backend& backend,
+                                                const std::vector<WeightSpec>& table);
+// What allocate_weights would allocate, at `value_bytes` per value (the memory plan).
+WeightBytes planned_weight_bytes(const std::vector<WeightSpec>& table, int64_t value_bytes);
 
 // Fills every target of `table` (already allocated) with reproducible random values: uniform in
 // ±1/sqrt(columns) for matrices, ±1 for vectors. For benchmarks at real shapes without a
@@ -72,11 +80,10 @@ absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>
 absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
                                                        const std::vector<WeightSpec>& table);
 
-// Validates, allocates each target (rows = the rows its specs fill) in `memory`, and uploads with
-// dtype conversion to backend.weight_dtype().
+// Validates, allocates each target (rows = the rows its specs fill), and uploads with dtype
+// conversion to backend.weight_dtype().
 absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
                                         const std::vector<WeightSpec>& table,
-                                        const UnusedTensorFilter& unused,
-                                        WeightMemory memory = WeightMemory::kDevice);
+                                        const UnusedTensorFilter& unused);
 
 }  // namespace flux2

@@ -111,6 +111,18 @@ std::vector<OpCase> make_cases() {
              });
            },
            "qk_norm_rope"});
+      // RoPE alone (Mistral's attention, no q/k norm), on the same strided q.
+      add({"rope", sd(r) + (style == RopeStyle::kInterleaved ? ",interleaved" : ",half_split"),
+           [r, style](OpEnv& e) {
+             Tensor qkv = e.in_place(r.s, 3 * r.d, 3.0f);
+             Tensor cos = e.input_values(r.s, 128, table(r.s, false), /*f32=*/true);
+             Tensor sin = e.input_values(r.s, 128, table(r.s, true), /*f32=*/true);
+             Tensor q = qkv.col_slice(r.d, r.d);
+             e.set_bytes(2 * r.s * r.d * 2 + 2 * r.s * 128 * 4);
+             return e.call(q, [&be = e.backend(), q, cos, sin, style] {
+               return be.rope(q, 128, cos, sin, style);
+             });
+           }});
     }
   }
 

@@ -73,7 +73,8 @@ fi
 if want tests; then
   run_gtests gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test \
              gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test \
-             gpu_fp8_accumulation_test gpu_flash_attention_fp8_test gpu_fp8_rows_test
+             gpu_fp8_accumulation_test gpu_flash_attention_fp8_test gpu_fp8_rows_test \
+             gpu_text_encoder_streaming_test
   FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1
   record $? "gpu_server_test (tiny): $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')"
 fi
