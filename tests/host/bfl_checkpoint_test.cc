@@ -21,6 +21,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/bfl_checkpoint.h"
 #include "model/checkpoint.h"
+#include "model/flux2_presets.h"
 #include "model/flux2_transformer.h"
 #include "model/flux2_weights.h"
 #include "model/safetensors.h"
@@ -80,6 +81,27 @@ TEST_P(BflMappingTest, CoversEveryTableTensorOnce) {
   for (const auto& [name, rows] : covered) {
     EXPECT_EQ(std::count(rows.begin(), rows.end(), 1), static_cast<int64_t>(rows.size()))
         << name << ": some row not given exactly once";
+  }
+}
+
+// The published shapes: dev's BFL file holds 11 top-level tensors (guidance embedder included),
+// 12 per double block and 4 per single block, 32,223,281,152 parameters (architecture §8: the
+// 64.4 GB of flux2-dev.safetensors in bf16); klein has no guidance embedder.
+TEST(BflPresetTest, PublishedShapesHaveTheirParameterCounts) {
+  const std::map<std::string, std::pair<size_t, int64_t>> expected = {
+      {"dev", {11 + 8 * 12 + 48 * 4, 32223281152}},
+      {"klein-4b", {9 + 5 * 12 + 20 * 4, 3875544576}},
+      {"klein-9b", {9 + 8 * 12 + 24 * 4, 9078581248}},
+  };
+  for (const auto& [name, counts] : expected) {
+    auto config = flux2_preset(name);
+    ASSERT_TRUE(config.ok()) << config.status();
+    const std::vector<BflTensor> tensors = bfl_transformer_tensors(*config);
+    int64_t parameters = 0;
+    for (const BflTensor& tensor : tensors) parameters += shape_numel(tensor.shape);
+    EXPECT_EQ(tensors.size(), counts.first) << name;
+    EXPECT_EQ(parameters, counts.second) << name;
+    EXPECT_EQ(parameters, flux2_parameter_count(*config)) << name;
   }
 }
 
