@@ -463,6 +463,13 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
     if (hooks.on_step) hooks.on_step(i, steps, step_seconds);
   }
   timings.denoise = seconds_since(start);
+  // The transformer's workspace (and klein-KV's cache) go back before the VAE decode, so the
+  // request's peak is the larger of the two stages, not their sum (FLUX.2-dev at 1024x1024 on a
+  // 141 GB device: 100.25 GB with both held).
+  cond = Flux2Conditioning{};
+  negative_cond = Flux2Conditioning{};
+  velocity = Tensor{};
+  negative_velocity = Tensor{};
 
   // Decode: BatchNorm de-normalisation, unpatchify, VAE decoder, uint8.
   if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
