@@ -12,6 +12,7 @@
 #include "kernels/base/status.h"
 #include "model/bfl_checkpoint.h"
 #include "model/checkpoint.h"
+#include "model/flux2_presets.h"
 #include "model/json_util.h"
 #include "model/rope.h"
 #include "model/timestep_embedding.h"
@@ -44,9 +45,10 @@ std::vector<int64_t> text_encoder_taps(bool dev) {
   return dev ? std::vector<int64_t>{10, 20, 30} : std::vector<int64_t>{9, 18, 27};
 }
 
-// transformer/, or options.transformer_file (a BFL single file) with transformer/config.json.
+// transformer/, or options.transformer_file (a BFL single file) with transformer/config.json (dev
+// without one: the published shapes).
 absl::StatusOr<ComponentWeights> open_transformer(const std::string& model_dir,
-                                                  const PipelineOptions& options) {
+                                                  const PipelineOptions& options, bool dev) {
   if (options.transformer_file.empty()) return ComponentWeights::open(model_dir + "/transformer");
   FLUX_ASSIGN_OR_RETURN(const bool bfl, is_bfl_transformer_file(options.transformer_file));
   if (!bfl) {
@@ -56,8 +58,17 @@ absl::StatusOr<ComponentWeights> open_transformer(const std::string& model_dir,
         "diffusers-named weights belong in ",
         model_dir, "/transformer/"));
   }
-  const std::string config_path = model_dir + "/transformer/config.json";
-  FLUX_ASSIGN_OR_RETURN(nlohmann::json config, read_json_file(config_path));
+  // Its config: transformer/config.json when the directory has one; a dev directory without a
+  // transformer/ folder (a ComfyUI-style layout) takes the published FLUX.2-dev shapes.
+  std::string config_path = model_dir + "/transformer/config.json";
+  nlohmann::json config;
+  if (std::filesystem::exists(config_path) || !dev) {
+    FLUX_ASSIGN_OR_RETURN(config, read_json_file(config_path));
+  } else {
+    FLUX_ASSIGN_OR_RETURN(const Flux2Config preset, flux2_preset("dev"));
+    config = flux2_config_json(preset);
+    config_path = "the published FLUX.2-dev transformer config (flux2_preset dev)";
+  }
   return open_bfl_transformer(options.transformer_file, std::move(config), config_path);
 }
 
@@ -103,7 +114,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
   // The memory plan, from the tensor shapes, before anything is allocated.
   FLUX_ASSIGN_OR_RETURN(ComponentWeights text_weights,
                         ComponentWeights::open(model_dir + "/text_encoder"));
-  FLUX_ASSIGN_OR_RETURN(ComponentWeights transformer_weights, open_transformer(model_dir, options));
+  FLUX_ASSIGN_OR_RETURN(ComponentWeights transformer_weights,
+                        open_transformer(model_dir, options, dev));
   FLUX_ASSIGN_OR_RETURN(ComponentWeights vae_weights, ComponentWeights::open(model_dir + "/vae"));
   const std::vector<int64_t> taps = text_encoder_taps(dev);
   const int64_t value_bytes = dtype_size(backend.weight_dtype());

@@ -23,6 +23,7 @@
 #include "model/prompt_cache.h"
 #include "model/text_encoder.h"
 #include "nlohmann/json.hpp"
+#include "tests/host/bfl_writer.h"
 #include "tests/host/test_util.h"
 
 namespace flux2 {
@@ -331,6 +332,29 @@ TEST_F(DevPipelineTest, ThePromptCacheServesRepeatsWithTheSameBytes) {
   auto guided = cached->generate(other);
   ASSERT_TRUE(guided.ok());
   EXPECT_NE(guided->rgb, first->rgb);
+}
+
+TEST_F(DevPipelineTest, ABflSingleFileTransformerGivesTheSameImage) {
+  testing::TempDir dir;
+  auto diffusers = ComponentWeights::open(dev_checkpoint() + "/transformer");
+  ASSERT_TRUE(diffusers.ok()) << diffusers.status();
+  const std::string file = dir.path() + "/flux2-dev.safetensors";
+  ASSERT_TRUE(testing::write_bfl_transformer(*diffusers, file).ok());
+  PipelineOptions options;
+  options.transformer_file = file;
+  auto from_file = Pipeline::load(backend_, dev_checkpoint(), options);
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  auto from_dir = load(0);
+  ASSERT_NE(from_dir, nullptr);
+  auto a = (*from_file)->generate(params());
+  auto b = from_dir->generate(params());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->rgb, b->rgb);
+  // A diffusers-named file is not what --transformer-file takes.
+  options.transformer_file = dev_checkpoint() + "/transformer/diffusion_pytorch_model.safetensors";
+  auto wrong = Pipeline::load(backend_, dev_checkpoint(), options);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(), HasSubstr("not a Black Forest Labs"));
 }
 
 }  // namespace
