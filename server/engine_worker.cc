@@ -156,6 +156,7 @@ absl::Status EngineWorker::load_and_warm_up() {
                  options_.warmup_reference ? ", with and without a reference" : "");
   }
   metrics_.set_model_load_seconds(seconds_since(start));
+  metrics_.set_prompt_cache_capacity(info.prompt_cache_bytes);
   if (info.backend == "cuda") metrics_.set_gpu_memory(engine_->memory_stats());
   engine_ready_.store(true);
   return absl::OkStatus();
@@ -206,6 +207,7 @@ void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     report.denoise_seconds += t.denoise;
     report.decode_seconds += t.decode;
     report.step_seconds.insert(report.step_seconds.end(), t.steps.begin(), t.steps.end());
+    if (i == 0) report.prompt_cache_hit = image->prompt_cache_hit;
     image->seed = params.seed;
     encoder_.encode(job, std::move(*image));
   }
@@ -218,6 +220,7 @@ void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     }
     metrics_.observe_stage(Stage::kDenoise, report.denoise_seconds);
     metrics_.observe_stage(Stage::kDecode, report.decode_seconds);
+    metrics_.count_prompt_cache(report.prompt_cache_hit);
   }
   if (engine_->info().backend == "cuda") metrics_.set_gpu_memory(engine_->memory_stats());
   {

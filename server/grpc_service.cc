@@ -326,6 +326,7 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
     response->set_default_steps(static_cast<int32_t>(info.default_steps));
     response->set_default_guidance(info.default_guidance);
     response->set_uses_cfg(info.uses_cfg);
+    response->set_guidance_embedded(info.guidance_embedded);
     v1::Limits* limits = response->mutable_limits();
     limits->set_pixel_multiple(static_cast<int32_t>(model.limits.pixel_multiple));
     limits->set_max_pixels(model.limits.max_pixels);
@@ -350,6 +351,10 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
     }
     response->set_server_version(FLUX2_VERSION);
     response->set_weight_bytes(info.device_bytes);
+    response->set_text_encoder_streamed(info.text_encoder_streamed);
+    response->set_text_encoder_host_bytes(info.text_encoder_host_bytes);
+    response->set_prompt_cache_bytes(info.prompt_cache_bytes);
+    response->set_transformer_file(model.transformer_file);
   }
   host_.metrics().count_request("GetModelInfo", code_name(status), seconds_since(arrival));
   reactor->Finish(to_grpc_status(status));

@@ -27,6 +27,7 @@ struct ServingModel {
   RequestLimits limits;
   int queue_depth = 0;
   BackendOptions backend_options;  // as the flags set them (GetModelInfo)
+  std::string transformer_file;    // --transformer-file's file name (no directory); "" when none
   const Engine* engine = nullptr;  // for Engine::validate (thread-safe); outlives the RPCs
 };
 

@@ -78,6 +78,9 @@ struct WorkerReport {
   std::vector<double> step_seconds;  // every step of every image, in order
   double decode_seconds = 0.0;
   std::vector<FastPathCounters> fast_paths;  // activity during this job (deltas), active paths only
+  // The first image's prompt embeddings came from the prompt cache (GeneratedImage::
+  // prompt_cache_hit); later images of the job reuse its prompt, so they say nothing more.
+  bool prompt_cache_hit = false;
 };
 
 // The outcome handed to the RPC layer on success.

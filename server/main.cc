@@ -97,6 +97,12 @@ int main(int argc, char** argv) {
   if (!drained.ok())
     std::fprintf(stderr, "flux2_server: %s\n", std::string(drained.message()).c_str());
   const int code = load.ok() ? 0 : 1;
+  if (!load.ok()) {
+    // The last line a user reads: why nothing was served (e.g. a memory plan larger than the
+    // device, with the plan and the flag that shrinks it).
+    std::fprintf(stderr, "flux2_server: exiting: the model failed to load: %s\n",
+                 load.ToString().c_str());
+  }
   if (!(*server)->worker_joined()) {
     std::fflush(nullptr);
     std::_Exit(code);  // the worker is still loading weights; it cannot be joined

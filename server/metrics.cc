@@ -128,6 +128,16 @@ Metrics::Metrics()
                             .Help("Reference images of the requests that returned images")
                             .Register(*registry_)
                             .Add({})),
+      prompt_cache_requests_(
+          BuildCounter()
+              .Name("flux2_prompt_cache_requests_total")
+              .Help("Generated requests by whether their prompt embeddings came from the cache")
+              .Register(*registry_)),
+      prompt_cache_capacity_(BuildGauge()
+                                 .Name("flux2_prompt_cache_capacity_bytes")
+                                 .Help("Capacity of the prompt-embedding cache (0: off)")
+                                 .Register(*registry_)
+                                 .Add({})),
       model_load_(BuildGauge()
                       .Name("flux2_model_load_duration_seconds")
                       .Help("Weight loading + warm-up at startup")
@@ -168,6 +178,7 @@ Metrics::Metrics()
     stage_duration_.Add({{"stage", std::string(stage_name(stage))}}, request_buckets());
   }
   step_duration_.Add({{"quality", "lossless"}}, step_buckets());
+  for (const char* result : {"hit", "miss"}) prompt_cache_requests_.Add({{"result", result}});
 }
 
 void Metrics::count_request(absl::string_view method, absl::string_view code, double seconds) {
@@ -203,6 +214,14 @@ void Metrics::count_images(int64_t images, int64_t pixels) {
 
 void Metrics::count_reference_images(int64_t references) {
   reference_images_.Increment(static_cast<double>(references));
+}
+
+void Metrics::count_prompt_cache(bool hit) {
+  prompt_cache_requests_.Add({{"result", hit ? "hit" : "miss"}}).Increment();
+}
+
+void Metrics::set_prompt_cache_capacity(int64_t bytes) {
+  prompt_cache_capacity_.Set(static_cast<double>(bytes));
 }
 
 void Metrics::set_model_load_seconds(double seconds) {

@@ -47,6 +47,11 @@ class Metrics {
   void count_images(int64_t images, int64_t pixels);
   // Reference images of a request that returned its images (counted with count_images).
   void count_reference_images(int64_t references);
+  // One request that finished generating: `hit` when its prompt embeddings came from the
+  // prompt-embedding cache (no text encode), else a miss (also every request with the cache off).
+  void count_prompt_cache(bool hit);
+  // The prompt-embedding cache's capacity in bytes (0: off), set once the model is loaded.
+  void set_prompt_cache_capacity(int64_t bytes);
   void set_model_load_seconds(double seconds);
   void set_ready(bool ready);
   void set_build_info(absl::string_view version, absl::string_view backend,
@@ -72,6 +77,8 @@ class Metrics {
   prometheus::Counter& images_;
   prometheus::Counter& pixels_;
   prometheus::Counter& reference_images_;
+  prometheus::Family<prometheus::Counter>& prompt_cache_requests_;
+  prometheus::Gauge& prompt_cache_capacity_;
   prometheus::Gauge& model_load_;
   prometheus::Gauge& ready_;
   prometheus::Family<prometheus::Gauge>& build_info_;

@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backend_factory.h"
 #include "kernels/base/status.h"
@@ -68,18 +69,24 @@ absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view b
                                                              const BackendOptions& backend_options,
                                                              bool model_dir_given,
                                                              const std::string& model_dir,
-                                                             bool enable_quality_high) {
+                                                             const PipelineOptions& options) {
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                         create_server_backend(backend_name, backend_options, model_dir_given));
-  PipelineOptions options;
-  options.enable_quality_high = enable_quality_high;
   absl::StatusOr<std::unique_ptr<Pipeline>> pipeline = Pipeline::load(*backend, model_dir, options);
   if (!pipeline.ok()) {
+    const absl::Status& status = pipeline.status();
     // quality=high needs backend support (FP8 GEMMs): say which flag asked for it.
-    const bool high_unsupported = enable_quality_high && absl::IsUnimplemented(pipeline.status());
-    return absl::Status(pipeline.status().code(),
-                        absl::StrCat(high_unsupported ? "--enable-quality-high: " : "", "loading ",
-                                     model_dir, ": ", pipeline.status().message()));
+    const bool high_unsupported = options.enable_quality_high && absl::IsUnimplemented(status);
+    const bool transformer_file = !options.transformer_file.empty() &&
+                                  absl::StrContains(status.message(), options.transformer_file);
+    // The loader's messages mostly start with the path they concern; do not say it twice.
+    const bool names_dir = absl::StartsWith(status.message(), model_dir);
+    return absl::Status(
+        status.code(),
+        absl::StrCat(high_unsupported ? "--enable-quality-high: " : "",
+                     transformer_file ? "--transformer-file: " : "",
+                     names_dir ? "loading " : absl::StrCat("loading ", model_dir, ": "),
+                     status.message()));
   }
   return std::unique_ptr<Engine>(new PipelineEngine(std::move(backend), std::move(*pipeline)));
 }

@@ -17,12 +17,15 @@ absl::StatusOr<std::unique_ptr<Backend>> create_server_backend(absl::string_view
                                                                const BackendOptions& options,
                                                                bool model_dir_given);
 
-// Creates the backend (as create_server_backend) and loads `model_dir` onto it;
-// `enable_quality_high` also prepares what QUALITY_HIGH requests need (FP8 weight copies).
+// Creates the backend (as create_server_backend) and loads `model_dir` onto it with `options`
+// (quality=high's FP8 copies, the text encoder's residency, the prompt cache, a single-file
+// transformer). Errors name the flag behind them where one is (--enable-quality-high,
+// --transformer-file); a memory plan that does not fit the device is ResourceExhausted with the
+// plan (model/memory_plan.h).
 absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view backend,
-                                                             const BackendOptions& options,
+                                                             const BackendOptions& backend_options,
                                                              bool model_dir_given,
                                                              const std::string& model_dir,
-                                                             bool enable_quality_high);
+                                                             const PipelineOptions& options);
 
 }  // namespace flux2::server

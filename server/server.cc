@@ -2,6 +2,7 @@
 // Tested by tests/server/server_test.cc (fake engine) and the end-to-end tests.
 #include "server/server.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -53,9 +54,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
     return absl::InvalidArgumentError("--probe: probe mode does not serve");
   if (!factory) {
     factory = [options]() {
+      PipelineOptions pipeline;
+      pipeline.enable_quality_high = options.enable_quality_high;
+      pipeline.text_encoder_residency =
+          options.text_encoder_offload ? WeightResidency::kStreamed : WeightResidency::kDevice;
+      pipeline.prompt_cache_bytes = options.prompt_cache_bytes;
+      pipeline.transformer_file = options.transformer_file;
       return load_pipeline_engine(options.backend, options.backend_options,
                                   !options.model_dir.empty(), resolved_model_dir(options),
-                                  options.enable_quality_high);
+                                  pipeline);
     };
   }
   std::unique_ptr<Server> server(new Server(options, std::move(factory)));
@@ -184,6 +191,7 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     limits.quality_high_enabled = options_.enable_quality_high && model->info.quality_high;
     limits.fast_paths = options_.fast_paths;
     model->backend_options = options_.backend_options;
+    model->transformer_file = std::filesystem::path(options_.transformer_file).filename().string();
     metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
     // The start-up log names every limit the requests meet (GetModelInfo.limits reports them).
     const std::string limits_line = absl::StrCat(
@@ -192,7 +200,10 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
         " max_sequence_length=", limits.max_sequence_length,
         " max_reference_images=", limits.max_reference_images,
         " max_reference_bytes=", limits.max_reference_bytes,
-        " max_request_bytes=", limits.max_request_bytes, " queue_depth=", options_.queue_depth);
+        " max_request_bytes=", limits.max_request_bytes, " queue_depth=", options_.queue_depth,
+        "; model: variant=", model->info.variant,
+        " text_encoder=", model->info.text_encoder_streamed ? "streamed" : "resident",
+        " prompt_cache_bytes=", model->info.prompt_cache_bytes);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (draining_) return;

@@ -37,10 +37,13 @@ const std::set<std::string> kValueFlags = {"--host",
                                            "--tls-key",
                                            "--auth-token-file",
                                            "--fast-paths",
+                                           "--prompt-cache-bytes",
+                                           "--transformer-file",
                                            "--test-step-delay-ms",
                                            "--probe",
                                            "--addr"};
-const std::set<std::string> kBoolFlags = {"--help", "--enable-quality-high"};
+const std::set<std::string> kBoolFlags = {"--help", "--enable-quality-high",
+                                          "--text-encoder-offload"};
 
 absl::Status read_int(const Args& args, absl::string_view name, int* out) {
   FLUX_ASSIGN_OR_RETURN(int64_t value, args.get_int(name, *out));
@@ -107,6 +110,13 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
   FLUX_ASSIGN_OR_RETURN(o.backend_options, parse_backend_flags(args));
   o.enable_quality_high =
       args.has("--enable-quality-high") && args.get("--enable-quality-high") != "false";
+  o.text_encoder_offload =
+      args.has("--text-encoder-offload") && args.get("--text-encoder-offload") != "false";
+  {
+    FLUX_ASSIGN_OR_RETURN(o.prompt_cache_bytes,
+                          args.get_int("--prompt-cache-bytes", o.prompt_cache_bytes));
+  }
+  o.transformer_file = args.get("--transformer-file", o.transformer_file);
   {
     FLUX_ASSIGN_OR_RETURN(double delay_ms, args.get_double("--test-step-delay-ms", 0.0));
     o.test_step_delay_s = delay_ms / 1000.0;
@@ -168,6 +178,11 @@ absl::Status validate_server_options(const ServerOptions& o) {
   }
   FLUX_RETURN_IF_ERROR(check_range("--drain-timeout-s", o.drain_timeout_s, 0.0, 86400.0));
   FLUX_RETURN_IF_ERROR(check_range("--warmup-steps", o.warmup_steps, 0, 1000));
+  // 1 TiB only catches a typo: the memory plan checks the cache against the device's free memory
+  // at load.
+  FLUX_RETURN_IF_ERROR(check_range("--prompt-cache-bytes",
+                                   static_cast<double>(o.prompt_cache_bytes), 0.0,
+                                   static_cast<double>(kMaxPromptCacheBytes)));
   if (o.tls_cert.empty() != o.tls_key.empty()) {
     return absl::InvalidArgumentError(o.tls_cert.empty() ? "--tls-cert: required with --tls-key"
                                                          : "--tls-key: required with --tls-cert");
@@ -211,9 +226,9 @@ std::string server_help_text() {
       "                           first line) on ImageGeneration RPCs; health and reflection stay "
       "open\n"
       "model:\n"
-      "  --model-dir DIR          FLUX.2-klein checkpoint directory (Hugging Face layout). Absent: "
-      "the\n"
-      "                           embedded tiny checkpoint (",
+      "  --model-dir DIR          FLUX.2-klein or FLUX.2-dev checkpoint directory (Hugging Face "
+      "layout).\n"
+      "                           Absent: the embedded tiny checkpoint (",
       FLUX2_TINY_CHECKPOINT_DIR,
       ")\n"
       "                           on the CPU backend\n"
@@ -227,6 +242,22 @@ std::string server_help_text() {
       "                           instead (same bytes); cuDNN attention and the quality=high FP8\n"
       "                           paths are implementations, kept either way\n",
       backend_flags_help(),
+      "  --text-encoder-offload   keep the text encoder's weights in pinned host memory and "
+      "stream them\n"
+      "                           onto the GPU layer by layer for each prompt encode (the 80 GB\n"
+      "                           memory plan of FLUX.2-dev: the device holds two layer buffers\n"
+      "                           instead of every layer; encodes are slower); default off: the\n"
+      "                           weights live on the device. A model whose memory plan does not\n"
+      "                           fit the free device memory is refused at start-up (exit 1)\n"
+      "  --prompt-cache-bytes N   device bytes of the LRU prompt-embedding cache: a repeated "
+      "prompt\n"
+      "                           skips the text encoder (default 268435456 = 256 MiB; 0 "
+      "disables it)\n"
+      "  --transformer-file FILE  load the transformer's weights from this single file (Black "
+      "Forest\n"
+      "                           Labs flux2-dev.safetensors naming, or diffusers names) instead "
+      "of\n"
+      "                           <model-dir>/transformer/'s (whose config.json is still read)\n"
       "  --enable-quality-high    accept QUALITY_HIGH requests (numerically different fast paths,\n"
       "                           FP8 weight copies made at load; needs the cuda backend, else "
       "the\n"

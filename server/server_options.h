@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/backend_options.h"
+#include "model/prompt_cache.h"
 
 namespace flux2::server {
 
@@ -42,7 +43,15 @@ struct ServerOptions {
   bool fast_paths = true;
   BackendOptions backend_options;    // --cpu-threads, --fp8-attention, --gemm-autotune
   bool enable_quality_high = false;  // accept QUALITY_HIGH requests
-  double test_step_delay_s = 0.0;    // TEST ONLY: sleep after every denoising step (slow requests)
+  // --text-encoder-offload: the text encoder's weights stay in pinned host memory and stream onto
+  // the device layer by layer for each encode (WeightResidency::kStreamed: FLUX.2-dev on 80 GB).
+  bool text_encoder_offload = false;
+  // Device bytes of the prompt-embedding cache (repeated prompts skip the text encoder); 0: off.
+  int64_t prompt_cache_bytes = kDefaultPromptCacheBytes;
+  // A single-file transformer (Black Forest Labs flux2-dev.safetensors naming, or diffusers names)
+  // loaded instead of <model-dir>/transformer's weights; empty: those.
+  std::string transformer_file;
+  double test_step_delay_s = 0.0;  // TEST ONLY: sleep after every denoising step (slow requests)
 
   // Probe mode (container HEALTHCHECK): check one health service of a running server and exit.
   std::string probe;  // "" (serve), "liveness" or "readiness"
@@ -71,6 +80,10 @@ std::string server_help_text();
 // protobuf framing.
 int64_t min_request_bytes(const ServerOptions& options);
 inline constexpr int64_t kRequestOverheadBytes = 64 << 10;
+
+// The largest --prompt-cache-bytes (1 TiB): a bound against typos, not a fit check (the memory
+// plan compares the cache with the device's free memory when the model loads).
+inline constexpr int64_t kMaxPromptCacheBytes = int64_t{1} << 40;
 
 // The model directory to serve: --model-dir, or the embedded tiny checkpoint.
 std::string resolved_model_dir(const ServerOptions& options);

@@ -102,6 +102,13 @@ def panels() -> list:
         timeseries(
             "Stage latency p95", "95th percentile of each stage's time per request.", "s",
             [target(quantile(0.95, "flux2_stage_duration_seconds", "stage, le"), "{{stage}}", "A")]),
+        timeseries(
+            "Prompt cache hit ratio", "Share of generated requests whose prompt embeddings came from the "
+            "prompt-embedding cache (no text encode), per pod; 0 with --prompt-cache-bytes 0. A miss "
+            "runs the text encoder (streamed from host memory with --text-encoder-offload).", "percentunit",
+            [target(f'sum by (instance) (rate(flux2_prompt_cache_requests_total{{result="hit", {SEL}}}{RATE}))'
+                    f" / sum by (instance) (rate(flux2_prompt_cache_requests_total{{{SEL}}}{RATE}))",
+                    "hit ratio {{instance}}", "A")]),
         row("Queue"),
         timeseries(
             "Queue depth and requests in flight", "Requests waiting in the admission queue and requests "

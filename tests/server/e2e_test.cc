@@ -1,7 +1,8 @@
 // End-to-end tests of the real flux2_server binary on the embedded tiny FLUX.2-klein checkpoint
 // (CPU): both RPCs with PNG/JPEG decoding (size, same bytes for the same seed, different for
-// another), seed echo, timings, progress events and /metrics; table-driven invalid requests;
-// overload; a 50 ms deadline; cancellation; SIGTERM drain with exit code 0; probe mode; reflection.
+// another), seed echo, timings, progress events and /metrics (prompt-cache hits included);
+// table-driven invalid requests; overload; a 50 ms deadline; cancellation; SIGTERM drain with exit
+// code 0; probe mode; reflection.
 // Slow requests come from the TEST-ONLY flag --test-step-delay-ms. Assertions are orderings and
 // counts, never durations. Run: ctest --test-dir build -R server_e2e --output-on-failure
 #include <signal.h>
@@ -86,9 +87,11 @@ class E2E : public ::testing::Test {
 };
 
 // Backend flags steer the backend and GetModelInfo reports them, with the fast-path switch; the
-// defaults are reported too (nothing else, no environment variable, steers the backend).
+// defaults are reported too (nothing else, no environment variable, steers the backend). The
+// model-loading flags (the streamed text encoder, the prompt cache) are reported as well.
 TEST_F(E2E, GetModelInfoReportsTheBackendOptionsTheFlagsSet) {
-  start({"--cpu-threads", "2", "--gemm-autotune", "on", "--fast-paths", "off"});
+  start({"--cpu-threads", "2", "--gemm-autotune", "on", "--fast-paths", "off",
+         "--text-encoder-offload", "--prompt-cache-bytes", "0"});
   grpc::ClientContext context;
   v1::GetModelInfoResponse info;
   ASSERT_TRUE(stub_->GetModelInfo(&context, {}, &info).ok());
@@ -96,8 +99,18 @@ TEST_F(E2E, GetModelInfoReportsTheBackendOptionsTheFlagsSet) {
   EXPECT_EQ(info.backend_options().at("cpu-threads"), "2");
   EXPECT_EQ(info.backend_options().at("gemm-autotune"), "on");
   EXPECT_EQ(info.backend_options().at("fp8-attention"), "on");
+  EXPECT_TRUE(info.text_encoder_streamed());
+  EXPECT_GT(info.text_encoder_host_bytes(), 0);
+  EXPECT_EQ(info.prompt_cache_bytes(), 0);
+  EXPECT_EQ(info.transformer_file(), "");
+  EXPECT_FALSE(info.guidance_embedded());  // klein
   v1::GenerateImageResponse response;
   EXPECT_TRUE(generate(small_request(7, 1), &response).ok());
+  EXPECT_TRUE(generate(small_request(7, 1), &response).ok());
+  // The cache is off: both requests encoded their prompt.
+  EXPECT_EQ(metric("flux2_prompt_cache_requests_total", {{"result", "miss"}}), 2.0);
+  EXPECT_EQ(metric("flux2_prompt_cache_requests_total", {{"result", "hit"}}), 0.0);
+  EXPECT_EQ(metric("flux2_prompt_cache_capacity_bytes"), 0.0);
 }
 
 TEST_F(E2E, GeneratesImagesAndReportsThemInMetrics) {
@@ -115,6 +128,9 @@ TEST_F(E2E, GeneratesImagesAndReportsThemInMetrics) {
     EXPECT_EQ(info.limits().max_pixels(), 4194304);
     EXPECT_EQ(info.limits().queue_depth(), 8);
     EXPECT_GT(info.weight_bytes(), 0);
+    EXPECT_FALSE(info.guidance_embedded());
+    EXPECT_FALSE(info.text_encoder_streamed());
+    EXPECT_EQ(info.prompt_cache_bytes(), int64_t{256} << 20);  // --prompt-cache-bytes' default
   }
   const int steps = 3;
   // Unary, seed 42, 64 x 48 (not square, so width and height cannot be swapped unnoticed).
@@ -217,6 +233,10 @@ TEST_F(E2E, GeneratesImagesAndReportsThemInMetrics) {
   EXPECT_EQ(metric_value(text, "flux2_images_generated_total"), 9.0);
   EXPECT_EQ(metric_value(text, "flux2_pixels_generated_total"), 9.0 * 64 * 48);
   EXPECT_EQ(metric_value(text, "flux2_queue_duration_seconds_count"), 8.0);
+  // One prompt throughout: the first request encodes it, the 7 others find it in the cache.
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", "miss"}}), 1.0);
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", "hit"}}), 7.0);
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_capacity_bytes"), 268435456.0);
   for (const char* stage : {"tokenize", "text_encode", "denoise", "decode", "encode"}) {
     EXPECT_EQ(metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", stage}}), 8.0)
         << stage;

@@ -256,6 +256,44 @@ TEST_F(EngineWorkerTest, ReferencesReachTheEngineAndAreTimedAndCounted) {
   EXPECT_EQ(metric_value(text, "flux2_reference_images_total"), 2.0);  // per request, not image
 }
 
+// One count per request that generated, from its first image: a 2-image request of a new prompt
+// is one miss (its second image's hit is not counted), the same prompt again one hit.
+TEST_F(EngineWorkerTest, PromptCacheHitsAndMissesAreCountedPerRequest) {
+  start();
+  const auto run = [this](JobSpec s) {
+    Recorder r;
+    EXPECT_TRUE(queue_->push(r.make(std::move(s))).ok());
+    EXPECT_TRUE(r.wait());
+    EXPECT_TRUE(r.status.ok()) << r.status;
+    return r.result.report.prompt_cache_hit;
+  };
+  EXPECT_FALSE(run(spec(/*seed=*/1, /*steps=*/1, /*num_images=*/2)));
+  EXPECT_TRUE(run(spec(/*seed=*/2, /*steps=*/1)));
+  JobSpec other = spec(/*seed=*/3, /*steps=*/1);
+  other.params.prompt = "a hare";
+  EXPECT_FALSE(run(std::move(other)));
+  const std::string text = metrics_.render();
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", "hit"}}), 1.0);
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", "miss"}}), 2.0);
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_capacity_bytes"),
+            static_cast<double>(kDefaultPromptCacheBytes));
+}
+
+TEST_F(EngineWorkerTest, WithThePromptCacheOffEveryRequestIsAMiss) {
+  control_->prompt_cache_bytes = 0;
+  start();
+  for (uint64_t seed : {1, 2}) {
+    Recorder r;
+    ASSERT_TRUE(queue_->push(r.make(spec(seed, /*steps=*/1))).ok());
+    ASSERT_TRUE(r.wait());
+    ASSERT_TRUE(r.status.ok()) << r.status;
+  }
+  const std::string text = metrics_.render();
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", "hit"}}), 0.0);
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", "miss"}}), 2.0);
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_capacity_bytes"), 0.0);
+}
+
 TEST_F(EngineWorkerTest, EncodesJpeg) {
   start();
   Recorder r;

@@ -2,6 +2,8 @@
 #include "tests/server/fake_engine.h"
 
 #include <chrono>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,6 +26,18 @@ class FakeEngine final : public Engine {
     info_.pixel_multiple = 16;
     info_.backend = "cpu";
     info_.quality_high = true;  // the server still gates it on --enable-quality-high
+    if (control_->dev) {
+      info_.model_name = "fake-dev";
+      info_.pipeline_class = "Flux2Pipeline";
+      info_.variant = "dev";
+      info_.is_distilled = false;
+      info_.uses_cfg = false;
+      info_.guidance_embedded = true;
+      info_.default_steps = 50;
+    }
+    info_.text_encoder_streamed = control_->text_encoder_streamed;
+    info_.text_encoder_host_bytes = control_->text_encoder_streamed ? 1 << 20 : 1 << 10;
+    info_.prompt_cache_bytes = control_->prompt_cache_bytes;
   }
 
   const PipelineInfo& info() const override { return info_; }
@@ -45,6 +59,8 @@ class FakeEngine final : public Engine {
     image.width = params.width;
     image.height = params.height;
     image.seed = params.seed;
+    image.prompt_cache_hit =
+        info_.prompt_cache_bytes > 0 && !prompts_seen_.insert(params.prompt).second;
     image.timings.tokenize = 1e-4;
     image.timings.text_encode = 2e-3;
     image.timings.reference_encode =
@@ -77,6 +93,7 @@ class FakeEngine final : public Engine {
  private:
   std::shared_ptr<FakeEngineControl> control_;
   PipelineInfo info_;
+  std::set<std::string> prompts_seen_;  // worker thread only (generate)
 };
 
 }  // namespace

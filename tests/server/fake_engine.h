@@ -44,6 +44,15 @@ class FakeEngineControl {
 
   bool uses_cfg = false;
   int default_steps = 4;
+  // Describe FLUX.2-dev instead of klein (variant "dev", Flux2Pipeline, embedded guidance, no
+  // CFG, 50 default steps; uses_cfg and default_steps are then ignored), its text encoder
+  // streamed from host memory when text_encoder_streamed.
+  bool dev = false;
+  bool text_encoder_streamed = false;
+  // The prompt cache the engine reports (PipelineInfo::prompt_cache_bytes). Non-zero: a prompt
+  // already generated (the warm-up's included) is a prompt_cache_hit, as the real pipeline's LRU
+  // (which never evicts the few prompts of a test); 0: every generation is a miss.
+  int64_t prompt_cache_bytes = kDefaultPromptCacheBytes;
 
  private:
   mutable std::mutex mu_;

@@ -41,6 +41,8 @@ TEST(Metrics, EveryContractNameWithItsType) {
       {"flux2_images_generated_total", "counter"},
       {"flux2_pixels_generated_total", "counter"},
       {"flux2_reference_images_total", "counter"},
+      {"flux2_prompt_cache_requests_total", "counter"},
+      {"flux2_prompt_cache_capacity_bytes", "gauge"},
       {"flux2_model_load_duration_seconds", "gauge"},
       {"flux2_ready", "gauge"},
       {"flux2_build_info", "gauge"},
@@ -62,6 +64,10 @@ TEST(Metrics, EveryContractNameWithItsType) {
        {"tokenize", "text_encode", "reference_encode", "denoise", "decode", "encode"}) {
     EXPECT_EQ(metric_value(text, "flux2_stage_duration_seconds_count", {{"stage", stage}}), 0.0)
         << stage;
+  }
+  for (const char* result : {"hit", "miss"}) {
+    EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", result}}), 0.0)
+        << result;
   }
   // No GPU gauges on the CPU.
   EXPECT_EQ(text.find("flux2_gpu_memory"), std::string::npos);
@@ -194,6 +200,19 @@ TEST(Metrics, CountsAndObservations) {
       1.0);
   EXPECT_EQ(metric_value(text, "flux2_ready"), 1.0);
   EXPECT_EQ(metric_value(text, "flux2_model_load_duration_seconds"), 12.5);
+}
+
+TEST(Metrics, PromptCacheHitsAndMissesAndCapacity) {
+  Metrics metrics;
+  metrics.set_prompt_cache_capacity(int64_t{256} << 20);
+  metrics.count_prompt_cache(/*hit=*/false);
+  metrics.count_prompt_cache(/*hit=*/true);
+  metrics.count_prompt_cache(/*hit=*/true);
+  const std::string text = metrics.render();
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", "hit"}}), 2.0);
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", "miss"}}), 1.0);
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total"), 3.0);  // both series
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_capacity_bytes"), 268435456.0);
 }
 
 TEST(Metrics, FastPathCountersComeFromTheRegistry) {

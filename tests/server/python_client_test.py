@@ -148,6 +148,7 @@ class ServerHandle:
         for line in self.process.stdout:
             if line.startswith("flux2_server: listening grpc="):
                 port = int(line.split("grpc=")[1].split()[0])
+                self.metrics_port = int(line.split("metrics=")[1].split()[0])
                 break
         assert port, "the server did not report its port"
         # References reach 10 MiB: the client's send limit is unlimited by default, its receive limit
@@ -162,6 +163,7 @@ class ServerHandle:
                 break
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    self.stop()  # a server that failed to load must not outlive the test
                     raise
                 time.sleep(0.05)
 

@@ -94,6 +94,26 @@ TEST(RequestValidation, QualityHighAndNegativePromptWhenAllowed) {
   EXPECT_EQ(spec->params.negative_prompt, "blurry");
 }
 
+// FLUX.2-dev's limits (the server copies PipelineInfo::uses_cfg, false for dev): an explicit
+// guidance_scale reaches the engine (its guidance embedder), a negative prompt is refused naming
+// the field.
+TEST(RequestValidation, DevTakesGuidanceButNoNegativePrompt) {
+  RequestLimits limits = test_limits();
+  limits.uses_cfg = false;
+  v1::GenerateImageRequest request = valid_request();
+  request.set_guidance_scale(2.5);
+  absl::StatusOr<JobSpec> spec = validate_generate_request(request, limits, 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->params.guidance_scale, 2.5);
+  request.set_negative_prompt("blurry");
+  spec = validate_generate_request(request, limits, 1);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(spec.status())) << spec.status();
+  const std::vector<FieldViolation> violations = field_violations_of(spec.status());
+  ASSERT_EQ(violations.size(), 1u);
+  EXPECT_EQ(violations[0].field, "negative_prompt");
+}
+
 struct InvalidCase {
   const char* name;
   std::function<void(v1::GenerateImageRequest&)> mutate;

@@ -39,6 +39,9 @@ TEST(ServerOptions, DefaultsFollowTheServerContract) {
   EXPECT_EQ(o.warmup_steps, 1);
   EXPECT_TRUE(o.fast_paths);
   EXPECT_FALSE(o.enable_quality_high);
+  EXPECT_FALSE(o.text_encoder_offload);                 // the text encoder lives on the device
+  EXPECT_EQ(o.prompt_cache_bytes, int64_t{256} << 20);  // model/prompt_cache.h's default
+  EXPECT_EQ(o.transformer_file, "");
   EXPECT_EQ(o.test_step_delay_s, 0.0);
   EXPECT_TRUE(o.probe.empty());
   EXPECT_FALSE(parsed->help);
@@ -92,7 +95,12 @@ TEST(ServerOptions, ParsesEveryFlag) {
                                               "--max-request-bytes",
                                               "8388608",
                                               "--max-sequence-length",
-                                              "64"});
+                                              "64",
+                                              "--text-encoder-offload",
+                                              "--prompt-cache-bytes",
+                                              "1048576",
+                                              "--transformer-file",
+                                              "/w/flux2-dev.safetensors"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ServerOptions& o = parsed->options;
   EXPECT_EQ(o.port, 1234);
@@ -121,7 +129,23 @@ TEST(ServerOptions, ParsesEveryFlag) {
   EXPECT_EQ(o.max_reference_bytes, 1000000);
   EXPECT_EQ(o.max_request_bytes, 8388608);
   EXPECT_EQ(o.max_sequence_length, 64);
+  EXPECT_TRUE(o.text_encoder_offload);
+  EXPECT_EQ(o.prompt_cache_bytes, 1048576);
+  EXPECT_EQ(o.transformer_file, "/w/flux2-dev.safetensors");
   EXPECT_TRUE(validate_server_options(o).ok());
+}
+
+TEST(ServerOptions, PromptCacheBytesZeroTurnsTheCacheOffAndIsRangeChecked) {
+  absl::StatusOr<ParsedFlags> parsed = parse({"--prompt-cache-bytes", "0"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.prompt_cache_bytes, 0);
+  EXPECT_TRUE(validate_server_options(parsed->options).ok());
+  parsed = parse({"--prompt-cache-bytes", std::to_string(kMaxPromptCacheBytes)});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(validate_server_options(parsed->options).ok());
+  parsed = parse({"--text-encoder-offload=false"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_FALSE(parsed->options.text_encoder_offload);
 }
 
 TEST(ServerOptions, RequestLimitMustFitTheReferences) {
@@ -165,6 +189,7 @@ TEST(ServerOptions, ParseErrorsNameTheFlag) {
       {{"--cpu-threads", "-1"}, "--cpu-threads"},
       {{"--queue-depth"}, "--queue-depth"},
       {{"--drain-timeout-s", "soon"}, "--drain-timeout-s"},
+      {{"--prompt-cache-bytes", "lots"}, "--prompt-cache-bytes"},
       {{"extra"}, "extra"},
   };
   for (const Case& c : cases) {
@@ -199,6 +224,8 @@ TEST(ServerOptions, ValidationErrorsNameTheFlag) {
       {{"--max-request-bytes", "1000"}, "--max-request-bytes"},
       {{"--max-reference-bytes", "20000000"}, "--max-request-bytes"},
       {{"--max-sequence-length", "0"}, "--max-sequence-length"},
+      {{"--prompt-cache-bytes", "-1"}, "--prompt-cache-bytes"},
+      {{"--prompt-cache-bytes", std::to_string(kMaxPromptCacheBytes + 1)}, "--prompt-cache-bytes"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<ParsedFlags> parsed = parse(c.args);
@@ -241,6 +268,9 @@ TEST(ServerOptions, HelpDocumentsEveryFlag) {
                            "--max-reference-bytes",
                            "--max-request-bytes",
                            "--max-sequence-length",
+                           "--text-encoder-offload",
+                           "--prompt-cache-bytes",
+                           "--transformer-file",
                            "--help"}) {
     EXPECT_NE(help.find(flag), std::string::npos) << flag;
   }

@@ -222,6 +222,50 @@ TEST_F(ServerTest, GetModelInfoDescribesModelAndLimits) {
   EXPECT_EQ(info.quality_levels(1), v1::QUALITY_HIGH);
 }
 
+// FLUX.2-dev: the variant, its defaults, embedded guidance, the streamed text encoder and the
+// prompt cache as the flags set them; a negative prompt is refused naming the field (no CFG), an
+// explicit guidance_scale is accepted, and a repeated prompt counts a prompt-cache hit.
+TEST_F(ServerTest, GetModelInfoDescribesDevAndItsRequests) {
+  control_->dev = true;
+  control_->text_encoder_streamed = true;
+  control_->prompt_cache_bytes = 12345;
+  options_.transformer_file = "/weights/flux2-dev.safetensors";
+  start();
+  grpc::ClientContext context;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(stub_->GetModelInfo(&context, {}, &info).ok());
+  EXPECT_EQ(info.variant(), "dev");
+  EXPECT_EQ(info.pipeline_class(), "Flux2Pipeline");
+  EXPECT_EQ(info.default_steps(), 50);
+  EXPECT_EQ(info.default_guidance(), 4.0);
+  EXPECT_FALSE(info.uses_cfg());
+  EXPECT_TRUE(info.guidance_embedded());
+  EXPECT_TRUE(info.text_encoder_streamed());
+  EXPECT_EQ(info.text_encoder_host_bytes(), 1 << 20);
+  EXPECT_EQ(info.prompt_cache_bytes(), 12345);
+  EXPECT_EQ(info.transformer_file(), "flux2-dev.safetensors");
+
+  v1::GenerateImageRequest negative = small_request(1);
+  negative.set_negative_prompt("blurry");
+  grpc::ClientContext negative_context;
+  v1::GenerateImageResponse response;
+  const grpc::Status refused = stub_->GenerateImage(&negative_context, negative, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message().rfind("negative_prompt: ", 0), 0u) << refused.error_message();
+  EXPECT_EQ(bad_request_fields(refused), std::vector<std::string>{"negative_prompt"});
+
+  for (int i = 0; i < 2; ++i) {
+    v1::GenerateImageRequest request = small_request(2);
+    request.set_guidance_scale(2.5);
+    grpc::ClientContext generate_context;
+    EXPECT_TRUE(stub_->GenerateImage(&generate_context, request, &response).ok());
+  }
+  const std::string text = metrics_text();
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", "miss"}}), 1.0);
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_requests_total", {{"result", "hit"}}), 1.0);
+  EXPECT_EQ(metric_value(text, "flux2_prompt_cache_capacity_bytes"), 12345.0);
+}
+
 TEST_F(ServerTest, InvalidRequestsNameTheFieldAndTheServerKeepsServing) {
   start();
   const std::vector<std::pair<std::function<void(v1::GenerateImageRequest&)>, std::string>> cases =
