@@ -48,7 +48,7 @@ struct BenchOptions {
   // --e2e: leave only this much device memory free (a ballast allocation), to run a smaller
   // GPU's memory plan on a larger one; 0: no cap.
   double device_memory_cap_gb = 0.0;
-  RequestOptions request;             // what the timed work runs under (--quality, --no-fast-paths)
+  RequestOptions request;  // what the timed work runs under (--quality, --no-fast-paths)
   bool json = false;
   OpProfiling profile = OpProfiling::kOff;  // also report device time per op category (or shape)
 };
