@@ -97,9 +97,9 @@ struct PipelineOptions {
   WeightResidency text_encoder_residency = WeightResidency::kDevice;
   // Bytes of prompt embeddings kept on the device for repeated prompts (0: no cache).
   int64_t prompt_cache_bytes = kDefaultPromptCacheBytes;
-  // A transformer file to load instead of transformer/'s weights: a Black Forest Labs single-file
-  // checkpoint (flux2-dev.safetensors naming) or a diffusers-named one; its config comes from
-  // transformer/config.json.
+  // A Black Forest Labs single-file transformer (flux2-dev.safetensors naming) to load instead of
+  // transformer/'s weights; its config comes from transformer/config.json (dev without one: the
+  // published shapes). A diffusers-named file is refused (its place is transformer/).
   std::string transformer_file;
 };
 
