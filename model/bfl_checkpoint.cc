@@ -13,24 +13,13 @@
 #include "absl/strings/str_join.h"
 #include "kernels/base/status.h"
 #include "model/flux2_weights.h"
+#include "model/weight_loader.h"
 
 namespace flux2 {
 namespace {
 
 // The tensor whose presence marks BFL naming (diffusers calls it transformer_blocks.0.attn.to_q).
 constexpr char kBflProbe[] = "double_blocks.0.img_attn.qkv.weight";
-
-// At most this many names per category in an error, then "and N more" (as weight_loader.cc).
-constexpr size_t kMaxListedNames = 20;
-
-std::string list_names(const std::vector<std::string>& names) {
-  std::vector<std::string> shown(names.begin(),
-                                 names.begin() + std::min(names.size(), kMaxListedNames));
-  std::string text = absl::StrJoin(shown, ", ");
-  if (names.size() > kMaxListedNames)
-    absl::StrAppend(&text, ", and ", names.size() - kMaxListedNames, " more");
-  return text;
-}
 
 // A BFL tensor that is the diffusers tensors `diffusers` stacked along rows, in that order (one
 // name: a rename). Suffixes are relative to the block prefixes.

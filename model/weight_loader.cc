@@ -14,12 +14,9 @@
 #include "kernels/base/status.h"
 
 namespace flux2 {
-namespace {
-
-// At most this many names per category in an error, then "and N more".
-constexpr size_t kMaxListedNames = 20;
 
 std::string list_names(const std::vector<std::string>& names) {
+  constexpr size_t kMaxListedNames = 20;
   std::vector<std::string> shown(names.begin(),
                                  names.begin() + std::min(names.size(), kMaxListedNames));
   std::string text = absl::StrJoin(shown, ", ");
@@ -27,6 +24,8 @@ std::string list_names(const std::vector<std::string>& names) {
     absl::StrAppend(&text, ", and ", names.size() - kMaxListedNames, " more");
   return text;
 }
+
+namespace {
 
 Shape target_shape(const WeightSpec& spec) {
   if (spec.layout == WeightLayout::kConvToOhwi && spec.shape.size() == 4) {

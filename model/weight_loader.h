@@ -45,6 +45,9 @@ struct LoadReport {
   double seconds = 0.0;      // wall time of validation, allocation and upload
 };
 
+// Tensor names for an error message: the first 20, then ", and N more".
+std::string list_names(const std::vector<std::string>& names);
+
 // Checks `checkpoint` against `table` without allocating: every spec's tensor present with its
 // shape, and every checkpoint tensor either in the table or accepted by `unused`. One error lists
 // every problem.

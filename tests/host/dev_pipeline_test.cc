@@ -35,11 +35,7 @@ std::string dev_checkpoint() {
   return testing::test_data_dir() + "/tiny-flux2-dev/checkpoint";
 }
 
-std::vector<float> download(Backend& backend, const Tensor& tensor) {
-  std::vector<float> values(static_cast<size_t>(tensor.numel()));
-  EXPECT_TRUE(backend.download(tensor, values.data()).ok());
-  return values;
-}
+using testing::download;
 
 nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);

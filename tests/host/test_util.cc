@@ -1,6 +1,7 @@
 // Host test helpers; see test_util.h.
 #include "tests/host/test_util.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -83,6 +84,17 @@ std::map<std::string, RawTensor> read_all_tensors(const std::string& path) {
     tensors[entry.name] = std::move(t);
   }
   return tensors;
+}
+
+std::vector<float> download(Backend& backend, const Tensor& tensor) {
+  std::vector<float> values(static_cast<size_t>(tensor.numel()));
+  const absl::Status status = backend.download(tensor, values.data());
+  if (!status.ok()) {  // no gtest here (tools link this library): a failed download ends the test
+    std::fprintf(stderr, "download %s: %s\n", tensor.describe().c_str(),
+                 std::string(status.message()).c_str());
+    std::abort();
+  }
+  return values;
 }
 
 }  // namespace flux2::testing

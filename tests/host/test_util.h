@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "kernels/base/tensor.h"
 
 namespace flux2::testing {
@@ -45,6 +46,9 @@ void write_safetensors(const std::string& path, const std::map<std::string, RawT
 // followed by `data`: for corrupt-file tests.
 void write_raw_safetensors(const std::string& path, const std::string& header_json,
                            const std::vector<uint8_t>& data, int64_t declared_header_length = -1);
+
+// A tensor's values as host floats (a failed download aborts the test with its reason).
+std::vector<float> download(Backend& backend, const Tensor& tensor);
 
 // Reads every tensor of a safetensors file back as RawTensor (for edit-and-rewrite tests).
 std::map<std::string, RawTensor> read_all_tensors(const std::string& path);

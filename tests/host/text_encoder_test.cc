@@ -37,11 +37,7 @@ std::string tiny_klein_encoder_dir() {
   return testing::test_data_dir() + "/tiny-klein/checkpoint/text_encoder";
 }
 
-std::vector<float> download(Backend& backend, const Tensor& tensor) {
-  std::vector<float> values(static_cast<size_t>(tensor.numel()));
-  EXPECT_TRUE(backend.download(tensor, values.data()).ok());
-  return values;
-}
+using testing::download;
 
 // Columns [begin, begin + count) of a row-major [rows, cols] matrix.
 std::vector<float> columns(const std::vector<float>& m, int64_t cols, int64_t begin,
