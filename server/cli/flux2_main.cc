@@ -15,13 +15,15 @@ void print_help() {
       "  check-golden --golden DIR [--backend cpu|cuda] [--only PARTS]\n"
       "      run every case of a reference-vector directory; prints PASS/FAIL per check and\n"
       "      ends with \"N passed, M failed\"\n"
-      "  tokenize --tokenizer DIR\n"
+      "  tokenize --tokenizer DIR [--format qwen3|mistral --max-length N]\n"
       "      read one JSON string per line on stdin, print one JSON array of token ids per line\n"
+      "      (--format: through the chat template, truncated and padded as the pipeline does)\n"
       "  generate --prompt P [--model-dir DIR] [--height H --width W --steps N --seed S\n"
       "           --guidance G --out FILE.png --backend cpu|cuda]\n"
       "      offline generation (no server); without --model-dir the embedded tiny checkpoint\n"
       "  bench --model klein-4b|klein-9b|dev [--height 1024 --width 1024 --text-len 512\n"
-      "        --quality lossless|high --json --e2e]\n"
+      "        --quality lossless|high --json --e2e [--references N --kv\n"
+      "        --text-encoder-offload --device-memory-cap-gb G --prompt-cache]]\n"
       "      per-step latency at real model shapes with random weights (CUDA)\n"
       "  help   this text\n");
 }
