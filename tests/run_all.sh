@@ -19,7 +19,7 @@ sanitize="${SANITIZE_BUILD_DIR:-$repo/build-sanitize}"
 cmake -S "$repo" -B "$sanitize" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUX2_CUDA=OFF \
   -DFLUX2_SANITIZE=ON -DFLUX2_WERROR=ON
 cmake --build "$sanitize" -j "$(nproc)" --target host_tests server_unit_tests server_e2e_tests \
-  flux2 flux2_server
+  flux2 flux2_server flux2_make_bfl_transformer
 # Leaks are reported too (LeakSanitizer); a UBSan finding fails its test.
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
