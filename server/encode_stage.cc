@@ -82,6 +82,7 @@ void EncodeStage::run_encode(Task& task) {
   }
   job.encoded_images().push_back(
       EncodedImage{std::move(*bytes), job.spec().format, image.width, image.height, image.seed});
+  job.report_image(job.encoded_images().back());
 }
 
 void EncodeStage::run_finish(Task& task) {

@@ -96,6 +96,13 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
       reply(job.status());
       return;
     }
+    // The whole response is one message: refuse before compute what a client with the default
+    // receive limit could not take (GenerateImageStream is not limited this way).
+    const absl::Status fits = check_unary_response_size((*job)->spec(), model_->limits);
+    if (!fits.ok()) {
+      reply(fits);
+      return;
+    }
     job_ = *job;
     // From here on the job's completion replies, even when admission itself fails.
     const absl::Status admitted = service_.host().admit(job_);
@@ -111,9 +118,18 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
-  void on_job_done(const absl::Status& status, JobResult&& result) {
+  void on_job_done(absl::Status status, JobResult&& result) {
     if (status.ok()) {
       fill_generate_response(job_->spec(), std::move(result), *model_, arrival_, response_);
+      // Cannot happen while unary_response_bound_bytes holds; if it does, the client would fail
+      // on its receive limit, so the call is not an OK one.
+      const size_t bytes = response_->ByteSizeLong();
+      if (bytes > static_cast<size_t>(model_->limits.max_response_bytes)) {
+        response_->Clear();
+        status = absl::ResourceExhaustedError(
+            absl::StrCat("the response of ", bytes, " bytes exceeds --max-response-bytes ",
+                         model_->limits.max_response_bytes, "; use GenerateImageStream"));
+      }
     }
     reply(status);
   }
@@ -156,6 +172,7 @@ class GenerateImageStreamReactor final
       return;
     }
     job_ = *job;
+    job_->set_on_image([this](EncodedImage& image) { on_image(image); });
     const absl::Status admitted = service_.host().admit(job_);
     if (!admitted.ok()) {
       job_ = nullptr;
@@ -194,11 +211,25 @@ class GenerateImageStreamReactor final
     pump(lock);
   }
 
+  // Runs on the encoder thread as each image is encoded: the bytes move into their own message,
+  // so the result (built later from the same EncodedImage) carries the metadata only.
+  void on_image(EncodedImage& image) {
+    v1::GenerateImageStreamResponse message;
+    set_image_metadata(image, message.mutable_image());
+    message.mutable_image()->set_data(std::string(image.bytes.begin(), image.bytes.end()));
+    image.bytes = {};
+    std::unique_lock<std::mutex> lock(mu_);
+    pending_.push_back(std::move(message));
+    pump(lock);
+  }
+
   void on_job_done(const absl::Status& status, JobResult&& result) {
     v1::GenerateImageStreamResponse message;
     if (status.ok()) {
       fill_generate_response(job_->spec(), std::move(result), *model_, arrival_,
                              message.mutable_result());
+      // The bytes went out in the `image` events (on_image emptied them; this makes it explicit).
+      for (v1::Image& image : *message.mutable_result()->mutable_images()) image.clear_data();
     }
     std::unique_lock<std::mutex> lock(mu_);
     if (status.ok()) pending_.push_back(std::move(message));
@@ -340,6 +371,7 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
     limits->set_max_reference_images(static_cast<int32_t>(model.limits.max_reference_images));
     limits->set_max_reference_bytes(model.limits.max_reference_bytes);
     limits->set_max_request_bytes(model.limits.max_request_bytes);
+    limits->set_max_response_bytes(model.limits.max_response_bytes);
     response->add_quality_levels(v1::QUALITY_LOSSLESS);
     if (model.limits.quality_high_enabled) response->add_quality_levels(v1::QUALITY_HIGH);
     response->add_output_formats(v1::OUTPUT_FORMAT_PNG);
@@ -361,15 +393,19 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
   return reactor;
 }
 
+void set_image_metadata(const EncodedImage& image, v1::Image* out) {
+  out->set_mime_type(image.format == ImageFormat::kJpeg ? "image/jpeg" : "image/png");
+  out->set_width(static_cast<int32_t>(image.width));
+  out->set_height(static_cast<int32_t>(image.height));
+  out->set_seed(image.seed);
+}
+
 void fill_generate_response(const JobSpec& spec, JobResult&& result, const ServingModel& model,
                             Clock::time_point arrival, v1::GenerateImageResponse* response) {
   for (EncodedImage& image : result.images) {
     v1::Image* out = response->add_images();
     out->set_data(std::string(image.bytes.begin(), image.bytes.end()));
-    out->set_mime_type(image.format == ImageFormat::kJpeg ? "image/jpeg" : "image/png");
-    out->set_width(static_cast<int32_t>(image.width));
-    out->set_height(static_cast<int32_t>(image.height));
-    out->set_seed(image.seed);
+    set_image_metadata(image, out);
   }
   response->set_seed(spec.params.seed);
   const WorkerReport& report = result.report;

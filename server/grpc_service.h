@@ -1,7 +1,9 @@
 // The flux2.v1.ImageGeneration RPC handlers on gRPC's callback API: authenticate, validate, admit
 // to the bounded queue, then answer from the job's completion (unary) or stream one event per
 // denoising step and the result (server streaming). No gRPC thread blocks on a job: a queued
-// request only holds its reactor, and a cancel or an expired deadline withdraws it at once.
+// request only holds its reactor, and a cancel or an expired deadline withdraws it at once. A unary
+// request whose worst-case response exceeds --max-response-bytes is refused before admission; the
+// stream sends each image in its own message as soon as it is encoded.
 // The only layer that maps absl::Status to grpc::Status (server/rpc_status.h).
 // Tested by tests/server/server_test.cc (fake engine) and the end-to-end tests.
 #pragma once
@@ -78,6 +80,9 @@ class ImageGenerationService final : public flux2::v1::ImageGeneration::Callback
   std::mutex rng_mu_;
   std::mt19937_64 rng_;  // guarded by rng_mu_; seeds for requests without one
 };
+
+// Image metadata (mime_type, width, height, seed) of `image`; not its bytes.
+void set_image_metadata(const EncodedImage& image, flux2::v1::Image* out);
 
 // Fills `response` from a finished job.
 void fill_generate_response(const JobSpec& spec, JobResult&& result, const ServingModel& model,

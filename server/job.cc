@@ -72,6 +72,7 @@ bool Job::finish(const absl::Status& status, JobResult&& result) {
     }
     done = std::move(on_done_);
     on_progress_ = nullptr;
+    on_image_ = nullptr;
   }
   // Outside the lock: the callback hands the outcome to gRPC, which may call back into cancel().
   if (done) done(status, std::move(result));
@@ -83,6 +84,12 @@ void Job::report_progress(const ProgressEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
   // Under the lock so that no event can follow finish(); the callback only queues a write.
   if (state_ == JobState::kRunning && on_progress_) on_progress_(event);
+}
+
+void Job::report_image(EncodedImage& image) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // As report_progress: under the lock so that no image can follow finish().
+  if (state_ == JobState::kRunning && on_image_) on_image_(image);
 }
 
 }  // namespace flux2::server

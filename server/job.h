@@ -94,6 +94,10 @@ class Job {
  public:
   using ProgressCallback = std::function<void(const ProgressEvent&)>;
   using DoneCallback = std::function<void(const absl::Status&, JobResult&&)>;
+  // Called on the encoder thread with each image as soon as it is encoded, in seed order. It may
+  // move `image.bytes` out (GenerateImageStream sends them in their own message); the JobResult
+  // then holds the image with empty bytes.
+  using ImageCallback = std::function<void(EncodedImage& image)>;
 
   // `deadline` is Clock::time_point::max() when the call has none. `on_progress` runs on the
   // worker thread; `on_done` runs exactly once, on whichever thread finishes the job.
@@ -120,8 +124,12 @@ class Job {
   // Called after on_done by finish() (the server counts outstanding jobs with it). Set before the
   // job is shared with other threads.
   void set_on_finished(std::function<void()> on_finished) { on_finished_ = std::move(on_finished); }
+  // Set before the job is shared with other threads (admission); none by default.
+  void set_on_image(ImageCallback on_image) { on_image_ = std::move(on_image); }
   // Forwards a progress event unless the job already finished.
   void report_progress(const ProgressEvent& event);
+  // Hands a freshly encoded image to the ImageCallback unless the job already finished.
+  void report_image(EncodedImage& image);
 
   // Images encoded so far; touched only by the encoder thread.
   std::vector<EncodedImage>& encoded_images() { return encoded_; }
@@ -133,6 +141,7 @@ class Job {
   const Clock::time_point deadline_;
   ProgressCallback on_progress_;
   DoneCallback on_done_;
+  ImageCallback on_image_;  // guarded by mu_ once shared
   std::function<void()> on_finished_;
 
   mutable std::mutex mu_;

@@ -1,6 +1,7 @@
 // Request validation; see request_validation.h. Tested by tests/server/request_validation_test.cc.
 #include "server/request_validation.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/ascii.h"
@@ -241,6 +242,58 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
   spec.format = format;
   spec.request_id = request.request_id();
   return spec;
+}
+
+// PNG (model/image_encode.cc encode_png): H rows of 1 filter byte + 3W RGB bytes, S = H (3W + 1)
+// bytes, cut into c = max(1, min(H / 32, 2 x threads)) <= max(1, H / 32) row chunks, each deflated
+// raw at level 1. zlib's deflate never emits more than stored blocks would, and deflateBound's
+// tight bound for the default window and memLevel (zlib 1.2.12+) is n + n/4096 + n/16384 +
+// n/2^25 + 7 bytes for n raw-deflate bytes; each chunk but the last also ends with a full flush
+// (an empty stored block: at most 5 bytes). The chunks' floors sum to at most the floors of S, so
+// all chunks take at most S + S/4096 + S/16384 + S/2^25 + 12c bytes. Then the zlib header and
+// Adler-32 (6) and the PNG framing: signature 8, IHDR 25, one IDAT chunk header + CRC 12, IEND
+// 12 (57). For 768 x 768 that is 1771131 bytes: two fit in 4 MiB, three do not.
+// JPEG (stb_image_write at kJpegQuality 95, which does not subsample chroma): libjpeg-turbo's
+// tjBufSize worst case for 4:4:4, 6 bytes per pixel of the 8 x 8-padded image + 2048. It is that
+// library's documented bound for its own encoder; stb's baseline Huffman output stays well inside
+// it, and GenerateImage still checks the real response against the limit.
+int64_t encoded_image_bound_bytes(ImageFormat format, int64_t width, int64_t height) {
+  if (format == ImageFormat::kJpeg) {
+    const int64_t padded_w = (width + 7) / 8 * 8, padded_h = (height + 7) / 8 * 8;
+    return padded_w * padded_h * 6 + 2048;
+  }
+  const int64_t raw = height * (3 * width + 1);
+  const int64_t chunks = std::max<int64_t>(1, height / 32);
+  return raw + (raw >> 12) + (raw >> 14) + (raw >> 25) + 12 * chunks + 6 + 57;
+}
+
+int64_t unary_response_bound_bytes(const JobSpec& spec, int64_t max_steps) {
+  const GenerateParams& params = spec.params;
+  const int64_t steps = params.num_inference_steps > 0 ? params.num_inference_steps : max_steps;
+  // Per image: the Image message's tag and length (6), mime_type (12), width, height and seed
+  // varints (24): 64 with room. Per step: one packed double (8).
+  const int64_t per_image =
+      encoded_image_bound_bytes(spec.format, params.width, params.height) + 64 + 8 * steps;
+  return spec.num_images * per_image + kResponseMetadataBytes;
+}
+
+absl::Status check_unary_response_size(const JobSpec& spec, const RequestLimits& limits) {
+  const int64_t bound = unary_response_bound_bytes(spec, limits.max_steps);
+  if (bound <= limits.max_response_bytes) return absl::OkStatus();
+  const int64_t one = encoded_image_bound_bytes(spec.format, spec.params.width, spec.params.height);
+  return invalid_argument_status(
+      {{"num_images",
+        absl::StrCat(spec.num_images, " x ", spec.params.width, " x ", spec.params.height,
+                     spec.format == ImageFormat::kJpeg ? " JPEG" : " PNG", " images may reach ",
+                     bound, " bytes (up to ", one,
+                     " per image), over this server's "
+                     "GenerateImage response limit of ",
+                     limits.max_response_bytes,
+                     " bytes (--max-response-bytes, gRPC's default client "
+                     "receive limit); use GenerateImageStream (one image per "
+                     "message), fewer or smaller images, or a client with "
+                     "a larger max receive message size and a server with "
+                     "a larger --max-response-bytes")}});
 }
 
 }  // namespace flux2::server

@@ -29,6 +29,7 @@ struct RequestLimits {
   int64_t max_reference_images = 4;  // reference_images upper bound; 0: editing is off
   int64_t max_reference_bytes = int64_t{10} << 20;  // one reference's encoded bytes
   int64_t max_request_bytes = int64_t{48} << 20;    // gRPC's receive limit (GetModelInfo only)
+  int64_t max_response_bytes = int64_t{4} << 20;    // unary GenerateImage worst-case bound
   int64_t max_sequence_length = 512;                // every request's text-encoder length
   bool uses_cfg = false;                            // the model takes a negative prompt
   bool quality_high_enabled = false;                // --enable-quality-high
@@ -57,6 +58,26 @@ struct FieldViolation {
 absl::StatusOr<JobSpec> validate_generate_request(const flux2::v1::GenerateImageRequest& request,
                                                   const RequestLimits& limits,
                                                   uint64_t random_seed);
+
+// Upper bound in bytes of one encoded width x height image (model/image_encode.h), derived in
+// request_validation.cc: PNG just over 3 bytes per pixel (3 x W x H + H + deflate's stored-block
+// overhead + framing), JPEG 6 bytes per pixel + 2048 (libjpeg-turbo's tjBufSize for 4:4:4).
+int64_t encoded_image_bound_bytes(ImageFormat format, int64_t width, int64_t height);
+
+// Upper bound in bytes of the serialized GenerateImageResponse for `spec`: num_images x
+// encoded_image_bound_bytes plus the metadata (per-image fields, step timings for `max_steps`
+// steps when spec.params.num_inference_steps is 0, and kResponseMetadataBytes).
+int64_t unary_response_bound_bytes(const JobSpec& spec, int64_t max_steps);
+
+// Everything of a GenerateImageResponse besides its images and step timings: the other timings,
+// model_name, request_id (at most 128 bytes) and the fast-path usage (a few dozen registered paths
+// of under 100 bytes each with their fallback reasons). Generous: a few KiB in practice.
+constexpr int64_t kResponseMetadataBytes = int64_t{64} << 10;
+
+// OK when the unary response for `spec` fits limits.max_response_bytes; else InvalidArgument
+// naming num_images (BadRequest payload) with the bound and what to do instead. Called before
+// admission by GenerateImage only: GenerateImageStream sends one image per message.
+absl::Status check_unary_response_size(const JobSpec& spec, const RequestLimits& limits);
 
 // InvalidArgument naming every violation, with a serialized google.rpc.BadRequest payload under
 // kBadRequestTypeUrl.

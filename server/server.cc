@@ -9,6 +9,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "google/rpc/error_details.pb.h"
+#include "google/rpc/status.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -132,6 +134,17 @@ absl::Status Server::Start() {
   builder.AddListeningPort(address, credentials, &grpc_port_);
   service_ = std::make_unique<ImageGenerationService>(*this);
   builder.RegisterService(service_.get());
+  // Reflection answers from the generated descriptor pool; a generated file is in it only when its
+  // object file is linked. Naming the google.rpc types here keeps error_details.proto (BadRequest,
+  // RetryInfo, ...) resolvable, so clients can decode grpc-status-details-bin through reflection.
+  (void)google::rpc::Status::descriptor();
+  (void)google::rpc::BadRequest::descriptor();
+  // v1 beside Debian's v1alpha plugin; list_services names what this builder registers.
+  reflection_v1_ = std::make_unique<ReflectionV1Service>(
+      std::vector<std::string>{flux2::v1::ImageGeneration::service_full_name(),
+                               "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                               grpc::reflection::v1::ServerReflection::service_full_name()});
+  builder.RegisterService(reflection_v1_.get());
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || grpc_port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--port: cannot listen on ", address, " (in use?)"));
@@ -164,6 +177,8 @@ void Server::set_health(bool ready, bool live) {
   grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService();
   if (health == nullptr) return;
   health->SetServingStatus("", ready);  // overall: the server can take generation requests
+  // The service's own name (what grpc_health_probe -service and generic checkers ask): as "".
+  health->SetServingStatus(flux2::v1::ImageGeneration::service_full_name(), ready);
   health->SetServingStatus("readiness", ready);
   health->SetServingStatus("liveness", live);
 }
@@ -186,6 +201,7 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     limits.max_reference_images = options_.max_reference_images;
     limits.max_reference_bytes = options_.max_reference_bytes;
     limits.max_request_bytes = options_.max_request_bytes;
+    limits.max_response_bytes = options_.max_response_bytes;
     limits.max_sequence_length = options_.max_sequence_length;
     limits.uses_cfg = model->info.uses_cfg;
     limits.quality_high_enabled = options_.enable_quality_high && model->info.quality_high;
@@ -200,7 +216,8 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
         " max_sequence_length=", limits.max_sequence_length,
         " max_reference_images=", limits.max_reference_images,
         " max_reference_bytes=", limits.max_reference_bytes,
-        " max_request_bytes=", limits.max_request_bytes, " queue_depth=", options_.queue_depth,
+        " max_request_bytes=", limits.max_request_bytes,
+        " max_response_bytes=", limits.max_response_bytes, " queue_depth=", options_.queue_depth,
         "; model: variant=", model->info.variant,
         " text_encoder=", model->info.text_encoder_streamed ? "streamed" : "resident",
         " prompt_cache_bytes=", model->info.prompt_cache_bytes);

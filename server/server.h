@@ -1,8 +1,9 @@
 // flux2_server as an object (style.md P14): Create(options) validates the configuration, Start()
 // binds the gRPC and metrics ports and starts the worker (which loads the model and warms up
-// before readiness turns SERVING), GracefulStop(deadline) drains. Health: "" and "readiness" are
-// SERVING only while the model serves and the server is not draining; "liveness" is SERVING while
-// the process is responsive (NOT_SERVING after a fatal load error).
+// before readiness turns SERVING), GracefulStop(deadline) drains. Health: "", "readiness" and
+// "flux2.v1.ImageGeneration" are SERVING only while the model serves and the server is not
+// draining; "liveness" is SERVING while the process is responsive (NOT_SERVING after a fatal load
+// error). Reflection: grpc.reflection.v1alpha (Debian's plugin) and v1 (server/reflection_v1.h).
 // Tested by tests/server/server_test.cc (fake engine, in process) and the end-to-end tests.
 #pragma once
 
@@ -20,6 +21,7 @@
 #include "server/grpc_service.h"
 #include "server/job_queue.h"
 #include "server/metrics.h"
+#include "server/reflection_v1.h"
 #include "server/server_options.h"
 
 namespace flux2::server {
@@ -73,6 +75,7 @@ class Server final : public GenerationHost {
   EncodeStage encoder_;
   std::unique_ptr<EngineWorker> worker_;
   std::unique_ptr<ImageGenerationService> service_;
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int grpc_port_ = 0;

@@ -30,6 +30,7 @@ const std::set<std::string> kValueFlags = {"--host",
                                            "--max-reference-images",
                                            "--max-reference-bytes",
                                            "--max-request-bytes",
+                                           "--max-response-bytes",
                                            "--max-sequence-length",
                                            "--drain-timeout-s",
                                            "--warmup-steps",
@@ -96,6 +97,10 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
   {
     FLUX_ASSIGN_OR_RETURN(o.max_request_bytes,
                           args.get_int("--max-request-bytes", o.max_request_bytes));
+  }
+  {
+    FLUX_ASSIGN_OR_RETURN(o.max_response_bytes,
+                          args.get_int("--max-response-bytes", o.max_response_bytes));
   }
   FLUX_RETURN_IF_ERROR(read_int(args, "--max-sequence-length", &o.max_sequence_length));
   {
@@ -171,6 +176,10 @@ absl::Status validate_server_options(const ServerOptions& o) {
         o.max_reference_bytes, " + 2 x --max-prompt-bytes ", o.max_prompt_bytes, " + ",
         kRequestOverheadBytes, " for the other fields)"));
   }
+  // 64 KiB still fits a small image; 2 GiB is protobuf's hard message size limit.
+  FLUX_RETURN_IF_ERROR(check_range("--max-response-bytes",
+                                   static_cast<double>(o.max_response_bytes), 64.0 * 1024,
+                                   2147483647.0));
   // The model's own bound (512 for klein) is checked when it is loaded.
   FLUX_RETURN_IF_ERROR(check_range("--max-sequence-length", o.max_sequence_length, 1, 4096));
   if (!std::isfinite(o.drain_timeout_s)) {
@@ -280,6 +289,12 @@ std::string server_help_text() {
       "  --max-request-bytes N    gRPC's max receive message size (default 50331648 = 48 MiB);\n"
       "                           must fit max-reference-images x max-reference-bytes + 2 x\n"
       "                           max-prompt-bytes + 64 KiB, or the server refuses to start\n"
+      "  --max-response-bytes N   largest worst-case unary GenerateImage response (default\n"
+      "                           4194304 = gRPC's default client receive limit): a request\n"
+      "                           whose num_images x encoded-size bound exceeds it is refused\n"
+      "                           with INVALID_ARGUMENT before compute (GenerateImageStream sends\n"
+      "                           one image per message and is not limited); raise it together\n"
+      "                           with the clients' max receive message size\n"
       "  --drain-timeout-s S      on SIGTERM/SIGINT, time queued and running requests get to "
       "finish\n"
       "                           before they are cancelled (default 600); the exit code is 0\n"

@@ -29,6 +29,10 @@ struct ServerOptions {
   int64_t max_reference_bytes = int64_t{10} << 20;  // one reference's encoded bytes (10 MiB)
   // gRPC's max receive message size: four 10 MiB references plus the prompt and the rest fit.
   int64_t max_request_bytes = int64_t{48} << 20;
+  // Largest worst-case unary GenerateImage response admitted (gRPC's default client receive limit,
+  // 4 MiB); GenerateImageStream is not limited by it (server/request_validation.h
+  // unary_response_bound_bytes).
+  int64_t max_response_bytes = int64_t{4} << 20;
   // Text-encoder sequence length of every request (prompts padded or truncated to it); 512 is
   // diffusers' default, the goldens use 64 and 96.
   int max_sequence_length = 512;

@@ -154,8 +154,9 @@ def run(args) -> dict:
             try:
                 if method.server_streaming:
                     for event in call(request, timeout=args.timeout, metadata=metadata):
-                        if event.WhichOneof("event") == "result":
-                            images = len(event.result.images)
+                        # One `image` event per image (with its bytes); `result` describes them.
+                        if event.WhichOneof("event") == "image":
+                            images += 1
                 else:
                     images = len(call(request, timeout=args.timeout, metadata=metadata).images)
             except grpc.RpcError as e:

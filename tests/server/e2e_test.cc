@@ -10,11 +10,13 @@
 #include <stb_image.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <thread>
 
+#include "grpc/reflection/v1/reflection.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "tests/server/test_support.h"
@@ -171,7 +173,7 @@ TEST_F(E2E, GeneratesImagesAndReportsThemInMetrics) {
   // The stream: one progress event per step, in order, then the result with the same image.
   StreamCall stream(stub_.get(), small_request(42, steps));
   ASSERT_TRUE(stream.finish().ok());
-  EXPECT_EQ(stream.event_kinds(), "pppr");
+  EXPECT_EQ(stream.event_kinds(), "pppir");
   const std::vector<v1::Progress> progress = stream.progress();
   for (int i = 0; i < steps; ++i) {
     EXPECT_EQ(progress[i].step_index(), i);
@@ -181,7 +183,9 @@ TEST_F(E2E, GeneratesImagesAndReportsThemInMetrics) {
       EXPECT_GE(progress[i].elapsed_seconds(), progress[i - 1].elapsed_seconds());
     }
   }
-  EXPECT_EQ(stream.result().images(0).data(), first.images(0).data());
+  ASSERT_EQ(stream.images().size(), 1u);
+  EXPECT_EQ(stream.images()[0].data(), first.images(0).data());
+  EXPECT_TRUE(stream.result().images(0).data().empty());  // the bytes came in the image event
 
   // No seed: the server picks one, returns it, and that seed reproduces the image.
   v1::GenerateImageRequest unseeded = small_request(0, steps);
@@ -414,8 +418,9 @@ TEST_F(E2E, LoadFailureExitsNonZero) {
   EXPECT_EQ(server_->wait_exit(std::chrono::seconds(120)), 1);
 }
 
-// Server reflection (what grpcurl uses): ServerReflectionInfo with list_services, encoded by hand
-// because Debian ships no reflection .proto: ServerReflectionRequest.list_services is field 7.
+// Server reflection (what grpcurl uses): v1alpha's ServerReflectionInfo with list_services, called
+// generically (Debian ships no reflection .proto) and decoded with the v1 messages, which share
+// v1alpha's wire format: the same services as v1 lists (server_test.cc ReflectionV1*).
 TEST_F(E2E, ReflectionListsTheServices) {
   start();
   grpc::GenericStub stub(channel_);
@@ -442,8 +447,15 @@ TEST_F(E2E, ReflectionListsTheServices) {
   std::string bytes;
   for (const grpc::Slice& s : slices)
     bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  EXPECT_NE(bytes.find("flux2.v1.ImageGeneration"), std::string::npos);
-  EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+  grpc::reflection::v1::ServerReflectionResponse decoded;
+  ASSERT_TRUE(decoded.ParseFromString(bytes));
+  std::vector<std::string> names;
+  for (const auto& service : decoded.list_services_response().service())
+    names.push_back(service.name());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"flux2.v1.ImageGeneration", "grpc.health.v1.Health",
+                                             "grpc.reflection.v1.ServerReflection",
+                                             "grpc.reflection.v1alpha.ServerReflection"}));
   context.TryCancel();
   grpc::Status status;
   call->Finish(&status, kTag);

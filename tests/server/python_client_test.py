@@ -252,9 +252,31 @@ class PythonClientTest(unittest.TestCase):
     def test_stream(self):
         events = list(self.stub.GenerateImageStream(self.request(8), timeout=120))
         kinds = [event.WhichOneof("event") for event in events]
-        self.assertEqual(kinds, ["progress", "progress", "result"])
+        self.assertEqual(kinds, ["progress", "progress", "image", "result"])
         self.assertEqual([e.progress.step_index for e in events[:2]], [0, 1])
         self.assertEqual(events[-1].result.seed, 8)
+        # The image event carries the bytes; the result only describes them.
+        self.assertEqual(png_size(events[2].image.data), (64, 48))
+        self.assertEqual(events[2].image.seed, 8)
+        self.assertEqual(events[-1].result.images[0].data, b"")
+        self.assertEqual(events[-1].result.images[0].seed, 8)
+
+    def test_unary_over_the_response_limit_is_refused_naming_num_images(self):
+        # Three 768 x 768 PNGs may reach 3 x 1.77 MB, over the default --max-response-bytes (4 MiB).
+        self.assertEqual(self.info.limits.max_response_bytes, 4 << 20)
+        with self.assertRaises(grpc.RpcError) as raised:
+            self.stub.GenerateImage(self.request(1, width=768, height=768, num_images=3), timeout=60)
+        error = raised.exception
+        self.assertEqual(error.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("num_images", error.details())
+        self.assertIn("GenerateImageStream", error.details())
+
+    def test_health_answers_the_service_name(self):
+        # grpc.health.v1.Health/Check by hand: HealthCheckRequest.service is field 1 and
+        # HealthCheckResponse.status field 1 (SERVING = 1); no stubs for grpc.* (see generate_stubs).
+        check = self.channel.unary_unary("/grpc.health.v1.Health/Check")
+        name = b"flux2.v1.ImageGeneration"
+        self.assertEqual(check(b"\x0a" + bytes([len(name)]) + name, timeout=10), b"\x08\x01")
 
     def test_invalid_argument_names_the_field(self):
         with self.assertRaises(grpc.RpcError) as raised:
@@ -352,9 +374,10 @@ class EditingTest(unittest.TestCase):
             case = json.load(f)[0]
         stub = self.servers["distilled"].stub
         events = list(stub.GenerateImageStream(self.golden_request(case), timeout=300))
-        self.assertEqual([e.WhichOneof("event") for e in events], ["progress"] * case["steps"] + ["result"])
+        self.assertEqual([e.WhichOneof("event") for e in events],
+                         ["progress"] * case["steps"] + ["image", "result"])
         unary = stub.GenerateImage(self.golden_request(case), timeout=300)
-        self.assertEqual(events[-1].result.images[0].data, unary.images[0].data)
+        self.assertEqual(events[-2].image.data, unary.images[0].data)
 
     def test_each_bad_reference_is_refused_naming_it(self):
         stub = self.servers["distilled"].stub

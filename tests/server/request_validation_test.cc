@@ -2,18 +2,22 @@
 // (server/rpc_status.h): defaults, seeds, one table row per invalid field (the violation names it),
 // the BadRequest details in the grpc-status-details-bin payload, and reference images (each bad
 // one named reference_images[i]; a good one prepared and setting the output size), encoded by
-// tests/server/test_support.h.
+// tests/server/test_support.h), and the unary response-size bound (against the real encoders on
+// incompressible noise).
 // Run: build/bin/server_unit_tests --gtest_filter='RequestValidation*:RpcStatus*'
 #include "server/request_validation.h"
 
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "google/rpc/error_details.pb.h"
 #include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
+#include "model/image_encode.h"
 #include "server/rpc_status.h"
 #include "tests/server/test_support.h"
 
@@ -385,6 +389,55 @@ TEST(RpcStatus, CodesAndMessagesPassThrough) {
   EXPECT_EQ(grpc_code_name(grpc::StatusCode::RESOURCE_EXHAUSTED), "RESOURCE_EXHAUSTED");
   EXPECT_EQ(grpc_code_name(grpc::StatusCode::OK), "OK");
   EXPECT_EQ(grpc_code_name(grpc::StatusCode::DEADLINE_EXCEEDED), "DEADLINE_EXCEEDED");
+}
+
+// The PNG bound as derived in request_validation.cc: 768 x 768 gives 1771131 bytes, so two fit
+// gRPC's default 4 MiB and three do not (the issue-19 case).
+TEST(ResponseBound, PngAndJpegFigures) {
+  EXPECT_EQ(encoded_image_bound_bytes(ImageFormat::kPng, 768, 768), 1771131);
+  EXPECT_EQ(encoded_image_bound_bytes(ImageFormat::kJpeg, 768, 768), 768 * 768 * 6 + 2048);
+  EXPECT_EQ(encoded_image_bound_bytes(ImageFormat::kJpeg, 20, 10), 24 * 16 * 6 + 2048);
+  RequestLimits limits = test_limits();
+  limits.max_response_bytes = int64_t{4} << 20;
+  JobSpec spec;
+  spec.params.width = 768;
+  spec.params.height = 768;
+  spec.params.num_inference_steps = 4;
+  spec.num_images = 2;
+  EXPECT_TRUE(check_unary_response_size(spec, limits).ok());
+  spec.num_images = 3;
+  const absl::Status refused = check_unary_response_size(spec, limits);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused));
+  ASSERT_EQ(field_violations_of(refused).size(), 1u);
+  EXPECT_EQ(field_violations_of(refused)[0].field, "num_images");
+  EXPECT_NE(refused.message().find("GenerateImageStream"), std::string::npos) << refused;
+  EXPECT_GT(unary_response_bound_bytes(spec, 50), 3 * 1771131);
+  // num_inference_steps 0 (model default) counts the limit's max_steps timings.
+  spec.params.num_inference_steps = 0;
+  EXPECT_EQ(unary_response_bound_bytes(spec, 50) - unary_response_bound_bytes(spec, 10),
+            3 * 8 * 40);
+}
+
+// The bound holds for the real encoders on their worst input (uniform noise, incompressible), and
+// the PNG one is tight (within 1%): sizes that do not divide evenly into rows, chunks or blocks.
+TEST(ResponseBound, HoldsForTheEncodersOnNoise) {
+  std::mt19937 rng(7);
+  for (const auto& [width, height] : std::vector<std::pair<int64_t, int64_t>>{
+           {16, 16}, {64, 48}, {333, 97}, {768, 768}, {1024, 1040}}) {
+    std::vector<uint8_t> rgb(static_cast<size_t>(width * height * 3));
+    for (uint8_t& v : rgb) v = static_cast<uint8_t>(rng());
+    absl::StatusOr<std::vector<uint8_t>> png = encode_png(rgb, width, height);
+    ASSERT_TRUE(png.ok()) << png.status();
+    const int64_t png_bound = encoded_image_bound_bytes(ImageFormat::kPng, width, height);
+    EXPECT_LE(static_cast<int64_t>(png->size()), png_bound) << width << " x " << height;
+    EXPECT_GE(static_cast<double>(png->size()), 0.99 * static_cast<double>(png_bound))
+        << width << " x " << height;
+    absl::StatusOr<std::vector<uint8_t>> jpeg = encode_jpeg(rgb, width, height, kJpegQuality);
+    ASSERT_TRUE(jpeg.ok()) << jpeg.status();
+    EXPECT_LE(static_cast<int64_t>(jpeg->size()),
+              encoded_image_bound_bytes(ImageFormat::kJpeg, width, height))
+        << width << " x " << height;
+  }
 }
 
 }  // namespace

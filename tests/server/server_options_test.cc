@@ -34,7 +34,8 @@ TEST(ServerOptions, DefaultsFollowTheServerContract) {
   EXPECT_EQ(o.max_reference_bytes, 10 * 1024 * 1024);  // per image
   EXPECT_EQ(o.max_request_bytes, 48 * 1024 * 1024);    // 4 x 10 MiB + the rest
   EXPECT_GE(o.max_request_bytes, min_request_bytes(o));
-  EXPECT_EQ(o.max_sequence_length, 512);  // diffusers' default
+  EXPECT_EQ(o.max_response_bytes, 4 * 1024 * 1024);  // gRPC's default client receive limit
+  EXPECT_EQ(o.max_sequence_length, 512);             // diffusers' default
   EXPECT_EQ(o.drain_timeout_s, 600.0);
   EXPECT_EQ(o.warmup_steps, 1);
   EXPECT_TRUE(o.fast_paths);
@@ -94,6 +95,8 @@ TEST(ServerOptions, ParsesEveryFlag) {
                                               "1000000",
                                               "--max-request-bytes",
                                               "8388608",
+                                              "--max-response-bytes",
+                                              "16777216",
                                               "--max-sequence-length",
                                               "64",
                                               "--text-encoder-offload",
@@ -128,6 +131,7 @@ TEST(ServerOptions, ParsesEveryFlag) {
   EXPECT_EQ(o.max_reference_images, 2);
   EXPECT_EQ(o.max_reference_bytes, 1000000);
   EXPECT_EQ(o.max_request_bytes, 8388608);
+  EXPECT_EQ(o.max_response_bytes, 16777216);
   EXPECT_EQ(o.max_sequence_length, 64);
   EXPECT_TRUE(o.text_encoder_offload);
   EXPECT_EQ(o.prompt_cache_bytes, 1048576);
@@ -222,6 +226,8 @@ TEST(ServerOptions, ValidationErrorsNameTheFlag) {
       {{"--max-reference-images", "17"}, "--max-reference-images"},
       {{"--max-reference-bytes", "0"}, "--max-reference-bytes"},
       {{"--max-request-bytes", "1000"}, "--max-request-bytes"},
+      {{"--max-response-bytes", "1000"}, "--max-response-bytes"},
+      {{"--max-response-bytes", "4294967296"}, "--max-response-bytes"},
       {{"--max-reference-bytes", "20000000"}, "--max-request-bytes"},
       {{"--max-sequence-length", "0"}, "--max-sequence-length"},
       {{"--prompt-cache-bytes", "-1"}, "--prompt-cache-bytes"},
@@ -267,6 +273,7 @@ TEST(ServerOptions, HelpDocumentsEveryFlag) {
                            "--max-reference-images",
                            "--max-reference-bytes",
                            "--max-request-bytes",
+                           "--max-response-bytes",
                            "--max-sequence-length",
                            "--text-encoder-offload",
                            "--prompt-cache-bytes",

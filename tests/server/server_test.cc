@@ -3,7 +3,9 @@
 // warm-up, a failed load, both generation RPCs, validation with BadRequest details, overload
 // (RESOURCE_EXHAUSTED at once, counted), deadlines while queued, cancellation freeing the worker,
 // bearer-token auth, the drain (SIGTERM path) with and without a timeout, and editing (reference
-// images through both RPCs, each bad one refused naming it, the receive limit).
+// images through both RPCs, each bad one refused naming it, the receive limit), the response-size
+// bound of the unary call, one message per image on the stream, health by service name and
+// reflection v1.
 // Run: build/bin/server_unit_tests --gtest_filter='ServerTest*'
 #include "server/server.h"
 
@@ -11,12 +13,15 @@
 
 #include <stb_image.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "google/protobuf/descriptor.pb.h"
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/server/fake_engine.h"
 #include "tests/server/test_support.h"
@@ -84,6 +89,7 @@ TEST_F(ServerTest, ReadinessWaitsForLoadAndWarmup) {
   EXPECT_EQ(health_status(channel_, "liveness"), "SERVING");
   EXPECT_EQ(health_status(channel_, "readiness"), "NOT_SERVING");
   EXPECT_EQ(health_status(channel_, ""), "NOT_SERVING");
+  EXPECT_EQ(health_status(channel_, "flux2.v1.ImageGeneration"), "NOT_SERVING");
   grpc::ClientContext context;
   v1::GenerateImageResponse response;
   EXPECT_EQ(stub_->GenerateImage(&context, small_request(1), &response).error_code(),
@@ -97,6 +103,9 @@ TEST_F(ServerTest, ReadinessWaitsForLoadAndWarmup) {
   control_->release_load();
   ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
   EXPECT_EQ(health_status(channel_, ""), "SERVING");
+  // The service's own name answers as "" does (grpc_health_probe
+  // -service=flux2.v1.ImageGeneration).
+  EXPECT_EQ(health_status(channel_, "flux2.v1.ImageGeneration"), "SERVING");
   // The warm-up ran before readiness: text-to-image and, editing being on, with a reference.
   EXPECT_EQ(control_->generations(), 2);
   EXPECT_EQ(metric_value(metrics_text(), "flux2_ready"), 1.0);
@@ -186,7 +195,7 @@ TEST_F(ServerTest, StreamSendsOneProgressEventPerStepThenTheResult) {
   start();
   StreamCall call(stub_.get(), small_request(9, /*steps=*/4));
   ASSERT_TRUE(call.finish().ok());
-  EXPECT_EQ(call.event_kinds(), "ppppr");
+  EXPECT_EQ(call.event_kinds(), "ppppir");
   const std::vector<v1::Progress> progress = call.progress();
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(progress[i].step_index(), i);
@@ -197,6 +206,181 @@ TEST_F(ServerTest, StreamSendsOneProgressEventPerStepThenTheResult) {
   EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total",
                          {{"method", "GenerateImageStream"}, {"code", "OK"}}),
             1.0);
+}
+
+// Several images: each comes in its own `image` message (with its bytes) after its last progress
+// event; the result describes them without the bytes; the bytes equal the unary call's.
+TEST_F(ServerTest, StreamSendsEachImageInItsOwnMessageAndTheResultWithoutData) {
+  start();
+  v1::GenerateImageRequest request = small_request(30, /*steps=*/2);
+  request.set_num_images(3);
+  StreamCall call(stub_.get(), request);
+  ASSERT_TRUE(call.finish().ok());
+  const std::string kinds = call.event_kinds();
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), 'p'), 6);
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), 'i'), 3);
+  EXPECT_EQ(kinds.back(), 'r');
+  // Image i follows the last step of image i (progress of image i + 1 may come before it).
+  int progress_seen = 0, images_seen = 0;
+  for (char kind : kinds) {
+    if (kind == 'p') ++progress_seen;
+    if (kind == 'i') {
+      ++images_seen;
+      EXPECT_GE(progress_seen, 2 * images_seen) << kinds;
+    }
+  }
+  const std::vector<v1::Image> images = call.images();
+  const v1::GenerateImageResponse result = call.result();
+  ASSERT_EQ(images.size(), 3u);
+  ASSERT_EQ(result.images_size(), 3);
+
+  grpc::ClientContext context;
+  v1::GenerateImageResponse unary;
+  ASSERT_TRUE(stub_->GenerateImage(&context, request, &unary).ok());
+  ASSERT_EQ(unary.images_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(images[i].seed(), 30u + i);
+    EXPECT_EQ(images[i].mime_type(), "image/png");
+    EXPECT_EQ(images[i].width(), 64);
+    EXPECT_EQ(images[i].height(), 48);
+    EXPECT_FALSE(images[i].data().empty());
+    EXPECT_EQ(images[i].data(), unary.images(i).data());
+    // The result: the same metadata, no bytes.
+    EXPECT_TRUE(result.images(i).data().empty());
+    EXPECT_EQ(result.images(i).seed(), images[i].seed());
+    EXPECT_EQ(result.images(i).mime_type(), images[i].mime_type());
+    EXPECT_EQ(result.images(i).width(), 64);
+    EXPECT_EQ(result.images(i).height(), 48);
+  }
+  EXPECT_EQ(result.seed(), 30u);
+  EXPECT_EQ(result.timings().step_seconds_size(), 6);
+}
+
+// A unary request whose worst-case response exceeds --max-response-bytes (three 768 x 768 PNGs:
+// 3 x 1771131 bytes > 4 MiB) is refused before it is queued, naming num_images; the fake engine
+// never sees it. Two fit; the stream takes all three; a larger limit admits the unary call.
+TEST_F(ServerTest, UnaryOverTheResponseBoundIsRefusedBeforeCompute) {
+  start();
+  const int warmup_generations = control_->generations();
+  v1::GenerateImageRequest request = small_request(40, /*steps=*/1);
+  request.set_width(768);
+  request.set_height(768);
+  request.set_num_images(3);
+  grpc::ClientContext context;
+  v1::GenerateImageResponse response;
+  const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(bad_request_fields(status), std::vector<std::string>{"num_images"});
+  EXPECT_NE(status.error_message().find("num_images: 3 x 768 x 768 PNG images may reach"),
+            std::string::npos)
+      << status.error_message();
+  EXPECT_NE(status.error_message().find("4194304"), std::string::npos);
+  EXPECT_NE(status.error_message().find("GenerateImageStream"), std::string::npos);
+  EXPECT_NE(status.error_message().find("--max-response-bytes"), std::string::npos);
+  EXPECT_EQ(control_->generations(), warmup_generations);  // no job reached the engine
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total",
+                         {{"method", "GenerateImage"}, {"code", "INVALID_ARGUMENT"}}),
+            1.0);
+
+  // JPEG's bound is 6 bytes per pixel: one 768 x 768 fits, two do not.
+  request.set_output_format(v1::OUTPUT_FORMAT_JPEG);
+  request.set_num_images(2);
+  grpc::ClientContext jpeg_context;
+  EXPECT_EQ(stub_->GenerateImage(&jpeg_context, request, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(control_->generations(), warmup_generations);
+
+  // The stream is not limited: one image per message.
+  request.set_output_format(v1::OUTPUT_FORMAT_PNG);
+  request.set_num_images(3);
+  StreamCall stream(stub_.get(), request);
+  ASSERT_TRUE(stream.finish().ok());
+  EXPECT_EQ(stream.images().size(), 3u);
+  EXPECT_EQ(control_->generations(), warmup_generations + 3);
+
+  request.set_num_images(2);
+  grpc::ClientContext fits_context;
+  const grpc::Status fits = stub_->GenerateImage(&fits_context, request, &response);
+  EXPECT_TRUE(fits.ok()) << fits.error_message();
+  EXPECT_EQ(response.images_size(), 2);
+}
+
+TEST_F(ServerTest, MaxResponseBytesIsReportedAndRaisesTheUnaryBound) {
+  options_.max_response_bytes = 8 << 20;
+  start();
+  grpc::ClientContext info_context;
+  v1::GetModelInfoResponse info;
+  ASSERT_TRUE(stub_->GetModelInfo(&info_context, {}, &info).ok());
+  EXPECT_EQ(info.limits().max_response_bytes(), 8 << 20);
+  v1::GenerateImageRequest request = small_request(50, /*steps=*/1);
+  request.set_width(768);
+  request.set_height(768);
+  request.set_num_images(3);
+  grpc::ClientContext context;
+  v1::GenerateImageResponse response;
+  const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.images_size(), 3);
+  EXPECT_LE(response.ByteSizeLong(), 8u << 20);
+}
+
+// grpc.reflection.v1 (server/reflection_v1.h): the services, the API's file by symbol, and the
+// google.rpc error details (what a client needs to decode grpc-status-details-bin).
+TEST_F(ServerTest, ReflectionV1ListsTheServicesAndResolvesTheErrorDetails) {
+  start();
+  auto stub = grpc::reflection::v1::ServerReflection::NewStub(channel_);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->ServerReflectionInfo(&context);
+  grpc::reflection::v1::ServerReflectionRequest request;
+  grpc::reflection::v1::ServerReflectionResponse response;
+
+  request.set_list_services("");
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<std::string> names;
+  for (const auto& service : response.list_services_response().service())
+    names.push_back(service.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"flux2.v1.ImageGeneration", "grpc.health.v1.Health",
+                                             "grpc.reflection.v1alpha.ServerReflection",
+                                             "grpc.reflection.v1.ServerReflection"}));
+
+  // The file of a symbol comes first, then its dependencies not yet sent on this stream.
+  const auto file_of = [&](const std::string& symbol) {
+    request.set_file_containing_symbol(symbol);
+    EXPECT_TRUE(stream->Write(request));
+    EXPECT_TRUE(stream->Read(&response));
+    std::vector<std::string> files;
+    for (const std::string& bytes : response.file_descriptor_response().file_descriptor_proto()) {
+      google::protobuf::FileDescriptorProto file;
+      EXPECT_TRUE(file.ParseFromString(bytes));
+      files.push_back(file.name());
+    }
+    return files;
+  };
+  std::vector<std::string> files = file_of("flux2.v1.ImageGeneration");
+  ASSERT_FALSE(files.empty());
+  EXPECT_EQ(files[0], "flux2/v1/image_generation.proto");
+  files = file_of("google.rpc.BadRequest");
+  ASSERT_FALSE(files.empty());
+  EXPECT_EQ(files[0], "google/rpc/error_details.proto");
+  files = file_of("google.rpc.Status");
+  ASSERT_FALSE(files.empty());
+  EXPECT_EQ(files[0], "google/rpc/status.proto");
+  files = file_of("grpc.health.v1.Health");
+  ASSERT_FALSE(files.empty());
+  EXPECT_EQ(files[0], "grpc/health/v1/health.proto");
+  EXPECT_TRUE(file_of("no.such.Symbol").empty());
+  EXPECT_EQ(response.error_response().error_code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+
+  request.set_file_by_filename("google/rpc/error_details.proto");
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  // Asked again by name: the file itself is always sent (only dependencies are sent once).
+  EXPECT_EQ(response.file_descriptor_response().file_descriptor_proto_size(), 1);
+  EXPECT_EQ(response.original_request().file_by_filename(), "google/rpc/error_details.proto");
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST_F(ServerTest, GetModelInfoDescribesModelAndLimits) {
@@ -217,6 +401,7 @@ TEST_F(ServerTest, GetModelInfoDescribesModelAndLimits) {
   EXPECT_EQ(info.limits().max_reference_images(), 4);
   EXPECT_EQ(info.limits().max_reference_bytes(), 10 * 1024 * 1024);
   EXPECT_EQ(info.limits().max_request_bytes(), 48 * 1024 * 1024);
+  EXPECT_EQ(info.limits().max_response_bytes(), 4 * 1024 * 1024);
   EXPECT_EQ(info.limits().max_sequence_length(), 512);
   ASSERT_EQ(info.quality_levels_size(), 2);
   EXPECT_EQ(info.quality_levels(1), v1::QUALITY_HIGH);
@@ -318,7 +503,7 @@ TEST_F(ServerTest, EditingThroughBothRpcs) {
 
   StreamCall stream(stub_.get(), request);
   ASSERT_TRUE(stream.finish().ok());
-  EXPECT_EQ(stream.event_kinds(), "ppr");
+  EXPECT_EQ(stream.event_kinds(), "ppir");
   EXPECT_EQ(stream.result().images(0).width(), 96);
   EXPECT_DOUBLE_EQ(stream.result().timings().reference_encode_seconds(),
                    2 * testing::kFakeReferenceEncodeSeconds);

@@ -237,6 +237,9 @@ StreamCall::StreamCall(flux2::v1::ImageGeneration::Stub* stub,
       if (event.has_progress()) {
         progress_.push_back(event.progress());
         kinds_ += 'p';
+      } else if (event.has_image()) {
+        images_.push_back(event.image());
+        kinds_ += 'i';
       } else if (event.has_result()) {
         result_ = event.result();
         kinds_ += 'r';
@@ -283,6 +286,11 @@ std::vector<flux2::v1::Progress> StreamCall::progress() const {
 flux2::v1::GenerateImageResponse StreamCall::result() const {
   std::lock_guard<std::mutex> lock(mu_);
   return result_;
+}
+
+std::vector<flux2::v1::Image> StreamCall::images() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return images_;
 }
 
 std::string StreamCall::event_kinds() const {

@@ -101,7 +101,9 @@ class StreamCall {
   std::vector<flux2::v1::Progress> progress() const;
   // The result event (empty message when none came).
   flux2::v1::GenerateImageResponse result() const;
-  // Events in arrival order: 'p' progress, 'r' result.
+  // The image events, in arrival order.
+  std::vector<flux2::v1::Image> images() const;
+  // Events in arrival order: 'p' progress, 'i' image, 'r' result.
   std::string event_kinds() const;
 
  private:
@@ -111,6 +113,7 @@ class StreamCall {
   std::condition_variable cv_;
   std::vector<flux2::v1::Progress> progress_;
   flux2::v1::GenerateImageResponse result_;
+  std::vector<flux2::v1::Image> images_;
   std::string kinds_;
   bool ended_ = false;
   std::thread thread_;
