@@ -211,8 +211,9 @@ class GenerateImageStreamReactor final
     pump(lock);
   }
 
-  // Runs on the encoder thread as each image is encoded: the bytes move into their own message,
-  // so the result (built later from the same EncodedImage) carries the metadata only.
+  // Runs on the encoder thread as each image is encoded: the bytes are copied into their own
+  // message and freed here, so the result (built later from the same EncodedImage) carries the
+  // metadata only and the job does not hold every image until the end.
   void on_image(EncodedImage& image) {
     v1::GenerateImageStreamResponse message;
     set_image_metadata(image, message.mutable_image());
