@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/base/decimal.h"
 #include "kernels/base/elapsed.h"
 #include "kernels/base/status.h"
 #include "model/bfl_checkpoint.h"
@@ -318,8 +319,9 @@ absl::Status Pipeline::validate(const GenerateParams& params) const {
   }
   if (!std::isfinite(params.guidance_scale) ||
       (params.guidance_scale >= 0.0 && params.guidance_scale > kMaxGuidance)) {
-    return absl::InvalidArgumentError(absl::StrCat("guidance_scale: ", params.guidance_scale,
-                                                   " is not a finite value in 0..", kMaxGuidance));
+    return absl::InvalidArgumentError(
+        absl::StrCat("guidance_scale: ", exact_decimal(params.guidance_scale),
+                     " is not a finite value in 0..", kMaxGuidance));
   }
   if (!params.negative_prompt.empty() && !info_.uses_cfg) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/optional.h"
 #include "google/rpc/error_details.pb.h"
+#include "kernels/base/decimal.h"
 #include "model/reference_image.h"
 
 namespace flux2::server {
@@ -177,11 +178,12 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
   if (request.has_guidance_scale()) {
     guidance = request.guidance_scale();
     if (!std::isfinite(guidance)) {
-      violations.push_back({"guidance_scale", absl::StrCat(guidance, " is not a finite number")});
-    } else if (guidance < limits.min_guidance || guidance > limits.max_guidance) {
       violations.push_back(
-          {"guidance_scale",
-           absl::StrCat(guidance, " is outside ", limits.min_guidance, "..", limits.max_guidance)});
+          {"guidance_scale", absl::StrCat(exact_decimal(guidance), " is not a finite number")});
+    } else if (guidance < limits.min_guidance || guidance > limits.max_guidance) {
+      violations.push_back({"guidance_scale", absl::StrCat(exact_decimal(guidance), " is outside ",
+                                                           exact_decimal(limits.min_guidance), "..",
+                                                           exact_decimal(limits.max_guidance))});
     }
   }
 

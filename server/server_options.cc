@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
 #include "server/cli/args.h"
 #include "server/cli/backend_flags.h"
@@ -57,8 +58,8 @@ absl::Status read_int(const Args& args, absl::string_view name, int* out) {
 
 absl::Status check_range(absl::string_view name, double value, double lo, double hi) {
   if (!(value >= lo && value <= hi)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": ", value, " is outside ", lo, "..", hi));
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", exact_decimal(value), " is outside ",
+                                                   exact_decimal(lo), "..", exact_decimal(hi)));
   }
   return absl::OkStatus();
 }

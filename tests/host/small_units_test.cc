@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend_factory.h"
+#include "kernels/base/decimal.h"
 #include "kernels/base/numerics.h"
 #include "kernels/base/parallel.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -186,6 +187,17 @@ TEST(TimestepEmbeddingTest, SinusoidAndBf16Scaling) {
   EXPECT_EQ(scale_conditioning(0.65f, DType::kBF16), 648.0f);
   EXPECT_FLOAT_EQ(scale_conditioning(0.65f, DType::kF32), 650.0f);
   EXPECT_EQ(scale_conditioning(4.0f, DType::kBF16), 4000.0f);
+}
+
+// Error messages show the value the caller gave, not a rounded one (issue 20: "100 is outside
+// 0..100" for 100.0001; "65536..6.71089e+07" for a flag range).
+TEST(ExactDecimalTest, ReadsBackAsTheSameDouble) {
+  EXPECT_EQ(exact_decimal(100.0001), "100.0001");
+  EXPECT_EQ(exact_decimal(67108864.0), "67108864");
+  EXPECT_EQ(exact_decimal(65536.0), "65536");
+  EXPECT_EQ(exact_decimal(0.1), "0.1");
+  EXPECT_EQ(exact_decimal(-0.5), "-0.5");
+  EXPECT_EQ(std::stod(exact_decimal(1.0 / 3.0)), 1.0 / 3.0);
 }
 
 }  // namespace

@@ -185,6 +185,16 @@ TEST(RequestValidation, EachInvalidFieldIsNamed) {
   }
 }
 
+TEST(RequestValidation, GuidanceErrorShowsTheValueSent) {
+  v1::GenerateImageRequest request = valid_request();
+  request.set_guidance_scale(100.0001);  // %g would print "100"
+  absl::StatusOr<JobSpec> spec = validate_generate_request(request, test_limits(), 1);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find("guidance_scale: 100.0001 is outside 0..100"),
+            std::string::npos)
+      << spec.status();
+}
+
 TEST(RequestValidation, ReportsEveryViolationAtOnce) {
   v1::GenerateImageRequest request = valid_request();
   request.set_prompt("");

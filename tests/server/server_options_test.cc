@@ -203,6 +203,13 @@ TEST(ServerOptions, ParseErrorsNameTheFlag) {
   }
 }
 
+TEST(ServerOptions, RangeErrorsPrintExactBounds) {
+  absl::StatusOr<ParsedFlags> parsed = parse({"--max-pixels", "100"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const absl::Status status = validate_server_options(parsed->options);
+  EXPECT_EQ(status.message(), "--max-pixels: 100 is outside 65536..67108864") << status;
+}
+
 TEST(ServerOptions, ValidationErrorsNameTheFlag) {
   struct Case {
     std::vector<std::string> args;
