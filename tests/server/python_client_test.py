@@ -232,6 +232,8 @@ class PythonClientTest(unittest.TestCase):
 
     def test_model_info(self):
         self.assertEqual(self.info.variant, "klein-distilled")
+        # tests/data/tiny-klein/checkpoint is named by its parent, as the proto says.
+        self.assertEqual(self.info.model_name, "tiny-klein")
         self.assertEqual(self.info.limits.pixel_multiple, 16)
         self.assertIn(pb.QUALITY_LOSSLESS, self.info.quality_levels)
         self.assertIn(pb.OUTPUT_FORMAT_PNG, self.info.output_formats)
