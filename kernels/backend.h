@@ -168,8 +168,6 @@ class Backend {
   // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N] when bias is defined).
   virtual absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                               const Tensor& y) = 0;
-  // out[i, :] = table[ids[i], :]; ids is i32 [L], table [V, C].
-  virtual absl::Status embedding(const Tensor& ids, const Tensor& table, const Tensor& out) = 0;
 
   // ---- element-wise -------------------------------------------------------------------------
   virtual absl::Status silu(const Tensor& x, const Tensor& out) = 0;                  // x·σ(x)

@@ -55,8 +55,8 @@ class TextEncoderImpl final : public TextEncoder {
 
  private:
   absl::StatusOr<EncoderWorkspace> make_workspace(int64_t seq) const;
-  // ws.x = the embedding rows of `ids`: gathered on the host from the table (which stays in host
-  // memory) and uploaded; on the CPU backend, its embedding op.
+  // ws.x = the embedding rows of `ids` (checked against the vocabulary), gathered on the host from
+  // the table, which stays in host memory, and uploaded.
   absl::Status embed(std::span<const int32_t> ids, const EncoderWorkspace& ws) const;
   // Starts copying layer `layer`'s host weights into device buffer `buffer` (streamed only).
   absl::StatusOr<CopyTicket> stream_layer(size_t layer, int buffer) const;
@@ -170,11 +170,6 @@ absl::Status TextEncoderImpl::embed(std::span<const int32_t> ids,
                                     const EncoderWorkspace& ws) const {
   Backend& be = backend_;
   const int64_t seq = static_cast<int64_t>(ids.size());
-  if (weights_.embed_tokens.device() == be.device() || be.device() == Device::kCpu) {
-    FLUX_ASSIGN_OR_RETURN(Tensor ids_tensor, be.empty(DType::kI32, {seq}));
-    FLUX_RETURN_IF_ERROR(be.upload(ids.data(), DType::kI32, ids_tensor));
-    return be.embedding(ids_tensor, weights_.embed_tokens, ws.x);
-  }
   const Tensor& table = weights_.embed_tokens;
   const size_t row_bytes = static_cast<size_t>(table.cols() * dtype_size(table.dtype()));
   std::vector<char> rows(row_bytes * static_cast<size_t>(seq));

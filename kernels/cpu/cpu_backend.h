@@ -29,7 +29,6 @@ class CpuBackend final : public Backend {
       const Tensor& w) override;
   absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                       const Tensor& y) override;
-  absl::Status embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
 
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;

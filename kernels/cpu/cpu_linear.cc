@@ -64,22 +64,4 @@ absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> CpuBackend::add_fp8_we
   return std::shared_ptr<const LowPrecisionWeight>(std::move(low));
 }
 
-absl::Status CpuBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
-  constexpr absl::string_view kOp = "embedding";
-  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "ids", ids, Device::kCpu, DType::kI32));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "table", table));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "out", out));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "out", out, ids.numel(), table.cols()));
-  const int32_t* index = ids.data_as<int32_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i) {
-    if (index[i] < 0 || index[i] >= table.rows()) {
-      return op_error(kOp, absl::StrCat("id ", index[i], " at position ", i,
-                                        " is outside the table of ", table.rows(), " rows"));
-    }
-    std::memcpy(cpu::row(out, i), cpu::row(table, index[i]),
-                static_cast<size_t>(table.cols()) * sizeof(float));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace flux2

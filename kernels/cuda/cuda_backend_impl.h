@@ -78,7 +78,6 @@ class CudaBackend final : public Backend {
 
   absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                       const Tensor& y) override;
-  absl::Status embedding(const Tensor& ids, const Tensor& table, const Tensor& out) override;
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;

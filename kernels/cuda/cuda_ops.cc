@@ -19,25 +19,6 @@ using cuda::check_bf16;
 using cuda::check_same_bf16;
 using cuda::CudaPath;
 
-absl::Status CudaBackend::embedding(const Tensor& ids, const Tensor& table, const Tensor& out) {
-  OpProfileScope profile(*this, "other");
-  FLUX_RETURN_IF_ERROR(check_tensor("embedding", "ids", ids, Device::kCuda, DType::kI32));
-  FLUX_RETURN_IF_ERROR(check_bf16("embedding", "table", table));
-  FLUX_RETURN_IF_ERROR(check_bf16("embedding", "out", out));
-  FLUX_RETURN_IF_ERROR(check_matrix("embedding", "out", out, ids.numel(), table.cols()));
-  // Ids are few (<= 512): check their range on the host before the gather reads the table.
-  std::vector<float> host(static_cast<size_t>(ids.numel()));
-  FLUX_RETURN_IF_ERROR(download(ids, host.data()));
-  for (size_t i = 0; i < host.size(); ++i) {
-    if (host[i] < 0 || host[i] >= static_cast<float>(table.rows())) {
-      return op_error("embedding",
-                      absl::StrCat("id ", host[i], " at position ", i, " is outside the table of ",
-                                   table.rows(), " rows"));
-    }
-  }
-  return cuda::embedding_bf16(ids.data_as<int32_t>(), ids.numel(), mat(table), mat(out), stream());
-}
-
 absl::Status CudaBackend::silu(const Tensor& x, const Tensor& out) {
   OpProfileScope profile(*this, op_category("elementwise", "silu"));
   FLUX_RETURN_IF_ERROR(check_bf16("silu", "x", x));

@@ -354,20 +354,6 @@ absl::Status pad_bottom_right_bf16(const void* x, int64_t h, int64_t w, int64_t 
   return absl::OkStatus();
 }
 
-absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table, const Mat& out,
-                            cudaStream_t stream) {
-  if (out.rows != count || out.cols != table.cols)
-    return absl::InvalidArgumentError("embedding: shape mismatch");
-  launch_rows(
-      count, table.cols, false, stream, [=] __device__(int64_t, int64_t) {},
-      [=] __device__(int64_t i, int64_t ch) {
-        static_cast<bf16*>(out.data)[i * out.stride + ch] =
-            static_cast<const bf16*>(table.data)[int64_t{ids[i]} * table.stride + ch];
-      });
-  FLUX_RETURN_IF_LAUNCH_FAILED("embedding");
-  return absl::OkStatus();
-}
-
 namespace {
 
 __global__ void rgb8_kernel(const bf16* image, int64_t count, uint8_t* out) {

@@ -1,5 +1,5 @@
 // CUDA launchers for the VAE decoder and text-encoder ops that are not GEMMs or attention:
-// GroupNorm (+SiLU), nearest ×2 upsampling, zero padding, latent (un)packing and embedding lookup
+// GroupNorm (+SiLU), nearest ×2 upsampling, zero padding, latent (un)packing
 // (bf16, NHWC).
 // Tested against the CPU backend by tests/cuda/op_cases.cc (gpu_op_test).
 #pragma once
@@ -39,11 +39,6 @@ absl::Status latent_pack_bf16(const void* x, int64_t cx, const void* mean, const
 // the right (F.pad(x, (0, 1, 0, 1)) in NCHW terms); contiguous bf16.
 absl::Status pad_bottom_right_bf16(const void* x, int64_t h, int64_t w, int64_t c, void* out,
                                    cudaStream_t stream);
-// out[i, :] = table[ids[i], :] (ids int32 [L], table bf16 [V, C]); ids outside [0, V) give
-// InvalidArgument after the copy is checked on the host (ids are host-visible at the call).
-absl::Status embedding_bf16(const int32_t* ids, int64_t count, const Mat& table, const Mat& out,
-                            cudaStream_t stream);
-
 // out[i] = round(clamp(bf16(bf16(x / 2) + 0.5), 0, 1) · 255) as uint8 (device bytes), for a
 // contiguous bf16 image.
 absl::Status image_to_rgb8_bf16(const void* image, int64_t count, uint8_t* out,
