@@ -87,14 +87,14 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
                                                          const PipelineOptions& options) {
   const Clock::time_point start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(ModelIndex index, ModelIndex::read(model_dir));
-  const bool dev = index.class_name == kDevClass;
-  if (!dev && index.class_name != "Flux2KleinPipeline" &&
-      index.class_name != "Flux2KleinKVPipeline") {
+  // The served classes are exactly those with a prompt format (chat_template.h).
+  if (!prompt_format_for_pipeline(index.class_name).ok()) {
     return absl::UnimplementedError(
         absl::StrCat(model_dir, "/model_index.json: pipeline class \"", index.class_name,
                      "\" is not served; only Flux2Pipeline (FLUX.2-dev), Flux2KleinPipeline and "
                      "Flux2KleinKVPipeline (FLUX.2-klein) checkpoints are"));
   }
+  const bool dev = index.class_name == kDevClass;
   const bool kv_cache =
       !dev && options.kv_cache.value_or(index.class_name == "Flux2KleinKVPipeline");
   const bool is_distilled = options.is_distilled.value_or(index.is_distilled || kv_cache);
@@ -225,7 +225,8 @@ void Pipeline::describe(const std::string& model_dir, const std::string& model_n
   info_.default_steps = info_.is_distilled ? 4 : 50;
   info_.default_guidance = 4.0;
   info_.backend = std::string(backend_.name());
-  prompt_format_ = dev ? PromptFormat::kMistralSmall3Chat : PromptFormat::kQwen3Chat;
+  // load() and the random presets pass served classes only.
+  prompt_format_ = prompt_format_for_pipeline(pipeline_class).value_or(PromptFormat::kQwen3Chat);
 }
 
 absl::Status Pipeline::finish_load(const std::string& source, bool enable_quality_high,

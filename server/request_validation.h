@@ -73,6 +73,9 @@ int64_t unary_response_bound_bytes(const JobSpec& spec, int64_t max_steps);
 // model_name, request_id (at most 128 bytes) and the fast-path usage (a few dozen registered paths
 // of under 100 bytes each with their fallback reasons). Generous: a few KiB in practice.
 constexpr int64_t kResponseMetadataBytes = int64_t{64} << 10;
+// The smallest --max-response-bytes: one small image (64 KiB, a 128 x 128 PNG's bound is 49 KiB)
+// beside the other fields.
+constexpr int64_t kMinMaxResponseBytes = kResponseMetadataBytes + (int64_t{64} << 10);
 
 // OK when the unary response for `spec` fits limits.max_response_bytes; else InvalidArgument
 // naming num_images (BadRequest payload) with the bound and what to do instead. Called before

@@ -10,6 +10,7 @@
 #include "kernels/base/status.h"
 #include "server/cli/args.h"
 #include "server/cli/backend_flags.h"
+#include "server/request_validation.h"
 
 #ifndef FLUX2_TINY_CHECKPOINT_DIR
 #error "FLUX2_TINY_CHECKPOINT_DIR must be defined by the build"
@@ -177,10 +178,11 @@ absl::Status validate_server_options(const ServerOptions& o) {
         o.max_reference_bytes, " + 2 x --max-prompt-bytes ", o.max_prompt_bytes, " + ",
         kRequestOverheadBytes, " for the other fields)"));
   }
-  // 64 KiB still fits a small image; 2 GiB is protobuf's hard message size limit.
+  // The smallest limit still fits a small image (64 KiB) beside the response's other fields
+  // (kResponseMetadataBytes); 2 GiB is protobuf's hard message size limit.
   FLUX_RETURN_IF_ERROR(check_range("--max-response-bytes",
-                                   static_cast<double>(o.max_response_bytes), 64.0 * 1024,
-                                   2147483647.0));
+                                   static_cast<double>(o.max_response_bytes),
+                                   static_cast<double>(kMinMaxResponseBytes), 2147483647.0));
   // The model's own bound (512 for klein) is checked when it is loaded.
   FLUX_RETURN_IF_ERROR(check_range("--max-sequence-length", o.max_sequence_length, 1, 4096));
   if (!std::isfinite(o.drain_timeout_s)) {
@@ -265,7 +267,7 @@ std::string server_help_text() {
       "disables it)\n"
       "  --transformer-file FILE  load the transformer's weights from this single file (Black "
       "Forest\n"
-      "                           Labs flux2-dev.safetensors naming, or diffusers names) instead "
+      "                           Labs flux2-dev.safetensors naming) instead "
       "of\n"
       "                           <model-dir>/transformer/'s (whose config.json is still read)\n"
       "  --enable-quality-high    accept QUALITY_HIGH requests (numerically different fast paths,\n"

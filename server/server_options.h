@@ -52,8 +52,8 @@ struct ServerOptions {
   bool text_encoder_offload = false;
   // Device bytes of the prompt-embedding cache (repeated prompts skip the text encoder); 0: off.
   int64_t prompt_cache_bytes = kDefaultPromptCacheBytes;
-  // A single-file transformer (Black Forest Labs flux2-dev.safetensors naming, or diffusers names)
-  // loaded instead of <model-dir>/transformer's weights; empty: those.
+  // A single-file transformer (Black Forest Labs flux2-dev.safetensors naming) loaded instead of
+  // <model-dir>/transformer's weights; empty: those.
   std::string transformer_file;
   double test_step_delay_s = 0.0;  // TEST ONLY: sleep after every denoising step (slow requests)
 

@@ -422,6 +422,16 @@ TEST(ResponseBound, PngAndJpegFigures) {
   EXPECT_EQ(field_violations_of(refused)[0].field, "num_images");
   EXPECT_NE(refused.message().find("GenerateImageStream"), std::string::npos) << refused;
   EXPECT_GT(unary_response_bound_bytes(spec, 50), 3 * 1771131);
+  // The smallest --max-response-bytes still takes one small image (it is not a limit that refuses
+  // every unary call).
+  limits.max_response_bytes = kMinMaxResponseBytes;
+  spec.num_images = 1;
+  spec.params.width = 128;
+  spec.params.height = 128;
+  EXPECT_TRUE(check_unary_response_size(spec, limits).ok());
+  spec.params.width = 768;
+  spec.params.height = 768;
+  spec.num_images = 3;
   // num_inference_steps 0 (model default) counts the limit's max_steps timings.
   spec.params.num_inference_steps = 0;
   EXPECT_EQ(unary_response_bound_bytes(spec, 50) - unary_response_bound_bytes(spec, 10),
