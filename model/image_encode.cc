@@ -1,26 +1,22 @@
 // PNG encoding with zlib (Sub-filtered rows deflated at level 1 in parallel chunks joined into one
-// zlib stream, as pigz does) and JPEG through stb_image_write; see image_encode.h.
+// zlib stream, as pigz does), JPEG through libjpeg-turbo and WebP through libwebp; see
+// image_encode.h.
 #include "model/image_encode.h"
 
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#define STBI_WRITE_NO_STDIO
-#include <stb/stb_image_write.h>
-
+#include <jpeglib.h>
+#include <webp/encode.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <csetjmp>
+#include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/parallel.h"
 
 namespace flux2 {
 namespace {
-
-void append_bytes(void* context, void* data, int size) {
-  auto* out = static_cast<std::vector<uint8_t>*>(context);
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  out->insert(out->end(), bytes, bytes + size);
-}
 
 absl::Status check_size(std::span<const uint8_t> rgb, int64_t width, int64_t height) {
   if (width <= 0 || height <= 0 || width > (1 << 16) || height > (1 << 16) ||
@@ -124,15 +120,81 @@ absl::StatusOr<std::vector<uint8_t>> encode_png(std::span<const uint8_t> rgb, in
   return png;
 }
 
+namespace {
+
+// libjpeg reports errors by calling error_exit, which must not return: it longjmps back to
+// encode_jpeg. Between setjmp and the library calls only plain data lives on the stack.
+struct JpegEncodeErrors {
+  jpeg_error_mgr manager;
+  std::jmp_buf jump;
+};
+
+[[noreturn]] void jpeg_encode_error(j_common_ptr jpeg) {
+  std::longjmp(reinterpret_cast<JpegEncodeErrors*>(jpeg->err)->jump, 1);
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<uint8_t>> encode_jpeg(std::span<const uint8_t> rgb, int64_t width,
                                                  int64_t height, int quality) {
   if (absl::Status status = check_size(rgb, width, height); !status.ok()) return status;
   if (quality < 1 || quality > 100)
     return absl::InvalidArgumentError("JPEG quality must be 1..100");
-  std::vector<uint8_t> out;
-  const int ok = stbi_write_jpg_to_func(append_bytes, &out, static_cast<int>(width),
-                                        static_cast<int>(height), 3, rgb.data(), quality);
-  if (!ok) return absl::InternalError("JPEG encoding failed");
+  static_assert(kMaxJpegSide == JPEG_MAX_DIMENSION);
+  if (width > kMaxJpegSide || height > kMaxJpegSide)
+    return absl::InvalidArgumentError(absl::StrCat("JPEG sides are at most ", kMaxJpegSide));
+  jpeg_compress_struct jpeg;
+  JpegEncodeErrors errors;
+  jpeg.err = jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = jpeg_encode_error;
+  unsigned char* buffer = nullptr;  // jpeg_mem_dest (re)allocates it with malloc
+  unsigned long size = 0;           // NOLINT(runtime/int): libjpeg's type
+  if (setjmp(errors.jump)) {
+    jpeg_destroy_compress(&jpeg);
+    std::free(buffer);
+    return absl::InternalError("JPEG encoding failed");
+  }
+  jpeg_create_compress(&jpeg);
+  jpeg_mem_dest(&jpeg, &buffer, &size);
+  jpeg.image_width = static_cast<JDIMENSION>(width);
+  jpeg.image_height = static_cast<JDIMENSION>(height);
+  jpeg.input_components = 3;
+  jpeg.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&jpeg);
+  jpeg_set_quality(&jpeg, quality, TRUE);
+  // 4:4:4: no chroma subsampling (generated images have sharp colour edges), and the bound of
+  // request_validation.cc encoded_image_bound_bytes assumes it.
+  for (int c = 0; c < 3; ++c) {
+    jpeg.comp_info[c].h_samp_factor = 1;
+    jpeg.comp_info[c].v_samp_factor = 1;
+  }
+  jpeg_start_compress(&jpeg, TRUE);
+  const size_t stride = static_cast<size_t>(width) * 3;
+  while (jpeg.next_scanline < jpeg.image_height) {
+    JSAMPROW row = const_cast<JSAMPROW>(rgb.data() + jpeg.next_scanline * stride);
+    jpeg_write_scanlines(&jpeg, &row, 1);
+  }
+  jpeg_finish_compress(&jpeg);
+  jpeg_destroy_compress(&jpeg);
+  std::vector<uint8_t> out(buffer, buffer + size);
+  std::free(buffer);
+  return out;
+}
+
+absl::StatusOr<std::vector<uint8_t>> encode_webp(std::span<const uint8_t> rgb, int64_t width,
+                                                 int64_t height, int quality) {
+  if (absl::Status status = check_size(rgb, width, height); !status.ok()) return status;
+  if (quality < 1 || quality > 100)
+    return absl::InvalidArgumentError("WebP quality must be 1..100");
+  if (width > kMaxWebpSide || height > kMaxWebpSide)
+    return absl::InvalidArgumentError(absl::StrCat("WebP sides are at most ", kMaxWebpSide));
+  uint8_t* buffer = nullptr;
+  const size_t size =
+      WebPEncodeRGB(rgb.data(), static_cast<int>(width), static_cast<int>(height),
+                    static_cast<int>(width * 3), static_cast<float>(quality), &buffer);
+  if (size == 0 || buffer == nullptr) return absl::InternalError("WebP encoding failed");
+  std::vector<uint8_t> out(buffer, buffer + size);
+  WebPFree(buffer);
   return out;
 }
 

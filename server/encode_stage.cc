@@ -70,9 +70,12 @@ void EncodeStage::run_encode(Task& task) {
   const Clock::time_point start = Clock::now();
   const GeneratedImage& image = task.image;
   const std::span<const uint8_t> rgb(image.rgb);
+  const JobSpec& spec = job.spec();
   absl::StatusOr<std::vector<uint8_t>> bytes =
-      job.spec().format == ImageFormat::kJpeg
-          ? encode_jpeg(rgb, image.width, image.height, kJpegQuality)
+      spec.format == ImageFormat::kJpeg
+          ? encode_jpeg(rgb, image.width, image.height, spec.encoder_quality)
+      : spec.format == ImageFormat::kWebp
+          ? encode_webp(rgb, image.width, image.height, spec.encoder_quality)
           : encode_png(rgb, image.width, image.height);
   job.encode_seconds() += seconds_since(start);
   if (!bytes.ok()) {

@@ -44,36 +44,8 @@ absl::Status cancel_reason(const grpc::CallbackServerContext& context) {
   return absl::CancelledError("the client cancelled the request");
 }
 
-bool constant_time_equal(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 v1::Quality to_proto(Quality quality) {
   return quality == Quality::kHigh ? v1::QUALITY_HIGH : v1::QUALITY_LOSSLESS;
-}
-
-std::string code_name(const absl::Status& status) {
-  return grpc_code_name(static_cast<grpc::StatusCode>(static_cast<int>(status.code())));
-}
-
-// One access-log line per finished generation RPC (stderr): method, request id, code, seconds.
-void log_finished(absl::string_view method, const std::string& request_id,
-                  const absl::Status& status, double seconds) {
-  std::fprintf(stderr, "flux2_server: %s request_id=%s code=%s seconds=%.3f%s%s\n",
-               std::string(method).c_str(), request_id.empty() ? "-" : request_id.c_str(),
-               code_name(status).c_str(), seconds, status.ok() ? "" : " error=",
-               status.ok() ? "" : std::string(status.message()).c_str());
-}
-
-// The request id as logged: printable ASCII only, at most kMaxRequestIdBytes (validation rejects
-// anything else, but rejected requests are logged too).
-std::string loggable_request_id(const std::string& id) {
-  std::string out;
-  for (char c : id.substr(0, kMaxRequestIdBytes)) out += (c >= 0x20 && c <= 0x7e) ? c : '?';
-  return out;
 }
 
 // GenerateImage: one reactor per call; deletes itself when gRPC is done with it.
@@ -136,8 +108,8 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
 
   void reply(const absl::Status& status) {
     const double seconds = seconds_since(arrival_);
-    service_.host().metrics().count_request("GenerateImage", code_name(status), seconds);
-    log_finished("GenerateImage", request_id_, status, seconds);
+    record_finished_request(service_.host().metrics(), "GenerateImage", request_id_, status,
+                            seconds);
     Finish(to_grpc_status(status));
   }
 
@@ -261,9 +233,8 @@ class GenerateImageStreamReactor final
     if (!finishing_) return;
     finished_ = true;
     const double seconds = seconds_since(arrival_);
-    service_.host().metrics().count_request("GenerateImageStream", code_name(final_status_),
-                                            seconds);
-    log_finished("GenerateImageStream", request_id_, final_status_, seconds);
+    record_finished_request(service_.host().metrics(), "GenerateImageStream", request_id_,
+                            final_status_, seconds);
     const grpc::Status status = to_grpc_status(final_status_);
     lock.unlock();
     Finish(status);
@@ -287,29 +258,15 @@ class GenerateImageStreamReactor final
 
 }  // namespace
 
-ImageGenerationService::ImageGenerationService(GenerationHost& host)
-    : host_(host), rng_(std::random_device{}()) {}
-
-uint64_t ImageGenerationService::random_seed() {
-  std::lock_guard<std::mutex> lock(rng_mu_);
-  return rng_();
-}
+ImageGenerationService::ImageGenerationService(GenerationHost& host) : host_(host) {}
 
 absl::Status ImageGenerationService::authenticate(
     const grpc::CallbackServerContext& context) const {
-  const std::string& token = host_.auth_token();
-  if (token.empty()) return absl::OkStatus();
-  const std::string expected = absl::StrCat("Bearer ", token);
-  const auto& metadata = context.client_metadata();
-  auto range = metadata.equal_range("authorization");
-  for (auto it = range.first; it != range.second; ++it) {
-    if (constant_time_equal(absl::string_view(it->second.data(), it->second.size()), expected)) {
-      return absl::OkStatus();
-    }
-  }
-  return absl::UnauthenticatedError(range.first == range.second
-                                        ? "missing `authorization: Bearer <token>` metadata"
-                                        : "the bearer token in `authorization` is not valid");
+  std::vector<absl::string_view> values;
+  const auto range = context.client_metadata().equal_range("authorization");
+  for (auto it = range.first; it != range.second; ++it)
+    values.emplace_back(it->second.data(), it->second.size());
+  return check_bearer_token(host_.auth_token(), values);
 }
 
 absl::StatusOr<std::shared_ptr<Job>> ImageGenerationService::make_job(
@@ -317,15 +274,8 @@ absl::StatusOr<std::shared_ptr<Job>> ImageGenerationService::make_job(
     Clock::time_point arrival, Job::ProgressCallback on_progress, Job::DoneCallback on_done,
     std::shared_ptr<const ServingModel>* model) {
   FLUX_RETURN_IF_ERROR(authenticate(*context));
-  absl::StatusOr<std::shared_ptr<const ServingModel>> serving = host_.serving_model();
-  if (!serving.ok()) return serving.status();
-  *model = *serving;
-  absl::StatusOr<JobSpec> spec =
-      validate_generate_request(request, (*model)->limits, random_seed());
-  if (!spec.ok()) return spec.status();
-  FLUX_RETURN_IF_ERROR(engine_validation_status((*model)->engine->validate(spec->params)));
-  return std::make_shared<Job>(std::move(*spec), arrival, steady_deadline(*context),
-                               std::move(on_progress), std::move(on_done));
+  return create_job(host_, request, arrival, steady_deadline(*context), std::move(on_progress),
+                    std::move(on_done), model);
 }
 
 grpc::ServerUnaryReactor* ImageGenerationService::GenerateImage(
@@ -377,6 +327,7 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
     if (model.limits.quality_high_enabled) response->add_quality_levels(v1::QUALITY_HIGH);
     response->add_output_formats(v1::OUTPUT_FORMAT_PNG);
     response->add_output_formats(v1::OUTPUT_FORMAT_JPEG);
+    response->add_output_formats(v1::OUTPUT_FORMAT_WEBP);
     for (const FastPathCounters& path : fast_path_snapshot()) response->add_fast_paths(path.path);
     response->set_fast_paths_enabled(model.limits.fast_paths);
     for (const auto& [flag, value] : model.backend_options.describe()) {
@@ -388,14 +339,15 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
     response->set_text_encoder_host_bytes(info.text_encoder_host_bytes);
     response->set_prompt_cache_bytes(info.prompt_cache_bytes);
     response->set_transformer_file(model.transformer_file);
+    response->set_http_port(model.http_port);
   }
-  host_.metrics().count_request("GetModelInfo", code_name(status), seconds_since(arrival));
+  host_.metrics().count_request("GetModelInfo", status_code_name(status), seconds_since(arrival));
   reactor->Finish(to_grpc_status(status));
   return reactor;
 }
 
 void set_image_metadata(const EncodedImage& image, v1::Image* out) {
-  out->set_mime_type(image.format == ImageFormat::kJpeg ? "image/jpeg" : "image/png");
+  out->set_mime_type(std::string(image_mime_type(image.format)));
   out->set_width(static_cast<int32_t>(image.width));
   out->set_height(static_cast<int32_t>(image.height));
   out->set_seed(image.seed);

@@ -22,6 +22,30 @@ absl::string_view job_state_name(JobState state) {
   return "unknown";
 }
 
+absl::string_view image_mime_type(ImageFormat format) {
+  switch (format) {
+    case ImageFormat::kPng:
+      return "image/png";
+    case ImageFormat::kJpeg:
+      return "image/jpeg";
+    case ImageFormat::kWebp:
+      return "image/webp";
+  }
+  return "application/octet-stream";
+}
+
+absl::string_view image_format_name(ImageFormat format) {
+  switch (format) {
+    case ImageFormat::kPng:
+      return "PNG";
+    case ImageFormat::kJpeg:
+      return "JPEG";
+    case ImageFormat::kWebp:
+      return "WebP";
+  }
+  return "image";
+}
+
 Job::Job(JobSpec spec, Clock::time_point arrival, Clock::time_point deadline,
          ProgressCallback on_progress, DoneCallback on_done)
     : spec_(std::move(spec)),

@@ -34,11 +34,18 @@ absl::string_view job_state_name(JobState state);
 // Encoding of the returned images.
 enum class ImageFormat : uint8_t {
   kPng,   // lossless PNG
-  kJpeg,  // JPEG at kJpegQuality
+  kJpeg,  // JPEG (4:4:4) at JobSpec::encoder_quality
+  kWebp,  // lossy WebP at JobSpec::encoder_quality
 };
 
-// JPEG encoder quality (1..100) for ImageFormat::kJpeg: visually lossless for generated images.
-constexpr int kJpegQuality = 95;
+// The MIME type of `format` ("image/png", "image/jpeg", "image/webp").
+absl::string_view image_mime_type(ImageFormat format);
+// Its name in messages: "PNG", "JPEG", "WebP".
+absl::string_view image_format_name(ImageFormat format);
+
+// JPEG and WebP encoder quality (1..100) when the request names none: visually lossless for
+// generated images.
+constexpr int kDefaultEncoderQuality = 95;
 
 // A validated request (server/request_validation.h builds it from the proto).
 struct JobSpec {
@@ -47,6 +54,7 @@ struct JobSpec {
   GenerateParams params;
   int num_images = 1;
   ImageFormat format = ImageFormat::kPng;
+  int encoder_quality = kDefaultEncoderQuality;  // JPEG and WebP only
   std::string request_id;
 };
 

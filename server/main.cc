@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Tests and scripts read the bound ports from this line (useful with --port 0).
-  std::printf("flux2_server: listening grpc=%d metrics=%d\n", (*server)->grpc_port(),
-              (*server)->metrics_port());
+  std::printf("flux2_server: listening grpc=%d metrics=%d http=%d\n", (*server)->grpc_port(),
+              (*server)->metrics_port(), (*server)->http_port());
   std::fflush(stdout);
 
   flux2::server::Server* raw = server->get();

@@ -12,6 +12,7 @@
 #include "absl/types/optional.h"
 #include "google/rpc/error_details.pb.h"
 #include "kernels/base/decimal.h"
+#include "model/image_encode.h"
 #include "model/reference_image.h"
 
 namespace flux2::server {
@@ -206,6 +207,25 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
                                                         " is not a known OutputFormat value")});
   } else if (request.output_format() == v1::OUTPUT_FORMAT_JPEG) {
     format = ImageFormat::kJpeg;
+  } else if (request.output_format() == v1::OUTPUT_FORMAT_WEBP) {
+    format = ImageFormat::kWebp;
+  }
+  // The formats' own side limits (PNG's 2^31 is beyond max_pixels).
+  const int64_t max_side = format == ImageFormat::kWebp   ? kMaxWebpSide
+                           : format == ImageFormat::kJpeg ? kMaxJpegSide
+                                                          : int64_t{1} << 31;
+  if (size_known && std::max(size.width, size.height) > max_side) {
+    violations.push_back(
+        {"output_format", absl::StrCat(image_format_name(format), " sides are at most ", max_side,
+                                       "; ", size.width, " x ", size.height, " does not fit")});
+  }
+  if (request.has_output_quality()) {
+    if (format == ImageFormat::kPng) {
+      violations.push_back({"output_quality", "applies to JPEG and WebP only (PNG is lossless)"});
+    } else if (request.output_quality() < 1 || request.output_quality() > 100) {
+      violations.push_back(
+          {"output_quality", absl::StrCat(request.output_quality(), " is outside 1..100")});
+    }
   }
 
   if (request.num_images() < 0 || request.num_images() > limits.max_images) {
@@ -242,6 +262,7 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
   params.fast_paths = limits.fast_paths;
   spec.num_images = request.num_images() == 0 ? 1 : request.num_images();
   spec.format = format;
+  if (request.has_output_quality()) spec.encoder_quality = request.output_quality();
   spec.request_id = request.request_id();
   return spec;
 }
@@ -255,12 +276,13 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
 // all chunks take at most S + S/4096 + S/16384 + S/2^25 + 12c bytes. Then the zlib header and
 // Adler-32 (6) and the PNG framing: signature 8, IHDR 25, one IDAT chunk header + CRC 12, IEND
 // 12 (57). For 768 x 768 that is 1771131 bytes: two fit in 4 MiB, three do not.
-// JPEG (stb_image_write at kJpegQuality 95, which does not subsample chroma): libjpeg-turbo's
-// tjBufSize worst case for 4:4:4, 6 bytes per pixel of the 8 x 8-padded image + 2048. It is that
-// library's documented bound for its own encoder; stb's baseline Huffman output stays well inside
-// it, and GenerateImage still checks the real response against the limit.
+// JPEG (libjpeg-turbo, 4:4:4 at any quality): libjpeg-turbo's tjBufSize worst case for 4:4:4, 6
+// bytes per pixel of the 8 x 8-padded image + 2048, that library's documented bound for its own
+// encoder. WebP (lossy VP8) has no documented bound; the same one is used (twice the raw RGB
+// size: VP8's coded residuals stay far below that even at quality 100), and GenerateImage still
+// checks the real response against the limit.
 int64_t encoded_image_bound_bytes(ImageFormat format, int64_t width, int64_t height) {
-  if (format == ImageFormat::kJpeg) {
+  if (format != ImageFormat::kPng) {
     const int64_t padded_w = (width + 7) / 8 * 8, padded_h = (height + 7) / 8 * 8;
     return padded_w * padded_h * 6 + 2048;
   }
@@ -284,18 +306,17 @@ absl::Status check_unary_response_size(const JobSpec& spec, const RequestLimits&
   if (bound <= limits.max_response_bytes) return absl::OkStatus();
   const int64_t one = encoded_image_bound_bytes(spec.format, spec.params.width, spec.params.height);
   return invalid_argument_status(
-      {{"num_images",
-        absl::StrCat(spec.num_images, " x ", spec.params.width, " x ", spec.params.height,
-                     spec.format == ImageFormat::kJpeg ? " JPEG" : " PNG", " images may reach ",
-                     bound, " bytes (up to ", one,
-                     " per image), over this server's "
-                     "GenerateImage response limit of ",
-                     limits.max_response_bytes,
-                     " bytes (--max-response-bytes, gRPC's default client "
-                     "receive limit); use GenerateImageStream (one image per "
-                     "message), fewer or smaller images, or a client with "
-                     "a larger max receive message size and a server with "
-                     "a larger --max-response-bytes")}});
+      {{"num_images", absl::StrCat(spec.num_images, " x ", spec.params.width, " x ",
+                                   spec.params.height, " ", image_format_name(spec.format),
+                                   " images may reach ", bound, " bytes (up to ", one,
+                                   " per image), over this server's "
+                                   "GenerateImage response limit of ",
+                                   limits.max_response_bytes,
+                                   " bytes (--max-response-bytes, gRPC's default client "
+                                   "receive limit); use GenerateImageStream (one image per "
+                                   "message), fewer or smaller images, or a client with "
+                                   "a larger max receive message size and a server with "
+                                   "a larger --max-response-bytes")}});
 }
 
 }  // namespace flux2::server

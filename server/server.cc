@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
 Server::Server(const ServerOptions& options, EngineFactory factory)
     : options_(options),
       factory_(std::move(factory)),
+      rng_(std::random_device{}()),
       queue_(options.queue_depth, [this](int depth) { metrics_.set_queue_depth(depth); }),
       encoder_(metrics_) {
   WorkerOptions worker_options;
@@ -165,6 +166,24 @@ absl::Status Server::Start() {
   metrics_port_ = ports.empty() ? options_.metrics_port : ports.front();
   metrics_.set_ready(false);
 
+  if (options_.http_port >= 0) {
+    HttpApiOptions http;
+    http.host = options_.host;
+    http.port = options_.http_port;
+    http.tls_cert_file = options_.tls_cert;
+    http.tls_key_file = options_.tls_key;
+    http.max_request_bytes = options_.max_request_bytes;
+    http.threads = 2 * (options_.queue_depth + 1) + 16;
+    http_ = std::make_unique<HttpApi>(*this);
+    if (absl::Status status = http_->start(http); !status.ok()) {
+      http_.reset();
+      exposer_.reset();
+      grpc_server_->Shutdown(std::chrono::system_clock::now());
+      return status;
+    }
+    http_port_ = http_->port();
+  }
+
   encoder_.start();
   worker_->start();
   std::lock_guard<std::mutex> lock(mu_);
@@ -208,6 +227,7 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     limits.fast_paths = options_.fast_paths;
     model->backend_options = options_.backend_options;
     model->transformer_file = std::filesystem::path(options_.transformer_file).filename().string();
+    model->http_port = http_port_;
     metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
     // The start-up log names every limit the requests meet (GetModelInfo.limits reports them).
     const std::string limits_line = absl::StrCat(
@@ -268,6 +288,16 @@ absl::Status Server::admit(const std::shared_ptr<Job>& job) {
   return status;
 }
 
+bool Server::live() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return load_error_.ok();
+}
+
+uint64_t Server::random_seed() {
+  std::lock_guard<std::mutex> lock(rng_mu_);
+  return rng_();
+}
+
 void Server::withdraw(const std::shared_ptr<Job>& job, const absl::Status& reason) {
   job->cancel(reason);
   if (queue_.remove(job.get())) job->finish(reason);
@@ -319,6 +349,7 @@ absl::Status Server::GracefulStop(Clock::time_point deadline) {
   worker_joined_ =
       worker_->join_until(Clock::now() + (loading ? std::chrono::seconds(0) : kCancelGrace));
   encoder_.stop();
+  if (http_) http_->stop();  // every generation it answers has finished by now
   grpc_server_->Shutdown(std::chrono::system_clock::now() + kGrpcShutdownGrace);
   exposer_.reset();
   std::fprintf(stderr, "flux2_server: stopped (%s)\n", result.ok() ? "drained" : "drain timeout");

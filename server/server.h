@@ -1,15 +1,17 @@
 // flux2_server as an object (style.md P14): Create(options) validates the configuration, Start()
-// binds the gRPC and metrics ports and starts the worker (which loads the model and warms up
-// before readiness turns SERVING), GracefulStop(deadline) drains. Health: "", "readiness" and
-// "flux2.v1.ImageGeneration" are SERVING only while the model serves and the server is not
-// draining; "liveness" is SERVING while the process is responsive (NOT_SERVING after a fatal load
-// error). Reflection: grpc.reflection.v1alpha (Debian's plugin) and v1 (server/reflection_v1.h).
-// Tested by tests/server/server_test.cc (fake engine, in process) and the end-to-end tests.
+// binds the gRPC, HTTP API (server/http_api.h) and metrics ports and starts the worker (which loads
+// the model and warms up before readiness turns SERVING), GracefulStop(deadline) drains. Health:
+// "", "readiness" and "flux2.v1.ImageGeneration" are SERVING only while the model serves and the
+// server is not draining; "liveness" is SERVING while the process is responsive (NOT_SERVING after
+// a fatal load error). Reflection: grpc.reflection.v1alpha (Debian's plugin) and v1
+// (server/reflection_v1.h). Tested by tests/server/server_test.cc (fake engine, in process) and the
+// end-to-end tests.
 #pragma once
 
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -19,6 +21,7 @@
 #include "server/engine.h"
 #include "server/engine_worker.h"
 #include "server/grpc_service.h"
+#include "server/http_api.h"
 #include "server/job_queue.h"
 #include "server/metrics.h"
 #include "server/reflection_v1.h"
@@ -40,6 +43,7 @@ class Server final : public GenerationHost {
   // The bound ports (useful with port 0).
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_port_; }  // 0 when --http-port -1 turned it off
 
   // Asks WaitForStopRequest to return (signal handler thread).
   void RequestStop();
@@ -59,6 +63,8 @@ class Server final : public GenerationHost {
   void withdraw(const std::shared_ptr<Job>& job, const absl::Status& reason) override;
   Metrics& metrics() override { return metrics_; }
   const std::string& auth_token() const override { return auth_token_; }
+  uint64_t random_seed() override;
+  bool live() const override;
 
  private:
   Server(const ServerOptions& options, EngineFactory factory);
@@ -68,6 +74,8 @@ class Server final : public GenerationHost {
   const ServerOptions options_;
   EngineFactory factory_;
   std::string auth_token_;
+  std::mutex rng_mu_;
+  std::mt19937_64 rng_;  // guarded by rng_mu_; seeds for requests without one
   std::string tls_cert_pem_, tls_key_pem_;
 
   Metrics metrics_;
@@ -78,8 +86,10 @@ class Server final : public GenerationHost {
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<HttpApi> http_;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
+  int http_port_ = 0;
   bool worker_joined_ = true;
 
   mutable std::mutex mu_;

@@ -22,6 +22,7 @@ namespace {
 const std::set<std::string> kValueFlags = {"--host",
                                            "--port",
                                            "--metrics-port",
+                                           "--http-port",
                                            "--model-dir",
                                            "--backend",
                                            "--queue-depth",
@@ -84,6 +85,7 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
   o.host = args.get("--host", o.host);
   FLUX_RETURN_IF_ERROR(read_int(args, "--port", &o.port));
   FLUX_RETURN_IF_ERROR(read_int(args, "--metrics-port", &o.metrics_port));
+  FLUX_RETURN_IF_ERROR(read_int(args, "--http-port", &o.http_port));
   o.model_dir = args.get("--model-dir", o.model_dir);
   o.backend = args.get("--backend", o.backend);
   FLUX_RETURN_IF_ERROR(read_int(args, "--queue-depth", &o.queue_depth));
@@ -148,6 +150,12 @@ absl::Status validate_server_options(const ServerOptions& o) {
   if (o.port != 0 && o.port == o.metrics_port) {
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-port: ", o.metrics_port, " is also the gRPC --port"));
+  }
+  FLUX_RETURN_IF_ERROR(check_range("--http-port", o.http_port, -1, 65535));
+  if (o.http_port > 0 && (o.http_port == o.port || o.http_port == o.metrics_port)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-port: ", o.http_port, " is also the ",
+                     o.http_port == o.port ? "gRPC --port" : "--metrics-port"));
   }
   if (o.backend != "auto" && o.backend != "cpu" && o.backend != "cuda") {
     return absl::InvalidArgumentError(
@@ -230,13 +238,16 @@ std::string server_help_text() {
       "  --port N                 gRPC port (default 50051; 0 picks a free port)\n"
       "  --metrics-port N         Prometheus /metrics HTTP port (default 9464; 0 picks a free "
       "port)\n"
-      "  --tls-cert FILE          PEM certificate chain; with --tls-key serves TLS instead of "
-      "plaintext\n"
+      "  --http-port N            OpenAI-compatible HTTP API: /v1/images/generations, /edits,\n"
+      "                           /v1/models, /health, /ready, /openapi.json (default 8000;\n"
+      "                           0 picks a free port, -1 turns it off); TLS and the token apply\n"
+      "                           as on gRPC\n"
+      "  --tls-cert FILE          PEM certificate chain; with --tls-key serves TLS instead of\n"
+      "                           plaintext (gRPC and the HTTP API)\n"
       "  --tls-key FILE           PEM private key for --tls-cert\n"
-      "  --auth-token-file FILE   require `authorization: Bearer <token>` metadata (token = the "
-      "file's\n"
-      "                           first line) on ImageGeneration RPCs; health and reflection stay "
-      "open\n"
+      "  --auth-token-file FILE   require `authorization: Bearer <token>` (token = the file's\n"
+      "                           first line) on ImageGeneration RPCs and the HTTP API's /v1\n"
+      "                           routes; health and reflection stay open\n"
       "model:\n"
       "  --model-dir DIR          FLUX.2-klein or FLUX.2-dev checkpoint directory (Hugging Face "
       "layout).\n"

@@ -17,6 +17,8 @@ struct ServerOptions {
   std::string host = "0.0.0.0";  // address the gRPC port binds to
   int port = 50051;              // gRPC port; 0 picks a free one (printed at start-up)
   int metrics_port = 9464;       // Prometheus /metrics over HTTP; 0 picks a free one
+  // The OpenAI-compatible HTTP API (server/http_api.h); 0 picks a free one, -1 turns it off.
+  int http_port = 8000;
   std::string model_dir;         // empty: the embedded tiny checkpoint on the CPU backend
   std::string backend = "auto";  // auto | cpu | cuda
   int queue_depth = 8;           // requests that may wait behind the running one

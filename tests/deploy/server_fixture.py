@@ -33,7 +33,7 @@ class Flux2Server:
 
     def __init__(self, *extra_args: str, ready_timeout_s: float = 180.0):
         self.binary = server_binary()
-        self.grpc_port, self.metrics_port = free_port(), free_port()
+        self.grpc_port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
         self.extra_args = list(extra_args)
         self.ready_timeout_s = ready_timeout_s
         self.exit_code = None
@@ -57,7 +57,8 @@ class Flux2Server:
 
     def __enter__(self):
         args = [str(self.binary), "--host", "127.0.0.1", "--port", str(self.grpc_port),
-                "--metrics-port", str(self.metrics_port), "--backend", "cpu", *self.extra_args]
+                "--metrics-port", str(self.metrics_port), "--http-port", str(self.http_port),
+                "--backend", "cpu", *self.extra_args]
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
         deadline = time.monotonic() + self.ready_timeout_s
         while not self.probe("readiness"):

@@ -1,10 +1,15 @@
-// PNG and JPEG encoding: a round trip through stb_image's decoder gives the exact pixels back
-// (PNG is lossless), for odd sizes and for images large enough to be deflated in parallel chunks.
+// PNG, JPEG and WebP encoding: a round trip through stb_image's decoder gives the exact pixels
+// back (PNG is lossless), for odd sizes and for images large enough to be deflated in parallel
+// chunks; JPEG (stb_image) and WebP (libwebp's decoder) decode to the right size, and a higher
+// quality setting gives a larger file with a smaller error.
 #include "model/image_encode.h"
 
 #define STB_IMAGE_IMPLEMENTATION
 #include <stb/stb_image.h>
 
+#include <webp/decode.h>
+
+#include <cstdlib>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -42,18 +47,61 @@ TEST(ImageEncodeTest, PngRoundTripsExactly) {
   }
 }
 
-TEST(ImageEncodeTest, JpegDecodesToTheRightSize) {
+// Mean absolute difference per value.
+double mean_error(const uint8_t* decoded, const std::vector<uint8_t>& rgb) {
+  double sum = 0;
+  for (size_t i = 0; i < rgb.size(); ++i) sum += std::abs(int{decoded[i]} - int{rgb[i]});
+  return sum / static_cast<double>(rgb.size());
+}
+
+TEST(ImageEncodeTest, JpegDecodesToTheRightSizeAndQualityOrdersError) {
   const std::vector<uint8_t> rgb = test_image(96, 64, 3);
-  auto jpeg = encode_jpeg(rgb, 96, 64, 90);
-  ASSERT_TRUE(jpeg.ok());
-  int w = 0, h = 0, channels = 0;
-  stbi_uc* decoded =
-      stbi_load_from_memory(jpeg->data(), static_cast<int>(jpeg->size()), &w, &h, &channels, 3);
-  ASSERT_NE(decoded, nullptr);
-  EXPECT_EQ(w, 96);
-  EXPECT_EQ(h, 64);
-  stbi_image_free(decoded);
+  std::vector<double> errors;
+  std::vector<size_t> sizes;
+  for (int quality : {50, 95}) {
+    auto jpeg = encode_jpeg(rgb, 96, 64, quality);
+    ASSERT_TRUE(jpeg.ok());
+    int w = 0, h = 0, channels = 0;
+    stbi_uc* decoded =
+        stbi_load_from_memory(jpeg->data(), static_cast<int>(jpeg->size()), &w, &h, &channels, 3);
+    ASSERT_NE(decoded, nullptr);
+    EXPECT_EQ(w, 96);
+    EXPECT_EQ(h, 64);
+    errors.push_back(mean_error(decoded, rgb));
+    sizes.push_back(jpeg->size());
+    stbi_image_free(decoded);
+  }
+  EXPECT_LT(errors[1], errors[0]);
+  EXPECT_GT(sizes[1], sizes[0]);
   EXPECT_FALSE(encode_jpeg(rgb, 96, 64, 0).ok());
+  EXPECT_FALSE(encode_jpeg(rgb, 96, 64, 101).ok());
+}
+
+TEST(ImageEncodeTest, WebpDecodesToTheRightSizeAndQualityOrdersError) {
+  const std::vector<uint8_t> rgb = test_image(96, 64, 4);
+  std::vector<double> errors;
+  std::vector<size_t> sizes;
+  for (int quality : {50, 95}) {
+    auto webp = encode_webp(rgb, 96, 64, quality);
+    ASSERT_TRUE(webp.ok()) << webp.status();
+    ASSERT_GE(webp->size(), 12u);
+    EXPECT_EQ(std::string(webp->begin(), webp->begin() + 4), "RIFF");
+    EXPECT_EQ(std::string(webp->begin() + 8, webp->begin() + 12), "WEBP");
+    int w = 0, h = 0;
+    uint8_t* decoded = WebPDecodeRGB(webp->data(), webp->size(), &w, &h);
+    ASSERT_NE(decoded, nullptr);
+    EXPECT_EQ(w, 96);
+    EXPECT_EQ(h, 64);
+    errors.push_back(mean_error(decoded, rgb));
+    sizes.push_back(webp->size());
+    WebPFree(decoded);
+  }
+  EXPECT_LT(errors[1], errors[0]);
+  EXPECT_GT(sizes[1], sizes[0]);
+  EXPECT_FALSE(encode_webp(rgb, 96, 64, 0).ok());
+  const std::vector<uint8_t> wide(static_cast<size_t>(kMaxWebpSide + 1) * 16 * 3);
+  EXPECT_EQ(encode_webp(wide, kMaxWebpSide + 1, 16, 90).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ImageEncodeTest, RejectsWrongSizes) {

@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+// stb_image_write is this test's PNG writer of odd inputs (the library itself encodes with zlib,
+// libjpeg-turbo and libwebp).
+#define STB_IMAGE_WRITE_IMPLEMENTATION
 #define STBI_WRITE_NO_STDIO
 #include <stb/stb_image_write.h>
 

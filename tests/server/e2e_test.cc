@@ -290,7 +290,7 @@ TEST_F(E2E, EachInvalidFieldGivesInvalidArgumentNamingIt) {
       {"unknown quality", [](auto& r) { r.set_quality(static_cast<v1::Quality>(42)); }, "quality"},
       {"QUALITY_HIGH not enabled", [](auto& r) { r.set_quality(v1::QUALITY_HIGH); }, "quality"},
       {"unknown output format",
-       [](auto& r) { r.set_output_format(static_cast<v1::OutputFormat>(3)); }, "output_format"},
+       [](auto& r) { r.set_output_format(static_cast<v1::OutputFormat>(9)); }, "output_format"},
       {"request id not printable", [](auto& r) { r.set_request_id("id\x01"); }, "request_id"},
   };
   for (const BadCase& c : cases) {

@@ -142,7 +142,7 @@ class ServerHandle:
     """A flux2_server process on free ports, with a channel and a stub once it serves."""
 
     def __init__(self, extra_args):
-        self.process = subprocess.Popen([ARGS.server, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0"] +
+        self.process = subprocess.Popen([ARGS.server, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--http-port", "0"] +
                                         extra_args, stdout=subprocess.PIPE, text=True)
         port = None
         for line in self.process.stdout:
@@ -197,7 +197,7 @@ class PythonClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         load_stubs(STUB_DIR.name)
-        cls.server = subprocess.Popen([ARGS.server, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0"],
+        cls.server = subprocess.Popen([ARGS.server, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--http-port", "0"],
                                       stdout=subprocess.PIPE, text=True)
         port = None
         for line in cls.server.stdout:

@@ -191,7 +191,7 @@ class StartUpRefusalTest(unittest.TestCase):
     """Models that cannot be served end the process with exit 1 and, last on stderr, why."""
 
     def serve(self, *flags):
-        command = [common.ARGS.server, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+        command = [common.ARGS.server, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--http-port", "0",
                    "--model-dir", os.path.join(DEV_DIR, "checkpoint")] + list(flags)
         return subprocess.run(command, capture_output=True, text=True, timeout=300)
 

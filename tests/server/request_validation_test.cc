@@ -83,6 +83,46 @@ TEST(RequestValidation, CopiesEveryField) {
   EXPECT_EQ(spec->format, ImageFormat::kJpeg);
   EXPECT_EQ(spec->num_images, 3);
   EXPECT_EQ(spec->request_id, "req-42");
+  EXPECT_EQ(spec->encoder_quality, kDefaultEncoderQuality);
+}
+
+// The fields the violations of `status` name, in order.
+std::vector<std::string> bad_fields(const absl::Status& status) {
+  std::vector<std::string> fields;
+  for (const FieldViolation& violation : field_violations_of(status))
+    fields.push_back(violation.field);
+  return fields;
+}
+
+TEST(RequestValidation, WebpAndOutputQuality) {
+  v1::GenerateImageRequest request = valid_request();
+  request.set_output_format(v1::OUTPUT_FORMAT_WEBP);
+  request.set_output_quality(70);
+  absl::StatusOr<JobSpec> spec = validate_generate_request(request, test_limits(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->format, ImageFormat::kWebp);
+  EXPECT_EQ(spec->encoder_quality, 70);
+  request.set_output_quality(0);
+  EXPECT_EQ(bad_fields(validate_generate_request(request, test_limits(), 1).status()),
+            std::vector<std::string>{"output_quality"});
+  request.set_output_quality(101);
+  EXPECT_EQ(bad_fields(validate_generate_request(request, test_limits(), 1).status()),
+            std::vector<std::string>{"output_quality"});
+  // PNG is lossless: a quality is a mistake, not ignored.
+  request.set_output_format(v1::OUTPUT_FORMAT_PNG);
+  request.set_output_quality(90);
+  EXPECT_EQ(bad_fields(validate_generate_request(request, test_limits(), 1).status()),
+            std::vector<std::string>{"output_quality"});
+  // WebP sides stop at 16383 (VP8's 14 bits): 16384 x 16 within the pixel budget is refused up
+  // front, naming the format.
+  request.clear_output_quality();
+  request.set_output_format(v1::OUTPUT_FORMAT_WEBP);
+  request.set_width(16384);
+  request.set_height(16);
+  EXPECT_EQ(bad_fields(validate_generate_request(request, test_limits(), 1).status()),
+            std::vector<std::string>{"output_format"});
+  request.set_output_format(v1::OUTPUT_FORMAT_PNG);
+  EXPECT_TRUE(validate_generate_request(request, test_limits(), 1).ok());
 }
 
 TEST(RequestValidation, QualityHighAndNegativePromptWhenAllowed) {
@@ -452,7 +492,8 @@ TEST(ResponseBound, HoldsForTheEncodersOnNoise) {
     EXPECT_LE(static_cast<int64_t>(png->size()), png_bound) << width << " x " << height;
     EXPECT_GE(static_cast<double>(png->size()), 0.99 * static_cast<double>(png_bound))
         << width << " x " << height;
-    absl::StatusOr<std::vector<uint8_t>> jpeg = encode_jpeg(rgb, width, height, kJpegQuality);
+    absl::StatusOr<std::vector<uint8_t>> jpeg =
+        encode_jpeg(rgb, width, height, kDefaultEncoderQuality);
     ASSERT_TRUE(jpeg.ok()) << jpeg.status();
     EXPECT_LE(static_cast<int64_t>(jpeg->size()),
               encoded_image_bound_bytes(ImageFormat::kJpeg, width, height))

@@ -24,6 +24,7 @@ TEST(ServerOptions, DefaultsFollowTheServerContract) {
   const ServerOptions& o = parsed->options;
   EXPECT_EQ(o.port, 50051);
   EXPECT_EQ(o.metrics_port, 9464);
+  EXPECT_EQ(o.http_port, 8000);
   EXPECT_EQ(o.host, "0.0.0.0");
   EXPECT_EQ(o.model_dir, "");
   EXPECT_EQ(o.backend, "auto");
@@ -219,6 +220,9 @@ TEST(ServerOptions, ValidationErrorsNameTheFlag) {
       {{"--port", "70000"}, "--port"},
       {{"--metrics-port", "-1"}, "--metrics-port"},
       {{"--port", "5000", "--metrics-port", "5000"}, "--metrics-port"},
+      {{"--http-port", "-2"}, "--http-port"},
+      {{"--http-port", "50051"}, "--http-port"},
+      {{"--http-port", "9464"}, "--http-port"},
       {{"--backend", "tpu"}, "--backend"},
       {{"--queue-depth", "0"}, "--queue-depth"},
       {{"--max-pixels", "100"}, "--max-pixels"},
@@ -256,6 +260,7 @@ TEST(ServerOptions, HelpDocumentsEveryFlag) {
   const std::string help = server_help_text();
   for (const char* flag : {"--port",
                            "--metrics-port",
+                           "--http-port",
                            "--host",
                            "--model-dir",
                            "--backend",

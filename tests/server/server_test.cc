@@ -47,6 +47,7 @@ class ServerTest : public ::testing::Test {
     options_.host = "127.0.0.1";
     options_.port = 0;
     options_.metrics_port = 0;
+    options_.http_port = 0;
     options_.warmup_steps = 1;
   }
 

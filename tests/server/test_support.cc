@@ -305,8 +305,8 @@ std::unique_ptr<ServerProcess> ServerProcess::start(const std::string& binary,
     ADD_FAILURE() << "pipe failed";
     return nullptr;
   }
-  std::vector<std::string> argv_strings = {binary, "--host",         "127.0.0.1", "--port",
-                                           "0",    "--metrics-port", "0"};
+  std::vector<std::string> argv_strings = {binary,           "--host", "127.0.0.1",   "--port", "0",
+                                           "--metrics-port", "0",      "--http-port", "0"};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& arg : argv_strings) argv.push_back(arg.data());
@@ -325,12 +325,12 @@ std::unique_ptr<ServerProcess> ServerProcess::start(const std::string& binary,
     ADD_FAILURE() << "cannot start " << binary;
     return nullptr;
   }
-  // The server prints "flux2_server: listening grpc=P metrics=M" once both ports are bound.
+  // The server prints "flux2_server: listening grpc=P metrics=M http=H" once the ports are bound.
   FILE* stream = fdopen(out[0], "r");
   char line[512];
   while (std::fgets(line, sizeof(line), stream) != nullptr) {
-    if (std::sscanf(line, "flux2_server: listening grpc=%d metrics=%d", &process->grpc_port_,
-                    &process->metrics_port_) == 2) {
+    if (std::sscanf(line, "flux2_server: listening grpc=%d metrics=%d http=%d",
+                    &process->grpc_port_, &process->metrics_port_, &process->http_port_) == 3) {
       break;
     }
   }

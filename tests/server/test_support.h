@@ -123,14 +123,16 @@ class StreamCall {
 // --------------------------------------------------------------------
 class ServerProcess {
  public:
-  // Starts `binary` with `args` plus --host 127.0.0.1 --port 0 --metrics-port 0 and reads the
-  // bound ports from its "listening" line. Fails the current test when that does not happen.
+  // Starts `binary` with `args` plus --host 127.0.0.1 --port 0 --metrics-port 0 --http-port 0 and
+  // reads the bound ports from its "listening" line. Fails the current test when that does not
+  // happen.
   static std::unique_ptr<ServerProcess> start(const std::string& binary,
                                               const std::vector<std::string>& args);
   ~ServerProcess();  // SIGKILLs a process still running
 
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_port_; }
   pid_t pid() const { return pid_; }
   void send_signal(int signal) const;
   // Waits for the exit; returns the exit code, 128 + signal when killed, -1 when still running
@@ -141,6 +143,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
+  int http_port_ = 0;
   bool exited_ = false;
 };
 
