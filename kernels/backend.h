@@ -160,6 +160,9 @@ class Backend {
   // Device memory not allocated by anyone (cudaMemGetInfo), for start-up plans; -1 where the
   // backend has no separate device memory (CPU).
   virtual int64_t free_device_bytes() const { return -1; }
+  // The device's PCI bus id ("0000:19:00.0", cudaDeviceGetPCIBusId), which names the same GPU to
+  // NVML whatever CUDA_VISIBLE_DEVICES renumbers; empty without a device (CPU).
+  virtual std::string device_pci_bus_id() const { return ""; }
 
   // The options of the request running now (RequestScope); defaults outside any request.
   const RequestOptions& request() const { return request_; }

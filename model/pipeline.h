@@ -46,9 +46,10 @@ struct PipelineInfo {
   int64_t default_steps = 4;  // distilled 4, base 50
   double default_guidance = 4.0;
   int64_t max_sequence_length = 512;
-  int64_t pixel_multiple = 16;  // width and height must be multiples of this
-  std::string backend;          // "cpu" / "cuda"
-  int64_t device_bytes = 0;     // weights held by the backend, all components
+  int64_t pixel_multiple = 16;    // width and height must be multiples of this
+  std::string backend;            // "cpu" / "cuda"
+  std::string device_pci_bus_id;  // Backend::device_pci_bus_id: the GPU for NVML; "" on the CPU
+  int64_t device_bytes = 0;       // weights held by the backend, all components
   int64_t text_encoder_bytes = 0;
   int64_t transformer_bytes = 0;
   int64_t vae_bytes = 0;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/elapsed.h"
 #include "kernels/base/fast_path_registry.h"
+#include "server/log.h"
 
 namespace flux2::server {
 namespace {
@@ -87,7 +88,7 @@ void EngineWorker::run() {
     set_phase(WorkerPhase::kServing);
     while (std::shared_ptr<Job> job = queue_.pop()) run_job(job);
   } else {
-    std::fprintf(stderr, "flux2_server: model load failed: %s\n", loaded.ToString().c_str());
+    log_line(LogLevel::kError, absl::StrCat("model load failed: ", loaded.ToString()));
     set_phase(WorkerPhase::kFailed, loaded);
     // Nothing is admitted before the model serves, but answer anything that raced in.
     while (std::shared_ptr<Job> job = queue_.pop()) {
@@ -109,7 +110,7 @@ absl::Status EngineWorker::load_and_warm_up() {
   if (!engine.ok()) return engine.status();
   engine_ = std::move(*engine);
   const PipelineInfo& info = engine_->info();
-  std::fprintf(stderr, "flux2_server: %s\n", info.load_summary().c_str());
+  log_line(LogLevel::kInfo, info.load_summary());
   if (options_.max_sequence_length > info.max_sequence_length) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max-sequence-length: ", options_.max_sequence_length,
@@ -150,10 +151,11 @@ absl::Status EngineWorker::load_and_warm_up() {
         }
       }
     }
-    std::fprintf(stderr, "flux2_server: warm-up (%d steps at %lldx%lld, %zu qualities%s) done\n",
-                 options_.warmup_steps, static_cast<long long>(params.width),
-                 static_cast<long long>(params.height), qualities.size(),
-                 options_.warmup_reference ? ", with and without a reference" : "");
+    log_line(
+        LogLevel::kInfo,
+        absl::StrCat("warm-up (", options_.warmup_steps, " steps at ", params.width, "x",
+                     params.height, ", ", qualities.size(), " qualities",
+                     options_.warmup_reference ? ", with and without a reference" : "", ") done"));
   }
   metrics_.set_model_load_seconds(seconds_since(start));
   metrics_.set_prompt_cache_capacity(info.prompt_cache_bytes);
@@ -190,6 +192,7 @@ void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
       event.elapsed_seconds = seconds_since(job->arrival());
       event.image_index = i;
       event.num_images = spec.num_images;
+      if (i == 0 && step == 0) metrics_.observe_first_step(event.elapsed_seconds);
       job->report_progress(event);
       if (options_.test_step_delay_s > 0.0) {
         std::this_thread::sleep_for(std::chrono::duration<double>(options_.test_step_delay_s));
@@ -198,6 +201,8 @@ void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     absl::StatusOr<GeneratedImage> image = engine_->generate(params, hooks);
     if (!image.ok()) {
       status = image.status();
+      // The engine's only RESOURCE_EXHAUSTED is an allocation the device could not serve.
+      if (absl::IsResourceExhausted(status)) metrics_.count_resource_exhausted(kDeviceMemory);
       break;
     }
     const StageTimings& t = image->timings;

@@ -2,11 +2,11 @@
 // generation_host.h. Tested through tests/server/server_test.cc and the HTTP API tests.
 #include "server/generation_host.h"
 
-#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
+#include "server/log.h"
 #include "server/rpc_status.h"
 
 namespace flux2::server {
@@ -48,13 +48,23 @@ std::string status_code_name(const absl::Status& status) {
 
 void record_finished_request(Metrics& metrics, absl::string_view method,
                              const std::string& request_id, const absl::Status& status,
-                             double seconds) {
-  const std::string code = status_code_name(status);
-  metrics.count_request(method, code, seconds);
-  std::fprintf(stderr, "flux2_server: %s request_id=%s code=%s seconds=%.3f%s%s\n",
-               std::string(method).c_str(), request_id.empty() ? "-" : request_id.c_str(),
-               code.c_str(), seconds, status.ok() ? "" : " error=",
-               status.ok() ? "" : std::string(status.message()).c_str());
+                             double seconds, const std::string& peer, const JobSpec* spec) {
+  RequestLogRecord record;
+  record.method = std::string(method);
+  record.request_id = request_id;
+  record.code = status_code_name(status);
+  record.seconds = seconds;
+  record.peer = peer;
+  if (spec != nullptr) {
+    record.width = spec->params.width;
+    record.height = spec->params.height;
+    record.steps = static_cast<int>(spec->params.num_inference_steps);
+    record.num_images = spec->num_images;
+    record.quality = std::string(quality_name(spec->params.quality));
+  }
+  if (!status.ok()) record.error = std::string(status.message());
+  metrics.count_request(method, record.code, seconds);
+  log_request(record);
 }
 
 absl::Status check_bearer_token(const std::string& token,

@@ -98,6 +98,7 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
       const size_t bytes = response_->ByteSizeLong();
       if (bytes > static_cast<size_t>(model_->limits.max_response_bytes)) {
         response_->Clear();
+        service_.host().metrics().count_resource_exhausted(kResponseTooLarge);
         status = absl::ResourceExhaustedError(
             absl::StrCat("the response of ", bytes, " bytes exceeds --max-response-bytes ",
                          model_->limits.max_response_bytes, "; use GenerateImageStream"));
@@ -109,7 +110,7 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
   void reply(const absl::Status& status) {
     const double seconds = seconds_since(arrival_);
     record_finished_request(service_.host().metrics(), "GenerateImage", request_id_, status,
-                            seconds);
+                            seconds, context_->peer(), job_ ? &job_->spec() : nullptr);
     Finish(to_grpc_status(status));
   }
 
@@ -234,7 +235,8 @@ class GenerateImageStreamReactor final
     finished_ = true;
     const double seconds = seconds_since(arrival_);
     record_finished_request(service_.host().metrics(), "GenerateImageStream", request_id_,
-                            final_status_, seconds);
+                            final_status_, seconds, context_->peer(),
+                            job_ ? &job_->spec() : nullptr);
     const grpc::Status status = to_grpc_status(final_status_);
     lock.unlock();
     Finish(status);

@@ -97,6 +97,7 @@ class Generation {
   Generation(GenerationHost& host, const char* method, const httplib::Request& req)
       : host_(host), method_(method), req_(req), arrival_(Clock::now()) {
     request_id_ = loggable_request_id(req.get_header_value("X-Request-Id"));
+    req_peer_ = absl::StrCat(req.remote_addr, ":", req.remote_port);
   }
 
   // Parses with `parse` (the endpoint's body reader) and answers `res`: the JSON response, an
@@ -176,7 +177,8 @@ class Generation {
       if (call_->recorded) return;
       call_->recorded = true;
     }
-    record_finished_request(host_.metrics(), method_, request_id_, status, seconds_since(arrival_));
+    record_finished_request(host_.metrics(), method_, request_id_, status, seconds_since(arrival_),
+                            req_peer_, job_ ? &job_->spec() : nullptr);
   }
 
   // Waits (the lock held) until the job finished or an event is pending, withdrawing the job when
@@ -263,6 +265,7 @@ class Generation {
   const httplib::Request& req_;  // valid while the handler and its content provider run
   const Clock::time_point arrival_;
   std::string request_id_;
+  std::string req_peer_;  // "address:port" of the client
   Clock::time_point deadline_ = Clock::time_point::max();
   bool stream_ = false;
   int socket_ = -1;
@@ -320,7 +323,9 @@ absl::Status HttpApi::start(const HttpApiOptions& options) {
                        " bytes (--max-request-bytes)"));
       if (req.path == "/v1/images/generations" || req.path == "/v1/images/edits") {
         const char* method = req.path == "/v1/images/edits" ? kEditsMethod : kGenerationsMethod;
-        record_finished_request(host_.metrics(), method, "-", status, 0.0);
+        host_.metrics().count_resource_exhausted(kRequestTooLarge);
+        record_finished_request(host_.metrics(), method, "", status, 0.0,
+                                absl::StrCat(req.remote_addr, ":", req.remote_port), nullptr);
       }
       respond_json(res, 413, openai_error_body(status));
       return;

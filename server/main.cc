@@ -10,7 +10,9 @@
 #include <cstdlib>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/base/fast_path_registry.h"
+#include "server/log.h"
 #include "server/probe.h"
 #include "server/server.h"
 #include "server/server_options.h"
@@ -18,6 +20,10 @@
 namespace {
 
 using flux2::server::Clock;
+using flux2::server::log_line;
+using flux2::server::LogFormat;
+using flux2::server::LogLevel;
+using flux2::server::set_log_format;
 
 // Written by the signal handler, read by the signal thread (the self-pipe pattern): a handler
 // rather than a blocked mask, because libraries (OpenBLAS) start threads before main() that would
@@ -53,6 +59,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const flux2::server::ServerOptions& options = parsed->options;
+  set_log_format(options.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
   if (absl::Status valid = flux2::server::validate_server_options(options); !valid.ok()) {
     std::fprintf(stderr, "flux2_server: %s\n", std::string(valid.message()).c_str());
     return 2;
@@ -60,17 +67,17 @@ int main(int argc, char** argv) {
   if (!options.probe.empty()) return flux2::server::run_health_probe(options);
 
   if (!install_stop_signal_handlers()) {
-    std::fprintf(stderr, "flux2_server: cannot install the SIGTERM/SIGINT handlers\n");
+    log_line(LogLevel::kError, "cannot install the SIGTERM/SIGINT handlers");
     return 1;
   }
   absl::StatusOr<std::unique_ptr<flux2::server::Server>> server =
       flux2::server::Server::Create(options);
   if (!server.ok()) {
-    std::fprintf(stderr, "flux2_server: %s\n", std::string(server.status().message()).c_str());
+    log_line(LogLevel::kError, server.status().message());
     return 2;
   }
   if (absl::Status started = (*server)->Start(); !started.ok()) {
-    std::fprintf(stderr, "flux2_server: %s\n", std::string(started.message()).c_str());
+    log_line(LogLevel::kError, started.message());
     return 1;
   }
   // Tests and scripts read the bound ports from this line (useful with --port 0).
@@ -84,8 +91,8 @@ int main(int argc, char** argv) {
     while (read(g_signal_pipe[0], &signal, 1) != 1) {
       if (errno != EINTR) return;
     }
-    std::fprintf(stderr, "flux2_server: received %s; draining\n",
-                 signal == SIGTERM ? "SIGTERM" : "SIGINT");
+    log_line(LogLevel::kInfo,
+             signal == SIGTERM ? "received SIGTERM; draining" : "received SIGINT; draining");
     raw->RequestStop();
   });
   signal_thread.detach();  // a later signal is ignored; the drain is bounded by --drain-timeout-s
@@ -94,14 +101,13 @@ int main(int argc, char** argv) {
   const auto drain = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options.drain_timeout_s));
   const absl::Status drained = (*server)->GracefulStop(Clock::now() + drain);
-  if (!drained.ok())
-    std::fprintf(stderr, "flux2_server: %s\n", std::string(drained.message()).c_str());
+  if (!drained.ok()) log_line(LogLevel::kWarning, drained.message());
   const int code = load.ok() ? 0 : 1;
   if (!load.ok()) {
     // The last line a user reads: why nothing was served (e.g. a memory plan larger than the
     // device, with the plan and the flag that shrinks it).
-    std::fprintf(stderr, "flux2_server: exiting: the model failed to load: %s\n",
-                 load.ToString().c_str());
+    log_line(LogLevel::kError,
+             absl::StrCat("exiting: the model failed to load: ", load.ToString()));
   }
   if (!(*server)->worker_joined()) {
     std::fflush(nullptr);

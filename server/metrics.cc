@@ -82,6 +82,7 @@ absl::string_view quality_name(Quality quality) {
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       fast_paths_(std::make_shared<FastPathCollector>()),
+      system_(std::make_shared<SystemMetrics>()),
       requests_(BuildCounter()
                     .Name("flux2_requests_total")
                     .Help("Finished RPCs by method and gRPC code")
@@ -95,6 +96,15 @@ Metrics::Metrics()
                           .Help("Time a request waited in the admission queue")
                           .Register(*registry_)
                           .Add({}, request_buckets())),
+      first_step_(BuildHistogram()
+                      .Name("flux2_time_to_first_step_seconds")
+                      .Help("Arrival to the end of a request's first denoising step")
+                      .Register(*registry_)
+                      .Add({}, request_buckets())),
+      resource_exhausted_(BuildCounter()
+                              .Name("flux2_resource_exhausted_total")
+                              .Help("Requests refused or failed with RESOURCE_EXHAUSTED, by reason")
+                              .Register(*registry_)),
       stage_duration_(BuildHistogram()
                           .Name("flux2_stage_duration_seconds")
                           .Help("Per-request stage time")
@@ -165,7 +175,8 @@ Metrics::Metrics()
                      .Help("Device capacity")
                      .Register(*registry_)) {
   // Export zeros for the series known to exist (Prometheus practice: no missing series).
-  for (const char* method : {"GenerateImage", "GenerateImageStream", "GetModelInfo"}) {
+  for (const char* method : {"GenerateImage", "GenerateImageStream", "GetModelInfo",
+                             "images.generations", "images.edits"}) {
     requests_.Add({{"method", method}, {"code", "OK"}});
     request_duration_.Add({{"method", method}}, request_buckets());
   }
@@ -179,6 +190,20 @@ Metrics::Metrics()
   }
   step_duration_.Add({{"quality", "lossless"}}, step_buckets());
   for (const char* result : {"hit", "miss"}) prompt_cache_requests_.Add({{"result", result}});
+  for (const char* reason : {kQueueFull, kDeviceMemory, kRequestTooLarge, kResponseTooLarge})
+    resource_exhausted_.Add({{"reason", reason}});
+}
+
+bool Metrics::attach_gpu(const std::string& pci_bus_id) {
+  return system_->attach_gpu(pci_bus_id);
+}
+
+void Metrics::count_resource_exhausted(absl::string_view reason) {
+  resource_exhausted_.Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void Metrics::observe_first_step(double seconds) {
+  first_step_.Observe(seconds);
 }
 
 void Metrics::count_request(absl::string_view method, absl::string_view code, double seconds) {
@@ -247,13 +272,14 @@ void Metrics::set_gpu_memory(const BackendMemoryStats& stats) {
 }
 
 std::vector<std::shared_ptr<prometheus::Collectable>> Metrics::collectables() const {
-  return {registry_, fast_paths_};
+  return {registry_, fast_paths_, system_};
 }
 
 std::string Metrics::render() const {
   std::vector<prometheus::MetricFamily> families = registry_->Collect();
   for (prometheus::MetricFamily& family : fast_paths_->Collect())
     families.push_back(std::move(family));
+  for (prometheus::MetricFamily& family : system_->Collect()) families.push_back(std::move(family));
   return prometheus::TextSerializer().Serialize(families);
 }
 

@@ -18,6 +18,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/system_metrics.h"
 
 namespace flux2::server {
 
@@ -58,6 +59,13 @@ class Metrics {
                       absl::string_view model);
   // Exported only once called (CUDA only).
   void set_gpu_memory(const BackendMemoryStats& stats);
+  // NVML telemetry of the serving GPU (server/system_metrics.h); false when NVML is missing or
+  // does not know the device (then no GPU utilisation families are exported).
+  bool attach_gpu(const std::string& pci_bus_id);
+  // A request refused or failed with RESOURCE_EXHAUSTED, by why (ResourceExhaustedReason).
+  void count_resource_exhausted(absl::string_view reason);
+  // Arrival to the end of the request's first denoising step (its first progress event).
+  void observe_first_step(double seconds);
 
   // What the Exposer serves: the registry plus the fast-path collector.
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables() const;
@@ -67,9 +75,12 @@ class Metrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> fast_paths_;
+  std::shared_ptr<SystemMetrics> system_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& request_duration_;
   prometheus::Histogram& queue_duration_;
+  prometheus::Histogram& first_step_;
+  prometheus::Family<prometheus::Counter>& resource_exhausted_;
   prometheus::Family<prometheus::Histogram>& stage_duration_;
   prometheus::Family<prometheus::Histogram>& step_duration_;
   prometheus::Gauge& queue_depth_;
@@ -86,6 +97,12 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& gpu_peak_;
   prometheus::Family<prometheus::Gauge>& gpu_total_;
 };
+
+// Label values of flux2_resource_exhausted_total{reason}: RESOURCE_EXHAUSTED told apart.
+inline constexpr char kQueueFull[] = "queue_full";                 // admission queue full (429)
+inline constexpr char kDeviceMemory[] = "device_memory";           // out of GPU memory in a request
+inline constexpr char kRequestTooLarge[] = "request_too_large";    // body over --max-request-bytes
+inline constexpr char kResponseTooLarge[] = "response_too_large";  // over --max-response-bytes
 
 // The label value of flux2_stage_duration_seconds for `stage`.
 absl::string_view stage_name(Stage stage);

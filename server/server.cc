@@ -16,6 +16,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "kernels/base/status.h"
+#include "server/log.h"
 #include "server/pipeline_engine.h"
 
 #ifndef FLUX2_VERSION
@@ -229,6 +230,12 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     model->transformer_file = std::filesystem::path(options_.transformer_file).filename().string();
     model->http_port = http_port_;
     metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
+    if (!model->info.device_pci_bus_id.empty() &&
+        !metrics_.attach_gpu(model->info.device_pci_bus_id)) {
+      log_line(LogLevel::kWarning, absl::StrCat("NVML (libnvidia-ml.so.1) cannot read GPU ",
+                                                model->info.device_pci_bus_id,
+                                                ": no GPU utilisation, power or clock metrics"));
+    }
     // The start-up log names every limit the requests meet (GetModelInfo.limits reports them).
     const std::string limits_line = absl::StrCat(
         "max_pixels=", limits.max_pixels, " max_images=", limits.max_images,
@@ -248,7 +255,7 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     }
     set_health(/*ready=*/true, /*live=*/true);
     metrics_.set_ready(true);
-    std::fprintf(stderr, "flux2_server: ready (limits: %s)\n", limits_line.c_str());
+    log_line(LogLevel::kInfo, absl::StrCat("ready (limits: ", limits_line, ")"));
   } else if (phase == WorkerPhase::kFailed) {
     set_health(/*ready=*/false, /*live=*/false);
     std::lock_guard<std::mutex> lock(mu_);
@@ -280,6 +287,7 @@ absl::Status Server::admit(const std::shared_ptr<Job>& job) {
     cv_.notify_all();
   });
   absl::Status status = queue_.push(job);
+  if (absl::IsResourceExhausted(status)) metrics_.count_resource_exhausted(kQueueFull);
   if (!status.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     --outstanding_jobs_;
@@ -326,7 +334,7 @@ absl::Status Server::GracefulStop(Clock::time_point deadline) {
   set_health(/*ready=*/false, /*live=*/true);
   metrics_.set_ready(false);
   queue_.close();  // queued jobs still run; new ones get UNAVAILABLE
-  std::fprintf(stderr, "flux2_server: draining\n");
+  log_line(LogLevel::kInfo, "draining");
 
   absl::Status result = absl::OkStatus();
   {
@@ -352,7 +360,8 @@ absl::Status Server::GracefulStop(Clock::time_point deadline) {
   if (http_) http_->stop();  // every generation it answers has finished by now
   grpc_server_->Shutdown(std::chrono::system_clock::now() + kGrpcShutdownGrace);
   exposer_.reset();
-  std::fprintf(stderr, "flux2_server: stopped (%s)\n", result.ok() ? "drained" : "drain timeout");
+  log_line(result.ok() ? LogLevel::kInfo : LogLevel::kWarning,
+           result.ok() ? "stopped (drained)" : "stopped (drain timeout)");
   return result;
 }
 

@@ -43,6 +43,7 @@ const std::set<std::string> kValueFlags = {"--host",
                                            "--fast-paths",
                                            "--prompt-cache-bytes",
                                            "--transformer-file",
+                                           "--log-format",
                                            "--test-step-delay-ms",
                                            "--probe",
                                            "--addr"};
@@ -126,6 +127,7 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
                           args.get_int("--prompt-cache-bytes", o.prompt_cache_bytes));
   }
   o.transformer_file = args.get("--transformer-file", o.transformer_file);
+  o.log_format = args.get("--log-format", o.log_format);
   {
     FLUX_ASSIGN_OR_RETURN(double delay_ms, args.get_double("--test-step-delay-ms", 0.0));
     o.test_step_delay_s = delay_ms / 1000.0;
@@ -156,6 +158,10 @@ absl::Status validate_server_options(const ServerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--http-port: ", o.http_port, " is also the ",
                      o.http_port == o.port ? "gRPC --port" : "--metrics-port"));
+  }
+  if (o.log_format != "text" && o.log_format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-format: \"", o.log_format, "\" is not text or json"));
   }
   if (o.backend != "auto" && o.backend != "cpu" && o.backend != "cuda") {
     return absl::InvalidArgumentError(
@@ -312,6 +318,12 @@ std::string server_help_text() {
       "  --drain-timeout-s S      on SIGTERM/SIGINT, time queued and running requests get to "
       "finish\n"
       "                           before they are cancelled (default 600); the exit code is 0\n"
+      "logging:\n"
+      "  --log-format text|json   stderr lines: text (default; \"<UTC time> <LEVEL> flux2_server:\n"
+      "                           ...\") or one JSON object per line, each finished request as\n"
+      "                           {\"event\": \"request\", method, request_id, code, seconds, "
+      "peer,\n"
+      "                           width, height, steps, num_images, quality, error}\n"
       "probe mode (container HEALTHCHECK):\n"
       "  --probe liveness|readiness  run one grpc.health.v1 Check against --addr within 2 s and "
       "exit\n"

@@ -57,6 +57,8 @@ struct ServerOptions {
   // A single-file transformer (Black Forest Labs flux2-dev.safetensors naming) loaded instead of
   // <model-dir>/transformer's weights; empty: those.
   std::string transformer_file;
+  // --log-format text|json: stderr lines as text or one JSON object per line (server/log.h).
+  std::string log_format = "text";
   double test_step_delay_s = 0.0;  // TEST ONLY: sleep after every denoising step (slow requests)
 
   // Probe mode (container HEALTHCHECK): check one health service of a running server and exit.

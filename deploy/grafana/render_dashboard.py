@@ -4,8 +4,9 @@
 """Usage: render_dashboard.py [--check]
 
 Every PromQL expression uses the metrics of server/METRICS.md only (no recording rules), so the
-dashboard works on any Prometheus that scrapes the pods. `$instance` filters pods; `$__rate_interval`
-is Grafana's scrape-aware rate window. --check exits 1 when the committed JSON differs.
+dashboard works on any Prometheus that scrapes the pods. `$namespace`, `$job` and `$instance` filter
+the pods (a Prometheus without Kubernetes labels matches them all); `$__rate_interval` is Grafana's
+scrape-aware rate window. --check exits 1 when the committed JSON differs.
 """
 import json
 import pathlib
@@ -13,9 +14,10 @@ import sys
 
 OUT = pathlib.Path(__file__).resolve().parent / "flux2-dashboard.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
-SEL = 'instance=~"$instance"'
+SEL = 'namespace=~"$namespace", job=~"$job", instance=~"$instance"'
 RATE = "[$__rate_interval]"
-GEN_METHODS = 'method=~"GenerateImage|GenerateImageStream"'
+# Generation requests of both front ends: gRPC and the OpenAI-compatible HTTP API.
+GEN_METHODS = 'method=~"GenerateImage|GenerateImageStream|images.generations|images.edits"'
 
 
 def quantile(q: float, metric: str, by: str, matchers: str = SEL) -> str:
@@ -65,8 +67,9 @@ def panels() -> list:
     return [
         row("Requests"),
         timeseries(
-            "Request latency p50 / p95 / p99", "RPC wall time of GenerateImage and GenerateImageStream, "
-            "arrival to reply, across the selected pods.", "s",
+            "Request latency p50 / p95 / p99", "Wall time of the generation requests (gRPC GenerateImage "
+            "and GenerateImageStream, HTTP images.generations and images.edits), arrival to reply, across "
+            "the selected pods.", "s",
             [target(quantile(q, "flux2_request_duration_seconds", "le", gen), f"p{int(q * 100)}", ref)
              for q, ref in ((0.5, "A"), (0.95, "B"), (0.99, "C"))]),
         timeseries(
@@ -86,6 +89,18 @@ def panels() -> list:
             "Errors/s by code", "Finished RPCs per second whose status is not OK.", "reqps",
             [target(f'sum by (code) (rate(flux2_requests_total{{code!="OK", {SEL}}}{RATE}))', "{{code}}", "A")],
             stack=True),
+        timeseries(
+            "RESOURCE_EXHAUSTED by reason", "Refusals and failures told apart: queue_full (admission queue "
+            "full, HTTP 429: add replicas), device_memory (a request ran out of GPU memory: smaller sizes or "
+            "fewer references), request_too_large (HTTP body over --max-request-bytes), response_too_large.",
+            "reqps",
+            [target(f"sum by (reason) (rate(flux2_resource_exhausted_total{{{SEL}}}{RATE}))", "{{reason}}",
+                    "A")], stack=True),
+        timeseries(
+            "Time to first step p50 / p95", "Arrival to the end of a request's first denoising step (its "
+            "first progress event): queue wait, text encode and reference encode plus one step.", "s",
+            [target(quantile(q, "flux2_time_to_first_step_seconds", "le"), f"p{int(q * 100)}", ref)
+             for q, ref in ((0.5, "A"), (0.95, "B"))]),
         row("Generation"),
         timeseries(
             "Denoising step latency p50 / p95 / p99", "One denoising step (transformer forward(s) + Euler "
@@ -124,6 +139,16 @@ def panels() -> list:
                     f" / sum(rate(flux2_queue_duration_seconds_count{{{SEL}}}{RATE}))", "mean", "C")]),
         row("GPU and fast paths"),
         timeseries(
+            "GPU utilisation", "Fraction of time a kernel ran on each pod's GPU, and its memory busy time "
+            "(NVML; CUDA backend). Low utilisation with a queue means host-side stages dominate.",
+            "percentunit",
+            [target(f"flux2_gpu_utilization_ratio{{{SEL}}}", "kernels {{instance}}", "A"),
+             target(f"flux2_gpu_memory_busy_ratio{{{SEL}}}", "memory {{instance}}", "B")]),
+        timeseries(
+            "GPU power and SM clock", "Power draw (watts) and SM clock (Hz) per pod (NVML).", "watt",
+            [target(f"flux2_gpu_power_watts{{{SEL}}}", "power {{instance}}", "A"),
+             target(f"flux2_gpu_sm_clock_hertz{{{SEL}}} / 1e6", "SM MHz {{instance}}", "B")]),
+        timeseries(
             "GPU memory", "Device memory held by the backend, its high-water mark and the device "
             "capacity, per pod (CUDA backend).", "bytes",
             [target(f"flux2_gpu_memory_used_bytes{{{SEL}}}", "used {{instance}}", "A"),
@@ -139,12 +164,21 @@ def panels() -> list:
             [target(f"sum by (path) (rate(flux2_fast_path_invocations_total{{{SEL}}}{RATE}))",
                     "{{path}}", "A")], stack=True),
         row("Fleet"),
+        stat("Success ratio", "Generation requests answered OK over all finished generation requests "
+             "(client errors included), over the dashboard's range.", "percentunit",
+             [target(f'sum(increase(flux2_requests_total{{code="OK", {gen}}}[$__range]))'
+                     f" / sum(increase(flux2_requests_total{{{gen}}}[$__range]))", "success", "A")]),
         stat("Ready replicas", "Pods whose readiness is SERVING (model loaded, warm, not draining).", "none",
              [target(f"sum(flux2_ready{{{SEL}}})", "ready", "A")]),
         stat("Model load time", "Weight loading + warm-up at start-up, slowest selected pod.", "s",
              [target(f"max(flux2_model_load_duration_seconds{{{SEL}}})", "load", "A")]),
         table("Build and model", "Version, backend and model of each pod.",
               [target(f"flux2_build_info{{{SEL}}}", "", "A", instant=True)]),
+        timeseries(
+            "Process memory and CPU", "Resident memory (bytes) and CPU cores used per pod (process_*).",
+            "bytes",
+            [target(f"process_resident_memory_bytes{{{SEL}}}", "RSS {{instance}}", "A"),
+             target(f"rate(process_cpu_seconds_total{{{SEL}}}{RATE})", "CPU cores {{instance}}", "B")]),
     ]
 
 
@@ -170,7 +204,9 @@ def layout(items: list) -> list:
 
 
 def dashboard() -> dict:
-    instance_query = "label_values(flux2_build_info, instance)"
+    namespace_query = "label_values(flux2_build_info, namespace)"
+    job_query = 'label_values(flux2_build_info{namespace=~"$namespace"}, job)'
+    instance_query = 'label_values(flux2_build_info{namespace=~"$namespace", job=~"$job"}, instance)'
     return {
         "title": "FLUX.2 inference (flux2_server)",
         "uid": "flux2-server",
@@ -189,6 +225,14 @@ def dashboard() -> dict:
         "templating": {"list": [
             {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
              "current": {}, "hide": 0, "refresh": 1},
+            {"name": "namespace", "label": "Namespace", "type": "query", "datasource": DS,
+             "definition": namespace_query, "query": {"query": namespace_query, "refId": "namespace"},
+             "multi": True, "includeAll": True, "allValue": ".*",
+             "current": {"text": "All", "value": "$__all"}, "refresh": 2, "sort": 1, "hide": 0},
+            {"name": "job", "label": "Job", "type": "query", "datasource": DS,
+             "definition": job_query, "query": {"query": job_query, "refId": "job"},
+             "multi": True, "includeAll": True, "allValue": ".*",
+             "current": {"text": "All", "value": "$__all"}, "refresh": 2, "sort": 1, "hide": 0},
             {"name": "instance", "label": "Pod", "type": "query", "datasource": DS,
              "definition": instance_query, "query": {"query": instance_query, "refId": "instance"},
              "multi": True, "includeAll": True, "allValue": ".*",

@@ -308,6 +308,14 @@ int64_t CudaBackend::free_device_bytes() const {
   return static_cast<int64_t>(free);
 }
 
+std::string CudaBackend::device_pci_bus_id() const {
+  int device = 0;
+  char id[32] = {};
+  if (cudaGetDevice(&device) != cudaSuccess) return "";
+  if (cudaDeviceGetPCIBusId(id, sizeof(id), device) != cudaSuccess) return "";
+  return id;
+}
+
 BackendMemoryStats CudaBackend::memory_stats() const {
   BackendMemoryStats stats;
   stats.total_bytes = total_bytes_;

@@ -69,6 +69,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<CopyTicket> start_copies(const std::vector<CopyPair>& copies) override;
   absl::Status await_copies(const CopyTicket& ticket) override;
   int64_t free_device_bytes() const override;
+  std::string device_pci_bus_id() const override;
   BackendMemoryStats memory_stats() const override;
   void reset_peak_memory() override;
   void set_op_profiling(OpProfiling mode) override { profiling_ = mode; }

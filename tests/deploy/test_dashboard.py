@@ -25,7 +25,7 @@ class DashboardTest(unittest.TestCase):
         ids = [p["id"] for p in self.d["panels"]]
         self.assertEqual(len(ids), len(set(ids)), "duplicate panel ids")
         variables = {v["name"] for v in self.d["templating"]["list"]}
-        self.assertEqual(variables, {"datasource", "instance"})
+        self.assertEqual(variables, {"datasource", "namespace", "job", "instance"})
         cells = set()
         for p in self.d["panels"]:
             g = p["gridPos"]
@@ -41,7 +41,8 @@ class DashboardTest(unittest.TestCase):
                 refs = [t["refId"] for t in p["targets"]]
                 self.assertEqual(len(refs), len(set(refs)))
                 for t in p["targets"]:
-                    self.assertIn('instance=~"$instance"', t["expr"], "every query follows the pod filter")
+                    self.assertIn('namespace=~"$namespace", job=~"$job", instance=~"$instance"', t["expr"],
+                                  "every query follows the namespace, job and pod filters")
                     if "rate(" in t["expr"]:
                         self.assertIn("[$__rate_interval]", t["expr"])
 
@@ -70,6 +71,13 @@ class DashboardTest(unittest.TestCase):
         errors = self.panel_exprs("Errors/s by code")[0]
         self.assertIn('code!="OK"', errors)
         self.assertIn("by (code)", errors)
+        # Issue 19: GPU utilisation, a success-ratio stat, RESOURCE_EXHAUSTED told apart, both front ends.
+        self.assertIn("flux2_gpu_utilization_ratio", self.panel_exprs("GPU utilisation")[0])
+        success = self.panel_exprs("Success ratio")[0]
+        self.assertIn('code="OK"', success)
+        self.assertIn("images.generations|images.edits", success)
+        self.assertIn("by (reason)", self.panel_exprs("RESOURCE_EXHAUSTED by reason")[0])
+        self.assertIn("images.generations|images.edits", lat[0])
 
     def test_units(self):
         units = {p["title"]: p["fieldConfig"]["defaults"].get("unit") for p in self.panels}

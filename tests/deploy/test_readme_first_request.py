@@ -2,7 +2,7 @@
 # The README's first-request commands, run as written: flux2_server on its default ports (gRPC 50051, HTTP 8000,
 # metrics 9464) as deploy/quickstart.sh starts it, then the lines between README.md's first-request markers in bash
 # (curl over HTTP writing fox.png, `buf curl` over gRPC through reflection); fox.png must be a 256x256 PNG and the
-# gRPC answer must carry an image. ctest runs it alone (RUN_SERIAL): the default ports are fixed.
+# gRPC answer must carry one image. ctest runs it alone (RUN_SERIAL): the default ports are fixed.
 import os
 import pathlib
 import re
@@ -26,7 +26,7 @@ def readme_block() -> str:
 
 class ReadmeFirstRequestTest(unittest.TestCase):
     def test_first_request_commands_run_as_written(self):
-        server = subprocess.Popen([str(server_binary())], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        server = subprocess.Popen([str(server_binary())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.time() + 180
             while True:
@@ -48,8 +48,7 @@ class ReadmeFirstRequestTest(unittest.TestCase):
                 png = (pathlib.Path(work) / "fox.png").read_bytes()
                 self.assertEqual(png[:8], b"\x89PNG\r\n\x1a\n")
                 self.assertEqual(struct.unpack(">II", png[16:24]), (256, 256))
-                self.assertTrue(run.stdout.lstrip().startswith("{"), run.stdout[:200])
-                self.assertIn('"images"', run.stdout)
+                self.assertRegex(run.stdout, r"^1 image in [0-9.]+ s\n$")
         finally:
             server.terminate()
             server.wait(timeout=120)

@@ -256,6 +256,9 @@ TEST_F(HttpApiTest, FullQueueIs429WithRetryAfter) {
   ASSERT_NE(retry_after, refused.headers.end());
   EXPECT_EQ(retry_after->second, "1");
   EXPECT_EQ(requests("images.generations", "RESOURCE_EXHAUSTED"), 1.0);
+  EXPECT_EQ(metric_value(server_->metrics().render(), "flux2_resource_exhausted_total",
+                         {{"reason", "queue_full"}}),
+            1.0);
   control_->open_gate();
   EXPECT_EQ(running.get().status, 200);
   EXPECT_EQ(queued.get().status, 200);
@@ -283,6 +286,10 @@ TEST_F(HttpApiTest, BodyOverTheLimitIs413) {
   const Reply reply = post_json(big);
   EXPECT_EQ(reply.status, 413);
   EXPECT_EQ(reply.json_body()["error"]["code"], "resource_exhausted") << reply.body;
+  EXPECT_EQ(metric_value(server_->metrics().render(), "flux2_resource_exhausted_total",
+                         {{"reason", "request_too_large"}}),
+            1.0);
+  EXPECT_EQ(requests("images.generations", "RESOURCE_EXHAUSTED"), 1.0);
 }
 
 TEST_F(HttpApiTest, StreamSendsOneEventPerStepThenTheImage) {

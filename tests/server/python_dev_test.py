@@ -15,6 +15,7 @@ Run: ctest --test-dir build -R server_python_dev --output-on-failure
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -198,7 +199,7 @@ class StartUpRefusalTest(unittest.TestCase):
     def test_missing_transformer_file_names_the_flag(self):
         run = self.serve("--backend", "cpu", "--transformer-file", "/nonexistent/flux2-dev.safetensors")
         self.assertEqual(run.returncode, 1, run.stderr)
-        last = run.stderr.strip().splitlines()[-1]
+        last = log_message(run.stderr.strip().splitlines()[-1], "ERROR")
         self.assertTrue(last.startswith("flux2_server: exiting: the model failed to load: NOT_FOUND: "
                                         "--transformer-file: "), last)
         self.assertIn("/nonexistent/flux2-dev.safetensors", last)
@@ -214,8 +215,17 @@ class StartUpRefusalTest(unittest.TestCase):
         self.assertIn("does not fit this device", run.stderr)
         self.assertIn("prompt cache 1099.51 GB", run.stderr)
         self.assertIn("--text-encoder-offload", run.stderr)
-        last = run.stderr.strip().splitlines()[-1]
+        last = log_message(run.stderr.strip().splitlines()[-1], "ERROR")
         self.assertTrue(last.startswith("flux2_server: exiting: the model failed to load: RESOURCE_EXHAUSTED"), last)
+
+
+def log_message(line, level):
+    """The message of a text-format log line "<RFC 3339 UTC time> <LEVEL> flux2_server: ..." (server/log.h),
+    checking its timestamp and level."""
+    match = re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) (.*)$", line)
+    assert match, f"not a log line: {line!r}"
+    assert match.group(1) == level, line
+    return match.group(2)
 
 
 if __name__ == "__main__":

@@ -599,6 +599,13 @@ TEST_F(ServerTest, OverloadIsRejectedAtOnceAndCounted) {
   EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total",
                          {{"method", "GenerateImage"}, {"code", "RESOURCE_EXHAUSTED"}}),
             3.0);
+  // Told apart from running out of device memory.
+  EXPECT_EQ(
+      metric_value(metrics_text(), "flux2_resource_exhausted_total", {{"reason", "queue_full"}}),
+      3.0);
+  EXPECT_EQ(
+      metric_value(metrics_text(), "flux2_resource_exhausted_total", {{"reason", "device_memory"}}),
+      0.0);
   control_->open_gate();
   EXPECT_TRUE(running.finish().ok());
   EXPECT_TRUE(queued_1.finish().ok());
