@@ -10,11 +10,8 @@
 #include "kernels/base/status.h"
 #include "server/cli/args.h"
 #include "server/cli/backend_flags.h"
+#include "server/cli/embedded_checkpoint.h"
 #include "server/request_validation.h"
-
-#ifndef FLUX2_TINY_CHECKPOINT_DIR
-#error "FLUX2_TINY_CHECKPOINT_DIR must be defined by the build"
-#endif
 
 namespace flux2::server {
 namespace {
@@ -227,7 +224,7 @@ int64_t min_request_bytes(const ServerOptions& options) {
 }
 
 std::string resolved_model_dir(const ServerOptions& options) {
-  return options.model_dir.empty() ? std::string(FLUX2_TINY_CHECKPOINT_DIR) : options.model_dir;
+  return options.model_dir.empty() ? embedded_checkpoint_dir() : options.model_dir;
 }
 
 std::string server_help_text() {
@@ -258,7 +255,7 @@ std::string server_help_text() {
       "  --model-dir DIR          FLUX.2-klein or FLUX.2-dev checkpoint directory (Hugging Face "
       "layout).\n"
       "                           Absent: the embedded tiny checkpoint (",
-      FLUX2_TINY_CHECKPOINT_DIR,
+      embedded_checkpoint_dir(),
       ")\n"
       "                           on the CPU backend\n"
       "  --backend auto|cpu|cuda  (default auto: cuda when --model-dir is given and a GPU is "

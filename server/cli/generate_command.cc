@@ -15,6 +15,7 @@
 #include "server/cli/args.h"
 #include "server/cli/backend_flags.h"
 #include "server/cli/commands.h"
+#include "server/cli/embedded_checkpoint.h"
 
 namespace flux2 {
 namespace {
@@ -63,7 +64,7 @@ int run_generate(int argc, char** argv, int first) {
   auto backend_options = parse_backend_flags(*args);
   if (!backend_options.ok()) return fail(backend_options.status().message());
   if (!args->has("--prompt")) return fail("--prompt is required");
-  const std::string model_dir = args->get("--model-dir", FLUX2_TINY_CHECKPOINT_DIR);
+  const std::string model_dir = args->get("--model-dir", embedded_checkpoint_dir());
   GenerateParams params;
   params.prompt = args->get("--prompt");
   params.negative_prompt = args->get("--negative-prompt");

@@ -17,6 +17,7 @@
 #include "model/timestep_embedding.h"
 #include "server/cli/args.h"
 #include "server/cli/backend_flags.h"
+#include "server/cli/embedded_checkpoint.h"
 
 namespace flux2 {
 namespace {
@@ -36,6 +37,13 @@ TEST(ArgsTest, ParsesValuesFlagsAndPositionals) {
   EXPECT_NE(unknown.message().find("--c"), std::string::npos) << unknown;
   const char* dangling[] = {"flux2", "cmd", "--a"};
   EXPECT_FALSE(Args::parse(3, const_cast<char**>(dangling), 2).ok());
+}
+
+TEST(EmbeddedCheckpointTest, InstalledLayoutIsBesideTheBinary) {
+  EXPECT_EQ(installed_checkpoint_dir("/opt/flux2/bin/flux2_server"),
+            "/opt/flux2/share/flux2/tiny-klein/checkpoint");
+  // This test binary is not installed: the build's directory, which holds the checkpoint.
+  EXPECT_EQ(embedded_checkpoint_dir(), FLUX2_TINY_CHECKPOINT_DIR);
 }
 
 TEST(BackendFactoryTest, CreatesByName) {
