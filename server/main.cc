@@ -58,6 +58,10 @@ int main(int argc, char** argv) {
     std::fputs(flux2::server::server_help_text().c_str(), stdout);
     return 0;
   }
+  if (parsed->version) {
+    std::printf("flux2_server %s\n", flux2::server::server_version().c_str());
+    return 0;
+  }
   const flux2::server::ServerOptions& options = parsed->options;
   set_log_format(options.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
   if (absl::Status valid = flux2::server::validate_server_options(options); !valid.ok()) {

@@ -2,9 +2,13 @@
 // Tested by tests/server/server_options_test.cc.
 #include "server/server_options.h"
 
-#include <cmath>
-#include <set>
+#include <CLI/CLI.hpp>
 
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
@@ -13,47 +17,71 @@
 #include "server/cli/embedded_checkpoint.h"
 #include "server/request_validation.h"
 
+#ifndef FLUX2_VERSION
+#define FLUX2_VERSION "unknown"
+#endif
+
 namespace flux2::server {
 namespace {
 
-const std::set<std::string> kValueFlags = {"--host",
-                                           "--port",
-                                           "--metrics-port",
-                                           "--http-port",
-                                           "--model-dir",
-                                           "--backend",
-                                           "--queue-depth",
-                                           "--max-pixels",
-                                           "--max-images",
-                                           "--max-steps",
-                                           "--max-prompt-bytes",
-                                           "--max-reference-images",
-                                           "--max-reference-bytes",
-                                           "--max-request-bytes",
-                                           "--max-response-bytes",
-                                           "--max-sequence-length",
-                                           "--drain-timeout-s",
-                                           "--warmup-steps",
-                                           "--tls-cert",
-                                           "--tls-key",
-                                           "--auth-token-file",
-                                           "--fast-paths",
-                                           "--prompt-cache-bytes",
-                                           "--transformer-file",
-                                           "--log-format",
-                                           "--test-step-delay-ms",
-                                           "--probe",
-                                           "--addr"};
-const std::set<std::string> kBoolFlags = {"--help", "--enable-quality-high",
-                                          "--text-encoder-offload"};
+// FLUX2_<NAME>: the environment-variable equivalent of --name (containers); a flag on the command
+// line wins over it.
+std::string env_name(absl::string_view flag) {
+  std::string name = "FLUX2_";
+  for (char c : flag.substr(2)) name += c == '-' ? '_' : absl::ascii_toupper(c);
+  return name;
+}
 
-absl::Status read_int(const Args& args, absl::string_view name, int* out) {
-  FLUX_ASSIGN_OR_RETURN(int64_t value, args.get_int(name, *out));
-  if (value < INT32_MIN || value > INT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": ", value, " is out of range"));
-  }
-  *out = static_cast<int>(value);
-  return absl::OkStatus();
+// Flags whose text is checked after parsing (on|off switches shared with the `flux2` CLI, and a
+// unit conversion).
+struct RawFlags {
+  std::string fast_paths, cpu_threads, fp8_attention, gemm_autotune;
+  double test_step_delay_ms = 0.0;
+};
+
+// Every flag of the server contract, bound to `o` (defaults are the struct's) or `raw`.
+void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& parsed) {
+  const auto option = [&](const std::string& name, auto& target) {
+    app.add_option(name, target)->envname(env_name(name));
+  };
+  const auto flag = [&](const std::string& name, bool& target) {
+    app.add_flag(name, target)->envname(env_name(name));
+  };
+  option("--host", o.host);
+  option("--port", o.port);
+  option("--metrics-port", o.metrics_port);
+  option("--http-port", o.http_port);
+  option("--model-dir", o.model_dir);
+  option("--backend", o.backend);
+  option("--queue-depth", o.queue_depth);
+  option("--max-pixels", o.max_pixels);
+  option("--max-images", o.max_images);
+  option("--max-steps", o.max_steps);
+  option("--max-prompt-bytes", o.max_prompt_bytes);
+  option("--max-reference-images", o.max_reference_images);
+  option("--max-reference-bytes", o.max_reference_bytes);
+  option("--max-request-bytes", o.max_request_bytes);
+  option("--max-response-bytes", o.max_response_bytes);
+  option("--max-sequence-length", o.max_sequence_length);
+  option("--drain-timeout-s", o.drain_timeout_s);
+  option("--warmup-steps", o.warmup_steps);
+  option("--tls-cert", o.tls_cert);
+  option("--tls-key", o.tls_key);
+  option("--auth-token-file", o.auth_token_file);
+  option("--fast-paths", raw.fast_paths);
+  option("--cpu-threads", raw.cpu_threads);
+  option("--fp8-attention", raw.fp8_attention);
+  option("--gemm-autotune", raw.gemm_autotune);
+  flag("--enable-quality-high", o.enable_quality_high);
+  flag("--text-encoder-offload", o.text_encoder_offload);
+  option("--prompt-cache-bytes", o.prompt_cache_bytes);
+  option("--transformer-file", o.transformer_file);
+  option("--log-format", o.log_format);
+  option("--test-step-delay-ms", raw.test_step_delay_ms);
+  option("--probe", o.probe);
+  option("--addr", o.probe_addr);
+  app.add_flag("-h,--help", parsed.help);
+  app.add_flag("--version", parsed.version);
 }
 
 absl::Status check_range(absl::string_view name, double value, double lo, double hi) {
@@ -67,70 +95,35 @@ absl::Status check_range(absl::string_view name, double value, double lo, double
 }  // namespace
 
 absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
-  FLUX_ASSIGN_OR_RETURN(Args args, Args::parse(argc, argv, 1, kBoolFlags));
-  if (!args.positional().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument \"", args.positional().front(), "\" (see --help)"));
-  }
-  std::set<std::string> known = kValueFlags;
-  known.insert(backend_flag_names().begin(), backend_flag_names().end());
-  known.insert(kBoolFlags.begin(), kBoolFlags.end());
-  FLUX_RETURN_IF_ERROR(args.check_known(known));
-
   ParsedFlags parsed;
-  parsed.help = args.has("--help");
   ServerOptions& o = parsed.options;
-  o.host = args.get("--host", o.host);
-  FLUX_RETURN_IF_ERROR(read_int(args, "--port", &o.port));
-  FLUX_RETURN_IF_ERROR(read_int(args, "--metrics-port", &o.metrics_port));
-  FLUX_RETURN_IF_ERROR(read_int(args, "--http-port", &o.http_port));
-  o.model_dir = args.get("--model-dir", o.model_dir);
-  o.backend = args.get("--backend", o.backend);
-  FLUX_RETURN_IF_ERROR(read_int(args, "--queue-depth", &o.queue_depth));
-  { FLUX_ASSIGN_OR_RETURN(o.max_pixels, args.get_int("--max-pixels", o.max_pixels)); }
-  FLUX_RETURN_IF_ERROR(read_int(args, "--max-images", &o.max_images));
-  FLUX_RETURN_IF_ERROR(read_int(args, "--max-steps", &o.max_steps));
-  FLUX_RETURN_IF_ERROR(read_int(args, "--max-prompt-bytes", &o.max_prompt_bytes));
-  FLUX_RETURN_IF_ERROR(read_int(args, "--max-reference-images", &o.max_reference_images));
-  {
-    FLUX_ASSIGN_OR_RETURN(o.max_reference_bytes,
-                          args.get_int("--max-reference-bytes", o.max_reference_bytes));
+  RawFlags raw;
+  CLI::App app("flux2_server", "flux2_server");
+  app.set_help_flag();  // -h / --help print server_help_text() (main.cc), not CLI11's listing
+  add_flags(app, o, raw, parsed);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        error.what(), " (see --help; a flag's value may also come from its FLUX2_* variable)"));
   }
-  {
-    FLUX_ASSIGN_OR_RETURN(o.max_request_bytes,
-                          args.get_int("--max-request-bytes", o.max_request_bytes));
+  // The on|off switches and the backend flags through the parsers the `flux2` CLI shares, so both
+  // tools accept and refuse the same values with the same messages.
+  std::vector<std::string> words = {"flux2_server"};
+  for (const auto& [name, value] :
+       {std::pair<const char*, const std::string*>{"--fast-paths", &raw.fast_paths},
+        {"--cpu-threads", &raw.cpu_threads},
+        {"--fp8-attention", &raw.fp8_attention},
+        {"--gemm-autotune", &raw.gemm_autotune}}) {
+    if (!value->empty()) words.insert(words.end(), {name, *value});
   }
-  {
-    FLUX_ASSIGN_OR_RETURN(o.max_response_bytes,
-                          args.get_int("--max-response-bytes", o.max_response_bytes));
-  }
-  FLUX_RETURN_IF_ERROR(read_int(args, "--max-sequence-length", &o.max_sequence_length));
-  {
-    FLUX_ASSIGN_OR_RETURN(o.drain_timeout_s,
-                          args.get_double("--drain-timeout-s", o.drain_timeout_s));
-  }
-  FLUX_RETURN_IF_ERROR(read_int(args, "--warmup-steps", &o.warmup_steps));
-  o.tls_cert = args.get("--tls-cert", o.tls_cert);
-  o.tls_key = args.get("--tls-key", o.tls_key);
-  o.auth_token_file = args.get("--auth-token-file", o.auth_token_file);
+  std::vector<char*> pointers;
+  for (std::string& word : words) pointers.push_back(word.data());
+  FLUX_ASSIGN_OR_RETURN(Args args,
+                        Args::parse(static_cast<int>(pointers.size()), pointers.data(), 1, {}));
   FLUX_ASSIGN_OR_RETURN(o.fast_paths, parse_on_off(args, "--fast-paths", o.fast_paths));
   FLUX_ASSIGN_OR_RETURN(o.backend_options, parse_backend_flags(args));
-  o.enable_quality_high =
-      args.has("--enable-quality-high") && args.get("--enable-quality-high") != "false";
-  o.text_encoder_offload =
-      args.has("--text-encoder-offload") && args.get("--text-encoder-offload") != "false";
-  {
-    FLUX_ASSIGN_OR_RETURN(o.prompt_cache_bytes,
-                          args.get_int("--prompt-cache-bytes", o.prompt_cache_bytes));
-  }
-  o.transformer_file = args.get("--transformer-file", o.transformer_file);
-  o.log_format = args.get("--log-format", o.log_format);
-  {
-    FLUX_ASSIGN_OR_RETURN(double delay_ms, args.get_double("--test-step-delay-ms", 0.0));
-    o.test_step_delay_s = delay_ms / 1000.0;
-  }
-  o.probe = args.get("--probe", o.probe);
-  o.probe_addr = args.get("--addr", o.probe_addr);
+  o.test_step_delay_s = raw.test_step_delay_ms / 1000.0;
   return parsed;
 }
 
@@ -225,6 +218,10 @@ int64_t min_request_bytes(const ServerOptions& options) {
 
 std::string resolved_model_dir(const ServerOptions& options) {
   return options.model_dir.empty() ? embedded_checkpoint_dir() : options.model_dir;
+}
+
+std::string server_version() {
+  return FLUX2_VERSION;
 }
 
 std::string server_help_text() {
@@ -332,7 +329,11 @@ std::string server_help_text() {
       "slow\n"
       "                           enough for overload/cancellation/drain tests; never in "
       "production\n"
-      "  --help                   this text\n");
+      "  -h, --help               this text\n"
+      "  --version                print the version and exit\n"
+      "environment:\n"
+      "  every flag --foo-bar may instead be set by the environment variable FLUX2_FOO_BAR\n"
+      "  (FLUX2_QUEUE_DEPTH=4, FLUX2_ENABLE_QUALITY_HIGH=true); the command line wins\n");
 }
 
 }  // namespace flux2::server

@@ -66,14 +66,18 @@ struct ServerOptions {
   std::string probe_addr = "127.0.0.1:50051";
 };
 
-// The result of parsing argv: the options, or a request for the help text.
+// The result of parsing argv: the options, or a request for the help text or the version.
 struct ParsedFlags {
   ServerOptions options;
-  bool help = false;
+  bool help = false;     // -h / --help
+  bool version = false;  // --version
 };
 
-// Parses `--name value` / `--name=value` flags (argv[1..]); errors name the flag. Does not
-// validate cross-field constraints; call validate_server_options next.
+// Parses `--name value` / `--name=value` flags (argv[1..]) with CLI11 (Debian's libcli11-dev);
+// every flag --foo-bar may instead come from the environment variable FLUX2_FOO_BAR (for
+// containers; the command line wins). Unknown flags, missing values and values of the wrong type
+// are errors that name the flag. Does not validate cross-field constraints; call
+// validate_server_options next.
 absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv);
 
 // Checks ranges and combinations (ports, depth, TLS cert without key, probe service names, a
@@ -82,6 +86,8 @@ absl::Status validate_server_options(const ServerOptions& options);
 
 // The --help text: every flag, its default and its meaning.
 std::string server_help_text();
+// The version --version prints (the project's, as GetModelInfo.server_version reports it).
+std::string server_version();
 
 // The smallest --max-request-bytes the other limits need: every reference at its byte limit, the
 // prompt and negative prompt at theirs, plus kRequestOverheadBytes for the other fields and the

@@ -3,12 +3,13 @@
 // 1024x1024 requests) or else the tiny checkpoint of tests/data (256x256) — answers requests at
 // both qualities with valid PNGs, a QUALITY_HIGH response really made at high (quality echoed,
 // FP8 paths counted, other bytes than lossless), no fast-path fallback at the real shapes (in the
-// responses and in the metrics), GPU memory gauges and the per-step histogram; and with
-// --fast-paths off the fused kernels run their eager chains (counted "switched_off", same bytes)
-// while cuDNN attention keeps running. Skips only where no CUDA device exists.
+// responses and in the metrics), GPU memory gauges, NVML telemetry and the per-step histogram;
+// and with --fast-paths off the fused kernels run their eager chains (counted "switched_off", same
+// bytes) while cuDNN attention keeps running. Skips only where no CUDA device exists.
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,20 @@ TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
   EXPECT_GT(metric_value(metrics, "flux2_gpu_memory_total_bytes").value_or(0), 1e10);
   // Two requests of 4 steps each (the warm-up is not a request).
   EXPECT_GE(metric_value(metrics, "flux2_denoise_step_duration_seconds_count").value_or(0), 8.0);
+  // NVML telemetry of this GPU (server/system_metrics.h), found by its PCI bus id: plausible
+  // ranges for any datacenter GPU (an H200 idles near 75 W at ~1 GHz and runs at ~2 GHz).
+  const std::optional<double> utilization = metric_value(metrics, "flux2_gpu_utilization_ratio");
+  ASSERT_TRUE(utilization.has_value()) << "no NVML metrics: libnvidia-ml.so.1 not loaded?";
+  EXPECT_GE(*utilization, 0.0);
+  EXPECT_LE(*utilization, 1.0);
+  EXPECT_GT(metric_value(metrics, "flux2_gpu_power_watts").value_or(0), 20.0);
+  EXPECT_GT(metric_value(metrics, "flux2_gpu_sm_clock_hertz").value_or(0), 1e8);
+  EXPECT_GT(metric_value(metrics, "flux2_gpu_memory_clock_hertz").value_or(0), 1e8);
+  const double temperature = metric_value(metrics, "flux2_gpu_temperature_celsius").value_or(-1);
+  EXPECT_GT(temperature, 5.0);
+  EXPECT_LT(temperature, 100.0);
+  EXPECT_GT(metric_value(metrics, "process_resident_memory_bytes").value_or(0), 1e8);
+  EXPECT_GE(metric_value(metrics, "flux2_time_to_first_step_seconds_count").value_or(0), 2.0);
   // The warm-up and both requests (text encoder included) at the real shapes: no fallback at all.
   if (real) {
     EXPECT_EQ(total_fallbacks(metrics), 0.0);

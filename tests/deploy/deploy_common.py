@@ -10,7 +10,11 @@ import yaml
 
 REPO = pathlib.Path(os.environ.get("FLUX2_REPO") or pathlib.Path(__file__).resolve().parents[2])
 DEPLOY = REPO / "deploy"
-K8S_BASE = DEPLOY / "k8s" / "base"
+K8S = DEPLOY / "k8s"
+K8S_BASE = K8S / "base"
+K8S_COMPONENTS = K8S / "components"
+K8S_OVERLAYS = K8S / "overlays"
+PROMETHEUSRULE_FILE = K8S_COMPONENTS / "prometheusrule" / "prometheusrule.yaml"
 RULES_FILE = DEPLOY / "prometheus" / "flux2-rules.yaml"
 ADAPTER_FILE = DEPLOY / "prometheus-adapter" / "flux2-adapter-rules.yaml"
 DASHBOARD_FILE = DEPLOY / "grafana" / "flux2-dashboard.json"
@@ -36,9 +40,11 @@ def load_docs(path: pathlib.Path) -> list:
 
 
 def k8s_docs() -> list[tuple[pathlib.Path, int, dict]]:
-    """(file, index, object) for every Kubernetes object under deploy/k8s (kustomization excluded)."""
+    """(file, index, object) for every Kubernetes object file under deploy/k8s: the base's and the components'
+    resources. Overlays and components keep their patches inline in kustomization.yaml, which is no object;
+    test_k8s_manifests.py checks the rendered overlays and component combinations."""
     out = []
-    for path in sorted((DEPLOY / "k8s").rglob("*.yaml")):
+    for path in sorted(K8S.rglob("*.yaml")):
         if path.name == "kustomization.yaml":
             continue
         for i, doc in enumerate(load_docs(path)):
@@ -52,7 +58,7 @@ def objects_by_kind(kind: str) -> list[dict]:
 
 def the_object(kind: str) -> dict:
     found = objects_by_kind(kind)
-    assert len(found) == 1, f"expected exactly one {kind} in deploy/k8s, found {len(found)}"
+    assert len(found) == 1, f"expected exactly one {kind} in the files under deploy/k8s, found {len(found)}"
     return found[0]
 
 

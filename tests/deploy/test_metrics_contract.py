@@ -123,9 +123,10 @@ class MetricsContractTest(unittest.TestCase):
             with self.subTest(metric=family):
                 les = {s[1]["le"] for s in self.families[family].samples if s[0].endswith("_bucket")}
                 self.assertEqual(sorted(float(le) for le in les), want + [float("inf")])
-        # The p99 alert threshold sits on a bucket boundary, so histogram_quantile is exact there.
-        threshold = float(re.search(r"p99_5m > (\d+)", RULES_FILE.read_text()).group(1))
-        self.assertIn(threshold, request_buckets)
+        # The p99 alert compares with a multiple of the mean denoising time (relative, for every model):
+        # the recording rule it reads is over these request buckets.
+        self.assertRegex(RULES_FILE.read_text(), r"p99_5m\s*> on\(\) group_left\(\)\s*5 \* \(sum\(rate\("
+                                                 r"flux2_stage_duration_seconds_sum\{stage=\"denoise\"\}")
 
 
 if __name__ == "__main__":

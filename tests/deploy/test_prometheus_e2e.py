@@ -42,7 +42,10 @@ TIME_SUMS = {
 }
 # Panels whose metrics only a CUDA backend produces, or that need a fast path to run: may be empty here.
 MAY_BE_EMPTY_ON_CPU = {"flux2_gpu_memory_used_bytes", "flux2_gpu_memory_peak_bytes", "flux2_gpu_memory_total_bytes",
-                       "flux2_fast_path_fallbacks_total", "flux2_fast_path_invocations_total"}
+                       "flux2_fast_path_fallbacks_total", "flux2_fast_path_invocations_total",
+                       # NVML (CUDA backend only)
+                       "flux2_gpu_utilization_ratio", "flux2_gpu_memory_busy_ratio", "flux2_gpu_power_watts",
+                       "flux2_gpu_sm_clock_hertz"}
 DEADLINE_S = 90
 
 
@@ -150,7 +153,7 @@ class PrometheusEndToEndTest(unittest.TestCase):
         # Every dashboard query evaluates without error; those over metrics the CPU backend produces are
         # non-empty after the traffic above.
         for title, expr in dashboard_exprs():
-            query = grafana_to_promql(expr, "15s", {"instance": ".*"})
+            query = grafana_to_promql(expr, "15s", {"namespace": ".*", "job": ".*", "instance": ".*"})
             with self.subTest(panel=title, expr=query):
                 result = prom.query(query)
                 if not metric_names(expr) & MAY_BE_EMPTY_ON_CPU:

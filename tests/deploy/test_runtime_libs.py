@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-# Every shared library the built flux2_server loads (ldd) will exist in the runtime image: Debian libraries come from
-# the packages `deploy/install_deps.sh --runtime` installs (with their dependencies), CUDA ones from the Dockerfile's list.
+# Every shared library the built flux2_server loads (ldd, and dlopen in its sources) will exist in the runtime image:
+# Debian libraries come from the packages `deploy/install_deps.sh --runtime` installs (with their dependencies), CUDA
+# ones from the Dockerfile's list, the driver's (libcuda, NVML) from the host through the NVIDIA container toolkit.
 import fnmatch
 import os
 import re
@@ -11,8 +12,9 @@ import unittest
 from deploy_common import REPO
 from server_fixture import server_binary
 
-# Loaded by the kernel / dynamic loader, or injected from the host driver by the NVIDIA container toolkit.
-NOT_PACKAGED = {"linux-vdso.so.1", "libcuda.so.1"}
+# Loaded by the kernel / dynamic loader, or injected from the host driver by the NVIDIA container toolkit
+# (NVIDIA_DRIVER_CAPABILITIES compute: libcuda; utility: NVML).
+NOT_PACKAGED = {"linux-vdso.so.1", "libcuda.so.1", "libnvidia-ml.so.1"}
 
 
 def ldd(binary) -> dict[str, str | None]:
@@ -38,10 +40,29 @@ def runtime_packages() -> list[str]:
 
 
 def dockerfile_cuda_sonames() -> list[str]:
+    """The cuda-runtime stage's list of CUDA libraries copied into the image (the first `for soname in`)."""
     text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
     m = re.search(r"for soname in (.*?); do", text)
     assert m, "Dockerfile: no `for soname in ...; do` list in the cuda-runtime stage"
     return [w.strip("'\"") for w in m.group(1).split()]
+
+
+def dockerfile_dlopen_checks() -> list[str]:
+    """The runtime stage's list of dlopen-ed libraries the build checks ldconfig finds."""
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    m = re.search(r"for soname in ([^;]*); do\s+ldconfig -p", text)
+    assert m, "Dockerfile: no `for soname in ...; do ldconfig -p ...` check in the runtime stage"
+    return m.group(1).split()
+
+
+def dlopened_sonames() -> set[str]:
+    """Versioned sonames the server's sources pass to dlopen (unversioned `libX.so` names are dev-tree fallbacks)."""
+    found = set()
+    for path in [*(REPO / "server").rglob("*.cc"), *(REPO / "kernels").rglob("*.cc"), *(REPO / "model").rglob("*.cc")]:
+        text = path.read_text()
+        if "dlopen(" in text:
+            found |= set(re.findall(r'"(lib[\w+-]+\.so\.[\d.]+)"', text))
+    return found
 
 
 def installed_dependency_closure(roots: list[str]) -> set[str]:
@@ -122,6 +143,19 @@ class RuntimeLibrariesTest(unittest.TestCase):
         for soname in loaded:
             with self.subTest(library=soname):
                 self.assertTrue(any(fnmatch.fnmatchcase(soname, p) for p in patterns))
+                self.assertIn(soname, dockerfile_dlopen_checks(), "the image build checks ldconfig finds it")
+
+    def test_every_dlopen_in_the_sources_is_shipped_or_from_the_driver(self):
+        sonames = dlopened_sonames()
+        self.assertIn("libcublasLt.so.13", sonames)
+        patterns, checks = dockerfile_cuda_sonames(), dockerfile_dlopen_checks()
+        for soname in sorted(sonames):
+            with self.subTest(library=soname):
+                if soname in NOT_PACKAGED:
+                    continue
+                self.assertTrue(any(fnmatch.fnmatchcase(soname, p) for p in patterns),
+                                f"{soname} is dlopen-ed but not copied by the Dockerfile's cuda-runtime stage")
+                self.assertIn(soname, checks)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 // --gtest_filter='ServerOptions*'
 #include "server/server_options.h"
 
+#include <cstdlib>
+
 #include <string>
 #include <vector>
 
@@ -202,6 +204,42 @@ TEST(ServerOptions, ParseErrorsNameTheFlag) {
     ASSERT_FALSE(parsed.ok()) << c.flag;
     EXPECT_NE(parsed.status().message().find(c.flag), std::string::npos) << parsed.status();
   }
+}
+
+TEST(ServerOptions, EnvironmentVariablesSetFlagsAndTheCommandLineWins) {
+  setenv("FLUX2_QUEUE_DEPTH", "3", 1);
+  setenv("FLUX2_ENABLE_QUALITY_HIGH", "true", 1);
+  setenv("FLUX2_FAST_PATHS", "off", 1);
+  absl::StatusOr<ParsedFlags> parsed = parse({});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.queue_depth, 3);
+  EXPECT_TRUE(parsed->options.enable_quality_high);
+  EXPECT_FALSE(parsed->options.fast_paths);
+  parsed = parse({"--queue-depth", "5"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.queue_depth, 5);
+  setenv("FLUX2_QUEUE_DEPTH", "many", 1);
+  parsed = parse({});
+  EXPECT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("--queue-depth = many"), std::string::npos)
+      << parsed.status();
+  EXPECT_NE(parsed.status().message().find("FLUX2_* variable"), std::string::npos);
+  unsetenv("FLUX2_QUEUE_DEPTH");
+  unsetenv("FLUX2_ENABLE_QUALITY_HIGH");
+  unsetenv("FLUX2_FAST_PATHS");
+}
+
+TEST(ServerOptions, HelpAndVersion) {
+  for (const char* flag : {"-h", "--help"}) {
+    absl::StatusOr<ParsedFlags> parsed = parse({flag});
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_TRUE(parsed->help);
+  }
+  absl::StatusOr<ParsedFlags> parsed = parse({"--version"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->version);
+  EXPECT_FALSE(server_version().empty());
+  EXPECT_NE(server_help_text().find("FLUX2_FOO_BAR"), std::string::npos);
 }
 
 TEST(ServerOptions, RangeErrorsPrintExactBounds) {
