@@ -9,6 +9,10 @@
 
 namespace flux2 {
 
+std::string dump_json(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 absl::StatusOr<nlohmann::json> read_json_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));

@@ -1,5 +1,6 @@
-// Reading JSON files and typed config fields with errors that name the file and the field.
-// Tested through the config tests in tests/host/checkpoint_test.cc.
+// Reading JSON files and typed config fields with errors that name the file and the field, and
+// writing JSON that never throws. Tested through the config tests in tests/host/checkpoint_test.cc
+// and the server's JSON bodies and log lines (tests/server/openai_images_test.cc, log_test.cc).
 #pragma once
 
 #include <string>
@@ -12,6 +13,10 @@
 namespace flux2 {
 
 absl::StatusOr<nlohmann::json> read_json_file(const std::string& path);
+
+// Compact JSON text that never throws: invalid UTF-8 (from a client's prompt, say) is replaced by
+// U+FFFD instead of raising an exception.
+std::string dump_json(const nlohmann::json& value);
 
 // Reads fields of one JSON object (a config.json); `source` names it in errors.
 class JsonFields {

@@ -24,6 +24,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Runs one component's load (`load` returns the bytes it holds) between its two progress reports.
+absl::Status load_component(const LoadProgressFn& progress, const char* component,
+                            int64_t planned_bytes,
+                            const std::function<absl::StatusOr<int64_t>()>& load) {
+  if (progress) progress(LoadProgress{component, planned_bytes, -1.0});
+  const Clock::time_point start = Clock::now();
+  FLUX_ASSIGN_OR_RETURN(const int64_t bytes, load());
+  if (progress) progress(LoadProgress{component, bytes, seconds_since(start)});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> load_tokenizer(const std::string& dir, std::unique_ptr<Tokenizer>& out) {
+  FLUX_ASSIGN_OR_RETURN(out, Tokenizer::load(dir));
+  return 0;
+}
+
 // Steps and guidance accepted by validate(); generous bounds that keep a request finite.
 constexpr int64_t kMaxSteps = 200;
 constexpr double kMaxGuidance = 100.0;
@@ -110,7 +126,9 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
   FLUX_ASSIGN_OR_RETURN(nlohmann::json scheduler_json, read_json_file(scheduler_path));
   FLUX_ASSIGN_OR_RETURN(pipeline->scheduler_config_,
                         SchedulerConfig::from_json(scheduler_json, scheduler_path));
-  FLUX_ASSIGN_OR_RETURN(pipeline->tokenizer_, Tokenizer::load(model_dir + "/tokenizer"));
+  FLUX_RETURN_IF_ERROR(load_component(options.on_progress, "tokenizer", 0, [&] {
+    return load_tokenizer(model_dir + "/tokenizer", pipeline->tokenizer_);
+  }));
 
   // The memory plan, from the tensor shapes, before anything is allocated.
   FLUX_ASSIGN_OR_RETURN(ComponentWeights text_weights,
@@ -133,16 +151,46 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
       plan, backend.free_device_bytes(), model_dir,
       options.text_encoder_residency == WeightResidency::kStreamed, "--text-encoder-offload"));
 
-  FLUX_ASSIGN_OR_RETURN(pipeline->text_encoder_, TextEncoder::load(backend, text_weights, taps,
-                                                                   options.text_encoder_residency));
-  FLUX_ASSIGN_OR_RETURN(pipeline->transformer_,
-                        Flux2Transformer::load(backend, transformer_weights));
-  FLUX_ASSIGN_OR_RETURN(pipeline->vae_, VaeDecoder::load(backend, vae_weights));
-  FLUX_ASSIGN_OR_RETURN(pipeline->vae_encoder_, VaeEncoder::load(backend, vae_weights));
+  Pipeline& p = *pipeline;
+  FLUX_RETURN_IF_ERROR(load_component(
+      options.on_progress, "text_encoder", plan.text_encoder_device + plan.text_encoder_host,
+      [&]() -> absl::StatusOr<int64_t> {
+        FLUX_ASSIGN_OR_RETURN(p.text_encoder_, TextEncoder::load(backend, text_weights, taps,
+                                                                 options.text_encoder_residency));
+        return p.text_encoder_->device_bytes() + p.text_encoder_->host_bytes();
+      }));
+  FLUX_RETURN_IF_ERROR(load_component(
+      options.on_progress, "transformer", plan.transformer, [&]() -> absl::StatusOr<int64_t> {
+        FLUX_ASSIGN_OR_RETURN(p.transformer_, Flux2Transformer::load(backend, transformer_weights));
+        return p.transformer_->load_report().device_bytes;
+      }));
+  FLUX_RETURN_IF_ERROR(
+      load_component(options.on_progress, "vae", plan.vae, [&]() -> absl::StatusOr<int64_t> {
+        FLUX_ASSIGN_OR_RETURN(p.vae_, VaeDecoder::load(backend, vae_weights));
+        FLUX_ASSIGN_OR_RETURN(p.vae_encoder_, VaeEncoder::load(backend, vae_weights));
+        return p.vae_->device_bytes() + p.vae_encoder_->device_bytes();
+      }));
 
   pipeline->prompt_cache_ = PromptCache(options.prompt_cache_bytes);
-  FLUX_RETURN_IF_ERROR(pipeline->finish_load(model_dir, options.enable_quality_high, start));
+  FLUX_RETURN_IF_ERROR(
+      pipeline->finish_load(model_dir, options.enable_quality_high, start, options.on_progress));
   return pipeline;
+}
+
+std::string describe(const LoadProgress& progress) {
+  const std::string bytes = progress.bytes >= 1e9 ? absl::StrFormat("%.3f GB", progress.bytes / 1e9)
+                            : progress.bytes > 0  ? absl::StrFormat("%.1f MB", progress.bytes / 1e6)
+                                                  : "";
+  if (progress.seconds < 0) {
+    return absl::StrCat("loading ", progress.component,
+                        bytes.empty() ? "" : absl::StrCat(" (", bytes, ")"));
+  }
+  const std::string rate =
+      progress.bytes > 0 && progress.seconds > 0
+          ? absl::StrFormat(" (%.2f GB/s)", progress.bytes / 1e9 / progress.seconds)
+          : "";
+  return absl::StrCat("loaded ", progress.component, bytes.empty() ? "" : ": " + bytes,
+                      absl::StrFormat(" in %.2f s", progress.seconds), rate);
 }
 
 std::string PipelineInfo::load_summary() const {
@@ -193,18 +241,32 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
   pipeline->describe("(random weights)", spec.name, spec.pipeline_class,
                      spec.is_distilled || spec.kv_cache, spec.kv_cache);
-  FLUX_ASSIGN_OR_RETURN(pipeline->tokenizer_, Tokenizer::load(spec.tokenizer_dir));
-  FLUX_ASSIGN_OR_RETURN(pipeline->text_encoder_,
-                        TextEncoder::create_random(backend, spec.text_encoder, spec.taps, spec.seed,
-                                                   spec.text_encoder_residency));
+  FLUX_RETURN_IF_ERROR(load_component(spec.on_progress, "tokenizer", 0, [&] {
+    return load_tokenizer(spec.tokenizer_dir, pipeline->tokenizer_);
+  }));
+  Pipeline& p = *pipeline;
+  FLUX_RETURN_IF_ERROR(
+      load_component(spec.on_progress, "text_encoder", 0, [&]() -> absl::StatusOr<int64_t> {
+        FLUX_ASSIGN_OR_RETURN(p.text_encoder_,
+                              TextEncoder::create_random(backend, spec.text_encoder, spec.taps,
+                                                         spec.seed, spec.text_encoder_residency));
+        return p.text_encoder_->device_bytes() + p.text_encoder_->host_bytes();
+      }));
   pipeline->prompt_cache_ = PromptCache(spec.prompt_cache_bytes);
-  FLUX_ASSIGN_OR_RETURN(pipeline->transformer_,
-                        Flux2Transformer::create_random(backend, spec.transformer, spec.seed + 1));
-  FLUX_ASSIGN_OR_RETURN(pipeline->vae_,
-                        VaeDecoder::create_random(backend, spec.vae, spec.seed + 2));
-  FLUX_ASSIGN_OR_RETURN(pipeline->vae_encoder_,
-                        VaeEncoder::create_random(backend, spec.vae, spec.seed + 3));
-  FLUX_RETURN_IF_ERROR(pipeline->finish_load(spec.name, spec.enable_quality_high, start));
+  FLUX_RETURN_IF_ERROR(
+      load_component(spec.on_progress, "transformer", 0, [&]() -> absl::StatusOr<int64_t> {
+        FLUX_ASSIGN_OR_RETURN(p.transformer_, Flux2Transformer::create_random(
+                                                  backend, spec.transformer, spec.seed + 1));
+        return p.transformer_->load_report().device_bytes;
+      }));
+  FLUX_RETURN_IF_ERROR(load_component(spec.on_progress, "vae", 0, [&]() -> absl::StatusOr<int64_t> {
+    FLUX_ASSIGN_OR_RETURN(p.vae_, VaeDecoder::create_random(backend, spec.vae, spec.seed + 2));
+    FLUX_ASSIGN_OR_RETURN(p.vae_encoder_,
+                          VaeEncoder::create_random(backend, spec.vae, spec.seed + 3));
+    return p.vae_->device_bytes() + p.vae_encoder_->device_bytes();
+  }));
+  FLUX_RETURN_IF_ERROR(
+      pipeline->finish_load(spec.name, spec.enable_quality_high, start, spec.on_progress));
   return pipeline;
 }
 
@@ -231,10 +293,15 @@ void Pipeline::describe(const std::string& model_dir, const std::string& model_n
 }
 
 absl::Status Pipeline::finish_load(const std::string& source, bool enable_quality_high,
-                                   std::chrono::steady_clock::time_point start) {
+                                   std::chrono::steady_clock::time_point start,
+                                   const LoadProgressFn& progress) {
   FLUX_RETURN_IF_ERROR(connect_components(source));
   if (enable_quality_high) {
-    FLUX_ASSIGN_OR_RETURN(info_.fp8_bytes, transformer_->enable_quality_high());
+    FLUX_RETURN_IF_ERROR(load_component(
+        progress, "fp8_weights", info_.transformer_bytes / 2, [&]() -> absl::StatusOr<int64_t> {
+          FLUX_ASSIGN_OR_RETURN(info_.fp8_bytes, transformer_->enable_quality_high());
+          return info_.fp8_bytes;
+        }));
     info_.quality_high = true;
   }
   info_.load_seconds = seconds_since(start);

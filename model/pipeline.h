@@ -67,6 +67,19 @@ struct PipelineInfo {
   std::string load_summary() const;
 };
 
+// Progress of a load, one component at a time: reported when the component starts (seconds < 0,
+// bytes: the memory plan's estimate, 0 where there is none) and when it is in place (seconds: how
+// long it took, bytes: what it holds, device and host).
+struct LoadProgress {
+  std::string component;  // "tokenizer", "text_encoder", "transformer", "vae", "fp8_weights"
+  int64_t bytes = 0;
+  double seconds = -1.0;
+};
+using LoadProgressFn = std::function<void(const LoadProgress&)>;
+// "loading transformer (7.751 GB)" / "loaded transformer: 7.751 GB in 3.20 s (2.42 GB/s)"
+// (MB below a GB).
+std::string describe(const LoadProgress& progress);
+
 // The shapes of a pipeline built with random weights (benchmarks at the published shapes).
 struct RandomPipelineSpec {
   std::string name;                                   // e.g. "klein-4b (random weights)"
@@ -82,6 +95,7 @@ struct RandomPipelineSpec {
   bool kv_cache = false;  // run as klein-KV (Flux2KleinKVPipeline)
   bool enable_quality_high = false;
   uint64_t seed = 1;
+  LoadProgressFn on_progress;  // per component, as PipelineOptions::on_progress
 };
 
 // Load-time overrides, for tests that run one checkpoint both ways.
@@ -102,6 +116,9 @@ struct PipelineOptions {
   // transformer/'s weights; its config comes from transformer/config.json (dev without one: the
   // published shapes). A diffusers-named file is refused (its place is transformer/).
   std::string transformer_file;
+  // Told as each component starts loading and when it is in place (the server logs it, the CLI
+  // prints it): loading FLUX.2-dev takes minutes.
+  LoadProgressFn on_progress;
 };
 
 struct GenerateParams {
@@ -204,7 +221,8 @@ class Pipeline {
   // The end of load() and create_random(): connect_components, quality=high's low-precision
   // weights when asked for, and the load time since `start`.
   absl::Status finish_load(const std::string& source, bool enable_quality_high,
-                           std::chrono::steady_clock::time_point start);
+                           std::chrono::steady_clock::time_point start,
+                           const LoadProgressFn& progress);
   // The prompt embeddings of `tokens`: from the cache, else encoded (and cached). `hit` says which.
   absl::StatusOr<Tensor> prompt_embeddings(const TokenizedPrompt& tokens, bool* hit) const;
 

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/base/elapsed.h"
+#include "model/json_util.h"
 #include "server/http_connection.h"
 #include "server/openai_images.h"
 
@@ -55,11 +56,8 @@ void respond_error(httplib::Response& res, const absl::Status& status) {
 
 absl::Status authenticate(GenerationHost& host, const httplib::Request& req) {
   std::vector<absl::string_view> values;
-  const size_t count = req.get_header_value_count("Authorization");
-  std::vector<std::string> headers;
-  headers.reserve(count);
-  for (size_t i = 0; i < count; ++i) headers.push_back(req.get_header_value("Authorization", i));
-  for (const std::string& header : headers) values.emplace_back(header);
+  const auto [begin, end] = req.headers.equal_range("Authorization");
+  for (auto it = begin; it != end; ++it) values.emplace_back(it->second);
   return check_bearer_token(host.auth_token(), values);
 }
 
@@ -91,8 +89,9 @@ struct HttpCall {
   bool recorded = false;           // guarded by mu: counted and logged
 };
 
-// One generation request from parse to answer.
-class Generation {
+// One generation request from parse to answer; held by a shared_ptr so an event stream's content
+// provider keeps it alive after the handler returns.
+class Generation : public std::enable_shared_from_this<Generation> {
  public:
   Generation(GenerationHost& host, const char* method, const httplib::Request& req)
       : host_(host), method_(method), req_(req), arrival_(Clock::now()) {
@@ -227,7 +226,7 @@ class Generation {
   // The response becomes a text/event-stream the provider below fills from the job's events; it
   // runs on this handler's thread after the handler returns, so it owns copies of what it needs.
   void start_event_stream(httplib::Response& res) {
-    auto self = std::make_shared<Generation>(*this);
+    std::shared_ptr<Generation> self = shared_from_this();
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -355,20 +354,22 @@ void HttpApi::stop() {
 }
 
 void HttpApi::add_routes() {
-  server_->Post(
-      "/v1/images/generations", [this](const httplib::Request& req, httplib::Response& res) {
-        Generation(host_, kGenerationsMethod, req).run(res, [&req](absl::string_view model) {
-          return parse_generations_body(req.body, model);
-        });
-      });
+  server_->Post("/v1/images/generations",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  std::make_shared<Generation>(host_, kGenerationsMethod, req)
+                      ->run(res, [&req](absl::string_view model) {
+                        return parse_generations_body(req.body, model);
+                      });
+                });
   server_->Post("/v1/images/edits", [this](const httplib::Request& req, httplib::Response& res) {
-    Generation(host_, kEditsMethod, req).run(res, [&req](absl::string_view model) {
-      if (!req.is_multipart_form_data()) {
-        return absl::StatusOr<OpenAiImageRequest>(invalid_argument_status(
-            {{"body", "must be multipart/form-data with the image files and the fields"}}));
-      }
-      return parse_edits_form(form_parts(req), model);
-    });
+    std::make_shared<Generation>(host_, kEditsMethod, req)
+        ->run(res, [&req](absl::string_view model) {
+          if (!req.is_multipart_form_data()) {
+            return absl::StatusOr<OpenAiImageRequest>(invalid_argument_status(
+                {{"body", "must be multipart/form-data with the image files and the fields"}}));
+          }
+          return parse_edits_form(form_parts(req), model);
+        });
   });
   server_->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     absl::Status status = authenticate(host_, req);

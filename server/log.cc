@@ -7,8 +7,10 @@
 #include <ctime>
 #include <mutex>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "model/json_util.h"
 #include "nlohmann/json.hpp"
 
 namespace flux2::server {
@@ -29,21 +31,11 @@ absl::string_view level_name(LogLevel level) {
   return "INFO";
 }
 
-std::string lower(absl::string_view text) {
-  std::string out(text);
-  for (char& c : out) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-  return out;
-}
-
 void write_line(const std::string& line) {
   std::lock_guard<std::mutex> lock(g_write_mu);
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fputc('\n', stderr);
   std::fflush(stderr);
-}
-
-std::string dump(const nlohmann::json& value) {
-  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace
@@ -69,9 +61,9 @@ std::string log_timestamp() {
 
 void log_line(LogLevel level, absl::string_view message) {
   if (log_format() == LogFormat::kJson) {
-    write_line(dump({{"time", log_timestamp()},
-                     {"level", lower(level_name(level))},
-                     {"message", std::string(message)}}));
+    write_line(dump_json({{"time", log_timestamp()},
+                          {"level", absl::AsciiStrToLower(level_name(level))},
+                          {"message", std::string(message)}}));
     return;
   }
   write_line(absl::StrCat(log_timestamp(), " ", level_name(level), " flux2_server: ", message));
@@ -81,10 +73,11 @@ void log_request(const RequestLogRecord& r) {
   const bool server_fault = r.code == "INTERNAL" || r.code == "UNKNOWN" || r.code == "DATA_LOSS";
   const LogLevel level = server_fault ? LogLevel::kError : LogLevel::kInfo;
   if (log_format() == LogFormat::kJson) {
-    nlohmann::json line = {{"time", log_timestamp()},    {"level", lower(level_name(level))},
-                           {"event", "request"},         {"method", r.method},
-                           {"request_id", r.request_id}, {"code", r.code},
-                           {"seconds", r.seconds},       {"peer", r.peer}};
+    nlohmann::json line = {
+        {"time", log_timestamp()},    {"level", absl::AsciiStrToLower(level_name(level))},
+        {"event", "request"},         {"method", r.method},
+        {"request_id", r.request_id}, {"code", r.code},
+        {"seconds", r.seconds},       {"peer", r.peer}};
     if (r.width > 0) {
       line["width"] = r.width;
       line["height"] = r.height;
@@ -93,7 +86,7 @@ void log_request(const RequestLogRecord& r) {
       line["quality"] = r.quality;
     }
     if (!r.error.empty()) line["error"] = r.error;
-    write_line(dump(line));
+    write_line(dump_json(line));
     return;
   }
   std::string text = absl::StrFormat("%s request_id=%s code=%s seconds=%.3f", r.method,

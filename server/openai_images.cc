@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "model/json_util.h"
 #include "server/metrics.h"
 #include "server/request_validation.h"
 
@@ -286,10 +287,6 @@ std::string sse_event(absl::string_view name, const json& data) {
 }
 
 }  // namespace
-
-std::string dump_json(const json& value) {
-  return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
 
 absl::StatusOr<OpenAiImageRequest> parse_generations_body(absl::string_view body,
                                                           absl::string_view served_model) {

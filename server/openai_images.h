@@ -88,7 +88,4 @@ std::string sse_image_event(const EncodedImage& image, int image_index, int num_
                             const JobSpec& spec, int64_t created);
 std::string sse_error_event(const absl::Status& status);
 
-// JSON text that never throws (invalid UTF-8 from a client is replaced, not an exception).
-std::string dump_json(const nlohmann::json& value);
-
 }  // namespace flux2::server

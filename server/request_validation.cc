@@ -255,7 +255,9 @@ absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest
   params.height = size.height;
   params.references = std::move(sized.references);
   params.max_sequence_length = limits.max_sequence_length;
-  params.num_inference_steps = request.num_inference_steps();
+  // Resolved here so the log, the response bound and the engine all see the steps that run.
+  params.num_inference_steps =
+      request.num_inference_steps() > 0 ? request.num_inference_steps() : limits.default_steps;
   params.guidance_scale = guidance;
   params.seed = request.has_seed() ? request.seed() : random_seed;
   params.quality = quality;

@@ -22,6 +22,7 @@ struct RequestLimits {
   int64_t pixel_multiple = 16;   // width and height must be positive multiples of this
   int64_t max_pixels = 4194304;  // width x height budget
   int64_t max_steps = 200;       // num_inference_steps upper bound
+  int64_t default_steps = 0;     // what num_inference_steps 0 means (the model's; 0: left to it)
   double min_guidance = 0.0;     // guidance_scale range (inclusive)
   double max_guidance = 100.0;
   int64_t max_images = 4;            // num_images upper bound

@@ -63,6 +63,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
           options.text_encoder_offload ? WeightResidency::kStreamed : WeightResidency::kDevice;
       pipeline.prompt_cache_bytes = options.prompt_cache_bytes;
       pipeline.transformer_file = options.transformer_file;
+      pipeline.on_progress = [](const LoadProgress& progress) {
+        log_line(LogLevel::kInfo, describe(progress));
+      };
       return load_pipeline_engine(options.backend, options.backend_options,
                                   !options.model_dir.empty(), resolved_model_dir(options),
                                   pipeline);
@@ -214,6 +217,7 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     limits.pixel_multiple = model->info.pixel_multiple;
     limits.max_pixels = options_.max_pixels;
     limits.max_steps = options_.max_steps;
+    limits.default_steps = model->info.default_steps;
     limits.min_guidance = kMinGuidance;
     limits.max_guidance = kMaxGuidance;
     limits.max_images = options_.max_images;

@@ -211,6 +211,19 @@ absl::Status validate_server_options(const ServerOptions& o) {
   return absl::OkStatus();
 }
 
+std::vector<std::string> server_flag_names() {
+  ParsedFlags parsed;
+  RawFlags raw;
+  CLI::App app("flux2_server", "flux2_server");
+  app.set_help_flag();
+  add_flags(app, parsed.options, raw, parsed);
+  std::vector<std::string> names;
+  for (const CLI::Option* option : app.get_options()) {
+    for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+  }
+  return names;
+}
+
 int64_t min_request_bytes(const ServerOptions& options) {
   return int64_t{options.max_reference_images} * options.max_reference_bytes +
          2 * int64_t{options.max_prompt_bytes} + kRequestOverheadBytes;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -86,6 +87,9 @@ absl::Status validate_server_options(const ServerOptions& options);
 
 // The --help text: every flag, its default and its meaning.
 std::string server_help_text();
+// Every long flag parse_server_flags accepts ("--port", ..., "--help"): the help text must
+// document exactly these (tests/server/server_options_test.cc).
+std::vector<std::string> server_flag_names();
 // The version --version prints (the project's, as GetModelInfo.server_version reports it).
 std::string server_version();
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/cuda_driver.h"
 #include "kernels/cuda/cuda_backend.h"
 
 namespace flux2 {
@@ -10,8 +11,14 @@ namespace flux2 {
 absl::StatusOr<CudaDeviceInfo> cuda_device_info() {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver ||
-      (error == cudaSuccess && count == 0)) {
+  if (error == cudaErrorInsufficientDriver) {
+    cudaGetLastError();
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    return insufficient_driver_status(driver, runtime);
+  }
+  if (error == cudaErrorNoDevice || (error == cudaSuccess && count == 0)) {
     cudaGetLastError();
     return absl::NotFoundError(absl::StrCat(
         "no CUDA device: ", error != cudaSuccess ? cudaGetErrorString(error) : "none found"));

@@ -36,6 +36,11 @@ int fail(absl::string_view message) {
   return 1;
 }
 
+// Progress on stderr (stdout keeps the results, one JSON object per line with --json).
+void progress(absl::string_view message) {
+  std::fprintf(stderr, "flux2 bench: %s\n", std::string(message).c_str());
+}
+
 struct BenchOptions {
   std::string model;
   std::string quality = "lossless";
@@ -74,6 +79,7 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
     return absl::InvalidArgumentError("--height/--width must be positive multiples of 16");
   }
+  progress(absl::StrCat("creating the ", o.model, " transformer with random weights"));
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Transformer> model,
                         Flux2Transformer::create_random(be, config, 1));
   int64_t fp8_bytes = 0;
@@ -105,6 +111,9 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   };
   // Warm-up, then the timed steps back to back as a request's denoising loop runs them (the host
   // enqueues ahead of the GPU), each between CUDA events.
+  progress(absl::StrCat(o.width, "x", o.height, " at ", o.quality, ": ", o.warmup,
+                        " warm-up steps, then ", o.steps, " timed steps back to back and ", o.steps,
+                        " synchronised"));
   FLUX_RETURN_IF_ERROR(be.time_each_ms(o.warmup, step).status());
   FLUX_ASSIGN_OR_RETURN(std::vector<double> times,
                         be.time_each_ms(o.steps, [&](int64_t i) { return step(o.warmup + i); }));
@@ -228,6 +237,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
       FLUX_ASSIGN_OR_RETURN(ballast, be.empty(DType::kU8, {held}));
     }
   }
+  spec.on_progress = [](const LoadProgress& step) { progress(describe(step)); };
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline, Pipeline::create_random(be, spec));
   GenerateParams params;
   params.prompt =
@@ -260,8 +270,11 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     FLUX_ASSIGN_OR_RETURN(std::vector<uint8_t> png,
                           encode_png(image.rgb, image.width, image.height));
     const auto end = std::chrono::steady_clock::now();
+    const double request_ms = std::chrono::duration<double, std::milli>(end - start).count();
+    progress(run < 0 ? absl::StrFormat("warm-up request: %.1f ms", request_ms)
+                     : absl::StrFormat("request %d/%d: %.1f ms", run + 1, repeats, request_ms));
     if (run < 0) continue;
-    e2e.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+    e2e.push_back(request_ms);
     encode.push_back(std::chrono::duration<double, std::milli>(end - encode_start).count());
     tokenize.push_back(1e3 * image.timings.tokenize);
     text_encode.push_back(1e3 * image.timings.text_encode);

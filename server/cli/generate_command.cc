@@ -92,7 +92,11 @@ int run_generate(int argc, char** argv, int first) {
 
   auto backend = create_backend(args->get("--backend", "cpu"), *backend_options);
   if (!backend.ok()) return fail(backend.status().message());
-  auto pipeline = Pipeline::load(**backend, model_dir);
+  PipelineOptions load_options;
+  load_options.on_progress = [](const LoadProgress& progress) {
+    std::fprintf(stderr, "flux2 generate: %s\n", describe(progress).c_str());
+  };
+  auto pipeline = Pipeline::load(**backend, model_dir, load_options);
   if (!pipeline.ok()) return fail(pipeline.status().message());
   std::fprintf(stderr, "flux2 generate: %s\n", (*pipeline)->info().load_summary().c_str());
   for (size_t i = 0; i < reference_files->size(); ++i) {
@@ -105,7 +109,12 @@ int run_generate(int argc, char** argv, int first) {
   const ImageSize size = output_size(params);
   params.width = size.width;
   params.height = size.height;
-  auto image = (*pipeline)->generate(params);
+  GenerateHooks hooks;
+  hooks.on_step = [](int64_t step, int64_t steps, double seconds) {
+    std::fprintf(stderr, "flux2 generate: step %lld/%lld %.1f ms\n",
+                 static_cast<long long>(step + 1), static_cast<long long>(steps), 1e3 * seconds);
+  };
+  auto image = (*pipeline)->generate(params, hooks);
   if (!image.ok()) return fail(image.status().message());
   auto png = encode_png(image->rgb, image->width, image->height);
   if (!png.ok()) return fail(png.status().message());

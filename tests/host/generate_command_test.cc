@@ -1,6 +1,7 @@
 // `flux2 generate` on the tiny checkpoint: writes a PNG of the requested size, or of the first
 // --reference's prepared size; bad inputs (size not a multiple of 16, zero steps, a missing model
-// directory, a missing or bad reference file, named by the flag) fail with exit status 1.
+// directory, a missing or bad reference file, named by the flag) fail with exit status 1;
+// progress (components loading, steps) goes to stderr.
 #include <fstream>
 #include <iterator>
 
@@ -24,13 +25,22 @@ uint32_t big_endian(const std::vector<unsigned char>& b, size_t at) {
          b[at + 3];
 }
 
+// Also prints its progress on stderr: each component as it loads (with its bytes), each step.
 TEST(GenerateCommandTest, WritesAPngOfTheRequestedSize) {
   testing::TempDir dir;
   const std::string out = dir.path() + "/fox.png";
   const std::string model = testing::test_data_dir() + "/tiny-klein/checkpoint";
-  ASSERT_EQ(generate({"--model-dir", model, "--prompt", "a red fox", "--height", "32", "--width",
-                      "48", "--steps", "2", "--out", out}),
-            0);
+  ::testing::internal::CaptureStderr();
+  const int status = generate({"--model-dir", model, "--prompt", "a red fox", "--height", "32",
+                               "--width", "48", "--steps", "2", "--out", out});
+  const std::string progress = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(status, 0) << progress;
+  for (const char* line :
+       {"flux2 generate: loading text_encoder (", "flux2 generate: loading transformer (",
+        "flux2 generate: loaded transformer: ", "flux2 generate: loaded vae: ",
+        "flux2 generate: step 1/2 ", "flux2 generate: step 2/2 "}) {
+    EXPECT_NE(progress.find(line), std::string::npos) << line << " in:\n" << progress;
+  }
   std::ifstream file(out, std::ios::binary);
   const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(file)),
                                          std::istreambuf_iterator<char>());

@@ -38,6 +38,38 @@ class PipelineTest : public ::testing::Test {
   CpuBackend backend_;
 };
 
+// A load reports each component twice, starting (with the memory plan's bytes) and in place (with
+// the bytes it holds, what PipelineInfo reports), in load order.
+TEST_F(PipelineTest, LoadReportsEachComponent) {
+  PipelineOptions options;
+  std::vector<LoadProgress> seen;
+  options.on_progress = [&](const LoadProgress& progress) { seen.push_back(progress); };
+  auto pipeline =
+      Pipeline::load(backend_, testing::test_data_dir() + "/tiny-klein/checkpoint", options);
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+  const PipelineInfo& info = (*pipeline)->info();
+  const std::vector<std::pair<std::string, int64_t>> expected = {
+      {"tokenizer", 0},
+      {"text_encoder", info.text_encoder_bytes + info.text_encoder_host_bytes},
+      {"transformer", info.transformer_bytes},
+      {"vae", info.vae_bytes}};
+  ASSERT_EQ(seen.size(), 2 * expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const LoadProgress& start = seen[2 * i];
+    const LoadProgress& done = seen[2 * i + 1];
+    EXPECT_EQ(start.component, expected[i].first);
+    EXPECT_LT(start.seconds, 0.0);
+    EXPECT_EQ(done.component, expected[i].first);
+    EXPECT_GE(done.seconds, 0.0);
+    EXPECT_EQ(done.bytes, expected[i].second) << done.component;
+    if (i > 0) {
+      EXPECT_GT(start.bytes, 0) << start.component << ": the memory plan's estimate";
+    }
+  }
+  EXPECT_THAT(describe(seen[5]), HasSubstr("loaded transformer: "));
+  EXPECT_THAT(describe(seen[4]), HasSubstr("loading transformer ("));
+}
+
 // check_continue runs at every stage boundary under the options of the stage that follows: the
 // text encoder at lossless with the request's fast-path switch (its numerics serve the negative-
 // prompt cache of both qualities), then every step and the decode at the request's quality; after

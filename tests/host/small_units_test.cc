@@ -1,6 +1,6 @@
 // Small host units: command-line parsing and the backend flags, backend creation by name, request
-// scopes, parallel_for, the relative-error measure, RoPE tables and the timestep embedding (each
-// against values derived by hand from their spec).
+// scopes, parallel_for, the relative-error measure, RoPE tables, the timestep embedding and the
+// CUDA driver message (each against values derived by hand from their spec).
 #include <atomic>
 #include <cmath>
 #include <mutex>
@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend_factory.h"
+#include "kernels/base/cuda_driver.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/numerics.h"
 #include "kernels/base/parallel.h"
@@ -58,6 +59,17 @@ TEST(BackendFactoryTest, CreatesByName) {
   if (!cuda.ok()) {
     EXPECT_EQ(cuda.status().code(), absl::StatusCode::kNotFound) << cuda.status();
   }
+}
+
+// No driver reads as no GPU (the CPU fallback applies); an old driver is a GPU that cannot be used,
+// said with both versions and what to do.
+TEST(CudaDriverTest, NoDriverIsNoDeviceAndAnOldOneSaysWhichVersions) {
+  EXPECT_TRUE(absl::IsNotFound(insufficient_driver_status(0, 13000)));
+  const absl::Status old = insufficient_driver_status(12020, 13000);
+  EXPECT_TRUE(absl::IsFailedPrecondition(old));
+  EXPECT_EQ(old.message(),
+            "the NVIDIA driver is too old: it supports CUDA 12.2 but this build needs CUDA 13.0; "
+            "install a driver for CUDA 13.0 or newer (or run with --backend cpu)");
 }
 
 TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {

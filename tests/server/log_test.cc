@@ -8,7 +8,6 @@
 
 #include <cstdio>
 #include <fstream>
-#include <regex>
 #include <sstream>
 
 #include "gtest/gtest.h"
@@ -36,6 +35,22 @@ std::string capture_stderr(Body body) {
   return text.str();
 }
 
+// True when `line` starts "YYYY-MM-DDTHH:MM:SS.mmmZ <LEVEL> flux2_server: ". (No std::regex:
+// GCC 12's <regex> trips -Wmaybe-uninitialized under the sanitizer build's -Werror.)
+bool is_text_log_line(const std::string& line) {
+  const std::string shape = "dddd-dd-ddTdd:dd:dd.dddZ ";
+  if (line.size() < shape.size()) return false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const bool digit = line[i] >= '0' && line[i] <= '9';
+    if (shape[i] == 'd' ? !digit : line[i] != shape[i]) return false;
+  }
+  const std::string rest = line.substr(shape.size());
+  for (const char* level : {"INFO ", "WARNING ", "ERROR "}) {
+    if (rest.rfind(std::string(level) + "flux2_server: ", 0) == 0) return true;
+  }
+  return false;
+}
+
 RequestLogRecord sample_record() {
   RequestLogRecord r;
   r.method = "images.generations";
@@ -57,15 +72,13 @@ TEST(LogTest, TextLinesHaveTimeLevelAndFields) {
     log_line(LogLevel::kWarning, "drain timeout");
     log_request(sample_record());
   });
-  const std::regex line(
-      R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) flux2_server: .*)");
   std::istringstream lines(out);
   std::string first, second;
   std::getline(lines, first);
   std::getline(lines, second);
-  EXPECT_TRUE(std::regex_match(first, line)) << first;
+  EXPECT_TRUE(is_text_log_line(first)) << first;
   EXPECT_NE(first.find(" WARNING flux2_server: drain timeout"), std::string::npos) << first;
-  EXPECT_TRUE(std::regex_match(second, line)) << second;
+  EXPECT_TRUE(is_text_log_line(second)) << second;
   EXPECT_NE(second.find(" INFO flux2_server: images.generations request_id=req-1 code=OK "
                         "seconds=0.250 size=512x256 steps=4 images=2 quality=lossless "
                         "peer=127.0.0.1:5555"),

@@ -51,11 +51,12 @@ TEST(RequestValidation, DefaultsAndRandomSeed) {
   request.set_prompt("a cat");
   RequestLimits limits = test_limits();
   limits.max_pixels = 1024 * 1024;
+  limits.default_steps = 4;
   absl::StatusOr<JobSpec> spec = validate_generate_request(request, limits, /*random_seed=*/777);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->params.width, kDefaultImageSide);
   EXPECT_EQ(spec->params.height, kDefaultImageSide);
-  EXPECT_EQ(spec->params.num_inference_steps, 0);  // the model default
+  EXPECT_EQ(spec->params.num_inference_steps, 4);  // the model default, resolved
   EXPECT_LT(spec->params.guidance_scale, 0.0);     // the model default
   EXPECT_EQ(spec->params.seed, 777u);              // absent: the random one
   EXPECT_EQ(spec->params.quality, Quality::kLossless);
