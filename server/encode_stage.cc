@@ -67,6 +67,12 @@ void EncodeStage::run_encode(Task& task) {
   Job& job = *task.job;
   // A job that failed or was cancelled meanwhile is not worth encoding; its finish task follows.
   if (job.state() != JobState::kRunning) return;
+  // Nobody waits for an image whose client hung up or whose deadline passed (during the decode,
+  // say): no encode, and the request ends as the client saw it.
+  if (absl::Status status = job.check_continue(); !status.ok()) {
+    job.finish(status);
+    return;
+  }
   const Clock::time_point start = Clock::now();
   const GeneratedImage& image = task.image;
   const std::span<const uint8_t> rgb(image.rgb);
@@ -95,6 +101,11 @@ void EncodeStage::run_finish(Task& task) {
     return;
   }
   if (job.state() != JobState::kRunning) return;  // an encoding error already finished it
+  // The last stage boundary: a cancel or deadline during the encode is what the client saw.
+  if (absl::Status status = job.check_continue(); !status.ok()) {
+    job.finish(status);
+    return;
+  }
   if (static_cast<int>(job.encoded_images().size()) != job.spec().num_images) {
     job.finish(absl::InternalError("an image was not encoded"));  // only after a failed encode
     return;

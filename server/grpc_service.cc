@@ -107,7 +107,9 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
     reply(status);
   }
 
-  void reply(const absl::Status& status) {
+  void reply(absl::Status status) {
+    // A cancel that came after the job's last check: the client saw CANCELLED (or its deadline).
+    if (status.ok() && context_->IsCancelled()) status = cancel_reason(*context_);
     const double seconds = seconds_since(arrival_);
     record_finished_request(service_.host().metrics(), "GenerateImage", request_id_, status,
                             seconds, context_->peer(), job_ ? &job_->spec() : nullptr);
@@ -161,11 +163,16 @@ class GenerateImageStreamReactor final
     }
     std::unique_lock<std::mutex> lock(mu_);
     writing_ = false;
-    if (!ok) pending_.clear();
+    if (!ok) {
+      pending_.clear();
+      broken_ = true;
+    }
     pump(lock);
   }
   void OnCancel() override {
     if (job_) service_.host().withdraw(job_, cancel_reason(*context_));
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
   }
   void OnDone() override { delete this; }
 
@@ -233,6 +240,9 @@ class GenerateImageStreamReactor final
     }
     if (!finishing_) return;
     finished_ = true;
+    // A stream that broke (a write failed, the client cancelled or stopped reading until its
+    // deadline) did not deliver everything, whatever the job's own outcome.
+    if (broken_ && final_status_.ok()) final_status_ = cancel_reason(*context_);
     const double seconds = seconds_since(arrival_);
     record_finished_request(service_.host().metrics(), "GenerateImageStream", request_id_,
                             final_status_, seconds, context_->peer(),
@@ -255,7 +265,8 @@ class GenerateImageStreamReactor final
   bool writing_ = false;                                 // guarded by mu_
   bool finishing_ = false;                               // guarded by mu_: the job is over
   bool finished_ = false;                                // guarded by mu_: Finish was called
-  absl::Status final_status_;                            // guarded by mu_
+  bool broken_ = false;        // guarded by mu_: a write failed or the call was cancelled
+  absl::Status final_status_;  // guarded by mu_
 };
 
 }  // namespace

@@ -78,6 +78,11 @@ class FakeEngine final : public Engine {
       control_->after_step();
       if (hooks.on_step) hooks.on_step(i, steps, seconds);
     }
+    if (hooks.check_continue) {  // the pipeline's check before the VAE decode
+      absl::Status status = hooks.check_continue();
+      if (!status.ok()) return status;
+    }
+    control_->in_decode();
     image.rgb.resize(static_cast<size_t>(params.width * params.height * 3));
     for (int64_t y = 0; y < params.height; ++y) {
       for (int64_t x = 0; x < params.width; ++x) {
@@ -134,6 +139,31 @@ bool FakeEngineControl::wait_generations(int n) {
   return cv_.wait_for(lock, kWaitLimit, [&] { return generations_ >= n; });
 }
 
+void FakeEngineControl::hold_decode() {
+  std::lock_guard<std::mutex> lock(mu_);
+  decode_held_ = true;
+}
+
+void FakeEngineControl::release_decode() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    decode_held_ = false;
+  }
+  cv_.notify_all();
+}
+
+bool FakeEngineControl::wait_decodes(int n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, kWaitLimit, [&] { return decodes_ >= n; });
+}
+
+void FakeEngineControl::in_decode() {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++decodes_;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return !decode_held_; });
+}
+
 void FakeEngineControl::hold_load() {
   std::lock_guard<std::mutex> lock(mu_);
   load_held_ = true;
@@ -160,6 +190,11 @@ int FakeEngineControl::steps_started() const {
 int FakeEngineControl::steps_finished() const {
   std::lock_guard<std::mutex> lock(mu_);
   return finished_;
+}
+
+int FakeEngineControl::decodes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return decodes_;
 }
 
 int FakeEngineControl::generations() const {

@@ -23,6 +23,12 @@ class FakeEngineControl {
   bool wait_steps_started(int n);
   // Blocks until `n` generate() calls in total have begun (true) or 60 s passed (false).
   bool wait_generations(int n);
+  // Decode: after the last step and the check before the decode (as the real pipeline's), a
+  // generation waits here while the decode is held, so a cancel or deadline can land mid-decode.
+  void hold_decode();
+  void release_decode();
+  // Blocks until `n` decodes in total have begun (true) or 60 s passed (false).
+  bool wait_decodes(int n);
   // Load: while held, the factory blocks (simulates loading weights).
   void hold_load();
   void release_load();
@@ -31,6 +37,7 @@ class FakeEngineControl {
   int steps_started() const;
   int steps_finished() const;
   int generations() const;
+  int decodes() const;
   // Seeds of every generate() call, in order (including the warm-up).
   std::vector<uint64_t> seeds() const;
   // The references of every generate() call, in order (including the warm-up).
@@ -39,6 +46,7 @@ class FakeEngineControl {
   // Engine side.
   void before_step();  // waits at the gate, counts the start
   void after_step();
+  void in_decode();  // counts the decode, waits while it is held
   void on_generate(const GenerateParams& params);
   absl::Status wait_load();
 
@@ -64,6 +72,8 @@ class FakeEngineControl {
   int generations_ = 0;
   std::vector<uint64_t> seeds_;
   std::vector<std::vector<RgbImage>> references_;
+  bool decode_held_ = false;
+  int decodes_ = 0;
   bool load_held_ = false;
   absl::Status load_status_;
 };

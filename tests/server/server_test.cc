@@ -652,6 +652,44 @@ TEST_F(ServerTest, CancelMidRunFreesTheWorker) {
                           {{"method", "GenerateImageStream"}, {"code", "CANCELLED"}}, 1.0));
 }
 
+// A cancel or deadline that lands after the last denoising step (here: mid-decode, past the
+// pipeline's last check) ends the request as the client saw it: nothing is encoded for nobody and
+// the request is counted CANCELLED / DEADLINE_EXCEEDED, not OK.
+TEST_F(ServerTest, CancelAfterTheLastStepIsCountedAsTheClientSawIt) {
+  start();
+  const double images_before =
+      metric_value(metrics_text(), "flux2_images_generated_total").value_or(0.0);
+  const int decodes = control_->decodes();  // the warm-up's
+  control_->hold_decode();
+  StreamCall stream(stub_.get(), small_request(1, /*steps=*/2));
+  ASSERT_TRUE(stream.wait_progress(2));  // every step is done
+  ASSERT_TRUE(control_->wait_decodes(decodes + 1));
+  stream.cancel();
+  EXPECT_EQ(stream.finish().error_code(), grpc::StatusCode::CANCELLED);
+  control_->release_decode();  // the stream's decode ends after its client left
+  ASSERT_TRUE(wait_metric("flux2_requests_total",
+                          {{"method", "GenerateImageStream"}, {"code", "CANCELLED"}}, 1.0));
+
+  // The unary request's deadline passes while its decode is held.
+  control_->hold_decode();
+  UnaryCall unary(stub_.get(), small_request(2, /*steps=*/1), std::chrono::milliseconds(500));
+  ASSERT_TRUE(control_->wait_decodes(decodes + 2));
+  EXPECT_EQ(unary.finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  control_->release_decode();
+  ASSERT_TRUE(wait_metric("flux2_requests_total",
+                          {{"method", "GenerateImage"}, {"code", "DEADLINE_EXCEEDED"}}, 1.0));
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total",
+                         {{"method", "GenerateImageStream"}, {"code", "OK"}}),
+            0.0);
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_requests_total",
+                         {{"method", "GenerateImage"}, {"code", "OK"}}),
+            0.0);
+  EXPECT_EQ(metric_value(metrics_text(), "flux2_images_generated_total"), images_before);
+  // The server keeps serving.
+  UnaryCall next(stub_.get(), small_request(3, /*steps=*/1));
+  EXPECT_TRUE(next.finish().ok());
+}
+
 TEST_F(ServerTest, BearerTokenGuardsGenerationButNotHealth) {
   const std::string path = ::testing::TempDir() + "/flux2_token";
   std::ofstream(path) << "s3cret\n";
