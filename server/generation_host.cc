@@ -10,7 +10,6 @@
 #include "server/rpc_status.h"
 
 namespace flux2::server {
-namespace {
 
 bool constant_time_equal(absl::string_view a, absl::string_view b) {
   if (a.size() != b.size()) return false;
@@ -18,8 +17,6 @@ bool constant_time_equal(absl::string_view a, absl::string_view b) {
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
 }
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<Job>> create_job(
     GenerationHost& host, const flux2::v1::GenerateImageRequest& request, Clock::time_point arrival,

@@ -77,6 +77,9 @@ void record_finished_request(Metrics& metrics, absl::string_view method,
 // OK when `token` is empty or one of `authorization_values` (the Authorization header or metadata
 // values) is exactly "Bearer <token>" (compared in constant time); else Unauthenticated saying
 // whether the credentials were missing or wrong.
+// Secrets compared in time that depends on their length only (tokens, passwords).
+bool constant_time_equal(absl::string_view a, absl::string_view b);
+
 absl::Status check_bearer_token(const std::string& token,
                                 const std::vector<absl::string_view>& authorization_values);
 

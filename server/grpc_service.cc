@@ -58,6 +58,7 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
         response_(response),
         arrival_(Clock::now()),
         request_id_(loggable_request_id(request.request_id())) {
+    service_.call_started();
     absl::StatusOr<std::shared_ptr<Job>> job = service_.make_job(
         context, request, arrival_, nullptr,
         [this](const absl::Status& status, JobResult&& result) {
@@ -87,7 +88,11 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
   void OnCancel() override {
     if (job_) service_.host().withdraw(job_, cancel_reason(*context_));
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    ImageGenerationService& service = service_;
+    delete this;
+    service.call_done();
+  }
 
  private:
   void on_job_done(absl::Status status, JobResult&& result) {
@@ -136,6 +141,7 @@ class GenerateImageStreamReactor final
         context_(context),
         arrival_(Clock::now()),
         request_id_(loggable_request_id(request.request_id())) {
+    service_.call_started();
     absl::StatusOr<std::shared_ptr<Job>> job = service_.make_job(
         context, request, arrival_, [this](const ProgressEvent& event) { on_progress(event); },
         [this](const absl::Status& status, JobResult&& result) {
@@ -174,7 +180,11 @@ class GenerateImageStreamReactor final
     std::lock_guard<std::mutex> lock(mu_);
     broken_ = true;
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    ImageGenerationService& service = service_;
+    delete this;
+    service.call_done();
+  }
 
  private:
   void on_progress(const ProgressEvent& event) {
@@ -272,6 +282,22 @@ class GenerateImageStreamReactor final
 }  // namespace
 
 ImageGenerationService::ImageGenerationService(GenerationHost& host) : host_(host) {}
+
+void ImageGenerationService::call_started() {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  ++open_calls_;
+}
+
+void ImageGenerationService::call_done() {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  --open_calls_;
+  calls_cv_.notify_all();
+}
+
+bool ImageGenerationService::wait_for_no_calls(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(calls_mu_);
+  return calls_cv_.wait_until(lock, deadline, [this] { return open_calls_ == 0; });
+}
 
 absl::Status ImageGenerationService::authenticate(
     const grpc::CallbackServerContext& context) const {

@@ -8,7 +8,9 @@
 // Tested by tests/server/server_test.cc (fake engine) and the end-to-end tests.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -45,10 +47,21 @@ class ImageGenerationService final : public flux2::v1::ImageGeneration::Callback
                                                 std::shared_ptr<const ServingModel>* model);
   GenerationHost& host() { return host_; }
 
+  // Generation calls whose reactor gRPC has not released yet (counted from creation to OnDone).
+  void call_started();
+  void call_done();
+  // Waits until no generation call is open or `deadline` passes; true when none is. The drain
+  // waits here, then shuts gRPC down at once: a reply still being written gets its grace, and
+  // idle client connections do not hold the exit (gRPC would wait the whole shutdown deadline).
+  bool wait_for_no_calls(Clock::time_point deadline);
+
  private:
   absl::Status authenticate(const grpc::CallbackServerContext& context) const;
 
   GenerationHost& host_;
+  std::mutex calls_mu_;
+  std::condition_variable calls_cv_;
+  int open_calls_ = 0;  // guarded by calls_mu_
 };
 
 // Image metadata (mime_type, width, height, seed) of `image`; not its bytes.

@@ -349,6 +349,8 @@ absl::Status HttpApi::start(const HttpApiOptions& options) {
 void HttpApi::stop() {
   if (!server_) return;
   server_->stop();
+  // Idle keep-alive connections would each hold the stop for their timeout (5 s).
+  if (port_ > 0) shut_down_connections(port_);
   if (thread_.joinable()) thread_.join();
   server_.reset();
 }

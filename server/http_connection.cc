@@ -51,24 +51,50 @@ bool socket_matches(int fd, const std::string& local_addr, int local_port,
 
 }  // namespace
 
-int find_connection_socket(const std::string& local_addr, int local_port,
-                           const std::string& remote_addr, int remote_port) {
+// Calls visit(fd) for each socket descriptor of this process until it returns true.
+template <typename Visit>
+void for_each_socket(Visit visit) {
   DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int found = -1;
+  if (dir == nullptr) return;
   while (dirent* entry = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);  // NOLINT(runtime/int)
     if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
     struct stat info {};
     if (fstat(static_cast<int>(fd), &info) != 0 || !S_ISSOCK(info.st_mode)) continue;
-    if (socket_matches(static_cast<int>(fd), local_addr, local_port, remote_addr, remote_port)) {
-      found = static_cast<int>(fd);
-      break;
-    }
+    if (visit(static_cast<int>(fd))) break;
   }
   closedir(dir);
+}
+
+int find_connection_socket(const std::string& local_addr, int local_port,
+                           const std::string& remote_addr, int remote_port) {
+  int found = -1;
+  for_each_socket([&](int fd) {
+    if (!socket_matches(fd, local_addr, local_port, remote_addr, remote_port)) return false;
+    found = fd;
+    return true;
+  });
   return found;
+}
+
+int shut_down_connections(int local_port) {
+  int count = 0;
+  for_each_socket([&](int fd) {
+    sockaddr_storage address{};
+    socklen_t length = sizeof(address);
+    std::string host;
+    int port = 0;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return false;
+    length = sizeof(address);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) return false;
+    if (numeric_address(address, length, &host, &port) && port == local_port) {
+      shutdown(fd, SHUT_RDWR);
+      ++count;
+    }
+    return false;
+  });
+  return count;
 }
 
 bool peer_hung_up(int fd) {

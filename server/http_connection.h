@@ -3,7 +3,8 @@
 // from it, so the socket is found once per generation request among the process's descriptors by
 // its local and peer address, then polled (POLLRDHUP) between waits: a closed connection cancels
 // the job within one denoising step. Linux only (/proc/self/fd). Tested by the HTTP API tests
-// (tests/server/http_api_test.cc: a client that hangs up cancels its request).
+// (tests/server/http_api_test.cc: a client that hangs up cancels its request; an idle keep-alive
+// connection does not hold up the drain).
 #pragma once
 
 #include <string>
@@ -15,6 +16,11 @@ namespace flux2::server {
 // found (then hang-ups are not noticed: the request runs to its end or its deadline).
 int find_connection_socket(const std::string& local_addr, int local_port,
                            const std::string& remote_addr, int remote_port);
+
+// Shuts down (both directions) every connected TCP socket of this process whose local port is
+// `local_port`: at drain, idle keep-alive connections end at once instead of after their timeout.
+// Returns how many.
+int shut_down_connections(int local_port);
 
 // True when the peer of `fd` closed its side or the connection failed (POLLRDHUP, POLLHUP,
 // POLLERR); false for -1 and while the connection is open. Does not block.

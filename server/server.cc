@@ -82,6 +82,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& opti
           absl::StrCat("--auth-token-file: ", options.auth_token_file, " has an empty first line"));
     }
   }
+  if (!options.metrics_basic_auth_file.empty()) {
+    FLUX_ASSIGN_OR_RETURN(std::string contents,
+                          read_file(options.metrics_basic_auth_file, "--metrics-basic-auth-file"));
+    const std::string line =
+        std::string(absl::StripAsciiWhitespace(contents.substr(0, contents.find('\n'))));
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || colon == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics-basic-auth-file: ", options.metrics_basic_auth_file,
+                       ": the first line must be user:password"));
+    }
+    server->metrics_user_ = line.substr(0, colon);
+    server->metrics_password_ = line.substr(colon + 1);
+  }
   if (!options.tls_cert.empty()) {
     FLUX_ASSIGN_OR_RETURN(server->tls_cert_pem_, read_file(options.tls_cert, "--tls-cert"));
     FLUX_ASSIGN_OR_RETURN(server->tls_key_pem_, read_file(options.tls_key, "--tls-key"));
@@ -156,7 +170,8 @@ absl::Status Server::Start() {
   }
   set_health(/*ready=*/false, /*live=*/true);
 
-  const std::string metrics_address = host_port(options_.host, options_.metrics_port);
+  const std::string metrics_address = host_port(
+      options_.metrics_host.empty() ? options_.host : options_.metrics_host, options_.metrics_port);
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(metrics_address);
   } catch (const std::exception& e) {
@@ -166,6 +181,19 @@ absl::Status Server::Start() {
   }
   for (const auto& collectable : metrics_.collectables())
     exposer_->RegisterCollectable(collectable);
+  if (!metrics_user_.empty()) {
+    exposer_->RegisterAuth(
+        [this](const std::string& user, const std::string& password) {
+          return constant_time_equal(user, metrics_user_) &&
+                 constant_time_equal(password, metrics_password_);
+        },
+        "flux2 metrics");
+  }
+  if (!auth_token_.empty() && options_.tls_cert.empty()) {
+    log_line(LogLevel::kWarning,
+             "--allow-insecure-token: the bearer token travels in plaintext to this server; TLS "
+             "must end in front of it");
+  }
   const std::vector<int> ports = exposer_->GetListeningPorts();
   metrics_port_ = ports.empty() ? options_.metrics_port : ports.front();
   metrics_.set_ready(false);
@@ -362,7 +390,8 @@ absl::Status Server::GracefulStop(Clock::time_point deadline) {
       worker_->join_until(Clock::now() + (loading ? std::chrono::seconds(0) : kCancelGrace));
   encoder_.stop();
   if (http_) http_->stop();  // every generation it answers has finished by now
-  grpc_server_->Shutdown(std::chrono::system_clock::now() + kGrpcShutdownGrace);
+  service_->wait_for_no_calls(Clock::now() + kGrpcShutdownGrace);
+  grpc_server_->Shutdown(std::chrono::system_clock::now());
   exposer_.reset();
   log_line(result.ok() ? LogLevel::kInfo : LogLevel::kWarning,
            result.ok() ? "stopped (drained)" : "stopped (drain timeout)");

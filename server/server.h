@@ -74,6 +74,7 @@ class Server final : public GenerationHost {
   const ServerOptions options_;
   EngineFactory factory_;
   std::string auth_token_;
+  std::string metrics_user_, metrics_password_;  // --metrics-basic-auth-file
   std::mutex rng_mu_;
   std::mt19937_64 rng_;  // guarded by rng_mu_; seeds for requests without one
   std::string tls_cert_pem_, tls_key_pem_;

@@ -50,6 +50,8 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   option("--host", o.host);
   option("--port", o.port);
   option("--metrics-port", o.metrics_port);
+  option("--metrics-host", o.metrics_host);
+  option("--metrics-basic-auth-file", o.metrics_basic_auth_file);
   option("--http-port", o.http_port);
   option("--model-dir", o.model_dir);
   option("--backend", o.backend);
@@ -68,6 +70,7 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   option("--tls-cert", o.tls_cert);
   option("--tls-key", o.tls_key);
   option("--auth-token-file", o.auth_token_file);
+  flag("--allow-insecure-token", o.allow_insecure_token);
   option("--fast-paths", raw.fast_paths);
   option("--cpu-threads", raw.cpu_threads);
   option("--fp8-attention", raw.fp8_attention);
@@ -199,6 +202,12 @@ absl::Status validate_server_options(const ServerOptions& o) {
   FLUX_RETURN_IF_ERROR(check_range("--prompt-cache-bytes",
                                    static_cast<double>(o.prompt_cache_bytes), 0.0,
                                    static_cast<double>(kMaxPromptCacheBytes)));
+  if (!o.auth_token_file.empty() && o.tls_cert.empty() && !o.allow_insecure_token) {
+    return absl::InvalidArgumentError(
+        "--auth-token-file: without --tls-cert/--tls-key the token would travel in plaintext; "
+        "serve TLS, or pass --allow-insecure-token when TLS ends in front of the server (an "
+        "Ingress, a service mesh)");
+  }
   if (o.tls_cert.empty() != o.tls_key.empty()) {
     return absl::InvalidArgumentError(o.tls_cert.empty() ? "--tls-cert: required with --tls-key"
                                                          : "--tls-key: required with --tls-cert");
@@ -251,6 +260,10 @@ std::string server_help_text() {
       "  --port N                 gRPC port (default 50051; 0 picks a free port)\n"
       "  --metrics-port N         Prometheus /metrics HTTP port (default 9464; 0 picks a free "
       "port)\n"
+      "  --metrics-host ADDR      address /metrics binds to (default: --host), e.g. 127.0.0.1 for\n"
+      "                           a node-local scraper\n"
+      "  --metrics-basic-auth-file FILE  /metrics asks for HTTP basic auth with the file's first\n"
+      "                           line, user:password (Prometheus' basic_auth); default open\n"
       "  --http-port N            OpenAI-compatible HTTP API: /v1/images/generations, /edits,\n"
       "                           /v1/models, /health, /ready, /openapi.json (default 8000;\n"
       "                           0 picks a free port, -1 turns it off); TLS and the token apply\n"
@@ -260,7 +273,10 @@ std::string server_help_text() {
       "  --tls-key FILE           PEM private key for --tls-cert\n"
       "  --auth-token-file FILE   require `authorization: Bearer <token>` (token = the file's\n"
       "                           first line) on ImageGeneration RPCs and the HTTP API's /v1\n"
-      "                           routes; health and reflection stay open\n"
+      "                           routes; health and reflection stay open. Needs --tls-cert\n"
+      "                           unless --allow-insecure-token\n"
+      "  --allow-insecure-token   accept --auth-token-file without TLS (TLS ends in front of the\n"
+      "                           server: an Ingress, a service mesh); the start-up log warns\n"
       "model:\n"
       "  --model-dir DIR          FLUX.2-klein or FLUX.2-dev checkpoint directory (Hugging Face "
       "layout).\n"

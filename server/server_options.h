@@ -18,6 +18,10 @@ struct ServerOptions {
   std::string host = "0.0.0.0";  // address the gRPC port binds to
   int port = 50051;              // gRPC port; 0 picks a free one (printed at start-up)
   int metrics_port = 9464;       // Prometheus /metrics over HTTP; 0 picks a free one
+  std::string metrics_host;      // address /metrics binds to; empty: --host
+  // "user:password" on the file's first line: /metrics asks for HTTP basic auth (Prometheus'
+  // basic_auth scrape setting). Empty: /metrics is open.
+  std::string metrics_basic_auth_file;
   // The OpenAI-compatible HTTP API (server/http_api.h); 0 picks a free one, -1 turns it off.
   int http_port = 8000;
   std::string model_dir;         // empty: the embedded tiny checkpoint on the CPU backend
@@ -44,6 +48,9 @@ struct ServerOptions {
   std::string tls_cert;            // PEM certificate chain; with tls_key enables TLS
   std::string tls_key;             // PEM private key
   std::string auth_token_file;     // file holding the bearer token ImageGeneration requires
+  // The token without --tls-cert travels in plaintext: refused unless this says TLS ends in front
+  // of the server (an Ingress, a service mesh); then the start-up log warns.
+  bool allow_insecure_token = false;
   // --fast-paths on|off: the fast-path switch of every request (RequestOptions::fast_paths; off:
   // every fused kernel runs its eager chain, same bytes; implementations such as cuDNN attention
   // and the quality=high FP8 GEMMs are kept).

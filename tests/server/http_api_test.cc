@@ -24,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "server/server.h"
 #include "tests/server/fake_engine.h"
+#include "tests/server/server_fixture.h"
 #include "tests/server/test_support.h"
 
 namespace flux2::server {
@@ -37,33 +38,15 @@ using testing::metric_value;
 constexpr char kSmallBody[] =
     R"({"prompt": "a red fox", "size": "64x48", "num_inference_steps": 2, "seed": 5})";
 
-class HttpApiTest : public ::testing::Test {
+class HttpApiTest : public testing::FakeServerTest {
  protected:
-  void SetUp() override {
-    control_ = std::make_shared<FakeEngineControl>();
-    options_.host = "127.0.0.1";
-    options_.port = 0;
-    options_.metrics_port = 0;
-    options_.http_port = 0;
-    options_.warmup_steps = 1;
-  }
-
   void start() {
-    absl::StatusOr<std::unique_ptr<Server>> server =
-        Server::Create(options_, testing::fake_engine_factory(control_));
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    ASSERT_TRUE(server_->Start().ok());
+    start_server();
+    if (!server_) return;
     ASSERT_GT(server_->http_port(), 0);
     for (int i = 0; i < 1200 && get("/ready").status != 200; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     ASSERT_EQ(get("/ready").status, 200);
-  }
-
-  void TearDown() override {
-    control_->open_gate();
-    control_->release_load();
-    if (server_) server_->GracefulStop(Clock::now() + std::chrono::seconds(60)).IgnoreError();
   }
 
   httplib::Client client() {
@@ -105,10 +88,6 @@ class HttpApiTest : public ::testing::Test {
                         {{"method", method}, {"code", code}})
         .value_or(0.0);
   }
-
-  ServerOptions options_;
-  std::shared_ptr<FakeEngineControl> control_;
-  std::unique_ptr<Server> server_;
 };
 
 // Checks one returned image against the fake engine's pixels for `seed`.
@@ -385,6 +364,7 @@ TEST_F(HttpApiTest, TokenGuardsV1ButNotHealth) {
   const std::string path = ::testing::TempDir() + "/flux2_http_token";
   std::ofstream(path) << "s3cret\n";
   options_.auth_token_file = path;
+  options_.allow_insecure_token = true;  // plaintext loopback
   start();
   EXPECT_EQ(get("/health").status, 200);
   const Reply none = post_json(kSmallBody);

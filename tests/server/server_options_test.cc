@@ -59,6 +59,11 @@ TEST(ServerOptions, ParsesEveryFlag) {
   absl::StatusOr<ParsedFlags> parsed = parse({"--port",
                                               "1234",
                                               "--metrics-port=2345",
+                                              "--metrics-host",
+                                              "127.0.0.2",
+                                              "--metrics-basic-auth-file",
+                                              "m",
+                                              "--allow-insecure-token",
                                               "--host",
                                               "127.0.0.1",
                                               "--model-dir",
@@ -113,6 +118,9 @@ TEST(ServerOptions, ParsesEveryFlag) {
   const ServerOptions& o = parsed->options;
   EXPECT_EQ(o.port, 1234);
   EXPECT_EQ(o.metrics_port, 2345);
+  EXPECT_EQ(o.metrics_host, "127.0.0.2");
+  EXPECT_EQ(o.metrics_basic_auth_file, "m");
+  EXPECT_TRUE(o.allow_insecure_token);
   EXPECT_EQ(o.host, "127.0.0.1");
   EXPECT_EQ(o.model_dir, "/m");
   EXPECT_EQ(resolved_model_dir(o), "/m");
@@ -251,6 +259,21 @@ TEST(ServerOptions, RangeErrorsPrintExactBounds) {
   EXPECT_EQ(status.message(), "--max-pixels: 100 is outside 65536..67108864") << status;
 }
 
+// A bearer token without TLS is refused unless --allow-insecure-token says TLS ends in front.
+TEST(ServerOptions, TokenWithoutTlsNeedsTheOptIn) {
+  absl::StatusOr<ParsedFlags> plain = parse({"--auth-token-file", "t"});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_NE(validate_server_options(plain->options).message().find("--allow-insecure-token"),
+            std::string::npos);
+  absl::StatusOr<ParsedFlags> opted = parse({"--auth-token-file", "t", "--allow-insecure-token"});
+  ASSERT_TRUE(opted.ok());
+  EXPECT_TRUE(validate_server_options(opted->options).ok());
+  absl::StatusOr<ParsedFlags> tls =
+      parse({"--auth-token-file", "t", "--tls-cert", "c.pem", "--tls-key", "k.pem"});
+  ASSERT_TRUE(tls.ok());
+  EXPECT_TRUE(validate_server_options(tls->options).ok());
+}
+
 TEST(ServerOptions, ValidationErrorsNameTheFlag) {
   struct Case {
     std::vector<std::string> args;
@@ -272,6 +295,7 @@ TEST(ServerOptions, ValidationErrorsNameTheFlag) {
       {{"--drain-timeout-s", "-1"}, "--drain-timeout-s"},
       {{"--warmup-steps", "-1"}, "--warmup-steps"},
       {{"--tls-cert", "c.pem"}, "--tls-key"},
+      {{"--auth-token-file", "t"}, "--auth-token-file"},  // plaintext without the opt-in
       {{"--tls-key", "k.pem"}, "--tls-cert"},
       {{"--test-step-delay-ms", "-5"}, "--test-step-delay-ms"},
       {{"--max-reference-images", "-1"}, "--max-reference-images"},

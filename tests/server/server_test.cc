@@ -2,7 +2,7 @@
 // wait at a gate the test opens, so every assertion is an ordering: readiness after load and
 // warm-up, a failed load, both generation RPCs, validation with BadRequest details, overload
 // (RESOURCE_EXHAUSTED at once, counted), deadlines while queued, cancellation freeing the worker,
-// bearer-token auth, the drain (SIGTERM path) with and without a timeout, and editing (reference
+// bearer-token auth, and editing (reference
 // images through both RPCs, each bad one refused naming it, the receive limit), the response-size
 // bound of the unary call, one message per image on the stream, health by service name and
 // reflection v1.
@@ -11,6 +11,7 @@
 
 #include "server/probe.h"
 
+#include <httplib.h>
 #include <stb_image.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/server/fake_engine.h"
+#include "tests/server/server_fixture.h"
 #include "tests/server/test_support.h"
 
 namespace flux2::server {
@@ -40,35 +42,17 @@ using testing::StreamCall;
 using testing::UnaryCall;
 using testing::wait_for_health;
 
-class ServerTest : public ::testing::Test {
+class ServerTest : public testing::FakeServerTest {
  protected:
-  void SetUp() override {
-    control_ = std::make_shared<FakeEngineControl>();
-    options_.host = "127.0.0.1";
-    options_.port = 0;
-    options_.metrics_port = 0;
-    options_.http_port = 0;
-    options_.warmup_steps = 1;
-  }
-
-  // Creates and starts the server; waits for readiness unless `wait_ready` is false.
+  // Starts the server and a channel to it; waits for readiness unless `wait_ready` is false.
   void start(bool wait_ready = true) {
-    absl::StatusOr<std::unique_ptr<Server>> server =
-        Server::Create(options_, testing::fake_engine_factory(control_));
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    ASSERT_TRUE(server_->Start().ok());
+    start_server();
+    if (!server_) return;
     channel_ = testing::local_channel(server_->grpc_port());
     stub_ = v1::ImageGeneration::NewStub(channel_);
     if (wait_ready) {
       ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
     }
-  }
-
-  void TearDown() override {
-    control_->open_gate();
-    control_->release_load();
-    if (server_) server_->GracefulStop(Clock::now() + std::chrono::seconds(60)).IgnoreError();
   }
 
   std::string metrics_text() { return server_->metrics().render(); }
@@ -77,9 +61,6 @@ class ServerTest : public ::testing::Test {
     return testing::wait_for_metric(server_->metrics_port(), name, labels, value);
   }
 
-  ServerOptions options_;
-  std::shared_ptr<FakeEngineControl> control_;
-  std::unique_ptr<Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ImageGeneration::Stub> stub_;
 };
@@ -672,7 +653,7 @@ TEST_F(ServerTest, CancelAfterTheLastStepIsCountedAsTheClientSawIt) {
 
   // The unary request's deadline passes while its decode is held.
   control_->hold_decode();
-  UnaryCall unary(stub_.get(), small_request(2, /*steps=*/1), std::chrono::milliseconds(500));
+  UnaryCall unary(stub_.get(), small_request(2, /*steps=*/1), std::chrono::milliseconds(2000));
   ASSERT_TRUE(control_->wait_decodes(decodes + 2));
   EXPECT_EQ(unary.finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   control_->release_decode();
@@ -690,10 +671,34 @@ TEST_F(ServerTest, CancelAfterTheLastStepIsCountedAsTheClientSawIt) {
   EXPECT_TRUE(next.finish().ok());
 }
 
+// --metrics-basic-auth-file: /metrics answers 401 without the credentials (or with wrong ones)
+// and the metrics with them; --metrics-host binds it apart from --host.
+TEST_F(ServerTest, MetricsBasicAuthAndHost) {
+  const std::string path = ::testing::TempDir() + "/flux2_metrics_auth";
+  std::ofstream(path) << "prometheus:sc4pe\n";
+  options_.metrics_basic_auth_file = path;
+  options_.metrics_host = "127.0.0.1";
+  start();
+  httplib::Client metrics("127.0.0.1", server_->metrics_port());
+  httplib::Result open = metrics.Get("/metrics");
+  ASSERT_TRUE(open);
+  EXPECT_EQ(open->status, 401);
+  metrics.set_basic_auth("prometheus", "guess");
+  httplib::Result wrong = metrics.Get("/metrics");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  metrics.set_basic_auth("prometheus", "sc4pe");
+  httplib::Result scraped = metrics.Get("/metrics");
+  ASSERT_TRUE(scraped);
+  EXPECT_EQ(scraped->status, 200);
+  EXPECT_NE(scraped->body.find("flux2_requests_total"), std::string::npos);
+}
+
 TEST_F(ServerTest, BearerTokenGuardsGenerationButNotHealth) {
   const std::string path = ::testing::TempDir() + "/flux2_token";
   std::ofstream(path) << "s3cret\n";
   options_.auth_token_file = path;
+  options_.allow_insecure_token = true;  // plaintext loopback
   start();
   EXPECT_EQ(health_status(channel_, "readiness"), "SERVING");
   UnaryCall none(stub_.get(), small_request(1));
@@ -749,46 +754,6 @@ TEST_F(ServerTest, TlsServesTlsClientsOnlyAndTheProbeSpeaksTls) {
   EXPECT_EQ(run_health_probe(probe), 0);
   probe.tls_cert.clear();  // a plaintext probe cannot talk to a TLS server
   EXPECT_EQ(run_health_probe(probe), 1);
-}
-
-TEST_F(ServerTest, DrainFinishesInFlightWorkAndRefusesNewWork) {
-  start();
-  control_->close_gate();
-  StreamCall running(stub_.get(), small_request(1, 3));
-  control_->allow_steps(1);
-  ASSERT_TRUE(running.wait_progress(1));
-  UnaryCall queued(stub_.get(), small_request(2, 2));
-  ASSERT_TRUE(wait_metric("flux2_queue_depth", {}, 1.0));
-
-  absl::Status drained = absl::UnknownError("not run");
-  std::thread stopper(
-      [&] { drained = server_->GracefulStop(Clock::now() + std::chrono::seconds(120)); });
-  ASSERT_TRUE(wait_for_health(channel_, "readiness", "NOT_SERVING"));
-  EXPECT_EQ(health_status(channel_, "liveness"), "SERVING");
-  UnaryCall refused(stub_.get(), small_request(3));
-  EXPECT_EQ(refused.finish().error_code(), grpc::StatusCode::UNAVAILABLE);
-  control_->open_gate();
-  EXPECT_TRUE(running.finish().ok());
-  EXPECT_TRUE(queued.finish().ok());
-  stopper.join();
-  EXPECT_TRUE(drained.ok()) << drained;
-}
-
-TEST_F(ServerTest, DrainTimeoutCancelsWhatIsLeft) {
-  // Slow steps (test-only delay) so the running request is far from done at the drain deadline:
-  // 200 steps x 100 ms = 20 s against a 200 ms drain bound.
-  options_.test_step_delay_s = 0.1;
-  start();
-  StreamCall running(stub_.get(), small_request(1, 200));
-  ASSERT_TRUE(running.wait_progress(1));
-  UnaryCall queued(stub_.get(), small_request(2, 2));
-  ASSERT_TRUE(wait_metric("flux2_queue_depth", {}, 1.0));
-  const absl::Status drained = server_->GracefulStop(Clock::now() + std::chrono::milliseconds(200));
-  EXPECT_TRUE(absl::IsDeadlineExceeded(drained)) << drained;
-  EXPECT_EQ(queued.finish().error_code(), grpc::StatusCode::UNAVAILABLE);
-  const grpc::Status status = running.finish();
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
-  EXPECT_LT(running.progress().size(), 200u);
 }
 
 }  // namespace
