@@ -11,6 +11,7 @@
 #include "kernels/base/elapsed.h"
 #include "kernels/base/fast_path_registry.h"
 #include "kernels/base/status.h"
+#include "server/raw_messages.h"
 #include "server/rpc_status.h"
 
 #ifndef FLUX2_VERSION
@@ -22,19 +23,22 @@ namespace {
 
 namespace v1 = flux2::v1;
 
-// The call's gRPC deadline on the steady clock (max() when it has none).
+// A client whose own deadline expires cancels the stream itself, and that cancel can reach the
+// server just before the server's copy of the deadline (which starts later, when the request
+// arrives). Cancels this close to the deadline are counted as DEADLINE_EXCEEDED, and the job's own
+// deadline is this much earlier than the server's copy, so a reply the server still sends as OK
+// reaches a client that is still waiting for it.
+constexpr auto kDeadlineSlack = std::chrono::milliseconds(100);
+
+// The call's gRPC deadline on the steady clock, less kDeadlineSlack (max() when it has none).
 Clock::time_point steady_deadline(const grpc::CallbackServerContext& context) {
   const auto deadline = context.deadline();
   const auto now = std::chrono::system_clock::now();
   // gRPC reports "no deadline" as a time far in the future; anything beyond a year counts as none.
   if (deadline - now > std::chrono::hours(24 * 365)) return Clock::time_point::max();
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - now);
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(deadline - now) -
+         kDeadlineSlack;
 }
-
-// A client whose own deadline expires cancels the stream itself, and that cancel can reach the
-// server just before the server's copy of the deadline (which starts later, when the request
-// arrives). Cancels this close to the deadline are counted as DEADLINE_EXCEEDED.
-constexpr auto kDeadlineSlack = std::chrono::milliseconds(100);
 
 // Why a call was cancelled: its deadline passed, or the client (or the transport) gave up.
 absl::Status cancel_reason(const grpc::CallbackServerContext& context) {
@@ -52,13 +56,15 @@ v1::Quality to_proto(Quality quality) {
 class GenerateImageReactor final : public grpc::ServerUnaryReactor {
  public:
   GenerateImageReactor(ImageGenerationService& service, grpc::CallbackServerContext* context,
-                       const v1::GenerateImageRequest& request, v1::GenerateImageResponse* response)
-      : service_(service),
-        context_(context),
-        response_(response),
-        arrival_(Clock::now()),
-        request_id_(loggable_request_id(request.request_id())) {
+                       const grpc::ByteBuffer& raw_request, grpc::ByteBuffer* raw_response)
+      : service_(service), context_(context), raw_response_(raw_response), arrival_(Clock::now()) {
     service_.call_started();
+    v1::GenerateImageRequest request;
+    if (absl::Status parsed = parse_message(raw_request, &request); !parsed.ok()) {
+      reply(parsed);
+      return;
+    }
+    request_id_ = loggable_request_id(request.request_id());
     absl::StatusOr<std::shared_ptr<Job>> job = service_.make_job(
         context, request, arrival_, nullptr,
         [this](const absl::Status& status, JobResult&& result) {
@@ -97,12 +103,12 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
  private:
   void on_job_done(absl::Status status, JobResult&& result) {
     if (status.ok()) {
-      fill_generate_response(job_->spec(), std::move(result), *model_, arrival_, response_);
+      fill_generate_response(job_->spec(), std::move(result), *model_, arrival_, &response_);
       // Cannot happen while unary_response_bound_bytes holds; if it does, the client would fail
       // on its receive limit, so the call is not an OK one.
-      const size_t bytes = response_->ByteSizeLong();
+      const size_t bytes = response_.ByteSizeLong();
       if (bytes > static_cast<size_t>(model_->limits.max_response_bytes)) {
-        response_->Clear();
+        response_.Clear();
         service_.host().metrics().count_resource_exhausted(kResponseTooLarge);
         status = absl::ResourceExhaustedError(
             absl::StrCat("the response of ", bytes, " bytes exceeds --max-response-bytes ",
@@ -115,6 +121,8 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
   void reply(absl::Status status) {
     // A cancel that came after the job's last check: the client saw CANCELLED (or its deadline).
     if (status.ok() && context_->IsCancelled()) status = cancel_reason(*context_);
+    if (status.ok()) status = serialize_message(response_, raw_response_);
+    response_.Clear();
     const double seconds = seconds_since(arrival_);
     record_finished_request(service_.host().metrics(), "GenerateImage", request_id_, status,
                             seconds, context_->peer(), job_ ? &job_->spec() : nullptr);
@@ -123,25 +131,28 @@ class GenerateImageReactor final : public grpc::ServerUnaryReactor {
 
   ImageGenerationService& service_;
   grpc::CallbackServerContext* context_;
-  v1::GenerateImageResponse* response_;
+  v1::GenerateImageResponse response_;  // serialized into raw_response_ by reply()
+  grpc::ByteBuffer* raw_response_;
   const Clock::time_point arrival_;
-  const std::string request_id_;
+  std::string request_id_;
   std::shared_ptr<const ServingModel> model_;
   std::shared_ptr<Job> job_;  // set before the reactor is returned to gRPC; OnCancel reads it
 };
 
 // GenerateImageStream: progress events and the result go through a write queue because a server
 // stream allows one outstanding write at a time.
-class GenerateImageStreamReactor final
-    : public grpc::ServerWriteReactor<v1::GenerateImageStreamResponse> {
+class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateImageStreamReactor(ImageGenerationService& service, grpc::CallbackServerContext* context,
-                             const v1::GenerateImageRequest& request)
-      : service_(service),
-        context_(context),
-        arrival_(Clock::now()),
-        request_id_(loggable_request_id(request.request_id())) {
+                             const grpc::ByteBuffer& raw_request)
+      : service_(service), context_(context), arrival_(Clock::now()) {
     service_.call_started();
+    v1::GenerateImageRequest request;
+    if (absl::Status parsed = parse_message(raw_request, &request); !parsed.ok()) {
+      finish_with(parsed);
+      return;
+    }
+    request_id_ = loggable_request_id(request.request_id());
     absl::StatusOr<std::shared_ptr<Job>> job = service_.make_job(
         context, request, arrival_, [this](const ProgressEvent& event) { on_progress(event); },
         [this](const absl::Status& status, JobResult&& result) {
@@ -242,11 +253,17 @@ class GenerateImageStreamReactor final
   void pump(std::unique_lock<std::mutex>& lock) {
     if (writing_ || finished_) return;
     if (!pending_.empty()) {
-      current_ = std::move(pending_.front());
+      const absl::Status serialized = serialize_message(pending_.front(), &current_);
       pending_.pop_front();
-      writing_ = true;
-      StartWrite(&current_);
-      return;
+      if (serialized.ok()) {
+        writing_ = true;
+        StartWrite(&current_);
+        return;
+      }
+      pending_.clear();
+      finishing_ = true;
+      final_status_ = serialized;
+      if (job_) job_->cancel(serialized);
     }
     if (!finishing_) return;
     finished_ = true;
@@ -265,13 +282,13 @@ class GenerateImageStreamReactor final
   ImageGenerationService& service_;
   grpc::CallbackServerContext* context_;
   const Clock::time_point arrival_;
-  const std::string request_id_;
+  std::string request_id_;
   std::shared_ptr<const ServingModel> model_;
   std::shared_ptr<Job> job_;
 
   std::mutex mu_;
   std::deque<v1::GenerateImageStreamResponse> pending_;  // guarded by mu_
-  v1::GenerateImageStreamResponse current_;              // the write in progress
+  grpc::ByteBuffer current_;                             // the write in progress, serialized
   bool writing_ = false;                                 // guarded by mu_
   bool finishing_ = false;                               // guarded by mu_: the job is over
   bool finished_ = false;                                // guarded by mu_: Finish was called
@@ -318,23 +335,26 @@ absl::StatusOr<std::shared_ptr<Job>> ImageGenerationService::make_job(
 }
 
 grpc::ServerUnaryReactor* ImageGenerationService::GenerateImage(
-    grpc::CallbackServerContext* context, const v1::GenerateImageRequest* request,
-    v1::GenerateImageResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   return new GenerateImageReactor(*this, context, *request, response);
 }
 
-grpc::ServerWriteReactor<v1::GenerateImageStreamResponse>*
-ImageGenerationService::GenerateImageStream(grpc::CallbackServerContext* context,
-                                            const v1::GenerateImageRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ImageGenerationService::GenerateImageStream(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new GenerateImageStreamReactor(*this, context, *request);
 }
 
-grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
-    grpc::CallbackServerContext* context, const v1::GetModelInfoRequest* request,
-    v1::GetModelInfoResponse* response) {
+grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                               const grpc::ByteBuffer* raw_request,
+                                                               grpc::ByteBuffer* raw_response) {
   const Clock::time_point arrival = Clock::now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = authenticate(*context);
+  v1::GetModelInfoRequest request;
+  v1::GetModelInfoResponse model_info;
+  v1::GetModelInfoResponse* response = &model_info;
+  absl::Status status = parse_message(*raw_request, &request);
+  if (status.ok()) status = authenticate(*context);
   absl::StatusOr<std::shared_ptr<const ServingModel>> serving = host_.serving_model();
   if (status.ok()) status = serving.status();
   if (status.ok()) {
@@ -380,6 +400,7 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(
     response->set_transformer_file(model.transformer_file);
     response->set_http_port(model.http_port);
   }
+  if (status.ok()) status = serialize_message(model_info, raw_response);
   host_.metrics().count_request("GetModelInfo", status_code_name(status), seconds_since(arrival));
   reactor->Finish(to_grpc_status(status));
   return reactor;

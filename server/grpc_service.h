@@ -24,19 +24,26 @@
 
 namespace flux2::server {
 
-class ImageGenerationService final : public flux2::v1::ImageGeneration::CallbackService {
+// The three RPCs are registered raw (their messages as bytes) so the service parses each request
+// itself: a body that does not parse gets INVALID_ARGUMENT, logged and counted (raw_messages.h),
+// instead of gRPC's own empty UNIMPLEMENTED.
+using RawImageGenerationService = flux2::v1::ImageGeneration::WithRawCallbackMethod_GenerateImage<
+    flux2::v1::ImageGeneration::WithRawCallbackMethod_GenerateImageStream<
+        flux2::v1::ImageGeneration::WithRawCallbackMethod_GetModelInfo<
+            flux2::v1::ImageGeneration::CallbackService>>>;
+
+class ImageGenerationService final : public RawImageGenerationService {
  public:
   explicit ImageGenerationService(GenerationHost& host);
 
   grpc::ServerUnaryReactor* GenerateImage(grpc::CallbackServerContext* context,
-                                          const flux2::v1::GenerateImageRequest* request,
-                                          flux2::v1::GenerateImageResponse* response) override;
-  grpc::ServerWriteReactor<flux2::v1::GenerateImageStreamResponse>* GenerateImageStream(
-      grpc::CallbackServerContext* context,
-      const flux2::v1::GenerateImageRequest* request) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateImageStream(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const flux2::v1::GetModelInfoRequest* request,
-                                         flux2::v1::GetModelInfoResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
 
   // Shared by both generate RPCs: authentication, then create_job (not yet admitted).
   absl::StatusOr<std::shared_ptr<Job>> make_job(grpc::CallbackServerContext* context,
