@@ -221,14 +221,16 @@ try {
   slow = await startServer(["--queue-depth", "1", "--test-step-delay-ms", "400",
                             "--max-sequence-length", "64"]);
   const url = `http://127.0.0.1:${slow.http}/v1/images/generations`;
-  const body = JSON.stringify({ prompt: "a fox", size: "64x64", num_inference_steps: 12 });
+  // 24 steps x 400 ms: the first request runs ~10 s, time enough to see the second one queued on a
+  // loaded CI machine (the poll below waits up to 60 s, the bound of the other waits).
+  const body = JSON.stringify({ prompt: "a fox", size: "64x64", num_inference_steps: 24 });
   const held = [0, 1].map(() => fetch(url, { method: "POST", body,
                                               headers: { "Content-Type": "application/json" } }));
-  // Both admitted: one running (4.8 s of steps), one waiting in the queue of depth 1.
+  // Both admitted: one running, one waiting in the queue of depth 1.
   for (let i = 0; ; ++i) {
     const metrics = await (await fetch(`http://127.0.0.1:${slow.metrics}/metrics`)).text();
     if (/^flux2_queue_depth 1$/m.test(metrics)) break;
-    assert.ok(i < 600, "the second request never queued");
+    assert.ok(i < 3000, "the second request never queued");
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
   const reply = curl("-H", "Content-Type: application/json", "-d", body, url);
