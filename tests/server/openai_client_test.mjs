@@ -224,15 +224,21 @@ try {
   // 24 steps x 400 ms: the first request runs ~10 s, time enough to see the second one queued on a
   // loaded CI machine (the poll below waits up to 60 s, the bound of the other waits).
   const body = JSON.stringify({ prompt: "a fox", size: "64x64", num_inference_steps: 24 });
-  const held = [0, 1].map(() => fetch(url, { method: "POST", body,
-                                              headers: { "Content-Type": "application/json" } }));
-  // Both admitted: one running, one waiting in the queue of depth 1.
-  for (let i = 0; ; ++i) {
-    const metrics = await (await fetch(`http://127.0.0.1:${slow.metrics}/metrics`)).text();
-    if (/^flux2_queue_depth 1$/m.test(metrics)) break;
-    assert.ok(i < 3000, "the second request never queued");
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
+  const post = () => fetch(url, { method: "POST", body, headers: { "Content-Type": "application/json" } });
+  const waitForMetric = async (pattern, what) => {
+    for (let i = 0; ; ++i) {
+      const metrics = await (await fetch(`http://127.0.0.1:${slow.metrics}/metrics`)).text();
+      if (pattern.test(metrics)) return;
+      assert.ok(i < 3000, what);
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+  };
+  // One at a time: sent together, the second can reach the queue before the engine has taken the
+  // first out of it, and is then (rightly) refused.
+  const held = [post()];
+  await waitForMetric(/^flux2_requests_in_flight 1$/m, "the first request never started");
+  held.push(post());
+  await waitForMetric(/^flux2_queue_depth 1$/m, "the second request never queued");
   const reply = curl("-H", "Content-Type: application/json", "-d", body, url);
   assert.match(reply, /^HTTP\/1\.1 429/, reply.slice(0, 200));
   assert.match(reply, /\r\nRetry-After: 1\r\n/i);
