@@ -98,6 +98,13 @@ struct BackendMemoryStats {
 //   the CUDA backend rounds to bf16 where a PyTorch eager bf16 pipeline rounds (architecture §5).
 // - Ops are asynchronous on their backend's stream; download() and synchronize() wait.
 // - A precondition failure (shape, dtype, device) returns InvalidArgument and computes nothing.
+// The device faults the CUDA backend can provoke for the server's fault-handling tests.
+enum class InjectedFault : uint8_t {
+  kDeviceOutOfMemory,  // the next allocation asks the driver for more than the device has
+  kIllegalAddress,     // a kernel writes to an unmapped address: a sticky error
+  kHang,               // a kernel spins for hang_seconds: a step that does not finish
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -163,6 +170,17 @@ class Backend {
   // The device's PCI bus id ("0000:19:00.0", cudaDeviceGetPCIBusId), which names the same GPU to
   // NVML whatever CUDA_VISIBLE_DEVICES renumbers; empty without a device (CPU).
   virtual std::string device_pci_bus_id() const { return ""; }
+
+  // ---- faults ----------------------------------------------------------------------------------
+  // Whether the device still works: non-OK when an error broke it for good (a sticky CUDA error
+  // such as an illegal address: every later call fails, only a new process recovers). Called
+  // after a failed request; it waits for the device. OK on the CPU.
+  virtual absl::Status device_status() { return absl::OkStatus(); }
+  // TEST ONLY (flux2_server --test-inject-fault): provokes `fault` on the backend's stream, ahead
+  // of the work issued next (InjectedFault). Unimplemented where the backend cannot (the CPU).
+  virtual absl::Status inject_fault(InjectedFault fault, double hang_seconds) {
+    return absl::UnimplementedError(std::string(name()) + " backend cannot inject device faults");
+  }
 
   // The options of the request running now (RequestScope); defaults outside any request.
   const RequestOptions& request() const { return request_; }

@@ -28,6 +28,19 @@ class Engine {
                                                   const GenerateHooks& hooks) = 0;
   // Device memory held by the backend (zeros on the CPU). Worker thread only.
   virtual BackendMemoryStats memory_stats() const = 0;
+  // After a failed generate(): non-OK when the device is broken for good (Backend::device_status;
+  // the process must restart). Worker thread only.
+  virtual absl::Status device_status() = 0;
+  // TEST ONLY (--test-inject-fault): Backend::inject_fault. Worker thread only.
+  virtual absl::Status inject_fault(InjectedFault fault, double hang_seconds) = 0;
+};
+
+// TEST ONLY (--test-inject-fault KIND[@STEP][:SECONDS]): the fault the engine worker provokes once,
+// at the stage boundary before denoising step `step` of the first request that gets there.
+struct TestFault {
+  InjectedFault fault = InjectedFault::kHang;
+  int step = 1;
+  double hang_seconds = 10.0;  // kHang only
 };
 
 // Creates the engine; runs on the worker thread, so loading never blocks the RPC threads.

@@ -1,6 +1,7 @@
 // The engine worker thread; see engine_worker.h. Tested by tests/server/engine_worker_test.cc.
 #include "server/engine_worker.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <vector>
@@ -47,13 +48,15 @@ std::vector<FastPathCounters> fast_path_delta(const std::vector<FastPathCounters
 
 EngineWorker::EngineWorker(EngineFactory factory, JobQueue& queue, EncodeStage& encoder,
                            Metrics& metrics, WorkerOptions options,
-                           std::function<void(WorkerPhase, const absl::Status&)> on_phase)
+                           std::function<void(WorkerPhase, const absl::Status&)> on_phase,
+                           StallWatchdog* watchdog)
     : factory_(std::move(factory)),
       queue_(queue),
       encoder_(encoder),
       metrics_(metrics),
       options_(options),
-      on_phase_(std::move(on_phase)) {}
+      on_phase_(std::move(on_phase)),
+      watchdog_(watchdog) {}
 
 EngineWorker::~EngineWorker() {
   if (thread_.joinable()) thread_.join();
@@ -86,7 +89,18 @@ void EngineWorker::run() {
   const absl::Status loaded = load_and_warm_up();
   if (loaded.ok()) {
     set_phase(WorkerPhase::kServing);
-    while (std::shared_ptr<Job> job = queue_.pop()) run_job(job);
+    absl::Status broken;
+    while (std::shared_ptr<Job> job = queue_.pop()) {
+      if (broken.ok()) {
+        broken = run_job(job);
+        if (!broken.ok()) set_phase(WorkerPhase::kBroken, broken);
+      } else {
+        // Every job still queued, at once (the pop does not wait while the queue holds any).
+        job->finish(absl::UnavailableError(absl::StrCat(
+            "the GPU failed and this server is restarting; retry on another replica (",
+            broken.message(), ")")));
+      }
+    }
   } else {
     log_line(LogLevel::kError, absl::StrCat("model load failed: ", loaded.ToString()));
     set_phase(WorkerPhase::kFailed, loaded);
@@ -144,7 +158,14 @@ absl::Status EngineWorker::load_and_warm_up() {
       for (const std::vector<RgbImage>& references : reference_sets) {
         params.quality = quality;
         params.references = references;
-        absl::StatusOr<GeneratedImage> image = engine_->generate(params, {});
+        // Its steps are the watchdog's first expected step time (first calls build plans, so
+        // the estimate errs long).
+        GenerateHooks hooks;
+        hooks.on_step = [&](int64_t, int64_t, double seconds) {
+          last_step_seconds_ = seconds;
+          last_step_pixels_ = static_cast<double>(params.width) * params.height;
+        };
+        absl::StatusOr<GeneratedImage> image = engine_->generate(params, hooks);
         if (!image.ok()) {
           return absl::Status(image.status().code(), absl::StrCat("warm-up generation failed: ",
                                                                   image.status().message()));
@@ -164,8 +185,52 @@ absl::Status EngineWorker::load_and_warm_up() {
   return absl::OkStatus();
 }
 
-void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
-  if (!job->start_running()) return;  // finished while queued (cancelled or drained)
+void EngineWorker::stage_started(const Job& job, double pixels, double longest_step_seconds) {
+  if (watchdog_ == nullptr) return;
+  double expected = longest_step_seconds;
+  if (expected == 0.0 && last_step_pixels_ > 0.0) {
+    const double ratio = std::max(1.0, pixels / last_step_pixels_);
+    expected = last_step_seconds_ * ratio * ratio;
+  }
+  watchdog_->stage_started(job.spec().request_id, expected);
+}
+
+void EngineWorker::maybe_inject_fault(const Job& job, int64_t steps_done) {
+  if (!options_.test_fault || fault_injected_ || steps_done != options_.test_fault->step) return;
+  fault_injected_ = true;
+  const absl::Status status =
+      engine_->inject_fault(options_.test_fault->fault, options_.test_fault->hang_seconds);
+  log_line(status.ok() ? LogLevel::kWarning : LogLevel::kError,
+           absl::StrCat("request_id=", job.spec().request_id,
+                        ": --test-inject-fault: ", status.ok() ? "injected" : status.ToString()));
+}
+
+absl::Status EngineWorker::device_failed(const Job& job, absl::Status& status) {
+  if (status.ok() || absl::IsCancelled(status) || absl::IsDeadlineExceeded(status)) {
+    return absl::OkStatus();
+  }
+  const std::string& id = job.spec().request_id;
+  // The engine's only RESOURCE_EXHAUSTED is an allocation the device could not serve; the
+  // request's tensors are freed as it unwinds, so the next request starts from the same memory.
+  if (absl::IsResourceExhausted(status)) {
+    metrics_.count_resource_exhausted(kDeviceMemory);
+    metrics_.count_engine_fault(kFaultDeviceMemory);
+    log_line(LogLevel::kError, absl::StrCat("request_id=", id, ": ", status.message(),
+                                            "; the request failed, serving goes on"));
+    return absl::OkStatus();
+  }
+  absl::Status device = engine_->device_status();
+  if (device.ok()) return device;  // the request's own failure; the device still works
+  metrics_.count_engine_fault(kFaultDeviceError);
+  log_line(LogLevel::kError, absl::StrCat("request_id=", id, ": the GPU failed: ", status.message(),
+                                          "; ", device.message(), "; exiting to be restarted"));
+  status = absl::InternalError(
+      absl::StrCat(status.message(), " (the GPU is unusable: this server exits to be restarted)"));
+  return device;
+}
+
+absl::Status EngineWorker::run_job(const std::shared_ptr<Job>& job) {
+  if (!job->start_running()) return absl::OkStatus();  // finished while queued (cancelled, drained)
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = job;
@@ -177,13 +242,24 @@ void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
   metrics_.observe_queue(report.queue_seconds);
 
   const std::vector<FastPathCounters> before = fast_path_snapshot();
+  const double pixels = static_cast<double>(spec.params.width) * spec.params.height;
+  double longest_step = 0.0;  // of this request
   absl::Status status = job->check_continue();  // the deadline may have passed while queued
   for (int i = 0; status.ok() && i < spec.num_images; ++i) {
     GenerateParams params = spec.params;
     params.seed = spec.params.seed + static_cast<uint64_t>(i);  // documented: seed + i, mod 2^64
+    int64_t steps_done = 0;  // of this image
     GenerateHooks hooks;
-    hooks.check_continue = [&job] { return job->check_continue(); };
+    hooks.check_continue = [&] {
+      maybe_inject_fault(*job, steps_done);
+      stage_started(*job, pixels, longest_step);
+      return job->check_continue();
+    };
     hooks.on_step = [&](int64_t step, int64_t steps, double seconds) {
+      steps_done = step + 1;
+      longest_step = std::max(longest_step, seconds);
+      last_step_seconds_ = seconds;
+      last_step_pixels_ = pixels;
       metrics_.observe_step(params.quality, seconds);
       ProgressEvent event;
       event.step_index = static_cast<int>(step);
@@ -201,8 +277,6 @@ void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     absl::StatusOr<GeneratedImage> image = engine_->generate(params, hooks);
     if (!image.ok()) {
       status = image.status();
-      // The engine's only RESOURCE_EXHAUSTED is an allocation the device could not serve.
-      if (absl::IsResourceExhausted(status)) metrics_.count_resource_exhausted(kDeviceMemory);
       break;
     }
     const StageTimings& t = image->timings;
@@ -216,6 +290,8 @@ void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     image->seed = params.seed;
     encoder_.encode(job, std::move(*image));
   }
+  if (watchdog_ != nullptr) watchdog_->idle();
+  const absl::Status device = device_failed(*job, status);
   report.fast_paths = fast_path_delta(before, fast_path_snapshot());
   if (status.ok()) {
     metrics_.observe_stage(Stage::kTokenize, report.tokenize_seconds);
@@ -227,13 +303,16 @@ void EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     metrics_.observe_stage(Stage::kDecode, report.decode_seconds);
     metrics_.count_prompt_cache(report.prompt_cache_hit);
   }
-  if (engine_->info().backend == "cuda") metrics_.set_gpu_memory(engine_->memory_stats());
+  if (engine_->info().backend == "cuda" && device.ok()) {
+    metrics_.set_gpu_memory(engine_->memory_stats());
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = nullptr;
   }
   metrics_.add_in_flight(-1);
   encoder_.finish(job, std::move(status), std::move(report));
+  return device;
 }
 
 }  // namespace flux2::server

@@ -1,7 +1,8 @@
 // The one worker thread that owns the engine (and through it the backend and its stream): loads
 // the model, runs the warm-up generation, then takes jobs from the admission queue one at a time,
-// checking deadline and cancellation before every denoising step, and hands the images to the
-// encoder thread. Tested by tests/server/engine_worker_test.cc (fake engine).
+// checking deadline and cancellation at every stage boundary, reporting the boundaries to the
+// stall watchdog, and hands the images to the encoder thread; a device broken for good ends the
+// serving. Tested by tests/server/engine_worker_test.cc and fault_test.cc (fake engine).
 #pragma once
 
 #include <atomic>
@@ -17,6 +18,7 @@
 #include "server/engine.h"
 #include "server/job_queue.h"
 #include "server/metrics.h"
+#include "server/stall_watchdog.h"
 
 namespace flux2::server {
 
@@ -30,6 +32,7 @@ struct WorkerOptions {
   // Editing is on (--max-reference-images > 0): the warm-up also runs a generation with one
   // reference, so the VAE encoder's plans and the longer attention exist before readiness.
   bool warmup_reference = false;
+  std::optional<TestFault> test_fault;  // TEST ONLY: --test-inject-fault
 };
 
 // Where the worker is in its life.
@@ -37,15 +40,18 @@ enum class WorkerPhase : uint8_t {
   kLoading,  // creating the engine and running the warm-up
   kServing,  // taking jobs from the queue
   kFailed,   // loading or warm-up failed; the process should exit
+  kBroken,   // the device failed for good (a sticky error): jobs get UNAVAILABLE; exit non-zero
   kStopped,  // the queue closed and drained; the thread has ended
 };
 
 class EngineWorker {
  public:
   // `on_phase` is called on the worker thread at every phase change (health, metrics, exit).
+  // `watchdog` (may be null) hears every stage boundary of every request.
   EngineWorker(EngineFactory factory, JobQueue& queue, EncodeStage& encoder, Metrics& metrics,
                WorkerOptions options,
-               std::function<void(WorkerPhase, const absl::Status&)> on_phase);
+               std::function<void(WorkerPhase, const absl::Status&)> on_phase,
+               StallWatchdog* watchdog = nullptr);
   ~EngineWorker();  // joins; close the queue first
 
   void start();
@@ -62,7 +68,17 @@ class EngineWorker {
  private:
   void run();
   absl::Status load_and_warm_up();
-  void run_job(const std::shared_ptr<Job>& job);
+  // Runs one job; returns the device's status when the job failed because the device broke.
+  absl::Status run_job(const std::shared_ptr<Job>& job);
+  // A stage of `job` begins: tells the watchdog what it should take (a step: the longest of the
+  // request's steps so far; before any, the last step measured, scaled up quadratically by the
+  // pixel count as attention is).
+  void stage_started(const Job& job, double pixels, double longest_step_seconds);
+  // Provokes options_.test_fault once, when `steps_done` steps of an image have run.
+  void maybe_inject_fault(const Job& job, int64_t steps_done);
+  // After a request: counts and logs a device fault (out of memory, a broken device) and returns
+  // the device's status when it is broken for good (then `status` becomes INTERNAL, saying so).
+  absl::Status device_failed(const Job& job, absl::Status& status);
   void set_phase(WorkerPhase phase, const absl::Status& status = absl::OkStatus());
 
   EngineFactory factory_;
@@ -71,6 +87,12 @@ class EngineWorker {
   Metrics& metrics_;
   const WorkerOptions options_;
   std::function<void(WorkerPhase, const absl::Status&)> on_phase_;
+  StallWatchdog* const watchdog_;
+  // The last step measured (worker thread only) and its image's pixels: the expected step time
+  // of a request's stages before its own first step.
+  double last_step_seconds_ = 0.0;
+  double last_step_pixels_ = 0.0;
+  bool fault_injected_ = false;  // worker thread only
 
   std::unique_ptr<Engine> engine_;
   std::atomic<bool> engine_ready_{false};

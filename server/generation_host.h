@@ -17,6 +17,7 @@
 #include "server/job.h"
 #include "server/metrics.h"
 #include "server/request_validation.h"
+#include "server/stall_watchdog.h"
 
 namespace flux2::server {
 
@@ -28,6 +29,8 @@ struct ServingModel {
   BackendOptions backend_options;  // as the flags set them (GetModelInfo)
   std::string transformer_file;    // --transformer-file's file name (no directory); "" when none
   int http_port = 0;               // the bound HTTP API port; 0 when it is off
+  StallPolicy stall;               // --stall-timeout-min-s, --stall-step-multiple
+  std::string test_inject_fault;   // TEST ONLY: --test-inject-fault as given; "" in production
   const Engine* engine = nullptr;  // for Engine::validate (thread-safe); outlives the RPCs
 };
 
@@ -47,8 +50,9 @@ class GenerationHost {
   virtual const std::string& auth_token() const = 0;
   // A seed for a request that names none (thread-safe).
   virtual uint64_t random_seed() = 0;
-  // The liveness of gRPC's "liveness" health service: false once the model failed to load.
-  virtual bool live() const = 0;
+  // The liveness of gRPC's "liveness" health service: Unavailable, saying why, once the model
+  // failed to load or the device broke, and while the engine is stalled.
+  virtual absl::Status liveness() const = 0;
 };
 
 // Validates `request` against the served model (the limits, then the engine's own checks) and

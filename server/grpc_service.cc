@@ -399,6 +399,9 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(grpc::CallbackSer
     response->set_prompt_cache_bytes(info.prompt_cache_bytes);
     response->set_transformer_file(model.transformer_file);
     response->set_http_port(model.http_port);
+    response->set_stall_timeout_min_seconds(model.stall.min_seconds);
+    response->set_stall_step_multiple(model.stall.step_multiple);
+    response->set_test_inject_fault(model.test_inject_fault);
   }
   if (status.ok()) status = serialize_message(model_info, raw_response);
   host_.metrics().count_request("GetModelInfo", status_code_name(status), seconds_since(arrival));

@@ -389,8 +389,9 @@ void HttpApi::add_routes() {
                                                  {"pipeline_class", info.pipeline_class}}})}});
   });
   server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (host_.live()) return respond_json(res, 200, json{{"status", "live"}});
-    respond_error(res, absl::UnavailableError("the model failed to load"));
+    const absl::Status live = host_.liveness();
+    if (live.ok()) return respond_json(res, 200, json{{"status", "live"}});
+    respond_error(res, live);
   });
   server_->Get("/ready", [this](const httplib::Request&, httplib::Response& res) {
     absl::StatusOr<std::shared_ptr<const ServingModel>> serving = host_.serving_model();

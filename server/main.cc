@@ -101,17 +101,16 @@ int main(int argc, char** argv) {
   });
   signal_thread.detach();  // a later signal is ignored; the drain is bounded by --drain-timeout-s
 
-  const absl::Status load = (*server)->WaitForStopRequest();
+  const absl::Status load = (*server)->WaitForStopRequest();  // a fatal error, or OK
   const auto drain = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options.drain_timeout_s));
   const absl::Status drained = (*server)->GracefulStop(Clock::now() + drain);
   if (!drained.ok()) log_line(LogLevel::kWarning, drained.message());
   const int code = load.ok() ? 0 : 1;
   if (!load.ok()) {
-    // The last line a user reads: why nothing was served (e.g. a memory plan larger than the
-    // device, with the plan and the flag that shrinks it).
-    log_line(LogLevel::kError,
-             absl::StrCat("exiting: the model failed to load: ", load.ToString()));
+    // The last line a user reads: why nothing was (or is no longer) served, e.g. a memory plan
+    // larger than the device, with the plan and the flag that shrinks it, or a broken GPU.
+    log_line(LogLevel::kError, absl::StrCat("exiting: ", load.message()));
   }
   if (!(*server)->worker_joined()) {
     std::fflush(nullptr);

@@ -105,6 +105,17 @@ Metrics::Metrics()
                               .Name("flux2_resource_exhausted_total")
                               .Help("Requests refused or failed with RESOURCE_EXHAUSTED, by reason")
                               .Register(*registry_)),
+      engine_faults_(BuildCounter()
+                         .Name("flux2_engine_faults_total")
+                         .Help("Device faults met by requests (device_memory, device_error) and "
+                               "stalled engine stages (stall), by kind")
+                         .Register(*registry_)),
+      engine_stalled_(BuildGauge()
+                          .Name("flux2_engine_stalled")
+                          .Help("1 while a stage of the running request is far past its expected "
+                                "time (liveness is NOT_SERVING meanwhile)")
+                          .Register(*registry_)
+                          .Add({})),
       stage_duration_(BuildHistogram()
                           .Name("flux2_stage_duration_seconds")
                           .Help("Per-request stage time")
@@ -192,6 +203,8 @@ Metrics::Metrics()
   for (const char* result : {"hit", "miss"}) prompt_cache_requests_.Add({{"result", result}});
   for (const char* reason : {kQueueFull, kDeviceMemory, kRequestTooLarge, kResponseTooLarge})
     resource_exhausted_.Add({{"reason", reason}});
+  for (const char* kind : {kFaultDeviceMemory, kFaultDeviceError, kFaultStall})
+    engine_faults_.Add({{"kind", kind}});
 }
 
 bool Metrics::attach_gpu(const std::string& pci_bus_id) {
@@ -200,6 +213,14 @@ bool Metrics::attach_gpu(const std::string& pci_bus_id) {
 
 void Metrics::count_resource_exhausted(absl::string_view reason) {
   resource_exhausted_.Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void Metrics::count_engine_fault(absl::string_view kind) {
+  engine_faults_.Add({{"kind", std::string(kind)}}).Increment();
+}
+
+void Metrics::set_engine_stalled(bool stalled) {
+  engine_stalled_.Set(stalled ? 1.0 : 0.0);
 }
 
 void Metrics::observe_first_step(double seconds) {

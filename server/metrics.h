@@ -64,6 +64,10 @@ class Metrics {
   bool attach_gpu(const std::string& pci_bus_id);
   // A request refused or failed with RESOURCE_EXHAUSTED, by why (ResourceExhaustedReason).
   void count_resource_exhausted(absl::string_view reason);
+  // A device fault or a stall, by kind (EngineFaultKind), counted once where it is detected.
+  void count_engine_fault(absl::string_view kind);
+  // The stall watchdog's verdict on the running stage.
+  void set_engine_stalled(bool stalled);
   // Arrival to the end of the request's first denoising step (its first progress event).
   void observe_first_step(double seconds);
 
@@ -81,6 +85,8 @@ class Metrics {
   prometheus::Histogram& queue_duration_;
   prometheus::Histogram& first_step_;
   prometheus::Family<prometheus::Counter>& resource_exhausted_;
+  prometheus::Family<prometheus::Counter>& engine_faults_;
+  prometheus::Gauge& engine_stalled_;
   prometheus::Family<prometheus::Histogram>& stage_duration_;
   prometheus::Family<prometheus::Histogram>& step_duration_;
   prometheus::Gauge& queue_depth_;
@@ -103,6 +109,11 @@ inline constexpr char kQueueFull[] = "queue_full";                 // admission 
 inline constexpr char kDeviceMemory[] = "device_memory";           // out of GPU memory in a request
 inline constexpr char kRequestTooLarge[] = "request_too_large";    // body over --max-request-bytes
 inline constexpr char kResponseTooLarge[] = "response_too_large";  // over --max-response-bytes
+
+// Label values of flux2_engine_faults_total{kind}.
+inline constexpr char kFaultDeviceMemory[] = "device_memory";  // a request ran out of GPU memory
+inline constexpr char kFaultDeviceError[] = "device_error";    // a sticky CUDA error: exit
+inline constexpr char kFaultStall[] = "stall";                 // the stall watchdog fired
 
 // The label value of flux2_stage_duration_seconds for `stage`.
 absl::string_view stage_name(Stage stage);

@@ -29,6 +29,10 @@ class PipelineEngine final : public Engine {
     return pipeline_->generate(params, hooks);
   }
   BackendMemoryStats memory_stats() const override { return backend_->memory_stats(); }
+  absl::Status device_status() override { return backend_->device_status(); }
+  absl::Status inject_fault(InjectedFault fault, double hang_seconds) override {
+    return backend_->inject_fault(fault, hang_seconds);
+  }
 
  private:
   std::unique_ptr<Backend> backend_;

@@ -15,6 +15,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
 #include "server/log.h"
 #include "server/pipeline_engine.h"
@@ -115,9 +116,14 @@ Server::Server(const ServerOptions& options, EngineFactory factory)
   worker_options.fast_paths = options.fast_paths;
   worker_options.max_sequence_length = options.max_sequence_length;
   worker_options.warmup_reference = options.max_reference_images > 0;
+  worker_options.test_fault = options.test_fault;
+  watchdog_ = std::make_unique<StallWatchdog>(
+      options.stall, [this](const Stall& stall) { on_stall(stall); },
+      [this] { on_stall_recovered(); });
   worker_ = std::make_unique<EngineWorker>(
       factory_, queue_, encoder_, metrics_, worker_options,
-      [this](WorkerPhase phase, const absl::Status& status) { on_worker_phase(phase, status); });
+      [this](WorkerPhase phase, const absl::Status& status) { on_worker_phase(phase, status); },
+      watchdog_.get());
 }
 
 Server::~Server() {
@@ -261,6 +267,8 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     model->backend_options = options_.backend_options;
     model->transformer_file = std::filesystem::path(options_.transformer_file).filename().string();
     model->http_port = http_port_;
+    model->stall = options_.stall;
+    model->test_inject_fault = options_.test_inject_fault;
     metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
     if (!model->info.device_pci_bus_id.empty() &&
         !metrics_.attach_gpu(model->info.device_pci_bus_id)) {
@@ -288,13 +296,43 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     set_health(/*ready=*/true, /*live=*/true);
     metrics_.set_ready(true);
     log_line(LogLevel::kInfo, absl::StrCat("ready (limits: ", limits_line, ")"));
-  } else if (phase == WorkerPhase::kFailed) {
+  } else if (phase == WorkerPhase::kFailed || phase == WorkerPhase::kBroken) {
+    // Liveness NOT_SERVING at once (Kubernetes restarts the pod); new requests get UNAVAILABLE,
+    // the worker answers the queued ones so, and the process exits non-zero after the drain.
     set_health(/*ready=*/false, /*live=*/false);
+    metrics_.set_ready(false);
     std::lock_guard<std::mutex> lock(mu_);
-    load_error_ = status;
+    serving_ = nullptr;
+    fatal_error_ = absl::Status(
+        status.code(), absl::StrCat(phase == WorkerPhase::kFailed ? "the model failed to load: "
+                                                                  : "the GPU failed: ",
+                                    absl::StatusCodeToString(status.code()), ": ",
+                                    status.message()));
     stop_requested_ = true;
     cv_.notify_all();
   }
+}
+
+void Server::on_stall(const Stall& stall) {
+  metrics_.count_engine_fault(kFaultStall);
+  metrics_.set_engine_stalled(true);
+  log_line(LogLevel::kError,
+           absl::StrCat("request_id=", stall.request_id.empty() ? "-" : stall.request_id,
+                        ": the engine is stalled: a stage has run longer than ",
+                        exact_decimal(stall.limit_seconds),
+                        " s (--stall-timeout-min-s, --stall-step-multiple); liveness NOT_SERVING "
+                        "until it ends"));
+  std::lock_guard<std::mutex> lock(mu_);
+  stalled_ = true;
+  if (grpc_server_) set_health(/*ready=*/false, /*live=*/false);
+}
+
+void Server::on_stall_recovered() {
+  metrics_.set_engine_stalled(false);
+  log_line(LogLevel::kWarning, "the stalled stage ended; liveness SERVING again");
+  std::lock_guard<std::mutex> lock(mu_);
+  stalled_ = false;
+  if (grpc_server_ && fatal_error_.ok()) set_health(/*ready=*/serving_ != nullptr, /*live=*/true);
 }
 
 absl::StatusOr<std::shared_ptr<const ServingModel>> Server::serving_model() const {
@@ -302,7 +340,10 @@ absl::StatusOr<std::shared_ptr<const ServingModel>> Server::serving_model() cons
   if (serving_) return serving_;
   if (draining_)
     return absl::UnavailableError("the server is shutting down; retry on another replica");
-  if (!load_error_.ok()) return absl::UnavailableError("the model failed to load");
+  if (!fatal_error_.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat(fatal_error_.message(), "; retry on another replica"));
+  }
   return absl::UnavailableError("the model is still loading; retry later");
 }
 
@@ -328,9 +369,14 @@ absl::Status Server::admit(const std::shared_ptr<Job>& job) {
   return status;
 }
 
-bool Server::live() const {
+absl::Status Server::liveness() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return load_error_.ok();
+  if (!fatal_error_.ok()) return absl::UnavailableError(fatal_error_.message());
+  if (stalled_) {
+    return absl::UnavailableError(
+        "the engine is stalled: a stage of the running request is far past its expected time");
+  }
+  return absl::OkStatus();
 }
 
 uint64_t Server::random_seed() {
@@ -352,7 +398,7 @@ void Server::RequestStop() {
 absl::Status Server::WaitForStopRequest() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return stop_requested_; });
-  return load_error_;
+  return fatal_error_;
 }
 
 absl::Status Server::GracefulStop(Clock::time_point deadline) {
@@ -363,7 +409,12 @@ absl::Status Server::GracefulStop(Clock::time_point deadline) {
     draining_ = true;
     serving_ = nullptr;
   }
-  set_health(/*ready=*/false, /*live=*/true);
+  bool live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live = fatal_error_.ok() && !stalled_;
+  }
+  set_health(/*ready=*/false, live);
   metrics_.set_ready(false);
   queue_.close();  // queued jobs still run; new ones get UNAVAILABLE
   log_line(LogLevel::kInfo, "draining");

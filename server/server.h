@@ -47,7 +47,8 @@ class Server final : public GenerationHost {
 
   // Asks WaitForStopRequest to return (signal handler thread).
   void RequestStop();
-  // Blocks until RequestStop() (returns OK) or the model failed to load (returns that error).
+  // Blocks until RequestStop() (returns OK), or the model failed to load or the device broke
+  // (returns that error: the process exits non-zero after the drain).
   absl::Status WaitForStopRequest();
   // Drains: readiness NOT_SERVING and new generation RPCs UNAVAILABLE at once; queued and running
   // jobs finish until `deadline`, then the rest are cancelled (UNAVAILABLE); then gRPC and the
@@ -64,11 +65,13 @@ class Server final : public GenerationHost {
   Metrics& metrics() override { return metrics_; }
   const std::string& auth_token() const override { return auth_token_; }
   uint64_t random_seed() override;
-  bool live() const override;
+  absl::Status liveness() const override;
 
  private:
   Server(const ServerOptions& options, EngineFactory factory);
   void on_worker_phase(WorkerPhase phase, const absl::Status& status);
+  void on_stall(const Stall& stall);
+  void on_stall_recovered();
   void set_health(bool ready, bool live);
 
   const ServerOptions options_;
@@ -82,6 +85,7 @@ class Server final : public GenerationHost {
   Metrics metrics_;
   JobQueue queue_;
   EncodeStage encoder_;
+  std::unique_ptr<StallWatchdog> watchdog_;
   std::unique_ptr<EngineWorker> worker_;
   std::unique_ptr<ImageGenerationService> service_;
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
@@ -101,7 +105,10 @@ class Server final : public GenerationHost {
   bool draining_ = false;                        // guarded by mu_
   bool stopped_ = false;                         // guarded by mu_
   bool stop_requested_ = false;                  // guarded by mu_
-  absl::Status load_error_;                      // guarded by mu_
+  // guarded by mu_: why the process must exit non-zero (the model failed to load, the device
+  // broke), with what the last log line says ("the model failed to load: ...").
+  absl::Status fatal_error_;
+  bool stalled_ = false;  // guarded by mu_: the watchdog's verdict (liveness NOT_SERVING)
   int outstanding_jobs_ = 0;                     // guarded by mu_: admitted, not finished
 };
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
@@ -37,7 +38,46 @@ std::string env_name(absl::string_view flag) {
 struct RawFlags {
   std::string fast_paths, cpu_threads, fp8_attention, gemm_autotune;
   double test_step_delay_ms = 0.0;
+  std::string test_inject_fault;
 };
+
+// --test-inject-fault KIND[@STEP][:SECONDS]: device_oom, illegal_address or hang (SECONDS: how
+// long the hang lasts, default 10); STEP (default 1): the steps run before the fault.
+absl::StatusOr<TestFault> parse_test_fault(absl::string_view text) {
+  const auto error = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("--test-inject-fault: \"", text, "\" ", why));
+  };
+  TestFault fault;
+  absl::string_view rest = text;
+  const size_t colon = rest.find(':');
+  if (colon != absl::string_view::npos) {
+    if (!absl::SimpleAtod(rest.substr(colon + 1), &fault.hang_seconds) ||
+        !(fault.hang_seconds > 0.0 && fault.hang_seconds <= 3600.0)) {
+      return error("has no hang length in seconds (0..3600) after ':'");
+    }
+    rest = rest.substr(0, colon);
+  }
+  const size_t at = rest.find('@');
+  if (at != absl::string_view::npos) {
+    if (!absl::SimpleAtoi(rest.substr(at + 1), &fault.step) || fault.step < 0) {
+      return error("has no step count after '@'");
+    }
+    rest = rest.substr(0, at);
+  }
+  if (rest == "device_oom") {
+    fault.fault = InjectedFault::kDeviceOutOfMemory;
+  } else if (rest == "illegal_address") {
+    fault.fault = InjectedFault::kIllegalAddress;
+  } else if (rest == "hang") {
+    fault.fault = InjectedFault::kHang;
+  } else {
+    return error("is not device_oom, illegal_address or hang[@STEP][:SECONDS]");
+  }
+  if (colon != absl::string_view::npos && fault.fault != InjectedFault::kHang) {
+    return error("has a length, which only a hang takes");
+  }
+  return fault;
+}
 
 // Every flag of the server contract, bound to `o` (defaults are the struct's) or `raw`.
 void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& parsed) {
@@ -80,7 +120,10 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   option("--prompt-cache-bytes", o.prompt_cache_bytes);
   option("--transformer-file", o.transformer_file);
   option("--log-format", o.log_format);
+  option("--stall-timeout-min-s", o.stall.min_seconds);
+  option("--stall-step-multiple", o.stall.step_multiple);
   option("--test-step-delay-ms", raw.test_step_delay_ms);
+  option("--test-inject-fault", raw.test_inject_fault);
   option("--probe", o.probe);
   option("--addr", o.probe_addr);
   app.add_flag("-h,--help", parsed.help);
@@ -127,6 +170,10 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
   FLUX_ASSIGN_OR_RETURN(o.fast_paths, parse_on_off(args, "--fast-paths", o.fast_paths));
   FLUX_ASSIGN_OR_RETURN(o.backend_options, parse_backend_flags(args));
   o.test_step_delay_s = raw.test_step_delay_ms / 1000.0;
+  if (!raw.test_inject_fault.empty()) {
+    FLUX_ASSIGN_OR_RETURN(o.test_fault, parse_test_fault(raw.test_inject_fault));
+    o.test_inject_fault = raw.test_inject_fault;
+  }
   return parsed;
 }
 
@@ -197,6 +244,9 @@ absl::Status validate_server_options(const ServerOptions& o) {
   }
   FLUX_RETURN_IF_ERROR(check_range("--drain-timeout-s", o.drain_timeout_s, 0.0, 86400.0));
   FLUX_RETURN_IF_ERROR(check_range("--warmup-steps", o.warmup_steps, 0, 1000));
+  // Below a second a busy host's scheduling noise would count as a stall.
+  FLUX_RETURN_IF_ERROR(check_range("--stall-timeout-min-s", o.stall.min_seconds, 1.0, 86400.0));
+  FLUX_RETURN_IF_ERROR(check_range("--stall-step-multiple", o.stall.step_multiple, 2.0, 1e6));
   // 1 TiB only catches a typo: the memory plan checks the cache against the device's free memory
   // at load.
   FLUX_RETURN_IF_ERROR(check_range("--prompt-cache-bytes",
@@ -341,6 +391,17 @@ std::string server_help_text() {
       "  --drain-timeout-s S      on SIGTERM/SIGINT, time queued and running requests get to "
       "finish\n"
       "                           before they are cancelled (default 600); the exit code is 0\n"
+      "faults:\n"
+      "  --stall-timeout-min-s S  the watchdog calls a stage of the running request (a step, the\n"
+      "                           text encoder, the VAE decode) stalled after max(S, M x its\n"
+      "                           expected time): liveness NOT_SERVING and flux2_engine_stalled 1\n"
+      "                           until it ends (default 60)\n"
+      "  --stall-step-multiple M  expected time: the request's longest step so far, before its\n"
+      "                           first the last step measured, scaled by (pixels ratio)^2\n"
+      "                           (default 20)\n"
+      "                           A request out of device memory fails alone (RESOURCE_EXHAUSTED);\n"
+      "                           a sticky CUDA error fails it (INTERNAL), turns liveness\n"
+      "                           NOT_SERVING, answers queued requests UNAVAILABLE and exits 1\n"
       "logging:\n"
       "  --log-format text|json   stderr lines: text (default; \"<UTC time> <LEVEL> flux2_server:\n"
       "                           ...\") or one JSON object per line, each finished request as\n"
@@ -358,6 +419,11 @@ std::string server_help_text() {
       "slow\n"
       "                           enough for overload/cancellation/drain tests; never in "
       "production\n"
+      "  --test-inject-fault KIND[@STEP][:SECONDS]  TEST ONLY: provoke a device fault once, after\n"
+      "                           STEP steps (default 1) of the first request: device_oom (its\n"
+      "                           next allocation asks for more than the device has),\n"
+      "                           illegal_address (a sticky error), hang (a kernel spinning\n"
+      "                           SECONDS, default 10); the cuda backend only\n"
       "  -h, --help               this text\n"
       "  --version                print the version and exit\n"
       "environment:\n"

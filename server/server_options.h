@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,8 @@
 #include "absl/strings/string_view.h"
 #include "kernels/backend_options.h"
 #include "model/prompt_cache.h"
+#include "server/engine.h"
+#include "server/stall_watchdog.h"
 
 namespace flux2::server {
 
@@ -68,6 +71,10 @@ struct ServerOptions {
   // --log-format text|json: stderr lines as text or one JSON object per line (server/log.h).
   std::string log_format = "text";
   double test_step_delay_s = 0.0;  // TEST ONLY: sleep after every denoising step (slow requests)
+  // --stall-timeout-min-s, --stall-step-multiple: when the watchdog calls a stage stalled.
+  StallPolicy stall;
+  std::optional<TestFault> test_fault;  // TEST ONLY: --test-inject-fault KIND[@STEP][:SECONDS]
+  std::string test_inject_fault;        // the flag's text (GetModelInfo)
 
   // Probe mode (container HEALTHCHECK): check one health service of a running server and exit.
   std::string probe;  // "" (serve), "liveness" or "readiness"

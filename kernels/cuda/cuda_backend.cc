@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/op_checks.h"
@@ -14,6 +15,7 @@
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/fault_injection.h"
 #include "kernels/cuda/flash_attention_fp8.h"
 
 namespace flux2 {
@@ -127,12 +129,15 @@ absl::StatusOr<Tensor> CudaBackend::empty(DType dtype, Shape shape) {
       std::max<int64_t>(kAllocationAlignment, (bytes + kAllocationAlignment - 1) /
                                                   kAllocationAlignment * kAllocationAlignment);
   void* memory = nullptr;
-  const cudaError_t error = cudaMallocAsync(&memory, static_cast<size_t>(rounded), stream());
+  // inject_fault(kDeviceOutOfMemory): this allocation asks the driver for more than the device
+  // has, so the real failure path below runs.
+  const int64_t asked = std::exchange(fail_next_allocation_, false) ? 2 * total_bytes_ : rounded;
+  const cudaError_t error = cudaMallocAsync(&memory, static_cast<size_t>(asked), stream());
   if (error != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free allocation error
-    return absl::ResourceExhaustedError(absl::StrCat("cuda: cannot allocate ", bytes, " bytes for ",
-                                                     shape_string(shape), ": ",
-                                                     cudaGetErrorString(error)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("out of device memory: cannot allocate ", asked, " bytes for ",
+                     shape_string(shape), " (", cudaGetErrorString(error), ")"));
   }
   std::shared_ptr<CudaStream> keep = stream_;
   std::shared_ptr<void> storage(memory, [keep](void* p) { cudaFreeAsync(p, keep->stream); });
@@ -314,6 +319,30 @@ std::string CudaBackend::device_pci_bus_id() const {
   if (cudaGetDevice(&device) != cudaSuccess) return "";
   if (cudaDeviceGetPCIBusId(id, sizeof(id), device) != cudaSuccess) return "";
   return id;
+}
+
+absl::Status CudaBackend::device_status() {
+  const cudaError_t error = cudaStreamSynchronize(stream());
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("the CUDA context is broken (", cudaGetErrorName(error),
+                                          ": ", cudaGetErrorString(error),
+                                          "); only a new process can use the GPU again"));
+}
+
+absl::Status CudaBackend::inject_fault(InjectedFault fault, double hang_seconds) {
+  switch (fault) {
+    case InjectedFault::kDeviceOutOfMemory:
+      fail_next_allocation_ = true;
+      return absl::OkStatus();
+    case InjectedFault::kIllegalAddress:
+      cuda::launch_illegal_address_write(stream());
+      break;
+    case InjectedFault::kHang:
+      cuda::launch_spin(stream(), hang_seconds);
+      break;
+  }
+  FLUX_RETURN_IF_LAUNCH_FAILED("inject_fault");
+  return absl::OkStatus();
 }
 
 BackendMemoryStats CudaBackend::memory_stats() const {

@@ -71,6 +71,8 @@ class CudaBackend final : public Backend {
   int64_t free_device_bytes() const override;
   std::string device_pci_bus_id() const override;
   BackendMemoryStats memory_stats() const override;
+  absl::Status device_status() override;
+  absl::Status inject_fault(InjectedFault fault, double hang_seconds) override;
   void reset_peak_memory() override;
   void set_op_profiling(OpProfiling mode) override { profiling_ = mode; }
   std::map<std::string, double> take_op_profile() override;
@@ -215,6 +217,7 @@ class CudaBackend final : public Backend {
   void* staging_[2] = {nullptr, nullptr};  // pinned host buffers for transfers
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};
   int64_t total_bytes_ = 0;
+  bool fail_next_allocation_ = false;  // inject_fault(kDeviceOutOfMemory) armed
   // quality=high's FP8 GEMMs scale per token and per channel when cuBLASLt offers it on this
   // device (LayerNorm+modulate and SwiGLU then write the E4M3 rows of the GEMM after them); else
   // per tensor, each activation quantized just before its GEMM.

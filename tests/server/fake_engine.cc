@@ -4,6 +4,8 @@
 #include <chrono>
 #include <set>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -71,7 +73,7 @@ class FakeEngine final : public Engine {
         absl::Status status = hooks.check_continue();
         if (!status.ok()) return status;
       }
-      control_->before_step();
+      if (absl::Status status = control_->before_step(); !status.ok()) return status;
       const double seconds = 1e-3 * static_cast<double>(i + 1);
       image.timings.steps.push_back(seconds);
       image.timings.denoise += seconds;
@@ -94,6 +96,14 @@ class FakeEngine final : public Engine {
   }
 
   BackendMemoryStats memory_stats() const override { return {}; }
+  absl::Status device_status() override {
+    if (!control_->device_broken()) return absl::OkStatus();
+    return absl::InternalError("the CUDA context is broken (fake)");
+  }
+  absl::Status inject_fault(InjectedFault fault, double hang_seconds) override {
+    control_->inject(fault, hang_seconds);
+    return absl::OkStatus();
+  }
 
  private:
   std::shared_ptr<FakeEngineControl> control_;
@@ -207,11 +217,45 @@ std::vector<uint64_t> FakeEngineControl::seeds() const {
   return seeds_;
 }
 
-void FakeEngineControl::before_step() {
+absl::Status FakeEngineControl::before_step() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !gate_closed_ || started_ < allowed_; });
   ++started_;
   cv_.notify_all();
+  const std::optional<InjectedFault> fault = std::exchange(pending_fault_, std::nullopt);
+  if (!fault) return absl::OkStatus();
+  switch (*fault) {
+    case InjectedFault::kDeviceOutOfMemory:
+      return absl::ResourceExhaustedError(
+          "out of device memory: cannot allocate 1099511627776 bytes for [1] (fake)");
+    case InjectedFault::kIllegalAddress:
+      device_broken_ = true;
+      return absl::InternalError("synchronize: cudaErrorIllegalAddress (fake)");
+    case InjectedFault::kHang: {
+      const double seconds = hang_seconds_;
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
+}
+
+void FakeEngineControl::inject(InjectedFault fault, double hang_seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_fault_ = fault;
+  hang_seconds_ = hang_seconds;
+  ++faults_injected_;
+}
+
+bool FakeEngineControl::device_broken() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return device_broken_;
+}
+
+int FakeEngineControl::faults_injected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return faults_injected_;
 }
 
 void FakeEngineControl::after_step() {

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "server/engine.h"
@@ -34,6 +35,13 @@ class FakeEngineControl {
   void release_load();
   void fail_load(absl::Status status);
 
+  // Faults (Engine::inject_fault, which --test-inject-fault calls): the next step fails with
+  // out of device memory (RESOURCE_EXHAUSTED), fails with an illegal address (INTERNAL) after
+  // which device_status() stays INTERNAL, or sleeps hang_seconds.
+  void inject(InjectedFault fault, double hang_seconds);
+  bool device_broken() const;
+  int faults_injected() const;
+
   int steps_started() const;
   int steps_finished() const;
   int generations() const;
@@ -44,7 +52,8 @@ class FakeEngineControl {
   std::vector<std::vector<RgbImage>> references() const;
 
   // Engine side.
-  void before_step();  // waits at the gate, counts the start
+  // Waits at the gate, counts the start, then plays an injected fault (non-OK: the step's error).
+  absl::Status before_step();
   void after_step();
   void in_decode();  // counts the decode, waits while it is held
   void on_generate(const GenerateParams& params);
@@ -75,6 +84,10 @@ class FakeEngineControl {
   bool decode_held_ = false;
   int decodes_ = 0;
   bool load_held_ = false;
+  std::optional<InjectedFault> pending_fault_;
+  double hang_seconds_ = 0.0;
+  bool device_broken_ = false;
+  int faults_injected_ = 0;
   absl::Status load_status_;
 };
 
