@@ -112,9 +112,11 @@ int main(int argc, char** argv) {
     // larger than the device, with the plan and the flag that shrinks it, or a broken GPU.
     log_line(LogLevel::kError, absl::StrCat("exiting: ", load.message()));
   }
-  if (!(*server)->worker_joined()) {
+  // A worker still loading weights cannot be joined; a broken device's state (CUDA context,
+  // library handles) cannot be torn down reliably: exit without the destructors.
+  if (!(*server)->worker_joined() || (*server)->device_broken()) {
     std::fflush(nullptr);
-    std::_Exit(code);  // the worker is still loading weights; it cannot be joined
+    std::_Exit(code);
   }
   server->reset();
   return code;

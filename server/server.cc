@@ -299,6 +299,7 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
   } else if (phase == WorkerPhase::kFailed || phase == WorkerPhase::kBroken) {
     // Liveness NOT_SERVING at once (Kubernetes restarts the pod); new requests get UNAVAILABLE,
     // the worker answers the queued ones so, and the process exits non-zero after the drain.
+    if (phase == WorkerPhase::kBroken) device_broken_.store(true);
     set_health(/*ready=*/false, /*live=*/false);
     metrics_.set_ready(false);
     std::lock_guard<std::mutex> lock(mu_);

@@ -8,6 +8,7 @@
 // end-to-end tests.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -57,6 +58,8 @@ class Server final : public GenerationHost {
   absl::Status GracefulStop(Clock::time_point deadline);
   // False when the worker thread could not be joined (still loading at the deadline).
   bool worker_joined() const { return worker_joined_; }
+  // True once the device broke for good (WorkerPhase::kBroken): its state cannot be torn down.
+  bool device_broken() const { return device_broken_.load(); }
 
   // GenerationHost
   absl::StatusOr<std::shared_ptr<const ServingModel>> serving_model() const override;
@@ -96,6 +99,7 @@ class Server final : public GenerationHost {
   int metrics_port_ = 0;
   int http_port_ = 0;
   bool worker_joined_ = true;
+  std::atomic<bool> device_broken_{false};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

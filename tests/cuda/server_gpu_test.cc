@@ -5,7 +5,10 @@
 // FP8 paths counted, other bytes than lossless), no fast-path fallback at the real shapes (in the
 // responses and in the metrics), GPU memory gauges, NVML telemetry and the per-step histogram;
 // and with --fast-paths off the fused kernels run their eager chains (counted "switched_off", same
-// bytes) while cuDNN attention keeps running. Skips only where no CUDA device exists.
+// bytes) while cuDNN attention keeps running; and the device faults (--test-inject-fault): out
+// of memory, a sticky error, a hung step. Skips only where no CUDA device exists.
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -218,6 +221,121 @@ TEST(ServerGpuTest, FastPathsOffRunsTheEagerChainsWithTheSameBytes) {
     EXPECT_EQ(server->wait_exit(std::chrono::seconds(120)), 0);
   }
   EXPECT_EQ(pngs[true], pngs[false]) << "fast paths changed a lossless result";
+}
+
+// ---- device faults (--test-inject-fault on the real CUDA backend, tiny checkpoint) -------------
+
+// Out of device memory (the next allocation after step 1 asks the driver for more than the
+// device has): that request fails with RESOURCE_EXHAUSTED naming device memory, its own metric
+// labels count it, what it allocated is freed (the pool's used bytes as after a good request of
+// the same prompt), and the next requests succeed with the same bytes as each other.
+TEST(ServerGpuFaultTest, OutOfDeviceMemoryFailsOnlyItsRequest) {
+  FLUX2_REQUIRE_GPU(be);
+  Serving serving = start_serving({"--model-dir", tiny_checkpoint(), "--backend", "cuda",
+                                   "--test-inject-fault", "device_oom@1"});
+  ASSERT_NE(serving.process, nullptr);
+  EXPECT_EQ(serving.info.test_inject_fault(), "device_oom@1");
+  const int metrics_port = serving.process->metrics_port();
+  const auto used = [&] {
+    return metric_value(server::testing::http_get(metrics_port, "/metrics"),
+                        "flux2_gpu_memory_used_bytes")
+        .value_or(-1);
+  };
+  std::vector<std::string> pngs;
+  std::vector<double> used_after;
+  for (int i = 0; i < 3; ++i) {
+    v1::GenerateImageResponse response;
+    grpc::ClientContext context;
+    const grpc::Status status =
+        serving.stub->GenerateImage(&context, request_of(256, v1::QUALITY_LOSSLESS), &response);
+    if (i == 0) {
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+      EXPECT_NE(status.error_message().find("out of device memory"), std::string::npos)
+          << status.error_message();
+    } else {
+      ASSERT_TRUE(status.ok()) << status.error_message();
+      pngs.push_back(response.images(0).data());
+    }
+    used_after.push_back(used());
+  }
+  EXPECT_EQ(pngs[0], pngs[1]);
+  EXPECT_EQ(used_after[0], used_after[1]) << "the failed request left device memory behind";
+  EXPECT_EQ(used_after[1], used_after[2]);
+  const std::string metrics = server::testing::http_get(metrics_port, "/metrics");
+  EXPECT_EQ(metric_value(metrics, "flux2_resource_exhausted_total", {{"reason", "device_memory"}}),
+            1.0);
+  EXPECT_EQ(metric_value(metrics, "flux2_resource_exhausted_total", {{"reason", "queue_full"}}),
+            0.0);
+  EXPECT_EQ(metric_value(metrics, "flux2_engine_faults_total", {{"kind", "device_memory"}}), 1.0);
+  EXPECT_EQ(server::testing::health_status(local_channel(serving.process->grpc_port()), "liveness"),
+            "SERVING");
+  serving.process->send_signal(SIGTERM);
+  EXPECT_EQ(serving.process->wait_exit(std::chrono::seconds(120)), 0);
+}
+
+// A sticky CUDA error (a kernel writes to an unmapped address before step 2): the running
+// request fails with INTERNAL, liveness turns NOT_SERVING within a second, the queued request
+// gets UNAVAILABLE, and the process exits 1 on its own.
+TEST(ServerGpuFaultTest, StickyErrorEndsTheProcess) {
+  FLUX2_REQUIRE_GPU(be);
+  // 300 ms per step: time to queue a second request behind the first.
+  Serving serving =
+      start_serving({"--model-dir", tiny_checkpoint(), "--backend", "cuda", "--test-inject-fault",
+                     "illegal_address@2", "--test-step-delay-ms", "300"});
+  ASSERT_NE(serving.process, nullptr);
+  auto channel = local_channel(serving.process->grpc_port());
+  v1::GenerateImageRequest request = request_of(256, v1::QUALITY_LOSSLESS);
+  request.set_num_inference_steps(4);
+  server::testing::StreamCall running(serving.stub.get(), request);
+  ASSERT_TRUE(running.wait_progress(1));
+  server::testing::UnaryCall queued(serving.stub.get(), request);
+  const grpc::Status status = running.finish();
+  const auto failed_at = std::chrono::steady_clock::now();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL) << status.error_message();
+  EXPECT_NE(status.error_message().find("cudaErrorIllegalAddress"), std::string::npos)
+      << status.error_message();
+  // The health service may already be gone when the process exits fast: NOT_SERVING or an error.
+  std::string live = server::testing::health_status(channel, "liveness");
+  while (live == "SERVING" && std::chrono::steady_clock::now() - failed_at < std::chrono::seconds(5))
+    live = server::testing::health_status(channel, "liveness");
+  EXPECT_NE(live, "SERVING");
+  EXPECT_LT(std::chrono::steady_clock::now() - failed_at, std::chrono::seconds(1));
+  const grpc::Status queued_status = queued.finish();
+  EXPECT_EQ(queued_status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << queued_status.error_message();
+  EXPECT_EQ(serving.process->wait_exit(std::chrono::seconds(60)), 1);
+}
+
+// A hung step (a kernel spinning 6 s before step 2, against a 1 s watchdog floor): liveness
+// NOT_SERVING and flux2_engine_stalled 1 during it; the request then succeeds and the server is
+// live again.
+TEST(ServerGpuFaultTest, HungStepTurnsLivenessOffUntilItEnds) {
+  FLUX2_REQUIRE_GPU(be);
+  Serving serving = start_serving({"--model-dir", tiny_checkpoint(), "--backend", "cuda",
+                                   "--test-inject-fault", "hang@2:6", "--stall-timeout-min-s",
+                                   "1", "--stall-step-multiple", "10"});
+  ASSERT_NE(serving.process, nullptr);
+  EXPECT_EQ(serving.info.stall_timeout_min_seconds(), 1.0);
+  auto channel = local_channel(serving.process->grpc_port());
+  v1::GenerateImageRequest request = request_of(256, v1::QUALITY_LOSSLESS);
+  server::testing::StreamCall running(serving.stub.get(), request);
+  ASSERT_TRUE(running.wait_progress(2));
+  const auto hang_start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(server::testing::wait_for_health(channel, "liveness", "NOT_SERVING"));
+  EXPECT_LT(std::chrono::steady_clock::now() - hang_start, std::chrono::seconds(3));
+  const int metrics_port = serving.process->metrics_port();
+  EXPECT_EQ(metric_value(server::testing::http_get(metrics_port, "/metrics"),
+                         "flux2_engine_stalled"),
+            1.0);
+  EXPECT_TRUE(running.finish().ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - hang_start, std::chrono::seconds(5));
+  EXPECT_TRUE(server::testing::wait_for_health(channel, "liveness", "SERVING"));
+  EXPECT_TRUE(server::testing::wait_for_metric(metrics_port, "flux2_engine_stalled", {}, 0.0));
+  EXPECT_EQ(metric_value(server::testing::http_get(metrics_port, "/metrics"),
+                         "flux2_engine_faults_total", {{"kind", "stall"}}),
+            1.0);
+  serving.process->send_signal(SIGTERM);
+  EXPECT_EQ(serving.process->wait_exit(std::chrono::seconds(120)), 0);
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 # machine with a GPU; tests skip only where no CUDA device exists).
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
 #                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
-#                              [edit] [edit-profile] [dev]
+#                              [edit] [edit-profile] [dev] [soak]
 #                              (default: tests golden bench bench-dev)
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
@@ -97,6 +97,17 @@ if want server; then
   FLUX2_GPU_MODEL_DIR=$model_dir FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" \
     --gtest_filter='*ServesACheckpointDirectory*' >"$out/server.log" 2>&1
   record $? "gpu_server_test: $(grep -E '1024x1024|PASSED|FAILED' "$out/server.log" | tr '\n' ' ')"
+fi
+if want soak; then
+  # The server on random-weight klein-4B under mixed traffic (tests/cuda/soak.cc), one JSON line
+  # every 30 s; SOAK_SECONDS (default 480) keeps the call within the device's 600 s limit.
+  model_dir=/tmp/flux2-random-klein-4b
+  [[ -d $model_dir ]] || "$bin/flux2_make_random_checkpoint" --model klein-4b --out "$model_dir" \
+      --tokenizer "$tokenizer" >"$out/make_checkpoint.log" 2>&1
+  "$bin/gpu_soak" "$bin/flux2_server" "$model_dir" "${SOAK_SECONDS:-480}" 6 >"$out/soak.log" \
+    2>"$out/soak.err"
+  record $? "soak: $(grep -c UNEXPECTED "$out/soak.log") unexpected; $(tail -n 2 "$out/soak.log" | tr '\n' ' ')"
+  cp "$out/soak.log" "$results/soak.log"
 fi
 if want bench; then
   for model in klein-4b klein-9b; do bench "$bin/flux2" bench.jsonl "bench $model" --model "$model"; done

@@ -193,6 +193,45 @@ TEST(ServerOptions, ProbeMode) {
   EXPECT_NE(validate_server_options(parsed->options).message().find("--probe"), std::string::npos);
 }
 
+TEST(ServerOptions, StallWatchdogAndInjectedFaults) {
+  absl::StatusOr<ParsedFlags> parsed = parse({});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.stall.min_seconds, 60.0);
+  EXPECT_EQ(parsed->options.stall.step_multiple, 20.0);
+  EXPECT_FALSE(parsed->options.test_fault.has_value()) << "no fault unless asked";
+  parsed = parse({"--stall-timeout-min-s", "5", "--stall-step-multiple", "4", "--test-inject-fault",
+                  "hang@3:2.5"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.stall.min_seconds, 5.0);
+  EXPECT_EQ(parsed->options.stall.step_multiple, 4.0);
+  EXPECT_EQ(parsed->options.stall.limit(2.0), 8.0);
+  EXPECT_EQ(parsed->options.stall.limit(0.5), 5.0);
+  ASSERT_TRUE(parsed->options.test_fault.has_value());
+  EXPECT_EQ(parsed->options.test_fault->fault, InjectedFault::kHang);
+  EXPECT_EQ(parsed->options.test_fault->step, 3);
+  EXPECT_EQ(parsed->options.test_fault->hang_seconds, 2.5);
+  EXPECT_EQ(parsed->options.test_inject_fault, "hang@3:2.5");
+  EXPECT_TRUE(validate_server_options(parsed->options).ok());
+  for (const auto& [text, fault] :
+       {std::pair<const char*, InjectedFault>{"device_oom", InjectedFault::kDeviceOutOfMemory},
+        {"illegal_address@0", InjectedFault::kIllegalAddress}}) {
+    parsed = parse({"--test-inject-fault", text});
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->options.test_fault->fault, fault);
+  }
+  EXPECT_EQ(parsed->options.test_fault->step, 0);
+  for (const char* bad : {"segfault", "hang@x", "hang:0", "device_oom:3", "hang@-1"}) {
+    parsed = parse({"--test-inject-fault", bad});
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_NE(parsed.status().message().find("--test-inject-fault"), std::string::npos)
+        << parsed.status();
+  }
+  parsed = parse({"--stall-timeout-min-s", "0.5"});
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ(validate_server_options(parsed->options).message(),
+            "--stall-timeout-min-s: 0.5 is outside 1..86400");
+}
+
 TEST(ServerOptions, ParseErrorsNameTheFlag) {
   struct Case {
     std::vector<std::string> args;
