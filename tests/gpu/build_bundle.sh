@@ -21,8 +21,11 @@ bundle() {
   local tree=$1 build=$2 out=$3
   shift 3
   local targets=("$@")
-  cmake -S "$tree" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-    "${launcher[@]}" >/dev/null
+  # A new build folder compiles CUDA for sm_90a only; an existing one keeps its settings (e.g.
+  # build/, whose 90a+100a objects run on the H200 too), so nothing is rebuilt for the bundle.
+  local arch=()
+  [[ -f $build/CMakeCache.txt ]] || arch=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a)
+  cmake -S "$tree" -B "$build" -G Ninja "${arch[@]}" "${launcher[@]}" >/dev/null
   cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
   rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
   for t in "${targets[@]}"; do
@@ -44,7 +47,7 @@ targets=(flux2 flux2_server flux2_make_random_checkpoint gpu_op_test gpu_backend
          gpu_fast_path_fallback_test gpu_quantize_test gpu_quality_high_test gpu_server_test
          gpu_pipeline_fast_paths_test gpu_exposer_cublaslt_test gpu_fp8_accumulation_test
          gpu_flash_attention_fp8_test gpu_fp8_rows_test gpu_text_encoder_streaming_test
-         flux2_prepare_reference)
+         flux2_prepare_reference gpu_soak)
 bundle "$repo" "${BUILD_DIR:-$repo/build-gpu}" "$repo/.device-bin" "${targets[@]}"
 # tokenizer.json is not in git (installed from npm): the tests and benches need it there.
 xz -c "$repo/tests/data/tiny-klein/checkpoint/tokenizer/tokenizer.json" >"$repo/.device-bin/tokenizer.json.xz"
