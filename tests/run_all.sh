@@ -3,7 +3,8 @@
 # source), the build with warnings as errors (FLUX2_WERROR), ctest (host unit tests, golden checks
 # against diffusers, tokenizer corpus, server end-to-end, deployment checks; GPU tests skip where
 # no CUDA device exists), then the sanitizer job: a CPU-only build with ASan + UBSan
-# (FLUX2_SANITIZE) running the host and server tests.
+# (FLUX2_SANITIZE) running the host and server tests; then the libFuzzer targets of tests/fuzz,
+# 30 s each (clang, ASan + UBSan).
 #   tests/run_all.sh [extra ctest args]     (BUILD_DIR defaults to ./build, the sanitizer build
 #                                            to ./build-sanitize)
 set -euo pipefail
@@ -24,3 +25,6 @@ cmake --build "$sanitize" -j "$(nproc)" --target host_tests server_unit_tests se
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 ctest --test-dir "$sanitize" --output-on-failure -j "$(nproc)" -L 'host|server' "$@"
+
+# Every parser of untrusted bytes under libFuzzer for a bounded time; a finding fails the run.
+"$repo/tests/fuzz/run_fuzzers.sh" 30

@@ -1,0 +1,2 @@
+
+a red fox in fresh snow@0 H
