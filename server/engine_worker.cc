@@ -96,9 +96,9 @@ void EngineWorker::run() {
         if (!broken.ok()) set_phase(WorkerPhase::kBroken, broken);
       } else {
         // Every job still queued, at once (the pop does not wait while the queue holds any).
-        job->finish(absl::UnavailableError(absl::StrCat(
-            "the GPU failed and this server is restarting; retry on another replica (",
-            broken.message(), ")")));
+        job->finish(absl::UnavailableError(
+            absl::StrCat("the GPU failed and this server is restarting; retry on another replica (",
+                         broken.message(), ")")));
       }
     }
   } else {
@@ -243,12 +243,12 @@ absl::Status EngineWorker::run_job(const std::shared_ptr<Job>& job) {
 
   const std::vector<FastPathCounters> before = fast_path_snapshot();
   const double pixels = static_cast<double>(spec.params.width) * spec.params.height;
-  double longest_step = 0.0;  // of this request
+  double longest_step = 0.0;                    // of this request
   absl::Status status = job->check_continue();  // the deadline may have passed while queued
   for (int i = 0; status.ok() && i < spec.num_images; ++i) {
     GenerateParams params = spec.params;
     params.seed = spec.params.seed + static_cast<uint64_t>(i);  // documented: seed + i, mod 2^64
-    int64_t steps_done = 0;  // of this image
+    int64_t steps_done = 0;                                     // of this image
     GenerateHooks hooks;
     hooks.check_continue = [&] {
       maybe_inject_fault(*job, steps_done);

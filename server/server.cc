@@ -304,11 +304,11 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     metrics_.set_ready(false);
     std::lock_guard<std::mutex> lock(mu_);
     serving_ = nullptr;
-    fatal_error_ = absl::Status(
-        status.code(), absl::StrCat(phase == WorkerPhase::kFailed ? "the model failed to load: "
-                                                                  : "the GPU failed: ",
-                                    absl::StatusCodeToString(status.code()), ": ",
-                                    status.message()));
+    fatal_error_ =
+        absl::Status(status.code(),
+                     absl::StrCat(phase == WorkerPhase::kFailed ? "the model failed to load: "
+                                                                : "the GPU failed: ",
+                                  absl::StatusCodeToString(status.code()), ": ", status.message()));
     stop_requested_ = true;
     cv_.notify_all();
   }

@@ -112,8 +112,8 @@ class Server final : public GenerationHost {
   // guarded by mu_: why the process must exit non-zero (the model failed to load, the device
   // broke), with what the last log line says ("the model failed to load: ...").
   absl::Status fatal_error_;
-  bool stalled_ = false;  // guarded by mu_: the watchdog's verdict (liveness NOT_SERVING)
-  int outstanding_jobs_ = 0;                     // guarded by mu_: admitted, not finished
+  bool stalled_ = false;      // guarded by mu_: the watchdog's verdict (liveness NOT_SERVING)
+  int outstanding_jobs_ = 0;  // guarded by mu_: admitted, not finished
 };
 
 }  // namespace flux2::server

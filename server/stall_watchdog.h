@@ -51,10 +51,10 @@ class StallWatchdog {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  bool busy_ = false;            // a stage is running
-  uint64_t stage_ = 0;           // counts stage_started / idle calls
-  Clock::time_point deadline_;   // the running stage is stalled after this
-  double limit_seconds_ = 0.0;   // deadline_ - the stage's start
+  bool busy_ = false;           // a stage is running
+  uint64_t stage_ = 0;          // counts stage_started / idle calls
+  Clock::time_point deadline_;  // the running stage is stalled after this
+  double limit_seconds_ = 0.0;  // deadline_ - the stage's start
   std::string request_id_;
   std::thread thread_;
 };

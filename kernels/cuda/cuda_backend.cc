@@ -135,9 +135,9 @@ absl::StatusOr<Tensor> CudaBackend::empty(DType dtype, Shape shape) {
   const cudaError_t error = cudaMallocAsync(&memory, static_cast<size_t>(asked), stream());
   if (error != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free allocation error
-    return absl::ResourceExhaustedError(
-        absl::StrCat("out of device memory: cannot allocate ", asked, " bytes for ",
-                     shape_string(shape), " (", cudaGetErrorString(error), ")"));
+    return absl::ResourceExhaustedError(absl::StrCat("out of device memory: cannot allocate ",
+                                                     asked, " bytes for ", shape_string(shape),
+                                                     " (", cudaGetErrorString(error), ")"));
   }
   std::shared_ptr<CudaStream> keep = stream_;
   std::shared_ptr<void> storage(memory, [keep](void* p) { cudaFreeAsync(p, keep->stream); });

@@ -7,7 +7,9 @@
 namespace flux2::cuda {
 namespace {
 
-__global__ void write_to_unmapped_address(int* address) { *address = 1; }
+__global__ void write_to_unmapped_address(int* address) {
+  *address = 1;
+}
 
 __device__ uint64_t global_timer_ns() {
   uint64_t ns;

@@ -1,5 +1,6 @@
 // TEST ONLY kernels behind CudaBackend::inject_fault (flux2_server --test-inject-fault): a write
-// to an unmapped address and a timed spin. Tested by the fault tests of tests/cuda/server_gpu_test.cc.
+// to an unmapped address and a timed spin. Tested by the fault tests of
+// tests/cuda/server_gpu_test.cc.
 #pragma once
 
 #include <cuda_runtime_api.h>

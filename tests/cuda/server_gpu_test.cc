@@ -249,7 +249,8 @@ TEST(ServerGpuFaultTest, OutOfDeviceMemoryFailsOnlyItsRequest) {
     const grpc::Status status =
         serving.stub->GenerateImage(&context, request_of(256, v1::QUALITY_LOSSLESS), &response);
     if (i == 0) {
-      EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << status.error_message();
       EXPECT_NE(status.error_message().find("out of device memory"), std::string::npos)
           << status.error_message();
     } else {
@@ -296,7 +297,8 @@ TEST(ServerGpuFaultTest, StickyErrorEndsTheProcess) {
       << status.error_message();
   // The health service may already be gone when the process exits fast: NOT_SERVING or an error.
   std::string live = server::testing::health_status(channel, "liveness");
-  while (live == "SERVING" && std::chrono::steady_clock::now() - failed_at < std::chrono::seconds(5))
+  while (live == "SERVING" &&
+         std::chrono::steady_clock::now() - failed_at < std::chrono::seconds(5))
     live = server::testing::health_status(channel, "liveness");
   EXPECT_NE(live, "SERVING");
   EXPECT_LT(std::chrono::steady_clock::now() - failed_at, std::chrono::seconds(1));
@@ -311,9 +313,9 @@ TEST(ServerGpuFaultTest, StickyErrorEndsTheProcess) {
 // live again.
 TEST(ServerGpuFaultTest, HungStepTurnsLivenessOffUntilItEnds) {
   FLUX2_REQUIRE_GPU(be);
-  Serving serving = start_serving({"--model-dir", tiny_checkpoint(), "--backend", "cuda",
-                                   "--test-inject-fault", "hang@2:6", "--stall-timeout-min-s",
-                                   "1", "--stall-step-multiple", "10"});
+  Serving serving =
+      start_serving({"--model-dir", tiny_checkpoint(), "--backend", "cuda", "--test-inject-fault",
+                     "hang@2:6", "--stall-timeout-min-s", "1", "--stall-step-multiple", "10"});
   ASSERT_NE(serving.process, nullptr);
   EXPECT_EQ(serving.info.stall_timeout_min_seconds(), 1.0);
   auto channel = local_channel(serving.process->grpc_port());
@@ -324,9 +326,9 @@ TEST(ServerGpuFaultTest, HungStepTurnsLivenessOffUntilItEnds) {
   ASSERT_TRUE(server::testing::wait_for_health(channel, "liveness", "NOT_SERVING"));
   EXPECT_LT(std::chrono::steady_clock::now() - hang_start, std::chrono::seconds(3));
   const int metrics_port = serving.process->metrics_port();
-  EXPECT_EQ(metric_value(server::testing::http_get(metrics_port, "/metrics"),
-                         "flux2_engine_stalled"),
-            1.0);
+  EXPECT_EQ(
+      metric_value(server::testing::http_get(metrics_port, "/metrics"), "flux2_engine_stalled"),
+      1.0);
   EXPECT_TRUE(running.finish().ok());
   EXPECT_GE(std::chrono::steady_clock::now() - hang_start, std::chrono::seconds(5));
   EXPECT_TRUE(server::testing::wait_for_health(channel, "liveness", "SERVING"));

@@ -121,17 +121,18 @@ int run(int argc, char** argv) {
       const double count =
           metric_value(metrics, "flux2_denoise_step_duration_seconds_count", label).value_or(0);
       char part[128];
-      std::snprintf(part, sizeof(part), "\"%s_steps\": %.0f, \"%s_mean_ms\": %.2f, ", qualities[q],
-                    count - last_count[q], qualities[q],
-                    count > last_count[q] ? 1e3 * (sum - last_sum[q]) / (count - last_count[q])
-                                          : 0.0);
+      std::snprintf(
+          part, sizeof(part), "\"%s_steps\": %.0f, \"%s_mean_ms\": %.2f, ", qualities[q],
+          count - last_count[q], qualities[q],
+          count > last_count[q] ? 1e3 * (sum - last_sum[q]) / (count - last_count[q]) : 0.0);
       steps += part;
       last_sum[q] = sum;
       last_count[q] = count;
     }
     std::lock_guard<std::mutex> lock(tally.mu);
     std::string codes;
-    for (const auto& [code, n] : tally.codes) codes += "\"" + code + "\": " + std::to_string(n) + ", ";
+    for (const auto& [code, n] : tally.codes)
+      codes += "\"" + code + "\": " + std::to_string(n) + ", ";
     std::printf(
         "{\"t_s\": %d, \"gpu_used_bytes\": %.0f, \"gpu_peak_bytes\": %.0f, \"rss_bytes\": %.0f, "
         "\"open_fds\": %.0f, %s\"images\": %lld, \"unexpected\": %lld, \"codes\": {%s}}\n",
@@ -154,4 +155,6 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace flux2
 
-int main(int argc, char** argv) { return flux2::run(argc, argv); }
+int main(int argc, char** argv) {
+  return flux2::run(argc, argv);
+}

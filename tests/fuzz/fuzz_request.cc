@@ -14,9 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     limits.quality_high_enabled = true;
     (void)flux2::server::validate_generate_request(request, limits, /*random_seed=*/7);
   } else {
-    (void)flux2::server::invalid_utf8_field(
-        *flux2::v1::GenerateImageRequest::descriptor(),
-        std::string(reinterpret_cast<const char*>(data), size));
+    (void)flux2::server::invalid_utf8_field(*flux2::v1::GenerateImageRequest::descriptor(),
+                                            std::string(reinterpret_cast<const char*>(data), size));
   }
   (void)flux2::server::parse_generations_body(
       absl::string_view(reinterpret_cast<const char*>(data), size), "tiny-klein");

@@ -11,7 +11,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& dir = flux2::fuzz::scratch_dir();
   const std::string file = dir + "/input.safetensors";
   flux2::fuzz::write_file(file, data, size);
-  absl::StatusOr<std::unique_ptr<flux2::SafetensorsFile>> opened = flux2::SafetensorsFile::open(file);
+  absl::StatusOr<std::unique_ptr<flux2::SafetensorsFile>> opened =
+      flux2::SafetensorsFile::open(file);
   if (opened.ok()) {
     for (const flux2::SafetensorsEntry& entry : (*opened)->entries()) {
       (void)flux2::read_f32(**opened, entry.name);
@@ -23,7 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::filesystem::create_directories(component);
   const uint8_t config[] = "{}";
   flux2::fuzz::write_file(component + "/config.json", config, sizeof(config) - 1);
-  flux2::fuzz::write_file(component + "/diffusion_pytorch_model.safetensors.index.json", data, size);
+  flux2::fuzz::write_file(component + "/diffusion_pytorch_model.safetensors.index.json", data,
+                          size);
   (void)flux2::ComponentWeights::open(component);
   return 0;
 }

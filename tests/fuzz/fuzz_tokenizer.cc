@@ -13,7 +13,8 @@ namespace {
 const std::vector<std::unique_ptr<flux2::Tokenizer>>& tokenizers() {
   static const std::vector<std::unique_ptr<flux2::Tokenizer>> loaded = [] {
     std::vector<std::unique_ptr<flux2::Tokenizer>> all;
-    for (const char* dir : {"/tiny-klein/checkpoint/tokenizer", "/tiny-flux2-dev/checkpoint/tokenizer"}) {
+    for (const char* dir :
+         {"/tiny-klein/checkpoint/tokenizer", "/tiny-flux2-dev/checkpoint/tokenizer"}) {
       absl::StatusOr<std::unique_ptr<flux2::Tokenizer>> tokenizer =
           flux2::Tokenizer::load(std::string(FLUX2_TEST_DATA) + dir);
       if (tokenizer.ok()) all.push_back(std::move(*tokenizer));

@@ -2,7 +2,8 @@
 // the real CUDA backend: tests/cuda/server_gpu_test.cc on the H200): out of device memory fails
 // only its request, a broken device ends serving (liveness off at once, queued requests
 // UNAVAILABLE, WaitForStopRequest says why), a stalled stage turns liveness off until it ends;
-// and the StallWatchdog alone. Run: build/bin/server_unit_tests --gtest_filter='Fault*:StallWatchdog*'
+// and the StallWatchdog alone. Run: build/bin/server_unit_tests
+// --gtest_filter='Fault*:StallWatchdog*'
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -59,9 +60,9 @@ TEST_F(FaultTest, OutOfDeviceMemoryFailsOnlyItsRequest) {
   EXPECT_TRUE(wait_metric("flux2_resource_exhausted_total", {{"reason", "device_memory"}}, 1.0));
   EXPECT_EQ(metric("flux2_resource_exhausted_total", {{"reason", "queue_full"}}), 0.0);
   EXPECT_EQ(metric("flux2_engine_faults_total", {{"kind", "device_memory"}}), 1.0);
-  EXPECT_EQ(metric("flux2_requests_total", {{"method", "GenerateImage"},
-                                            {"code", "RESOURCE_EXHAUSTED"}}),
-            1.0);
+  EXPECT_EQ(
+      metric("flux2_requests_total", {{"method", "GenerateImage"}, {"code", "RESOURCE_EXHAUSTED"}}),
+      1.0);
   // Nothing else changed: still live and ready, and the next request succeeds.
   EXPECT_EQ(health_status(channel_, "liveness"), "SERVING");
   EXPECT_EQ(health_status(channel_, "readiness"), "SERVING");
@@ -106,8 +107,9 @@ TEST_F(FaultTest, BrokenDeviceEndsServing) {
             std::string::npos)
       << fatal;
   EXPECT_TRUE(wait_metric("flux2_engine_faults_total", {{"kind", "device_error"}}, 1.0));
-  EXPECT_EQ(metric("flux2_requests_total", {{"method", "GenerateImageStream"}, {"code", "INTERNAL"}}),
-            1.0);
+  EXPECT_EQ(
+      metric("flux2_requests_total", {{"method", "GenerateImageStream"}, {"code", "INTERNAL"}}),
+      1.0);
   EXPECT_EQ(metric("flux2_ready"), 0.0);
   // The drain has nothing left to wait for.
   EXPECT_TRUE(server_->GracefulStop(Clock::now() + std::chrono::seconds(60)).ok());
