@@ -22,23 +22,7 @@ using testing::StreamCall;
 using testing::UnaryCall;
 using testing::wait_for_health;
 
-class DrainTest : public testing::FakeServerTest {
- protected:
-  void start() {
-    start_server();
-    if (!server_) return;
-    channel_ = testing::local_channel(server_->grpc_port());
-    stub_ = v1::ImageGeneration::NewStub(channel_);
-    ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
-  }
-  bool wait_metric(const std::string& name, const std::map<std::string, std::string>& labels,
-                   double value) {
-    return testing::wait_for_metric(server_->metrics_port(), name, labels, value);
-  }
-
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::ImageGeneration::Stub> stub_;
-};
+class DrainTest : public testing::FakeServerTest {};
 
 TEST_F(DrainTest, DrainFinishesInFlightWorkAndRefusesNewWork) {
   start();

@@ -40,7 +40,8 @@ constexpr char kSmallBody[] =
 
 class HttpApiTest : public testing::FakeServerTest {
  protected:
-  void start() {
+  // The server, ready on HTTP (the fixture's start() waits on gRPC health instead).
+  void start_http() {
     start_server();
     if (!server_) return;
     ASSERT_GT(server_->http_port(), 0);
@@ -111,7 +112,7 @@ void expect_fake_png(const json& image, uint64_t seed, int width, int height) {
 }
 
 TEST_F(HttpApiTest, GeneratesTwoImagesWithConsecutiveSeeds) {
-  start();
+  start_http();
   const Reply reply = post_json(
       R"({"prompt": "a red fox", "n": 2, "size": "64x48", "num_inference_steps": 2,
           "seed": 40, "model": "fake-klein"})",
@@ -130,7 +131,7 @@ TEST_F(HttpApiTest, GeneratesTwoImagesWithConsecutiveSeeds) {
 }
 
 TEST_F(HttpApiTest, JpegAndWebpOutput) {
-  start();
+  start_http();
   for (const char* format : {"jpeg", "webp"}) {
     const Reply reply = post_json(absl::StrCat(
         R"({"prompt": "a fox", "size": "64x48", "num_inference_steps": 1, "output_format": ")",
@@ -153,7 +154,7 @@ TEST_F(HttpApiTest, JpegAndWebpOutput) {
 }
 
 TEST_F(HttpApiTest, BadRequestsGetOpenAiErrorsNamingTheParam) {
-  start();
+  start_http();
   struct Case {
     std::string body;
     int status;
@@ -186,7 +187,7 @@ TEST_F(HttpApiTest, BadRequestsGetOpenAiErrorsNamingTheParam) {
 }
 
 TEST_F(HttpApiTest, EditsTakeTwoFilesAndNameABadOne) {
-  start();
+  start_http();
   const std::string a = testing::gradient_png(96, 64), b = testing::gradient_jpeg(64, 64);
   httplib::Client c = client();
   httplib::MultipartFormDataItems items = {
@@ -219,7 +220,7 @@ TEST_F(HttpApiTest, EditsTakeTwoFilesAndNameABadOne) {
 
 TEST_F(HttpApiTest, FullQueueIs429WithRetryAfter) {
   options_.queue_depth = 1;
-  start();
+  start_http();
   control_->close_gate();
   const int before = control_->steps_started();
   std::future<Reply> running = post_async(kSmallBody);
@@ -245,7 +246,7 @@ TEST_F(HttpApiTest, FullQueueIs429WithRetryAfter) {
 
 TEST_F(HttpApiTest, DeadlineHeaderGives504) {
   options_.test_step_delay_s = 0.05;  // 50 steps take 2.5 s; the deadline passes within the 5th
-  start();
+  start_http();
   const Reply late =
       post_json(R"({"prompt": "a red fox", "size": "64x48", "num_inference_steps": 50, "seed": 5})",
                 {{"X-Request-Timeout", "0.2"}});
@@ -260,7 +261,7 @@ TEST_F(HttpApiTest, DeadlineHeaderGives504) {
 TEST_F(HttpApiTest, BodyOverTheLimitIs413) {
   options_.max_reference_images = 0;  // lets --max-request-bytes go to its floor
   options_.max_request_bytes = 4 << 20;
-  start();
+  start_http();
   const std::string big = absl::StrCat(R"({"prompt": ")", std::string(5 << 20, 'a'), R"("})");
   const Reply reply = post_json(big);
   EXPECT_EQ(reply.status, 413);
@@ -272,7 +273,7 @@ TEST_F(HttpApiTest, BodyOverTheLimitIs413) {
 }
 
 TEST_F(HttpApiTest, StreamSendsOneEventPerStepThenTheImage) {
-  start();
+  start_http();
   httplib::Client c = client();
   std::string events;
   httplib::Request req;
@@ -328,7 +329,7 @@ int send_raw_request(int port, const std::string& body) {
 }
 
 TEST_F(HttpApiTest, HangUpCancelsTheRequestAndFreesTheWorker) {
-  start();
+  start_http();
   control_->close_gate();
   const int before = control_->steps_started();
   for (bool stream : {false, true}) {
@@ -365,7 +366,7 @@ TEST_F(HttpApiTest, TokenGuardsV1ButNotHealth) {
   std::ofstream(path) << "s3cret\n";
   options_.auth_token_file = path;
   options_.allow_insecure_token = true;  // plaintext loopback
-  start();
+  start_http();
   EXPECT_EQ(get("/health").status, 200);
   const Reply none = post_json(kSmallBody);
   EXPECT_EQ(none.status, 401);

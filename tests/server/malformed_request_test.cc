@@ -45,9 +45,7 @@ class MalformedRequestTest : public testing::FakeServerTest {
  protected:
   void SetUp() override {
     FakeServerTest::SetUp();
-    start_server();
-    channel_ = testing::local_channel(server_->grpc_port());
-    ASSERT_TRUE(testing::wait_for_health(channel_, "readiness", "SERVING"));
+    start();
   }
 
   // Sends `bytes` as the request of `method` and returns the call's status.
@@ -68,8 +66,6 @@ class MalformedRequestTest : public testing::FakeServerTest {
                         {{"method", method}, {"code", code}})
         .value_or(0.0);
   }
-
-  std::shared_ptr<grpc::Channel> channel_;
 };
 
 TEST_F(MalformedRequestTest, EveryRpcRefusesUnparsableBytesClearlyAndKeepsServing) {

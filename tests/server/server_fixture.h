@@ -1,14 +1,18 @@
 // The fixture the in-process server tests share: a Server on free loopback ports (gRPC, metrics,
-// HTTP) over the fake engine whose steps, decodes and load the test controls; stopped with a
-// drain at the end of each test. Used by server_test.cc, http_api_test.cc and drain_test.cc.
+// HTTP) over the fake engine whose steps, decodes and load the test controls, with a gRPC stub;
+// stopped with a drain at the end of each test. Used by server_test.cc, http_api_test.cc,
+// drain_test.cc, fault_test.cc and malformed_request_test.cc.
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "server/server.h"
 #include "tests/server/fake_engine.h"
+#include "tests/server/test_support.h"
 
 namespace flux2::server::testing {
 
@@ -32,6 +36,23 @@ class FakeServerTest : public ::testing::Test {
     ASSERT_TRUE(server_->Start().ok());
   }
 
+  // start_server(), then a gRPC channel and stub to it; waits for readiness unless `wait_ready`
+  // is false.
+  void start(bool wait_ready = true) {
+    start_server();
+    if (!server_) return;
+    channel_ = local_channel(server_->grpc_port());
+    stub_ = flux2::v1::ImageGeneration::NewStub(channel_);
+    if (wait_ready) {
+      ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
+    }
+  }
+
+  bool wait_metric(const std::string& name, const std::map<std::string, std::string>& labels,
+                   double value) {
+    return wait_for_metric(server_->metrics_port(), name, labels, value);
+  }
+
   void TearDown() override {
     control_->open_gate();
     control_->release_decode();
@@ -42,6 +63,8 @@ class FakeServerTest : public ::testing::Test {
   ServerOptions options_;
   std::shared_ptr<FakeEngineControl> control_;
   std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<flux2::v1::ImageGeneration::Stub> stub_;
 };
 
 }  // namespace flux2::server::testing

@@ -44,25 +44,7 @@ using testing::wait_for_health;
 
 class ServerTest : public testing::FakeServerTest {
  protected:
-  // Starts the server and a channel to it; waits for readiness unless `wait_ready` is false.
-  void start(bool wait_ready = true) {
-    start_server();
-    if (!server_) return;
-    channel_ = testing::local_channel(server_->grpc_port());
-    stub_ = v1::ImageGeneration::NewStub(channel_);
-    if (wait_ready) {
-      ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
-    }
-  }
-
   std::string metrics_text() { return server_->metrics().render(); }
-  bool wait_metric(const std::string& name, const std::map<std::string, std::string>& labels,
-                   double value) {
-    return testing::wait_for_metric(server_->metrics_port(), name, labels, value);
-  }
-
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::ImageGeneration::Stub> stub_;
 };
 
 TEST_F(ServerTest, ReadinessWaitsForLoadAndWarmup) {
