@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/tokenizer.h"
+#include "nlohmann/json.hpp"
 
 namespace {
 

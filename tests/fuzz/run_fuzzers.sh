@@ -21,7 +21,7 @@ for t in "${targets[@]}"; do
   if TMPDIR="$scratch" ASAN_OPTIONS="detect_leaks=1" "$build/bin/fuzz_$t" \
       -max_total_time="$seconds" -timeout=25 -rss_limit_mb=4096 -artifact_prefix="$scratch/$t-" \
       "$scratch/$t" "$repo/tests/fuzz/corpus/$t" >"$scratch/$t.log" 2>&1; then
-    echo "fuzz_$t: $(grep -E '^#[0-9]+ *DONE' "$scratch/$t.log" | tail -n1 || true) ok (${seconds} s)"
+    echo "fuzz_$t: $(grep -E 'DONE|^Done' "$scratch/$t.log" | tail -n1 || true) ok (${seconds} s)"
   else
     failed+=("$t")
     echo "fuzz_$t: FAILED"; tail -n 60 "$scratch/$t.log"
