@@ -6,7 +6,7 @@
 # machine with a GPU; tests skip only where no CUDA device exists).
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
 #                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
-#                              [edit] [edit-profile] [dev] [soak]
+#                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
 #                              (default: tests golden bench bench-dev)
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
@@ -98,16 +98,33 @@ if want server; then
     --gtest_filter='*ServesACheckpointDirectory*' >"$out/server.log" 2>&1
   record $? "gpu_server_test: $(grep -E '1024x1024|PASSED|FAILED' "$out/server.log" | tr '\n' ' ')"
 fi
-if want soak; then
-  # The server on random-weight klein-4B under mixed traffic (tests/cuda/soak.cc), one JSON line
-  # every 30 s; SOAK_SECONDS (default 480) keeps the call within the device's 600 s limit.
+# The soak: the server on random-weight klein-4B under mixed traffic (tests/cuda/soak.cc), one
+# JSON line every 30 s. `soak` runs it in the call (SOAK_SECONDS, default 480, keeps within the
+# device's 600 s per call); `soak-start` starts it in its own session so it outlives the call
+# (SOAK_SECONDS default 630) and `soak-wait`, the next call, waits for it and collects the log.
+soak_dir=/tmp/flux2-soak
+if want soak || want soak-start; then
   model_dir=/tmp/flux2-random-klein-4b
   [[ -d $model_dir ]] || "$bin/flux2_make_random_checkpoint" --model klein-4b --out "$model_dir" \
       --tokenizer "$tokenizer" >"$out/make_checkpoint.log" 2>&1
-  "$bin/gpu_soak" "$bin/flux2_server" "$model_dir" "${SOAK_SECONDS:-480}" 6 >"$out/soak.log" \
-    2>"$out/soak.err"
-  record $? "soak: $(grep -c UNEXPECTED "$out/soak.log") unexpected; $(tail -n 2 "$out/soak.log" | tr '\n' ' ')"
-  cp "$out/soak.log" "$results/soak.log"
+  rm -rf "$soak_dir" && mkdir -p "$soak_dir"
+  soak=("$bin/gpu_soak" "$bin/flux2_server" "$model_dir")
+  if want soak; then
+    "${soak[@]}" "${SOAK_SECONDS:-480}" 6 >"$soak_dir/soak.log" 2>"$soak_dir/soak.err"
+    echo $? >"$soak_dir/rc"
+  else
+    setsid bash -c '"$@" >"'"$soak_dir"'/soak.log" 2>"'"$soak_dir"'/soak.err"; echo $? >"'"$soak_dir"'/rc"' \
+      soak "${soak[@]}" "${SOAK_SECONDS:-630}" 6 </dev/null >/dev/null 2>&1 &
+    record 0 "soak started (${SOAK_SECONDS:-630} s)"
+  fi
+fi
+if want soak-wait; then
+  for (( i = 0; i < 580 && ! -f $soak_dir/rc; ++i )); do sleep 1; done
+fi
+if want soak || want soak-wait; then
+  code=$(cat "$soak_dir/rc" 2>/dev/null || echo 124)
+  record "$code" "soak: $(grep -c UNEXPECTED "$soak_dir/soak.log") unexpected; $(tail -n 2 "$soak_dir/soak.log" | tr '\n' ' ')"
+  cp "$soak_dir/soak.log" "$soak_dir/soak.err" "$results/" 2>/dev/null
 fi
 if want bench; then
   for model in klein-4b klein-9b; do bench "$bin/flux2" bench.jsonl "bench $model" --model "$model"; done
