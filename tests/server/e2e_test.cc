@@ -1,10 +1,11 @@
 // End-to-end tests of the real flux2_server binary on the embedded tiny FLUX.2-klein checkpoint
 // (CPU): both RPCs with PNG/JPEG decoding (size, same bytes for the same seed, different for
 // another), seed echo, timings, progress events and /metrics (prompt-cache hits included);
-// table-driven invalid requests; overload; a 50 ms deadline; cancellation; SIGTERM drain with exit
-// code 0; probe mode; reflection.
+// table-driven invalid requests; overload; a 50 ms deadline; a real request's deadline overrun;
+// cancellation; SIGTERM drain with exit code 0; probe mode; reflection.
 // Slow requests come from the TEST-ONLY flag --test-step-delay-ms. Assertions are orderings and
-// counts, never durations. Run: ctest --test-dir build -R server_e2e --output-on-failure
+// counts, never absolute durations (the overrun bound is relative to stage times measured in the
+// same test). Run: ctest --test-dir build -R server_e2e --output-on-failure
 #include <signal.h>
 #include <spawn.h>
 #include <stb_image.h>
@@ -360,6 +361,38 @@ TEST_F(E2E, FiftyMillisecondDeadlineIsExceeded) {
   EXPECT_EQ(metric("flux2_queue_depth"), 0.0);
   EXPECT_FALSE(running.done());
   running.cancel();
+}
+
+// A real CPU request (no test delay) past its deadline stops within one stage: the next request,
+// sent as the deadline passes, waits in the queue at most one stage (the longest of the text
+// encoder, a step and the VAE decode, measured on this server just before). Bound: 2 x that stage
+// (stage times vary between requests on a loaded 2-core machine) + 250 ms (RPC and scheduling).
+TEST_F(E2E, DeadlineOverrunOfARealRequestIsAtMostOneStage) {
+  start();
+  v1::GenerateImageRequest calibrate = small_request(1, 4);
+  calibrate.set_width(384);
+  calibrate.set_height(384);
+  v1::GenerateImageResponse measured;
+  ASSERT_TRUE(generate(calibrate, &measured).ok());
+  const v1::Timings& t = measured.timings();
+  double stage = std::max(t.tokenize_seconds() + t.text_encode_seconds(), t.decode_seconds());
+  for (double step : t.step_seconds()) stage = std::max(stage, step);
+  const double one_image = t.total_seconds() - t.queue_seconds() - t.encode_seconds();
+
+  v1::GenerateImageRequest late_request = calibrate;
+  late_request.set_num_images(4);  // about 4 x one_image of work
+  late_request.set_seed(2);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(1e3 * 1.5 * one_image) + 1);
+  const auto sent = std::chrono::steady_clock::now();
+  UnaryCall late(stub_.get(), late_request, timeout);
+  std::this_thread::sleep_until(sent + timeout);
+  v1::GenerateImageResponse next;
+  ASSERT_TRUE(generate(small_request(3, 1), &next).ok());
+  EXPECT_EQ(late.finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const double overrun = next.timings().queue_seconds();
+  std::printf("deadline %.3f s, longest stage %.3f s, the next request queued %.3f s\n",
+              timeout.count() / 1e3, stage, overrun);
+  EXPECT_LE(overrun, 2.0 * stage + 0.25);
 }
 
 TEST_F(E2E, CancelMidRunFreesTheWorker) {
