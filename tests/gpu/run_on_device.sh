@@ -119,7 +119,10 @@ if want soak || want soak-start; then
   fi
 fi
 if want soak-wait; then
-  for (( i = 0; i < 580 && ! -f $soak_dir/rc; ++i )); do sleep 1; done
+  for (( i = 0; i < 580; ++i )); do
+    [[ -f $soak_dir/rc ]] && break
+    sleep 1
+  done
 fi
 if want soak || want soak-wait; then
   code=$(cat "$soak_dir/rc" 2>/dev/null || echo 124)
