@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -41,6 +42,7 @@ struct TestFault {
   InjectedFault fault = InjectedFault::kHang;
   int step = 1;
   double hang_seconds = 10.0;  // kHang only
+  std::string flag;            // the flag's text, as GetModelInfo reports it
 };
 
 // Creates the engine; runs on the worker thread, so loading never blocks the RPC threads.

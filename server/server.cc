@@ -268,7 +268,7 @@ void Server::on_worker_phase(WorkerPhase phase, const absl::Status& status) {
     model->transformer_file = std::filesystem::path(options_.transformer_file).filename().string();
     model->http_port = http_port_;
     model->stall = options_.stall;
-    model->test_inject_fault = options_.test_inject_fault;
+    if (options_.test_fault) model->test_inject_fault = options_.test_fault->flag;
     metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
     if (!model->info.device_pci_bus_id.empty() &&
         !metrics_.attach_gpu(model->info.device_pci_bus_id)) {

@@ -48,6 +48,7 @@ absl::StatusOr<TestFault> parse_test_fault(absl::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat("--test-inject-fault: \"", text, "\" ", why));
   };
   TestFault fault;
+  fault.flag = std::string(text);
   absl::string_view rest = text;
   const size_t colon = rest.find(':');
   if (colon != absl::string_view::npos) {
@@ -172,7 +173,6 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
   o.test_step_delay_s = raw.test_step_delay_ms / 1000.0;
   if (!raw.test_inject_fault.empty()) {
     FLUX_ASSIGN_OR_RETURN(o.test_fault, parse_test_fault(raw.test_inject_fault));
-    o.test_inject_fault = raw.test_inject_fault;
   }
   return parsed;
 }

@@ -74,7 +74,6 @@ struct ServerOptions {
   // --stall-timeout-min-s, --stall-step-multiple: when the watchdog calls a stage stalled.
   StallPolicy stall;
   std::optional<TestFault> test_fault;  // TEST ONLY: --test-inject-fault KIND[@STEP][:SECONDS]
-  std::string test_inject_fault;        // the flag's text (GetModelInfo)
 
   // Probe mode (container HEALTHCHECK): check one health service of a running server and exit.
   std::string probe;  // "" (serve), "liveness" or "readiness"

@@ -34,7 +34,7 @@ class FaultTest : public testing::FakeServerTest {
 };
 
 TEST_F(FaultTest, OutOfDeviceMemoryFailsOnlyItsRequest) {
-  options_.test_fault = TestFault{InjectedFault::kDeviceOutOfMemory, 1, 0.0};
+  options_.test_fault = TestFault{InjectedFault::kDeviceOutOfMemory, 1, 0.0, "device_oom@1"};
   start();
   UnaryCall failed(stub_.get(), small_request(1, 3));
   const grpc::Status status = failed.finish();
@@ -58,7 +58,7 @@ TEST_F(FaultTest, OutOfDeviceMemoryFailsOnlyItsRequest) {
 }
 
 TEST_F(FaultTest, BrokenDeviceEndsServing) {
-  options_.test_fault = TestFault{InjectedFault::kIllegalAddress, 1, 0.0};
+  options_.test_fault = TestFault{InjectedFault::kIllegalAddress, 1, 0.0, "illegal_address@1"};
   start();
   const int warm_up_generations = control_->generations();
   control_->close_gate();

@@ -210,7 +210,7 @@ TEST(ServerOptions, StallWatchdogAndInjectedFaults) {
   EXPECT_EQ(parsed->options.test_fault->fault, InjectedFault::kHang);
   EXPECT_EQ(parsed->options.test_fault->step, 3);
   EXPECT_EQ(parsed->options.test_fault->hang_seconds, 2.5);
-  EXPECT_EQ(parsed->options.test_inject_fault, "hang@3:2.5");
+  EXPECT_EQ(parsed->options.test_fault->flag, "hang@3:2.5");
   EXPECT_TRUE(validate_server_options(parsed->options).ok());
   for (const auto& [text, fault] :
        {std::pair<const char*, InjectedFault>{"device_oom", InjectedFault::kDeviceOutOfMemory},
