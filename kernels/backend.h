@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 #include "absl/strings/string_view.h"
 
@@ -144,6 +145,15 @@ class Backend {
   // in milliseconds and clears them.
   virtual void set_op_profiling(OpProfiling mode) {}
   virtual std::map<std::string, double> take_op_profile() { return {}; }
+  // GEMM plans so far: how many, how many took the tuned table's algorithm, how many
+  // --gemm-autotune timed (all 0 where there are no plans: the CPU).
+  virtual std::map<std::string, int64_t> gemm_plan_stats() const { return {}; }
+  // `flux2 bench --tune-gemm`: `existing` (a --gemm-algorithms JSON document, "" for none) with the
+  // algorithm of every plan so far that was timed or came from the table added under this
+  // device's section. Unimplemented where GEMMs have no algorithm choice (the CPU).
+  virtual absl::StatusOr<std::string> export_gemm_algorithms(std::string_view existing) {
+    return absl::UnimplementedError(std::string(name()) + " backend has no GEMM algorithms");
+  }
   // quality=high: the low-precision copy of projection weight `w` [N, K] that the model keeps in
   // Weight::low_precision. Unimplemented without a low-precision path.
   virtual absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_fp8_weight(

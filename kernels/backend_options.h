@@ -21,12 +21,19 @@ struct BackendOptions {
   // fastest (--gemm-autotune); faster, but the choice, and so the last bits of lossless results,
   // may differ between processes. Off: the heuristic's first algorithm, the same in every process.
   bool gemm_autotune = false;
+  // CUDA backend: where each GEMM shape's algorithm comes from (--gemm-algorithms): "builtin", the
+  // table embedded at build time (kernels/cuda/gemm_algorithms.json, tuned on the H200); a file
+  // in that format (`flux2 bench --tune-gemm` writes one); "heuristic": cuBLASLt's first choice.
+  // Shapes the table lacks, and GPUs or cuBLASLt versions it has no section for, take the
+  // heuristic's. Any of them gives the same algorithm, so the same bits, in every process.
+  std::string gemm_algorithms = "builtin";
 
   // Every option as (flag name, value), in flag order: the start-up log and GetModelInfo.
   std::vector<std::pair<std::string, std::string>> describe() const {
     return {{"cpu-threads", std::to_string(cpu_threads)},
             {"fp8-attention", fp8_attention ? "on" : "off"},
-            {"gemm-autotune", gemm_autotune ? "on" : "off"}};
+            {"gemm-autotune", gemm_autotune ? "on" : "off"},
+            {"gemm-algorithms", gemm_algorithms}};
   }
 };
 

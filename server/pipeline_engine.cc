@@ -95,4 +95,11 @@ absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view b
   return std::unique_ptr<Engine>(new PipelineEngine(std::move(backend), std::move(*pipeline)));
 }
 
+absl::StatusOr<std::unique_ptr<Engine>> random_pipeline_engine(std::unique_ptr<Backend> backend,
+                                                               const RandomPipelineSpec& spec) {
+  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline,
+                        Pipeline::create_random(*backend, spec));
+  return std::unique_ptr<Engine>(new PipelineEngine(std::move(backend), std::move(pipeline)));
+}
+
 }  // namespace flux2::server

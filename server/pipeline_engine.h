@@ -28,4 +28,8 @@ absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view b
                                                              const std::string& model_dir,
                                                              const PipelineOptions& options);
 
+// A pipeline with random weights at `spec`'s shapes on `backend` (`flux2 bench --concurrency`).
+absl::StatusOr<std::unique_ptr<Engine>> random_pipeline_engine(std::unique_ptr<Backend> backend,
+                                                               const RandomPipelineSpec& spec);
+
 }  // namespace flux2::server

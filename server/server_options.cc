@@ -36,7 +36,7 @@ std::string env_name(absl::string_view flag) {
 // Flags whose text is checked after parsing (on|off switches shared with the `flux2` CLI, and a
 // unit conversion).
 struct RawFlags {
-  std::string fast_paths, cpu_threads, fp8_attention, gemm_autotune;
+  std::string fast_paths, cpu_threads, fp8_attention, gemm_autotune, gemm_algorithms;
   double test_step_delay_ms = 0.0;
   std::string test_inject_fault;
 };
@@ -116,6 +116,7 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   option("--cpu-threads", raw.cpu_threads);
   option("--fp8-attention", raw.fp8_attention);
   option("--gemm-autotune", raw.gemm_autotune);
+  option("--gemm-algorithms", raw.gemm_algorithms);
   flag("--enable-quality-high", o.enable_quality_high);
   flag("--text-encoder-offload", o.text_encoder_offload);
   option("--prompt-cache-bytes", o.prompt_cache_bytes);
@@ -161,7 +162,8 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
        {std::pair<const char*, const std::string*>{"--fast-paths", &raw.fast_paths},
         {"--cpu-threads", &raw.cpu_threads},
         {"--fp8-attention", &raw.fp8_attention},
-        {"--gemm-autotune", &raw.gemm_autotune}}) {
+        {"--gemm-autotune", &raw.gemm_autotune},
+        {"--gemm-algorithms", &raw.gemm_algorithms}}) {
     if (!value->empty()) words.insert(words.end(), {name, *value});
   }
   std::vector<char*> pointers;

@@ -24,6 +24,7 @@ struct CublasLtApi {
   decltype(&cublasLtMatmulPreferenceDestroy) preference_destroy;
   decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set_attribute;
   decltype(&cublasLtMatmulAlgoGetHeuristic) algo_get_heuristic;
+  decltype(&cublasLtMatmulAlgoCheck) algo_check;
   decltype(&cublasLtMatmul) matmul;
 };
 

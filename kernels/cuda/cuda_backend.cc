@@ -6,17 +6,21 @@
 // (gpu_op_test).
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/op_checks.h"
+#include "kernels/cuda/cublaslt_api.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/fault_injection.h"
 #include "kernels/cuda/flash_attention_fp8.h"
+#include "kernels/cuda/gemm_algorithm_table.h"
 
 namespace flux2 {
 namespace {
@@ -56,6 +60,43 @@ absl::Status convert_host(const void* src, DType from, void* dst, DType to, int6
       absl::StrCat("cuda: cannot convert ", dtype_name(from), " to ", dtype_name(to)));
 }
 
+// --gemm-algorithms: the table's section for this GPU and cuBLASLt (empty for "heuristic", or
+// when the table has none), and a phrase for the start-up log.
+absl::StatusOr<cuda::GemmAlgorithmTable> gemm_algorithms(const std::string& source,
+                                                         const std::string& device,
+                                                         std::string* described) {
+  FLUX_ASSIGN_OR_RETURN(const cuda::CublasLtApi* api, cuda::cublaslt_api());
+  const size_t version = api->get_version();
+  if (source == "heuristic") {
+    *described = "GEMM algorithms from cuBLASLt's heuristic";
+    return cuda::GemmAlgorithmTable{device, version, {}};
+  }
+  std::string text;
+  if (source == "builtin") {
+    text = std::string(cuda::builtin_gemm_algorithms());
+  } else {
+    std::ifstream file(source, std::ios::binary);
+    if (!file) {
+      return absl::NotFoundError(absl::StrCat("--gemm-algorithms: cannot read ", source));
+    }
+    std::ostringstream bytes;
+    bytes << file.rdbuf();
+    text = bytes.str();
+  }
+  absl::StatusOr<cuda::GemmAlgorithmTable> table =
+      cuda::parse_gemm_algorithms(text, device, version);
+  if (!table.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gemm-algorithms ", source, ": ", table.status().message()));
+  }
+  *described = table->entries.empty()
+                   ? absl::StrCat("GEMM algorithms from cuBLASLt's heuristic (the ", source,
+                                  " table has none for ", device, " with cuBLASLt ", version, ")")
+                   : absl::StrCat("GEMM algorithms of ", table->entries.size(), " shapes from the ",
+                                  source, " table, the heuristic's for the rest");
+  return table;
+}
+
 }  // namespace
 
 CudaStream::~CudaStream() {
@@ -92,6 +133,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOp
   }
   cuda::GemmOptions gemm_options;
   gemm_options.autotune = options.gemm_autotune;
+  backend->device_name_ = info.name;
+  std::string gemm_source;
+  FLUX_ASSIGN_OR_RETURN(gemm_options.algorithms,
+                        gemm_algorithms(options.gemm_algorithms, info.name, &gemm_source));
   FLUX_ASSIGN_OR_RETURN(backend->gemm_, cuda::Gemm::create(backend->stream(), gemm_options));
   FLUX_ASSIGN_OR_RETURN(backend->sdpa_, cuda::CudnnSdpa::create(backend->stream()));
   FLUX_ASSIGN_OR_RETURN(backend->conv_, cuda::CudnnConv::create(backend->stream()));
@@ -101,14 +146,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOp
   std::string settings;
   for (const auto& [flag, value] : options.describe())
     absl::StrAppend(&settings, " --", flag, "=", value);
-  std::fprintf(stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB);%s; quality=high: %s, %s\n",
-               info.name.c_str(), info.major, info.minor, info.total_bytes / 1e9, settings.c_str(),
-               backend->nvfp4_         ? "NVFP4 GEMMs"
-               : backend->fp8_rowwise_ ? "FP8 GEMMs, per-token x per-channel scales"
-                                       : "FP8 GEMMs, per-tensor scales",
-               options.fp8_attention && cuda::flash_attention_fp8_available()
-                   ? "FP8 flash attention"
-                   : "bf16 attention");
+  std::fprintf(
+      stderr, "flux2: CUDA backend on %s (sm_%d%d, %.1f GB);%s; %s; quality=high: %s, %s\n",
+      info.name.c_str(), info.major, info.minor, info.total_bytes / 1e9, settings.c_str(),
+      gemm_source.c_str(),
+      backend->nvfp4_         ? "NVFP4 GEMMs"
+      : backend->fp8_rowwise_ ? "FP8 GEMMs, per-token x per-channel scales"
+                              : "FP8 GEMMs, per-tensor scales",
+      options.fp8_attention && cuda::flash_attention_fp8_available() ? "FP8 flash attention"
+                                                                     : "bf16 attention");
   return backend;
 }
 

@@ -76,6 +76,8 @@ class CudaBackend final : public Backend {
   void reset_peak_memory() override;
   void set_op_profiling(OpProfiling mode) override { profiling_ = mode; }
   std::map<std::string, double> take_op_profile() override;
+  std::map<std::string, int64_t> gemm_plan_stats() const override;
+  absl::StatusOr<std::string> export_gemm_algorithms(std::string_view existing) override;
   absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_fp8_weight(
       const Tensor& w) override;
 
@@ -217,6 +219,7 @@ class CudaBackend final : public Backend {
   void* staging_[2] = {nullptr, nullptr};  // pinned host buffers for transfers
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};
   int64_t total_bytes_ = 0;
+  std::string device_name_;            // cudaDeviceProp::name: the GEMM table's section
   bool fail_next_allocation_ = false;  // inject_fault(kDeviceOutOfMemory) armed
   // quality=high's FP8 GEMMs scale per token and per channel when cuBLASLt offers it on this
   // device (LayerNorm+modulate and SwiGLU then write the E4M3 rows of the GEMM after them); else

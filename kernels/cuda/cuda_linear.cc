@@ -223,4 +223,13 @@ absl::Status CudaBackend::layer_norm_linear_fp8(const Tensor& x, const Tensor& s
   return gemm_low_precision(x, xq, w, y);
 }
 
+std::map<std::string, int64_t> CudaBackend::gemm_plan_stats() const {
+  const cuda::GemmPlanStats stats = gemm_->plan_stats();
+  return {{"plans", stats.plans}, {"from_table", stats.from_table}, {"timed", stats.timed}};
+}
+
+absl::StatusOr<std::string> CudaBackend::export_gemm_algorithms(std::string_view existing) {
+  return cuda::merge_gemm_algorithms(existing, gemm_->algorithms(device_name_));
+}
+
 }  // namespace flux2

@@ -4,6 +4,7 @@
 #include "kernels/cuda/gemm.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
 constexpr int kHeuristicResults = 8;
+constexpr int kAutotuneCandidates = 32;  // GemmOptions::autotune asks the heuristic for this many
 
 absl::Status lt_status(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -45,7 +47,53 @@ struct Gemm::Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::vector<cublasLtMatmulHeuristicResult_t> candidates;  // heuristic order; tuned once if asked
+  std::string key;                                          // Gemm::key_string
+  bool from_table = false;
+  bool timed = false;  // autotune timed the candidates: tuned_ms and heuristic_ms hold the times
+  double tuned_ms = 0.0, heuristic_ms = 0.0;
 };
+
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(GemmAlgorithmBits));
+
+std::string Gemm::key_string(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+                             bool b_transposed, bool c_f32, bool has_bias, int align_a, int align_b,
+                             int align_c, int align_bias, int format) {
+  static constexpr const char* kFormats[] = {"bf16", "fp8_tensor", "fp8_rowwise", "nvfp4"};
+  return absl::StrCat("m=", m, " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
+                      b_transposed ? " b_t" : " b_n", c_f32 ? " c_f32" : " c_bf16",
+                      has_bias ? " bias" : "", " align=", align_a, "/", align_b, "/", align_c, "/",
+                      align_bias, " ", kFormats[format]);
+}
+
+GemmPlanStats Gemm::plan_stats() const {
+  GemmPlanStats stats;
+  for (const auto& [key, plan] : plans_) {
+    ++stats.plans;
+    stats.from_table += plan->from_table;
+    stats.timed += plan->timed;
+  }
+  return stats;
+}
+
+GemmAlgorithmTable Gemm::algorithms(const std::string& device) const {
+  GemmAlgorithmTable table;
+  table.device = device;
+  auto api = cublaslt_api();
+  table.cublaslt_version = api.ok() ? (*api)->get_version() : 0;
+  for (const auto& [key, plan] : plans_) {
+    if (!plan->from_table && !plan->timed) continue;
+    GemmAlgorithmEntry entry;
+    std::memcpy(entry.algorithm.data(), &plan->algo, sizeof(plan->algo));
+    if (plan->from_table) {
+      entry = options_.algorithms.entries.at(plan->key);
+    } else {
+      entry.tuned_ms = plan->tuned_ms;
+      entry.heuristic_ms = plan->heuristic_ms;
+    }
+    table.entries[plan->key] = entry;
+  }
+  return table;
+}
 
 absl::StatusOr<std::unique_ptr<Gemm>> Gemm::create(cudaStream_t stream,
                                                    const GemmOptions& options) {
@@ -180,11 +228,12 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
   api->preference_set_attribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                 &alignments[3], 4);
   (void)align_bias;
-  cublasLtMatmulHeuristicResult_t results[kHeuristicResults];
+  const int wanted = options_.autotune ? kAutotuneCandidates : kHeuristicResults;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(wanted));
   int returned = 0;
   const cublasStatus_t heuristic =
       api->algo_get_heuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b,
-                              plan->d, plan->d, preference, kHeuristicResults, results, &returned);
+                              plan->d, plan->d, preference, wanted, results.data(), &returned);
   api->preference_destroy(preference);
   if (heuristic != CUBLAS_STATUS_SUCCESS || returned == 0) {
     return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for a GEMM of m=", m,
@@ -192,7 +241,22 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
                                                  ", ldc ", ldc, ")"));
   }
   plan->algo = results[0].algo;
-  plan->candidates.assign(results, results + returned);
+  plan->key = key_string(m, n, k, lda, ldb, ldc, b_transposed, c_f32, has_bias, align_a, align_b,
+                         align_c, align_bias, static_cast<int>(format));
+  if (auto tuned = options_.algorithms.entries.find(plan->key);
+      tuned != options_.algorithms.entries.end()) {
+    // The table's algorithm, when cuBLASLt still accepts it for these descriptors.
+    cublasLtMatmulAlgo_t algo;
+    std::memcpy(&algo, tuned->second.algorithm.data(), sizeof(algo));
+    cublasLtMatmulHeuristicResult_t checked{};
+    if (api->algo_check(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b,
+                        plan->d, plan->d, &algo, &checked) == CUBLAS_STATUS_SUCCESS &&
+        checked.workspaceSize <= kWorkspaceBytes) {
+      plan->algo = algo;
+      plan->from_table = true;
+    }
+  }
+  if (!plan->from_table) plan->candidates.assign(results.begin(), results.begin() + returned);
   Plan* raw = plan.get();
   plans_.emplace(key, std::move(plan));
   return raw;
@@ -248,31 +312,41 @@ absl::Status Gemm::run(const Mat& a, const Mat& b, bool b_transposed, const void
       format == Format::kNvfp4 ? static_cast<const void*>(alpha_device) : &alpha;
   const void* beta_arg = format == Format::kNvfp4 ? static_cast<const void*>(zero_) : &beta;
   if (options_.autotune && !p->candidates.empty() && !capturing(stream_) && beta == 0.0f) {
-    // Time each candidate on the real operands (the output is rewritten by the final call).
-    constexpr int kRepeats = 3;
+    // Time each candidate on the real operands (the output is rewritten by the final call): one
+    // untimed call (its kernel's module loads), then the mean of kRepeats.
+    constexpr int kRepeats = 5;
     cudaEvent_t start, stop;
     cudaEventCreate(&start);
     cudaEventCreate(&stop);
     float best = INFINITY;
-    for (const cublasLtMatmulHeuristicResult_t& candidate : p->candidates) {
+    for (size_t i = 0; i < p->candidates.size(); ++i) {
+      const cublasLtMatmulAlgo_t& algo = p->candidates[i].algo;
+      auto call = [&] {
+        return api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, alpha_arg, b.data, p->a,
+                           a.data, p->b, beta_arg, c.data, p->d, c.data, p->d, &algo, workspace_,
+                           kWorkspaceBytes, stream_);
+      };
+      cublasStatus_t status = call();
       cudaEventRecord(start, stream_);
-      cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-      for (int r = 0; r < kRepeats && status == CUBLAS_STATUS_SUCCESS; ++r) {
-        status = api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, alpha_arg, b.data,
-                             p->a, a.data, p->b, beta_arg, c.data, p->d, c.data, p->d,
-                             &candidate.algo, workspace_, kWorkspaceBytes, stream_);
-      }
+      for (int r = 0; r < kRepeats && status == CUBLAS_STATUS_SUCCESS; ++r) status = call();
       cudaEventRecord(stop, stream_);
       cudaEventSynchronize(stop);
-      float ms = 0.0f;
-      if (status == CUBLAS_STATUS_SUCCESS &&
-          cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && ms < best) {
+      float total = 0.0f;
+      if (status != CUBLAS_STATUS_SUCCESS ||
+          cudaEventElapsedTime(&total, start, stop) != cudaSuccess) {
+        continue;
+      }
+      const float ms = total / kRepeats;
+      if (i == 0) p->heuristic_ms = ms;
+      if (ms < best) {
         best = ms;
-        p->algo = candidate.algo;
+        p->algo = algo;
+        p->tuned_ms = ms;
       }
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
+    p->timed = best < INFINITY;
     p->candidates.clear();
   }
   return lt_status(api->matmul(static_cast<cublasLtHandle_t>(handle_), p->desc, alpha_arg, b.data,

@@ -1,9 +1,11 @@
 // bf16 GEMMs through cuBLASLt (kernels.md §1): Y = X·Wᵀ (+ bias) in the TN "column-major swap"
 // layout, fp32 accumulation, one plan per shape and pointer-alignment class (descriptors + the
-// heuristic's best algorithm without split-K reductions, for run-to-run determinism), one 32 MiB
-// workspace per stream. GemmOptions::autotune times the heuristic's top candidates on the first
-// call of each shape instead (faster, but the choice may differ between processes). Tested by
-// tests/cuda/op_cases.cc (gpu_op_test) (against the CPU backend) and
+// algorithm without split-K reductions, for run-to-run determinism), one 32 MiB workspace per
+// stream. The algorithm comes from the tuned table (GemmOptions::algorithms, --gemm-algorithms)
+// when it has the plan's key, else the heuristic's first; GemmOptions::autotune times the
+// heuristic's top candidates on the first call of each other shape instead (the choice may differ
+// between processes: `flux2 bench --tune-gemm` writes it into a table, which does not). Tested by
+// tests/cuda/op_cases.cc (gpu_op_test) (against the CPU backend, tuned and table plans too) and
 // tests/cuda/quality_high_test.cc (FP8).
 #pragma once
 
@@ -14,6 +16,7 @@
 #include <tuple>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/gemm_algorithm_table.h"
 #include "kernels/cuda/kernel_args.h"
 
 namespace flux2::cuda {
@@ -26,6 +29,16 @@ struct GemmOptions {
   // Time the heuristic's top candidates on each shape's first call and keep the fastest
   // (BackendOptions::gemm_autotune) instead of taking its first one.
   bool autotune = false;
+  // Tuned algorithms by plan key (this GPU's and cuBLASLt's section of --gemm-algorithms); a plan
+  // whose key is missing, or whose algorithm cuBLASLt rejects, takes the heuristic's.
+  GemmAlgorithmTable algorithms;
+};
+
+// How the plans built so far chose their algorithm.
+struct GemmPlanStats {
+  int64_t plans = 0;
+  int64_t from_table = 0;  // the tuned table's algorithm
+  int64_t timed = 0;       // GemmOptions::autotune timed the candidates
 };
 
 class Gemm {
@@ -66,6 +79,14 @@ class Gemm {
   bool supports_nvfp4();
 
   size_t plan_count() const { return plans_.size(); }
+  GemmPlanStats plan_stats() const;
+  // Every plan's algorithm that came from the table or was timed, under its key: with
+  // GemmOptions::autotune, what `flux2 bench --tune-gemm` merges into a table.
+  GemmAlgorithmTable algorithms(const std::string& device) const;
+  // "m=4608 n=27648 k=3072 lda=3072 ...": a plan's key in the table.
+  static std::string key_string(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                                int64_t ldc, bool b_transposed, bool c_f32, bool has_bias,
+                                int align_a, int align_b, int align_c, int align_bias, int format);
 
  private:
   struct Plan;

@@ -7,8 +7,8 @@
 namespace flux2 {
 
 const std::set<std::string>& backend_flag_names() {
-  static const std::set<std::string> names = {"--cpu-threads", "--fp8-attention",
-                                              "--gemm-autotune"};
+  static const std::set<std::string> names = {"--cpu-threads", "--fp8-attention", "--gemm-autotune",
+                                              "--gemm-algorithms"};
   return names;
 }
 
@@ -32,6 +32,11 @@ absl::StatusOr<BackendOptions> parse_backend_flags(const Args& args) {
                         parse_on_off(args, "--fp8-attention", options.fp8_attention));
   FLUX_ASSIGN_OR_RETURN(options.gemm_autotune,
                         parse_on_off(args, "--gemm-autotune", options.gemm_autotune));
+  options.gemm_algorithms = args.get("--gemm-algorithms", options.gemm_algorithms);
+  if (options.gemm_algorithms.empty()) {
+    return absl::InvalidArgumentError(
+        "--gemm-algorithms: expected builtin, heuristic or a table file");
+  }
   return options;
 }
 

@@ -54,6 +54,9 @@ struct BenchOptions {
   // GPU's memory plan on a larger one; 0: no cap.
   double device_memory_cap_gb = 0.0;
   RequestOptions request;  // what the timed work runs under (--quality, --no-fast-paths)
+  // --tune-gemm FILE: every GEMM shape's candidates timed on first use (--gemm-autotune on, the
+  // heuristic's order), the choices merged into FILE (a --gemm-algorithms table) at the end.
+  std::string tune_gemm;
   bool json = false;
   OpProfiling profile = OpProfiling::kOff;  // also report device time per op category (or shape)
 };
@@ -72,6 +75,32 @@ nlohmann::json fallbacks_since(const std::vector<FastPathCounters>& before) {
     }
   }
   return out;
+}
+
+// --tune-gemm: merges the backend's timed GEMM algorithms into the table at `path`.
+absl::Status write_tuned_gemms(Backend& be, const std::string& path) {
+  std::string existing;
+  if (FILE* in = std::fopen(path.c_str(), "rb")) {
+    char buffer[1 << 16];
+    for (size_t got; (got = std::fread(buffer, 1, sizeof(buffer), in)) > 0;) {
+      existing.append(buffer, got);
+    }
+    std::fclose(in);
+  }
+  FLUX_ASSIGN_OR_RETURN(const std::string table, be.export_gemm_algorithms(existing));
+  FILE* out = std::fopen(path.c_str(), "wb");
+  if (out == nullptr || std::fwrite(table.data(), 1, table.size(), out) != table.size() ||
+      std::fclose(out) != 0) {
+    return absl::InternalError(absl::StrCat("--tune-gemm: cannot write ", path));
+  }
+  progress(absl::StrCat("tuned GEMM algorithms merged into ", path));
+  return absl::OkStatus();
+}
+
+// What the result JSON says about the GEMM plans (and writes --tune-gemm's table).
+absl::StatusOr<nlohmann::json> gemm_plans(Backend& be, const BenchOptions& o) {
+  if (!o.tune_gemm.empty()) FLUX_RETURN_IF_ERROR(write_tuned_gemms(be, o.tune_gemm));
+  return nlohmann::json(be.gemm_plan_stats());
 }
 
 absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
@@ -142,8 +171,10 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   const StepFlops flops = flux2_step_flops(config, n, l);
   const double floor = flux2_floor_ms(config, n, l);
   const BackendMemoryStats memory = be.memory_stats();
+  FLUX_ASSIGN_OR_RETURN(const nlohmann::json plans, gemm_plans(be, o));
   nlohmann::json result = {{"model", o.model},
                            {"quality", o.quality},
+                           {"gemm_plans", plans},
                            {"height", o.height},
                            {"width", o.width},
                            {"text_len", l},
@@ -296,6 +327,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     be.set_op_profiling(OpProfiling::kOff);
     profile = be.take_op_profile();
   }
+  FLUX_ASSIGN_OR_RETURN(const nlohmann::json plans, gemm_plans(be, o));
   const double step_median = median_of(steps);
   const int64_t n = (o.height / 16) * (o.width / 16);
   const StepFlops flops = flux2_step_flops(spec.transformer, n, o.text_len);
@@ -308,6 +340,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"backend", std::string(be.name())},
                         {"fast_paths", o.request.fast_paths},
                         {"fast_path_fallbacks", fallbacks},
+                        {"gemm_plans", plans},
                         {"e2e", true},
                         {"request_steps", params.num_inference_steps},
                         {"references", o.references},
@@ -364,7 +397,8 @@ int run_bench(int argc, char** argv, int first) {
                                  "--kv",
                                  "--text-encoder-offload",
                                  "--prompt-cache",
-                                 "--device-memory-cap-gb"};
+                                 "--device-memory-cap-gb",
+                                 "--tune-gemm"};
   known.insert(backend_flag_names().begin(), backend_flag_names().end());
   if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
   auto backend_options = parse_backend_flags(*args);
@@ -412,6 +446,16 @@ int run_bench(int argc, char** argv, int first) {
     return fail(absl::StrCat("--quality ", o.quality, ": expected lossless or high"));
   }
   o.request.quality = o.quality == "high" ? Quality::kHigh : Quality::kLossless;
+  o.tune_gemm = args->get("--tune-gemm", "");
+  if (!o.tune_gemm.empty()) {
+    if (args->has("--gemm-algorithms") || args->has("--gemm-autotune")) {
+      return fail(
+          "--tune-gemm times the heuristic's candidates: drop --gemm-algorithms and "
+          "--gemm-autotune");
+    }
+    backend_options->gemm_autotune = true;
+    backend_options->gemm_algorithms = "heuristic";
+  }
   auto backend = create_backend(args->get("--backend", "cuda"), *backend_options);
   if (!backend.ok()) return fail(backend.status().message());
   auto repeats = args->get_int("--repeats", 5);

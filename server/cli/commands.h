@@ -8,5 +8,7 @@ int run_check_golden(int argc, char** argv, int first);  // golden_check.cc
 int run_tokenize(int argc, char** argv, int first);      // tokenize_command.cc
 int run_generate(int argc, char** argv, int first);      // generate_command.cc
 int run_bench(int argc, char** argv, int first);         // bench_command.cc
+// bench --concurrency N (bench_concurrency_command.cc, in the flux2 executable only)
+int run_bench_concurrency(int argc, char** argv, int first);
 
 }  // namespace flux2

@@ -39,7 +39,14 @@ int main(int argc, char** argv) {
   if (command == "check-golden") return flux2::run_check_golden(argc, argv, 2);
   if (command == "tokenize") return flux2::run_tokenize(argc, argv, 2);
   if (command == "generate") return flux2::run_generate(argc, argv, 2);
-  if (command == "bench") return flux2::run_bench(argc, argv, 2);
+  if (command == "bench") {
+    for (int i = 2; i < argc; ++i) {
+      if (std::strncmp(argv[i], "--concurrency", 13) == 0) {
+        return flux2::run_bench_concurrency(argc, argv, 2);
+      }
+    }
+    return flux2::run_bench(argc, argv, 2);
+  }
   std::fprintf(stderr, "flux2: unknown command \"%s\"\n", command.c_str());
   print_help();
   return 2;

@@ -7,11 +7,16 @@
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
 #                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
+#                              [tune] [gemm-ab] [throughput]
 #                              (default: tests golden bench bench-dev)
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
 # resize with PIL's; `edit` times editing requests (one 1024x1024 reference, klein-KV, 4 references);
 # `dev` times FLUX.2-dev requests (resident; the 80 GB plan under an 80 GB cap; the prompt cache).
+# `tune` times every GEMM shape's cuBLASLt candidates (klein-4B/9B and dev steps at 1024x1024,
+# klein-4B whole requests at 1024 and 512) into $OUT/gemm_algorithms.json; `gemm-ab` times steps
+# with the heuristic's algorithms and with that table (or $GEMM_TABLE) alternately; `throughput`
+# runs `flux2 bench --concurrency 8` (klein-4B, 1024 and 512, both qualities).
 set -uo pipefail
 for dir in .device-bin .device-bin-base; do
   for part in lib bin; do
@@ -74,7 +79,7 @@ if want tests; then
   run_gtests gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test \
              gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test \
              gpu_fp8_accumulation_test gpu_flash_attention_fp8_test gpu_fp8_rows_test \
-             gpu_text_encoder_streaming_test
+             gpu_text_encoder_streaming_test gpu_gemm_algorithm_table_test
   FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1
   record $? "gpu_server_test (tiny): $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')"
 fi
@@ -223,6 +228,48 @@ if want dev; then  # FLUX.2-dev whole requests, 50 steps, 1024x1024, 512 text to
   bench "$bin/flux2" dev.jsonl "e2e dev lossless, prompt cache (repeated prompt)" --e2e --model dev \
     --repeats 1 --prompt-cache
   bench "$bin/flux2" dev.jsonl "bench dev high" --model dev --quality high
+fi
+if want tune; then
+  table="$results/gemm_algorithms.json"
+  for model in klein-4b klein-9b dev; do
+    for quality in lossless high; do
+      bench "$bin/flux2" tune.jsonl "tune $model $quality" --model $model --quality $quality \
+        --tune-gemm "$table"
+    done
+  done
+  for quality in lossless high; do
+    for size in 1024 512; do
+      bench "$bin/flux2" tune.jsonl "tune e2e klein-4b $quality ${size}x$size" --e2e \
+        --model klein-4b --quality $quality --height $size --width $size --repeats 1 \
+        --tokenizer "$tokenizer" --tune-gemm "$table"
+    done
+  done
+fi
+if want gemm-ab; then  # the heuristic's algorithms against the tuned table, alternately
+  table="${GEMM_TABLE:-$results/gemm_algorithms.json}"
+  ab_pair() {
+    local label=$1
+    shift
+    bench "$bin/flux2" gemm-ab.jsonl "heuristic $label" "$@" --gemm-algorithms heuristic
+    bench "$bin/flux2" gemm-ab.jsonl "table $label" "$@" --gemm-algorithms "$table"
+  }
+  for run in 1 2; do
+    for quality in lossless high; do ab_pair "klein-4b $quality #$run" --model klein-4b --quality $quality; done
+  done
+  ab_pair "klein-9b lossless" --model klein-9b
+  for quality in lossless high; do
+    ab_pair "dev $quality" --model dev --quality $quality
+    ab_pair "e2e klein-4b $quality" --e2e --model klein-4b --quality $quality --tokenizer "$tokenizer"
+  done
+fi
+if want throughput; then  # images/s through the server path: one client, then 8
+  for size in 1024 512; do
+    for quality in lossless high; do
+      bench "$bin/flux2" throughput.jsonl "throughput klein-4b ${size}x$size $quality" \
+        --concurrency 8 --requests 32 --model klein-4b --height $size --width $size \
+        --quality $quality --tokenizer "$tokenizer"
+    done
+  done
 fi
 if want perf; then
   "$bin/gpu_op_test" --perf >"$out/op_perf.txt" 2>&1

@@ -73,9 +73,15 @@ TEST(CudaDriverTest, NoDriverIsNoDeviceAndAnOldOneSaysWhichVersions) {
 }
 
 TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {
-  const char* argv[] = {"flux2",           "--cpu-threads", "3",
-                        "--fp8-attention", "off",           "--gemm-autotune=on"};
-  auto args = Args::parse(6, const_cast<char**>(argv), 1);
+  const char* argv[] = {"flux2",
+                        "--cpu-threads",
+                        "3",
+                        "--fp8-attention",
+                        "off",
+                        "--gemm-autotune=on",
+                        "--gemm-algorithms",
+                        "heuristic"};
+  auto args = Args::parse(8, const_cast<char**>(argv), 1);
   ASSERT_TRUE(args.ok());
   auto options = parse_backend_flags(*args);
   ASSERT_TRUE(options.ok()) << options.status();
@@ -83,11 +89,16 @@ TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {
   EXPECT_FALSE(options->fp8_attention);
   EXPECT_TRUE(options->gemm_autotune);
   using Pairs = std::vector<std::pair<std::string, std::string>>;
-  EXPECT_EQ(options->describe(),
-            (Pairs{{"cpu-threads", "3"}, {"fp8-attention", "off"}, {"gemm-autotune", "on"}}));
-  EXPECT_EQ(BackendOptions{}.describe(),
-            (Pairs{{"cpu-threads", "0"}, {"fp8-attention", "on"}, {"gemm-autotune", "off"}}));
-  for (const char* bad : {"--fp8-attention=maybe", "--cpu-threads=-2", "--gemm-autotune=1"}) {
+  EXPECT_EQ(options->describe(), (Pairs{{"cpu-threads", "3"},
+                                        {"fp8-attention", "off"},
+                                        {"gemm-autotune", "on"},
+                                        {"gemm-algorithms", "heuristic"}}));
+  EXPECT_EQ(BackendOptions{}.describe(), (Pairs{{"cpu-threads", "0"},
+                                                {"fp8-attention", "on"},
+                                                {"gemm-autotune", "off"},
+                                                {"gemm-algorithms", "builtin"}}));
+  for (const char* bad :
+       {"--fp8-attention=maybe", "--cpu-threads=-2", "--gemm-autotune=1", "--gemm-algorithms="}) {
     const char* one[] = {"flux2", bad};
     auto parsed = Args::parse(2, const_cast<char**>(one), 1);
     ASSERT_TRUE(parsed.ok());
