@@ -5,11 +5,14 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <future>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/elapsed.h"
+#include "kernels/base/parallel.h"
 #include "kernels/base/status.h"
 #include "model/bfl_checkpoint.h"
 #include "model/checkpoint.h"
@@ -23,6 +26,24 @@ namespace flux2 {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The initial latents as diffusers draws them: randn([1, channels, h, w]) in the activation dtype
+// (torch's CPU generator), packed to tokens [n, channels]; with the host seconds it took.
+std::pair<std::vector<float>, double> draw_packed_noise(DType act, uint64_t seed, int64_t channels,
+                                                        int64_t n) {
+  const Clock::time_point start = Clock::now();
+  const std::vector<float> noise = act == DType::kBF16 ? torch_randn_bf16(seed, channels * n)
+                                                       : torch_randn_f32(seed, channels * n);
+  std::vector<float> packed(noise.size());
+  if (static_cast<int64_t>(noise.size()) == channels * n) {
+    parallel_for(n, 256, [&](int64_t begin, int64_t end) {  // token rows [begin, end)
+      for (int64_t c = 0; c < channels; ++c) {
+        for (int64_t t = begin; t < end; ++t) packed[t * channels + c] = noise[c * n + t];
+      }
+    });
+  }
+  return {std::move(packed), seconds_since(start)};
+}
 
 // Runs one component's load (`load` returns the bytes it holds) between its two progress reports.
 absl::Status load_component(const LoadProgressFn& progress, const char* component,
@@ -439,6 +460,13 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   image.seed = params.seed;
   StageTimings& timings = image.timings;
 
+  // The noise depends only on the seed and the size: where the backend's ops run asynchronously
+  // (the GPU) a host thread draws it while this one tokenizes and enqueues the text encoder (it
+  // takes longer than the device's text encode at 1024x1024); on the CPU it is drawn in line.
+  std::future<std::pair<std::vector<float>, double>> noise_draw =
+      std::async(be.device() == Device::kCuda ? std::launch::async : std::launch::deferred,
+                 draw_packed_noise, act, params.seed, channels, n);
+
   // Text: prompt (and the negative prompt for CFG) -> prompt embeddings [L, J].
   Clock::time_point start = Clock::now();
   const TokenizedPrompt tokens =
@@ -462,16 +490,11 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
     FLUX_ASSIGN_OR_RETURN(negative_embeds, prompt_embeddings(negative_tokens, &negative_hit));
   }
   text_scope.reset();
-  // Noise drawn like diffusers: randn([1, 128, h, w]) in the activation dtype, packed to tokens.
-  // Drawn on the host while the device runs the text encoder (its ops are asynchronous).
-  const std::vector<float> noise = act == DType::kBF16 ? torch_randn_bf16(params.seed, channels * n)
-                                                       : torch_randn_f32(params.seed, channels * n);
-  if (static_cast<int64_t>(noise.size()) != channels * n)
+  // The noise, drawn meanwhile (or now, on the CPU).
+  std::vector<float> packed;
+  std::tie(packed, timings.noise) = noise_draw.get();
+  if (static_cast<int64_t>(packed.size()) != channels * n)
     return absl::InternalError("noise generation failed");
-  std::vector<float> packed(static_cast<size_t>(n * channels));
-  for (int64_t c = 0; c < channels; ++c) {
-    for (int64_t t = 0; t < n; ++t) packed[t * channels + c] = noise[c * n + t];
-  }
   FLUX_RETURN_IF_ERROR(be.synchronize());
   timings.text_encode = seconds_since(start);  // text encoding, overlapped with drawing the noise
 

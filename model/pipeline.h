@@ -150,6 +150,9 @@ ImageSize output_size(const GenerateParams& params);
 struct StageTimings {
   double tokenize = 0.0;
   double text_encode = 0.0;
+  // Host time drawing and packing the initial noise: on the GPU on a thread of its own beside
+  // tokenization and the text encoder (text_encode waits for it), on the CPU inside text_encode.
+  double noise = 0.0;
   double reference_encode = 0.0;  // VAE-encoding the reference images (0 without references)
   double denoise = 0.0;           // all steps
   std::vector<double> steps;      // each step (transformer forward(s) + Euler update)

@@ -290,8 +290,8 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     params.references.push_back(std::move(reference));
   }
   const int64_t free_after_load = be.free_device_bytes();
-  std::vector<double> e2e, tokenize, text_encode, reference_encode, denoise, decode, encode, steps,
-      first_steps, later_steps;
+  std::vector<double> e2e, tokenize, text_encode, noise, reference_encode, denoise, decode, encode,
+      steps, first_steps, later_steps;
   be.reset_peak_memory();
   const std::vector<FastPathCounters> before = fast_path_snapshot();
   for (int run = -1; run < repeats; ++run) {  // run -1 warms up
@@ -309,6 +309,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     encode.push_back(std::chrono::duration<double, std::milli>(end - encode_start).count());
     tokenize.push_back(1e3 * image.timings.tokenize);
     text_encode.push_back(1e3 * image.timings.text_encode);
+    noise.push_back(1e3 * image.timings.noise);
     reference_encode.push_back(1e3 * image.timings.reference_encode);
     for (size_t i = 0; i < image.timings.steps.size(); ++i) {
       (i == 0 ? first_steps : later_steps).push_back(1e3 * image.timings.steps[i]);
@@ -352,6 +353,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"ms_e2e_median", median_of(e2e)},
                         {"ms_tokenize", median_of(tokenize)},
                         {"ms_text_encode", median_of(text_encode)},
+                        {"ms_noise", median_of(noise)},
                         {"ms_denoise", median_of(denoise)},
                         {"ms_decode", median_of(decode)},
                         {"ms_encode", median_of(encode)},

@@ -76,10 +76,12 @@ if want references; then
   fi
 fi
 if want tests; then
-  run_gtests gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test \
-             gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test \
-             gpu_fp8_accumulation_test gpu_flash_attention_fp8_test gpu_fp8_rows_test \
-             gpu_text_encoder_streaming_test gpu_gemm_algorithm_table_test
+  # $GPU_TESTS (space-separated) runs a subset: a bundle of only some binaries (BUNDLE_TARGETS).
+  all_tests="gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test
+    gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_fp8_accumulation_test
+    gpu_flash_attention_fp8_test gpu_fp8_rows_test gpu_text_encoder_streaming_test
+    gpu_gemm_algorithm_table_test"
+  run_gtests ${GPU_TESTS:-$all_tests}
   FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1
   record $? "gpu_server_test (tiny): $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')"
 fi
@@ -180,11 +182,11 @@ if want gemm-shapes; then
       --profile-by-shape
   done
 fi
-if want profile; then
-  for tune in off on; do
+if want profile; then  # device time per op category against the step (issue 21's closing profile)
+  for quality in lossless high; do
     for model in klein-4b dev; do
-      bench "$bin/flux2" profile.jsonl "profile $model gemm-autotune=$tune" --model "$model" --profile \
-        --gemm-autotune $tune
+      bench "$bin/flux2" profile.jsonl "profile $model $quality" --model "$model" --quality $quality \
+        --profile
     done
   done
 fi
@@ -247,6 +249,10 @@ if want tune; then
 fi
 if want gemm-ab; then  # the heuristic's algorithms against the tuned table, alternately
   table="${GEMM_TABLE:-$results/gemm_algorithms.json}"
+  # SM clock and board power every 200 ms meanwhile: what the GPU sustains under the steps.
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu \
+    --format=csv,noheader,nounits -lms 200 >"$out/gpu-clocks.csv" &
+  sampler=$!
   ab_pair() {
     local label=$1
     shift
@@ -261,6 +267,11 @@ if want gemm-ab; then  # the heuristic's algorithms against the tuned table, alt
     ab_pair "dev $quality" --model dev --quality $quality
     ab_pair "e2e klein-4b $quality" --e2e --model klein-4b --quality $quality --tokenizer "$tokenizer"
   done
+  kill $sampler
+  # Samples drawing over 400 W (the benches' steps): mean SM clock and power against their maxima.
+  record 0 "gpu clocks under load: $(awk -F', *' '$4 > 400 {n++; c += $2; p += $4; m = $3; l = $5}
+    END {if (n) printf "%d samples, SM %.0f of %d MHz, %.0f of %.0f W", n, c / n, m, p / n, l}' \
+    "$out/gpu-clocks.csv")"
 fi
 if want throughput; then  # images/s through the server path: one client, then 8
   for size in 1024 512; do
