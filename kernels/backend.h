@@ -48,6 +48,20 @@ struct QkNormRope {
   RopeStyle style = RopeStyle::kInterleaved;
 };
 
+// `flux2 bench --tune-gemm`: the GEMM plans built so far and the algorithm candidates of each (the
+// heuristic's order, 0 its first), so a tuner can time whole steps with each choice in turn.
+class GemmCandidates {
+ public:
+  virtual ~GemmCandidates() = default;
+  // Plan keys ("m=4608 n=27648 k=3072 ...") with more than one candidate.
+  virtual std::vector<std::string> keys() const = 0;
+  virtual int count(const std::string& key) const = 0;
+  // The plan runs candidate `index` from now on; `tuned_ms` and `heuristic_ms` are what the tuner
+  // measured with it and with candidate 0 (exported with the table).
+  virtual absl::Status choose(const std::string& key, int index, double tuned_ms,
+                              double heuristic_ms) = 0;
+};
+
 // A backend's low-precision copy of a projection weight for quality=high (FP8 on Hopper, NVFP4 on
 // Blackwell), made once by Backend::add_fp8_weight and held by the model beside the bf16 values.
 class LowPrecisionWeight {
@@ -154,6 +168,8 @@ class Backend {
   virtual absl::StatusOr<std::string> export_gemm_algorithms(std::string_view existing) {
     return absl::UnimplementedError(std::string(name()) + " backend has no GEMM algorithms");
   }
+  // The GEMM plans' candidates (null where GEMMs have no algorithm choice: the CPU).
+  virtual GemmCandidates* gemm_candidates() { return nullptr; }
   // quality=high: the low-precision copy of projection weight `w` [N, K] that the model keeps in
   // Weight::low_precision. Unimplemented without a low-precision path.
   virtual absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_fp8_weight(

@@ -78,6 +78,7 @@ class CudaBackend final : public Backend {
   std::map<std::string, double> take_op_profile() override;
   std::map<std::string, int64_t> gemm_plan_stats() const override;
   absl::StatusOr<std::string> export_gemm_algorithms(std::string_view existing) override;
+  GemmCandidates* gemm_candidates() override { return gemm_.get(); }
   absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_fp8_weight(
       const Tensor& w) override;
 

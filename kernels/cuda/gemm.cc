@@ -75,6 +75,37 @@ GemmPlanStats Gemm::plan_stats() const {
   return stats;
 }
 
+std::vector<std::string> Gemm::keys() const {
+  std::vector<std::string> keys;
+  for (const auto& [key, plan] : plans_) {
+    if (plan->candidates.size() > 1) keys.push_back(plan->key);
+  }
+  return keys;
+}
+
+int Gemm::count(const std::string& key) const {
+  for (const auto& [k, plan] : plans_) {
+    if (plan->key == key) return static_cast<int>(plan->candidates.size());
+  }
+  return 0;
+}
+
+absl::Status Gemm::choose(const std::string& key, int index, double tuned_ms,
+                          double heuristic_ms) {
+  for (auto& [k, plan] : plans_) {
+    if (plan->key != key) continue;
+    if (index < 0 || index >= static_cast<int>(plan->candidates.size())) {
+      return absl::OutOfRangeError(absl::StrCat(key, ": no candidate ", index));
+    }
+    plan->algo = plan->candidates[static_cast<size_t>(index)].algo;
+    plan->timed = true;
+    plan->tuned_ms = tuned_ms;
+    plan->heuristic_ms = heuristic_ms;
+    return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("no GEMM plan ", key));
+}
+
 GemmAlgorithmTable Gemm::algorithms(const std::string& device) const {
   GemmAlgorithmTable table;
   table.device = device;

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "absl/status/statusor.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/gemm_algorithm_table.h"
 #include "kernels/cuda/kernel_args.h"
 
@@ -41,12 +42,12 @@ struct GemmPlanStats {
   int64_t timed = 0;       // GemmOptions::autotune timed the candidates
 };
 
-class Gemm {
+class Gemm final : public GemmCandidates {
  public:
   // Loads cuBLASLt, creates a handle and the stream's workspace.
   static absl::StatusOr<std::unique_ptr<Gemm>> create(cudaStream_t stream,
                                                       const GemmOptions& options = {});
-  ~Gemm();
+  ~Gemm() override;
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
@@ -80,6 +81,11 @@ class Gemm {
 
   size_t plan_count() const { return plans_.size(); }
   GemmPlanStats plan_stats() const;
+  // GemmCandidates (plans from the table have none: the tuner leaves them).
+  std::vector<std::string> keys() const override;
+  int count(const std::string& key) const override;
+  absl::Status choose(const std::string& key, int index, double tuned_ms,
+                      double heuristic_ms) override;
   // Every plan's algorithm that came from the table or was timed, under its key: with
   // GemmOptions::autotune, what `flux2 bench --tune-gemm` merges into a table.
   GemmAlgorithmTable algorithms(const std::string& device) const;

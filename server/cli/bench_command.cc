@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -54,9 +56,13 @@ struct BenchOptions {
   // GPU's memory plan on a larger one; 0: no cap.
   double device_memory_cap_gb = 0.0;
   RequestOptions request;  // what the timed work runs under (--quality, --no-fast-paths)
-  // --tune-gemm FILE: every GEMM shape's candidates timed on first use (--gemm-autotune on, the
-  // heuristic's order), the choices merged into FILE (a --gemm-algorithms table) at the end.
+  // --tune-gemm FILE: each GEMM shape's candidates timed, the choices merged into FILE (a
+  // --gemm-algorithms table) at the end. --tune-by steps (the default): after the warm-up, each
+  // plan's candidates in turn over whole steps (what a request's loop runs, at the clocks the GPU
+  // sustains under it); calls: each call on its own on first use (--gemm-autotune), --e2e too.
   std::string tune_gemm;
+  bool tune_by_steps = true;
+  int64_t tune_candidates = 8;  // --tune-candidates: the heuristic's first N per plan
   bool json = false;
   OpProfiling profile = OpProfiling::kOff;  // also report device time per op category (or shape)
 };
@@ -103,6 +109,50 @@ absl::StatusOr<nlohmann::json> gemm_plans(Backend& be, const BenchOptions& o) {
   return nlohmann::json(be.gemm_plan_stats());
 }
 
+// --tune-gemm --tune-by steps: every plan's candidates in turn, each timed as the median of
+// kTunedSteps back to back (after one more untimed), keeping one only when its steps beat the
+// current choice by kTuneMargin (so run-to-run noise does not pick). `reset` refills the inputs
+// before each measurement (the extra steps would otherwise keep integrating). Returns the step
+// medians before and after.
+absl::StatusOr<std::pair<double, double>> tune_gemms_by_steps(
+    Backend& be, const BenchOptions& o, const std::function<absl::Status(int64_t)>& step,
+    const std::function<absl::Status()>& reset) {
+  GemmCandidates* tuner = be.gemm_candidates();
+  if (tuner == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(be.name(), " backend has no GEMM candidates"));
+  }
+  constexpr int kTunedSteps = 5;
+  constexpr double kTuneMargin = 0.003;
+  auto measure = [&]() -> absl::StatusOr<double> {
+    FLUX_RETURN_IF_ERROR(reset());
+    FLUX_ASSIGN_OR_RETURN(std::vector<double> times, be.time_each_ms(kTunedSteps + 1, step));
+    times.erase(times.begin());
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  };
+  FLUX_ASSIGN_OR_RETURN(const double before, measure());
+  const std::vector<std::string> keys = tuner->keys();
+  for (size_t k = 0; k < keys.size(); ++k) {
+    FLUX_ASSIGN_OR_RETURN(const double current, measure());
+    int best = 0;
+    double best_ms = current;
+    const int count = std::min<int>(static_cast<int>(o.tune_candidates), tuner->count(keys[k]));
+    for (int i = 1; i < count; ++i) {
+      FLUX_RETURN_IF_ERROR(tuner->choose(keys[k], i, 0.0, 0.0));
+      FLUX_ASSIGN_OR_RETURN(const double ms, measure());
+      if (ms < best_ms * (1.0 - kTuneMargin)) {
+        best = i;
+        best_ms = ms;
+      }
+    }
+    FLUX_RETURN_IF_ERROR(tuner->choose(keys[k], best, best_ms, current));
+    progress(absl::StrFormat("tuned %d/%d %s: candidate %d of %d, %.3f ms/step (first: %.3f)",
+                             k + 1, keys.size(), keys[k], best, count, best_ms, current));
+  }
+  FLUX_ASSIGN_OR_RETURN(const double after, measure());
+  return std::make_pair(before, after);
+}
+
 absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   FLUX_ASSIGN_OR_RETURN(Flux2Config config, flux2_preset(o.model));
   if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
@@ -144,6 +194,12 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
                         " warm-up steps, then ", o.steps, " timed steps back to back and ", o.steps,
                         " synchronised"));
   FLUX_RETURN_IF_ERROR(be.time_each_ms(o.warmup, step).status());
+  std::optional<std::pair<double, double>> tuned;  // --tune-by steps: step medians before, after
+  if (!o.tune_gemm.empty() && o.tune_by_steps) {
+    FLUX_ASSIGN_OR_RETURN(tuned, tune_gemms_by_steps(be, o, step,
+                                                     [&] { return be.fill_uniform(x, 12, 1.0f); }));
+    FLUX_RETURN_IF_ERROR(be.fill_uniform(x, 12, 1.0f));
+  }
   FLUX_ASSIGN_OR_RETURN(std::vector<double> times,
                         be.time_each_ms(o.steps, [&](int64_t i) { return step(o.warmup + i); }));
   // The same steps each timed alone, the host waiting for the GPU before and after (the GPU then
@@ -194,6 +250,10 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
                            {"peak_device_bytes", memory.peak_bytes},
                            {"weight_bytes", model->load_report().device_bytes},
                            {"fp8_weight_bytes", fp8_bytes}};
+  if (tuned) {
+    result["tune_ms_per_step_before"] = tuned->first;
+    result["tune_ms_per_step_after"] = tuned->second;
+  }
   if (o.profile != OpProfiling::kOff) {
     double sum = 0.0;
     for (const auto& [category, ms] : profile) sum += ms;
@@ -400,7 +460,9 @@ int run_bench(int argc, char** argv, int first) {
                                  "--text-encoder-offload",
                                  "--prompt-cache",
                                  "--device-memory-cap-gb",
-                                 "--tune-gemm"};
+                                 "--tune-gemm",
+                                 "--tune-by",
+                                 "--tune-candidates"};
   known.insert(backend_flag_names().begin(), backend_flag_names().end());
   if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
   auto backend_options = parse_backend_flags(*args);
@@ -449,13 +511,26 @@ int run_bench(int argc, char** argv, int first) {
   }
   o.request.quality = o.quality == "high" ? Quality::kHigh : Quality::kLossless;
   o.tune_gemm = args->get("--tune-gemm", "");
+  const std::string tune_by = args->get("--tune-by", "steps");
+  auto tune_candidates = args->get_int("--tune-candidates", o.tune_candidates);
+  if (tune_by != "steps" && tune_by != "calls") {
+    return fail(absl::StrCat("--tune-by ", tune_by, ": expected steps or calls"));
+  }
+  if (!tune_candidates.ok() || *tune_candidates < 2) {
+    return fail("--tune-candidates: expected at least 2");
+  }
+  o.tune_by_steps = tune_by == "steps";
+  o.tune_candidates = *tune_candidates;
   if (!o.tune_gemm.empty()) {
     if (args->has("--gemm-algorithms") || args->has("--gemm-autotune")) {
       return fail(
-          "--tune-gemm times the heuristic's candidates: drop --gemm-algorithms and "
+          "--tune-gemm starts from the heuristic's candidates: drop --gemm-algorithms and "
           "--gemm-autotune");
     }
-    backend_options->gemm_autotune = true;
+    if (o.tune_by_steps && args->has("--e2e")) {
+      return fail("--tune-by steps tunes the transformer's steps: drop --e2e (or --tune-by calls)");
+    }
+    backend_options->gemm_autotune = !o.tune_by_steps;
     backend_options->gemm_algorithms = "heuristic";
   }
   auto backend = create_backend(args->get("--backend", "cuda"), *backend_options);

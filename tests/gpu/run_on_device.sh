@@ -13,8 +13,8 @@
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
 # resize with PIL's; `edit` times editing requests (one 1024x1024 reference, klein-KV, 4 references);
 # `dev` times FLUX.2-dev requests (resident; the 80 GB plan under an 80 GB cap; the prompt cache).
-# `tune` times every GEMM shape's cuBLASLt candidates (klein-4B/9B and dev steps at 1024x1024,
-# klein-4B whole requests at 1024 and 512) into $OUT/gemm_algorithms.json; `gemm-ab` times steps
+# `tune` times each GEMM plan's cuBLASLt candidates over whole steps (klein-4B both qualities, dev
+# lossless, 1024x1024) into $OUT/gemm_algorithms.json; `gemm-ab` times steps
 # with the heuristic's algorithms and with that table (or $GEMM_TABLE) alternately; `throughput`
 # runs `flux2 bench --concurrency 8` (klein-4B, 1024 and 512, both qualities).
 set -uo pipefail
@@ -231,21 +231,14 @@ if want dev; then  # FLUX.2-dev whole requests, 50 steps, 1024x1024, 512 text to
     --repeats 1 --prompt-cache
   bench "$bin/flux2" dev.jsonl "bench dev high" --model dev --quality high
 fi
-if want tune; then
+if want tune; then  # each plan's candidates timed over whole steps (bench --tune-gemm)
   table="$results/gemm_algorithms.json"
-  for model in klein-4b klein-9b dev; do
-    for quality in lossless high; do
-      bench "$bin/flux2" tune.jsonl "tune $model $quality" --model $model --quality $quality \
-        --tune-gemm "$table"
-    done
-  done
   for quality in lossless high; do
-    for size in 1024 512; do
-      bench "$bin/flux2" tune.jsonl "tune e2e klein-4b $quality ${size}x$size" --e2e \
-        --model klein-4b --quality $quality --height $size --width $size --repeats 1 \
-        --tokenizer "$tokenizer" --tune-gemm "$table"
-    done
+    bench "$bin/flux2" tune.jsonl "tune klein-4b $quality" --model klein-4b --quality $quality \
+      --tune-gemm "$table"
   done
+  bench "$bin/flux2" tune.jsonl "tune dev lossless" --model dev --tune-gemm "$table" \
+    --tune-candidates 3
 fi
 if want gemm-ab; then  # the heuristic's algorithms against the tuned table, alternately
   table="${GEMM_TABLE:-$results/gemm_algorithms.json}"
