@@ -90,8 +90,7 @@ int Gemm::count(const std::string& key) const {
   return 0;
 }
 
-absl::Status Gemm::choose(const std::string& key, int index, double tuned_ms,
-                          double heuristic_ms) {
+absl::Status Gemm::choose(const std::string& key, int index, double tuned_ms, double heuristic_ms) {
   for (auto& [k, plan] : plans_) {
     if (plan->key != key) continue;
     if (index < 0 || index >= static_cast<int>(plan->candidates.size())) {

@@ -196,8 +196,8 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   FLUX_RETURN_IF_ERROR(be.time_each_ms(o.warmup, step).status());
   std::optional<std::pair<double, double>> tuned;  // --tune-by steps: step medians before, after
   if (!o.tune_gemm.empty() && o.tune_by_steps) {
-    FLUX_ASSIGN_OR_RETURN(tuned, tune_gemms_by_steps(be, o, step,
-                                                     [&] { return be.fill_uniform(x, 12, 1.0f); }));
+    FLUX_ASSIGN_OR_RETURN(
+        tuned, tune_gemms_by_steps(be, o, step, [&] { return be.fill_uniform(x, 12, 1.0f); }));
     FLUX_RETURN_IF_ERROR(be.fill_uniform(x, 12, 1.0f));
   }
   FLUX_ASSIGN_OR_RETURN(std::vector<double> times,
