@@ -49,7 +49,10 @@ std::string backend_flags_help() {
          "  --gemm-autotune on|off   cuda: time cuBLASLt's top GEMM candidates per shape and keep\n"
          "                           the fastest (default off: the heuristic's first, the same in\n"
          "                           every process; on: faster, but the choice and so the last\n"
-         "                           bits of results may differ between processes)\n";
+         "                           bits of results may differ between processes)\n"
+         "  --gemm-algorithms SRC    cuda: each GEMM shape's algorithm from SRC: builtin (the\n"
+         "                           table built in; default), heuristic (cuBLASLt's first) or\n"
+         "                           a table file (`flux2 bench --tune-gemm FILE` writes one)\n";
 }
 
 }  // namespace flux2
