@@ -143,5 +143,44 @@ TEST(GemmAlgorithmTableGpu, TunedTableGivesANewBackendTheSameBits) {
   EXPECT_EQ(beyond, 0) << differ << " of " << plain.size() << " outputs differ";
 }
 
+// The step tuner's handle (Backend::gemm_candidates): every candidate of a plan computes the same
+// product within one bf16 rounding, the chosen one is what later calls run and what the exported
+// table holds, and an index outside the candidates is refused.
+TEST(GemmAlgorithmTableGpu, EveryCandidateComputesTheSameProduct) {
+  FLUX2_REQUIRE_GPU(shared);
+  BackendOptions options;
+  options.gemm_algorithms = "heuristic";
+  auto be = create_backend("cuda", options);
+  ASSERT_TRUE(be.ok()) << be.status();
+  Backend& b = **be;
+  constexpr int64_t m = 1024, n = 2048, k = 3072;
+  const Tensor x = random_bf16(b, m, k, 3);
+  const Weight w{random_bf16(b, n, k, 4)};
+  auto y = b.empty(DType::kBF16, {m, n});
+  ASSERT_TRUE(y.ok());
+  ASSERT_TRUE(b.linear(x, w, Tensor(), *y).ok());
+  const std::vector<uint16_t> first = bits(b, *y);
+  GemmCandidates* tuner = b.gemm_candidates();
+  ASSERT_NE(tuner, nullptr);
+  const std::vector<std::string> keys = tuner->keys();
+  ASSERT_EQ(keys.size(), 1u);
+  const int count = tuner->count(keys[0]);
+  ASSERT_GE(count, 2) << keys[0];
+  for (int i = 1; i < count; ++i) {
+    ASSERT_TRUE(tuner->choose(keys[0], i, 1.0, 2.0).ok());
+    ASSERT_TRUE(b.linear(x, w, Tensor(), *y).ok());
+    const std::vector<uint16_t> other = bits(b, *y);
+    int64_t beyond = 0;
+    for (size_t j = 0; j < first.size(); ++j) beyond += !within_one_rounding(first[j], other[j]);
+    EXPECT_EQ(beyond, 0) << "candidate " << i << " of " << keys[0];
+  }
+  EXPECT_TRUE(absl::IsOutOfRange(tuner->choose(keys[0], count, 0.0, 0.0)));
+  EXPECT_TRUE(absl::IsNotFound(tuner->choose("m=1 no such plan", 0, 0.0, 0.0)));
+  auto exported = b.export_gemm_algorithms("");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_NE(exported->find(keys[0]), std::string::npos);
+  EXPECT_NE(exported->find("\"tuned_ms\": 1.0"), std::string::npos) << *exported;
+}
+
 }  // namespace
 }  // namespace flux2::testing

@@ -238,7 +238,7 @@ if want tune; then  # each plan's candidates timed over whole steps (bench --tun
       --tune-gemm "$table"
   done
   bench "$bin/flux2" tune.jsonl "tune dev lossless" --model dev --tune-gemm "$table" \
-    --tune-candidates 3
+    --tune-candidates 2
 fi
 if want gemm-ab; then  # the heuristic's algorithms against the tuned table, alternately
   table="${GEMM_TABLE:-$results/gemm_algorithms.json}"
