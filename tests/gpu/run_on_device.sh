@@ -7,7 +7,7 @@
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
 #                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
-#                              [tune] [gemm-ab] [throughput]
+#                              [tune] [gemm-ab] [builtin-ab] [throughput]
 #                              (default: tests golden bench bench-dev)
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
@@ -265,6 +265,17 @@ if want gemm-ab; then  # the heuristic's algorithms against the tuned table, alt
   record 0 "gpu clocks under load: $(awk -F', *' '$4 > 400 {n++; c += $2; p += $4; m = $3; l = $5}
     END {if (n) printf "%d samples, SM %.0f of %d MHz, %.0f of %.0f W", n, c / n, m, p / n, l}' \
     "$out/gpu-clocks.csv")"
+fi
+if want builtin-ab; then  # the default (the built-in table) against the heuristic's algorithms
+  for run in 1 2; do
+    bench "$bin/flux2" gemm-ab.jsonl "heuristic klein-4b lossless #$run" --model klein-4b \
+      --gemm-algorithms heuristic
+    bench "$bin/flux2" gemm-ab.jsonl "builtin klein-4b lossless #$run" --model klein-4b
+  done
+  bench "$bin/flux2" gemm-ab.jsonl "heuristic e2e klein-4b lossless" --e2e --model klein-4b \
+    --tokenizer "$tokenizer" --gemm-algorithms heuristic
+  bench "$bin/flux2" gemm-ab.jsonl "builtin e2e klein-4b lossless" --e2e --model klein-4b \
+    --tokenizer "$tokenizer"
 fi
 if want throughput; then  # images/s through the server path: one client, then 8
   for size in 1024 512; do
