@@ -41,6 +41,7 @@ absl::StatusOr<CublasLtApi> load() {
   resolve(api.preference_set_attribute, "cublasLtMatmulPreferenceSetAttribute");
   resolve(api.algo_get_heuristic, "cublasLtMatmulAlgoGetHeuristic");
   resolve(api.algo_check, "cublasLtMatmulAlgoCheck");
+  resolve(api.algo_config_get_attribute, "cublasLtMatmulAlgoConfigGetAttribute");
   resolve(api.matmul, "cublasLtMatmul");
   if (!status.ok()) return status;
   return api;

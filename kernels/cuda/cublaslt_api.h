@@ -25,6 +25,7 @@ struct CublasLtApi {
   decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set_attribute;
   decltype(&cublasLtMatmulAlgoGetHeuristic) algo_get_heuristic;
   decltype(&cublasLtMatmulAlgoCheck) algo_check;
+  decltype(&cublasLtMatmulAlgoConfigGetAttribute) algo_config_get_attribute;
   decltype(&cublasLtMatmul) matmul;
 };
 

@@ -275,13 +275,19 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const Key& key) {
                          align_c, align_bias, static_cast<int>(format));
   if (auto tuned = options_.algorithms.entries.find(plan->key);
       tuned != options_.algorithms.entries.end()) {
-    // The table's algorithm, when cuBLASLt still accepts it for these descriptors.
+    // The table's algorithm, when cuBLASLt still accepts it for these descriptors and it has no
+    // split-K reduction (whose bits could vary from run to run): a table file is data.
     cublasLtMatmulAlgo_t algo;
     std::memcpy(&algo, tuned->second.algorithm.data(), sizeof(algo));
     cublasLtMatmulHeuristicResult_t checked{};
+    uint32_t scheme = 0;
+    size_t written = 0;
     if (api->algo_check(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b,
                         plan->d, plan->d, &algo, &checked) == CUBLAS_STATUS_SUCCESS &&
-        checked.workspaceSize <= kWorkspaceBytes) {
+        checked.workspaceSize <= kWorkspaceBytes &&
+        api->algo_config_get_attribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                       sizeof(scheme), &written) == CUBLAS_STATUS_SUCCESS &&
+        scheme == CUBLASLT_REDUCTION_SCHEME_NONE) {
       plan->algo = algo;
       plan->from_table = true;
     }
