@@ -24,7 +24,12 @@ void print_help() {
       "  bench --model klein-4b|klein-9b|dev [--height 1024 --width 1024 --text-len 512\n"
       "        --quality lossless|high --json --e2e [--references N --kv\n"
       "        --text-encoder-offload --device-memory-cap-gb G --prompt-cache]]\n"
-      "      per-step latency at real model shapes with random weights (CUDA)\n"
+      "      per-step latency at real model shapes with random weights (CUDA); --tune-gemm FILE\n"
+      "      [--tune-by steps|calls] times each GEMM plan's cuBLASLt candidates and merges the\n"
+      "      choices into FILE (a --gemm-algorithms table)\n"
+      "  bench --concurrency N [--requests R --model M | --model-dir DIR --height H --width W\n"
+      "        --quality lossless|high --steps S --text-len L --json]\n"
+      "      images/s and latency percentiles through an in-process server: one client, then N\n"
       "  help   this text\n");
 }
 
