@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <future>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -463,9 +464,15 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   // The noise depends only on the seed and the size: where the backend's ops run asynchronously
   // (the GPU) a host thread draws it while this one tokenizes and enqueues the text encoder (it
   // takes longer than the device's text encode at 1024x1024); on the CPU it is drawn in line.
-  std::future<std::pair<std::vector<float>, double>> noise_draw =
-      std::async(be.device() == Device::kCuda ? std::launch::async : std::launch::deferred,
-                 draw_packed_noise, act, params.seed, channels, n);
+  std::future<std::pair<std::vector<float>, double>> noise_draw;
+  try {
+    noise_draw =
+        std::async(be.device() == Device::kCuda ? std::launch::async : std::launch::deferred,
+                   draw_packed_noise, act, params.seed, channels, n);
+  } catch (const std::system_error&) {  // no thread to be had: draw it in line
+    noise_draw =
+        std::async(std::launch::deferred, draw_packed_noise, act, params.seed, channels, n);
+  }
 
   // Text: prompt (and the negative prompt for CFG) -> prompt embeddings [L, J].
   Clock::time_point start = Clock::now();
