@@ -144,8 +144,9 @@ absl::StatusOr<std::vector<LoadBenchPhase>> run_load_bench(ServerOptions server_
                                              grpc::InsecureChannelCredentials(), arguments);
     auto stub = v1::ImageGeneration::NewStub(channel);
     // One request at the bench size first: plans and allocations at this shape are in place.
-    absl::StatusOr<LoadBenchPhase> warm_up = run_phase(
-        *stub, {{1}, 1, options.width, options.height, options.steps, options.quality}, 0, 1);
+    LoadBenchOptions warm_up_options = options;
+    warm_up_options.requests = 1;
+    absl::StatusOr<LoadBenchPhase> warm_up = run_phase(*stub, warm_up_options, 0, 1);
     status = warm_up.status();
     for (size_t p = 0; status.ok() && p < options.clients.size(); ++p) {
       absl::StatusOr<LoadBenchPhase> phase =

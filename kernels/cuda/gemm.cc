@@ -49,7 +49,7 @@ struct Gemm::Plan {
   std::vector<cublasLtMatmulHeuristicResult_t> candidates;  // heuristic order; tuned once if asked
   std::string key;                                          // Gemm::key_string
   bool from_table = false;
-  bool timed = false;  // autotune timed the candidates: tuned_ms and heuristic_ms hold the times
+  bool timed = false;  // tuned (autotune or choose()): tuned_ms and heuristic_ms hold the times
   double tuned_ms = 0.0, heuristic_ms = 0.0;
 };
 
@@ -112,15 +112,14 @@ GemmAlgorithmTable Gemm::algorithms(const std::string& device) const {
   table.cublaslt_version = api.ok() ? (*api)->get_version() : 0;
   for (const auto& [key, plan] : plans_) {
     if (!plan->from_table && !plan->timed) continue;
-    GemmAlgorithmEntry entry;
-    std::memcpy(entry.algorithm.data(), &plan->algo, sizeof(plan->algo));
     if (plan->from_table) {
-      entry = options_.algorithms.entries.at(plan->key);
-    } else {
-      entry.tuned_ms = plan->tuned_ms;
-      entry.heuristic_ms = plan->heuristic_ms;
+      table.entries[plan->key] = options_.algorithms.entries.at(plan->key);
+      continue;
     }
-    table.entries[plan->key] = entry;
+    GemmAlgorithmEntry& entry = table.entries[plan->key];
+    std::memcpy(entry.algorithm.data(), &plan->algo, sizeof(plan->algo));
+    entry.tuned_ms = plan->tuned_ms;
+    entry.heuristic_ms = plan->heuristic_ms;
   }
   return table;
 }

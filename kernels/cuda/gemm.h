@@ -5,8 +5,8 @@
 // when it has the plan's key, else the heuristic's first; GemmOptions::autotune times the
 // heuristic's top candidates on the first call of each other shape instead (the choice may differ
 // between processes: `flux2 bench --tune-gemm` writes it into a table, which does not). Tested by
-// tests/cuda/op_cases.cc (gpu_op_test) (against the CPU backend, tuned and table plans too) and
-// tests/cuda/quality_high_test.cc (FP8).
+// tests/cuda/op_cases.cc (gpu_op_test) (against the CPU backend), gemm_algorithm_table_test.cc
+// (tables and candidates) and tests/cuda/quality_high_test.cc (FP8).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -39,7 +39,7 @@ struct GemmOptions {
 struct GemmPlanStats {
   int64_t plans = 0;
   int64_t from_table = 0;  // the tuned table's algorithm
-  int64_t timed = 0;       // GemmOptions::autotune timed the candidates
+  int64_t timed = 0;       // tuned: timed by GemmOptions::autotune, or chosen by a tuner
 };
 
 class Gemm final : public GemmCandidates {
@@ -86,8 +86,8 @@ class Gemm final : public GemmCandidates {
   int count(const std::string& key) const override;
   absl::Status choose(const std::string& key, int index, double tuned_ms,
                       double heuristic_ms) override;
-  // Every plan's algorithm that came from the table or was timed, under its key: with
-  // GemmOptions::autotune, what `flux2 bench --tune-gemm` merges into a table.
+  // Every plan's algorithm that came from the table or was tuned (GemmOptions::autotune, or
+  // choose()), under its key: what `flux2 bench --tune-gemm` merges into a table.
   GemmAlgorithmTable algorithms(const std::string& device) const;
   // "m=4608 n=27648 k=3072 lda=3072 ...": a plan's key in the table.
   static std::string key_string(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,

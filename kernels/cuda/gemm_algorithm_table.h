@@ -4,7 +4,7 @@
 // trivially serializable for the same library version). `flux2 bench --tune-gemm FILE` writes it;
 // the build embeds kernels/cuda/gemm_algorithms.json (measured on the H200). The same table gives
 // the same algorithm, so the same bits, in every process. Host-only; tested by
-// tests/cuda/gemm_algorithm_table_test.cc (parsing, in CI) and gpu_op_test (the GEMMs it picks).
+// tests/cuda/gemm_algorithm_table_test.cc (parsing, in CI; on the GPU, a table replayed).
 #pragma once
 
 #include <array>

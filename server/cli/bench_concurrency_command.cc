@@ -70,15 +70,10 @@ int run_bench_concurrency(int argc, char** argv, int first) {
   const std::string model_dir = args->get("--model-dir", "");
   const std::string model = args->get("--model", "klein-4b");
   const std::string backend_name = args->get("--backend", model_dir.empty() ? "cuda" : "auto");
-  server::EngineFactory factory;
+  server::EngineFactory factory;  // null: the server loads --model-dir as flux2_server does
   if (!model_dir.empty()) {
     server_options.model_dir = model_dir;
-    PipelineOptions pipeline_options;
-    pipeline_options.enable_quality_high = server_options.enable_quality_high;
-    factory = [=]() {
-      return server::load_pipeline_engine(backend_name, *backend_options, true, model_dir,
-                                          pipeline_options);
-    };
+    server_options.backend = backend_name;
   } else {
     auto spec = random_pipeline_spec(
         model, args->get("--tokenizer", std::string(model == "dev" ? FLUX2_TINY_DEV_CHECKPOINT_DIR
@@ -86,7 +81,6 @@ int run_bench_concurrency(int argc, char** argv, int first) {
                                             "/tokenizer"));
     if (!spec.ok()) return fail(spec.status().message());
     spec->enable_quality_high = server_options.enable_quality_high;
-    server_options.model_dir = spec->name;  // only named in logs
     factory = [=]() -> absl::StatusOr<std::unique_ptr<server::Engine>> {
       absl::StatusOr<std::unique_ptr<Backend>> backend =
           create_backend(backend_name, *backend_options);
