@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -83,6 +84,11 @@ nlohmann::json fallbacks_since(const std::vector<FastPathCounters>& before) {
   return out;
 }
 
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
+}
+
 // --tune-gemm: merges the backend's timed GEMM algorithms into the table at `path`.
 absl::Status write_tuned_gemms(Backend& be, const std::string& path) {
   std::string existing;
@@ -127,8 +133,7 @@ absl::StatusOr<std::pair<double, double>> tune_gemms_by_steps(
     FLUX_RETURN_IF_ERROR(reset());
     FLUX_ASSIGN_OR_RETURN(std::vector<double> times, be.time_each_ms(kTunedSteps + 1, step));
     times.erase(times.begin());
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    return median_of(std::move(times));
   };
   FLUX_ASSIGN_OR_RETURN(const double before, measure());
   const std::vector<std::string> keys = tuner->keys();
@@ -263,11 +268,6 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
     result["attention_floor_ms"] = flops.attention / 655e9;
   }
   return result;
-}
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0.0 : values[values.size() / 2];
 }
 
 // Attention alone at the model's joint shape, reading q/k/v from the single block's fused
