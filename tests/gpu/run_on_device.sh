@@ -15,7 +15,8 @@
 # `dev` times FLUX.2-dev requests (resident; the 80 GB plan under an 80 GB cap; the prompt cache).
 # `tune` times each GEMM plan's cuBLASLt candidates over whole steps (klein-4B both qualities, dev
 # lossless, 1024x1024) into $OUT/gemm_algorithms.json; `gemm-ab` times steps
-# with the heuristic's algorithms and with that table (or $GEMM_TABLE) alternately; `throughput`
+# with the heuristic's algorithms and with that table (or $GEMM_TABLE) alternately, `builtin-ab`
+# klein-4B's with the built-in one; `throughput`
 # runs `flux2 bench --concurrency 8` (klein-4B, 1024 and 512, both qualities).
 set -uo pipefail
 for dir in .device-bin .device-bin-base; do
@@ -63,6 +64,15 @@ bench() {
   shift 3
   "$flux2" bench "$@" --json >>"$out/$file" 2>>"$out/bench.err"
   record $? "$label: $(tail -n1 "$out/$file")"
+}
+
+# One pair of the same bench, the heuristic's GEMM algorithms first, then table $1's (a file or
+# "builtin"), appending to gemm-ab.jsonl.
+ab_pair() {
+  local table=$1 label=$2
+  shift 2
+  bench "$bin/flux2" gemm-ab.jsonl "heuristic $label" "$@" --gemm-algorithms heuristic
+  bench "$bin/flux2" gemm-ab.jsonl "table $label" "$@" --gemm-algorithms "$table"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
@@ -246,19 +256,15 @@ if want gemm-ab; then  # the heuristic's algorithms against the tuned table, alt
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu \
     --format=csv,noheader,nounits -lms 200 >"$out/gpu-clocks.csv" &
   sampler=$!
-  ab_pair() {
-    local label=$1
-    shift
-    bench "$bin/flux2" gemm-ab.jsonl "heuristic $label" "$@" --gemm-algorithms heuristic
-    bench "$bin/flux2" gemm-ab.jsonl "table $label" "$@" --gemm-algorithms "$table"
-  }
   for run in 1 2; do
-    for quality in lossless high; do ab_pair "klein-4b $quality #$run" --model klein-4b --quality $quality; done
+    for quality in lossless high; do
+      ab_pair "$table" "klein-4b $quality #$run" --model klein-4b --quality $quality
+    done
   done
-  ab_pair "klein-9b lossless" --model klein-9b
+  ab_pair "$table" "klein-9b lossless" --model klein-9b
   for quality in lossless high; do
-    ab_pair "dev $quality" --model dev --quality $quality
-    ab_pair "e2e klein-4b $quality" --e2e --model klein-4b --quality $quality --tokenizer "$tokenizer"
+    ab_pair "$table" "dev $quality" --model dev --quality $quality
+    ab_pair "$table" "e2e klein-4b $quality" --e2e --model klein-4b --quality $quality --tokenizer "$tokenizer"
   done
   kill $sampler
   # Samples drawing over 400 W (the benches' steps): mean SM clock and power against their maxima.
@@ -266,16 +272,9 @@ if want gemm-ab; then  # the heuristic's algorithms against the tuned table, alt
     END {if (n) printf "%d samples, SM %.0f of %d MHz, %.0f of %.0f W", n, c / n, m, p / n, l}' \
     "$out/gpu-clocks.csv")"
 fi
-if want builtin-ab; then  # the default (the built-in table) against the heuristic's algorithms
-  for run in 1 2; do
-    bench "$bin/flux2" gemm-ab.jsonl "heuristic klein-4b lossless #$run" --model klein-4b \
-      --gemm-algorithms heuristic
-    bench "$bin/flux2" gemm-ab.jsonl "builtin klein-4b lossless #$run" --model klein-4b
-  done
-  bench "$bin/flux2" gemm-ab.jsonl "heuristic e2e klein-4b lossless" --e2e --model klein-4b \
-    --tokenizer "$tokenizer" --gemm-algorithms heuristic
-  bench "$bin/flux2" gemm-ab.jsonl "builtin e2e klein-4b lossless" --e2e --model klein-4b \
-    --tokenizer "$tokenizer"
+if want builtin-ab; then  # the built-in table (the default) against the heuristic, klein-4B only
+  for run in 1 2; do ab_pair builtin "klein-4b lossless #$run" --model klein-4b; done
+  ab_pair builtin "e2e klein-4b lossless" --e2e --model klein-4b --tokenizer "$tokenizer"
 fi
 if want throughput; then  # images/s through the server path: one client, then 8
   for size in 1024 512; do
