@@ -7,7 +7,7 @@
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
 #                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
-#                              [tune] [gemm-ab] [builtin-ab] [throughput]
+#                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile]
 #                              (default: tests golden bench bench-dev)
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
@@ -17,7 +17,8 @@
 # lossless, 1024x1024) into $OUT/gemm_algorithms.json; `gemm-ab` times steps
 # with the heuristic's algorithms and with that table (or $GEMM_TABLE) alternately, `builtin-ab`
 # klein-4B's with the built-in one; `throughput`
-# runs `flux2 bench --concurrency 8` (klein-4B, 1024 and 512, both qualities).
+# runs `flux2 bench --concurrency 8` (klein-4B, 1024 and 512, both qualities) and samples the
+# GPU's utilization; `e2e-profile` times a klein-4B whole request per op category.
 set -uo pipefail
 for dir in .device-bin .device-bin-base; do
   for part in lib bin; do
@@ -276,7 +277,17 @@ if want builtin-ab; then  # the built-in table (the default) against the heurist
   for run in 1 2; do ab_pair builtin "klein-4b lossless #$run" --model klein-4b; done
   ab_pair builtin "e2e klein-4b lossless" --e2e --model klein-4b --tokenizer "$tokenizer"
 fi
+if want e2e-profile; then  # device time per op category of one klein-4B whole request
+  for quality in lossless high; do
+    bench "$bin/flux2" profile.jsonl "profile e2e klein-4b $quality" --e2e --model klein-4b \
+      --quality $quality --repeats 1 --profile --tokenizer "$tokenizer"
+  done
+fi
 if want throughput; then  # images/s through the server path: one client, then 8
+  # How busy the GPU is meanwhile (nvidia-smi's utilization: the share of time a kernel ran).
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw \
+    --format=csv,noheader,nounits -lms 200 >"$out/gpu-utilization.csv" &
+  sampler=$!
   for size in 1024 512; do
     for quality in lossless high; do
       bench "$bin/flux2" throughput.jsonl "throughput klein-4b ${size}x$size $quality" \
@@ -284,6 +295,10 @@ if want throughput; then  # images/s through the server path: one client, then 8
         --quality $quality --tokenizer "$tokenizer"
     done
   done
+  kill $sampler
+  record 0 "gpu utilization under the throughput runs: $(awk -F', *' '$4 > 200 {n++; u += $2}
+    END {if (n) printf "%d samples over 200 W, mean utilization %.1f%%", n, u / n}' \
+    "$out/gpu-utilization.csv")"
 fi
 if want perf; then
   "$bin/gpu_op_test" --perf >"$out/op_perf.txt" 2>&1
