@@ -286,8 +286,8 @@ class Backend {
   virtual absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                               const Tensor& out) = 0;
   // out = residual + conv2d(x, w, bias): a resnet's convolution and its shortcut add. By default
-  // the two ops (PyTorch's roundings); the CUDA backend fuses them at quality=high. out must not
-  // alias x or residual.
+  // the two ops (PyTorch's roundings); the CUDA backend adds the bias and the shortcut in one pass
+  // (the same roundings) and at quality=high in cuDNN's epilogue. out must not alias x or residual.
   virtual absl::Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
                                   const Tensor& residual, const Tensor& out) {
     if (absl::Status status = conv2d(x, w, bias, out); !status.ok()) return status;

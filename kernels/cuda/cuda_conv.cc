@@ -1,12 +1,13 @@
 // CudaBackend's convolutions through cuDNN (NHWC): PyTorch's convolution then bias add at
-// lossless, the bias (and the resnet's shortcut add) in cuDNN's epilogue at quality=high; the VAE
-// encoder's stride-2 downsampling (explicit zero padding, then cuDNN).
+// lossless (the resnet's bias and shortcut adds in one pass), the bias (and the shortcut add) in
+// cuDNN's epilogue at quality=high; the VAE encoder's stride-2 downsampling (zero padding, cuDNN).
 // Tested by tests/cuda/op_cases.cc, backend_ops_test.cc (the fused bias bound) and the VAE goldens.
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/cuda_checks.h"
+#include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/image_ops.h"
 
 namespace flux2 {
@@ -70,19 +71,29 @@ absl::Status CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor&
 
 absl::Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
                                      const Tensor& residual, const Tensor& out) {
-  if (request().quality != Quality::kHigh) {
-    return Backend::conv2d_add(x, w, bias, residual, out);  // two profiled ops
-  }
   OpProfileScope profile(*this,
                          op_category("conv", by_shape() ? conv_shape(x, w, " +residual") : ""));
   FLUX_RETURN_IF_ERROR(check_conv2d(x, w, bias, out));
   FLUX_RETURN_IF_ERROR(cuda::check_same_bf16("conv2d_add", out, "residual", residual));
   if (!residual.contiguous()) return op_error("conv2d_add", "residual must be contiguous");
-  auto separate = [&]() -> absl::Status {  // the fallback: PyTorch's three roundings, counted once
+  auto separate = [&]() -> absl::Status {  // PyTorch's three roundings in three passes
     FLUX_RETURN_IF_ERROR(conv_unfused(x, w, bias, out));
     return add(residual, out, out);
   };
-  return conv2d_fused(x, w, bias, &residual, out, separate);
+  if (request().quality == Quality::kHigh) return conv2d_fused(x, w, bias, &residual, out, separate);
+  // Lossless: the same three roundings, the bias and the shortcut added in one pass.
+  return run_path(
+      cuda::CudaPath::kConvBiasResidual, "",
+      [&]() -> absl::Status {
+        FLUX_RETURN_IF_ERROR(conv_->convolve(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(),
+                                             w.dim(0), w.dim(1), out.data()));
+        const int64_t pixels = out.dim(0) * out.dim(1), cout = out.dim(2);
+        const cuda::Mat y{out.data(), pixels, cout, cout};
+        return cuda::bias_residual_fused(y, cuda::Mat{bias.data(), 1, cout, cout},
+                                         cuda::Mat{residual.data(), pixels, cout, cout}, y,
+                                         stream());
+      },
+      separate);
 }
 
 absl::Status CudaBackend::conv2d_downsample(const Tensor& x, const Tensor& w, const Tensor& bias,

@@ -42,6 +42,8 @@ constexpr std::array<FastPathSpec, static_cast<size_t>(CudaPath::kCount)> kTable
      "LayerNorm + modulation writing only its GEMM's E4M3 rows (rowwise FP8): K % 16 == 0"},
     {"conv_fused_bias", kImplementation, Quality::kHigh,
      "bias (and the resnet shortcut) in cuDNN's epilogue: when the algorithm can fuse it"},
+    {"conv_bias_residual", kFused, Quality::kLossless,
+     "a convolution's bias add and the resnet's shortcut add in one pass; any bf16 shape"},
 }};
 
 constexpr absl::string_view kUnsupportedShape = "unsupported_shape";

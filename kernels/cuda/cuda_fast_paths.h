@@ -26,6 +26,7 @@ enum class CudaPath : uint8_t {
   kSwigluFp8,
   kLayerNormFp8,
   kConvFusedBias,
+  kConvBiasResidual,
   kCount,
 };
 

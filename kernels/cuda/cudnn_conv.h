@@ -1,7 +1,8 @@
 // NHWC bf16 convolution (stride 1 with "same" padding, or stride 2 unpadded) through cuDNN's legacy
-// convolution API (kernels.md §5.3): tensor-op math, algorithm chosen once per shape, bias added by
-// cuDNN — as a separate pass (PyTorch's two roundings) or fused into the convolution's epilogue
-// (one rounding). Tested against the CPU backend by tests/cuda/op_cases.cc (gpu_op_test).
+// convolution API (kernels.md §5.3): tensor-op math, algorithm chosen once per shape, the bias
+// added as a separate pass (PyTorch's two roundings; our kernel, as cudnnAddTensor reads and
+// writes at a third of the bandwidth) or in cuDNN's epilogue (one rounding). Tested against the
+// CPU backend by tests/cuda/op_cases.cc (gpu_op_test), the bias add by backend_ops_test.cc.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,6 +27,10 @@ class CudnnConv {
   // stride 2 there is no padding: out is [(H - k) / 2 + 1, (W - k) / 2 + 1, Cout].
   absl::Status run(const void* x, int64_t height, int64_t width, int64_t cin, const void* w,
                    int64_t cout, int64_t ksize, const void* bias, void* out, int64_t stride = 1);
+  // out = bf16(conv(x, w)): the convolution alone (run() before its bias add), for a caller that
+  // adds the bias in its own pass (CudaBackend::conv2d_add: bias and shortcut together).
+  absl::Status convolve(const void* x, int64_t height, int64_t width, int64_t cin, const void* w,
+                        int64_t cout, int64_t ksize, void* out, int64_t stride = 1);
   // out = bf16(conv(x, w) + bias [+ residual]) with the bias (and the residual [H, W, Cout], when
   // not null) added in the convolution's epilogue: one rounding and no second pass over the output
   // (which costs as much as the convolution at 128 channels). Only where fuses_bias() (cuDNN fuses

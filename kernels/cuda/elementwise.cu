@@ -165,6 +165,32 @@ absl::Status one_plus_bf16(const Mat& x, const Mat& out, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+absl::Status bias_residual_fused(const Mat& x, const Mat& bias, const Mat& residual,
+                                 const Mat& out, cudaStream_t stream) {
+  if (auto s = check_same_shape("bias_residual", x, residual); !s.ok()) return s;
+  if (auto s = check_same_shape("bias_residual", x, out); !s.ok()) return s;
+  if (bias.rows != 1 || bias.cols != x.cols) {
+    return absl::InvalidArgumentError("bias_residual: the bias must be one row of x's width");
+  }
+  launch_rows(
+      x.rows, x.cols, vec_ok({&x, &bias, &residual, &out}), stream,
+      [=] __device__(int64_t r, int64_t c) {
+        float a[8], b[8], res[8];
+        load8(at(x, r, c), a);
+        load8(at(bias, 0, c), b);
+        load8(at(residual, r, c), res);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a[i] = __fadd_rn(res[i], round_bf16(__fadd_rn(a[i], b[i])));
+        store8(at(out, r, c), a);
+      },
+      [=] __device__(int64_t r, int64_t c) {
+        const float biased = round_bf16(__fadd_rn(to_f32(*at(x, r, c)), to_f32(*at(bias, 0, c))));
+        *at(out, r, c) = to_bf16(__fadd_rn(to_f32(*at(residual, r, c)), biased));
+      });
+  FLUX_RETURN_IF_LAUNCH_FAILED("bias_residual");
+  return absl::OkStatus();
+}
+
 absl::Status gate_residual_fused(const Mat& x, const Mat& gate, int64_t rows_per_gate,
                                  const Mat& update, cudaStream_t stream) {
   if (auto s = check_same_shape("gate_residual", x, update); !s.ok()) return s;

@@ -1,7 +1,8 @@
 // CUDA backend checks with their own derived bounds, beyond the op registry of gpu_op_test
 // (op_cases.cc): the quality=high fused-bias convolution against the separate bias add element by
-// element, GroupNorm's statistics against double sums, the launcher's per-sample gates, and
-// to_rgb8 within one level of the CPU. Other comparisons use op_harness.h's kBf16ChainBound.
+// element, the lossless bias and shortcut adds bit for bit, GroupNorm's statistics against double
+// sums, the launcher's per-sample gates, and to_rgb8 within one level of the CPU. Other
+// comparisons use op_harness.h's kBf16ChainBound.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/base/dtype.h"
 #include "kernels/base/fast_path_registry.h"
 #include "kernels/base/numerics.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -147,6 +149,47 @@ TEST_F(BackendOpsTest, ConvBiasAndResidualFusedAtQualityHigh) {
   }
   std::printf("conv fused bias + residual: %lld of %zu outputs differ from the separate ops\n",
               static_cast<long long>(differing), fa.size());
+}
+
+// Lossless adds the convolution's bias as PyTorch does, bf16(f32(c) + f32(b)) of the rounded
+// convolution c, and conv2d_add the shortcut after it, bf16(f32(r) + f32(that)): bit for bit, at
+// decoder-like shapes (16-byte rows and the 3-channel conv_out). c is the same shape's output with
+// a zero bias (c + 0 = c; cuDNN's algorithm and so c do not depend on the bias).
+TEST_F(BackendOpsTest, LosslessConvBiasAndShortcutAreThePyTorchRoundings) {
+  FLUX2_REQUIRE_GPU(gpu);
+  struct Shape {
+    int64_t h, w, cin, cout;
+  };
+  for (const Shape s : {Shape{64, 96, 128, 128}, Shape{48, 40, 512, 512}, Shape{64, 64, 128, 3}}) {
+    SCOPED_TRACE(::testing::Message() << s.h << "x" << s.w << "x" << s.cin << "->" << s.cout);
+    const Tensor x = testing::random_bf16(*gpu, s.h * s.w, s.cin, 40).reshape({s.h, s.w, s.cin});
+    const Tensor weights =
+        testing::random_bf16(*gpu, s.cout, 9 * s.cin, 41, 0.05f).reshape({s.cout, 3, 3, s.cin});
+    const Tensor bias = testing::random_bf16(*gpu, 1, s.cout, 42, 4.0f).reshape({s.cout});
+    const Tensor zero = gpu->empty(DType::kBF16, {s.cout}).value();
+    const std::vector<float> zeros(static_cast<size_t>(s.cout), 0.0f);
+    ASSERT_TRUE(gpu->upload(zeros.data(), DType::kF32, zero).ok());
+    const Tensor residual =
+        testing::random_bf16(*gpu, s.h * s.w, s.cout, 43, 2.0f).reshape({s.h, s.w, s.cout});
+    Tensor plain = gpu->empty(DType::kBF16, {s.h, s.w, s.cout}).value(),
+           biased = gpu->empty(DType::kBF16, {s.h, s.w, s.cout}).value(),
+           added = gpu->empty(DType::kBF16, {s.h, s.w, s.cout}).value();
+    ASSERT_TRUE(gpu->conv2d(x, weights, zero, plain).ok());
+    ASSERT_TRUE(gpu->conv2d(x, weights, bias, biased).ok());
+    ASSERT_TRUE(gpu->conv2d_add(x, weights, bias, residual, added).ok());
+    const std::vector<float> c = testing::values(*gpu, plain), got = testing::values(*gpu, biased),
+                             sum = testing::values(*gpu, added),
+                             b = testing::values(*gpu, bias), r = testing::values(*gpu, residual);
+    int64_t bias_mismatches = 0, shortcut_mismatches = 0;
+    for (size_t i = 0; i < c.size(); ++i) {
+      const float want = round_to_bf16(c[i] + b[i % s.cout]);
+      bias_mismatches += f32_to_bf16_bits(got[i]) != f32_to_bf16_bits(want);
+      shortcut_mismatches +=
+          f32_to_bf16_bits(sum[i]) != f32_to_bf16_bits(round_to_bf16(r[i] + want));
+    }
+    EXPECT_EQ(bias_mismatches, 0) << "of " << c.size() << " biased outputs";
+    EXPECT_EQ(shortcut_mismatches, 0) << "of " << c.size() << " outputs with the shortcut";
+  }
 }
 
 // GroupNorm at the VAE decoder's channel counts, on inputs with a ramp over the pixels plus

@@ -264,6 +264,21 @@ std::vector<OpCase> make_cases() {
                             out.reshape({12, 20, 64}));
          });
        }});
+  // The resnet's conv2 and shortcut add: at lossless the bias and the shortcut in one pass
+  // (conv_bias_residual), bit for bit the three eager roundings. 128 channels (16-byte rows) and
+  // 12 (the scalar kernel).
+  for (const int64_t c : {int64_t{128}, int64_t{12}}) {
+    add({"conv2d_add", absl::StrCat("H=12,W=20,Cin=Cout=", c, ",k3"),
+         [c](OpEnv& e) {
+           Tensor x = e.input(12 * 20, c), w = e.input(c, 9 * c, 0.1f), b = e.input(1, c);
+           Tensor residual = e.input(12 * 20, c, 2.0f), out = e.output(12 * 20, c);
+           return e.call(out, [&be = e.backend(), x, w, b, residual, out, c] {
+             return be.conv2d_add(x.reshape({12, 20, c}), w.reshape({c, 3, 3, c}), b.reshape({c}),
+                                  residual.reshape({12, 20, c}), out.reshape({12, 20, c}));
+           });
+         },
+         "conv_bias_residual"});
+  }
   // The VAE encoder's Downsample2D: zero padding at the bottom/right, 3x3, stride 2.
   add({"conv2d_downsample", "H=12,W=20,Cin=32,Cout=32", [](OpEnv& e) {
          Tensor x = e.input(12 * 20, 32), w = e.input(32, 9 * 32, 0.1f), b = e.input(1, 32);
