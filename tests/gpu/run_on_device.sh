@@ -5,10 +5,12 @@
 # status is non-zero when any test, golden check or bench failed (every failure is a failure on a
 # machine with a GPU; tests skip only where no CUDA device exists).
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
-#                              [ab] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
+#                              [ab] [ab-e2e] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
 #                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile]
 #                              (default: tests golden bench bench-dev)
+# `ab-e2e` alternates the base's and this tree's klein-4B whole requests (both qualities, twice;
+# one with a reference image).
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
 # resize with PIL's; `edit` times editing requests (one 1024x1024 reference, klein-KV, 4 references);
@@ -169,6 +171,22 @@ if want ab; then
       --quality $quality --tokenizer "$tokenizer"
     bench "$bin/flux2" ab.jsonl "after e2e klein-4b $quality" --e2e --model klein-4b \
       --quality $quality --tokenizer "$tokenizer"
+  done
+fi
+if want ab-e2e; then  # before/after of klein-4B whole requests only (a change outside the steps)
+  for run in 1 2; do
+    for quality in lossless high; do
+      for flux2 in "$base_bin/flux2 before" "$bin/flux2 after"; do
+        set -- $flux2
+        bench "$1" ab.jsonl "$2 e2e klein-4b $quality #$run" --e2e --model klein-4b \
+          --quality $quality --tokenizer "$tokenizer"
+      done
+    done
+  done
+  for flux2 in "$base_bin/flux2 before" "$bin/flux2 after"; do
+    set -- $flux2
+    bench "$1" ab.jsonl "$2 e2e klein-4b lossless, 1 reference" --e2e --model klein-4b \
+      --references 1 --tokenizer "$tokenizer"
   done
 fi
 if want attention; then
