@@ -80,7 +80,8 @@ absl::Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Ten
     FLUX_RETURN_IF_ERROR(conv_unfused(x, w, bias, out));
     return add(residual, out, out);
   };
-  if (request().quality == Quality::kHigh) return conv2d_fused(x, w, bias, &residual, out, separate);
+  if (request().quality == Quality::kHigh)
+    return conv2d_fused(x, w, bias, &residual, out, separate);
   // Lossless: the same three roundings, the bias and the shortcut added in one pass.
   return run_path(
       cuda::CudaPath::kConvBiasResidual, "",

@@ -117,10 +117,10 @@ absl::Status CudnnConv::convolve(const void* x, int64_t height, int64_t width, i
                                  int64_t stride) {
   FLUX_ASSIGN_OR_RETURN(Plan * p, plan(Key{height, width, cin, cout, ksize, stride}));
   const float one = 1.0f, zero = 0.0f;
-  return check(cudnnConvolutionForward(static_cast<cudnnHandle_t>(handle_), &one, p->x, x, p->w, w,
-                                       p->conv, p->algo, p->workspace, p->workspace_bytes, &zero,
-                                       p->y, out),
-               "convolution");
+  return check(
+      cudnnConvolutionForward(static_cast<cudnnHandle_t>(handle_), &one, p->x, x, p->w, w, p->conv,
+                              p->algo, p->workspace, p->workspace_bytes, &zero, p->y, out),
+      "convolution");
 }
 
 absl::Status CudnnConv::run(const void* x, int64_t height, int64_t width, int64_t cin,

@@ -165,8 +165,8 @@ absl::Status one_plus_bf16(const Mat& x, const Mat& out, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-absl::Status bias_residual_fused(const Mat& x, const Mat& bias, const Mat& residual,
-                                 const Mat& out, cudaStream_t stream) {
+absl::Status bias_residual_fused(const Mat& x, const Mat& bias, const Mat& residual, const Mat& out,
+                                 cudaStream_t stream) {
   if (auto s = check_same_shape("bias_residual", x, residual); !s.ok()) return s;
   if (auto s = check_same_shape("bias_residual", x, out); !s.ok()) return s;
   if (bias.rows != 1 || bias.cols != x.cols) {

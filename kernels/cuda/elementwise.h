@@ -35,8 +35,8 @@ absl::Status gate_residual_fused(const Mat& x, const Mat& gate, int64_t rows_per
                                  const Mat& update, cudaStream_t stream);
 // out = bf16(residual + bf16(x + bias[c]))  (= add_row_bf16 of the [1, cols] bias row, then
 // add_bf16): a convolution's bias and the resnet's shortcut add in one pass.
-absl::Status bias_residual_fused(const Mat& x, const Mat& bias, const Mat& residual,
-                                 const Mat& out, cudaStream_t stream);
+absl::Status bias_residual_fused(const Mat& x, const Mat& bias, const Mat& residual, const Mat& out,
+                                 cudaStream_t stream);
 // out = bf16(bf16(silu(gate)) ⊙ up)  (= silu_bf16 then mul_bf16)
 absl::Status swiglu_fused(const Mat& gate, const Mat& up, const Mat& out, cudaStream_t stream);
 // The same with silu computed as `math` says (kExact: the line above).

@@ -178,8 +178,8 @@ TEST_F(BackendOpsTest, LosslessConvBiasAndShortcutAreThePyTorchRoundings) {
     ASSERT_TRUE(gpu->conv2d(x, weights, bias, biased).ok());
     ASSERT_TRUE(gpu->conv2d_add(x, weights, bias, residual, added).ok());
     const std::vector<float> c = testing::values(*gpu, plain), got = testing::values(*gpu, biased),
-                             sum = testing::values(*gpu, added),
-                             b = testing::values(*gpu, bias), r = testing::values(*gpu, residual);
+                             sum = testing::values(*gpu, added), b = testing::values(*gpu, bias),
+                             r = testing::values(*gpu, residual);
     int64_t bias_mismatches = 0, shortcut_mismatches = 0;
     for (size_t i = 0; i < c.size(); ++i) {
       const float want = round_to_bf16(c[i] + b[i % s.cout]);
