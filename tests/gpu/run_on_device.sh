@@ -7,7 +7,7 @@
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
 #                              [ab] [ab-e2e] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
-#                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile]
+#                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile] [e2e-shapes]
 #                              (default: tests golden bench bench-dev)
 # `ab-e2e` alternates the base's and this tree's klein-4B whole requests (both qualities, twice;
 # one with a reference image).
@@ -20,7 +20,8 @@
 # with the heuristic's algorithms and with that table (or $GEMM_TABLE) alternately, `builtin-ab`
 # klein-4B's with the built-in one; `throughput`
 # runs `flux2 bench --concurrency 8` (klein-4B, 1024 and 512, both qualities) and samples the
-# GPU's utilization; `e2e-profile` times a klein-4B whole request per op category.
+# GPU's utilization; `e2e-profile` times a klein-4B whole request per op category, `e2e-shapes`
+# per op and shape.
 set -uo pipefail
 for dir in .device-bin .device-bin-base; do
   for part in lib bin; do
@@ -295,10 +296,11 @@ if want builtin-ab; then  # the built-in table (the default) against the heurist
   for run in 1 2; do ab_pair builtin "klein-4b lossless #$run" --model klein-4b; done
   ab_pair builtin "e2e klein-4b lossless" --e2e --model klein-4b --tokenizer "$tokenizer"
 fi
-if want e2e-profile; then  # device time per op category of one klein-4B whole request
+if want e2e-profile || want e2e-shapes; then  # device time per op category (or op and shape)
+  by=--profile; want e2e-shapes && by=--profile-by-shape
   for quality in lossless high; do
-    bench "$bin/flux2" profile.jsonl "profile e2e klein-4b $quality" --e2e --model klein-4b \
-      --quality $quality --repeats 1 --profile --tokenizer "$tokenizer"
+    bench "$bin/flux2" profile.jsonl "profile e2e klein-4b $quality ($by)" --e2e --model klein-4b \
+      --quality $quality --repeats 1 $by --tokenizer "$tokenizer"
   done
 fi
 if want throughput; then  # images/s through the server path: one client, then 8
