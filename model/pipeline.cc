@@ -464,14 +464,15 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   // The noise depends only on the seed and the size: where the backend's ops run asynchronously
   // (the GPU) a host thread draws it while this one tokenizes and enqueues the text encoder (it
   // takes longer than the device's text encode at 1024x1024); on the CPU it is drawn in line.
+  auto draw_noise = [&](std::launch policy) {
+    return std::async(policy, draw_packed_noise, act, params.seed, channels, n);
+  };
   std::future<std::pair<std::vector<float>, double>> noise_draw;
   try {
     noise_draw =
-        std::async(be.device() == Device::kCuda ? std::launch::async : std::launch::deferred,
-                   draw_packed_noise, act, params.seed, channels, n);
+        draw_noise(be.device() == Device::kCuda ? std::launch::async : std::launch::deferred);
   } catch (const std::system_error&) {  // no thread to be had: draw it in line
-    noise_draw =
-        std::async(std::launch::deferred, draw_packed_noise, act, params.seed, channels, n);
+    noise_draw = draw_noise(std::launch::deferred);
   }
 
   // Text: prompt (and the negative prompt for CFG) -> prompt embeddings [L, J].

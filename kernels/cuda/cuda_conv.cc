@@ -88,11 +88,8 @@ absl::Status CudaBackend::conv2d_add(const Tensor& x, const Tensor& w, const Ten
       [&]() -> absl::Status {
         FLUX_RETURN_IF_ERROR(conv_->convolve(x.data(), x.dim(0), x.dim(1), x.dim(2), w.data(),
                                              w.dim(0), w.dim(1), out.data()));
-        const int64_t pixels = out.dim(0) * out.dim(1), cout = out.dim(2);
-        const cuda::Mat y{out.data(), pixels, cout, cout};
-        return cuda::bias_residual_fused(y, cuda::Mat{bias.data(), 1, cout, cout},
-                                         cuda::Mat{residual.data(), pixels, cout, cout}, y,
-                                         stream());
+        // [H, W, C] tensors as [H·W, C] matrices, the bias [C] as one row.
+        return cuda::bias_residual_fused(mat(out), mat(bias), mat(residual), mat(out), stream());
       },
       separate);
 }

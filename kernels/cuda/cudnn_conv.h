@@ -47,6 +47,8 @@ class CudnnConv {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;  // H W Cin Cout k s
   CudnnConv() = default;
   absl::StatusOr<Plan*> plan(const Key& key);
+  // out = bf16(conv(x, w)) with plan p (run() and convolve()).
+  absl::Status forward(const Plan& p, const void* x, const void* w, void* out);
 
   cudaStream_t stream_ = nullptr;
   void* handle_ = nullptr;  // cudnnHandle_t
