@@ -342,7 +342,17 @@ absl::Status HttpApi::start(const HttpApiOptions& options) {
                                                options.port, " (in use?)"));
   }
   if (options.port != 0) port_ = options.port;
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  listen_returned_ = false;
+  thread_ = std::thread([this] {
+    server_->listen_after_bind();
+    listen_returned_ = true;
+  });
+  // cpp-httplib 0.11's stop() does nothing until the accept loop has begun (it tests
+  // is_running()): a stop soon after start, as when the model fails to load at once, would leave
+  // the loop running and stop()'s join() waiting for ever. So start returns once the loop runs.
+  while (!server_->is_running() && !listen_returned_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return absl::OkStatus();
 }
 

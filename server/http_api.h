@@ -13,6 +13,7 @@
 // tests/server/openai_client_test.mjs (the `openai` npm client against flux2_server).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -61,6 +62,7 @@ class HttpApi {
   GenerationHost& host_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
+  std::atomic<bool> listen_returned_{false};  // set by thread_ when listen_after_bind() returns
   int port_ = 0;
 };
 

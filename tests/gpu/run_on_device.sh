@@ -78,6 +78,14 @@ ab_pair() {
   bench "$bin/flux2" gemm-ab.jsonl "heuristic $label" "$@" --gemm-algorithms heuristic
   bench "$bin/flux2" gemm-ab.jsonl "table $label" "$@" --gemm-algorithms "$table"
 }
+# One pair of the same bench, the base commit's flux2 ("before") then this tree's ("after"),
+# appending to ab.jsonl: alternating pairs see the same machine and the same clocks.
+before_after() {
+  local label=$1
+  shift
+  bench "$base_bin/flux2" ab.jsonl "before $label" "$@"
+  bench "$bin/flux2" ab.jsonl "after $label" "$@"
+}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
 if want references; then
@@ -163,35 +171,25 @@ if want high; then
     bench "$bin/flux2" bench.jsonl "bench $model high" --model "$model" --quality high --profile
   done
 fi
-if want ab; then
-  # Before (the base commit's flux2) and after in one run, alternating: same machine, same clocks.
+if want ab; then  # steps and whole requests
   for quality in lossless high; do
     for run in "klein-4b 1" "klein-4b 2" "dev 1"; do
       set -- $run
-      bench "$base_bin/flux2" ab.jsonl "before $1 $quality #$2" --model "$1" --quality $quality
-      bench "$bin/flux2" ab.jsonl "after $1 $quality #$2" --model "$1" --quality $quality
+      before_after "$1 $quality #$2" --model "$1" --quality $quality
     done
-    bench "$base_bin/flux2" ab.jsonl "before e2e klein-4b $quality" --e2e --model klein-4b \
-      --quality $quality --tokenizer "$tokenizer"
-    bench "$bin/flux2" ab.jsonl "after e2e klein-4b $quality" --e2e --model klein-4b \
-      --quality $quality --tokenizer "$tokenizer"
+    before_after "e2e klein-4b $quality" --e2e --model klein-4b --quality $quality \
+      --tokenizer "$tokenizer"
   done
 fi
-if want ab-e2e; then  # before/after of klein-4B whole requests only (a change outside the steps)
+if want ab-e2e; then  # klein-4B whole requests only (a change outside the steps)
   for run in 1 2; do
     for quality in lossless high; do
-      for flux2 in "$base_bin/flux2 before" "$bin/flux2 after"; do
-        set -- $flux2
-        bench "$1" ab.jsonl "$2 e2e klein-4b $quality #$run" --e2e --model klein-4b \
-          --quality $quality --tokenizer "$tokenizer"
-      done
+      before_after "e2e klein-4b $quality #$run" --e2e --model klein-4b --quality $quality \
+        --tokenizer "$tokenizer"
     done
   done
-  for flux2 in "$base_bin/flux2 before" "$bin/flux2 after"; do
-    set -- $flux2
-    bench "$1" ab.jsonl "$2 e2e klein-4b lossless, 1 reference" --e2e --model klein-4b \
-      --references 1 --tokenizer "$tokenizer"
-  done
+  before_after "e2e klein-4b lossless, 1 reference" --e2e --model klein-4b --references 1 \
+    --tokenizer "$tokenizer"
 fi
 if want attention; then
   for model in klein-4b dev; do
