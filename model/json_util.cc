@@ -1,10 +1,8 @@
 // JSON file reading and typed field access; see json_util.h.
 #include "model/json_util.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
+#include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
 
 namespace flux2 {
@@ -14,11 +12,8 @@ std::string dump_json(const nlohmann::json& value) {
 }
 
 absl::StatusOr<nlohmann::json> read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  nlohmann::json value = nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
+  FLUX_ASSIGN_OR_RETURN(const std::string text, read_file(path, ""));
+  nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded())
     return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
   return value;

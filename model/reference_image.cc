@@ -13,11 +13,10 @@
 #include <cmath>
 #include <csetjmp>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/base/read_file.h"
 
 namespace flux2 {
 namespace {
@@ -277,10 +276,9 @@ absl::StatusOr<RgbImage> prepare_reference(RgbImage image, int64_t multiple,
 
 absl::StatusOr<RgbImage> load_reference_file(const std::string& path, int64_t multiple,
                                              absl::string_view field) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(field, ": cannot read ", path));
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return load_reference(bytes, multiple, field);
+  absl::StatusOr<std::string> bytes = read_file(path, field);
+  if (!bytes.ok()) return bytes.status();
+  return load_reference(*bytes, multiple, field);
 }
 
 absl::StatusOr<RgbImage> load_reference(absl::string_view bytes, int64_t multiple,

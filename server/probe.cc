@@ -3,13 +3,12 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "kernels/base/read_file.h"
 
 namespace flux2::server {
 
@@ -19,15 +18,13 @@ constexpr auto kProbeTimeout = std::chrono::seconds(2);
 int run_health_probe(const ServerOptions& options) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!options.tls_cert.empty()) {
-    std::ifstream in(options.tls_cert, std::ios::binary);
-    if (!in) {
-      std::fprintf(stderr, "probe: --tls-cert: cannot open %s\n", options.tls_cert.c_str());
+    absl::StatusOr<std::string> pem = read_file(options.tls_cert, "--tls-cert");
+    if (!pem.ok()) {
+      std::fprintf(stderr, "probe: %s\n", std::string(pem.status().message()).c_str());
       return 1;
     }
-    std::stringstream pem;
-    pem << in.rdbuf();
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = pem.str();
+    ssl.pem_root_certs = *std::move(pem);
     credentials = grpc::SslCredentials(ssl);
   }
   auto channel = grpc::CreateChannel(options.probe_addr, credentials);

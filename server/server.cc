@@ -3,8 +3,6 @@
 #include "server/server.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -16,6 +14,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "kernels/base/decimal.h"
+#include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
 #include "server/log.h"
 #include "server/pipeline_engine.h"
@@ -35,14 +34,6 @@ constexpr double kMaxGuidance = 100.0;
 constexpr auto kCancelGrace = std::chrono::seconds(60);
 // Time gRPC gets to flush the last replies and close the streams once all jobs are done.
 constexpr auto kGrpcShutdownGrace = std::chrono::seconds(5);
-
-absl::StatusOr<std::string> read_file(const std::string& path, absl::string_view flag) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(flag, ": cannot open ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 std::string host_port(const std::string& host, int port) {
   const bool ipv6 = host.find(':') != std::string::npos && host.front() != '[';

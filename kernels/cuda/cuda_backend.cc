@@ -6,13 +6,12 @@
 // (gpu_op_test).
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/op_checks.h"
+#include "kernels/base/read_file.h"
 #include "kernels/cuda/cublaslt_api.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_backend_impl.h"
@@ -75,13 +74,7 @@ absl::StatusOr<cuda::GemmAlgorithmTable> gemm_algorithms(const std::string& sour
   if (source == "builtin") {
     text = std::string(cuda::builtin_gemm_algorithms());
   } else {
-    std::ifstream file(source, std::ios::binary);
-    if (!file) {
-      return absl::NotFoundError(absl::StrCat("--gemm-algorithms: cannot read ", source));
-    }
-    std::ostringstream bytes;
-    bytes << file.rdbuf();
-    text = bytes.str();
+    FLUX_ASSIGN_OR_RETURN(text, read_file(source, "--gemm-algorithms"));
   }
   absl::StatusOr<cuda::GemmAlgorithmTable> table =
       cuda::parse_gemm_algorithms(text, device, version);

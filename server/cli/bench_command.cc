@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/backend_factory.h"
 #include "kernels/base/fast_path_registry.h"
+#include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
 #include "model/flux2_presets.h"
 #include "model/flux2_transformer.h"
@@ -91,15 +92,9 @@ double median_of(std::vector<double> values) {
 
 // --tune-gemm: merges the backend's timed GEMM algorithms into the table at `path`.
 absl::Status write_tuned_gemms(Backend& be, const std::string& path) {
-  std::string existing;
-  if (FILE* in = std::fopen(path.c_str(), "rb")) {
-    char buffer[1 << 16];
-    for (size_t got; (got = std::fread(buffer, 1, sizeof(buffer), in)) > 0;) {
-      existing.append(buffer, got);
-    }
-    std::fclose(in);
-  }
-  FLUX_ASSIGN_OR_RETURN(const std::string table, be.export_gemm_algorithms(existing));
+  absl::StatusOr<std::string> existing = read_file(path, "--tune-gemm");  // none yet: a new table
+  FLUX_ASSIGN_OR_RETURN(const std::string table,
+                        be.export_gemm_algorithms(existing.ok() ? *existing : ""));
   FILE* out = std::fopen(path.c_str(), "wb");
   if (out == nullptr || std::fwrite(table.data(), 1, table.size(), out) != table.size() ||
       std::fclose(out) != 0) {

@@ -4,11 +4,12 @@
 #include <cstdio>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend_factory.h"
+#include "kernels/base/read_file.h"
+#include "kernels/base/status.h"
 #include "model/image_encode.h"
 #include "model/pipeline.h"
 #include "model/reference_image.h"
@@ -30,13 +31,9 @@ int fail(absl::string_view message) {
 absl::StatusOr<std::vector<std::string>> read_references(const std::vector<std::string>& paths) {
   std::vector<std::string> files;
   for (size_t i = 0; i < paths.size(); ++i) {
-    std::ifstream in(paths[i], std::ios::binary);
-    std::stringstream bytes;
-    if (in) bytes << in.rdbuf();
-    if (!in) {
-      return absl::NotFoundError(absl::StrCat("--reference[", i, "]: cannot read ", paths[i]));
-    }
-    files.push_back(bytes.str());
+    FLUX_ASSIGN_OR_RETURN(std::string bytes,
+                          read_file(paths[i], absl::StrCat("--reference[", i, "]")));
+    files.push_back(std::move(bytes));
   }
   return files;
 }

@@ -108,6 +108,17 @@ if want tests; then
   if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" gpu_server_test "* ]]; then
     FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1
     record $? "gpu_server_test (tiny): $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')"
+    # The start-up memory refusal, which CI cannot check (server_python_dev skips it without a GPU):
+    # a 1 TiB prompt cache is refused before any allocation, exit 1, naming the flag that shrinks it.
+    timeout 120 "$bin/flux2_server" --host 127.0.0.1 --port 0 --metrics-port 0 --http-port 0 --backend cuda \
+      --model-dir tests/data/tiny-flux2-dev/checkpoint --prompt-cache-bytes $((1 << 40)) \
+      >"$out/server-refusal.log" 2>&1
+    code=$?
+    refusal=$(tail -n1 "$out/server-refusal.log")
+    grep -q 'does not fit this device' "$out/server-refusal.log" &&
+      grep -q -- '--text-encoder-offload' "$out/server-refusal.log" &&
+      [[ $code == 1 && $refusal == *"exiting: the model failed to load: RESOURCE_EXHAUSTED"* ]]
+    record $? "memory-plan refusal (exit $code): $refusal"
   fi
 fi
 if want golden; then

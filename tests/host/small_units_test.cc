@@ -1,8 +1,10 @@
 // Small host units: command-line parsing and the backend flags, backend creation by name, request
 // scopes, parallel_for, the relative-error measure, RoPE tables, the timestep embedding and the
-// CUDA driver message (each against values derived by hand from their spec).
+// CUDA driver message (each against values derived by hand from their spec), and read_file.
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -13,6 +15,7 @@
 #include "kernels/base/decimal.h"
 #include "kernels/base/numerics.h"
 #include "kernels/base/parallel.h"
+#include "kernels/base/read_file.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "model/rope.h"
 #include "model/timestep_embedding.h"
@@ -229,6 +232,24 @@ TEST(ExactDecimalTest, ReadsBackAsTheSameDouble) {
   EXPECT_EQ(exact_decimal(0.1), "0.1");
   EXPECT_EQ(exact_decimal(-0.5), "-0.5");
   EXPECT_EQ(std::stod(exact_decimal(1.0 / 3.0)), 1.0 / 3.0);
+}
+
+TEST(ReadFileTest, GivesEveryByteOrNamesTheFlagAndPath) {
+  const std::string path = ::testing::TempDir() + "read_file_test.bin";
+  const std::string bytes("a\0b\r\n\xff", 6);  // NUL, CR LF and a high byte survive
+  std::ofstream(path, std::ios::binary) << bytes;
+  absl::StatusOr<std::string> read = read_file(path, "--flag");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, bytes);
+  std::ofstream(path, std::ios::binary | std::ios::trunc).flush();
+  read = read_file(path, "--flag");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "");  // an empty file is no error
+  std::remove(path.c_str());
+  read = read_file(path, "--flag");
+  EXPECT_TRUE(absl::IsNotFound(read.status()));
+  EXPECT_EQ(read.status().message(), "--flag: cannot read " + path);
+  EXPECT_EQ(read_file(path, "").status().message(), "cannot read " + path);
 }
 
 }  // namespace
