@@ -103,7 +103,9 @@ if want tests; then
     gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_fp8_accumulation_test
     gpu_flash_attention_fp8_test gpu_fp8_rows_test gpu_text_encoder_streaming_test
     gpu_gemm_algorithm_table_test"
-  run_gtests ${GPU_TESTS:-$all_tests}
+  # gpu_server_test needs the server binary's path: it runs below, not among the plain tests.
+  selected=" ${GPU_TESTS:-$all_tests} "
+  run_gtests ${selected// gpu_server_test / }
   # The server on the tiny checkpoint, unless $GPU_TESTS names a subset without gpu_server_test.
   if [[ -z ${GPU_TESTS:-} || " $GPU_TESTS " == *" gpu_server_test "* ]]; then
     FLUX2_SERVER_BINARY="$bin/flux2_server" "$bin/gpu_server_test" >"$out/server-tiny.log" 2>&1
