@@ -342,7 +342,6 @@ absl::Status HttpApi::start(const HttpApiOptions& options) {
                                                options.port, " (in use?)"));
   }
   if (options.port != 0) port_ = options.port;
-  listen_returned_ = false;
   thread_ = std::thread([this] {
     server_->listen_after_bind();
     listen_returned_ = true;

@@ -112,9 +112,9 @@ if want tests; then
     record $? "gpu_server_test (tiny): $(grep -E '256x256|PASSED|FAILED' "$out/server-tiny.log" | tr '\n' ' ')"
     # The start-up memory refusal, which CI cannot check (server_python_dev skips it without a GPU):
     # a 1 TiB prompt cache is refused before any allocation, exit 1, naming the flag that shrinks it.
-    timeout 120 "$bin/flux2_server" --host 127.0.0.1 --port 0 --metrics-port 0 --http-port 0 --backend cuda \
-      --model-dir tests/data/tiny-flux2-dev/checkpoint --prompt-cache-bytes $((1 << 40)) \
-      >"$out/server-refusal.log" 2>&1
+    timeout 120 "$bin/flux2_server" --host 127.0.0.1 --port 0 --metrics-port 0 --http-port 0 \
+      --backend cuda --model-dir tests/data/tiny-flux2-dev/checkpoint \
+      --prompt-cache-bytes $((1 << 40)) >"$out/server-refusal.log" 2>&1
     code=$?
     refusal=$(tail -n1 "$out/server-refusal.log")
     grep -q 'does not fit this device' "$out/server-refusal.log" &&
