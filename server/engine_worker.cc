@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/elapsed.h"
 #include "kernels/base/fast_path_registry.h"
-#include "server/log.h"
+#include "server/common/log.h"
 
 namespace flux2::server {
 namespace {

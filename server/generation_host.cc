@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
-#include "server/log.h"
+#include "server/common/log.h"
 #include "server/rpc_status.h"
 
 namespace flux2::server {

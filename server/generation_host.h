@@ -71,7 +71,7 @@ std::string loggable_request_id(const std::string& id);
 std::string status_code_name(const absl::Status& status);
 
 // A finished generation request, as its client saw it: counted in flux2_requests_total and
-// flux2_request_duration_seconds under `method`, and one access-log line (server/log.h: method,
+// flux2_request_duration_seconds under `method`, and one access-log line (server/common/log.h: method,
 // request id, code, seconds, the client's address, the request's size, steps, images and quality
 // when `spec` is known, the error message).
 void record_finished_request(Metrics& metrics, absl::string_view method,

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fast_path_registry.h"
-#include "server/log.h"
+#include "server/common/log.h"
 #include "server/probe.h"
 #include "server/server.h"
 #include "server/server_options.h"

@@ -16,7 +16,7 @@
 #include "kernels/base/decimal.h"
 #include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
-#include "server/log.h"
+#include "server/common/log.h"
 #include "server/pipeline_engine.h"
 
 #ifndef FLUX2_VERSION

@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
-#include "server/cli/args.h"
-#include "server/cli/backend_flags.h"
-#include "server/cli/embedded_checkpoint.h"
+#include "server/common/args.h"
+#include "server/common/backend_flags.h"
+#include "server/common/embedded_checkpoint.h"
 #include "server/request_validation.h"
 
 #ifndef FLUX2_VERSION

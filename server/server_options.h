@@ -68,7 +68,7 @@ struct ServerOptions {
   // A single-file transformer (Black Forest Labs flux2-dev.safetensors naming) loaded instead of
   // <model-dir>/transformer's weights; empty: those.
   std::string transformer_file;
-  // --log-format text|json: stderr lines as text or one JSON object per line (server/log.h).
+  // --log-format text|json: stderr lines as text or one JSON object per line (server/common/log.h).
   std::string log_format = "text";
   double test_step_delay_s = 0.0;  // TEST ONLY: sleep after every denoising step (slow requests)
   // --stall-timeout-min-s, --stall-step-multiple: when the watchdog calls a stage stalled.

@@ -28,8 +28,8 @@
 #include "model/rope.h"
 #include "model/scheduler.h"
 #include "nlohmann/json.hpp"
-#include "server/cli/args.h"
-#include "server/cli/backend_flags.h"
+#include "server/common/args.h"
+#include "server/common/backend_flags.h"
 #include "server/cli/commands.h"
 
 namespace flux2 {

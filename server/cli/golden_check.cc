@@ -15,8 +15,8 @@
 #include "kernels/base/numerics.h"
 #include "kernels/base/status.h"
 #include "model/json_util.h"
-#include "server/cli/args.h"
-#include "server/cli/backend_flags.h"
+#include "server/common/args.h"
+#include "server/common/backend_flags.h"
 #include "server/cli/commands.h"
 
 namespace flux2 {

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_utf8.h"
-#include "server/cli/args.h"
+#include "server/common/args.h"
 #include "server/cli/commands.h"
 
 namespace flux2 {

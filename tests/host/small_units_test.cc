@@ -19,9 +19,9 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/rope.h"
 #include "model/timestep_embedding.h"
-#include "server/cli/args.h"
-#include "server/cli/backend_flags.h"
-#include "server/cli/embedded_checkpoint.h"
+#include "server/common/args.h"
+#include "server/common/backend_flags.h"
+#include "server/common/embedded_checkpoint.h"
 
 namespace flux2 {
 namespace {

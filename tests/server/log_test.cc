@@ -1,8 +1,8 @@
-// The log lines of server/log.h, captured from stderr: text lines start with an RFC 3339 UTC
+// The log lines of server/common/log.h, captured from stderr: text lines start with an RFC 3339 UTC
 // timestamp and the level, JSON lines parse and carry every request field; server faults log at
 // ERROR, client errors at INFO.
 // Run: build/bin/server_unit_tests --gtest_filter='Log*'
-#include "server/log.h"
+#include "server/common/log.h"
 
 #include <unistd.h>
 

@@ -220,7 +220,7 @@ class StartUpRefusalTest(unittest.TestCase):
 
 
 def log_message(line, level):
-    """The message of a text-format log line "<RFC 3339 UTC time> <LEVEL> flux2_server: ..." (server/log.h),
+    """The message of a text-format log line "<RFC 3339 UTC time> <LEVEL> flux2_server: ..." (server/common/log.h),
     checking its timestamp and level."""
     match = re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) (.*)$", line)
     assert match, f"not a log line: {line!r}"

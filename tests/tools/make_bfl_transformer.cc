@@ -7,7 +7,7 @@
 #include <string>
 
 #include "model/checkpoint.h"
-#include "server/cli/args.h"
+#include "server/common/args.h"
 #include "tests/host/bfl_writer.h"
 
 int main(int argc, char** argv) {

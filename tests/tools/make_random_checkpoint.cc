@@ -21,7 +21,7 @@
 #include "model/text_encoder_weights.h"
 #include "model/vae_weights.h"
 #include "nlohmann/json.hpp"
-#include "server/cli/args.h"
+#include "server/common/args.h"
 
 namespace flux2 {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend_options.h"
-#include "server/cli/args.h"
+#include "server/common/args.h"
 
 namespace flux2 {
 

@@ -1,6 +1,6 @@
 // The embedded checkpoint's directory; see embedded_checkpoint.h.
 // Tested by tests/host/small_units_test.cc.
-#include "server/cli/embedded_checkpoint.h"
+#include "server/common/embedded_checkpoint.h"
 
 #include <filesystem>
 #include <system_error>

@@ -1,5 +1,5 @@
 // Command-line parsing for the flux2 CLI; see args.h.
-#include "server/cli/args.h"
+#include "server/common/args.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

@@ -1,5 +1,5 @@
 // Log lines in text or JSON; see log.h. Tested by tests/server/log_test.cc.
-#include "server/log.h"
+#include "server/common/log.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,5 +1,5 @@
 // Backend flags; see backend_flags.h.
-#include "server/cli/backend_flags.h"
+#include "server/common/backend_flags.h"
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
