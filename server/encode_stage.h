@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "server/job.h"
-#include "server/metrics.h"
+#include "server/ops/metrics.h"
 
 namespace flux2::server {
 

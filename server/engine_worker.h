@@ -17,7 +17,7 @@
 #include "server/encode_stage.h"
 #include "server/engine.h"
 #include "server/job_queue.h"
-#include "server/metrics.h"
+#include "server/ops/metrics.h"
 #include "server/stall_watchdog.h"
 
 namespace flux2::server {

@@ -15,7 +15,7 @@
 #include "kernels/backend_options.h"
 #include "server/engine.h"
 #include "server/job.h"
-#include "server/metrics.h"
+#include "server/ops/metrics.h"
 #include "server/request_validation.h"
 #include "server/stall_watchdog.h"
 

@@ -19,7 +19,7 @@
 #include "server/engine.h"
 #include "server/generation_host.h"
 #include "server/job.h"
-#include "server/metrics.h"
+#include "server/ops/metrics.h"
 #include "server/request_validation.h"
 
 namespace flux2::server {

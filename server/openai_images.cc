@@ -16,7 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "model/json_util.h"
-#include "server/metrics.h"
+#include "server/ops/metrics.h"
 #include "server/request_validation.h"
 
 namespace flux2::server {

@@ -24,7 +24,7 @@
 #include "server/grpc_service.h"
 #include "server/http_api.h"
 #include "server/job_queue.h"
-#include "server/metrics.h"
+#include "server/ops/metrics.h"
 #include "server/reflection_v1.h"
 #include "server/server_options.h"
 

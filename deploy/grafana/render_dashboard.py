@@ -3,7 +3,7 @@
 # Tested by tests/deploy/test_dashboard.py (--check, structure, required panels) and the metric-name tests.
 """Usage: render_dashboard.py [--check]
 
-Every PromQL expression uses the metrics of server/METRICS.md only (no recording rules), so the
+Every PromQL expression uses the metrics of server/ops/METRICS.md only (no recording rules), so the
 dashboard works on any Prometheus that scrapes the pods. `$namespace`, `$job` and `$instance` filter
 the pods (a Prometheus without Kubernetes labels matches them all); `$__rate_interval` is Grafana's
 scrape-aware rate window. --check exits 1 when the committed JSON differs.

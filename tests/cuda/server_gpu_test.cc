@@ -162,7 +162,7 @@ TEST(ServerGpuTest, ServesACheckpointDirectoryOnTheGpu) {
   EXPECT_GT(metric_value(metrics, "flux2_gpu_memory_total_bytes").value_or(0), 1e10);
   // Two requests of 4 steps each (the warm-up is not a request).
   EXPECT_GE(metric_value(metrics, "flux2_denoise_step_duration_seconds_count").value_or(0), 8.0);
-  // NVML telemetry of this GPU (server/system_metrics.h), found by its PCI bus id: plausible
+  // NVML telemetry of this GPU (server/ops/system_metrics.h), found by its PCI bus id: plausible
   // ranges for any datacenter GPU (an H200 idles near 75 W at ~1 GHz and runs at ~2 GHz).
   const std::optional<double> utilization = metric_value(metrics, "flux2_gpu_utilization_ratio");
   ASSERT_TRUE(utilization.has_value()) << "no NVML metrics: libnvidia-ml.so.1 not loaded?";

@@ -1,4 +1,4 @@
-# Shared helpers of the deploy tests: repository paths, YAML loading, the metrics contract (server/METRICS.md),
+# Shared helpers of the deploy tests: repository paths, YAML loading, the metrics contract (server/ops/METRICS.md),
 # and the PromQL expressions the dashboard, the rules and the HPA adapter use. Used by tests/deploy/test_*.py.
 import json
 import os
@@ -65,7 +65,7 @@ def the_object(kind: str) -> dict:
 # ---- the metrics contract -------------------------------------------------------------------------
 
 def metrics_contract() -> dict[str, dict]:
-    """server/METRICS.md table: name -> {"type", "labels" (set), "cuda_only" (bool)}."""
+    """server/ops/METRICS.md table: name -> {"type", "labels" (set), "cuda_only" (bool)}."""
     contract = {}
     row = re.compile(r"^\|\s*`(flux2_[a-z0-9_]+)`\s*\|\s*([^|]+)\|\s*([^|]*)\|\s*([^|]*)\|")
     for line in METRICS_MD.read_text().splitlines():

@@ -1,9 +1,9 @@
-// The process and GPU telemetry of server/system_metrics.h: the process_* families are exported
+// The process and GPU telemetry of server/ops/system_metrics.h: the process_* families are exported
 // with plausible values on every machine (CPU time and memory grow with work, open descriptors
 // follow opened files); a device NVML does not know attaches nothing and exports no GPU families.
 // On the H200 the GPU runner's server part checks the NVML families of a real server.
 // Run: build/bin/server_unit_tests --gtest_filter='SystemMetrics*'
-#include "server/system_metrics.h"
+#include "server/ops/system_metrics.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// The Prometheus metrics of flux2_server, exactly as server/METRICS.md lists them (names, labels,
+// The Prometheus metrics of flux2_server, exactly as server/ops/METRICS.md lists them (names, labels,
 // buckets). One Metrics object per server; every method is thread-safe. The Exposer that serves
 // them over HTTP lives in server.cc. Tested by tests/server/metrics_test.cc and the end-to-end
 // test.
@@ -18,7 +18,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/system_metrics.h"
+#include "server/ops/system_metrics.h"
 
 namespace flux2::server {
 
@@ -59,7 +59,7 @@ class Metrics {
                       absl::string_view model);
   // Exported only once called (CUDA only).
   void set_gpu_memory(const BackendMemoryStats& stats);
-  // NVML telemetry of the serving GPU (server/system_metrics.h); false when NVML is missing or
+  // NVML telemetry of the serving GPU (server/ops/system_metrics.h); false when NVML is missing or
   // does not know the device (then no GPU utilisation families are exported).
   bool attach_gpu(const std::string& pci_bus_id);
   // A request refused or failed with RESOURCE_EXHAUSTED, by why (ResourceExhaustedReason).

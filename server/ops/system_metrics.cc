@@ -1,6 +1,6 @@
 // Process and NVML telemetry at scrape time; see system_metrics.h.
 // Tested by tests/server/system_metrics_test.cc.
-#include "server/system_metrics.h"
+#include "server/ops/system_metrics.h"
 
 #include <dirent.h>
 #include <dlfcn.h>

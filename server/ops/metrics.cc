@@ -1,6 +1,6 @@
-// flux2_server's Prometheus metrics; see metrics.h and server/METRICS.md.
+// flux2_server's Prometheus metrics; see metrics.h and server/ops/METRICS.md.
 // Tested by tests/server/metrics_test.cc and the end-to-end test.
-#include "server/metrics.h"
+#include "server/ops/metrics.h"
 
 #include "kernels/base/fast_path_registry.h"
 #include "prometheus/metric_family.h"
