@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "server/generation_host.h"
+#include "server/serving/generation_host.h"
 
 namespace httplib {
 class Server;

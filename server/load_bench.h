@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
-#include "server/engine.h"
+#include "server/serving/engine.h"
 #include "server/server_options.h"
 
 namespace flux2::server {

@@ -17,7 +17,7 @@
 #include "absl/strings/strip.h"
 #include "model/json_util.h"
 #include "server/ops/metrics.h"
-#include "server/request_validation.h"
+#include "server/serving/request_validation.h"
 
 namespace flux2::server {
 namespace {

@@ -13,7 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "flux2/v1/image_generation.pb.h"
 #include "nlohmann/json.hpp"
-#include "server/job.h"
+#include "server/serving/job.h"
 
 namespace flux2::server {
 

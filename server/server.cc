@@ -17,7 +17,7 @@
 #include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
 #include "server/common/log.h"
-#include "server/pipeline_engine.h"
+#include "server/serving/pipeline_engine.h"
 
 #ifndef FLUX2_VERSION
 #define FLUX2_VERSION "unknown"

@@ -18,12 +18,12 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
 #include "prometheus/exposer.h"
-#include "server/encode_stage.h"
-#include "server/engine.h"
-#include "server/engine_worker.h"
+#include "server/serving/encode_stage.h"
+#include "server/serving/engine.h"
+#include "server/serving/engine_worker.h"
 #include "server/grpc_service.h"
 #include "server/http_api.h"
-#include "server/job_queue.h"
+#include "server/serving/job_queue.h"
 #include "server/ops/metrics.h"
 #include "server/reflection_v1.h"
 #include "server/server_options.h"
@@ -33,7 +33,7 @@ namespace flux2::server {
 class Server final : public GenerationHost {
  public:
   // Validates `options` and reads the TLS and token files. `factory` creates the engine on the
-  // worker thread; nullptr loads the checkpoint the options name (server/pipeline_engine.h).
+  // worker thread; nullptr loads the checkpoint the options name (server/serving/pipeline_engine.h).
   static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options,
                                                         EngineFactory factory = nullptr);
   ~Server() override;  // GracefulStop()s with a zero deadline if still running

@@ -16,7 +16,7 @@
 #include "server/common/args.h"
 #include "server/common/backend_flags.h"
 #include "server/common/embedded_checkpoint.h"
-#include "server/request_validation.h"
+#include "server/serving/request_validation.h"
 
 #ifndef FLUX2_VERSION
 #define FLUX2_VERSION "unknown"

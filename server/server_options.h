@@ -12,8 +12,8 @@
 #include "absl/strings/string_view.h"
 #include "kernels/backend_options.h"
 #include "model/prompt_cache.h"
-#include "server/engine.h"
-#include "server/stall_watchdog.h"
+#include "server/serving/engine.h"
+#include "server/serving/stall_watchdog.h"
 
 namespace flux2::server {
 
@@ -40,7 +40,7 @@ struct ServerOptions {
   // gRPC's max receive message size: four 10 MiB references plus the prompt and the rest fit.
   int64_t max_request_bytes = int64_t{48} << 20;
   // Largest worst-case unary GenerateImage response admitted (gRPC's default client receive limit,
-  // 4 MiB); GenerateImageStream is not limited by it (server/request_validation.h
+  // 4 MiB); GenerateImageStream is not limited by it (server/serving/request_validation.h
   // unary_response_bound_bytes).
   int64_t max_response_bytes = int64_t{4} << 20;
   // Text-encoder sequence length of every request (prompts padded or truncated to it); 512 is

@@ -16,7 +16,7 @@
 #include "server/common/backend_flags.h"
 #include "server/cli/commands.h"
 #include "server/load_bench.h"
-#include "server/pipeline_engine.h"
+#include "server/serving/pipeline_engine.h"
 
 namespace flux2 {
 namespace {

@@ -5,7 +5,7 @@
 #include "flux2/v1/image_generation.pb.h"
 #include "server/openai_images.h"
 #include "server/raw_messages.h"
-#include "server/request_validation.h"
+#include "server/serving/request_validation.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   flux2::v1::GenerateImageRequest request;

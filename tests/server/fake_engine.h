@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include "server/engine.h"
+#include "server/serving/engine.h"
 
 namespace flux2::server::testing {
 

@@ -10,7 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "server/server.h"
-#include "server/stall_watchdog.h"
+#include "server/serving/stall_watchdog.h"
 #include "tests/server/server_fixture.h"
 #include "tests/server/test_support.h"
 

@@ -7,7 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
-#include "server/request_validation.h"
+#include "server/serving/request_validation.h"
 
 namespace flux2::server {
 namespace {

@@ -1,11 +1,11 @@
-// Request validation (server/request_validation.h) and the absl -> gRPC status mapping
+// Request validation (server/serving/request_validation.h) and the absl -> gRPC status mapping
 // (server/rpc_status.h): defaults, seeds, one table row per invalid field (the violation names it),
 // the BadRequest details in the grpc-status-details-bin payload, and reference images (each bad
 // one named reference_images[i]; a good one prepared and setting the output size), encoded by
 // tests/server/test_support.h), and the unary response-size bound (against the real encoders on
 // incompressible noise).
 // Run: build/bin/server_unit_tests --gtest_filter='RequestValidation*:RpcStatus*'
-#include "server/request_validation.h"
+#include "server/serving/request_validation.h"
 
 #include <cmath>
 #include <functional>

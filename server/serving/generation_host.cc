@@ -1,13 +1,12 @@
 // Job creation and bearer-token checks shared by the gRPC and HTTP front ends; see
 // generation_host.h. Tested through tests/server/server_test.cc and the HTTP API tests.
-#include "server/generation_host.h"
+#include "server/serving/generation_host.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 #include "server/common/log.h"
-#include "server/rpc_status.h"
 
 namespace flux2::server {
 
@@ -40,7 +39,8 @@ std::string loggable_request_id(const std::string& id) {
 }
 
 std::string status_code_name(const absl::Status& status) {
-  return grpc_code_name(static_cast<grpc::StatusCode>(static_cast<int>(status.code())));
+  // absl's names are gRPC's (both enumerate google.rpc.Code).
+  return absl::StatusCodeToString(status.code());
 }
 
 void record_finished_request(Metrics& metrics, absl::string_view method,

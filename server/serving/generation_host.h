@@ -13,11 +13,11 @@
 #include "absl/strings/string_view.h"
 #include "flux2/v1/image_generation.pb.h"
 #include "kernels/backend_options.h"
-#include "server/engine.h"
-#include "server/job.h"
+#include "server/serving/engine.h"
+#include "server/serving/job.h"
 #include "server/ops/metrics.h"
-#include "server/request_validation.h"
-#include "server/stall_watchdog.h"
+#include "server/serving/request_validation.h"
+#include "server/serving/stall_watchdog.h"
 
 namespace flux2::server {
 

@@ -1,5 +1,5 @@
 // The stall watchdog; see stall_watchdog.h. Tested by tests/server/fault_test.cc.
-#include "server/stall_watchdog.h"
+#include "server/serving/stall_watchdog.h"
 
 #include <algorithm>
 #include <chrono>

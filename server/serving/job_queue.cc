@@ -1,5 +1,5 @@
 // The bounded admission queue; see job_queue.h. Tested by tests/server/job_queue_test.cc.
-#include "server/job_queue.h"
+#include "server/serving/job_queue.h"
 
 #include <algorithm>
 #include <utility>

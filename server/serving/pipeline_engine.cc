@@ -1,6 +1,6 @@
 // The production engine over model/pipeline.h; see pipeline_engine.h.
 // Tested by the end-to-end tests in tests/server/.
-#include "server/pipeline_engine.h"
+#include "server/serving/pipeline_engine.h"
 
 #include <utility>
 

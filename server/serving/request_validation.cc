@@ -1,5 +1,5 @@
 // Request validation; see request_validation.h. Tested by tests/server/request_validation_test.cc.
-#include "server/request_validation.h"
+#include "server/serving/request_validation.h"
 
 #include <algorithm>
 #include <cmath>

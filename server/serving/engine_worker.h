@@ -14,11 +14,11 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "server/encode_stage.h"
-#include "server/engine.h"
-#include "server/job_queue.h"
+#include "server/serving/encode_stage.h"
+#include "server/serving/engine.h"
+#include "server/serving/job_queue.h"
 #include "server/ops/metrics.h"
-#include "server/stall_watchdog.h"
+#include "server/serving/stall_watchdog.h"
 
 namespace flux2::server {
 

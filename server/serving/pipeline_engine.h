@@ -6,7 +6,7 @@
 
 #include "absl/strings/string_view.h"
 #include "kernels/backend_options.h"
-#include "server/engine.h"
+#include "server/serving/engine.h"
 
 namespace flux2::server {
 

@@ -1,5 +1,5 @@
 // The PNG/JPEG encoder thread; see encode_stage.h. Tested by tests/server/engine_worker_test.cc.
-#include "server/encode_stage.h"
+#include "server/serving/encode_stage.h"
 
 #include <span>
 #include <utility>

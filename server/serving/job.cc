@@ -1,6 +1,6 @@
 // Job state machine and cancellation; see job.h.
 // Tested by tests/server/job_queue_test.cc and tests/server/engine_worker_test.cc.
-#include "server/job.h"
+#include "server/serving/job.h"
 
 #include <utility>
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "server/job.h"
+#include "server/serving/job.h"
 
 namespace flux2::server {
 

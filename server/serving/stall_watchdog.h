@@ -9,7 +9,7 @@
 #include <string>
 #include <thread>
 
-#include "server/job.h"
+#include "server/serving/job.h"
 
 namespace flux2::server {
 

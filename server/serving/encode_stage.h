@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "server/job.h"
+#include "server/serving/job.h"
 #include "server/ops/metrics.h"
 
 namespace flux2::server {

@@ -47,7 +47,7 @@ absl::string_view image_format_name(ImageFormat format);
 // generated images.
 constexpr int kDefaultEncoderQuality = 95;
 
-// A validated request (server/request_validation.h builds it from the proto).
+// A validated request (server/serving/request_validation.h builds it from the proto).
 struct JobSpec {
   // params.seed is the first image's seed; image i uses seed + i. params.width / height are the
   // output size (never 0); params.references are decoded and prepared.

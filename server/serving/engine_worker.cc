@@ -1,5 +1,5 @@
 // The engine worker thread; see engine_worker.h. Tested by tests/server/engine_worker_test.cc.
-#include "server/engine_worker.h"
+#include "server/serving/engine_worker.h"
 
 #include <algorithm>
 #include <map>

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "flux2/v1/image_generation.pb.h"
-#include "server/job.h"
+#include "server/serving/job.h"
 
 namespace flux2::server {
 
