@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fast_path_registry.h"
 #include "server/common/log.h"
-#include "server/probe.h"
+#include "server/grpc/probe.h"
 #include "server/server.h"
 #include "server/server_options.h"
 
@@ -68,7 +68,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flux2_server: %s\n", std::string(valid.message()).c_str());
     return 2;
   }
-  if (!options.probe.empty()) return flux2::server::run_health_probe(options);
+  if (!options.probe.empty()) {
+    return flux2::server::run_health_probe({options.probe, options.probe_addr, options.tls_cert});
+  }
 
   if (!install_stop_signal_handlers()) {
     log_line(LogLevel::kError, "cannot install the SIGTERM/SIGINT handlers");

@@ -4,7 +4,7 @@
 // "", "readiness" and "flux2.v1.ImageGeneration" are SERVING only while the model serves and the
 // server is not draining; "liveness" is SERVING while the process is responsive (NOT_SERVING after
 // a fatal load error). Reflection: grpc.reflection.v1alpha (Debian's plugin) and v1
-// (server/reflection_v1.h). Tested by tests/server/server_test.cc (fake engine, in process) and the
+// (server/grpc/reflection_v1.h). Tested by tests/server/server_test.cc (fake engine, in process) and the
 // end-to-end tests.
 #pragma once
 
@@ -21,11 +21,11 @@
 #include "server/serving/encode_stage.h"
 #include "server/serving/engine.h"
 #include "server/serving/engine_worker.h"
-#include "server/grpc_service.h"
+#include "server/grpc/grpc_service.h"
 #include "server/http_api.h"
 #include "server/serving/job_queue.h"
 #include "server/ops/metrics.h"
-#include "server/reflection_v1.h"
+#include "server/grpc/reflection_v1.h"
 #include "server/server_options.h"
 
 namespace flux2::server {

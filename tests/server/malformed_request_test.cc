@@ -9,7 +9,7 @@
 
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
-#include "server/raw_messages.h"
+#include "server/grpc/raw_messages.h"
 #include "tests/server/server_fixture.h"
 #include "tests/server/test_support.h"
 

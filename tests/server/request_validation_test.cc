@@ -1,5 +1,5 @@
 // Request validation (server/serving/request_validation.h) and the absl -> gRPC status mapping
-// (server/rpc_status.h): defaults, seeds, one table row per invalid field (the violation names it),
+// (server/grpc/rpc_status.h): defaults, seeds, one table row per invalid field (the violation names it),
 // the BadRequest details in the grpc-status-details-bin payload, and reference images (each bad
 // one named reference_images[i]; a good one prepared and setting the output size), encoded by
 // tests/server/test_support.h), and the unary response-size bound (against the real encoders on
@@ -18,7 +18,7 @@
 #include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
 #include "model/image_encode.h"
-#include "server/rpc_status.h"
+#include "server/grpc/rpc_status.h"
 #include "tests/server/test_support.h"
 
 namespace flux2::server {

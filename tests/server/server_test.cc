@@ -9,7 +9,7 @@
 // Run: build/bin/server_unit_tests --gtest_filter='ServerTest*'
 #include "server/server.h"
 
-#include "server/probe.h"
+#include "server/grpc/probe.h"
 
 #include <httplib.h>
 #include <stb_image.h>
@@ -288,7 +288,7 @@ TEST_F(ServerTest, MaxResponseBytesIsReportedAndRaisesTheUnaryBound) {
   EXPECT_LE(response.ByteSizeLong(), 8u << 20);
 }
 
-// grpc.reflection.v1 (server/reflection_v1.h): the services, the API's file by symbol, and the
+// grpc.reflection.v1 (server/grpc/reflection_v1.h): the services, the API's file by symbol, and the
 // google.rpc error details (what a client needs to decode grpc-status-details-bin).
 TEST_F(ServerTest, ReflectionV1ListsTheServicesAndResolvesTheErrorDetails) {
   start();

@@ -1,6 +1,6 @@
 // grpc.reflection.v1 over the generated descriptor pool; see reflection_v1.h.
 // Tested by tests/server/server_test.cc (ReflectionV1*) and tests/server/e2e_test.cc.
-#include "server/reflection_v1.h"
+#include "server/grpc/reflection_v1.h"
 
 #include <set>
 #include <utility>

@@ -1,6 +1,6 @@
 // absl::Status -> grpc::Status with rich details; see rpc_status.h.
 // Tested by tests/server/request_validation_test.cc.
-#include "server/rpc_status.h"
+#include "server/grpc/rpc_status.h"
 
 #include "google/protobuf/any.pb.h"
 #include "google/rpc/status.pb.h"

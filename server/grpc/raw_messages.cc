@@ -1,5 +1,5 @@
 // Raw gRPC message bytes; see raw_messages.h. Tested by tests/server/malformed_request_test.cc.
-#include "server/raw_messages.h"
+#include "server/grpc/raw_messages.h"
 
 #include <map>
 #include <vector>

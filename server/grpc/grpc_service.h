@@ -4,7 +4,7 @@
 // request only holds its reactor, and a cancel or an expired deadline withdraws it at once. A unary
 // request whose worst-case response exceeds --max-response-bytes is refused before admission; the
 // stream sends each image in its own message as soon as it is encoded.
-// The only layer that maps absl::Status to grpc::Status (server/rpc_status.h).
+// The only layer that maps absl::Status to grpc::Status (server/grpc/rpc_status.h).
 // Tested by tests/server/server_test.cc (fake engine) and the end-to-end tests.
 #pragma once
 

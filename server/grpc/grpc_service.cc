@@ -1,6 +1,6 @@
 // The flux2.v1.ImageGeneration handlers (callback API); see grpc_service.h.
 // Tested by tests/server/server_test.cc (fake engine) and the end-to-end tests.
-#include "server/grpc_service.h"
+#include "server/grpc/grpc_service.h"
 
 #include <chrono>
 #include <cstdio>
@@ -11,8 +11,8 @@
 #include "kernels/base/elapsed.h"
 #include "kernels/base/fast_path_registry.h"
 #include "kernels/base/status.h"
-#include "server/raw_messages.h"
-#include "server/rpc_status.h"
+#include "server/grpc/raw_messages.h"
+#include "server/grpc/rpc_status.h"
 
 #ifndef FLUX2_VERSION
 #define FLUX2_VERSION "unknown"
