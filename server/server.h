@@ -1,5 +1,5 @@
 // flux2_server as an object (style.md P14): Create(options) validates the configuration, Start()
-// binds the gRPC, HTTP API (server/http_api.h) and metrics ports and starts the worker (which loads
+// binds the gRPC, HTTP API (server/http/http_api.h) and metrics ports and starts the worker (which loads
 // the model and warms up before readiness turns SERVING), GracefulStop(deadline) drains. Health:
 // "", "readiness" and "flux2.v1.ImageGeneration" are SERVING only while the model serves and the
 // server is not draining; "liveness" is SERVING while the process is responsive (NOT_SERVING after
@@ -22,7 +22,7 @@
 #include "server/serving/engine.h"
 #include "server/serving/engine_worker.h"
 #include "server/grpc/grpc_service.h"
-#include "server/http_api.h"
+#include "server/http/http_api.h"
 #include "server/serving/job_queue.h"
 #include "server/ops/metrics.h"
 #include "server/grpc/reflection_v1.h"

@@ -25,7 +25,7 @@ struct ServerOptions {
   // "user:password" on the file's first line: /metrics asks for HTTP basic auth (Prometheus'
   // basic_auth scrape setting). Empty: /metrics is open.
   std::string metrics_basic_auth_file;
-  // The OpenAI-compatible HTTP API (server/http_api.h); 0 picks a free one, -1 turns it off.
+  // The OpenAI-compatible HTTP API (server/http/http_api.h); 0 picks a free one, -1 turns it off.
   int http_port = 8000;
   std::string model_dir;         // empty: the embedded tiny checkpoint on the CPU backend
   std::string backend = "auto";  // auto | cpu | cuda

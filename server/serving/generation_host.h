@@ -1,5 +1,5 @@
 // What both front ends (gRPC, server/grpc/grpc_service.h, and the OpenAI-compatible HTTP API,
-// server/http_api.h) need from the server: the model being served, admission, withdrawal, metrics
+// server/http/http_api.h) need from the server: the model being served, admission, withdrawal, metrics
 // and the bearer token; and the one path from a GenerateImageRequest to a Job (validation against
 // the served limits). Tested through tests/server/server_test.cc and the HTTP API tests.
 #pragma once

@@ -1,4 +1,4 @@
-// The OpenAI-compatible HTTP API (server/http_api.h) in process: the whole Server with the fake
+// The OpenAI-compatible HTTP API (server/http/http_api.h) in process: the whole Server with the fake
 // engine whose steps the test gates, called over HTTP with cpp-httplib's client. Generation with
 // n=2 (the fake engine's exact pixels and seeds), editing with two files (multipart) and a bad one
 // refused as `image[1]`, OpenAI-shaped errors with `param`, 401 without the token, 429 +
@@ -7,7 +7,7 @@
 // the worker moving on), health/ready/models/openapi.json, and every outcome counted as the client
 // saw it; and a stop right after the start returns.
 // Run: build/bin/server_unit_tests --gtest_filter='HttpApiTest*'
-#include "server/http_api.h"
+#include "server/http/http_api.h"
 
 #include <httplib.h>
 #include <netinet/in.h>

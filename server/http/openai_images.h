@@ -2,7 +2,7 @@
 // (JSON) and /v1/images/edits (multipart form) into a flux2.v1.GenerateImageRequest, validation
 // errors renamed to the API's parameters (`size`, `n`, `image[1]`), OpenAI-shaped error bodies with
 // the HTTP status that fits, and the JSON of responses and server-sent events. No I/O here: the
-// HTTP server is server/http_api.h. Tested by tests/server/openai_images_test.cc.
+// HTTP server is server/http/http_api.h. Tested by tests/server/openai_images_test.cc.
 #pragma once
 
 #include <cstdint>

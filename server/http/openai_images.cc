@@ -1,6 +1,6 @@
 // OpenAI Images API bodies, errors and events; see openai_images.h.
 // Tested by tests/server/openai_images_test.cc.
-#include "server/openai_images.h"
+#include "server/http/openai_images.h"
 
 #include <charconv>
 #include <cmath>

@@ -1,6 +1,6 @@
 // The OpenAI-compatible HTTP API on cpp-httplib; see http_api.h.
 // Tested by tests/server/http_api_test.cc and tests/server/openai_client_test.mjs.
-#include "server/http_api.h"
+#include "server/http/http_api.h"
 
 #include <httplib.h>
 #include <sys/socket.h>
@@ -16,12 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/elapsed.h"
 #include "model/json_util.h"
-#include "server/http_connection.h"
-#include "server/openai_images.h"
+#include "server/http/http_connection.h"
+#include "server/http/openai_images.h"
 
 namespace flux2::server {
 
-// The OpenAPI 3 document served at /openapi.json (server/openapi.json, embedded at build time).
+// The OpenAPI 3 document served at /openapi.json (server/http/openapi.json, embedded at build time).
 extern const char kOpenApiDocument[];
 
 namespace {

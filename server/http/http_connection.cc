@@ -1,6 +1,6 @@
 // Finding and polling an HTTP request's socket; see http_connection.h.
 // Tested by tests/server/http_api_test.cc.
-#include "server/http_connection.h"
+#include "server/http/http_connection.h"
 
 #include <dirent.h>
 #include <netdb.h>
