@@ -13,7 +13,7 @@
 #include "flux2/v1/image_generation.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/base/status.h"
-#include "server/server.h"
+#include "server/app/server.h"
 
 namespace flux2::server {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "server/serving/engine.h"
-#include "server/server_options.h"
+#include "server/app/server_options.h"
 
 namespace flux2::server {
 

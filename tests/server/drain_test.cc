@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "server/server.h"
+#include "server/app/server.h"
 #include "tests/server/server_fixture.h"
 #include "tests/server/test_support.h"
 

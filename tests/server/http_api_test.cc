@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "server/server.h"
+#include "server/app/server.h"
 #include "tests/server/fake_engine.h"
 #include "tests/server/server_fixture.h"
 #include "tests/server/test_support.h"

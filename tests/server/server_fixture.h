@@ -10,7 +10,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "server/server.h"
+#include "server/app/server.h"
 #include "tests/server/fake_engine.h"
 #include "tests/server/test_support.h"
 

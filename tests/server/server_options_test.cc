@@ -1,7 +1,7 @@
-// flux2_server flag parsing and validation (server/server_options.h): the contract's defaults,
+// flux2_server flag parsing and validation (server/app/server_options.h): the contract's defaults,
 // every flag parsed, and errors that name the flag. Run: build/bin/server_unit_tests
 // --gtest_filter='ServerOptions*'
-#include "server/server_options.h"
+#include "server/app/server_options.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-// The whole Server in process (server/server.h) over real gRPC, with the fake engine whose steps
+// The whole Server in process (server/app/server.h) over real gRPC, with the fake engine whose steps
 // wait at a gate the test opens, so every assertion is an ordering: readiness after load and
 // warm-up, a failed load, both generation RPCs, validation with BadRequest details, overload
 // (RESOURCE_EXHAUSTED at once, counted), deadlines while queued, cancellation freeing the worker,
@@ -7,7 +7,7 @@
 // bound of the unary call, one message per image on the stream, health by service name and
 // reflection v1.
 // Run: build/bin/server_unit_tests --gtest_filter='ServerTest*'
-#include "server/server.h"
+#include "server/app/server.h"
 
 #include "server/grpc/probe.h"
 

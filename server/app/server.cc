@@ -1,6 +1,6 @@
 // flux2_server lifecycle: start, health, admission, drain; see server.h.
 // Tested by tests/server/server_test.cc (fake engine) and the end-to-end tests.
-#include "server/server.h"
+#include "server/app/server.h"
 
 #include <filesystem>
 #include <utility>

@@ -1,6 +1,6 @@
 // flux2_server flag parsing and validation; see server_options.h.
 // Tested by tests/server/server_options_test.cc.
-#include "server/server_options.h"
+#include "server/app/server_options.h"
 
 #include <CLI/CLI.hpp>
 

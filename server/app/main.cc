@@ -14,8 +14,8 @@
 #include "kernels/base/fast_path_registry.h"
 #include "server/common/log.h"
 #include "server/grpc/probe.h"
-#include "server/server.h"
-#include "server/server_options.h"
+#include "server/app/server.h"
+#include "server/app/server_options.h"
 
 namespace {
 

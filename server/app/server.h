@@ -26,7 +26,7 @@
 #include "server/serving/job_queue.h"
 #include "server/ops/metrics.h"
 #include "server/grpc/reflection_v1.h"
-#include "server/server_options.h"
+#include "server/app/server_options.h"
 
 namespace flux2::server {
 
