@@ -25,7 +25,7 @@
 #include "model/flux2_transformer.h"
 #include "model/flux2_weights.h"
 #include "model/safetensors.h"
-#include "server/cli/golden_check.h"
+#include "server/cli/golden/golden_check.h"
 #include "tests/host/bfl_writer.h"
 #include "tests/host/test_util.h"
 

@@ -1,4 +1,4 @@
-// server/load_bench.h over the fake engine: every phase's requests return OK with their images,
+// server/cli/bench/load_bench.h over the fake engine: every phase's requests return OK with their images,
 // the percentiles are ordered, and the numbers respect what the single worker guarantees (each
 // request takes at least its steps' test delay, one request at a time); a request the server
 // refuses fails the bench, naming the phase and the request.
@@ -6,7 +6,7 @@
 
 #include <set>
 
-#include "server/load_bench.h"
+#include "server/cli/bench/load_bench.h"
 #include "tests/server/fake_engine.h"
 
 namespace flux2::server {

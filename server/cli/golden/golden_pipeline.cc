@@ -15,7 +15,7 @@
 #include "model/pipeline.h"
 #include "model/reference_image.h"
 #include "model/safetensors.h"
-#include "server/cli/golden_check.h"
+#include "server/cli/golden/golden_check.h"
 
 namespace flux2 {
 namespace {

@@ -14,7 +14,7 @@
 #include "model/reference_image.h"
 #include "model/safetensors.h"
 #include "model/vae_encoder.h"
-#include "server/cli/golden_check.h"
+#include "server/cli/golden/golden_check.h"
 
 namespace flux2 {
 namespace {

@@ -1,6 +1,6 @@
 // `flux2 bench --concurrency`'s load generator; see load_bench.h. Tested by
 // tests/server/load_bench_test.cc.
-#include "server/load_bench.h"
+#include "server/cli/bench/load_bench.h"
 
 #include <algorithm>
 #include <atomic>

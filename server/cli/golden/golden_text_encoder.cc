@@ -13,7 +13,7 @@
 #include "model/safetensors.h"
 #include "model/text_encoder.h"
 #include "nlohmann/json.hpp"
-#include "server/cli/golden_check.h"
+#include "server/cli/golden/golden_check.h"
 
 namespace flux2 {
 namespace {

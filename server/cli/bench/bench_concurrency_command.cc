@@ -1,5 +1,5 @@
 // `flux2 bench --concurrency N`: images/s and request latency percentiles through the server path
-// (server/load_bench.h) with one client, then N clients, on one loaded model: random weights at a
+// (server/cli/bench/load_bench.h) with one client, then N clients, on one loaded model: random weights at a
 // published model's shapes (--model, the GPU) or a checkpoint directory (--model-dir). Part of the
 // flux2 executable itself (it links the server library, which flux2_cli_lib must not). Tested by
 // the `flux2_bench_concurrency_tiny` ctest (tests/server/CMakeLists.txt); run on the GPU by
@@ -15,7 +15,7 @@
 #include "server/common/args.h"
 #include "server/common/backend_flags.h"
 #include "server/cli/commands.h"
-#include "server/load_bench.h"
+#include "server/cli/bench/load_bench.h"
 #include "server/serving/pipeline_engine.h"
 
 namespace flux2 {

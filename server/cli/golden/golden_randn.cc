@@ -13,7 +13,7 @@
 #include "kernels/base/status.h"
 #include "model/safetensors.h"
 #include "model/torch_randn.h"
-#include "server/cli/golden_check.h"
+#include "server/cli/golden/golden_check.h"
 
 namespace flux2 {
 namespace {

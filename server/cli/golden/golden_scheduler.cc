@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "model/json_util.h"
 #include "model/scheduler.h"
-#include "server/cli/golden_check.h"
+#include "server/cli/golden/golden_check.h"
 
 namespace flux2 {
 namespace {

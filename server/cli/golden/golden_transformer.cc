@@ -12,7 +12,7 @@
 #include "model/checkpoint.h"
 #include "model/flux2_transformer.h"
 #include "model/safetensors.h"
-#include "server/cli/golden_check.h"
+#include "server/cli/golden/golden_check.h"
 
 namespace flux2 {
 namespace {

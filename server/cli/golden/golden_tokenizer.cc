@@ -14,7 +14,7 @@
 #include "model/checkpoint.h"
 #include "model/json_util.h"
 #include "model/tokenizer.h"
-#include "server/cli/golden_check.h"
+#include "server/cli/golden/golden_check.h"
 
 namespace flux2 {
 namespace {

@@ -1,5 +1,5 @@
 // The check-golden driver: option parsing, the part table and the report; see golden_check.h.
-#include "server/cli/golden_check.h"
+#include "server/cli/golden/golden_check.h"
 
 #include <cstdio>
 #include <filesystem>

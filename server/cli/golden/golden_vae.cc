@@ -10,7 +10,7 @@
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
 #include "model/vae_decoder.h"
-#include "server/cli/golden_check.h"
+#include "server/cli/golden/golden_check.h"
 
 namespace flux2 {
 namespace {
