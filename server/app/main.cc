@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fast_path_registry.h"
-#include "server/common/log.h"
-#include "server/grpc/probe.h"
 #include "server/app/server.h"
 #include "server/app/server_options.h"
+#include "server/common/log.h"
+#include "server/grpc/probe.h"
 
 namespace {
 

@@ -1,11 +1,12 @@
 // flux2_server as an object (style.md P14): Create(options) validates the configuration, Start()
-// binds the gRPC, HTTP API (server/http/http_api.h) and metrics ports and starts the worker (which loads
-// the model and warms up before readiness turns SERVING), GracefulStop(deadline) drains. Health:
+// binds the gRPC, HTTP API (server/http/http_api.h) and metrics ports and starts the worker (which
+// loads the model and warms up before readiness turns SERVING), GracefulStop(deadline) drains.
+// Health:
 // "", "readiness" and "flux2.v1.ImageGeneration" are SERVING only while the model serves and the
 // server is not draining; "liveness" is SERVING while the process is responsive (NOT_SERVING after
 // a fatal load error). Reflection: grpc.reflection.v1alpha (Debian's plugin) and v1
-// (server/grpc/reflection_v1.h). Tested by tests/server/server_test.cc (fake engine, in process) and the
-// end-to-end tests.
+// (server/grpc/reflection_v1.h). Tested by tests/server/server_test.cc (fake engine, in process)
+// and the end-to-end tests.
 #pragma once
 
 #include <atomic>
@@ -18,22 +19,23 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
 #include "prometheus/exposer.h"
+#include "server/app/server_options.h"
+#include "server/grpc/grpc_service.h"
+#include "server/grpc/reflection_v1.h"
+#include "server/http/http_api.h"
+#include "server/ops/metrics.h"
 #include "server/serving/encode_stage.h"
 #include "server/serving/engine.h"
 #include "server/serving/engine_worker.h"
-#include "server/grpc/grpc_service.h"
-#include "server/http/http_api.h"
 #include "server/serving/job_queue.h"
-#include "server/ops/metrics.h"
-#include "server/grpc/reflection_v1.h"
-#include "server/app/server_options.h"
 
 namespace flux2::server {
 
 class Server final : public GenerationHost {
  public:
   // Validates `options` and reads the TLS and token files. `factory` creates the engine on the
-  // worker thread; nullptr loads the checkpoint the options name (server/serving/pipeline_engine.h).
+  // worker thread; nullptr loads the checkpoint the options name
+  // (server/serving/pipeline_engine.h).
   static absl::StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options,
                                                         EngineFactory factory = nullptr);
   ~Server() override;  // GracefulStop()s with a zero deadline if still running

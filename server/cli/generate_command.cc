@@ -13,9 +13,9 @@
 #include "model/image_encode.h"
 #include "model/pipeline.h"
 #include "model/reference_image.h"
+#include "server/cli/commands.h"
 #include "server/common/args.h"
 #include "server/common/backend_flags.h"
-#include "server/cli/commands.h"
 #include "server/common/embedded_checkpoint.h"
 
 namespace flux2 {

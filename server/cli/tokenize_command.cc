@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_utf8.h"
-#include "server/common/args.h"
 #include "server/cli/commands.h"
+#include "server/common/args.h"
 
 namespace flux2 {
 namespace {

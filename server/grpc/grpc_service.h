@@ -16,10 +16,10 @@
 #include "absl/status/statusor.h"
 #include "flux2/v1/image_generation.grpc.pb.h"
 #include "kernels/backend_options.h"
+#include "server/ops/metrics.h"
 #include "server/serving/engine.h"
 #include "server/serving/generation_host.h"
 #include "server/serving/job.h"
-#include "server/ops/metrics.h"
 #include "server/serving/request_validation.h"
 
 namespace flux2::server {

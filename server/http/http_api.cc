@@ -21,7 +21,8 @@
 
 namespace flux2::server {
 
-// The OpenAPI 3 document served at /openapi.json (server/http/openapi.json, embedded at build time).
+// The OpenAPI 3 document served at /openapi.json (server/http/openapi.json, embedded at build
+// time).
 extern const char kOpenApiDocument[];
 
 namespace {

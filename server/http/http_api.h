@@ -1,9 +1,10 @@
 // The OpenAI-compatible HTTP API beside gRPC, in the same process and through the same admission
 // queue, limits, bearer token, TLS files, metrics and drain: POST /v1/images/generations (JSON),
 // POST /v1/images/edits (multipart), GET /v1/models, GET /health (liveness), GET /ready
-// (readiness), GET /openapi.json. Bodies and errors: server/http/openai_images.h. A generation blocks
-// its HTTP worker thread until the job is done (or streams server-sent events from it), watching
-// the connection (server/http/http_connection.h) and the X-Request-Timeout deadline meanwhile.
+// (readiness), GET /openapi.json. Bodies and errors: server/http/openai_images.h. A generation
+// blocks its HTTP worker thread until the job is done (or streams server-sent events from it),
+// watching the connection (server/http/http_connection.h) and the X-Request-Timeout deadline
+// meanwhile.
 //
 // Why cpp-httplib (Debian's libcpp-httplib-dev 0.11): keep-alive, read/write/keep-alive timeouts,
 // a payload limit, multipart parsing, chunked responses (server-sent events) and TLS through

@@ -1,7 +1,7 @@
-// The Prometheus metrics of flux2_server, exactly as server/ops/METRICS.md lists them (names, labels,
-// buckets). One Metrics object per server; every method is thread-safe. The Exposer that serves
-// them over HTTP lives in server.cc. Tested by tests/server/metrics_test.cc and the end-to-end
-// test.
+// The Prometheus metrics of flux2_server, exactly as server/ops/METRICS.md lists them (names,
+// labels, buckets). One Metrics object per server; every method is thread-safe. The Exposer that
+// serves them over HTTP lives in server.cc. Tested by tests/server/metrics_test.cc and the
+// end-to-end test.
 #pragma once
 
 #include <cstdint>

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "server/serving/job.h"
 #include "server/ops/metrics.h"
+#include "server/serving/job.h"
 
 namespace flux2::server {
 

@@ -1,6 +1,7 @@
 // The engine the server drives: a loaded model that turns GenerateParams into pixels. The real one
-// wraps model/pipeline.h (server/serving/pipeline_engine.h); tests substitute a fake that sleeps per step
-// (tests/server/fake_engine.h) so queueing, cancellation and drain are testable without a model.
+// wraps model/pipeline.h (server/serving/pipeline_engine.h); tests substitute a fake that sleeps
+// per step (tests/server/fake_engine.h) so queueing, cancellation and drain are testable without a
+// model.
 #pragma once
 
 #include <functional>

@@ -14,10 +14,10 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "server/ops/metrics.h"
 #include "server/serving/encode_stage.h"
 #include "server/serving/engine.h"
 #include "server/serving/job_queue.h"
-#include "server/ops/metrics.h"
 #include "server/serving/stall_watchdog.h"
 
 namespace flux2::server {

@@ -1,7 +1,7 @@
 // What both front ends (gRPC, server/grpc/grpc_service.h, and the OpenAI-compatible HTTP API,
-// server/http/http_api.h) need from the server: the model being served, admission, withdrawal, metrics
-// and the bearer token; and the one path from a GenerateImageRequest to a Job (validation against
-// the served limits). Tested through tests/server/server_test.cc and the HTTP API tests.
+// server/http/http_api.h) need from the server: the model being served, admission, withdrawal,
+// metrics and the bearer token; and the one path from a GenerateImageRequest to a Job (validation
+// against the served limits). Tested through tests/server/server_test.cc and the HTTP API tests.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +13,9 @@
 #include "absl/strings/string_view.h"
 #include "flux2/v1/image_generation.pb.h"
 #include "kernels/backend_options.h"
+#include "server/ops/metrics.h"
 #include "server/serving/engine.h"
 #include "server/serving/job.h"
-#include "server/ops/metrics.h"
 #include "server/serving/request_validation.h"
 #include "server/serving/stall_watchdog.h"
 
@@ -71,9 +71,9 @@ std::string loggable_request_id(const std::string& id);
 std::string status_code_name(const absl::Status& status);
 
 // A finished generation request, as its client saw it: counted in flux2_requests_total and
-// flux2_request_duration_seconds under `method`, and one access-log line (server/common/log.h: method,
-// request id, code, seconds, the client's address, the request's size, steps, images and quality
-// when `spec` is known, the error message).
+// flux2_request_duration_seconds under `method`, and one access-log line (server/common/log.h:
+// method, request id, code, seconds, the client's address, the request's size, steps, images and
+// quality when `spec` is known, the error message).
 void record_finished_request(Metrics& metrics, absl::string_view method,
                              const std::string& request_id, const absl::Status& status,
                              double seconds, const std::string& peer, const JobSpec* spec);

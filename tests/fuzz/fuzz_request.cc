@@ -3,8 +3,8 @@
 // default limits (reference images decoded); and the same bytes as the HTTP API's
 // /v1/images/generations JSON body. Run by tests/fuzz/run_fuzzers.sh (seeds: corpus/request).
 #include "flux2/v1/image_generation.pb.h"
-#include "server/http/openai_images.h"
 #include "server/grpc/raw_messages.h"
+#include "server/http/openai_images.h"
 #include "server/serving/request_validation.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,8 +1,8 @@
-// The engine worker and the encoder thread (server/serving/engine_worker.h, server/serving/encode_stage.h) with the
-// fake engine: warm-up before serving, generation + PNG/JPEG encoding, progress events, seeds
-// seed + i, cancellation while queued and between steps, deadlines, and encoding off the worker's
-// critical path. Orderings only: the fake engine's steps wait at a gate the test opens.
-// Run: build/bin/server_unit_tests --gtest_filter='EngineWorker*'
+// The engine worker and the encoder thread (server/serving/engine_worker.h,
+// server/serving/encode_stage.h) with the fake engine: warm-up before serving, generation +
+// PNG/JPEG encoding, progress events, seeds seed + i, cancellation while queued and between steps,
+// deadlines, and encoding off the worker's critical path. Orderings only: the fake engine's steps
+// wait at a gate the test opens. Run: build/bin/server_unit_tests --gtest_filter='EngineWorker*'
 #include "server/serving/engine_worker.h"
 
 #include <stb_image.h>

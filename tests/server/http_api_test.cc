@@ -1,7 +1,7 @@
-// The OpenAI-compatible HTTP API (server/http/http_api.h) in process: the whole Server with the fake
-// engine whose steps the test gates, called over HTTP with cpp-httplib's client. Generation with
-// n=2 (the fake engine's exact pixels and seeds), editing with two files (multipart) and a bad one
-// refused as `image[1]`, OpenAI-shaped errors with `param`, 401 without the token, 429 +
+// The OpenAI-compatible HTTP API (server/http/http_api.h) in process: the whole Server with the
+// fake engine whose steps the test gates, called over HTTP with cpp-httplib's client. Generation
+// with n=2 (the fake engine's exact pixels and seeds), editing with two files (multipart) and a bad
+// one refused as `image[1]`, OpenAI-shaped errors with `param`, 401 without the token, 429 +
 // Retry-After when the queue is full, 504 past X-Request-Timeout, 413 past --max-request-bytes,
 // server-sent events (one per step, then the image), a client hang-up cancelling its request (and
 // the worker moving on), health/ready/models/openapi.json, and every outcome counted as the client

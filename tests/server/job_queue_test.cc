@@ -1,6 +1,6 @@
-// The admission queue and the job state machine (server/serving/job_queue.h, server/serving/job.h): bounded
-// admission, FIFO order, withdrawal, close/drain, the terminal states and exactly-once completion.
-// Run: build/bin/server_unit_tests --gtest_filter='JobQueue*:Job.*'
+// The admission queue and the job state machine (server/serving/job_queue.h, server/serving/job.h):
+// bounded admission, FIFO order, withdrawal, close/drain, the terminal states and exactly-once
+// completion. Run: build/bin/server_unit_tests --gtest_filter='JobQueue*:Job.*'
 #include "server/serving/job_queue.h"
 
 #include <thread>

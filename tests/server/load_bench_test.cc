@@ -1,6 +1,6 @@
-// server/cli/bench/load_bench.h over the fake engine: every phase's requests return OK with their images,
-// the percentiles are ordered, and the numbers respect what the single worker guarantees (each
-// request takes at least its steps' test delay, one request at a time); a request the server
+// server/cli/bench/load_bench.h over the fake engine: every phase's requests return OK with their
+// images, the percentiles are ordered, and the numbers respect what the single worker guarantees
+// (each request takes at least its steps' test delay, one request at a time); a request the server
 // refuses fails the bench, naming the phase and the request.
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// Prometheus metrics (server/ops/metrics.h) against server/ops/METRICS.md: every name with its type, the
-// bucket layouts, labels, zeros exported up front, fast-path counters from the registry, GPU
-// gauges only once set, and a real scrape through prometheus-cpp's Exposer in a process that links
-// OpenBLAS (the civetweb stack problem thread_stack_floor.cc solves).
-// Run: build/bin/server_unit_tests --gtest_filter='Metrics*'
+// Prometheus metrics (server/ops/metrics.h) against server/ops/METRICS.md: every name with its
+// type, the bucket layouts, labels, zeros exported up front, fast-path counters from the registry,
+// GPU gauges only once set, and a real scrape through prometheus-cpp's Exposer in a process that
+// links OpenBLAS (the civetweb stack problem thread_stack_floor.cc solves). Run:
+// build/bin/server_unit_tests --gtest_filter='Metrics*'
 #include "server/ops/metrics.h"
 
 #include <fstream>

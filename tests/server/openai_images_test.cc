@@ -1,8 +1,8 @@
-// The OpenAI Images API translation (server/http/openai_images.h) without a server: every field of the
-// JSON body and the multipart form reaches the GenerateImageRequest, each bad one is refused under
-// its API name (`size`, `n`, `image[1]`), errors have OpenAI's shape and the HTTP status that fits,
-// and the response and event JSON carry the images and timings.
-// Run: build/bin/server_unit_tests --gtest_filter='OpenAiImages*'
+// The OpenAI Images API translation (server/http/openai_images.h) without a server: every field of
+// the JSON body and the multipart form reaches the GenerateImageRequest, each bad one is refused
+// under its API name (`size`, `n`, `image[1]`), errors have OpenAI's shape and the HTTP status that
+// fits, and the response and event JSON carry the images and timings. Run:
+// build/bin/server_unit_tests --gtest_filter='OpenAiImages*'
 #include "server/http/openai_images.h"
 
 #include "absl/strings/escaping.h"

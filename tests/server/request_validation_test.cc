@@ -1,7 +1,7 @@
 // Request validation (server/serving/request_validation.h) and the absl -> gRPC status mapping
-// (server/grpc/rpc_status.h): defaults, seeds, one table row per invalid field (the violation names it),
-// the BadRequest details in the grpc-status-details-bin payload, and reference images (each bad
-// one named reference_images[i]; a good one prepared and setting the output size), encoded by
+// (server/grpc/rpc_status.h): defaults, seeds, one table row per invalid field (the violation names
+// it), the BadRequest details in the grpc-status-details-bin payload, and reference images (each
+// bad one named reference_images[i]; a good one prepared and setting the output size), encoded by
 // tests/server/test_support.h), and the unary response-size bound (against the real encoders on
 // incompressible noise).
 // Run: build/bin/server_unit_tests --gtest_filter='RequestValidation*:RpcStatus*'

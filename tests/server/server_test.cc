@@ -1,5 +1,5 @@
-// The whole Server in process (server/app/server.h) over real gRPC, with the fake engine whose steps
-// wait at a gate the test opens, so every assertion is an ordering: readiness after load and
+// The whole Server in process (server/app/server.h) over real gRPC, with the fake engine whose
+// steps wait at a gate the test opens, so every assertion is an ordering: readiness after load and
 // warm-up, a failed load, both generation RPCs, validation with BadRequest details, overload
 // (RESOURCE_EXHAUSTED at once, counted), deadlines while queued, cancellation freeing the worker,
 // bearer-token auth, and editing (reference

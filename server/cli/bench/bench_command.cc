@@ -28,9 +28,9 @@
 #include "model/rope.h"
 #include "model/scheduler.h"
 #include "nlohmann/json.hpp"
+#include "server/cli/commands.h"
 #include "server/common/args.h"
 #include "server/common/backend_flags.h"
-#include "server/cli/commands.h"
 
 namespace flux2 {
 namespace {

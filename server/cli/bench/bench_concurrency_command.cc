@@ -1,9 +1,9 @@
 // `flux2 bench --concurrency N`: images/s and request latency percentiles through the server path
-// (server/cli/bench/load_bench.h) with one client, then N clients, on one loaded model: random weights at a
-// published model's shapes (--model, the GPU) or a checkpoint directory (--model-dir). Part of the
-// flux2 executable itself (it links the server library, which flux2_cli_lib must not). Tested by
-// the `flux2_bench_concurrency_tiny` ctest (tests/server/CMakeLists.txt); run on the GPU by
-// tests/gpu/run_on_device.sh (part `throughput`).
+// (server/cli/bench/load_bench.h) with one client, then N clients, on one loaded model: random
+// weights at a published model's shapes (--model, the GPU) or a checkpoint directory (--model-dir).
+// Part of the flux2 executable itself (it links the server library, which flux2_cli_lib must not).
+// Tested by the `flux2_bench_concurrency_tiny` ctest (tests/server/CMakeLists.txt); run on the GPU
+// by tests/gpu/run_on_device.sh (part `throughput`).
 #include <cstdio>
 #include <set>
 
@@ -12,10 +12,10 @@
 #include "kernels/backend_factory.h"
 #include "model/pipeline_presets.h"
 #include "nlohmann/json.hpp"
+#include "server/cli/bench/load_bench.h"
+#include "server/cli/commands.h"
 #include "server/common/args.h"
 #include "server/common/backend_flags.h"
-#include "server/cli/commands.h"
-#include "server/cli/bench/load_bench.h"
 #include "server/serving/pipeline_engine.h"
 
 namespace flux2 {

@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
-#include "server/serving/engine.h"
 #include "server/app/server_options.h"
+#include "server/serving/engine.h"
 
 namespace flux2::server {
 

@@ -15,9 +15,9 @@
 #include "kernels/base/numerics.h"
 #include "kernels/base/status.h"
 #include "model/json_util.h"
+#include "server/cli/commands.h"
 #include "server/common/args.h"
 #include "server/common/backend_flags.h"
-#include "server/cli/commands.h"
 
 namespace flux2 {
 namespace {
