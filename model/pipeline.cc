@@ -62,9 +62,6 @@ absl::StatusOr<int64_t> load_tokenizer(const std::string& dir, std::unique_ptr<T
   return 0;
 }
 
-// Steps and guidance accepted by validate(); generous bounds that keep a request finite.
-constexpr int64_t kMaxSteps = 200;
-constexpr double kMaxGuidance = 100.0;
 constexpr int64_t kPatchChannels = 4;  // 2x2 patch: packed channels = 4 x latent channels
 
 std::string model_name_of(const std::string& model_dir) {
@@ -403,10 +400,10 @@ absl::Status Pipeline::validate(const GenerateParams& params) const {
           absl::StrCat(name, ": ", value, " is not a positive multiple of ", multiple));
     }
   }
-  if (params.num_inference_steps < 0 || params.num_inference_steps > kMaxSteps) {
+  if (params.num_inference_steps < 0 || params.num_inference_steps > kMaxInferenceSteps) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_inference_steps: ", params.num_inference_steps, " is outside 1..",
-                     kMaxSteps, " (0 = default)"));
+                     kMaxInferenceSteps, " (0 = default)"));
   }
   if (!std::isfinite(params.guidance_scale) ||
       (params.guidance_scale >= 0.0 && params.guidance_scale > kMaxGuidance)) {
@@ -429,6 +426,15 @@ absl::Status Pipeline::validate(const GenerateParams& params) const {
                      info_.max_sequence_length, " (0 = default)"));
   }
   return absl::OkStatus();
+}
+
+std::vector<FieldViolation> Pipeline::check(const GenerateParams& params) const {
+  const absl::Status status = validate(params);
+  if (status.ok()) return {};
+  const absl::string_view message = status.message();
+  const size_t colon = message.find(": ");
+  if (colon == absl::string_view::npos) return {{"request", std::string(message)}};
+  return {{std::string(message.substr(0, colon)), std::string(message.substr(colon + 2))}};
 }
 
 absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,

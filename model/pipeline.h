@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "model/field_violation.h"
 #include "model/flux2_transformer.h"
 #include "model/memory_plan.h"
 #include "model/prompt_cache.h"
@@ -121,6 +122,11 @@ struct PipelineOptions {
   LoadProgressFn on_progress;
 };
 
+// The pipeline's hard bounds on steps and guidance (validate() refuses beyond them; the server's
+// flags may only narrow them): generous values that keep a request finite.
+inline constexpr int64_t kMaxInferenceSteps = 200;
+inline constexpr double kMaxGuidance = 100.0;
+
 struct GenerateParams {
   std::string prompt;
   std::string negative_prompt;  // CFG models only ("" = the empty prompt, as diffusers)
@@ -204,6 +210,8 @@ class Pipeline {
   // Checks params against the model and returns InvalidArgument naming the field (width,
   // height, num_inference_steps, guidance_scale, max_sequence_length, reference_images[i]).
   absl::Status validate(const GenerateParams& params) const;
+  // The same checks as field violations (empty when `params` are fine).
+  std::vector<FieldViolation> check(const GenerateParams& params) const;
 
   absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                           const GenerateHooks& hooks = {}) const;

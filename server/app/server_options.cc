@@ -16,7 +16,7 @@
 #include "server/common/args.h"
 #include "server/common/backend_flags.h"
 #include "server/common/embedded_checkpoint.h"
-#include "server/serving/request_validation.h"
+#include "server/serving/validate.h"
 
 #ifndef FLUX2_VERSION
 #define FLUX2_VERSION "unknown"
@@ -215,7 +215,13 @@ absl::Status validate_server_options(const ServerOptions& o) {
   FLUX_RETURN_IF_ERROR(check_range("--max-pixels", static_cast<double>(o.max_pixels), 256.0 * 256.0,
                                    64.0 * 1024 * 1024));
   FLUX_RETURN_IF_ERROR(check_range("--max-images", o.max_images, 1, 64));
-  FLUX_RETURN_IF_ERROR(check_range("--max-steps", o.max_steps, 1, 1000));
+  // The pipeline's own bound (model/pipeline.h): a flag may narrow it, never widen it.
+  if (o.max_steps > kMaxInferenceSteps) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-steps: ", o.max_steps,
+                                                   " exceeds the pipeline's step bound of ",
+                                                   kMaxInferenceSteps));
+  }
+  FLUX_RETURN_IF_ERROR(check_range("--max-steps", o.max_steps, 1, kMaxInferenceSteps));
   FLUX_RETURN_IF_ERROR(check_range("--max-prompt-bytes", o.max_prompt_bytes, 1, 1 << 20));
   // 16 bounds the decoded references a queued request holds (each up to 1024 x 1024 x 3 bytes).
   FLUX_RETURN_IF_ERROR(check_range("--max-reference-images", o.max_reference_images, 0, 16));
@@ -288,6 +294,22 @@ std::vector<std::string> server_flag_names() {
 int64_t min_request_bytes(const ServerOptions& options) {
   return int64_t{options.max_reference_images} * options.max_reference_bytes +
          2 * int64_t{options.max_prompt_bytes} + kRequestOverheadBytes;
+}
+
+LimitFlags limit_flags(const ServerOptions& o) {
+  LimitFlags flags;
+  flags.max_pixels = o.max_pixels;
+  flags.max_steps = o.max_steps;
+  flags.max_images = o.max_images;
+  flags.max_prompt_bytes = o.max_prompt_bytes;
+  flags.max_reference_images = o.max_reference_images;
+  flags.max_reference_bytes = o.max_reference_bytes;
+  flags.max_request_bytes = o.max_request_bytes;
+  flags.max_response_bytes = o.max_response_bytes;
+  flags.max_sequence_length = o.max_sequence_length;
+  flags.enable_quality_high = o.enable_quality_high;
+  flags.fast_paths = o.fast_paths;
+  return flags;
 }
 
 std::string resolved_model_dir(const ServerOptions& options) {

@@ -13,6 +13,7 @@
 #include "kernels/backend_options.h"
 #include "model/prompt_cache.h"
 #include "server/serving/engine.h"
+#include "server/serving/limits.h"
 #include "server/serving/stall_watchdog.h"
 
 namespace flux2::server {
@@ -115,6 +116,9 @@ inline constexpr int64_t kRequestOverheadBytes = 64 << 10;
 // The largest --prompt-cache-bytes (1 TiB): a bound against typos, not a fit check (the memory
 // plan compares the cache with the device's free memory when the model loads).
 inline constexpr int64_t kMaxPromptCacheBytes = int64_t{1} << 40;
+
+// The limit flags, for the serving core to narrow the model's bounds with (resolve_limits).
+LimitFlags limit_flags(const ServerOptions& options);
 
 // The model directory to serve: --model-dir, or the embedded tiny checkpoint.
 std::string resolved_model_dir(const ServerOptions& options);

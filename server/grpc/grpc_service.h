@@ -1,26 +1,19 @@
-// The flux2.v1.ImageGeneration RPC handlers on gRPC's callback API: authenticate, validate, admit
-// to the bounded queue, then answer from the job's completion (unary) or stream one event per
-// denoising step and the result (server streaming). No gRPC thread blocks on a job: a queued
-// request only holds its reactor, and a cancel or an expired deadline withdraws it at once. A unary
-// request whose worst-case response exceeds --max-response-bytes is refused before admission; the
-// stream sends each image in its own message as soon as it is encoded.
-// The only layer that maps absl::Status to grpc::Status (server/grpc/rpc_status.h).
+// The flux2.v1.ImageGeneration RPC handlers on gRPC's callback API over the serving core
+// (server/serving/serving_core.h): authenticate, convert (server/grpc/request_conversion.h),
+// validate and admit, then answer from the job's events: its end (unary) or one message per
+// event (server streaming). No gRPC thread blocks on a job: a queued request only holds its
+// reactor, and a cancel or an expired deadline withdraws it at once. A unary request whose
+// worst-case response exceeds --max-response-bytes is refused before admission.
 // Tested by tests/server/server_test.cc (fake engine) and the end-to-end tests.
 #pragma once
 
 #include <condition_variable>
-#include <memory>
 #include <mutex>
 #include <string>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "flux2/v1/image_generation.grpc.pb.h"
-#include "kernels/backend_options.h"
-#include "server/ops/metrics.h"
-#include "server/serving/engine.h"
-#include "server/serving/generation_host.h"
-#include "server/serving/job.h"
-#include "server/serving/request_validation.h"
+#include "server/serving/serving_core.h"
 
 namespace flux2::server {
 
@@ -34,7 +27,8 @@ using RawImageGenerationService = flux2::v1::ImageGeneration::WithRawCallbackMet
 
 class ImageGenerationService final : public RawImageGenerationService {
  public:
-  explicit ImageGenerationService(GenerationHost& host);
+  // `auth_token`: the bearer token every RPC must carry; empty for none.
+  ImageGenerationService(ServingCore& core, std::string auth_token);
 
   grpc::ServerUnaryReactor* GenerateImage(grpc::CallbackServerContext* context,
                                           const grpc::ByteBuffer* request,
@@ -45,14 +39,15 @@ class ImageGenerationService final : public RawImageGenerationService {
                                          const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;
 
-  // Shared by both generate RPCs: authentication, then create_job (not yet admitted).
+  ServingCore& core() { return core_; }
+  // Parses `raw`, authenticates and creates the job (not yet admitted) whose events go to
+  // `events`: shared by both generation RPCs.
   absl::StatusOr<std::shared_ptr<Job>> make_job(grpc::CallbackServerContext* context,
-                                                const flux2::v1::GenerateImageRequest& request,
+                                                const grpc::ByteBuffer& raw,
                                                 Clock::time_point arrival,
-                                                Job::ProgressCallback on_progress,
-                                                Job::DoneCallback on_done,
+                                                std::shared_ptr<JobEvents> events,
+                                                std::string* request_id,
                                                 std::shared_ptr<const ServingModel>* model);
-  GenerationHost& host() { return host_; }
 
   // Generation calls whose reactor gRPC has not released yet (counted from creation to OnDone).
   void call_started();
@@ -65,17 +60,11 @@ class ImageGenerationService final : public RawImageGenerationService {
  private:
   absl::Status authenticate(const grpc::CallbackServerContext& context) const;
 
-  GenerationHost& host_;
+  ServingCore& core_;
+  const std::string auth_token_;
   std::mutex calls_mu_;
   std::condition_variable calls_cv_;
   int open_calls_ = 0;  // guarded by calls_mu_
 };
-
-// Image metadata (mime_type, width, height, seed) of `image`; not its bytes.
-void set_image_metadata(const EncodedImage& image, flux2::v1::Image* out);
-
-// Fills `response` from a finished job.
-void fill_generate_response(const JobSpec& spec, JobResult&& result, const ServingModel& model,
-                            Clock::time_point arrival, flux2::v1::GenerateImageResponse* response);
 
 }  // namespace flux2::server

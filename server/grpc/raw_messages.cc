@@ -9,7 +9,7 @@
 #include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "model/tokenizer_utf8.h"
-#include "server/serving/request_validation.h"
+#include "server/serving/field_violations.h"
 
 namespace flux2::server {
 

@@ -1,18 +1,17 @@
-// The one place where absl::Status becomes grpc::Status (design.md "Errors"): same code, same
-// message, and every payload (e.g. google.rpc.BadRequest) packed into a google.rpc.Status sent in
-// the grpc-status-details-bin trailer. Tested by tests/server/request_validation_test.cc.
+// The one place where absl::Status becomes grpc::Status: same code, same message, and the field
+// violations of a refused request (server/serving/field_violations.h) as a google.rpc.BadRequest
+// inside a google.rpc.Status sent in the grpc-status-details-bin trailer.
+// Tested by tests/server/validate_test.cc (RpcStatus).
 #pragma once
-
-#include <string>
 
 #include "absl/status/status.h"
 #include "grpcpp/support/status.h"
 
 namespace flux2::server {
 
-grpc::Status to_grpc_status(const absl::Status& status);
+// Type URL of google.rpc.BadRequest in google.protobuf.Any.
+inline constexpr char kBadRequestTypeUrl[] = "type.googleapis.com/google.rpc.BadRequest";
 
-// "OK", "INVALID_ARGUMENT", ... (the label values of flux2_requests_total{code}).
-std::string grpc_code_name(grpc::StatusCode code);
+grpc::Status to_grpc_status(const absl::Status& status);
 
 }  // namespace flux2::server

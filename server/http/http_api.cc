@@ -16,8 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/elapsed.h"
 #include "model/json_util.h"
+#include "server/common/bearer_token.h"
 #include "server/http/http_connection.h"
 #include "server/http/openai_images.h"
+#include "server/serving/access_log.h"
+#include "server/serving/field_violations.h"
 
 namespace flux2::server {
 
@@ -55,11 +58,11 @@ void respond_error(httplib::Response& res, const absl::Status& status) {
   respond_json(res, code, openai_error_body(status));
 }
 
-absl::Status authenticate(GenerationHost& host, const httplib::Request& req) {
+absl::Status authenticate(const std::string& token, const httplib::Request& req) {
   std::vector<absl::string_view> values;
   const auto [begin, end] = req.headers.equal_range("Authorization");
   for (auto it = begin; it != end; ++it) values.emplace_back(it->second);
-  return check_bearer_token(host.auth_token(), values);
+  return check_bearer_token(token, values);
 }
 
 // The deadline the X-Request-Timeout header sets (seconds from arrival), max() without one.
@@ -86,7 +89,6 @@ struct HttpCall {
   bool done = false;               // guarded by mu: the job finished
   absl::Status status;             // guarded by mu
   JobResult result;                // guarded by mu
-  int images_encoded = 0;          // guarded by mu
   bool recorded = false;           // guarded by mu: counted and logged
 };
 
@@ -94,8 +96,9 @@ struct HttpCall {
 // provider keeps it alive after the handler returns.
 class Generation : public std::enable_shared_from_this<Generation> {
  public:
-  Generation(GenerationHost& host, const char* method, const httplib::Request& req)
-      : host_(host), method_(method), req_(req), arrival_(Clock::now()) {
+  Generation(ServingCore& core, const std::string& token, const char* method,
+             const httplib::Request& req)
+      : core_(core), token_(token), method_(method), req_(req), arrival_(Clock::now()) {
     request_id_ = loggable_request_id(req.get_header_value("X-Request-Id"));
     req_peer_ = absl::StrCat(req.remote_addr, ":", req.remote_port);
   }
@@ -104,54 +107,29 @@ class Generation : public std::enable_shared_from_this<Generation> {
   // error, or an event stream.
   template <typename Parse>
   void run(httplib::Response& res, Parse parse) {
-    absl::Status status = authenticate(host_, req_);
-    absl::StatusOr<std::shared_ptr<const ServingModel>> serving = host_.serving_model();
+    absl::Status status = authenticate(token_, req_);
+    absl::StatusOr<std::shared_ptr<const ServingModel>> serving = core_.serving_model();
     if (status.ok()) status = serving.status();
     if (!status.ok()) return fail(res, status);
     absl::StatusOr<OpenAiImageRequest> parsed = parse((*serving)->info.model_name);
     if (!parsed.ok()) return fail(res, parsed.status());
-    parsed->request.set_request_id(req_.get_header_value("X-Request-Id"));
+    parsed->request.request_id = req_.get_header_value("X-Request-Id");
     absl::StatusOr<Clock::time_point> deadline = request_deadline(req_, arrival_);
     if (!deadline.ok()) return fail(res, deadline.status());
     deadline_ = *deadline;
     stream_ = parsed->stream;
-
     std::shared_ptr<HttpCall> call = call_;
-    Job::ProgressCallback on_progress;
-    if (stream_) {
-      on_progress = [call](const ProgressEvent& event) {
-        std::lock_guard<std::mutex> lock(call->mu);
-        call->events.push_back(sse_progress_event(event));
-        call->cv.notify_all();
-      };
-    }
-    absl::StatusOr<std::shared_ptr<Job>> job = create_job(
-        host_, parsed->request, arrival_, deadline_, std::move(on_progress),
-        [call](const absl::Status& job_status, JobResult&& result) {
-          std::lock_guard<std::mutex> lock(call->mu);
-          call->done = true;
-          call->status = job_status;
-          call->result = std::move(result);
-          call->cv.notify_all();
-        },
-        &model_);
+    created_ = unix_seconds();
+    events_ = std::make_shared<JobEvents>(JobEvents::Wants{.progress = stream_, .images = stream_},
+                                          [call] {
+                                            std::lock_guard<std::mutex> lock(call->mu);
+                                            call->cv.notify_all();
+                                          });
+    absl::StatusOr<std::shared_ptr<Job>> job =
+        core_.create_job(parsed->request, arrival_, deadline_, events_, &model_);
     if (!job.ok()) return fail(res, with_openai_params(job.status()));
     job_ = *job;
-    if (stream_) {
-      const int64_t created = unix_seconds();
-      job_->set_on_image([call, created, spec = &job_->spec()](EncodedImage& image) {
-        std::string event;
-        {
-          std::lock_guard<std::mutex> lock(call->mu);
-          event = sse_image_event(image, call->images_encoded++, spec->num_images, *spec, created);
-        }
-        image.bytes = {};  // sent in the event; the result keeps the metadata
-        std::lock_guard<std::mutex> lock(call->mu);
-        call->events.push_back(std::move(event));
-        call->cv.notify_all();
-      });
-    }
-    if (absl::Status admitted = host_.admit(job_); !admitted.ok()) {
+    if (absl::Status admitted = core_.admit(job_); !admitted.ok()) {
       job_ = nullptr;
       return fail(res, admitted);
     }
@@ -177,16 +155,39 @@ class Generation : public std::enable_shared_from_this<Generation> {
       if (call_->recorded) return;
       call_->recorded = true;
     }
-    record_finished_request(host_.metrics(), method_, request_id_, status, seconds_since(arrival_),
+    record_finished_request(core_.metrics(), method_, request_id_, status, seconds_since(arrival_),
                             req_peer_, job_ ? &job_->spec() : nullptr);
+  }
+
+  // Moves the job's events into the call (the lock held): server-sent events for a stream, the
+  // outcome when the job ended.
+  void take_events() {
+    while (std::optional<JobEvent> event = events_->next()) {
+      switch (event->kind) {
+        case JobEvent::Kind::kProgress:
+          call_->events.push_back(sse_progress_event(event->progress));
+          break;
+        case JobEvent::Kind::kImage:
+          call_->events.push_back(sse_image_event(event->image, event->image_index,
+                                                  job_->spec().num_images, job_->spec(), created_));
+          break;
+        case JobEvent::Kind::kDone:
+          call_->done = true;
+          call_->status = event->status;
+          call_->result = std::move(event->result);
+          break;
+      }
+    }
   }
 
   // Waits (the lock held) until the job finished or an event is pending, withdrawing the job when
   // the client hangs up or the deadline passes. Returns whether the client hung up.
   bool wait(std::unique_lock<std::mutex>& lock, bool until_done) {
     bool hung_up = false;
+    take_events();
     while (!call_->done && (until_done || call_->events.empty())) {
       call_->cv.wait_for(lock, kPollInterval);
+      take_events();
       if (call_->done) break;
       absl::Status reason;
       if (!hung_up && peer_hung_up(socket_)) {
@@ -198,8 +199,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
       }
       if (!reason.ok()) {
         lock.unlock();
-        host_.withdraw(job_, reason);  // finishes a queued job at once (on_done takes mu)
+        core_.withdraw(job_, reason);  // finishes a queued job at once (its wake takes mu)
         lock.lock();
+        take_events();
       }
     }
     return hung_up || peer_hung_up(socket_);
@@ -235,7 +237,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
         [self](bool success) {
           if (success) return;
           // The connection broke or a write failed: stop the job, count what the client saw.
-          self->host_.withdraw(self->job_, absl::CancelledError("the client closed the stream"));
+          self->core_.withdraw(self->job_, absl::CancelledError("the client closed the stream"));
           self->record(absl::CancelledError("the client closed the stream"));
         });
   }
@@ -260,7 +262,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
     return true;
   }
 
-  GenerationHost& host_;
+  ServingCore& core_;
+  const std::string& token_;
   const char* method_;
   const httplib::Request& req_;  // valid while the handler and its content provider run
   const Clock::time_point arrival_;
@@ -269,7 +272,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
   Clock::time_point deadline_ = Clock::time_point::max();
   bool stream_ = false;
   int socket_ = -1;
+  int64_t created_ = 0;
   std::shared_ptr<HttpCall> call_ = std::make_shared<HttpCall>();
+  std::shared_ptr<JobEvents> events_;
   std::shared_ptr<const ServingModel> model_;
   std::shared_ptr<Job> job_;
 };
@@ -289,7 +294,8 @@ void listen_socket_options(socket_t sock) {
 
 }  // namespace
 
-HttpApi::HttpApi(GenerationHost& host) : host_(host) {}
+HttpApi::HttpApi(ServingCore& core, std::string auth_token)
+    : core_(core), auth_token_(std::move(auth_token)) {}
 
 HttpApi::~HttpApi() {
   stop();
@@ -323,8 +329,8 @@ absl::Status HttpApi::start(const HttpApiOptions& options) {
                        " bytes (--max-request-bytes)"));
       if (req.path == "/v1/images/generations" || req.path == "/v1/images/edits") {
         const char* method = req.path == "/v1/images/edits" ? kEditsMethod : kGenerationsMethod;
-        host_.metrics().count_resource_exhausted(kRequestTooLarge);
-        record_finished_request(host_.metrics(), method, "", status, 0.0,
+        core_.metrics().count_resource_exhausted(kRequestTooLarge);
+        record_finished_request(core_.metrics(), method, "", status, 0.0,
                                 absl::StrCat(req.remote_addr, ":", req.remote_port), nullptr);
       }
       respond_json(res, 413, openai_error_body(status));
@@ -368,13 +374,13 @@ void HttpApi::stop() {
 void HttpApi::add_routes() {
   server_->Post("/v1/images/generations",
                 [this](const httplib::Request& req, httplib::Response& res) {
-                  std::make_shared<Generation>(host_, kGenerationsMethod, req)
+                  std::make_shared<Generation>(core_, auth_token_, kGenerationsMethod, req)
                       ->run(res, [&req](absl::string_view model) {
                         return parse_generations_body(req.body, model);
                       });
                 });
   server_->Post("/v1/images/edits", [this](const httplib::Request& req, httplib::Response& res) {
-    std::make_shared<Generation>(host_, kEditsMethod, req)
+    std::make_shared<Generation>(core_, auth_token_, kEditsMethod, req)
         ->run(res, [&req](absl::string_view model) {
           if (!req.is_multipart_form_data()) {
             return absl::StatusOr<OpenAiImageRequest>(invalid_argument_status(
@@ -384,11 +390,16 @@ void HttpApi::add_routes() {
         });
   });
   server_->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    absl::Status status = authenticate(host_, req);
-    absl::StatusOr<std::shared_ptr<const ServingModel>> serving = host_.serving_model();
+    absl::Status status = authenticate(auth_token_, req);
+    absl::StatusOr<std::shared_ptr<const ServingModel>> serving = core_.serving_model();
     if (status.ok()) status = serving.status();
     if (!status.ok()) return respond_error(res, status);
     const PipelineInfo& info = (*serving)->info;
+    json limits = json::object();
+    for (const LimitEntry& entry : limit_entries((*serving)->limits)) {
+      const bool integral = entry.value == static_cast<double>(static_cast<int64_t>(entry.value));
+      limits[entry.name] = integral ? json(static_cast<int64_t>(entry.value)) : json(entry.value);
+    }
     respond_json(res, 200,
                  json{{"object", "list"},
                       {"data", json::array({json{{"id", info.model_name},
@@ -396,17 +407,18 @@ void HttpApi::add_routes() {
                                                  {"created", 0},
                                                  {"owned_by", "flux2"},
                                                  {"variant", info.variant},
-                                                 {"pipeline_class", info.pipeline_class}}})}});
+                                                 {"pipeline_class", info.pipeline_class},
+                                                 {"limits", limits}}})}});
   });
   server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const absl::Status live = host_.liveness();
+    const absl::Status live = core_.state().health().live;
     if (live.ok()) return respond_json(res, 200, json{{"status", "live"}});
     respond_error(res, live);
   });
   server_->Get("/ready", [this](const httplib::Request&, httplib::Response& res) {
-    absl::StatusOr<std::shared_ptr<const ServingModel>> serving = host_.serving_model();
-    if (serving.ok()) return respond_json(res, 200, json{{"status", "ready"}});
-    respond_error(res, serving.status());
+    const absl::Status ready = core_.state().health().ready;
+    if (ready.ok()) return respond_json(res, 200, json{{"status", "ready"}});
+    respond_error(res, ready);
   });
   server_->Get("/openapi.json", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(kOpenApiDocument, "application/json");

@@ -21,7 +21,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
-#include "server/serving/generation_host.h"
+#include "server/serving/serving_core.h"
 
 namespace httplib {
 class Server;
@@ -47,7 +47,8 @@ inline constexpr int kRetryAfterSeconds = 1;
 
 class HttpApi {
  public:
-  explicit HttpApi(GenerationHost& host);
+  // `auth_token`: the bearer token every request but the probes must carry; empty for none.
+  HttpApi(ServingCore& core, std::string auth_token);
   ~HttpApi();  // stop()s
 
   // Binds the port and starts serving on a thread of its own; Unavailable naming --http-port when
@@ -60,7 +61,8 @@ class HttpApi {
  private:
   void add_routes();
 
-  GenerationHost& host_;
+  ServingCore& core_;
+  const std::string auth_token_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   std::atomic<bool> listen_returned_{false};  // set by thread_ when listen_after_bind() returns

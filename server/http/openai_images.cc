@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -15,14 +16,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "kernels/base/status.h"
 #include "model/json_util.h"
 #include "server/ops/metrics.h"
-#include "server/serving/request_validation.h"
+#include "server/serving/field_violations.h"
 
 namespace flux2::server {
 namespace {
 
-namespace v1 = flux2::v1;
+// An error's OpenAI `param` when it names no field violation (a wrong `model`).
+constexpr char kOpenAiParamPayload[] = "flux2/openai-param";
+
 using nlohmann::json;
 
 // How a form field's text becomes a JSON value (the JSON body carries typed values already).
@@ -106,23 +110,21 @@ json form_value(const std::string& text, FieldType type) {
   return nullptr;
 }
 
-// An int32 field: values beyond int32 are clamped to one past the range, so the validation's range
-// error (which names the field and the range) reports them instead of a silent wrap.
-int32_t clamp_int32(const json& value) {
-  if (value.is_number_unsigned()) {
-    const uint64_t v = value.get<uint64_t>();
-    return v > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
-               ? std::numeric_limits<int32_t>::max()
-               : static_cast<int32_t>(v);
+// An integer field's value; values beyond int64 (JSON allows up to 2^64 - 1 as an integer) are a
+// violation quoting the value sent, not a silent clamp or wrap.
+std::optional<int64_t> integer_value(const std::string& name, const json& value,
+                                     std::vector<FieldViolation>* violations) {
+  if (value.is_number_unsigned() &&
+      value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    violations->push_back({name, absl::StrCat(value.get<uint64_t>(), " is out of range")});
+    return std::nullopt;
   }
-  const int64_t v = value.get<int64_t>();
-  if (v > std::numeric_limits<int32_t>::max()) return std::numeric_limits<int32_t>::max();
-  if (v < std::numeric_limits<int32_t>::min()) return std::numeric_limits<int32_t>::min();
-  return static_cast<int32_t>(v);
+  return value.get<int64_t>();
 }
 
 // "1024x1024" -> (1024, 1024); "auto" -> (0, 0): the model's default or the first reference's.
-bool parse_size(const std::string& text, int32_t* width, int32_t* height) {
+// Each side is decimal digits; its range is validation's to check (quoting the value sent).
+bool parse_size(const std::string& text, int64_t* width, int64_t* height) {
   if (text == "auto") {
     *width = *height = 0;
     return true;
@@ -137,106 +139,125 @@ bool parse_size(const std::string& text, int32_t* width, int32_t* height) {
   return absl::SimpleAtoi(w, width) && absl::SimpleAtoi(h, height);
 }
 
-// Applies the typed fields of `fields` (already checked against known_fields) to `out`.
-absl::StatusOr<OpenAiImageRequest> build_request(const json& fields,
-                                                 absl::string_view served_model) {
-  std::vector<FieldViolation> violations;
-  OpenAiImageRequest out;
-  v1::GenerateImageRequest& request = out.request;
+// The size, format and quality fields of `fields` into `request`.
+void apply_output_fields(const json& fields, GenerateRequest& request,
+                         std::vector<FieldViolation>* violations) {
   auto string_of = [&](const char* name) -> std::string {
     return fields.contains(name) ? fields[name].get<std::string>() : std::string();
   };
-
-  if (fields.contains("model")) {
-    const std::string model = string_of("model");
-    if (!model.empty() && model != served_model) {
-      absl::Status status = absl::NotFoundError(absl::StrCat(
-          "model: '", model, "' is not served here; this server serves '", served_model, "'"));
-      status.SetPayload("flux2/openai-param", absl::Cord("model"));
-      return status;
-    }
-  }
-  if (!fields.contains("prompt")) {
-    violations.push_back({"prompt", "is required"});
-  } else {
-    request.set_prompt(string_of("prompt"));
-  }
-  if (fields.contains("n")) request.set_num_images(clamp_int32(fields["n"]));
   if (fields.contains("size")) {
-    int32_t width = 0, height = 0;
-    if (!parse_size(string_of("size"), &width, &height)) {
-      violations.push_back(
-          {"size", absl::StrCat("'", string_of("size"),
-                                "' is not WIDTHxHEIGHT in pixels (e.g. 1024x1024) or auto")});
-    } else {
-      request.set_width(width);
-      request.set_height(height);
+    const std::string size = string_of("size");
+    if (!parse_size(size, &request.width, &request.height)) {
+      violations->push_back(
+          {"size",
+           absl::StrCat("'", size, "' is not WIDTHxHEIGHT in pixels (e.g. 1024x1024) or auto")});
+    } else if (size != "auto" && (request.width == 0 || request.height == 0)) {
+      violations->push_back(
+          {"size", absl::StrCat("'", size, "' has a zero side; use auto for the default size")});
     }
   }
   const std::string response_format = string_of("response_format");
   if (response_format == "url") {
-    violations.push_back(
+    violations->push_back(
         {"response_format", "'url' is not supported: this server stores no images; use b64_json"});
   } else if (!response_format.empty() && response_format != "b64_json") {
-    violations.push_back(
+    violations->push_back(
         {"response_format", absl::StrCat("'", response_format, "' is not b64_json")});
   }
   const std::string output_format = string_of("output_format");
-  if (output_format == "png" || output_format.empty()) {
-    request.set_output_format(v1::OUTPUT_FORMAT_PNG);
-  } else if (output_format == "jpeg" || output_format == "jpg") {
-    request.set_output_format(v1::OUTPUT_FORMAT_JPEG);
+  if (output_format == "jpeg" || output_format == "jpg") {
+    request.output_format = ImageFormat::kJpeg;
   } else if (output_format == "webp") {
-    request.set_output_format(v1::OUTPUT_FORMAT_WEBP);
-  } else {
-    violations.push_back(
+    request.output_format = ImageFormat::kWebp;
+  } else if (output_format != "png" && !output_format.empty()) {
+    violations->push_back(
         {"output_format", absl::StrCat("'", output_format, "' is not png, jpeg or webp")});
   }
   if (fields.contains("output_compression")) {
-    request.set_output_quality(clamp_int32(fields["output_compression"]));
+    request.output_quality =
+        integer_value("output_compression", fields["output_compression"], violations);
   }
   const std::string quality = string_of("quality");
-  if (quality == "lossless") {
-    request.set_quality(v1::QUALITY_LOSSLESS);
-  } else if (quality == "high") {
-    request.set_quality(v1::QUALITY_HIGH);
-  } else if (!quality.empty() && quality != "auto") {
-    violations.push_back(
+  if (quality == "high") {
+    request.quality = Quality::kHigh;
+  } else if (!quality.empty() && quality != "auto" && quality != "lossless") {
+    violations->push_back(
         {"quality", absl::StrCat("'", quality,
                                  "' is not lossless (the default: bit-exact), high (faster FP8 "
                                  "path, numerically different) or auto (lossless)")});
   }
-  if (fields.contains("stream")) out.stream = fields["stream"].get<bool>();
-  if (fields.contains("partial_images") && fields["partial_images"].get<int64_t>() != 0) {
-    violations.push_back({"partial_images",
-                          "only 0: with stream=true this server sends a progress event per "
-                          "denoising step and each finished image, no partial images"});
+}
+
+// OpenAI's fields this server accepts but does nothing with, and what it refuses of them.
+void check_accepted_fields(const json& fields, std::vector<FieldViolation>* violations) {
+  auto string_of = [&](const char* name) -> std::string {
+    return fields.contains(name) ? fields[name].get<std::string>() : std::string();
+  };
+  if (fields.contains("partial_images") && fields["partial_images"] != 0) {
+    violations->push_back({"partial_images",
+                           "only 0: with stream=true this server sends a progress event per "
+                           "denoising step and each finished image, no partial images"});
   }
   const std::string background = string_of("background");
   if (!background.empty() && background != "auto" && background != "opaque") {
-    violations.push_back({"background", absl::StrCat("'", background,
-                                                     "' is not supported; images are opaque "
-                                                     "(auto or opaque)")});
+    violations->push_back({"background", absl::StrCat("'", background,
+                                                      "' is not supported; images are opaque "
+                                                      "(auto or opaque)")});
   }
   const std::string moderation = string_of("moderation");
   if (!moderation.empty() && moderation != "auto" && moderation != "low") {
-    violations.push_back({"moderation", absl::StrCat("'", moderation, "' is not auto or low")});
+    violations->push_back({"moderation", absl::StrCat("'", moderation, "' is not auto or low")});
   }
+}
+
+// NotFound (param `model`) when `fields` names a model other than the served one.
+absl::Status check_model(const json& fields, absl::string_view served_model) {
+  if (!fields.contains("model")) return absl::OkStatus();
+  const std::string model = fields["model"].get<std::string>();
+  if (model.empty() || model == served_model) return absl::OkStatus();
+  absl::Status status = absl::NotFoundError(absl::StrCat(
+      "model: '", model, "' is not served here; this server serves '", served_model, "'"));
+  status.SetPayload(kOpenAiParamPayload, absl::Cord("model"));
+  return status;
+}
+
+// Applies the typed fields of `fields` (already checked against known_fields).
+absl::StatusOr<OpenAiImageRequest> build_request(const json& fields,
+                                                 absl::string_view served_model) {
+  FLUX_RETURN_IF_ERROR(check_model(fields, served_model));
+  std::vector<FieldViolation> violations;
+  OpenAiImageRequest out;
+  GenerateRequest& request = out.request;
+  if (!fields.contains("prompt")) {
+    violations.push_back({"prompt", "is required"});
+  } else {
+    request.prompt = fields["prompt"].get<std::string>();
+  }
+  if (fields.contains("n")) {
+    request.num_images = integer_value("n", fields["n"], &violations).value_or(0);
+  }
+  apply_output_fields(fields, request, &violations);
+  check_accepted_fields(fields, &violations);
+  if (fields.contains("stream")) out.stream = fields["stream"].get<bool>();
   if (fields.contains("seed")) {
     const json& seed = fields["seed"];
     if (seed.is_number_unsigned() || seed.get<int64_t>() >= 0) {
-      request.set_seed(seed.get<uint64_t>());
+      request.seed = seed.get<uint64_t>();
     } else {
       violations.push_back({"seed", "must be 0..18446744073709551615"});
     }
   }
   if (fields.contains("num_inference_steps")) {
-    request.set_num_inference_steps(clamp_int32(fields["num_inference_steps"]));
+    request.num_inference_steps =
+        integer_value("num_inference_steps", fields["num_inference_steps"], &violations)
+            .value_or(0);
   }
   if (fields.contains("guidance_scale")) {
-    request.set_guidance_scale(fields["guidance_scale"].get<double>());
+    request.guidance_scale = fields["guidance_scale"].get<double>();
   }
-  request.set_negative_prompt(string_of("negative_prompt"));
+  if (fields.contains("negative_prompt")) {
+    request.negative_prompt = fields["negative_prompt"].get<std::string>();
+  }
   if (!violations.empty()) return invalid_argument_status(violations);
   return out;
 }
@@ -333,8 +354,7 @@ absl::StatusOr<OpenAiImageRequest> parse_edits_form(const std::vector<FormPart>&
   if (!violations.empty()) return invalid_argument_status(violations);
   absl::StatusOr<OpenAiImageRequest> out = build_request(fields, served_model);
   if (!out.ok()) return out.status();
-  for (const FormPart* image : images)
-    out->request.add_reference_images()->set_data(image->content);
+  for (const FormPart* image : images) out->request.reference_images.push_back(image->content);
   return out;
 }
 
@@ -395,7 +415,7 @@ json openai_error_body(const absl::Status& status) {
   error["message"] = std::string(status.message());
   error["type"] = std::string(error_type(status.code()));
   const std::vector<FieldViolation> violations = field_violations_of(status);
-  const absl::optional<absl::Cord> param = status.GetPayload("flux2/openai-param");
+  const absl::optional<absl::Cord> param = status.GetPayload(kOpenAiParamPayload);
   if (!violations.empty()) {
     error["param"] = violations.front().field;
   } else if (param) {

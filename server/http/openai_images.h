@@ -1,8 +1,8 @@
 // The OpenAI Images API as this server speaks it: request bodies of POST /v1/images/generations
-// (JSON) and /v1/images/edits (multipart form) into a flux2.v1.GenerateImageRequest, validation
-// errors renamed to the API's parameters (`size`, `n`, `image[1]`), OpenAI-shaped error bodies with
-// the HTTP status that fits, and the JSON of responses and server-sent events. No I/O here: the
-// HTTP server is server/http/http_api.h. Tested by tests/server/openai_images_test.cc.
+// (JSON) and /v1/images/edits (multipart form) into a GenerateRequest (server/serving/request.h),
+// validation errors renamed to the API's parameters (`size`, `n`, `image[1]`), OpenAI-shaped error
+// bodies with the HTTP status that fits, and the JSON of responses and server-sent events. No I/O
+// here: the HTTP server is server/http/http_api.h. Tested by tests/server/openai_images_test.cc.
 #pragma once
 
 #include <cstdint>
@@ -11,16 +11,16 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "flux2/v1/image_generation.pb.h"
 #include "nlohmann/json.hpp"
 #include "server/serving/job.h"
+#include "server/serving/request.h"
 
 namespace flux2::server {
 
-// A parsed images request: the gRPC request it becomes, and whether the client asked for
-// server-sent events (`stream: true`).
+// A parsed images request: the serving core's request it becomes, and whether the client asked
+// for server-sent events (`stream: true`).
 struct OpenAiImageRequest {
-  flux2::v1::GenerateImageRequest request;
+  GenerateRequest request;
   bool stream = false;
 };
 
@@ -48,7 +48,7 @@ absl::StatusOr<OpenAiImageRequest> parse_generations_body(absl::string_view body
 absl::StatusOr<OpenAiImageRequest> parse_edits_form(const std::vector<FormPart>& parts,
                                                     absl::string_view served_model);
 
-// The OpenAI parameter of a GenerateImageRequest field as validation names it: width and height
+// The OpenAI parameter of a GenerateRequest field as validation names it: width and height
 // are `size`, num_images `n`, reference_images[i] `image[i]`, output_quality
 // `output_compression`, request_id the `X-Request-Id` header; the rest keep their names.
 std::string openai_param(absl::string_view field);

@@ -91,7 +91,7 @@ void EncodeStage::run_encode(Task& task) {
   }
   job.encoded_images().push_back(
       EncodedImage{std::move(*bytes), job.spec().format, image.width, image.height, image.seed});
-  job.report_image(job.encoded_images().back());
+  job.report_image(job.encoded_images().back(), static_cast<int>(job.encoded_images().size()) - 1);
 }
 
 void EncodeStage::run_finish(Task& task) {

@@ -7,9 +7,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "model/field_violation.h"
 #include "model/pipeline.h"
 
 namespace flux2::server {
@@ -20,9 +22,9 @@ class Engine {
 
   // The loaded model; immutable after load.
   virtual const PipelineInfo& info() const = 0;
-  // Model-specific checks of params (InvalidArgument whose message starts with the field name).
-  // Must be thread-safe: the RPC threads call it while the worker generates.
-  virtual absl::Status validate(const GenerateParams& params) const = 0;
+  // The model's own refusals of `params` (Pipeline::check), each naming its field; empty when
+  // the model takes them. Thread-safe: the front ends call it while the worker generates.
+  virtual std::vector<FieldViolation> check(const GenerateParams& params) const = 0;
   // One image. Calls hooks.check_continue at every stage boundary (text encoder, each step, VAE
   // decode) and hooks.on_step after each step.
   // Worker thread only.

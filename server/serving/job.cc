@@ -2,6 +2,8 @@
 // Tested by tests/server/job_queue_test.cc and tests/server/engine_worker_test.cc.
 #include "server/serving/job.h"
 
+#include "server/serving/job_events.h"
+
 #include <utility>
 
 namespace flux2::server {
@@ -22,37 +24,9 @@ absl::string_view job_state_name(JobState state) {
   return "unknown";
 }
 
-absl::string_view image_mime_type(ImageFormat format) {
-  switch (format) {
-    case ImageFormat::kPng:
-      return "image/png";
-    case ImageFormat::kJpeg:
-      return "image/jpeg";
-    case ImageFormat::kWebp:
-      return "image/webp";
-  }
-  return "application/octet-stream";
-}
-
-absl::string_view image_format_name(ImageFormat format) {
-  switch (format) {
-    case ImageFormat::kPng:
-      return "PNG";
-    case ImageFormat::kJpeg:
-      return "JPEG";
-    case ImageFormat::kWebp:
-      return "WebP";
-  }
-  return "image";
-}
-
 Job::Job(JobSpec spec, Clock::time_point arrival, Clock::time_point deadline,
-         ProgressCallback on_progress, DoneCallback on_done)
-    : spec_(std::move(spec)),
-      arrival_(arrival),
-      deadline_(deadline),
-      on_progress_(std::move(on_progress)),
-      on_done_(std::move(on_done)) {}
+         std::shared_ptr<JobEvents> events)
+    : spec_(std::move(spec)), arrival_(arrival), deadline_(deadline), events_(std::move(events)) {}
 
 void Job::cancel(absl::Status reason) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -83,7 +57,6 @@ bool Job::start_running() {
 }
 
 bool Job::finish(const absl::Status& status, JobResult&& result) {
-  DoneCallback done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ != JobState::kQueued && state_ != JobState::kRunning) return false;
@@ -94,26 +67,42 @@ bool Job::finish(const absl::Status& status, JobResult&& result) {
     } else {
       state_ = JobState::kFailed;
     }
-    done = std::move(on_done_);
-    on_progress_ = nullptr;
-    on_image_ = nullptr;
   }
-  // Outside the lock: the callback hands the outcome to gRPC, which may call back into cancel().
-  if (done) done(status, std::move(result));
+  // Outside the lock: the front end's wake-up may hand the outcome to gRPC, which may call back
+  // into cancel(). No progress or image event can follow: they are pushed only while kRunning.
+  if (events_) {
+    JobEvent done;
+    done.kind = JobEvent::Kind::kDone;
+    done.status = status;
+    done.result = std::move(result);
+    events_->push(std::move(done));
+  }
   if (on_finished_) on_finished_();
   return true;
 }
 
 void Job::report_progress(const ProgressEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
-  // Under the lock so that no event can follow finish(); the callback only queues a write.
-  if (state_ == JobState::kRunning && on_progress_) on_progress_(event);
+  // Under the lock so that no event can follow finish(); the push only queues it.
+  if (state_ != JobState::kRunning || !events_ || !events_->wants().progress) return;
+  JobEvent progress;
+  progress.progress = event;
+  events_->push(std::move(progress));
 }
 
-void Job::report_image(EncodedImage& image) {
+void Job::report_image(EncodedImage& image, int image_index) {
   std::lock_guard<std::mutex> lock(mu_);
   // As report_progress: under the lock so that no image can follow finish().
-  if (state_ == JobState::kRunning && on_image_) on_image_(image);
+  if (state_ != JobState::kRunning || !events_ || !events_->wants().images) return;
+  JobEvent encoded;
+  encoded.kind = JobEvent::Kind::kImage;
+  encoded.image.bytes.swap(image.bytes);  // sent in the event; the result keeps the rest
+  encoded.image.format = image.format;
+  encoded.image.width = image.width;
+  encoded.image.height = image.height;
+  encoded.image.seed = image.seed;
+  encoded.image_index = image_index;
+  events_->push(std::move(encoded));
 }
 
 }  // namespace flux2::server

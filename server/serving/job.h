@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "kernels/base/fast_path_registry.h"
 #include "model/pipeline.h"
+#include "server/serving/request.h"
 
 namespace flux2::server {
 
@@ -31,23 +33,11 @@ enum class JobState : uint8_t {
 
 absl::string_view job_state_name(JobState state);
 
-// Encoding of the returned images.
-enum class ImageFormat : uint8_t {
-  kPng,   // lossless PNG
-  kJpeg,  // JPEG (4:4:4) at JobSpec::encoder_quality
-  kWebp,  // lossy WebP at JobSpec::encoder_quality
-};
-
-// The MIME type of `format` ("image/png", "image/jpeg", "image/webp").
-absl::string_view image_mime_type(ImageFormat format);
-// Its name in messages: "PNG", "JPEG", "WebP".
-absl::string_view image_format_name(ImageFormat format);
-
 // JPEG and WebP encoder quality (1..100) when the request names none: visually lossless for
 // generated images.
 constexpr int kDefaultEncoderQuality = 95;
 
-// A validated request (server/serving/request_validation.h builds it from the proto).
+// A validated request (validate() in server/serving/validate.h builds it from a GenerateRequest).
 struct JobSpec {
   // params.seed is the first image's seed; image i uses seed + i. params.width / height are the
   // output size (never 0); params.references are decoded and prepared.
@@ -98,19 +88,14 @@ struct JobResult {
   double encode_seconds = 0.0;
 };
 
+class JobEvents;  // server/serving/job_events.h
+
 class Job {
  public:
-  using ProgressCallback = std::function<void(const ProgressEvent&)>;
-  using DoneCallback = std::function<void(const absl::Status&, JobResult&&)>;
-  // Called on the encoder thread with each image as soon as it is encoded, in seed order. It may
-  // move `image.bytes` out (GenerateImageStream sends them in their own message); the JobResult
-  // then holds the image with empty bytes.
-  using ImageCallback = std::function<void(EncodedImage& image)>;
-
-  // `deadline` is Clock::time_point::max() when the call has none. `on_progress` runs on the
-  // worker thread; `on_done` runs exactly once, on whichever thread finishes the job.
+  // `deadline` is Clock::time_point::max() when the call has none. `events` (may be null: tests
+  // that only watch the state) hears the job's progress, images and end, as events->wants() says.
   Job(JobSpec spec, Clock::time_point arrival, Clock::time_point deadline,
-      ProgressCallback on_progress, DoneCallback on_done);
+      std::shared_ptr<JobEvents> events);
 
   const JobSpec& spec() const { return spec_; }
   Clock::time_point arrival() const { return arrival_; }
@@ -126,18 +111,17 @@ class Job {
   JobState state() const;
   // kQueued -> kRunning. False when the job already reached a terminal state.
   bool start_running();
-  // Moves to the terminal state matching `status` and calls on_done. Only the first call has any
-  // effect; returns whether it was this one.
+  // Moves to the terminal state matching `status` and pushes the `done` event. Only the first
+  // call has any effect; returns whether it was this one.
   bool finish(const absl::Status& status, JobResult&& result = {});
-  // Called after on_done by finish() (the server counts outstanding jobs with it). Set before the
-  // job is shared with other threads.
+  // Called after the done event by finish() (the server counts outstanding jobs with it). Set
+  // before the job is shared with other threads.
   void set_on_finished(std::function<void()> on_finished) { on_finished_ = std::move(on_finished); }
-  // Set before the job is shared with other threads (admission); none by default.
-  void set_on_image(ImageCallback on_image) { on_image_ = std::move(on_image); }
-  // Forwards a progress event unless the job already finished.
+  // Pushes a progress event when the front end wants them, unless the job already finished.
   void report_progress(const ProgressEvent& event);
-  // Hands a freshly encoded image to the ImageCallback unless the job already finished.
-  void report_image(EncodedImage& image);
+  // A freshly encoded image: when the front end wants images one by one, its bytes move into an
+  // image event (the result keeps the metadata); unless the job already finished.
+  void report_image(EncodedImage& image, int image_index);
 
   // Images encoded so far; touched only by the encoder thread.
   std::vector<EncodedImage>& encoded_images() { return encoded_; }
@@ -147,9 +131,7 @@ class Job {
   const JobSpec spec_;
   const Clock::time_point arrival_;
   const Clock::time_point deadline_;
-  ProgressCallback on_progress_;
-  DoneCallback on_done_;
-  ImageCallback on_image_;  // guarded by mu_ once shared
+  const std::shared_ptr<JobEvents> events_;
   std::function<void()> on_finished_;
 
   mutable std::mutex mu_;

@@ -21,8 +21,8 @@ class PipelineEngine final : public Engine {
   }
 
   const PipelineInfo& info() const override { return pipeline_->info(); }
-  absl::Status validate(const GenerateParams& params) const override {
-    return pipeline_->validate(params);
+  std::vector<FieldViolation> check(const GenerateParams& params) const override {
+    return pipeline_->check(params);
   }
   absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                           const GenerateHooks& hooks) override {

@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/server/fake_engine.h"
+#include "tests/server/job_callbacks.h"
 #include "tests/server/test_support.h"
 
 namespace flux2::server {
@@ -37,20 +38,20 @@ struct Recorder {
   std::function<void()> in_done;  // runs inside the done callback (encoder thread)
 
   std::shared_ptr<Job> make(JobSpec spec, Clock::time_point deadline = Clock::time_point::max()) {
-    return std::make_shared<Job>(
-        std::move(spec), Clock::now(), deadline,
-        [this](const ProgressEvent& event) {
-          std::lock_guard<std::mutex> lock(mu);
-          events.push_back(event);
-        },
-        [this](const absl::Status& s, JobResult&& r) {
-          if (in_done) in_done();
-          std::lock_guard<std::mutex> lock(mu);
-          done = true;
-          status = s;
-          result = std::move(r);
-          cv.notify_all();
-        });
+    return std::make_shared<Job>(std::move(spec), Clock::now(), deadline,
+                                 testing::callback_events(
+                                     [this](const ProgressEvent& event) {
+                                       std::lock_guard<std::mutex> lock(mu);
+                                       events.push_back(event);
+                                     },
+                                     [this](const absl::Status& s, JobResult&& r) {
+                                       if (in_done) in_done();
+                                       std::lock_guard<std::mutex> lock(mu);
+                                       done = true;
+                                       status = s;
+                                       result = std::move(r);
+                                       cv.notify_all();
+                                     }));
   }
   bool wait() {
     std::unique_lock<std::mutex> lock(mu);

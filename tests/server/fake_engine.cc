@@ -44,12 +44,11 @@ class FakeEngine final : public Engine {
 
   const PipelineInfo& info() const override { return info_; }
 
-  absl::Status validate(const GenerateParams& params) const override {
-    if (params.width % 16 != 0 || params.width <= 0)
-      return absl::InvalidArgumentError("width: bad");
-    if (params.height % 16 != 0 || params.height <= 0)
-      return absl::InvalidArgumentError("height: bad");
-    return absl::OkStatus();
+  std::vector<FieldViolation> check(const GenerateParams& params) const override {
+    std::vector<FieldViolation> violations;
+    if (params.width % 16 != 0 || params.width <= 0) violations.push_back({"width", "bad"});
+    if (params.height % 16 != 0 || params.height <= 0) violations.push_back({"height", "bad"});
+    return violations;
   }
 
   absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,

@@ -423,7 +423,7 @@ TEST_F(HttpApiTest, StopRightAfterStartReturns) {
   absl::Status started;
   std::thread cycles([this, &finished, &started] {
     for (int i = 0; i < 200 && started.ok(); ++i) {
-      HttpApi api(*server_);
+      HttpApi api(server_->core(), "");
       HttpApiOptions options;
       options.host = "127.0.0.1";
       options.port = 0;

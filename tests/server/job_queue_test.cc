@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/serving/job_events.h"
+#include "tests/server/job_callbacks.h"
 
 namespace flux2::server {
 namespace {
@@ -20,11 +22,12 @@ std::shared_ptr<Job> make_job(Outcome* outcome,
                               Clock::time_point deadline = Clock::time_point::max()) {
   JobSpec spec;
   spec.params.prompt = "p";
-  return std::make_shared<Job>(spec, Clock::now(), deadline, nullptr,
-                               [outcome](const absl::Status& status, JobResult&&) {
-                                 ++outcome->calls;
-                                 outcome->status = status;
-                               });
+  return std::make_shared<Job>(
+      spec, Clock::now(), deadline,
+      testing::callback_events(nullptr, [outcome](const absl::Status& status, JobResult&&) {
+        ++outcome->calls;
+        outcome->status = status;
+      }));
 }
 
 TEST(JobQueue, AdmitsUpToCapacityThenRejectsAtOnce) {
@@ -139,9 +142,10 @@ TEST(Job, CancelAndDeadlineStopIt) {
 TEST(Job, NoProgressAfterFinish) {
   int events = 0;
   JobSpec spec;
-  auto job = std::make_shared<Job>(
-      spec, Clock::now(), Clock::time_point::max(), [&events](const ProgressEvent&) { ++events; },
-      [](const absl::Status&, JobResult&&) {});
+  auto job =
+      std::make_shared<Job>(spec, Clock::now(), Clock::time_point::max(),
+                            testing::callback_events([&events](const ProgressEvent&) { ++events; },
+                                                     [](const absl::Status&, JobResult&&) {}));
   job->report_progress({});  // queued: not running yet
   ASSERT_TRUE(job->start_running());
   job->report_progress({});
@@ -154,12 +158,57 @@ TEST(Job, FinishListenerRunsAfterTheOutcome) {
   std::vector<std::string> order;
   JobSpec spec;
   auto job = std::make_shared<Job>(
-      spec, Clock::now(), Clock::time_point::max(), nullptr,
-      [&order](const absl::Status&, JobResult&&) { order.push_back("done"); });
+      spec, Clock::now(), Clock::time_point::max(),
+      testing::callback_events(
+          nullptr, [&order](const absl::Status&, JobResult&&) { order.push_back("done"); }));
   job->set_on_finished([&order] { order.push_back("finished"); });
   job->finish(absl::CancelledError("x"));
   job->finish(absl::CancelledError("y"));
   EXPECT_EQ(order, (std::vector<std::string>{"done", "finished"}));
+}
+
+TEST(JobEvents, OnlyWhatTheFrontEndWantsThenDoneLast) {
+  int wakes = 0;
+  auto events = std::make_shared<JobEvents>(JobEvents::Wants{}, [&wakes] { ++wakes; });
+  auto job = std::make_shared<Job>(JobSpec{}, Clock::now(), Clock::time_point::max(), events);
+  ASSERT_TRUE(job->start_running());
+  job->report_progress({});  // a unary call wants no progress
+  EncodedImage image{{1, 2, 3}, ImageFormat::kPng, 1, 1, 9};
+  job->report_image(image, 0);  // nor images one by one: the result keeps the bytes
+  EXPECT_EQ(image.bytes.size(), 3u);
+  EXPECT_EQ(wakes, 0);
+  job->finish(absl::CancelledError("gone"));
+  events->push(JobEvent{});  // nothing follows done
+  EXPECT_EQ(wakes, 1);
+  std::optional<JobEvent> done = events->next();
+  ASSERT_TRUE(done.has_value());
+  EXPECT_EQ(done->kind, JobEvent::Kind::kDone);
+  EXPECT_TRUE(absl::IsCancelled(done->status));
+  EXPECT_FALSE(events->next().has_value());
+  EXPECT_TRUE(events->done());
+}
+
+TEST(JobEvents, StreamedImagesMoveTheirBytesIntoTheirEvent) {
+  auto events =
+      std::make_shared<JobEvents>(JobEvents::Wants{.progress = true, .images = true}, nullptr);
+  auto job = std::make_shared<Job>(JobSpec{}, Clock::now(), Clock::time_point::max(), events);
+  ASSERT_TRUE(job->start_running());
+  ProgressEvent step;
+  step.step_index = 2;
+  job->report_progress(step);
+  EncodedImage image{{1, 2, 3}, ImageFormat::kJpeg, 4, 5, 9};
+  job->report_image(image, 1);
+  EXPECT_TRUE(image.bytes.empty());  // the result describes it; the event carries it
+  EXPECT_EQ(image.width, 4);
+  std::optional<JobEvent> progress = events->next(), encoded = events->next();
+  ASSERT_TRUE(progress && encoded);
+  EXPECT_EQ(progress->kind, JobEvent::Kind::kProgress);
+  EXPECT_EQ(progress->progress.step_index, 2);
+  EXPECT_EQ(encoded->kind, JobEvent::Kind::kImage);
+  EXPECT_EQ(encoded->image.bytes, (std::vector<uint8_t>{1, 2, 3}));
+  EXPECT_EQ(encoded->image_index, 1);
+  EXPECT_EQ(encoded->image.format, ImageFormat::kJpeg);
+  EXPECT_EQ(encoded->image.seed, 9u);
 }
 
 }  // namespace

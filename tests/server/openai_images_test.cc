@@ -7,12 +7,11 @@
 
 #include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
-#include "server/serving/request_validation.h"
+#include "server/serving/field_violations.h"
 
 namespace flux2::server {
 namespace {
 
-namespace v1 = flux2::v1;
 using nlohmann::json;
 
 constexpr char kModel[] = "tiny-klein";
@@ -33,18 +32,18 @@ TEST(OpenAiImagesTest, GenerationsBodyFillsEveryField) {
           "num_inference_steps": 3, "guidance_scale": 2.5, "negative_prompt": "blur"})",
       kModel);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  const v1::GenerateImageRequest& r = parsed->request;
-  EXPECT_EQ(r.prompt(), "a fox");
-  EXPECT_EQ(r.num_images(), 2);
-  EXPECT_EQ(r.width(), 256);
-  EXPECT_EQ(r.height(), 128);
-  EXPECT_EQ(r.output_format(), v1::OUTPUT_FORMAT_WEBP);
-  EXPECT_EQ(r.output_quality(), 80);
-  EXPECT_EQ(r.quality(), v1::QUALITY_HIGH);
-  EXPECT_EQ(r.seed(), 18446744073709551615ull);
-  EXPECT_EQ(r.num_inference_steps(), 3);
-  EXPECT_EQ(r.guidance_scale(), 2.5);
-  EXPECT_EQ(r.negative_prompt(), "blur");
+  const GenerateRequest& r = parsed->request;
+  EXPECT_EQ(r.prompt, "a fox");
+  EXPECT_EQ(r.num_images, 2);
+  EXPECT_EQ(r.width, 256);
+  EXPECT_EQ(r.height, 128);
+  EXPECT_EQ(r.output_format, ImageFormat::kWebp);
+  EXPECT_EQ(r.output_quality, 80);
+  EXPECT_EQ(r.quality, Quality::kHigh);
+  EXPECT_EQ(r.seed, 18446744073709551615ull);
+  EXPECT_EQ(r.num_inference_steps, 3);
+  EXPECT_EQ(r.guidance_scale, 2.5);
+  EXPECT_EQ(r.negative_prompt, "blur");
   EXPECT_TRUE(parsed->stream);
 }
 
@@ -52,13 +51,13 @@ TEST(OpenAiImagesTest, DefaultsLeaveTheServerDefaults) {
   absl::StatusOr<OpenAiImageRequest> parsed =
       parse_generations_body(R"({"prompt": "a fox", "size": "auto", "quality": "auto"})", kModel);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->request.width(), 0);
-  EXPECT_EQ(parsed->request.height(), 0);
-  EXPECT_FALSE(parsed->request.has_seed());
-  EXPECT_FALSE(parsed->request.has_guidance_scale());
-  EXPECT_FALSE(parsed->request.has_output_quality());
-  EXPECT_EQ(parsed->request.quality(), v1::QUALITY_UNSPECIFIED);
-  EXPECT_EQ(parsed->request.output_format(), v1::OUTPUT_FORMAT_PNG);
+  EXPECT_EQ(parsed->request.width, 0);
+  EXPECT_EQ(parsed->request.height, 0);
+  EXPECT_FALSE(parsed->request.seed.has_value());
+  EXPECT_FALSE(parsed->request.guidance_scale.has_value());
+  EXPECT_FALSE(parsed->request.output_quality.has_value());
+  EXPECT_EQ(parsed->request.quality, Quality::kLossless);
+  EXPECT_EQ(parsed->request.output_format, ImageFormat::kPng);
   EXPECT_FALSE(parsed->stream);
 }
 
@@ -117,14 +116,14 @@ TEST(OpenAiImagesTest, EditsFormTakesImagesInOrderAndTypedFields) {
   };
   absl::StatusOr<OpenAiImageRequest> parsed = parse_edits_form(parts, kModel);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  const v1::GenerateImageRequest& r = parsed->request;
-  ASSERT_EQ(r.reference_images_size(), 3);
-  EXPECT_EQ(r.reference_images(0).data(), "first");
-  EXPECT_EQ(r.reference_images(1).data(), "second");
-  EXPECT_EQ(r.reference_images(2).data(), "third");
-  EXPECT_EQ(r.num_images(), 2);
-  EXPECT_EQ(r.seed(), 7u);
-  EXPECT_EQ(r.guidance_scale(), 3.5);
+  const GenerateRequest& r = parsed->request;
+  ASSERT_EQ(r.reference_images.size(), 3u);
+  EXPECT_EQ(r.reference_images[0], "first");
+  EXPECT_EQ(r.reference_images[1], "second");
+  EXPECT_EQ(r.reference_images[2], "third");
+  EXPECT_EQ(r.num_images, 2);
+  EXPECT_EQ(r.seed, 7u);
+  EXPECT_EQ(r.guidance_scale, 3.5);
   EXPECT_FALSE(parsed->stream);
 }
 

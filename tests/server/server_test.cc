@@ -731,12 +731,9 @@ TEST_F(ServerTest, TlsServesTlsClientsOnlyAndTheProbeSpeaksTls) {
   UnaryCall plaintext(plain_stub.get(), small_request(1), std::chrono::seconds(5));
   EXPECT_EQ(plaintext.finish().error_code(), grpc::StatusCode::UNAVAILABLE);
 
-  ServerOptions probe;
-  probe.probe = "readiness";
-  probe.probe_addr = address;
-  probe.tls_cert = cert;
+  HealthProbe probe{"readiness", address, cert};
   EXPECT_EQ(run_health_probe(probe), 0);
-  probe.tls_cert.clear();  // a plaintext probe cannot talk to a TLS server
+  probe.tls_cert_file.clear();  // a plaintext probe cannot talk to a TLS server
   EXPECT_EQ(run_health_probe(probe), 1);
 }
 

@@ -45,9 +45,9 @@ v1::GenerateImageRequest bench_request(const LoadBenchOptions& options, int phas
 // Waits until the server serves (OK), or its model failed to load (that error).
 absl::Status wait_until_serving(Server& server) {
   while (true) {
-    absl::StatusOr<std::shared_ptr<const ServingModel>> model = server.serving_model();
+    absl::StatusOr<std::shared_ptr<const ServingModel>> model = server.core().serving_model();
     if (model.ok()) return absl::OkStatus();
-    if (absl::Status live = server.liveness(); !live.ok()) return model.status();
+    if (absl::Status live = server.core().state().health().live; !live.ok()) return model.status();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }

@@ -1,11 +1,13 @@
-// Request validation (server/serving/request_validation.h) and the absl -> gRPC status mapping
+// Request validation (server/serving/validate.h, driven through the gRPC conversion of
+// server/grpc/request_conversion.h), the field violations in a status
+// (server/serving/field_violations.h) and the absl -> gRPC status mapping
 // (server/grpc/rpc_status.h): defaults, seeds, one table row per invalid field (the violation names
 // it), the BadRequest details in the grpc-status-details-bin payload, and reference images (each
 // bad one named reference_images[i]; a good one prepared and setting the output size), encoded by
 // tests/server/test_support.h), and the unary response-size bound (against the real encoders on
 // incompressible noise).
-// Run: build/bin/server_unit_tests --gtest_filter='RequestValidation*:RpcStatus*'
-#include "server/serving/request_validation.h"
+// Run: build/bin/server_unit_tests --gtest_filter='RequestValidation*:RpcStatus*:FieldViolations*'
+#include "server/serving/validate.h"
 
 #include <cmath>
 #include <functional>
@@ -18,7 +20,9 @@
 #include "google/rpc/status.pb.h"
 #include "gtest/gtest.h"
 #include "model/image_encode.h"
+#include "server/grpc/request_conversion.h"
 #include "server/grpc/rpc_status.h"
+#include "server/serving/access_log.h"
 #include "tests/server/test_support.h"
 
 namespace flux2::server {
@@ -26,8 +30,8 @@ namespace {
 
 namespace v1 = flux2::v1;
 
-RequestLimits test_limits() {
-  RequestLimits limits;
+Limits test_limits() {
+  Limits limits;
   limits.pixel_multiple = 16;
   limits.max_pixels = 1024 * 1024;
   limits.max_steps = 50;
@@ -36,6 +40,14 @@ RequestLimits test_limits() {
   limits.uses_cfg = false;
   limits.quality_high_enabled = false;
   return limits;
+}
+
+// The gRPC request converted as the service converts it, then validated.
+absl::StatusOr<JobSpec> validate_generate_request(const v1::GenerateImageRequest& proto,
+                                                  const Limits& limits, uint64_t random_seed) {
+  absl::StatusOr<GenerateRequest> request = request_from_proto(proto);
+  if (!request.ok()) return request.status();
+  return validate(*request, limits, random_seed);
 }
 
 v1::GenerateImageRequest valid_request() {
@@ -49,7 +61,7 @@ v1::GenerateImageRequest valid_request() {
 TEST(RequestValidation, DefaultsAndRandomSeed) {
   v1::GenerateImageRequest request;
   request.set_prompt("a cat");
-  RequestLimits limits = test_limits();
+  Limits limits = test_limits();
   limits.max_pixels = 1024 * 1024;
   limits.default_steps = 4;
   absl::StatusOr<JobSpec> spec = validate_generate_request(request, limits, /*random_seed=*/777);
@@ -127,7 +139,7 @@ TEST(RequestValidation, WebpAndOutputQuality) {
 }
 
 TEST(RequestValidation, QualityHighAndNegativePromptWhenAllowed) {
-  RequestLimits limits = test_limits();
+  Limits limits = test_limits();
   limits.quality_high_enabled = true;
   limits.uses_cfg = true;
   v1::GenerateImageRequest request = valid_request();
@@ -143,7 +155,7 @@ TEST(RequestValidation, QualityHighAndNegativePromptWhenAllowed) {
 // guidance_scale reaches the engine (its guidance embedder), a negative prompt is refused naming
 // the field.
 TEST(RequestValidation, DevTakesGuidanceButNoNegativePrompt) {
-  RequestLimits limits = test_limits();
+  Limits limits = test_limits();
   limits.uses_cfg = false;
   v1::GenerateImageRequest request = valid_request();
   request.set_guidance_scale(2.5);
@@ -248,16 +260,20 @@ TEST(RequestValidation, ReportsEveryViolationAtOnce) {
   EXPECT_EQ(fields, (std::vector<std::string>{"prompt", "width", "num_images"}));
 }
 
-TEST(RequestValidation, EngineErrorsBecomeFieldViolations) {
-  const absl::Status status =
-      engine_validation_status(absl::InvalidArgumentError("height: 40 is not a multiple"));
+TEST(FieldViolations, RoundTripAnyBytesInTheStatus) {
+  // Descriptions may quote what the client sent, NUL and invalid UTF-8 included.
+  const std::vector<FieldViolation> sent = {{"height", "40 is not a multiple"},
+                                            {"n", std::string("'\xff\0:3' is not an integer", 26)}};
+  const absl::Status status = invalid_argument_status(sent);
   ASSERT_TRUE(absl::IsInvalidArgument(status));
-  const std::vector<FieldViolation> violations = field_violations_of(status);
-  ASSERT_EQ(violations.size(), 1u);
-  EXPECT_EQ(violations[0].field, "height");
-  EXPECT_EQ(violations[0].description, "40 is not a multiple");
-  EXPECT_TRUE(engine_validation_status(absl::OkStatus()).ok());
-  EXPECT_TRUE(absl::IsInternal(engine_validation_status(absl::InternalError("x"))));
+  EXPECT_EQ(status.message().substr(0, 28), "height: 40 is not a multiple");
+  const std::vector<FieldViolation> got = field_violations_of(status);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].field, "height");
+  EXPECT_EQ(got[0].description, "40 is not a multiple");
+  EXPECT_EQ(got[1].field, "n");
+  EXPECT_EQ(got[1].description, sent[1].description);
+  EXPECT_TRUE(field_violations_of(absl::InternalError("x")).empty());
 }
 
 // ---- reference images ---------------------------------------------------------------------------
@@ -318,7 +334,7 @@ TEST(RequestValidation, ReferenceSetsTheOutputSizeAndIsPrepared) {
 TEST(RequestValidation, LargeReferenceIsResizedToTheAreaAndSizesTheOutput) {
   // 2048 x 1024 (2 MP) -> diffusers' int(side x sqrt(1 MP / area)) = 1448 x 724 -> cropped to
   // multiples of 16: 1440 x 720, the output size.
-  RequestLimits limits = test_limits();
+  Limits limits = test_limits();
   limits.max_pixels = 2048 * 2048;
   absl::StatusOr<JobSpec> spec =
       validate_generate_request(edit_request({png(2048, 1024)}), limits, 1);
@@ -330,7 +346,7 @@ TEST(RequestValidation, LargeReferenceIsResizedToTheAreaAndSizesTheOutput) {
 }
 
 TEST(RequestValidation, PixelBudgetAppliesToTheReferenceSize) {
-  RequestLimits limits = test_limits();
+  Limits limits = test_limits();
   limits.max_pixels = 64 * 64;
   absl::StatusOr<JobSpec> spec = validate_generate_request(edit_request({png(100, 72)}), limits, 1);
   ASSERT_FALSE(spec.ok());
@@ -344,7 +360,7 @@ TEST(RequestValidation, PixelBudgetAppliesToTheReferenceSize) {
 struct BadReferenceCase {
   const char* name;
   std::vector<std::string> references;
-  RequestLimits limits;
+  Limits limits;
   const char* field;
   const char* message;  // the status message (starts with the violation)
 };
@@ -353,7 +369,7 @@ TEST(RequestValidation, EachBadReferenceIsNamed) {
   const std::string good = png(64, 64);
   std::string truncated = png(80, 80);
   truncated.resize(truncated.size() / 2);
-  RequestLimits no_editing = test_limits();
+  Limits no_editing = test_limits();
   no_editing.max_reference_images = 0;
   const std::vector<BadReferenceCase> cases = {
       {"too many", std::vector<std::string>(5, good), test_limits(), "reference_images",
@@ -437,18 +453,18 @@ TEST(RpcStatus, CodesAndMessagesPassThrough) {
   EXPECT_EQ(to_grpc_status(absl::UnavailableError("")).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(to_grpc_status(absl::UnauthenticatedError("")).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(grpc_code_name(grpc::StatusCode::RESOURCE_EXHAUSTED), "RESOURCE_EXHAUSTED");
-  EXPECT_EQ(grpc_code_name(grpc::StatusCode::OK), "OK");
-  EXPECT_EQ(grpc_code_name(grpc::StatusCode::DEADLINE_EXCEEDED), "DEADLINE_EXCEEDED");
+  EXPECT_EQ(status_code_name(absl::ResourceExhaustedError("x")), "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(status_code_name(absl::OkStatus()), "OK");
+  EXPECT_EQ(status_code_name(absl::DeadlineExceededError("x")), "DEADLINE_EXCEEDED");
 }
 
-// The PNG bound as derived in request_validation.cc: 768 x 768 gives 1771131 bytes, so two fit
-// gRPC's default 4 MiB and three do not (the issue-19 case).
+// The PNG bound as derived in validate.cc: 768 x 768 gives 1771131 bytes, so two fit gRPC's
+// default 4 MiB and three do not.
 TEST(ResponseBound, PngAndJpegFigures) {
   EXPECT_EQ(encoded_image_bound_bytes(ImageFormat::kPng, 768, 768), 1771131);
   EXPECT_EQ(encoded_image_bound_bytes(ImageFormat::kJpeg, 768, 768), 768 * 768 * 6 + 2048);
   EXPECT_EQ(encoded_image_bound_bytes(ImageFormat::kJpeg, 20, 10), 24 * 16 * 6 + 2048);
-  RequestLimits limits = test_limits();
+  Limits limits = test_limits();
   limits.max_response_bytes = int64_t{4} << 20;
   JobSpec spec;
   spec.params.width = 768;

@@ -1,0 +1,40 @@
+// Request accounting; see access_log.h. Tested by tests/server/log_test.cc.
+#include "server/serving/access_log.h"
+
+#include "server/common/log.h"
+#include "server/serving/validate.h"
+
+namespace flux2::server {
+
+std::string loggable_request_id(const std::string& id) {
+  std::string out;
+  for (char c : id.substr(0, kMaxRequestIdBytes)) out += (c >= 0x20 && c <= 0x7e) ? c : '?';
+  return out;
+}
+
+std::string status_code_name(const absl::Status& status) {
+  return absl::StatusCodeToString(status.code());
+}
+
+void record_finished_request(Metrics& metrics, absl::string_view method,
+                             const std::string& request_id, const absl::Status& status,
+                             double seconds, const std::string& peer, const JobSpec* spec) {
+  RequestLogRecord record;
+  record.method = std::string(method);
+  record.request_id = request_id;
+  record.code = status_code_name(status);
+  record.seconds = seconds;
+  record.peer = peer;
+  if (spec != nullptr) {
+    record.width = spec->params.width;
+    record.height = spec->params.height;
+    record.steps = static_cast<int>(spec->params.num_inference_steps);
+    record.num_images = spec->num_images;
+    record.quality = std::string(quality_name(spec->params.quality));
+  }
+  if (!status.ok()) record.error = std::string(status.message());
+  metrics.count_request(method, record.code, seconds);
+  log_request(record);
+}
+
+}  // namespace flux2::server
