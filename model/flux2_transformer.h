@@ -20,6 +20,7 @@
 #include "model/activation_tap.h"
 #include "model/checkpoint.h"
 #include "model/flux2_config.h"
+#include "model/flux2_kv_cache.h"
 #include "model/flux2_weights.h"
 
 namespace flux2 {
@@ -32,12 +33,6 @@ struct Flux2Workspace {
   Tensor
       attn_mlp;  // [S, D + F]    attention output | SwiGLU output (the single block's to_out input)
   Tensor proj;   // [S, D]        output projections before the gated residual
-};
-
-// klein-KV's reference keys and values, post-RoPE, of every layer (double blocks, then single
-// blocks): [R, D] each, written by the forward at step 0 and read by the later steps.
-struct Flux2KvCache {
-  std::vector<Tensor> keys, values;
 };
 
 // The reference tokens of an editing request, as the transformer sees them.
@@ -59,7 +54,7 @@ struct Flux2Conditioning {
   Tensor rope_sin;              // [L + N + R, Dh]
   Tensor modulation;            // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
   Tensor reference_modulation;  // [1, 17D] klein-KV: the timestep-0 modulation of references
-  std::shared_ptr<Flux2KvCache> kv;  // klein-KV only
+  std::shared_ptr<Flux2KvCache> kv;  // klein-KV only (flux2_kv_cache.h)
   std::shared_ptr<Flux2Workspace> workspace;
 };
 
@@ -104,10 +99,12 @@ class Flux2Transformer {
       : backend_(backend), config_(std::move(config)) {}
 
   struct Pass;  // one forward's row layout and modulations (flux2_transformer.cc)
+  // Lays out the forward at `step` for x and out (forward's shapes), or InvalidArgument.
+  absl::Status set_up(Pass& pass, int64_t step, const Tensor& x, const Tensor& out) const;
   absl::Status double_block(const Flux2DoubleBlockWeights& w, const Pass& pass, size_t layer) const;
   absl::Status single_block(const Flux2SingleBlockWeights& w, const Pass& pass, size_t layer) const;
   // The attention of one block: q, k, v [S, D] views of the pass's fused projections; QK-norm
-  // and RoPE, then joint attention (with klein-KV's reference rules) into out [S, D].
+  // and RoPE, then joint attention into out [S, D] (klein-KV's through Flux2KvCache).
   absl::Status attend(const Pass& pass, const QkNormRope& norm, const Tensor& q, const Tensor& k,
                       const Tensor& v, const Tensor& out, size_t layer) const;
   // The shared modulation [steps, 17D] of timesteps (+ guidance): silu(temb) · modulationᵀ.
