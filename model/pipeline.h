@@ -154,7 +154,7 @@ struct StageTimings {
   // tokenization and the text encoder (text_encode waits for it), on the CPU inside text_encode.
   double noise = 0.0;
   double reference_encode = 0.0;  // VAE-encoding the reference images (0 without references)
-  double denoise = 0.0;           // all steps
+  double denoise = 0.0;           // noise upload, schedule, conditioning, then all steps
   std::vector<double> steps;      // each step (transformer forward(s) + Euler update)
   double decode = 0.0;            // VAE decode + post-processing to uint8
 };
@@ -205,11 +205,31 @@ class Pipeline {
   // height, num_inference_steps, guidance_scale, max_sequence_length, reference_images[i]).
   absl::Status validate(const GenerateParams& params) const;
 
+  // One image for `params` (refused as validate() refuses), in stages: the prompts (tokenized,
+  // text-encoded), the reference images (VAE-encoded), the latents (noise, schedule,
+  // conditioning), the denoising steps, the VAE decode; each timed into GeneratedImage::timings.
+  // Synchronous: returns when the pixels are on the host.
   absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                           const GenerateHooks& hooks = {}) const;
 
  private:
   Pipeline(Backend& backend) : backend_(backend) {}
+  // One generate() call: its settings, then what each stage hands the next (pipeline_generate.cc).
+  struct Generation;
+  // The stages of generate(), in order. Each that says so starts with hooks.check_continue.
+  absl::Status tokenize_prompts(Generation& g) const;  // the prompt (and CFG's negative prompt)
+  // Checks, then the prompt embeddings [L, J] under lossless numerics; waits for the noise.
+  absl::Status encode_prompts(Generation& g) const;
+  // Checks, then VAE-encodes the references into the transformer input's last R rows.
+  absl::Status encode_reference_images(Generation& g) const;
+  // Uploads the noise into the latents; the schedule, the conditioning and the velocity buffers.
+  absl::Status prepare_latents(Generation& g) const;
+  // The steps, each after a check: transformer forward(s), CFG, Euler update.
+  absl::Status denoise(Generation& g) const;
+  absl::Status denoising_step(Generation& g, int64_t step) const;
+  // Checks, then the VAE decode to RGB8.
+  absl::Status decode(Generation& g) const;
+
   // The PipelineInfo fields every klein pipeline derives from its name and variant.
   void describe(const std::string& model_dir, const std::string& model_name,
                 const std::string& pipeline_class, bool is_distilled, bool kv_cache);

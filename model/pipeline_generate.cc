@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <future>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -39,6 +41,15 @@ std::pair<std::vector<float>, double> draw_packed_noise(DType act, uint64_t seed
     });
   }
   return {std::move(packed), seconds_since(start)};
+}
+
+// Runs one stage of generate() and adds its wall-clock seconds to `seconds` (a StageTimings
+// field: the latents and denoising stages both add to StageTimings::denoise).
+absl::Status timed(double& seconds, const std::function<absl::Status()>& stage) {
+  const Clock::time_point start = Clock::now();
+  absl::Status status = stage();
+  seconds += seconds_since(start);
+  return status;
 }
 
 // Steps and guidance accepted by validate(); generous bounds that keep a request finite.
@@ -148,172 +159,229 @@ absl::Status Pipeline::validate(const GenerateParams& params) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
-                                                  const GenerateHooks& hooks) const {
-  FLUX_RETURN_IF_ERROR(validate(params));
-  Backend& be = backend_;
-  const RequestOptions request{params.quality, params.fast_paths};
-  const RequestScope request_scope(be, request);  // every op of this request runs under it
-  const DType act = be.activation_dtype();
-  const Flux2Config& flux = transformer_->config();
-  const int64_t steps =
-      params.num_inference_steps > 0 ? params.num_inference_steps : info_.default_steps;
-  const double guidance =
-      params.guidance_scale >= 0.0 ? params.guidance_scale : info_.default_guidance;
-  const int64_t max_length =
-      params.max_sequence_length > 0 ? params.max_sequence_length : info_.max_sequence_length;
-  const bool cfg = info_.uses_cfg && guidance > 1.0;
-  const ImageSize size = output_size(params);
-  const int64_t h = size.height / info_.pixel_multiple, w = size.width / info_.pixel_multiple;
-  const int64_t n = h * w, channels = flux.in_channels;
+struct Pipeline::Generation {
+  Generation(const PipelineInfo& info, const Flux2Config& flux, const GenerateParams& params,
+             const GenerateHooks& hooks);
+  // hooks.check_continue, when set: a stage boundary.
+  absl::Status check_continue() const {
+    return hooks.check_continue ? hooks.check_continue() : absl::OkStatus();
+  }
+  // Starts drawing the initial noise, which depends only on the seed and the size: where the
+  // backend's ops run asynchronously (the GPU) a host thread draws it while this one tokenizes and
+  // enqueues the text encoder (it takes longer than the device's text encode at 1024x1024); on
+  // the CPU it is drawn in line when encode_prompts asks for it.
+  void start_noise_draw(const Backend& be);
+  // The transformer's input [N + R, channels]: the noisy latents, then the reference tokens.
+  absl::Status allocate_model_input(Backend& be);
+
+  const GenerateParams& params;
+  const GenerateHooks& hooks;
+  RequestOptions request;        // the request's quality and fast-path switch
+  int64_t steps = 0;             // the request's, else the model's default
+  double guidance = 0.0;         // the request's, else the model's default
+  int64_t max_length = 0;        // text-encoder tokens
+  bool cfg = false;              // true CFG against the negative prompt (base models only)
+  int64_t h = 0, w = 0, n = 0;   // the latent token grid and N = h w
+  int64_t channels = 0;          // the transformer's in_channels (128)
   int64_t reference_tokens = 0;  // R: every reference's tokens, in order
+  // The prompts, and the noise drawn beside them ([N, channels] packed).
+  std::future<std::pair<std::vector<float>, double>> noise_draw;
+  std::vector<float> noise;
+  TokenizedPrompt tokens, negative_tokens;
+  Tensor prompt_embeds, negative_embeds;  // [L, J]
+  // The transformer's input: latents [N, channels] are its first rows, the references' after.
+  Tensor model_input, latents;
+  std::optional<Flux2References> references;
+  // What every step reads and writes: the schedule, and on the device the conditioning (with the
+  // transformer's workspace and klein-KV's cache) and the velocities [N, channels].
+  Schedule schedule;
+  struct StepBuffers {
+    Flux2Conditioning cond, negative_cond;
+    Tensor velocity, negative_velocity;
+  };
+  std::optional<StepBuffers> step_buffers;
+  GeneratedImage image;  // its size, seed and timings, then its pixels
+};
+
+Pipeline::Generation::Generation(const PipelineInfo& info, const Flux2Config& flux,
+                                 const GenerateParams& params, const GenerateHooks& hooks)
+    : params(params), hooks(hooks), request{params.quality, params.fast_paths} {
+  steps = params.num_inference_steps > 0 ? params.num_inference_steps : info.default_steps;
+  guidance = params.guidance_scale >= 0.0 ? params.guidance_scale : info.default_guidance;
+  max_length =
+      params.max_sequence_length > 0 ? params.max_sequence_length : info.max_sequence_length;
+  cfg = info.uses_cfg && guidance > 1.0;
+  const ImageSize size = output_size(params);
+  h = size.height / info.pixel_multiple;
+  w = size.width / info.pixel_multiple;
+  n = h * w;
+  channels = flux.in_channels;
   for (const RgbImage& reference : params.references) {
     reference_tokens +=
-        (reference.height / info_.pixel_multiple) * (reference.width / info_.pixel_multiple);
+        (reference.height / info.pixel_multiple) * (reference.width / info.pixel_multiple);
   }
-
-  GeneratedImage image;
   image.width = size.width;
   image.height = size.height;
   image.seed = params.seed;
-  StageTimings& timings = image.timings;
+}
 
-  // The noise depends only on the seed and the size: where the backend's ops run asynchronously
-  // (the GPU) a host thread draws it while this one tokenizes and enqueues the text encoder (it
-  // takes longer than the device's text encode at 1024x1024); on the CPU it is drawn in line.
-  auto draw_noise = [&](std::launch policy) {
-    return std::async(policy, draw_packed_noise, act, params.seed, channels, n);
+void Pipeline::Generation::start_noise_draw(const Backend& be) {
+  auto draw = [&](std::launch policy) {
+    return std::async(policy, draw_packed_noise, be.activation_dtype(), params.seed, channels, n);
   };
-  std::future<std::pair<std::vector<float>, double>> noise_draw;
   try {
-    noise_draw =
-        draw_noise(be.device() == Device::kCuda ? std::launch::async : std::launch::deferred);
+    noise_draw = draw(be.device() == Device::kCuda ? std::launch::async : std::launch::deferred);
   } catch (const std::system_error&) {  // no thread to be had: draw it in line
-    noise_draw = draw_noise(std::launch::deferred);
+    noise_draw = draw(std::launch::deferred);
   }
+}
 
-  // Text: prompt (and the negative prompt for CFG) -> prompt embeddings [L, J].
-  Clock::time_point start = Clock::now();
-  const TokenizedPrompt tokens =
-      tokenize_prompt(*tokenizer_, prompt_format_, params.prompt, max_length);
-  TokenizedPrompt negative_tokens;
-  if (cfg) {
-    negative_tokens =
-        tokenize_prompt(*tokenizer_, prompt_format_, params.negative_prompt, max_length);
-  }
-  timings.tokenize = seconds_since(start);
-  start = Clock::now();
-  // The text encoder always runs at lossless numerics (quality=high is the transformer's and the
-  // VAE's), so the prompt cache may serve both qualities.
-  std::optional<RequestScope> text_scope(std::in_place, be, request.at_lossless());
-  if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
-  FLUX_ASSIGN_OR_RETURN(Tensor prompt_embeds, prompt_embeddings(tokens, &image.prompt_cache_hit));
-  if (hooks.on_prompt_embeds) hooks.on_prompt_embeds(prompt_embeds);
-  Tensor negative_embeds;
-  if (cfg) {
-    bool negative_hit = false;
-    FLUX_ASSIGN_OR_RETURN(negative_embeds, prompt_embeddings(negative_tokens, &negative_hit));
-  }
-  text_scope.reset();
-  // The noise, drawn meanwhile (or now, on the CPU).
-  std::vector<float> packed;
-  std::tie(packed, timings.noise) = noise_draw.get();
-  if (static_cast<int64_t>(packed.size()) != channels * n)
-    return absl::InternalError("noise generation failed");
-  FLUX_RETURN_IF_ERROR(be.synchronize());
-  timings.text_encode = seconds_since(start);  // text encoding, overlapped with drawing the noise
+absl::Status Pipeline::Generation::allocate_model_input(Backend& be) {
+  FLUX_ASSIGN_OR_RETURN(model_input,
+                        be.empty(be.activation_dtype(), {n + reference_tokens, channels}));
+  latents = model_input.row_slice(0, n);
+  return absl::OkStatus();
+}
 
-  // The transformer's input: the noisy latents [N, 128], then the reference tokens [R, 128].
-  FLUX_ASSIGN_OR_RETURN(Tensor model_input, be.empty(act, {n + reference_tokens, channels}));
-  const Tensor latents = model_input.row_slice(0, n);
-  std::optional<Flux2References> references;
-  if (reference_tokens > 0) {
-    // References: VAE-encoded once per request, under the request's quality.
-    if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
-    start = Clock::now();
-    references.emplace();
-    references->kv_cache = info_.uses_kv_cache;
-    FLUX_ASSIGN_OR_RETURN(
-        references->ids,
-        encode_references(params.references, model_input.row_slice(n, reference_tokens)));
-    FLUX_RETURN_IF_ERROR(be.synchronize());
-    timings.reference_encode = seconds_since(start);
-    if (hooks.on_references) {
-      hooks.on_references(model_input.row_slice(n, reference_tokens), references->ids);
+absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
+                                                  const GenerateHooks& hooks) const {
+  FLUX_RETURN_IF_ERROR(validate(params));
+  // Every op of this request runs under its options (the text encoder's under lossless ones).
+  const RequestScope request_scope(backend_, RequestOptions{params.quality, params.fast_paths});
+  Generation g(info_, transformer_->config(), params, hooks);
+  StageTimings& t = g.image.timings;
+  g.start_noise_draw(backend_);  // beside the prompts (on the GPU); encode_prompts waits for it
+  FLUX_RETURN_IF_ERROR(timed(t.tokenize, [&] { return tokenize_prompts(g); }));
+  FLUX_RETURN_IF_ERROR(timed(t.text_encode, [&] { return encode_prompts(g); }));
+  FLUX_RETURN_IF_ERROR(g.allocate_model_input(backend_));
+  if (g.reference_tokens > 0) {
+    FLUX_RETURN_IF_ERROR(timed(t.reference_encode, [&] { return encode_reference_images(g); }));
+  }
+  FLUX_RETURN_IF_ERROR(timed(t.denoise, [&] { return prepare_latents(g); }));
+  FLUX_RETURN_IF_ERROR(timed(t.denoise, [&] { return denoise(g); }));
+  // The transformer's buffers go back before the VAE decode, so the request's peak is the larger
+  // of the two stages, not their sum (FLUX.2-dev at 1024x1024 on a 141 GB device: 100.25 GB with
+  // both held).
+  g.step_buffers.reset();
+  FLUX_RETURN_IF_ERROR(timed(t.decode, [&] { return decode(g); }));
+  return std::move(g.image);
+}
+
+absl::Status Pipeline::tokenize_prompts(Generation& g) const {
+  g.tokens = tokenize_prompt(*tokenizer_, prompt_format_, g.params.prompt, g.max_length);
+  if (g.cfg) {
+    g.negative_tokens =
+        tokenize_prompt(*tokenizer_, prompt_format_, g.params.negative_prompt, g.max_length);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Pipeline::encode_prompts(Generation& g) const {
+  {
+    // The text encoder always runs at lossless numerics (quality=high is the transformer's and
+    // the VAE's), so the prompt cache may serve both qualities.
+    const RequestScope text_scope(backend_, g.request.at_lossless());
+    FLUX_RETURN_IF_ERROR(g.check_continue());
+    FLUX_ASSIGN_OR_RETURN(g.prompt_embeds, prompt_embeddings(g.tokens, &g.image.prompt_cache_hit));
+    if (g.hooks.on_prompt_embeds) g.hooks.on_prompt_embeds(g.prompt_embeds);
+    if (g.cfg) {
+      bool negative_hit = false;
+      FLUX_ASSIGN_OR_RETURN(g.negative_embeds, prompt_embeddings(g.negative_tokens, &negative_hit));
     }
   }
+  // The noise, drawn meanwhile (or now, on the CPU); text encoding overlapped with it.
+  std::tie(g.noise, g.image.timings.noise) = g.noise_draw.get();
+  if (static_cast<int64_t>(g.noise.size()) != g.channels * g.n) {
+    return absl::InternalError("noise generation failed");
+  }
+  return backend_.synchronize();
+}
 
-  start = Clock::now();
-  FLUX_RETURN_IF_ERROR(be.upload(packed.data(), DType::kF32, latents));
-  if (hooks.on_latents) hooks.on_latents(-1, latents);
+absl::Status Pipeline::encode_reference_images(Generation& g) const {
+  // Encoded once per request, under the request's quality.
+  FLUX_RETURN_IF_ERROR(g.check_continue());
+  const Tensor tokens = g.model_input.row_slice(g.n, g.reference_tokens);  // [R, 128]
+  g.references.emplace();
+  g.references->kv_cache = info_.uses_kv_cache;
+  FLUX_ASSIGN_OR_RETURN(g.references->ids, encode_references(g.params.references, tokens));
+  FLUX_RETURN_IF_ERROR(backend_.synchronize());
+  if (g.hooks.on_references) g.hooks.on_references(tokens, g.references->ids);
+  return absl::OkStatus();
+}
+
+absl::Status Pipeline::prepare_latents(Generation& g) const {
+  Backend& be = backend_;
+  const DType act = be.activation_dtype();
+  FLUX_RETURN_IF_ERROR(be.upload(g.noise.data(), DType::kF32, g.latents));
+  if (g.hooks.on_latents) g.hooks.on_latents(-1, g.latents);
 
   // Schedule and per-request conditioning (modulation for every step, RoPE tables).
-  const Schedule schedule = make_schedule(scheduler_config_, steps, n);
-  std::vector<float> model_timesteps(static_cast<size_t>(steps));
-  for (int64_t i = 0; i < steps; ++i) {
+  g.schedule = make_schedule(scheduler_config_, g.steps, g.n);
+  std::vector<float> model_timesteps(static_cast<size_t>(g.steps));
+  for (int64_t i = 0; i < g.steps; ++i) {
     model_timesteps[i] = round_to_activation(
-        round_to_activation(schedule.timesteps[i], act) / 1000.0f, act);  // timestep / 1000
+        round_to_activation(g.schedule.timesteps[i], act) / 1000.0f, act);  // timestep / 1000
   }
   std::vector<float> guidance_values;
-  if (flux.guidance_embeds)
-    guidance_values.assign(static_cast<size_t>(steps), static_cast<float>(guidance));
-  const std::vector<int64_t> txt_ids = flux2_text_ids(prompt_embeds.rows());
-  const std::vector<int64_t> img_ids = flux2_image_ids(h, w);
-  const Flux2References* refs = references ? &*references : nullptr;
-  FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond,
-                        transformer_->prepare(prompt_embeds, txt_ids, img_ids, model_timesteps,
-                                              guidance_values, refs));
-  Flux2Conditioning negative_cond;
-  if (cfg) {  // the references ride in both branches
-    FLUX_ASSIGN_OR_RETURN(negative_cond,
-                          transformer_->prepare(negative_embeds, txt_ids, img_ids, model_timesteps,
-                                                guidance_values, refs));
+  if (transformer_->config().guidance_embeds) {
+    guidance_values.assign(static_cast<size_t>(g.steps), static_cast<float>(g.guidance));
   }
-  FLUX_ASSIGN_OR_RETURN(Tensor velocity, be.empty(act, {n, channels}));
-  Tensor negative_velocity;
-  if (cfg) {
-    FLUX_ASSIGN_OR_RETURN(negative_velocity, be.empty(act, {n, channels}));
+  const std::vector<int64_t> txt_ids = flux2_text_ids(g.prompt_embeds.rows());
+  const std::vector<int64_t> img_ids = flux2_image_ids(g.h, g.w);
+  const Flux2References* refs = g.references ? &*g.references : nullptr;
+  Generation::StepBuffers& b = g.step_buffers.emplace();
+  FLUX_ASSIGN_OR_RETURN(b.cond, transformer_->prepare(g.prompt_embeds, txt_ids, img_ids,
+                                                      model_timesteps, guidance_values, refs));
+  if (g.cfg) {  // the references ride in both branches
+    FLUX_ASSIGN_OR_RETURN(
+        b.negative_cond, transformer_->prepare(g.negative_embeds, txt_ids, img_ids, model_timesteps,
+                                               guidance_values, refs));
   }
+  FLUX_ASSIGN_OR_RETURN(b.velocity, be.empty(act, {g.n, g.channels}));
+  if (g.cfg) {
+    FLUX_ASSIGN_OR_RETURN(b.negative_velocity, be.empty(act, {g.n, g.channels}));
+  }
+  return absl::OkStatus();
+}
 
-  for (int64_t i = 0; i < steps; ++i) {
-    if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
-    const Clock::time_point step_start = Clock::now();
-    // [latents; references], but the latents alone once klein-KV cached the references' K/V.
-    const Tensor& x = cond.kv != nullptr && i > 0 ? latents : model_input;
-    FLUX_RETURN_IF_ERROR(transformer_->forward(cond, i, x, velocity));  // [N, 128]
-    if (cfg) {
-      FLUX_RETURN_IF_ERROR(transformer_->forward(negative_cond, i, x, negative_velocity));
-      FLUX_RETURN_IF_ERROR(
-          be.cfg_combine(negative_velocity, velocity, static_cast<float>(guidance), velocity));
-    }
-    FLUX_RETURN_IF_ERROR(be.euler_step(latents, velocity, schedule.dt(i)));  // [N, 128]
-    FLUX_RETURN_IF_ERROR(be.synchronize());
-    const double step_seconds = seconds_since(step_start);
-    timings.steps.push_back(step_seconds);
-    if (hooks.on_latents) hooks.on_latents(i, latents);
-    if (hooks.on_step) hooks.on_step(i, steps, step_seconds);
+absl::Status Pipeline::denoise(Generation& g) const {
+  for (int64_t i = 0; i < g.steps; ++i) {
+    FLUX_RETURN_IF_ERROR(g.check_continue());
+    double seconds = 0.0;
+    FLUX_RETURN_IF_ERROR(timed(seconds, [&] { return denoising_step(g, i); }));
+    g.image.timings.steps.push_back(seconds);
+    if (g.hooks.on_latents) g.hooks.on_latents(i, g.latents);
+    if (g.hooks.on_step) g.hooks.on_step(i, g.steps, seconds);
   }
-  timings.denoise = seconds_since(start);
-  // The transformer's workspace (and klein-KV's cache) go back before the VAE decode, so the
-  // request's peak is the larger of the two stages, not their sum (FLUX.2-dev at 1024x1024 on a
-  // 141 GB device: 100.25 GB with both held).
-  cond = Flux2Conditioning{};
-  negative_cond = Flux2Conditioning{};
-  velocity = Tensor{};
-  negative_velocity = Tensor{};
+  return absl::OkStatus();
+}
 
-  // Decode: BatchNorm de-normalisation, unpatchify, VAE decoder, uint8.
-  if (hooks.check_continue) FLUX_RETURN_IF_ERROR(hooks.check_continue());
-  start = Clock::now();
-  FLUX_ASSIGN_OR_RETURN(Tensor pixels, vae_->decode_tokens(latents, h, w));  // [H, W, 3]
-  if (hooks.on_image) hooks.on_image(pixels);
-  image.rgb.resize(static_cast<size_t>(pixels.numel()));
-  FLUX_RETURN_IF_ERROR(be.to_rgb8(pixels, image.rgb.data()));
-  timings.decode = seconds_since(start);
-  if (static_cast<int64_t>(image.rgb.size()) != size.width * size.height * 3) {
+absl::Status Pipeline::denoising_step(Generation& g, int64_t step) const {
+  Backend& be = backend_;
+  const Generation::StepBuffers& b = *g.step_buffers;
+  // [latents; references], but the latents alone once klein-KV cached the references' K/V.
+  const Tensor& x = b.cond.kv != nullptr && step > 0 ? g.latents : g.model_input;
+  FLUX_RETURN_IF_ERROR(transformer_->forward(b.cond, step, x, b.velocity));  // [N, 128]
+  if (g.cfg) {
+    FLUX_RETURN_IF_ERROR(transformer_->forward(b.negative_cond, step, x, b.negative_velocity));
+    FLUX_RETURN_IF_ERROR(be.cfg_combine(b.negative_velocity, b.velocity,
+                                        static_cast<float>(g.guidance), b.velocity));
+  }
+  FLUX_RETURN_IF_ERROR(be.euler_step(g.latents, b.velocity, g.schedule.dt(step)));  // [N, 128]
+  return be.synchronize();
+}
+
+absl::Status Pipeline::decode(Generation& g) const {
+  FLUX_RETURN_IF_ERROR(g.check_continue());
+  // BatchNorm de-normalisation, unpatchify, VAE decoder, uint8.
+  FLUX_ASSIGN_OR_RETURN(Tensor pixels, vae_->decode_tokens(g.latents, g.h, g.w));  // [H, W, 3]
+  if (g.hooks.on_image) g.hooks.on_image(pixels);
+  g.image.rgb.resize(static_cast<size_t>(pixels.numel()));
+  FLUX_RETURN_IF_ERROR(backend_.to_rgb8(pixels, g.image.rgb.data()));
+  if (static_cast<int64_t>(g.image.rgb.size()) != g.image.width * g.image.height * 3) {
     return absl::InternalError("decoded image has the wrong size");
   }
-  return image;
+  return absl::OkStatus();
 }
 
 }  // namespace flux2
