@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "model/field_violation.h"
 #include "model/flux2_transformer.h"
 #include "model/memory_plan.h"
 #include "model/prompt_cache.h"
@@ -201,8 +202,12 @@ class Pipeline {
 
   const PipelineInfo& info() const { return info_; }
 
-  // Checks params against the model and returns InvalidArgument naming the field (width,
-  // height, num_inference_steps, guidance_scale, max_sequence_length, reference_images[i]).
+  // Every way `params` does not fit the model, in field order (reference_images[i], width,
+  // height, num_inference_steps, guidance_scale, negative_prompt, quality, max_sequence_length);
+  // empty: generate() takes them. A size taken from a refused reference is not checked again.
+  std::vector<FieldViolation> check(const GenerateParams& params) const;
+  // check() as a status: OK, or InvalidArgument "field: description; field2: ..."
+  // (describe_violations()).
   absl::Status validate(const GenerateParams& params) const;
 
   // One image for `params` (refused as validate() refuses), in stages: the prompts (tokenized,
@@ -233,8 +238,13 @@ class Pipeline {
   // The PipelineInfo fields every klein pipeline derives from its name and variant.
   void describe(const std::string& model_dir, const std::string& model_name,
                 const std::string& pipeline_class, bool is_distilled, bool kv_cache);
-  // Checks the references of `params` (prepared, within the area) naming reference_images[i].
-  absl::Status validate_references(const GenerateParams& params) const;
+  // Adds a violation of reference_images[i] for each reference of `params` that is not prepared
+  // (reference_image.h); returns whether the first one is.
+  bool check_references(const GenerateParams& params,
+                        std::vector<FieldViolation>& violations) const;
+  // Adds a violation of width / height for a side that is not a positive multiple of the
+  // pixel multiple.
+  void check_size(const ImageSize& size, std::vector<FieldViolation>& violations) const;
   // VAE-encodes the references into rows [0, R) of `tokens` [R, 128] (R: their tokens in order)
   // and returns their position ids [R, 4] (T = 10 (k + 1), row, col, 0).
   absl::StatusOr<std::vector<int64_t>> encode_references(const std::vector<RgbImage>& references,

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/elapsed.h"
 #include "kernels/base/parallel.h"
@@ -112,51 +113,76 @@ ImageSize output_size(const GenerateParams& params) {
   return size;
 }
 
-absl::Status Pipeline::validate_references(const GenerateParams& params) const {
+bool Pipeline::check_references(const GenerateParams& params,
+                                std::vector<FieldViolation>& violations) const {
+  bool first_ok = true;
   for (size_t i = 0; i < params.references.size(); ++i) {
-    FLUX_RETURN_IF_ERROR(check_prepared_reference(params.references[i], info_.pixel_multiple,
-                                                  absl::StrCat("reference_images[", i, "]")));
+    const std::string field = absl::StrCat("reference_images[", i, "]");
+    const absl::Status status =
+        check_prepared_reference(params.references[i], info_.pixel_multiple, field);
+    if (status.ok()) continue;
+    // Its message is "reference_images[i]: why" (reference_image.h).
+    absl::string_view why = status.message();
+    absl::ConsumePrefix(&why, absl::StrCat(field, ": "));
+    violations.push_back({field, std::string(why)});
+    first_ok = first_ok && i > 0;
   }
-  return absl::OkStatus();
+  return first_ok;
 }
 
-absl::Status Pipeline::validate(const GenerateParams& params) const {
+void Pipeline::check_size(const ImageSize& size, std::vector<FieldViolation>& violations) const {
   const int64_t multiple = info_.pixel_multiple;
-  FLUX_RETURN_IF_ERROR(validate_references(params));
-  const ImageSize size = output_size(params);
   for (auto [name, value] : {std::pair<const char*, int64_t>{"width", size.width},
                              std::pair<const char*, int64_t>{"height", size.height}}) {
     if (value < multiple || value % multiple != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": ", value, " is not a positive multiple of ", multiple));
+      violations.push_back(
+          {name, absl::StrCat(value, " is not a positive multiple of ", multiple)});
     }
   }
+}
+
+std::vector<FieldViolation> Pipeline::check(const GenerateParams& params) const {
+  std::vector<FieldViolation> violations;
+  const bool first_reference_ok = check_references(params, violations);
+  // The output size, unless it comes from a reference refused above (its violation says why).
+  const bool size_from_reference =
+      !params.references.empty() && (params.width == 0 || params.height == 0);
+  if (first_reference_ok || !size_from_reference) check_size(output_size(params), violations);
   if (params.num_inference_steps < 0 || params.num_inference_steps > kMaxSteps) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("num_inference_steps: ", params.num_inference_steps, " is outside 1..",
-                     kMaxSteps, " (0 = default)"));
+    violations.push_back(
+        {"num_inference_steps",
+         absl::StrCat(params.num_inference_steps, " is outside 1..", kMaxSteps, " (0 = default)")});
   }
   if (!std::isfinite(params.guidance_scale) ||
       (params.guidance_scale >= 0.0 && params.guidance_scale > kMaxGuidance)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("guidance_scale: ", exact_decimal(params.guidance_scale),
-                     " is not a finite value in 0..", kMaxGuidance));
+    violations.push_back(
+        {"guidance_scale", absl::StrCat(exact_decimal(params.guidance_scale),
+                                        " is not a finite value in 0..", kMaxGuidance)});
   }
   if (!params.negative_prompt.empty() && !info_.uses_cfg) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "negative_prompt: ", info_.model_name, " (", info_.variant,
-        ") runs without classifier-free guidance, so a negative prompt does not apply"));
+    violations.push_back(
+        {"negative_prompt",
+         absl::StrCat(info_.model_name, " (", info_.variant,
+                      ") runs without classifier-free guidance, so a negative prompt does not "
+                      "apply")});
   }
   if (params.quality == Quality::kHigh && !info_.quality_high) {
-    return absl::InvalidArgumentError(
-        "quality: QUALITY_HIGH is not enabled for this model (load it with quality=high enabled)");
+    violations.push_back({"quality",
+                          "QUALITY_HIGH is not enabled for this model (load it with quality=high "
+                          "enabled)"});
   }
   if (params.max_sequence_length < 0 || params.max_sequence_length > info_.max_sequence_length) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_sequence_length: ", params.max_sequence_length, " is outside 1..",
-                     info_.max_sequence_length, " (0 = default)"));
+    violations.push_back(
+        {"max_sequence_length", absl::StrCat(params.max_sequence_length, " is outside 1..",
+                                             info_.max_sequence_length, " (0 = default)")});
   }
-  return absl::OkStatus();
+  return violations;
+}
+
+absl::Status Pipeline::validate(const GenerateParams& params) const {
+  const std::vector<FieldViolation> violations = check(params);
+  if (violations.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(describe_violations(violations));
 }
 
 struct Pipeline::Generation {

@@ -134,6 +134,46 @@ TEST_F(PipelineTest, ValidationNamesTheField) {
   EXPECT_TRUE(pipeline->validate(small(1)).ok());
 }
 
+// check() reports every violation in field order, each named and described as validate() words
+// a lone one; validate() joins them. A size that would come from a refused reference is not
+// checked again (its violation says why).
+TEST_F(PipelineTest, CheckReportsEveryViolation) {
+  auto pipeline = load();
+  ASSERT_NE(pipeline, nullptr);
+  EXPECT_TRUE(pipeline->check(small(1)).empty());
+  GenerateParams p = small(1);
+  p.width = 50;
+  EXPECT_EQ(pipeline->validate(p).message(), "width: 50 is not a positive multiple of 16");
+  p.num_inference_steps = 1000;
+  p.guidance_scale = std::nan("");
+  p.max_sequence_length = 4096;
+  const std::vector<FieldViolation> violations = pipeline->check(p);
+  ASSERT_EQ(violations.size(), 4u);
+  EXPECT_EQ(violations[0].field, "width");
+  EXPECT_EQ(violations[1].field, "num_inference_steps");
+  EXPECT_EQ(violations[1].description, "1000 is outside 1..200 (0 = default)");
+  EXPECT_EQ(violations[2].field, "guidance_scale");
+  EXPECT_EQ(violations[3].field, "max_sequence_length");
+  EXPECT_EQ(violations[3].description, "4096 is outside 1..512 (0 = default)");
+  const absl::Status status = pipeline->validate(p);
+  EXPECT_TRUE(absl::IsInvalidArgument(status));
+  EXPECT_EQ(status.message(), describe_violations(violations));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("width: 50 is not a positive multiple of 16; num_inference_steps: 1000"));
+
+  p = small(1);
+  p.width = p.height = 0;  // the first reference's size, which is not prepared
+  p.references.push_back(RgbImage{72, 64, std::vector<uint8_t>(72 * 64 * 3, 9)});
+  p.references.push_back(RgbImage{64, 80, std::vector<uint8_t>(64 * 80 * 3, 9)});
+  p.references.push_back(RgbImage{32, 32, std::vector<uint8_t>(32 * 32 * 3, 9)});
+  const std::vector<FieldViolation> refs = pipeline->check(p);
+  ASSERT_EQ(refs.size(), 2u);
+  EXPECT_EQ(refs[0].field, "reference_images[0]");
+  EXPECT_THAT(refs[0].description, HasSubstr("72x64 is not prepared"));
+  EXPECT_EQ(refs[1].field, "reference_images[2]");
+  EXPECT_EQ(refs[1].description, "32x32 is under 64 px a side");
+}
+
 // 0 x 0 means the first reference's size, else 1024 x 1024 (diffusers' defaults).
 TEST(OutputSizeTest, DefaultsToTheFirstReference) {
   GenerateParams p;
