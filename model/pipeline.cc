@@ -219,6 +219,9 @@ absl::Status Pipeline::connect_components(const std::string& source) {
                      flux.out_channels, " out channels"));
   }
   info_.pixel_multiple = 2 * vae.scale_factor();
+  info_.hard_limits.pixel_multiple = info_.pixel_multiple;
+  info_.hard_limits.max_pixels = kMaxImageTokens * info_.pixel_multiple * info_.pixel_multiple;
+  info_.hard_limits.max_sequence_length = info_.max_sequence_length;
   info_.text_encoder_bytes = text_encoder_->device_bytes();
   info_.text_encoder_host_bytes = text_encoder_->host_bytes();
   info_.text_encoder_streamed = text_encoder_->residency() == WeightResidency::kStreamed;

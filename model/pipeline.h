@@ -21,6 +21,7 @@
 #include "model/field_violation.h"
 #include "model/flux2_transformer.h"
 #include "model/memory_plan.h"
+#include "model/model_limits.h"
 #include "model/prompt_cache.h"
 #include "model/reference_image.h"
 #include "model/scheduler.h"
@@ -46,8 +47,10 @@ struct PipelineInfo {
   bool uses_kv_cache = false;
   int64_t default_steps = 4;  // distilled 4, base 50
   double default_guidance = 4.0;
-  int64_t max_sequence_length = 512;
-  int64_t pixel_multiple = 16;    // width and height must be multiples of this
+  int64_t max_sequence_length = kMaxSequenceLength;
+  int64_t pixel_multiple = 16;  // width and height must be multiples of this
+  // The bounds check() refuses beyond (max_sequence_length and pixel_multiple as above).
+  ModelLimits hard_limits;
   std::string backend;            // "cpu" / "cuda"
   std::string device_pci_bus_id;  // Backend::device_pci_bus_id: the GPU for NVML; "" on the CPU
   int64_t device_bytes = 0;       // weights held by the backend, all components

@@ -53,10 +53,6 @@ absl::Status timed(double& seconds, const std::function<absl::Status()>& stage) 
   return status;
 }
 
-// Steps and guidance accepted by validate(); generous bounds that keep a request finite.
-constexpr int64_t kMaxSteps = 200;
-constexpr double kMaxGuidance = 100.0;
-
 }  // namespace
 
 absl::StatusOr<Tensor> Pipeline::prompt_embeddings(const TokenizedPrompt& tokens, bool* hit) const {
@@ -131,13 +127,23 @@ bool Pipeline::check_references(const GenerateParams& params,
 }
 
 void Pipeline::check_size(const ImageSize& size, std::vector<FieldViolation>& violations) const {
-  const int64_t multiple = info_.pixel_multiple;
+  const int64_t multiple = info_.hard_limits.pixel_multiple;
+  bool sides_ok = true;
   for (auto [name, value] : {std::pair<const char*, int64_t>{"width", size.width},
                              std::pair<const char*, int64_t>{"height", size.height}}) {
     if (value < multiple || value % multiple != 0) {
       violations.push_back(
           {name, absl::StrCat(value, " is not a positive multiple of ", multiple)});
+      sides_ok = false;
     }
+  }
+  const int64_t max_pixels = info_.hard_limits.max_pixels;
+  if (sides_ok && size.width > max_pixels / size.height) {  // width x height > max_pixels
+    const std::string why =
+        absl::StrCat(size.width, " x ", size.height, " exceeds the model's bound of ", max_pixels,
+                     " pixels (width x height; model/model_limits.h says why)");
+    violations.push_back({"width", why});
+    violations.push_back({"height", why});
   }
 }
 
@@ -148,16 +154,17 @@ std::vector<FieldViolation> Pipeline::check(const GenerateParams& params) const 
   const bool size_from_reference =
       !params.references.empty() && (params.width == 0 || params.height == 0);
   if (first_reference_ok || !size_from_reference) check_size(output_size(params), violations);
-  if (params.num_inference_steps < 0 || params.num_inference_steps > kMaxSteps) {
+  const ModelLimits& limits = info_.hard_limits;
+  if (params.num_inference_steps < 0 || params.num_inference_steps > limits.max_steps) {
     violations.push_back(
-        {"num_inference_steps",
-         absl::StrCat(params.num_inference_steps, " is outside 1..", kMaxSteps, " (0 = default)")});
+        {"num_inference_steps", absl::StrCat(params.num_inference_steps, " is outside 1..",
+                                             limits.max_steps, " (0 = default)")});
   }
   if (!std::isfinite(params.guidance_scale) ||
-      (params.guidance_scale >= 0.0 && params.guidance_scale > kMaxGuidance)) {
+      (params.guidance_scale >= 0.0 && params.guidance_scale > limits.max_guidance)) {
     violations.push_back(
         {"guidance_scale", absl::StrCat(exact_decimal(params.guidance_scale),
-                                        " is not a finite value in 0..", kMaxGuidance)});
+                                        " is not a finite value in 0..", limits.max_guidance)});
   }
   if (!params.negative_prompt.empty() && !info_.uses_cfg) {
     violations.push_back(
@@ -171,10 +178,10 @@ std::vector<FieldViolation> Pipeline::check(const GenerateParams& params) const 
                           "QUALITY_HIGH is not enabled for this model (load it with quality=high "
                           "enabled)"});
   }
-  if (params.max_sequence_length < 0 || params.max_sequence_length > info_.max_sequence_length) {
+  if (params.max_sequence_length < 0 || params.max_sequence_length > limits.max_sequence_length) {
     violations.push_back(
         {"max_sequence_length", absl::StrCat(params.max_sequence_length, " is outside 1..",
-                                             info_.max_sequence_length, " (0 = default)")});
+                                             limits.max_sequence_length, " (0 = default)")});
   }
   return violations;
 }

@@ -1,13 +1,15 @@
 // The pipeline on the tiny checkpoint (CPU): argument validation names the field, a seed fixes
 // the image, the CFG path (with its cached negative-prompt embeddings) repeats exactly, and
 // quality=high is refused unless the pipeline was loaded with it, and a request's stages run
-// under the options they must (the text encoder lossless whatever the request asks).
+// under the options they must (the text encoder lossless whatever the request asks); check()
+// reports every violation, and the model's hard limits (ModelLimits) hold.
 #include "model/pipeline.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "model/scheduler.h"
 #include "tests/host/test_util.h"
 
 namespace flux2 {
@@ -172,6 +174,56 @@ TEST_F(PipelineTest, CheckReportsEveryViolation) {
   EXPECT_THAT(refs[0].description, HasSubstr("72x64 is not prepared"));
   EXPECT_EQ(refs[1].field, "reference_images[2]");
   EXPECT_EQ(refs[1].description, "32x32 is under 64 px a side");
+}
+
+// The loaded model publishes its hard bounds, and check() refuses a size past max_pixels without
+// multiplying the sides (2^40 x 2^40 would overflow int64).
+TEST_F(PipelineTest, ModelLimitsArePublishedAndEnforced) {
+  auto pipeline = load();
+  ASSERT_NE(pipeline, nullptr);
+  const ModelLimits& limits = pipeline->info().hard_limits;
+  EXPECT_EQ(limits.max_steps, kMaxInferenceSteps);
+  EXPECT_EQ(limits.max_guidance, kMaxGuidanceScale);
+  EXPECT_EQ(limits.pixel_multiple, pipeline->info().pixel_multiple);
+  EXPECT_EQ(limits.max_sequence_length, pipeline->info().max_sequence_length);
+  EXPECT_EQ(limits.max_pixels, kMaxImagePixels);
+  GenerateParams p = small(1);
+  p.width = 11552;  // 722 x 722 tokens: within the bound
+  p.height = 11552;
+  EXPECT_TRUE(pipeline->check(p).empty());
+  p.width = 11568;  // 723 x 722 tokens: past it
+  std::vector<FieldViolation> violations = pipeline->check(p);
+  ASSERT_EQ(violations.size(), 2u);
+  EXPECT_EQ(violations[0].field, "width");
+  EXPECT_EQ(violations[1].field, "height");
+  EXPECT_THAT(violations[0].description,
+              HasSubstr("11568 x 11552 exceeds the model's bound of 133491456 pixels"));
+  p.width = p.height = int64_t{1} << 40;
+  EXPECT_EQ(pipeline->check(p).size(), 2u);
+}
+
+// kMaxImageTokens is where the FLUX.2 schedule stops being finite (model_limits.h): float(exp(mu))
+// overflows one token later. Well before it the schedule degenerates as the comment says.
+TEST(ModelLimitsTest, ImageTokenBoundIsWhereTheScheduleTurnsNaN) {
+  const SchedulerConfig config;  // FLUX.2's: dynamic shifting, exponential time shift
+  auto finite = [](const Schedule& schedule) {
+    for (float sigma : schedule.sigmas) {
+      if (!std::isfinite(sigma)) return false;
+    }
+    return true;
+  };
+  for (int64_t steps : {int64_t{1}, int64_t{4}, int64_t{50}, kMaxInferenceSteps}) {
+    EXPECT_TRUE(finite(make_schedule(config, steps, kMaxImageTokens))) << steps;
+    EXPECT_FALSE(finite(make_schedule(config, steps, kMaxImageTokens + 1))) << steps;
+  }
+  for (int64_t steps : {int64_t{4}, int64_t{50}}) {
+    const Schedule at_4096 = make_schedule(config, steps, 65536);  // 4096 x 4096
+    const Schedule at_8192x4096 = make_schedule(config, steps, 131072);
+    for (int64_t i = 0; i < steps; ++i) {
+      EXPECT_GT(at_4096.sigmas[i], 1.0f - 5e-4f) << steps << " steps, sigma " << i;
+      EXPECT_EQ(at_8192x4096.sigmas[i], 1.0f) << steps << " steps, sigma " << i;
+    }
+  }
 }
 
 // 0 x 0 means the first reference's size, else 1024 x 1024 (diffusers' defaults).
