@@ -372,7 +372,8 @@ absl::Status Flux2Transformer::set_up(Pass& p, int64_t step, const Tensor& x,
 }
 
 absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t step, const Tensor& x,
-                                       const Tensor& out, const ActivationTap& tap) const {
+                                       const Tensor& out, const ActivationTap& tap,
+                                       const std::function<absl::Status()>& between_blocks) const {
   Backend& be = backend_;
   const int64_t d = config_.hidden();
   const float eps = static_cast<float>(config_.eps);
@@ -384,8 +385,10 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
   FLUX_RETURN_IF_ERROR(be.copy(cond.txt, txt));                      // [L, D]
   FLUX_RETURN_IF_ERROR(be.linear(x, weights_.x_embedder, {}, img));  // [N (+R), D]
 
-  size_t layer = 0;
+  size_t layer = 0;  // double blocks, then single blocks
+  auto check = [&] { return layer > 0 && between_blocks ? between_blocks() : absl::OkStatus(); };
   for (size_t i = 0; i < weights_.double_blocks.size(); ++i, ++layer) {
+    FLUX_RETURN_IF_ERROR(check());
     FLUX_RETURN_IF_ERROR(double_block(weights_.double_blocks[i], p, layer));
     if (tap) {
       tap(absl::StrCat("block.double.", i, ".txt"), txt);
@@ -393,6 +396,7 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
     }
   }
   for (size_t j = 0; j < weights_.single_blocks.size(); ++j, ++layer) {
+    FLUX_RETURN_IF_ERROR(check());
     FLUX_RETURN_IF_ERROR(single_block(weights_.single_blocks[j], p, layer));
     if (tap) tap(absl::StrCat("block.single.", j, ".out"), p.stream);
   }

@@ -91,8 +91,13 @@ class Flux2Transformer {
   // out [N, out_channels] = the velocity at `step` for x [N + R, in_channels]: the latent tokens,
   // then the R reference tokens (R = 0 for text-to-image; klein-KV: x is [N + R] at step 0, which
   // fills the cache, and [N] at later steps, which read it: step 0 runs first).
+  // `between_blocks`, when set, runs on the host before every block but the first; a non-OK
+  // status stops the forward and is returned (out is then undefined, and a klein-KV cache
+  // incomplete: the request must end). On an asynchronous backend it runs as the ops are
+  // enqueued, ahead of the device.
   absl::Status forward(const Flux2Conditioning& cond, int64_t step, const Tensor& x,
-                       const Tensor& out, const ActivationTap& tap = nullptr) const;
+                       const Tensor& out, const ActivationTap& tap = nullptr,
+                       const std::function<absl::Status()>& between_blocks = nullptr) const;
 
  private:
   Flux2Transformer(Backend& backend, Flux2Config config)

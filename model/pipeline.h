@@ -178,6 +178,12 @@ struct GenerateHooks {
   // stops the generation with that status. Each call runs under the request options of the stage
   // that follows (the text encoder's are lossless whatever the request's quality).
   std::function<absl::Status()> check_continue;
+  // Checked inside each step too, between the transformer's blocks (before every block but the
+  // first of each forward), where the backend runs ops synchronously (the CPU): a non-OK status
+  // stops the step midway and the generation with it. Not called on CUDA (pipeline_generate.cc
+  // says why). It runs (blocks - 1) times per forward, so it must be cheap; unlike
+  // check_continue it marks no stage boundary. Unset: steps run to their end.
+  std::function<absl::Status()> check_between_blocks;
   // Called after each step with its index (0-based), the step count and its wall time.
   std::function<void(int64_t step, int64_t steps, double seconds)> on_step;
   // Called once with the prompt embeddings [L, J] the transformer gets (for golden checks).
@@ -234,7 +240,9 @@ class Pipeline {
   absl::Status prepare_latents(Generation& g) const;
   // The steps, each after a check: transformer forward(s), CFG, Euler update.
   absl::Status denoise(Generation& g) const;
-  absl::Status denoising_step(Generation& g, int64_t step) const;
+  // One step; `between_blocks` goes to the transformer's forwards.
+  absl::Status denoising_step(Generation& g, int64_t step,
+                              const std::function<absl::Status()>& between_blocks) const;
   // Checks, then the VAE decode to RGB8.
   absl::Status decode(Generation& g) const;
 

@@ -378,10 +378,18 @@ absl::Status Pipeline::prepare_latents(Generation& g) const {
 }
 
 absl::Status Pipeline::denoise(Generation& g) const {
+  // Inside a step, the request is checked between the transformer's blocks only where ops run
+  // synchronously (the CPU backend, where one step at a large size is slow). On CUDA ops are
+  // asynchronous on the backend's stream and no CUDA graph captures a step: the host enqueues a
+  // step's blocks ahead of the device and waits once, at its end (denoising_step). A check
+  // between enqueues would stop nothing the device runs, and a step left midway would leave its
+  // enqueued kernels to run anyway; there the check before each step is the one that counts.
+  const std::function<absl::Status()> between_blocks =
+      backend_.device() == Device::kCpu ? g.hooks.check_between_blocks : nullptr;
   for (int64_t i = 0; i < g.steps; ++i) {
     FLUX_RETURN_IF_ERROR(g.check_continue());
     double seconds = 0.0;
-    FLUX_RETURN_IF_ERROR(timed(seconds, [&] { return denoising_step(g, i); }));
+    FLUX_RETURN_IF_ERROR(timed(seconds, [&] { return denoising_step(g, i, between_blocks); }));
     g.image.timings.steps.push_back(seconds);
     if (g.hooks.on_latents) g.hooks.on_latents(i, g.latents);
     if (g.hooks.on_step) g.hooks.on_step(i, g.steps, seconds);
@@ -389,14 +397,17 @@ absl::Status Pipeline::denoise(Generation& g) const {
   return absl::OkStatus();
 }
 
-absl::Status Pipeline::denoising_step(Generation& g, int64_t step) const {
+absl::Status Pipeline::denoising_step(Generation& g, int64_t step,
+                                      const std::function<absl::Status()>& between_blocks) const {
   Backend& be = backend_;
   const Generation::StepBuffers& b = *g.step_buffers;
   // [latents; references], but the latents alone once klein-KV cached the references' K/V.
   const Tensor& x = b.cond.kv != nullptr && step > 0 ? g.latents : g.model_input;
-  FLUX_RETURN_IF_ERROR(transformer_->forward(b.cond, step, x, b.velocity));  // [N, 128]
+  FLUX_RETURN_IF_ERROR(
+      transformer_->forward(b.cond, step, x, b.velocity, nullptr, between_blocks));  // [N, 128]
   if (g.cfg) {
-    FLUX_RETURN_IF_ERROR(transformer_->forward(b.negative_cond, step, x, b.negative_velocity));
+    FLUX_RETURN_IF_ERROR(transformer_->forward(b.negative_cond, step, x, b.negative_velocity,
+                                               nullptr, between_blocks));
     FLUX_RETURN_IF_ERROR(be.cfg_combine(b.negative_velocity, b.velocity,
                                         static_cast<float>(g.guidance), b.velocity));
   }

@@ -1,8 +1,9 @@
 // The pipeline on the tiny checkpoint (CPU): argument validation names the field, a seed fixes
 // the image, the CFG path (with its cached negative-prompt embeddings) repeats exactly, and
 // quality=high is refused unless the pipeline was loaded with it, and a request's stages run
-// under the options they must (the text encoder lossless whatever the request asks); check()
-// reports every violation, and the model's hard limits (ModelLimits) hold.
+// under the options they must (the text encoder lossless whatever the request asks); a cancelled
+// request stops between transformer blocks; check() reports every violation, and the model's
+// hard limits (ModelLimits) hold.
 #include "model/pipeline.h"
 
 #include <gmock/gmock.h>
@@ -105,6 +106,44 @@ TEST_F(PipelineTest, EachStageRunsUnderItsRequestOptions) {
   }
   EXPECT_EQ(backend_.request().quality, Quality::kLossless);
   EXPECT_TRUE(backend_.request().fast_paths);
+}
+
+// On the CPU a request is checked between the transformer's blocks: more than once per step
+// (before every block but the first of each forward), and the first failing check ends
+// generate() with its status midway through a step, without another block, step or decode.
+TEST_F(PipelineTest, CancellationStopsAStepBetweenBlocks) {
+  auto pipeline = load();
+  ASSERT_NE(pipeline, nullptr);
+  const GenerateParams p = small(2);  // 2 steps, distilled: one forward each
+  int block_checks = 0, stage_checks = 0, steps_done = 0;
+  GenerateHooks hooks;
+  hooks.check_continue = [&] {
+    ++stage_checks;
+    return absl::OkStatus();
+  };
+  hooks.on_step = [&](int64_t, int64_t, double) { ++steps_done; };
+  hooks.check_between_blocks = [&] {
+    ++block_checks;
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(pipeline->generate(p, hooks).ok());
+  const int per_step = block_checks / 2;
+  EXPECT_EQ(block_checks, 2 * per_step);
+  EXPECT_EQ(per_step, 4);      // tiny-klein: 2 double + 3 single blocks
+  EXPECT_EQ(stage_checks, 4);  // the text encoder, 2 steps, the decode: unchanged
+
+  const int fail_at = per_step + 2;  // the second check inside step 1
+  block_checks = stage_checks = steps_done = 0;
+  hooks.check_between_blocks = [&] {
+    return ++block_checks == fail_at ? absl::CancelledError("the client went away")
+                                     : absl::OkStatus();
+  };
+  const absl::StatusOr<GeneratedImage> image = pipeline->generate(p, hooks);
+  EXPECT_TRUE(absl::IsCancelled(image.status())) << image.status();
+  EXPECT_EQ(image.status().message(), "the client went away");
+  EXPECT_EQ(block_checks, fail_at);  // no block ran after the failing check
+  EXPECT_EQ(steps_done, 1);          // step 0 done, step 1 stopped midway
+  EXPECT_EQ(stage_checks, 3);        // the text encoder and 2 steps; no decode
 }
 
 TEST_F(PipelineTest, ValidationNamesTheField) {
