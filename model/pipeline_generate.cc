@@ -115,13 +115,13 @@ bool Pipeline::check_references(const GenerateParams& params,
   for (size_t i = 0; i < params.references.size(); ++i) {
     const std::string field = absl::StrCat("reference_images[", i, "]");
     const absl::Status status =
-        check_prepared_reference(params.references[i], info_.pixel_multiple, field);
+        check_prepared_reference(params.references[i], info_.hard_limits.pixel_multiple, field);
     if (status.ok()) continue;
     // Its message is "reference_images[i]: why" (reference_image.h).
     absl::string_view why = status.message();
     absl::ConsumePrefix(&why, absl::StrCat(field, ": "));
     violations.push_back({field, std::string(why)});
-    first_ok = first_ok && i > 0;
+    if (i == 0) first_ok = false;
   }
   return first_ok;
 }
@@ -141,7 +141,7 @@ void Pipeline::check_size(const ImageSize& size, std::vector<FieldViolation>& vi
   if (sides_ok && size.width > max_pixels / size.height) {  // width x height > max_pixels
     const std::string why =
         absl::StrCat(size.width, " x ", size.height, " exceeds the model's bound of ", max_pixels,
-                     " pixels (width x height; model/model_limits.h says why)");
+                     " pixels (width x height)");
     violations.push_back({"width", why});
     violations.push_back({"height", why});
   }
