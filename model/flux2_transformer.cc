@@ -147,15 +147,8 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(
     const float zero[1] = {0.0f};
     FLUX_ASSIGN_OR_RETURN(cond.reference_modulation,
                           modulation_rows(zero, guidance.empty() ? guidance : guidance.first(1)));
-    auto cache = std::make_shared<Flux2KvCache>();
     const size_t layers = weights_.double_blocks.size() + weights_.single_blocks.size();
-    for (size_t i = 0; i < layers; ++i) {
-      FLUX_ASSIGN_OR_RETURN(Tensor keys, be.empty(act, {cond.reference_len, d}));
-      FLUX_ASSIGN_OR_RETURN(Tensor values, be.empty(act, {cond.reference_len, d}));
-      cache->keys.push_back(keys);
-      cache->values.push_back(values);
-    }
-    cond.kv = std::move(cache);
+    FLUX_ASSIGN_OR_RETURN(cond.kv, Flux2KvCache::allocate(be, layers, cond.reference_len, d));
   }
 
   auto ws = std::make_shared<Flux2Workspace>();
@@ -168,205 +161,188 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(
   return cond;
 }
 
+namespace {
+
+// Stream rows [begin, end) and the modulation row each reads (flux2_kv_row_modulation: one
+// segment, two in klein-KV's extract forward). Each modulated op runs once per segment, with the
+// chunk of the segment's modulation row [1, 17D] at the column the caller names
+// (Flux2ModulationLayout); `normed` [S, D] is the norms' scratch.
+class ModulatedRows {
+ public:
+  ModulatedRows() = default;
+  ModulatedRows(Backend& be, int64_t d, float eps, const Tensor& normed, int64_t begin, int64_t end,
+                std::vector<Flux2RowModulation> segments)
+      : be_(&be),
+        d_(d),
+        eps_(eps),
+        normed_(normed),
+        begin_(begin),
+        end_(end),
+        segments_(std::move(segments)) {}
+
+  // These rows of `t`.
+  Tensor rows(const Tensor& t) const { return t.row_slice(begin_, end_ - begin_); }
+
+  // out = ((1 + scale) ⊙ LayerNorm(x) + shift) · wᵀ (Backend::layer_norm_modulate_linear);
+  // shift, scale: the chunks at those columns.
+  absl::Status norm_linear(const Tensor& x, int64_t shift, int64_t scale, const Weight& w,
+                           const Tensor& out) const {
+    for (const Flux2RowModulation& g : segments_) {
+      FLUX_RETURN_IF_ERROR(be_->layer_norm_modulate_linear(
+          of(x, g), chunk(g, shift), chunk(g, scale), eps_, of(normed_, g), w, of(out, g)));
+    }
+    return absl::OkStatus();
+  }
+
+  // x += gate ⊙ update, gate: the chunk at that column.
+  absl::Status gate_residual(const Tensor& x, int64_t gate, const Tensor& update) const {
+    for (const Flux2RowModulation& g : segments_) {
+      FLUX_RETURN_IF_ERROR(be_->gate_residual(of(x, g), chunk(g, gate), of(update, g)));
+    }
+    return absl::OkStatus();
+  }
+
+  // out = [.. | SwiGLU(ff_gate, ff_up)] · wᵀ with the SwiGLU written into the last columns of
+  // `act`, then x += gate ⊙ out (Backend::swiglu_linear with its gated residual).
+  absl::Status swiglu_linear(const Tensor& ff_gate, const Tensor& ff_up, const Tensor& act,
+                             const Weight& w, const Tensor& out, const Tensor& x,
+                             int64_t gate) const {
+    for (const Flux2RowModulation& g : segments_) {
+      const GatedResidual residual{of(x, g), chunk(g, gate)};
+      FLUX_RETURN_IF_ERROR(
+          be_->swiglu_linear(of(ff_gate, g), of(ff_up, g), of(act, g), w, of(out, g), &residual));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static Tensor of(const Tensor& t, const Flux2RowModulation& g) {
+    return t.row_slice(g.first, g.count);
+  }
+  Tensor chunk(const Flux2RowModulation& g, int64_t column) const {
+    return g.mod.col_slice(column, d_);
+  }
+
+  Backend* be_ = nullptr;
+  int64_t d_ = 0;
+  float eps_ = 0.0f;
+  Tensor normed_;
+  int64_t begin_ = 0, end_ = 0;
+  std::vector<Flux2RowModulation> segments_;
+};
+
+}  // namespace
+
 // One forward's view of the joint stream: S = L + N + R rows (text, image, references), with
 // R = 0 in klein-KV's cached forwards, whose keys also include the R cached reference rows.
 struct Flux2Transformer::Pass {
   explicit Pass(const Flux2Conditioning& conditioning) : cond(conditioning) {}
   const Flux2Conditioning& cond;
-  int64_t l = 0, n = 0, r = 0;  // text, image and reference rows in this forward's stream
-  Tensor mod;                   // [1, 17D] this step's modulation
-  Tensor ref_mod;               // klein-KV's extract forward: the references' modulation
-  bool extract = false;         // klein-KV: runs the references and fills the cache
-  bool cached = false;          // klein-KV: attends to the cached reference K/V as well
+  int64_t l = 0, n = 0, r = 0;         // text, image and reference rows in this stream
+  Flux2KvMode kv = Flux2KvMode::kOff;  // klein-KV: extract (step 0), cached (later), or off
+  Tensor mod;                          // [1, 17D] this step's modulation
+  ModulatedRows txt, img, all;         // rows [0, L), [L, S) and [0, S), modulated
   Tensor stream, normed, wide, attn_mlp, proj;  // the workspace's first S rows
   Tensor rope_cos, rope_sin;                    // [S, Dh]
   int64_t s() const { return l + n + r; }
 };
 
-namespace {
-
-// Rows [first, first + count) of the stream that share one modulation row.
-struct Segment {
-  int64_t first = 0, count = 0;
-  const Tensor* mod = nullptr;
-};
-
-Tensor rows_of(const Tensor& t, const Segment& segment) {
-  return t.row_slice(segment.first, segment.count);
-}
-
-// Rows [begin, end) split where their modulation changes: in klein-KV's extract forward the
-// reference rows (from L + N on) use the timestep-0 modulation; otherwise one segment.
-std::vector<Segment> modulation_segments(const Tensor& mod, const Tensor& ref_mod, bool extract,
-                                         int64_t references_from, int64_t begin, int64_t end) {
-  if (!extract) return {Segment{begin, end - begin, &mod}};
-  const int64_t split = std::clamp(references_from, begin, end);
-  std::vector<Segment> segments;
-  if (split > begin) segments.push_back({begin, split - begin, &mod});
-  if (end > split) segments.push_back({split, end - split, &ref_mod});
-  return segments;
-}
-
-}  // namespace
-
 absl::Status Flux2Transformer::attend(const Pass& p, const QkNormRope& norm, const Tensor& q,
                                       const Tensor& k, const Tensor& v, const Tensor& out,
                                       size_t layer) const {
   Backend& be = backend_;
-  const int64_t dh = config_.attention_head_dim;
+  const int64_t dh = config_.attention_head_dim, d = config_.hidden();
   const AttentionParams params{config_.num_attention_heads, config_.num_attention_heads, dh,
                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
-  if (!p.extract && !p.cached) return be.normed_attention(q, k, v, norm, params, out);
+  if (p.kv == Flux2KvMode::kOff) return be.normed_attention(q, k, v, norm, params, out);
   FLUX_RETURN_IF_ERROR(be.normed_qk(q, k, norm, dh));  // post-RoPE q and k in place
   Flux2KvCache& cache = *p.cond.kv;
-  const int64_t joint = p.l + p.n;  // text and image rows: they attend to every key
-  if (p.extract) {
-    // The references' keys and values are cached; text and image rows attend to all keys, the
-    // references only to themselves (diffusers' _flux2_kv_causal_attention).
-    const Tensor ref_q = q.row_slice(joint, p.r), ref_k = k.row_slice(joint, p.r),
-                 ref_v = v.row_slice(joint, p.r);
-    FLUX_RETURN_IF_ERROR(be.copy(ref_k, cache.keys[layer]));    // [R, D]
-    FLUX_RETURN_IF_ERROR(be.copy(ref_v, cache.values[layer]));  // [R, D]
-    FLUX_RETURN_IF_ERROR(
-        be.attention(q.row_slice(0, joint), k, v, params, out.row_slice(0, joint)));  // [L+N, D]
-    return be.attention(ref_q, ref_k, ref_v, params, out.row_slice(joint, p.r));      // [R, D]
+  if (p.kv == Flux2KvMode::kExtract) {
+    return cache.extract(be, layer, params, p.l + p.n, q, k, v, out);  // [S, D]
   }
-  // Cached: the R reference rows go after the stream's keys, in the workspace rows past S (it
-  // was sized for L + N + R), so one attention sees [text; image; references].
-  const int64_t refs = p.cond.reference_len;
-  // Both blocks lay out q | k | v first in the workspace's fused projections.
+  // Cached: the R reference rows go after the stream's keys and values, in the workspace rows
+  // past S (it was sized for L + N + R); both blocks lay out q | k | v first in its fused
+  // projections.
   const Tensor& wide = p.cond.workspace->wide;
-  const int64_t d = config_.hidden();
-  const Tensor all_k = wide.col_slice(d, d).row_slice(0, joint + refs);
-  const Tensor all_v = wide.col_slice(2 * d, d).row_slice(0, joint + refs);
-  if (all_k.data() != k.data() || all_v.data() != v.data()) {
-    return absl::InternalError("klein-KV attention: k and v are not the workspace's q|k|v columns");
-  }
-  FLUX_RETURN_IF_ERROR(be.copy(cache.keys[layer], all_k.row_slice(joint, refs)));
-  FLUX_RETURN_IF_ERROR(be.copy(cache.values[layer], all_v.row_slice(joint, refs)));
-  return be.attention(q, all_k, all_v, params, out);  // [L+N, D]
+  const int64_t rows = p.l + p.n + p.cond.reference_len;
+  const Tensor k_room = wide.col_slice(d, d).row_slice(0, rows);
+  const Tensor v_room = wide.col_slice(2 * d, d).row_slice(0, rows);
+  return cache.attend_cached(be, layer, params, q, k, v, k_room, v_room, out);  // [L+N, D]
 }
 
 absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, const Pass& p,
                                             size_t layer) const {
   Backend& be = backend_;
-  const int64_t l = p.l, s = p.s();
   const int64_t d = config_.hidden(), f = config_.mlp_hidden();
   const float eps = static_cast<float>(config_.eps);
-  const Flux2ModulationLayout m(d);
-  // shift, scale, gate x2 of each stream
-  auto img_mod = [&](const Tensor& mod, int chunk) { return mod.col_slice(m.img(chunk), d); };
-  auto txt_mod = [&](int chunk) { return p.mod.col_slice(m.txt(chunk), d); };
-  auto txt_rows = [&](const Tensor& t) { return t.row_slice(0, l); };
-  auto img_rows = [&](const Tensor& t) { return t.row_slice(l, s - l); };  // image + references
-  // The image stream's rows by modulation (one segment but in klein-KV's extract forward).
-  const std::vector<Segment> img_segments =
-      modulation_segments(p.mod, p.ref_mod, p.extract, p.l + p.n, l, s);
-  const Tensor& x = p.stream;
+  const Flux2ModulationLayout m(d);  // shift, scale, gate of attention (0-2) and MLP (3-5)
+  const ModulatedRows& txt = p.txt;
+  const ModulatedRows& img = p.img;  // image (and reference) rows
+  const Tensor &x = p.stream, &proj = p.proj;
   const Tensor qkv = p.wide.col_slice(0, 3 * d);
   const Tensor q = qkv.col_slice(0, d), k = qkv.col_slice(d, d), v = qkv.col_slice(2 * d, d);
   const Tensor attn = p.attn_mlp.col_slice(0, d);
   const Tensor ff_in = p.wide.col_slice(0, 2 * f);
+  const Tensor ff_gate = ff_in.col_slice(0, f), ff_up = ff_in.col_slice(f, f);
   const Tensor ff_act = p.attn_mlp.col_slice(d, f);
-
-  // Attention: both streams attend jointly over [text ; image].
-  // Each projection fused with the norm that feeds it: at quality=high the CUDA backend's norm
-  // writes the FP8 GEMM's input rows directly.
-  for (const Segment& g : img_segments) {
-    FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(
-        rows_of(x, g), img_mod(*g.mod, 0), img_mod(*g.mod, 1), eps, rows_of(p.normed, g), w.img_qkv,
-        rows_of(qkv, g)));  // [N (+R), 3D]
-  }
-  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(txt_rows(x), txt_mod(0), txt_mod(1), eps,
-                                                     txt_rows(p.normed), w.txt_qkv,
-                                                     txt_rows(qkv)));  // [L, 3D]
-  // QK-norm (text rows, then image rows, each stream with its weights) and RoPE, then attention.
+  // QK-norm with the text stream's weights on the first L rows, the image stream's after.
   const QkNormRope norm{
-      {w.txt_norm_q, w.img_norm_q}, {w.txt_norm_k, w.img_norm_k}, l, eps, p.rope_cos, p.rope_sin,
+      {w.txt_norm_q, w.img_norm_q}, {w.txt_norm_k, w.img_norm_k}, p.l, eps, p.rope_cos, p.rope_sin,
       RopeStyle::kInterleaved};
-  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn, layer));                       // [S, D]
-  FLUX_RETURN_IF_ERROR(be.linear(img_rows(attn), w.img_out, {}, img_rows(p.proj)));  // [N, D]
-  FLUX_RETURN_IF_ERROR(be.linear(txt_rows(attn), w.txt_out, {}, txt_rows(p.proj)));  // [L, D]
-  for (const Segment& g : img_segments) {
-    FLUX_RETURN_IF_ERROR(
-        be.gate_residual(rows_of(x, g), img_mod(*g.mod, 2), rows_of(p.proj, g)));  // [N, D]
-  }
-  FLUX_RETURN_IF_ERROR(be.gate_residual(txt_rows(x), txt_mod(2), txt_rows(p.proj)));  // [L, D]
+
+  // Attention: both streams attend jointly over [text ; image]. Each projection is fused with
+  // the norm that feeds it: at quality=high the CUDA backend's norm writes the FP8 GEMM's input.
+  FLUX_RETURN_IF_ERROR(img.norm_linear(x, m.img(0), m.img(1), w.img_qkv, qkv));    // [N (+R), 3D]
+  FLUX_RETURN_IF_ERROR(txt.norm_linear(x, m.txt(0), m.txt(1), w.txt_qkv, qkv));    // [L, 3D]
+  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn, layer));                     // [S, D]
+  FLUX_RETURN_IF_ERROR(be.linear(img.rows(attn), w.img_out, {}, img.rows(proj)));  // [N, D]
+  FLUX_RETURN_IF_ERROR(be.linear(txt.rows(attn), w.txt_out, {}, txt.rows(proj)));  // [L, D]
+  FLUX_RETURN_IF_ERROR(img.gate_residual(x, m.img(2), proj));                      // [N, D]
+  FLUX_RETURN_IF_ERROR(txt.gate_residual(x, m.txt(2), proj));                      // [L, D]
 
   // Feed-forward (SwiGLU), separate weights per stream.
-  for (const Segment& g : img_segments) {
-    FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(
-        rows_of(x, g), img_mod(*g.mod, 3), img_mod(*g.mod, 4), eps, rows_of(p.normed, g),
-        w.img_ff_in, rows_of(ff_in, g)));  // [N, 2F]
-  }
-  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(txt_rows(x), txt_mod(3), txt_mod(4), eps,
-                                                     txt_rows(p.normed), w.txt_ff_in,
-                                                     txt_rows(ff_in)));  // [L, 2F]
-  const Tensor ff_gate = ff_in.col_slice(0, f), ff_up = ff_in.col_slice(f, f);
-  // Each stream's SwiGLU, its down projection ([N, D], then [L, D]) and gated residual.
-  for (const Segment& g : img_segments) {
-    const GatedResidual residual{rows_of(x, g), img_mod(*g.mod, 5)};
-    FLUX_RETURN_IF_ERROR(be.swiglu_linear(rows_of(ff_gate, g), rows_of(ff_up, g),
-                                          rows_of(ff_act, g), w.img_ff_out, rows_of(p.proj, g),
-                                          &residual));
-  }
-  const GatedResidual txt_residual{txt_rows(x), txt_mod(5)};
-  FLUX_RETURN_IF_ERROR(be.swiglu_linear(txt_rows(ff_gate), txt_rows(ff_up), txt_rows(ff_act),
-                                        w.txt_ff_out, txt_rows(p.proj), &txt_residual));
+  FLUX_RETURN_IF_ERROR(img.norm_linear(x, m.img(3), m.img(4), w.img_ff_in, ff_in));  // [N, 2F]
+  FLUX_RETURN_IF_ERROR(txt.norm_linear(x, m.txt(3), m.txt(4), w.txt_ff_in, ff_in));  // [L, 2F]
+  // SwiGLU, its down projection and the gated residual: [N, D], then [L, D].
+  FLUX_RETURN_IF_ERROR(img.swiglu_linear(ff_gate, ff_up, ff_act, w.img_ff_out, proj, x, m.img(5)));
+  FLUX_RETURN_IF_ERROR(txt.swiglu_linear(ff_gate, ff_up, ff_act, w.txt_ff_out, proj, x, m.txt(5)));
   return absl::OkStatus();
 }
 
 absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, const Pass& p,
                                             size_t layer) const {
-  Backend& be = backend_;
   const int64_t d = config_.hidden(), f = config_.mlp_hidden();
   const float eps = static_cast<float>(config_.eps);
   const Flux2ModulationLayout m(d);
-  auto shift = [&](const Tensor& mod) { return mod.col_slice(m.single(0), d); };
-  auto scale = [&](const Tensor& mod) { return mod.col_slice(m.single(1), d); };
-  auto gate = [&](const Tensor& mod) { return mod.col_slice(m.single(2), d); };
-  const std::vector<Segment> segments =
-      modulation_segments(p.mod, p.ref_mod, p.extract, p.l + p.n, 0, p.s());
-  const Tensor& x = p.stream;
-  const Tensor q = p.wide.col_slice(0, d), k = p.wide.col_slice(d, d),
-               v = p.wide.col_slice(2 * d, d);
-  const Tensor mlp_gate = p.wide.col_slice(3 * d, f), mlp_up = p.wide.col_slice(3 * d + f, f);
-
-  for (const Segment& g : segments) {
-    FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(rows_of(x, g), shift(*g.mod), scale(*g.mod),
-                                                       eps, rows_of(p.normed, g), w.qkv_mlp,
-                                                       rows_of(p.wide, g)));  // [S, 3D + 2F]
-  }
-  const QkNormRope norm{{w.norm_q, {}}, {w.norm_k, {}},         q.rows(), eps, p.rope_cos,
+  const int64_t shift = m.single(0), scale = m.single(1), gate = m.single(2);
+  const ModulatedRows& all = p.all;  // text, image (and reference) rows
+  const Tensor &x = p.stream, &wide = p.wide, &attn_mlp = p.attn_mlp, &proj = p.proj;
+  const Tensor q = wide.col_slice(0, d), k = wide.col_slice(d, d), v = wide.col_slice(2 * d, d);
+  const Tensor mlp_gate = wide.col_slice(3 * d, f), mlp_up = wide.col_slice(3 * d + f, f);
+  const QkNormRope norm{{w.norm_q, {}}, {w.norm_k, {}},         p.s(), eps, p.rope_cos,
                         p.rope_sin,     RopeStyle::kInterleaved};
-  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, p.attn_mlp.col_slice(0, d), layer));  // [S, D]
-  // to_out reads [attn | swiglu(mlp)]: the SwiGLU lands next to the attention output; then the
-  // gated residual.
-  for (const Segment& g : segments) {
-    const GatedResidual residual{rows_of(x, g), gate(*g.mod)};
-    FLUX_RETURN_IF_ERROR(be.swiglu_linear(rows_of(mlp_gate, g), rows_of(mlp_up, g),
-                                          rows_of(p.attn_mlp, g), w.out, rows_of(p.proj, g),
-                                          &residual));  // [S, D]
-  }
+
+  // One fused projection [q | k | v | mlp gate | mlp up] of the modulated norm, attention beside
+  // the SwiGLU, and to_out over [attn | swiglu(mlp)] with the gated residual.
+  FLUX_RETURN_IF_ERROR(all.norm_linear(x, shift, scale, w.qkv_mlp, wide));          // [S, 3D+2F]
+  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn_mlp.col_slice(0, d), layer));  // [S, D]
+  FLUX_RETURN_IF_ERROR(
+      all.swiglu_linear(mlp_gate, mlp_up, attn_mlp, w.out, proj, x, gate));  // [S, D]
   return absl::OkStatus();
 }
 
-absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t step, const Tensor& x,
-                                       const Tensor& out, const ActivationTap& tap) const {
-  Backend& be = backend_;
+absl::Status Flux2Transformer::set_up(Pass& p, int64_t step, const Tensor& x,
+                                      const Tensor& out) const {
+  const Flux2Conditioning& cond = p.cond;
   const Flux2Workspace& ws = *cond.workspace;
-  const int64_t d = config_.hidden();
-  const float eps = static_cast<float>(config_.eps);
   if (step < 0 || step >= cond.modulation.rows()) {
     return absl::InvalidArgumentError(
         absl::StrCat("step ", step, " outside the prepared ", cond.modulation.rows(), " steps"));
   }
-  Pass p(cond);
+  p.kv = flux2_kv_mode(cond.kv != nullptr, step);
   p.l = cond.text_len;
   p.n = cond.image_len;
-  p.extract = cond.kv != nullptr && step == 0;  // diffusers' kv_cache_mode "extract"
-  p.cached = cond.kv != nullptr && step > 0;    // and "cached"
-  p.r = p.cached ? 0 : cond.reference_len;
+  p.r = p.kv == Flux2KvMode::kCached ? 0 : cond.reference_len;
   const int64_t l = p.l, n = p.n, s = p.s();
   if (x.rows() != n + p.r || x.cols() != config_.in_channels || out.rows() != n ||
       out.cols() != config_.out_channels) {
@@ -375,21 +351,44 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
                                                    " image and ", p.r, " reference tokens"));
   }
   p.mod = cond.modulation.row_slice(step, 1);  // [1, 17D]
-  p.ref_mod = p.extract ? cond.reference_modulation : p.mod;
+  // Rows by the modulation they read: this step's (klein-KV's extract forward: the references,
+  // from row L + N on, timestep 0's).
+  auto modulated = [&](int64_t begin, int64_t end) {
+    return ModulatedRows(
+        backend_, config_.hidden(), static_cast<float>(config_.eps), p.normed, begin, end,
+        flux2_kv_row_modulation(p.kv, p.mod, cond.reference_modulation, l + n, begin, end));
+  };
   p.stream = ws.stream.row_slice(0, s);
   p.normed = ws.normed.row_slice(0, s);
+  p.txt = modulated(0, l);
+  p.img = modulated(l, s);
+  p.all = modulated(0, s);
   p.wide = ws.wide.row_slice(0, s);
   p.attn_mlp = ws.attn_mlp.row_slice(0, s);
   p.proj = ws.proj.row_slice(0, s);
   p.rope_cos = cond.rope_cos.row_slice(0, s);
   p.rope_sin = cond.rope_sin.row_slice(0, s);
+  return absl::OkStatus();
+}
+
+absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t step, const Tensor& x,
+                                       const Tensor& out, const ActivationTap& tap,
+                                       const std::function<absl::Status()>& between_blocks) const {
+  Backend& be = backend_;
+  const int64_t d = config_.hidden();
+  const float eps = static_cast<float>(config_.eps);
+  Pass p(cond);
+  FLUX_RETURN_IF_ERROR(set_up(p, step, x, out));
+  const int64_t l = p.l, n = p.n, s = p.s();
 
   const Tensor txt = p.stream.row_slice(0, l), img = p.stream.row_slice(l, s - l);
   FLUX_RETURN_IF_ERROR(be.copy(cond.txt, txt));                      // [L, D]
   FLUX_RETURN_IF_ERROR(be.linear(x, weights_.x_embedder, {}, img));  // [N (+R), D]
 
-  size_t layer = 0;
+  size_t layer = 0;  // double blocks, then single blocks
+  auto check = [&] { return layer > 0 && between_blocks ? between_blocks() : absl::OkStatus(); };
   for (size_t i = 0; i < weights_.double_blocks.size(); ++i, ++layer) {
+    FLUX_RETURN_IF_ERROR(check());
     FLUX_RETURN_IF_ERROR(double_block(weights_.double_blocks[i], p, layer));
     if (tap) {
       tap(absl::StrCat("block.double.", i, ".txt"), txt);
@@ -397,6 +396,7 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
     }
   }
   for (size_t j = 0; j < weights_.single_blocks.size(); ++j, ++layer) {
+    FLUX_RETURN_IF_ERROR(check());
     FLUX_RETURN_IF_ERROR(single_block(weights_.single_blocks[j], p, layer));
     if (tap) tap(absl::StrCat("block.single.", j, ".out"), p.stream);
   }

@@ -20,6 +20,7 @@
 #include "model/activation_tap.h"
 #include "model/checkpoint.h"
 #include "model/flux2_config.h"
+#include "model/flux2_kv_cache.h"
 #include "model/flux2_weights.h"
 
 namespace flux2 {
@@ -32,12 +33,6 @@ struct Flux2Workspace {
   Tensor
       attn_mlp;  // [S, D + F]    attention output | SwiGLU output (the single block's to_out input)
   Tensor proj;   // [S, D]        output projections before the gated residual
-};
-
-// klein-KV's reference keys and values, post-RoPE, of every layer (double blocks, then single
-// blocks): [R, D] each, written by the forward at step 0 and read by the later steps.
-struct Flux2KvCache {
-  std::vector<Tensor> keys, values;
 };
 
 // The reference tokens of an editing request, as the transformer sees them.
@@ -59,7 +54,7 @@ struct Flux2Conditioning {
   Tensor rope_sin;              // [L + N + R, Dh]
   Tensor modulation;            // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
   Tensor reference_modulation;  // [1, 17D] klein-KV: the timestep-0 modulation of references
-  std::shared_ptr<Flux2KvCache> kv;  // klein-KV only
+  std::shared_ptr<Flux2KvCache> kv;  // klein-KV only (flux2_kv_cache.h)
   std::shared_ptr<Flux2Workspace> workspace;
 };
 
@@ -96,18 +91,25 @@ class Flux2Transformer {
   // out [N, out_channels] = the velocity at `step` for x [N + R, in_channels]: the latent tokens,
   // then the R reference tokens (R = 0 for text-to-image; klein-KV: x is [N + R] at step 0, which
   // fills the cache, and [N] at later steps, which read it: step 0 runs first).
+  // `between_blocks`, when set, runs on the host before every block but the first; a non-OK
+  // status stops the forward and is returned (out is then undefined, and a klein-KV cache
+  // incomplete: the request must end). On an asynchronous backend it runs as the ops are
+  // enqueued, ahead of the device.
   absl::Status forward(const Flux2Conditioning& cond, int64_t step, const Tensor& x,
-                       const Tensor& out, const ActivationTap& tap = nullptr) const;
+                       const Tensor& out, const ActivationTap& tap = nullptr,
+                       const std::function<absl::Status()>& between_blocks = nullptr) const;
 
  private:
   Flux2Transformer(Backend& backend, Flux2Config config)
       : backend_(backend), config_(std::move(config)) {}
 
   struct Pass;  // one forward's row layout and modulations (flux2_transformer.cc)
+  // Lays out the forward at `step` for x and out (forward's shapes), or InvalidArgument.
+  absl::Status set_up(Pass& pass, int64_t step, const Tensor& x, const Tensor& out) const;
   absl::Status double_block(const Flux2DoubleBlockWeights& w, const Pass& pass, size_t layer) const;
   absl::Status single_block(const Flux2SingleBlockWeights& w, const Pass& pass, size_t layer) const;
   // The attention of one block: q, k, v [S, D] views of the pass's fused projections; QK-norm
-  // and RoPE, then joint attention (with klein-KV's reference rules) into out [S, D].
+  // and RoPE, then joint attention into out [S, D] (klein-KV's through Flux2KvCache).
   absl::Status attend(const Pass& pass, const QkNormRope& norm, const Tensor& q, const Tensor& k,
                       const Tensor& v, const Tensor& out, size_t layer) const;
   // The shared modulation [steps, 17D] of timesteps (+ guidance): silu(temb) · modulationᵀ.

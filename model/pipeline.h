@@ -21,6 +21,7 @@
 #include "model/field_violation.h"
 #include "model/flux2_transformer.h"
 #include "model/memory_plan.h"
+#include "model/model_limits.h"
 #include "model/prompt_cache.h"
 #include "model/reference_image.h"
 #include "model/scheduler.h"
@@ -46,8 +47,10 @@ struct PipelineInfo {
   bool uses_kv_cache = false;
   int64_t default_steps = 4;  // distilled 4, base 50
   double default_guidance = 4.0;
-  int64_t max_sequence_length = 512;
-  int64_t pixel_multiple = 16;    // width and height must be multiples of this
+  int64_t max_sequence_length = kMaxSequenceLength;
+  int64_t pixel_multiple = 16;  // width and height must be multiples of this
+  // The bounds check() refuses beyond (max_sequence_length and pixel_multiple as above).
+  ModelLimits hard_limits;
   std::string backend;            // "cpu" / "cuda"
   std::string device_pci_bus_id;  // Backend::device_pci_bus_id: the GPU for NVML; "" on the CPU
   int64_t device_bytes = 0;       // weights held by the backend, all components
@@ -122,11 +125,6 @@ struct PipelineOptions {
   LoadProgressFn on_progress;
 };
 
-// The pipeline's hard bounds on steps and guidance (validate() refuses beyond them; the server's
-// flags may only narrow them): generous values that keep a request finite.
-inline constexpr int64_t kMaxInferenceSteps = 200;
-inline constexpr double kMaxGuidance = 100.0;
-
 struct GenerateParams {
   std::string prompt;
   std::string negative_prompt;  // CFG models only ("" = the empty prompt, as diffusers)
@@ -160,7 +158,7 @@ struct StageTimings {
   // tokenization and the text encoder (text_encode waits for it), on the CPU inside text_encode.
   double noise = 0.0;
   double reference_encode = 0.0;  // VAE-encoding the reference images (0 without references)
-  double denoise = 0.0;           // all steps
+  double denoise = 0.0;           // noise upload, schedule, conditioning, then all steps
   std::vector<double> steps;      // each step (transformer forward(s) + Euler update)
   double decode = 0.0;            // VAE decode + post-processing to uint8
 };
@@ -180,6 +178,12 @@ struct GenerateHooks {
   // stops the generation with that status. Each call runs under the request options of the stage
   // that follows (the text encoder's are lossless whatever the request's quality).
   std::function<absl::Status()> check_continue;
+  // Checked inside each step too, between the transformer's blocks (before every block but the
+  // first of each forward), where the backend runs ops synchronously (the CPU): a non-OK status
+  // stops the step midway and the generation with it. Not called on CUDA (pipeline_generate.cc
+  // says why). It runs (blocks - 1) times per forward, so it must be cheap; unlike
+  // check_continue it marks no stage boundary. Unset: steps run to their end.
+  std::function<absl::Status()> check_between_blocks;
   // Called after each step with its index (0-based), the step count and its wall time.
   std::function<void(int64_t step, int64_t steps, double seconds)> on_step;
   // Called once with the prompt embeddings [L, J] the transformer gets (for golden checks).
@@ -207,22 +211,51 @@ class Pipeline {
 
   const PipelineInfo& info() const { return info_; }
 
-  // Checks params against the model and returns InvalidArgument naming the field (width,
-  // height, num_inference_steps, guidance_scale, max_sequence_length, reference_images[i]).
-  absl::Status validate(const GenerateParams& params) const;
-  // The same checks as field violations (empty when `params` are fine).
+  // Every way `params` does not fit the model, in field order (reference_images[i], width,
+  // height, num_inference_steps, guidance_scale, negative_prompt, quality, max_sequence_length);
+  // empty: generate() takes them. A size taken from a refused reference is not checked again.
   std::vector<FieldViolation> check(const GenerateParams& params) const;
+  // check() as a status: OK, or InvalidArgument "field: description; field2: ..."
+  // (describe_violations()).
+  absl::Status validate(const GenerateParams& params) const;
 
+  // One image for `params` (refused as validate() refuses), in stages: the prompts (tokenized,
+  // text-encoded), the reference images (VAE-encoded), the latents (noise, schedule,
+  // conditioning), the denoising steps, the VAE decode; each timed into GeneratedImage::timings.
+  // Synchronous: returns when the pixels are on the host.
   absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                           const GenerateHooks& hooks = {}) const;
 
  private:
   Pipeline(Backend& backend) : backend_(backend) {}
+  // One generate() call: its settings, then what each stage hands the next (pipeline_generate.cc).
+  struct Generation;
+  // The stages of generate(), in order. Each that says so starts with hooks.check_continue.
+  absl::Status tokenize_prompts(Generation& g) const;  // the prompt (and CFG's negative prompt)
+  // Checks, then the prompt embeddings [L, J] under lossless numerics; waits for the noise.
+  absl::Status encode_prompts(Generation& g) const;
+  // Checks, then VAE-encodes the references into the transformer input's last R rows.
+  absl::Status encode_reference_images(Generation& g) const;
+  // Uploads the noise into the latents; the schedule, the conditioning and the velocity buffers.
+  absl::Status prepare_latents(Generation& g) const;
+  // The steps, each after a check: transformer forward(s), CFG, Euler update.
+  absl::Status denoise(Generation& g) const;
+  // One step; `between_blocks` goes to the transformer's forwards.
+  absl::Status denoising_step(Generation& g, int64_t step,
+                              const std::function<absl::Status()>& between_blocks) const;
+  // Checks, then the VAE decode to RGB8.
+  absl::Status decode(Generation& g) const;
+
   // The PipelineInfo fields every klein pipeline derives from its name and variant.
   void describe(const std::string& model_dir, const std::string& model_name,
                 const std::string& pipeline_class, bool is_distilled, bool kv_cache);
-  // Checks the references of `params` (prepared, within the area) naming reference_images[i].
-  absl::Status validate_references(const GenerateParams& params) const;
+  // Adds a violation of reference_images[i] for each reference of `params` that is not prepared
+  // (reference_image.h); returns whether the first one is.
+  bool check_references(const GenerateParams& params,
+                        std::vector<FieldViolation>& violations) const;
+  // Adds a violation of width / height for a side that is not a positive multiple of the
+  // pixel multiple.
+  void check_size(const ImageSize& size, std::vector<FieldViolation>& violations) const;
   // VAE-encodes the references into rows [0, R) of `tokens` [R, 128] (R: their tokens in order)
   // and returns their position ids [R, 4] (T = 10 (k + 1), row, col, 0).
   absl::StatusOr<std::vector<int64_t>> encode_references(const std::vector<RgbImage>& references,

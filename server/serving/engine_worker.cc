@@ -255,6 +255,9 @@ absl::Status EngineWorker::run_job(const std::shared_ptr<Job>& job) {
       stage_started(*job, pixels, longest_step);
       return job->check_continue();
     };
+    // Inside a step too, where the backend allows it (the CPU: a step at 2048 x 2048 takes
+    // minutes), so a client that left or a passed deadline frees the worker within a block.
+    hooks.check_between_blocks = [&] { return job->check_continue(); };
     hooks.on_step = [&](int64_t step, int64_t steps, double seconds) {
       steps_done = step + 1;
       longest_step = std::max(longest_step, seconds);

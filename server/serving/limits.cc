@@ -14,9 +14,14 @@ absl::Status beyond_bound(const char* flag, int64_t value, int64_t bound, absl::
 }  // namespace
 
 absl::StatusOr<Limits> resolve_limits(const LimitFlags& flags, const PipelineInfo& model) {
-  if (flags.max_steps > kMaxInferenceSteps) {
-    return beyond_bound("--max-steps", flags.max_steps, kMaxInferenceSteps,
+  const ModelLimits& bounds = model.hard_limits;
+  if (flags.max_steps > bounds.max_steps) {
+    return beyond_bound("--max-steps", flags.max_steps, bounds.max_steps,
                         "the pipeline's step bound");
+  }
+  if (flags.max_pixels > bounds.max_pixels) {
+    return beyond_bound("--max-pixels", flags.max_pixels, bounds.max_pixels,
+                        "the pipeline's pixel bound");
   }
   if (flags.max_sequence_length > model.max_sequence_length) {
     return beyond_bound("--max-sequence-length", flags.max_sequence_length,
@@ -29,7 +34,7 @@ absl::StatusOr<Limits> resolve_limits(const LimitFlags& flags, const PipelineInf
   limits.max_steps = flags.max_steps;
   limits.default_steps = model.default_steps;
   limits.min_guidance = 0.0;
-  limits.max_guidance = kMaxGuidance;
+  limits.max_guidance = bounds.max_guidance;
   limits.max_images = flags.max_images;
   limits.max_prompt_bytes = flags.max_prompt_bytes;
   limits.max_reference_images = flags.max_reference_images;

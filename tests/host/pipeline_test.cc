@@ -1,13 +1,16 @@
 // The pipeline on the tiny checkpoint (CPU): argument validation names the field, a seed fixes
 // the image, the CFG path (with its cached negative-prompt embeddings) repeats exactly, and
 // quality=high is refused unless the pipeline was loaded with it, and a request's stages run
-// under the options they must (the text encoder lossless whatever the request asks).
+// under the options they must (the text encoder lossless whatever the request asks); a cancelled
+// request stops between transformer blocks; check() reports every violation, and the model's
+// hard limits (ModelLimits) hold.
 #include "model/pipeline.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "model/scheduler.h"
 #include "tests/host/test_util.h"
 
 namespace flux2 {
@@ -105,6 +108,44 @@ TEST_F(PipelineTest, EachStageRunsUnderItsRequestOptions) {
   EXPECT_TRUE(backend_.request().fast_paths);
 }
 
+// On the CPU a request is checked between the transformer's blocks: more than once per step
+// (before every block but the first of each forward), and the first failing check ends
+// generate() with its status midway through a step, without another block, step or decode.
+TEST_F(PipelineTest, CancellationStopsAStepBetweenBlocks) {
+  auto pipeline = load();
+  ASSERT_NE(pipeline, nullptr);
+  const GenerateParams p = small(2);  // 2 steps, distilled: one forward each
+  int block_checks = 0, stage_checks = 0, steps_done = 0;
+  GenerateHooks hooks;
+  hooks.check_continue = [&] {
+    ++stage_checks;
+    return absl::OkStatus();
+  };
+  hooks.on_step = [&](int64_t, int64_t, double) { ++steps_done; };
+  hooks.check_between_blocks = [&] {
+    ++block_checks;
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(pipeline->generate(p, hooks).ok());
+  const int per_step = block_checks / 2;
+  EXPECT_EQ(block_checks, 2 * per_step);
+  EXPECT_EQ(per_step, 4);      // tiny-klein: 2 double + 3 single blocks
+  EXPECT_EQ(stage_checks, 4);  // the text encoder, 2 steps, the decode: unchanged
+
+  const int fail_at = per_step + 2;  // the second check inside step 1
+  block_checks = stage_checks = steps_done = 0;
+  hooks.check_between_blocks = [&] {
+    return ++block_checks == fail_at ? absl::CancelledError("the client went away")
+                                     : absl::OkStatus();
+  };
+  const absl::StatusOr<GeneratedImage> image = pipeline->generate(p, hooks);
+  EXPECT_TRUE(absl::IsCancelled(image.status())) << image.status();
+  EXPECT_EQ(image.status().message(), "the client went away");
+  EXPECT_EQ(block_checks, fail_at);  // no block ran after the failing check
+  EXPECT_EQ(steps_done, 1);          // step 0 done, step 1 stopped midway
+  EXPECT_EQ(stage_checks, 3);        // the text encoder and 2 steps; no decode
+}
+
 TEST_F(PipelineTest, ValidationNamesTheField) {
   auto pipeline = load();
   ASSERT_NE(pipeline, nullptr);
@@ -132,6 +173,96 @@ TEST_F(PipelineTest, ValidationNamesTheField) {
   p.quality = Quality::kHigh;
   EXPECT_THAT(pipeline->validate(p).message(), HasSubstr("quality"));
   EXPECT_TRUE(pipeline->validate(small(1)).ok());
+}
+
+// check() reports every violation in field order, each named and described as validate() words
+// a lone one; validate() joins them. A size that would come from a refused reference is not
+// checked again (its violation says why).
+TEST_F(PipelineTest, CheckReportsEveryViolation) {
+  auto pipeline = load();
+  ASSERT_NE(pipeline, nullptr);
+  EXPECT_TRUE(pipeline->check(small(1)).empty());
+  GenerateParams p = small(1);
+  p.width = 50;
+  EXPECT_EQ(pipeline->validate(p).message(), "width: 50 is not a positive multiple of 16");
+  p.num_inference_steps = 1000;
+  p.guidance_scale = std::nan("");
+  p.max_sequence_length = 4096;
+  const std::vector<FieldViolation> violations = pipeline->check(p);
+  ASSERT_EQ(violations.size(), 4u);
+  EXPECT_EQ(violations[0].field, "width");
+  EXPECT_EQ(violations[1].field, "num_inference_steps");
+  EXPECT_EQ(violations[1].description, "1000 is outside 1..200 (0 = default)");
+  EXPECT_EQ(violations[2].field, "guidance_scale");
+  EXPECT_EQ(violations[3].field, "max_sequence_length");
+  EXPECT_EQ(violations[3].description, "4096 is outside 1..512 (0 = default)");
+  const absl::Status status = pipeline->validate(p);
+  EXPECT_TRUE(absl::IsInvalidArgument(status));
+  EXPECT_EQ(status.message(), describe_violations(violations));
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("width: 50 is not a positive multiple of 16; num_inference_steps: 1000"));
+
+  p = small(1);
+  p.width = p.height = 0;  // the first reference's size, which is not prepared
+  p.references.push_back(RgbImage{72, 64, std::vector<uint8_t>(72 * 64 * 3, 9)});
+  p.references.push_back(RgbImage{64, 80, std::vector<uint8_t>(64 * 80 * 3, 9)});
+  p.references.push_back(RgbImage{32, 32, std::vector<uint8_t>(32 * 32 * 3, 9)});
+  const std::vector<FieldViolation> refs = pipeline->check(p);
+  ASSERT_EQ(refs.size(), 2u);
+  EXPECT_EQ(refs[0].field, "reference_images[0]");
+  EXPECT_THAT(refs[0].description, HasSubstr("72x64 is not prepared"));
+  EXPECT_EQ(refs[1].field, "reference_images[2]");
+  EXPECT_EQ(refs[1].description, "32x32 is under 64 px a side");
+}
+
+// The loaded model publishes its hard bounds, and check() refuses a size past max_pixels without
+// multiplying the sides (2^40 x 2^40 would overflow int64).
+TEST_F(PipelineTest, ModelLimitsArePublishedAndEnforced) {
+  auto pipeline = load();
+  ASSERT_NE(pipeline, nullptr);
+  const ModelLimits& limits = pipeline->info().hard_limits;
+  EXPECT_EQ(limits.max_steps, kMaxInferenceSteps);
+  EXPECT_EQ(limits.max_guidance, kMaxGuidanceScale);
+  EXPECT_EQ(limits.pixel_multiple, pipeline->info().pixel_multiple);
+  EXPECT_EQ(limits.max_sequence_length, pipeline->info().max_sequence_length);
+  EXPECT_EQ(limits.max_pixels, kMaxImagePixels);
+  GenerateParams p = small(1);
+  p.width = 11552;  // 722 x 722 tokens: within the bound
+  p.height = 11552;
+  EXPECT_TRUE(pipeline->check(p).empty());
+  p.width = 11568;  // 723 x 722 tokens: past it
+  std::vector<FieldViolation> violations = pipeline->check(p);
+  ASSERT_EQ(violations.size(), 2u);
+  EXPECT_EQ(violations[0].field, "width");
+  EXPECT_EQ(violations[1].field, "height");
+  EXPECT_THAT(violations[0].description,
+              HasSubstr("11568 x 11552 exceeds the model's bound of 133491456 pixels"));
+  p.width = p.height = int64_t{1} << 40;
+  EXPECT_EQ(pipeline->check(p).size(), 2u);
+}
+
+// kMaxImageTokens is where the FLUX.2 schedule stops being finite (model_limits.h): float(exp(mu))
+// overflows one token later. Well before it the schedule degenerates as the comment says.
+TEST(ModelLimitsTest, ImageTokenBoundIsWhereTheScheduleTurnsNaN) {
+  const SchedulerConfig config;  // FLUX.2's: dynamic shifting, exponential time shift
+  auto finite = [](const Schedule& schedule) {
+    for (float sigma : schedule.sigmas) {
+      if (!std::isfinite(sigma)) return false;
+    }
+    return true;
+  };
+  for (int64_t steps : {int64_t{1}, int64_t{4}, int64_t{50}, kMaxInferenceSteps}) {
+    EXPECT_TRUE(finite(make_schedule(config, steps, kMaxImageTokens))) << steps;
+    EXPECT_FALSE(finite(make_schedule(config, steps, kMaxImageTokens + 1))) << steps;
+  }
+  for (int64_t steps : {int64_t{4}, int64_t{50}}) {
+    const Schedule at_4096 = make_schedule(config, steps, 65536);  // 4096 x 4096
+    const Schedule at_8192x4096 = make_schedule(config, steps, 131072);
+    for (int64_t i = 0; i < steps; ++i) {
+      EXPECT_GT(at_4096.sigmas[i], 1.0f - 5e-4f) << steps << " steps, sigma " << i;
+      EXPECT_EQ(at_8192x4096.sigmas[i], 1.0f) << steps << " steps, sigma " << i;
+    }
+  }
 }
 
 // 0 x 0 means the first reference's size, else 1024 x 1024 (diffusers' defaults).
