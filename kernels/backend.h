@@ -1,4 +1,4 @@
-// The backend interface (design.md "Two backends, one model"): every op the FLUX.2 model, the
+// The backend interface, one model on two backends: every op the FLUX.2 model, the
 // Qwen3 text encoder and the VAE decoder need, implemented by kernels/cpu (the float32 reference)
 // and kernels/cuda (production). Tested op by op in tests/host/cpu_ops_test.cc and tests/cuda/.
 #pragma once
@@ -21,7 +21,7 @@ namespace flux2 {
 
 // How a rotary embedding pairs the dimensions of a head.
 enum class RopeStyle : uint8_t {
-  kInterleaved,  // FLUX.2: pairs (x[2m], x[2m+1]), table repeat-interleaved (architecture §1.8)
+  kInterleaved,  // FLUX.2: pairs (x[2m], x[2m+1]), table repeat-interleaved
   kHalfSplit,    // Qwen3 / HF rotate_half: pairs (x[m], x[m + D/2]), table halves duplicated
 };
 
@@ -110,7 +110,8 @@ struct BackendMemoryStats {
 //   strided column slices of wider buffers unless an op says otherwise. Outputs never alias
 //   inputs unless an op says "in place".
 // - Element math follows the backend's activation dtype: the CPU backend computes in float32;
-//   the CUDA backend rounds to bf16 where a PyTorch eager bf16 pipeline rounds (architecture §5).
+//   the CUDA backend rounds to bf16 where a PyTorch eager bf16 pipeline rounds (kernels/README.md,
+//   "Rounding points").
 // - Ops are asynchronous on their backend's stream; download() and synchronize() wait.
 // - A precondition failure (shape, dtype, device) returns InvalidArgument and computes nothing.
 // The device faults the CUDA backend can provoke for the server's fault-handling tests.
@@ -302,7 +303,7 @@ class Backend {
   virtual absl::Status upsample_nearest_2x(const Tensor& x, const Tensor& out) = 0;
   // Packed latent tokens [h·w, 4C] (token = row·w + col, channel = c·4 + dy·2 + dx) →
   // BatchNorm de-normalisation z·sqrt(var + eps) + mean (mean, var [4C]) → unpatchify →
-  // out [2h, 2w, C] NHWC (architecture §2.3, §2.5).
+  // out [2h, 2w, C] NHWC (diffusers' FLUX.2 decode path).
   virtual absl::Status latent_unpack(const Tensor& tokens, const Tensor& bn_mean,
                                      const Tensor& bn_var, float eps, const Tensor& out) = 0;
   // The inverse, for the editing pipeline's reference latents: the first C = tokens.cols() / 4

@@ -40,7 +40,7 @@ absl::string_view prompt_pad_token(PromptFormat format) {
 }
 
 int32_t prompt_pad_fallback_id(PromptFormat format) {
-  // golden/README.md: <pad> is Tekken's id 11, <|endoftext|> Qwen3's id 151643.
+  // The tokenizers' own pad tokens: Tekken's <pad> is id 11, Qwen3's <|endoftext|> id 151643.
   return format == PromptFormat::kMistralSmall3Chat ? 11 : 151643;
 }
 

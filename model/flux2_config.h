@@ -1,5 +1,6 @@
 // Flux2Config: the FLUX.2 transformer's hyper-parameters, read from transformer/config.json
-// (architecture §1.1; defaults are FLUX.2-dev). Tested by tests/host/checkpoint_test.cc.
+// (diffusers' Flux2Transformer2DModel fields; defaults are FLUX.2-dev, the other published shapes
+// are in model/README.md). Tested by tests/host/checkpoint_test.cc.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
-// The published FLUX.2 transformer shapes (architecture §0) by name, for benchmarks and GPU tests
-// that run the real shapes with random weights, and the per-step FLOP accounting they report.
-// Tested by tests/host/flux2_presets_test.cc (parameter counts of architecture §8).
+// The published FLUX.2 transformer shapes (model/README.md, "Published shapes") by name, for
+// benchmarks and GPU tests that run the real shapes with random weights, and the per-step FLOP
+// accounting they report. Tested by tests/host/flux2_presets_test.cc (published parameter counts).
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@ namespace flux2 {
 absl::StatusOr<Flux2Config> flux2_preset(const std::string& name);
 std::vector<std::string> flux2_preset_names();
 
-// Transformer parameters of `config` (no biases; architecture §1.2 / §8).
+// Transformer parameters of `config` (no biases; the formula in model/README.md).
 int64_t flux2_parameter_count(const Flux2Config& config);
 
 struct StepFlops {
@@ -27,8 +27,8 @@ struct StepFlops {
 // projection are precomputed per request and not counted).
 StepFlops flux2_step_flops(const Flux2Config& config, int64_t image_tokens, int64_t text_tokens);
 
-// performance.md's floor for one step in milliseconds: linear 2 x (block parameters) x S at
-// 870 TFLOP/s plus attention at 655 TFLOP/s (H200, bf16).
+// The floor of one step in milliseconds: linear 2 x (block parameters) x S at 870 TFLOP/s plus
+// attention at 655 TFLOP/s (H200, bf16; model/README.md, "Work per step and the floor").
 double flux2_floor_ms(const Flux2Config& config, int64_t image_tokens, int64_t text_tokens);
 
 }  // namespace flux2

@@ -1,5 +1,5 @@
 // Flux2Weights: the FLUX.2 transformer's parameters on a backend, one typed member per use, and
-// the tensor table that maps diffusers checkpoint names onto them (style.md P8). Projections that
+// the tensor table that maps diffusers checkpoint names onto them. Projections that
 // run on the same input are fused along rows at load (q|k|v). The blocks' projections are Weights:
 // the table marks them FP8-eligible, and quality=high keeps their low-precision copies there (the
 // embedders, modulation and output projection stay bf16). Tested by
@@ -54,7 +54,9 @@ struct Flux2Weights {
   std::vector<WeightSpec> table(const Flux2Config& config);
 };
 
-// Column offsets inside one row of the fused modulation output [17D] (architecture §1.5).
+// Column offsets inside one row of the fused modulation output [17D]: the image and text
+// streams' 6D, the single blocks' 3D and norm_out's 2D, each in diffusers' chunk order
+// (model/README.md, "Modulation").
 struct Flux2ModulationLayout {
   explicit Flux2ModulationLayout(int64_t hidden) : d(hidden) {}
   int64_t d;

@@ -1,5 +1,5 @@
-// Rotary-embedding tables computed on the host: FLUX.2's 4-axis interleaved table (architecture
-// §1.8, float64 angles like diffusers) and Qwen3's half-split table (HF, float32 angles).
+// Rotary-embedding tables computed on the host: FLUX.2's 4-axis interleaved table (model/README.md,
+// "RoPE"; float64 angles like diffusers) and Qwen3's half-split table (HF, float32 angles).
 // Tested by tests/host/small_units_test.cc.
 #pragma once
 

@@ -1,4 +1,4 @@
-// A defensive, memory-mapped safetensors reader (style.md P9): validates the header length, every
+// A defensive, memory-mapped safetensors reader: validates the header length, every
 // tensor's dtype, shape, byte span and name, and names the file and tensor in every error.
 // Tested by tests/host/safetensors_test.cc, including corrupt files.
 #pragma once

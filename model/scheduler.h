@@ -1,7 +1,7 @@
-// The FLUX.2 flow-matching schedule (architecture §2.4): scheduler_config.json, the empirical mu,
-// shifted sigmas and timesteps exactly as diffusers' FlowMatchEulerDiscreteScheduler computes
-// them (float32 where numpy does), and the Euler update. Tested by tests/host/scheduler_test.cc
-// and `flux2 check-golden --only scheduler`.
+// The FLUX.2 flow-matching schedule (model/README.md, "Schedule"): scheduler_config.json, the
+// empirical mu, shifted sigmas and timesteps exactly as diffusers' FlowMatchEulerDiscreteScheduler
+// computes them (float32 where numpy does), and the Euler update. Tested by
+// tests/host/scheduler_test.cc and `flux2 check-golden --only scheduler`.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
-// The decoder-only text encoders of FLUX.2 (architecture §2.2, §4): klein's Qwen3 (per-head q/k
-// RMSNorm) and dev's Mistral-Small-3.x language model (no q/k norm): causal GQA attention with
-// half-split RoPE, SwiGLU MLP. Only the decoder layers up to the last tapped layer are loaded and
-// run (a Mistral3 checkpoint's vision tower and projector are never read); the taps' hidden states
-// (pre final norm) are stacked into prompt embeddings [L, taps x hidden]. Tested by
+// The decoder-only text encoders of FLUX.2 (model/README.md, "Text encoders"): klein's Qwen3
+// (per-head q/k RMSNorm) and dev's Mistral-Small-3.x language model (no q/k norm): causal GQA
+// attention with half-split RoPE, SwiGLU MLP. Only the decoder layers up to the last tapped layer
+// are loaded and run (a Mistral3 checkpoint's vision tower and projector are never read); the taps'
+// hidden states (pre final norm) are stacked into prompt embeddings [L, taps x hidden]. Tested by
 // `flux2 check-golden --only text_encoder` and tests/host/text_encoder_test.cc.
 #pragma once
 

@@ -1,6 +1,6 @@
 // TextEncoderConfig::from_json: the text_encoder/config.json of a klein (Qwen3) or dev (Mistral3)
-// checkpoint, checked against the variants we implement (architecture §4). Tested by
-// tests/host/text_encoder_test.cc.
+// checkpoint, checked against the variants we implement (model/README.md, "Text encoders").
+// Tested by tests/host/text_encoder_test.cc.
 #include <cmath>
 
 #include "absl/strings/str_cat.h"

@@ -1,5 +1,6 @@
-// The sinusoidal timestep / guidance embedding of FLUX.2 (architecture §1.4), computed on the
-// host in float32 exactly as diffusers' get_timestep_embedding with flip_sin_to_cos.
+// The sinusoidal timestep / guidance embedding of FLUX.2 (256 channels, cos half first; see
+// model/README.md, "The transformer forward"), computed on the host in float32 exactly as
+// diffusers' get_timestep_embedding with flip_sin_to_cos.
 // Tested by tests/host/small_units_test.cc.
 #pragma once
 
@@ -16,7 +17,7 @@ namespace flux2 {
 std::vector<float> timestep_sinusoids(std::span<const float> values, int64_t channels);
 
 // The model's scaled conditioning value: the `timestep` (sigma units) or guidance input cast to
-// the activation dtype, times 1000, cast again (architecture §1.3 step 1).
+// the activation dtype, times 1000, cast again (as diffusers' Flux2Transformer2DModel does).
 float scale_conditioning(float value, DType activation_dtype);
 
 // `value` rounded to the activation dtype (bf16) or unchanged (f32), as a cast in PyTorch.

@@ -1,4 +1,4 @@
-// The FLUX.2 VAE decoder (AutoencoderKLFlux2, architecture §2.5 and §3) on the backend, NHWC:
+// The FLUX.2 VAE decoder (AutoencoderKLFlux2; model/README.md, "VAE") on the backend, NHWC:
 // BatchNorm de-normalisation + unpatchify, post_quant_conv, conv_in, mid block (resnet,
 // single-head attention, resnet), up blocks, GroupNorm + SiLU, conv_out; and the diffusers
 // post-processing to uint8. Tested by `flux2 check-golden --only vae` and tests/host/vae_test.cc.

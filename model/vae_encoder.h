@@ -1,4 +1,4 @@
-// The FLUX.2 VAE encoder (the encoder half of AutoencoderKLFlux2, architecture §3) on the backend,
+// The FLUX.2 VAE encoder (the encoder half of AutoencoderKLFlux2) on the backend,
 // NHWC: conv_in, down blocks (resnets, stride-2 downsampling), mid block (resnet, single-head
 // attention, resnet), GroupNorm + SiLU, conv_out, quant_conv -> the posterior's mean | logvar; and
 // the editing pipeline's reference tokens (mean, patchify 2x2, BatchNorm normalisation, pack).

@@ -1,5 +1,5 @@
-// VaeWeights: the FLUX.2 VAE decoder's parameters on a backend (architecture §3.1) and the tensor
-// table mapping diffusers checkpoint names onto them (style.md P8). Convolutions are stored
+// VaeWeights: the FLUX.2 VAE decoder's parameters on a backend (model/README.md, "VAE") and the
+// tensor table mapping diffusers checkpoint names onto them. Convolutions are stored
 // [O, kh, kw, I] for the NHWC conv2d; the mid attention's q|k|v are fused along rows at load.
 // Tested by tests/host/vae_test.cc (weight-table errors) and `flux2 check-golden --only vae`.
 #pragma once
@@ -66,7 +66,7 @@ struct VaeDownBlockWeights {              // encoder.down_blocks.{i} (DownEncode
   VaeConvWeights downsampler;             // downsamplers.0.conv: 3x3, stride 2, padding (0,1,0,1)
 };
 
-// The encoder half (architecture §3): conv_in, down blocks, mid block, GroupNorm + SiLU,
+// The encoder half: conv_in, down blocks, mid block, GroupNorm + SiLU,
 // conv_out to mean | logvar, quant_conv; and the latent BatchNorm statistics.
 struct VaeEncoderWeights {
   Tensor bn_mean;                                // [4 x latent_channels]  bn.running_mean

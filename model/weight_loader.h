@@ -1,4 +1,4 @@
-// The tensor table (style.md P8) and the loader it drives: one WeightSpec per checkpoint tensor
+// The tensor table and the loader it drives: one WeightSpec per checkpoint tensor
 // says its name, expected shape and where it goes on the backend. The same table validates the
 // checkpoint (missing / unexpected / mis-shaped tensors, all listed in one error), sizes the
 // device allocations, counts the bytes and uploads. Tested by tests/host/checkpoint_test.cc.

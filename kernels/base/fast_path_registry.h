@@ -1,6 +1,6 @@
-// The process-wide fast-path registry and the one rule every fast path follows (design.md
-// "Fallback semantics"). Each path is declared once by a FastPathSpec (its name, kind, quality and
-// preconditions: the backend's policy table, kernels/cuda/cuda_fast_paths.cc); run_fast_path()
+// The process-wide fast-path registry and the one rule every fast path follows (kernels/README.md,
+// "The fast-path policy"). Each path is declared once by a FastPathSpec (its name, kind, quality
+// and preconditions: the backend's policy table, kernels/cuda/cuda_fast_paths.cc); run_fast_path()
 // decides per call whether it runs, counts its invocations and its fallbacks by reason, and
 // disables it for the process after a runtime error (logged once). server/ exports the counters as
 // flux2_fast_path_invocations_total{path} and flux2_fast_path_fallbacks_total{path,reason}.

@@ -1,6 +1,6 @@
 // Bit-exact FP8 (OCP E4M3) and NVFP4 (E2M1 values, UE4M3 block scales, 128x4 swizzled scale layout)
-// conversions and quantizer recipes for host and device (kernels.md §1.7, §2), plus the plain-loop
-// CPU references of the quantizers in kernels/cuda/quantize.h. Tested exhaustively by
+// conversions and quantizer recipes for host and device, plus the plain-loop CPU references of the
+// quantizers in kernels/cuda/quantize.h. Tested exhaustively by
 // tests/host/quantize_reference_test.cc; the GPU kernels are held to these by
 // tests/cuda/quantize_test.cc. C++17-clean: .cu files include it.
 #pragma once
@@ -136,9 +136,10 @@ FLUX_HOST_DEVICE inline float ue4m3_to_f32(uint8_t code) {
 
 // ---- E2M1 (NVFP4 values): 1 sign, 2 exponent (bias 1), 1 mantissa bit; a 4-bit code ----
 
-// f32 -> E2M1 with round-to-nearest-even and saturation to ±6: the threshold table of kernels.md
-// §2.5 on |x| (ties 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4), the sign OR-ed in
-// (small negatives give 0x8 = -0), ±inf -> ±6, NaN -> 0x7 (cuda_fp4.hpp's software path).
+// f32 -> E2M1 with round-to-nearest-even and saturation to ±6: a threshold table on |x| (ties to
+// the even code: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4), the sign OR-ed in
+// (small negatives give 0x8 = -0), ±inf -> ±6, NaN -> 0x7, as cuda_fp4.hpp's software path
+// (__nv_cvt_float_to_fp4; tests/host/quantize_reference_test.cc compares the two).
 FLUX_HOST_DEVICE inline uint8_t f32_to_e2m1(float x) {
   const uint32_t bits = f32_bits(x);
   const float a = f32_from_bits(bits & 0x7fffffffu);
@@ -189,23 +190,25 @@ FLUX_HOST_DEVICE inline uint8_t fp8_quantize_value(float x, float scale) {
   return Cvt::e4m3(mul_rn(x, fp8_encode_factor(scale)));
 }
 
-// NVFP4 global (encode) scale gs = 448 * 6 / amax (kernels.md §2.1), FLT_MAX for an all-zero
-// tensor or when the quotient overflows; NaN stays NaN. Dequantization: x = e2m1 * sf / gs.
+// NVFP4 global (encode) scale gs = 448 * 6 / amax (FlashInfer's make_nvfp4_global_scale), so the
+// block holding the tensor's amax gets the scale byte 448; FLT_MAX for an all-zero tensor or when
+// the quotient overflows; NaN stays NaN. Dequantization: x = e2m1 * sf / gs.
 FLUX_HOST_DEVICE inline float nvfp4_global_scale(float amax) {
   if (amax == 0.0f) return FLT_MAX;
   const float gs = div_rn(kE4M3Max * kE2M1Max, amax);
   return gs > FLT_MAX ? FLT_MAX : gs;
 }
 
-// ---- the NVFP4 block recipe: "exact / TransformerEngine" (kernels.md §2.2 (B)), IEEE ops only
-// ----
+// ---- the NVFP4 block recipe: "exact / TransformerEngine", IEEE ops only ----
+// (FlashInfer's and TensorRT-LLM's quantizer with FP4 fast math disabled, and TransformerEngine's
+// reference; their default recipe uses rcp.approx.ftz, which a CPU cannot reproduce bit for bit)
 //   SF       = vmax * (gs * (1/6))                       (vmax = max |x| over the 16 values)
 //   sf8      = e4m3(SF)  (RNE, satfinite; SF >= 0 so it is the UE4M3 scale byte)
 //   outScale = fminf(1 / (float(sf8) * (1 / gs)), FLT_MAX)
 //   code_i   = e2m1(x_i * outScale)
 // Our one deviation, for the degenerate case the recipe leaves to the conversion's inf/NaN
-// handling (kernels.md §2.2 "Edge case"): when sf8 == 0 every code is 0 (the block dequantizes to
-// 0 either way).
+// handling (vmax > 0 with SF below about 2^-10 rounds sf8 to 0, and outScale to inf): when
+// sf8 == 0 every code is 0 (the block dequantizes to 0 either way).
 constexpr float kOneSixth = 0x1.555556p-3f;  // 1/6 correctly rounded to f32 (0x3E2AAAAB)
 static_assert(kOneSixth == 1.0f / 6.0f, "1/6 must be the correctly rounded f32");
 
@@ -239,7 +242,9 @@ FLUX_HOST_DEVICE inline uint8_t nvfp4_quantize_block16(const float x[16], float 
   return sf8;
 }
 
-// ---- the 128x4 swizzled scale-factor layout (kernels.md §2.4; cuBLASLt VEC16_UE4M3) ----
+// ---- the 128x4 swizzled scale-factor layout (cuBLASLt VEC16_UE4M3; TensorRT-LLM's
+// get_sf_out_offset_128x4): 512-byte tiles of 128 rows x 4 K-blocks, row tiles outer, indexed
+// [row % 32][(row % 128) / 32][K-block % 4] inside a tile; the padding is written as 0 ----
 
 // Rows padded to a multiple of 128, K-blocks (cols / 16) padded to a multiple of 4.
 FLUX_HOST_DEVICE inline int64_t nvfp4_scale_padded_rows(int64_t rows) {

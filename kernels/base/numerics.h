@@ -1,4 +1,4 @@
-// Error measures used by the golden checker and the tests (golden/README.md: relative error =
+// Error measures used by the golden checker and the tests (tests/data/README.md: relative error =
 // ||out − ref||₂ / ||ref||₂ over the whole tensor). Tested by tests/host/small_units_test.cc.
 #pragma once
 

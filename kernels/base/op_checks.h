@@ -1,4 +1,4 @@
-// Precondition helpers shared by backend launchers (style.md P2/P10 tier 3): each returns
+// Precondition helpers shared by backend launchers (validate, then launch): each returns
 // InvalidArgument naming the op and the offending tensor instead of launching.
 #pragma once
 

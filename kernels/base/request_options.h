@@ -1,7 +1,9 @@
-// What steers the ops of one request (design.md "Lossless by default"): its quality and the
-// fast-path switch. A Backend holds the current value only inside a RequestScope (backend.h), so
-// an op reads what its request asked for and no request sees another's. Tested by
-// tests/host/small_units_test.cc (RequestScopeTest) and the GPU tests that run both qualities.
+// What steers the ops of one request (kernels/README.md, "What steers an op"): its quality
+// (lossless, the default, allows only fast paths bit-identical to their eager chains; high also
+// allows paths that change the numerics, such as FP8 GEMMs) and the fast-path switch. A Backend
+// holds the current value only inside a RequestScope (backend.h), so an op reads what its request
+// asked for and no request sees another's. Tested by tests/host/small_units_test.cc
+// (RequestScopeTest) and the GPU tests that run both qualities.
 #pragma once
 
 #include <cstdint>

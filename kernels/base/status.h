@@ -1,5 +1,8 @@
-// Error handling for the whole project (style.md P10): absl::Status for recoverable errors,
-// FLUX_CHECK for programmer errors. Tested indirectly by every test that expects an error.
+// Error handling for the whole project, in three tiers: FLUX_CHECK aborts on programmer errors
+// and impossible states; recoverable errors (bad request, bad file, out of memory) return
+// absl::Status / StatusOr, no exceptions cross a module boundary, and only server/ maps them to
+// grpc::Status; op launchers return InvalidArgument instead of launching (op_checks.h).
+// Tested indirectly by every test that expects an error.
 #pragma once
 
 #include <cstdio>

@@ -1,8 +1,9 @@
 // quality=high on the CPU reference backend: a naive float32 emulation of the CUDA backend's FP8
 // formats (E4M3 values under per-row, or per head and 128-token block, scales; attention
 // probabilities rounded to E4M3), so the quality=high paths have a same-precision reference to
-// bound their error by (style.md P4 (c)). Internal to kernels/cpu; tested by
-// tests/host/cpu_ops_test.cc (CpuFp8Test).
+// bound their error by (a bound of k times a naive same-precision implementation's error against a
+// float32 or float64 reference). Internal to kernels/cpu; tested by tests/host/cpu_ops_test.cc
+// (CpuFp8Test).
 #pragma once
 
 #include <cstdint>

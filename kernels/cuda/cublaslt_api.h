@@ -1,5 +1,6 @@
-// cuBLASLt loaded at run time with dlopen (toolchain.md: linking libcublasLt into the same binary
-// as prometheus-cpp's Exposer breaks civetweb's thread creation through its large static TLS).
+// cuBLASLt loaded at run time with dlopen: linking libcublasLt into the same binary as
+// prometheus-cpp's Exposer breaks civetweb's thread creation (cuBLASLt's ~94 KB static TLS segment
+// does not fit the small fixed stacks civetweb gives its threads, so pthread_create fails).
 // Host-only; tested by tests/cuda/exposer_cublaslt_test.cc and tests/cuda/op_cases.cc
 // (gpu_op_test).
 #pragma once

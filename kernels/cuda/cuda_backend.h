@@ -1,4 +1,4 @@
-// The CUDA backend (design.md): bf16 activations and weights, fp32 accumulation, cuBLASLt GEMMs,
+// The CUDA backend: bf16 activations and weights, fp32 accumulation, cuBLASLt GEMMs,
 // cuDNN attention and convolutions, custom kernels with eager reference chains and fused fast
 // paths (fallbacks counted in the fast-path registry). Host-compilable: only cudaStream_t leaks.
 // Tested by tests/cuda/ on a GPU machine; those tests skip with a message where no GPU exists.

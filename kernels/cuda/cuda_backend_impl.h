@@ -227,7 +227,7 @@ class CudaBackend final : public Backend {
   // per tensor, each activation quantized just before its GEMM.
   bool fp8_rowwise_ = false;
   // Blackwell (compute capability >= 10.0) with cuBLASLt's block-scaled FP4 GEMM: quality=high
-  // uses NVFP4 instead of FP8 there (kernels.md §1.8). Never on the H200.
+  // uses NVFP4 instead of FP8 there (Hopper has no FP4 tensor cores). Never on the H200.
   bool nvfp4_ = false;
   // Whether the fused producers (layer_norm_modulate_linear, swiglu_linear) write their GEMM's
   // E4M3 rows with a scale per row (rowwise FP8 at quality=high).

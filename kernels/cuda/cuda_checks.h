@@ -1,4 +1,4 @@
-// Operand checks shared by the CUDA backend's ops (style.md P2: validate, then launch): each
+// Operand checks shared by the CUDA backend's ops (validate, then launch): each
 // returns InvalidArgument naming the op and the tensor. Internal to kernels/cuda; the error
 // messages are asserted by tests/cuda/fast_path_fallback_test.cc and fp8_rows_test.cc.
 #pragma once

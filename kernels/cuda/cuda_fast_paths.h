@@ -1,6 +1,6 @@
-// The CUDA backend's policy table (design.md "Fallback semantics"): every fast path with its kind
-// (fused kernel or implementation: which switch it honours), the quality it serves at and its
-// preconditions, each checked before launch (CUTLASS's can_implement) by the *_unsupported
+// The CUDA backend's policy table (kernels/README.md, "The fast-path policy"): every fast path with
+// its kind (fused kernel or implementation: which switch it honours), the quality it serves at and
+// its preconditions, each checked before launch (CUTLASS's can_implement) by the *_unsupported
 // functions below. Ops run a path only through CudaBackend::run_path (cuda_backend_impl.h), the
 // registry's one rule. Tested by tests/cuda/fast_path_fallback_test.cc and the op tests.
 #pragma once

@@ -1,6 +1,6 @@
-// CUDA error handling for host code in kernels/cuda (style.md P10): cuda_status() turns a
-// cudaError_t into an absl::Status; FLUX_CUDA_CHECK aborts on errors that leave the device in an
-// unknown state. Tested through every CUDA test.
+// CUDA error handling for host code in kernels/cuda, in the tiers of kernels/base/status.h:
+// cuda_status() turns a cudaError_t into an absl::Status; FLUX_CUDA_CHECK aborts on errors that
+// leave the device in an unknown state. Tested through every CUDA test.
 #pragma once
 
 #include <cuda_runtime_api.h>

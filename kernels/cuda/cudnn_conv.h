@@ -1,8 +1,9 @@
 // NHWC bf16 convolution (stride 1 with "same" padding, or stride 2 unpadded) through cuDNN's legacy
-// convolution API (kernels.md §5.3): tensor-op math, algorithm chosen once per shape, the bias
-// added as a separate pass (PyTorch's two roundings; our kernel, as cudnnAddTensor reads and
-// writes at a third of the bandwidth) or in cuDNN's epilogue (one rounding). Tested against the
-// CPU backend by tests/cuda/op_cases.cc (gpu_op_test), the bias add by backend_ops_test.cc.
+// convolution API (cudnnConvolutionForward, [O, kh, kw, I] filters): tensor-op math, algorithm
+// chosen once per shape, the bias added as a separate pass (PyTorch's two roundings; our kernel, as
+// cudnnAddTensor reads and writes at a third of the bandwidth) or in cuDNN's epilogue (one
+// rounding). Tested against the CPU backend by tests/cuda/op_cases.cc (gpu_op_test), the bias add
+// by backend_ops_test.cc.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,6 +1,7 @@
-// Fused attention through cuDNN's SDPA operation (graph/backend API, kernels.md §3.2): bf16
-// Q/K/V/O read and written in place in token-major buffers (row strides), one execution plan per
-// shape built on first use. Serves non-causal, unmasked attention with head_dim a multiple of 8
+// Fused attention through cuDNN's SDPA operation (the backend API's
+// CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, cuDNN >= 9.13, no cudnn-frontend): bf16 Q/K/V/O
+// read and written in place in token-major buffers (row strides), one execution plan per shape
+// built on first use. Serves non-causal, unmasked attention with head_dim a multiple of 8
 // and <= 256; anything else is Unimplemented and the caller falls back.
 // Tested against the CPU reference and the fallback kernel by tests/cuda/op_cases.cc (gpu_op_test).
 #pragma once

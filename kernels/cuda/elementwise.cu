@@ -1,6 +1,6 @@
 // Element-wise CUDA kernels; see elementwise.h. Every eager op rounds its output to bf16 exactly
 // once; fused kernels call the same rounding sequence with __fmul_rn/__fadd_rn so nvcc cannot
-// contract across an eager op boundary (kernels.md §4.3).
+// contract across an eager op boundary (kernels/README.md, "Rounding points").
 #include "absl/strings/str_cat.h"
 #include "kernels/base/uniform_hash.h"
 #include "kernels/cuda/cuda_status.h"

@@ -1,4 +1,4 @@
-// Our FP8 (E4M3) flash attention for Hopper (quality=high, issue 8): Q·Kᵀ and P·V on the tensor
+// Our FP8 (E4M3) flash attention for Hopper (quality=high): Q·Kᵀ and P·V on the tensor
 // cores (wgmma, operands in shared memory through TMA), online softmax in fp32, P rounded to E4M3,
 // bf16 output. Deterministic: every output element is computed by one CTA in a fixed order.
 // Operands come from attention_fp8_operands.h. Tested against a float64 reference of the same

@@ -9,7 +9,8 @@
 
 // cvt.rn.satfinite.e4m3x2.f32 exists from sm_89 (so on the H200); cvt.rn.satfinite.e2m1x2.f32 only
 // on the family-specific Blackwell targets (sm_100a/103a/110a/120a ...), the same condition as
-// cuda_fp8.h's __CUDA_FP8_INTERNAL_CAN_RELY_ON_PTX_FOR_SHORTTYPESCVT__ (kernels.md §2.3).
+// cuda_fp8.h's __CUDA_FP8_INTERNAL_CAN_RELY_ON_PTX_FOR_SHORTTYPESCVT__ (plain sm_100 and sm_90
+// take cuda_fp4.hpp's software routine).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define FLUX_HAS_E4M3_CVT 1
 #else

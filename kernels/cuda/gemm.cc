@@ -1,6 +1,6 @@
-// cuBLASLt GEMM plans; see gemm.h. Operand mapping (kernels.md §1.1): row-major X [M, K] and
-// W [N, K] are column-major Xᵀ [K, M] and Wᵀ [K, N], so D = op(W)·X with TRANSA = T computes the
-// column-major Yᵀ [N, M] — exactly row-major Y [M, N] with ld = Y's row stride.
+// cuBLASLt GEMM plans; see gemm.h. Operand mapping (cuBLASLt is column-major): row-major X [M, K]
+// and W [N, K] are column-major Xᵀ [K, M] and Wᵀ [K, N], so D = op(W)·X with TRANSA = T computes
+// the column-major Yᵀ [N, M] — exactly row-major Y [M, N] with ld = Y's row stride.
 #include "kernels/cuda/gemm.h"
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// bf16 GEMMs through cuBLASLt (kernels.md §1): Y = X·Wᵀ (+ bias) in the TN "column-major swap"
+// bf16 GEMMs through cuBLASLt: Y = X·Wᵀ (+ bias) in the TN "column-major swap"
 // layout, fp32 accumulation, one plan per shape and pointer-alignment class (descriptors + the
 // algorithm without split-K reductions, for run-to-run determinism), one 32 MiB workspace per
 // stream. The algorithm comes from the tuned table (GemmOptions::algorithms, --gemm-algorithms)
@@ -60,20 +60,21 @@ class Gemm final : public GemmCandidates {
   absl::Status matmul(const Mat& a, const Mat& b, bool b_transposed, float alpha, const Mat& c,
                       bool c_f32);
 
-  // FP8 (E4M3) TN GEMM (kernels.md §1.7): y[M, N] (bf16) = (x_scale · x8[M, K]) · (w_scale · w8[N,
-  // K])ᵀ with dequantization scales in device memory, fp32 accumulation. `rowwise`: x_scale holds M
-  // per-token and w_scale N per-output-channel scales (cuBLASLt OUTER_VEC_32F); else one each.
-  // K % 16 == 0, 16-byte aligned operands and scales (the FP8 requirements on Hopper).
-  // `accumulate`: y += that product instead (beta = 1, y read and written in place).
+  // FP8 (E4M3) TN GEMM (TN is the only FP8 layout Hopper supports):
+  // y[M, N] (bf16) = (x_scale · x8[M, K]) · (w_scale · w8[N, K])ᵀ with dequantization scales in
+  // device memory, fp32 accumulation. `rowwise`: x_scale holds M per-token and w_scale N
+  // per-output-channel scales (cuBLASLt OUTER_VEC_32F); else one each. K % 16 == 0, 16-byte aligned
+  // operands and scales (the FP8 requirements on Hopper). `accumulate`: y += that product instead
+  // (beta = 1, y read and written in place).
   absl::Status linear_fp8(const Mat& x8, const float* x_scale, const Mat& w8, const float* w_scale,
                           const Mat& y, bool rowwise, bool accumulate = false);
   // Whether cuBLASLt offers rowwise-scaled FP8 GEMMs on this device (heuristic probe, host only).
   bool supports_rowwise_fp8();
 
-  // NVFP4 block-scaled GEMM (Blackwell, compute capability >= 10.0; kernels.md §1.8):
-  // y[M, N] (bf16) = alpha · Σ_k (x4·sx)(w4·sw), x4 [M, K] and w4 [N, K] packed E2M1 (two per
-  // byte; Mat cols/stride in elements), UE4M3 scales per 16 elements of K in the 128x4 swizzled
-  // layout, alpha a device float (1 / (global scale of x · global scale of w)).
+  // NVFP4 block-scaled GEMM (Blackwell, compute capability >= 10.0; cuBLASLt scale mode
+  // VEC16_UE4M3): y[M, N] (bf16) = alpha · Σ_k (x4·sx)(w4·sw), x4 [M, K] and w4 [N, K] packed E2M1
+  // (two per byte; Mat cols/stride in elements), UE4M3 scales per 16 elements of K in the 128x4
+  // swizzled layout, alpha a device float (1 / (global scale of x · global scale of w)).
   absl::Status linear_nvfp4(const Mat& x4, const void* x_scales, const Mat& w4,
                             const void* w_scales, const float* alpha, const Mat& y);
   // Whether cuBLASLt offers the NVFP4 GEMM on this device (heuristic probe, host only).

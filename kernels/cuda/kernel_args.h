@@ -1,5 +1,6 @@
-// Plain argument structs for the CUDA kernel launchers (style.md P2): raw device pointers plus
-// dims, host-compilable, no CUDA types. A Mat is a row-major matrix whose rows may be strided.
+// Plain argument structs for the CUDA kernel launchers: raw device pointers plus dims,
+// host-compilable, no CUDA types, so model/ code built by the host compiler can include the
+// launcher headers. A Mat is a row-major matrix whose rows may be strided.
 #pragma once
 
 #include <cstdint>

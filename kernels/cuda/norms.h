@@ -1,7 +1,8 @@
 // Normalisation launchers on bf16 matrices: LayerNorm (eager) and LayerNorm + modulation
 // (fused), RMSNorm as Qwen3 computes it, and per-head QK RMSNorm + RoPE as separate eager kernels
-// and as one fused kernel. Rounding points follow architecture §5 / kernels.md §4.1; tested bit
-// for bit (fused vs eager) by tests/cuda/op_cases.cc (gpu_op_test).
+// and as one fused kernel. Rounding points are PyTorch eager bf16's, written out per launcher below
+// (kernels/README.md, "Rounding points"); tested bit for bit (fused vs eager) by
+// tests/cuda/op_cases.cc (gpu_op_test).
 #pragma once
 
 #include <cuda_runtime_api.h>

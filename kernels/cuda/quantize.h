@@ -1,9 +1,8 @@
-// FP8 (E4M3) and NVFP4 quantizer launchers for the quality=high path (issue 8; kernels.md §1.7,
-// §2): per-tensor FP8 activations (dynamic amax or a given scale), per-row / per-tensor FP8
-// weights, NVFP4 with the 128x4 swizzled UE4M3 scales, and the fused "token concat + quantize" of
-// the single block's to_out input. Bit for bit equal to the CPU references in
-// kernels/base/fp8_nvfp4.h; tested by tests/cuda/quantize_test.cc (GPU) and
-// tests/host/quantize_reference_test.cc (references).
+// FP8 (E4M3) and NVFP4 quantizer launchers for the quality=high path: per-tensor FP8 activations
+// (dynamic amax or a given scale), per-row / per-tensor FP8 weights, NVFP4 with the 128x4 swizzled
+// UE4M3 scales, and the fused "token concat + quantize" of the single block's to_out input. Bit for
+// bit equal to the CPU references in kernels/base/fp8_nvfp4.h; tested by
+// tests/cuda/quantize_test.cc (GPU) and tests/host/quantize_reference_test.cc (references).
 #pragma once
 
 #include <cuda_runtime_api.h>

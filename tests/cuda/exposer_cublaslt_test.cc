@@ -1,5 +1,7 @@
-// toolchain.md's pitfall: prometheus-cpp's Exposer and cuBLASLt in one process. cuBLASLt is
-// dlopen-ed, so the Exposer's civetweb threads start; with a GPU a cuBLASLt GEMM runs as well.
+// prometheus-cpp's Exposer and cuBLASLt in one process: linked, cuBLASLt's ~94 KB static TLS makes
+// civetweb's small-stack thread creation fail ("null context when constructing CivetServer").
+// cuBLASLt is dlopen-ed, so the Exposer's civetweb threads start; with a GPU a cuBLASLt GEMM runs
+// as well.
 #include <gtest/gtest.h>
 #include <prometheus/exposer.h>
 

@@ -1,9 +1,9 @@
-// Fallback rules of the fast paths (design.md) on the CUDA backend: a call a path never serves by
-// design counts nothing; a failed precondition runs the fallback and is counted by reason; the
-// fast-path switch sends fused kernels to their eager chains and leaves implementations alone; an
-// injected kernel error disables the path for the process, counts "runtime_error" and still returns
-// the eager result; during CUDA graph capture the error propagates instead. Its own binary, because
-// disabling is process-wide.
+// Fallback rules of the fast paths (kernels/README.md) on the CUDA backend: a call a path never
+// serves by design counts nothing; a failed precondition runs the fallback and is counted by
+// reason; the fast-path switch sends fused kernels to their eager chains and leaves implementations
+// alone; an injected kernel error disables the path for the process, counts "runtime_error" and
+// still returns the eager result; during CUDA graph capture the error propagates instead. Its own
+// binary, because disabling is process-wide.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 

@@ -210,7 +210,7 @@ void time_op_case(const OpCase& c) {
     return;
   }
   const int64_t bytes = env.bytes_set() ? env.bytes() : env.bytes() + result->bytes();
-  // Each timed call starts from a cold L2 (style.md P5): 128 MiB written between calls evicts the
+  // Each timed call starts from a cold L2: 128 MiB written between calls evicts the
   // H200's 60 MiB, so inputs come from device memory, as they do inside a model step.
   Tensor scrub = gpu->empty(DType::kBF16, {int64_t{64} << 20}).value();
   std::vector<double> samples;

@@ -1,4 +1,4 @@
-// The op test harness (style.md P3, after ggml's test-backend-ops): one registry of cases, each
+// The op test harness (after ggml's test-backend-ops): one registry of cases, each
 // an op call written once against the Backend interface and run on the CUDA backend with fast
 // paths on and off and on the CPU reference backend with the same bf16-representable inputs.
 // Every case checks, in this order: outputs finite where written and NaN sentinels untouched
@@ -72,7 +72,7 @@ class OpEnv {
 // output, an in-place input or a view of one).
 using OpRun = std::function<absl::StatusOr<Tensor>(OpEnv& env)>;
 
-// Bound for a chain of bf16 ops against the float32 CPU reference (style.md P4 (b)): bf16's unit
+// Bound for a chain of bf16 ops against the float32 CPU reference, derived from norms: bf16's unit
 // roundoff is u = 2^-8 ≈ 3.9e-3; round-to-nearest errors spread evenly over ±u and are independent
 // between elements, so each rounding adds about u/√3 ≈ 2.3e-3 to the relative L2 error (an RMS),
 // and r <= 4 roundings about √r · u/√3 ≈ 4.5e-3 (GEMMs and attention accumulate in fp32 and round

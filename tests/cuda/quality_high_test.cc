@@ -94,17 +94,17 @@ TEST(QualityHighTest, Klein4bShapesLosslessUnchangedAndEveryFp8PathRuns) {
       *fp8_bytes / 1e9);
 }
 
-// quality=high against a same-precision reference (style.md P4 (c), FA3's "2x the low-precision
-// reference's error"): the CPU backend's float32 emulation of the FP8 formats (cpu_fp8.h: the
-// GEMM operands in E4M3 per token and per channel, attention's Q, K, V per head and 128 tokens,
-// its probabilities in E4M3). Against the float32 lossless reference the GPU at high makes the
-// FP8 error e_fp8 (which the emulation measures) and the bf16 error e_bf16 (which the GPU's own
-// lossless output measures); independent errors add in quadrature, so
-// e_high ≈ sqrt(e_fp8² + e_bf16²) <= e_fp8 + e_bf16, and the factor 2 leaves room for the
-// differences the emulation does not copy (the kernels' accumulation order and fast SiLU, P's
-// rounding relative to a running maximum). klein-4B's widths (D 3072, 24 heads of 128, F 9216)
-// at reduced depth (one double and two single blocks) and 64 text + 256 image tokens, so the CPU
-// reference takes seconds.
+// quality=high against a same-precision reference (a bound of k times the error of a naive
+// implementation in the same precision, as FA3's "2x the low-precision reference's error"): the CPU
+// backend's float32 emulation of the FP8 formats (cpu_fp8.h: the GEMM operands in E4M3 per token
+// and per channel, attention's Q, K, V per head and 128 tokens, its probabilities in E4M3). Against
+// the float32 lossless reference the GPU at high makes the FP8 error e_fp8 (which the emulation
+// measures) and the bf16 error e_bf16 (which the GPU's own lossless output measures); independent
+// errors add in quadrature, so e_high ≈ sqrt(e_fp8² + e_bf16²) <= e_fp8 + e_bf16, and the factor 2
+// leaves room for the differences the emulation does not copy (the kernels' accumulation order and
+// fast SiLU, P's rounding relative to a running maximum). klein-4B's widths (D 3072, 24 heads of
+// 128, F 9216) at reduced depth (one double and two single blocks) and 64 text + 256 image tokens,
+// so the CPU reference takes seconds.
 TEST(QualityHighTest, Klein4bWidthsWithinTwiceTheEmulatedFp8Error) {
   FLUX2_REQUIRE_GPU(gpu);
   Flux2Config config = flux2_preset("klein-4b").value();

@@ -1,4 +1,4 @@
-// gpu_soak: the server on the GPU under mixed traffic for a fixed time (issue 20's soak): sizes
+// gpu_soak: the server on the GPU under mixed traffic for a fixed time (a soak test): sizes
 // 256-1024, 1-4 images, both qualities, unary and streaming, cancels and deadlines mixed in, from
 // K concurrent clients; every 30 s one JSON line of device memory, RSS, open fds, step times and
 // codes. Exit 1 on any unexpected status or a server exit other than 0. Run by

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 # Grafana dashboard deploy/grafana/flux2-dashboard.json: parses, is what render_dashboard.py produces, has
-# unique ids and a sane grid, uses its variables, and has every panel issue 7 asks for.
+# unique ids and a sane grid, uses its variables, and has every required panel (latency percentiles,
+# step latency, stages, throughput, queue, GPU memory and utilisation, fallbacks, errors, success).
 import json
 import subprocess
 import sys
@@ -71,7 +72,7 @@ class DashboardTest(unittest.TestCase):
         errors = self.panel_exprs("Errors/s by code")[0]
         self.assertIn('code!="OK"', errors)
         self.assertIn("by (code)", errors)
-        # Issue 19: GPU utilisation, a success-ratio stat, RESOURCE_EXHAUSTED told apart, both front ends.
+        # GPU utilisation, a success-ratio stat, RESOURCE_EXHAUSTED told apart, both front ends.
         self.assertIn("flux2_gpu_utilization_ratio", self.panel_exprs("GPU utilisation")[0])
         success = self.panel_exprs("Success ratio")[0]
         self.assertIn('code="OK"', success)

@@ -134,7 +134,7 @@ class RuntimeLibrariesTest(unittest.TestCase):
 
     def test_dlopened_cuda_libraries_are_shipped(self):
         # Loaded with dlopen, so invisible to ldd. Measured from /proc/PID/maps of flux2_server (CUDA 13.0.2,
-        # cuDNN 9.14, H200) after GenerateImage and GenerateImageStream requests: cuBLASLt (toolchain.md),
+        # cuDNN 9.14, H200) after GenerateImage and GenerateImageStream requests: cuBLASLt (our dlopen),
         # cuDNN's sub-libraries (its shim loads them on demand) and NVRTC for its runtime-compiled engines.
         loaded = ["libcublasLt.so.13", "libnvrtc.so.13", "libnvrtc-builtins.so.13.0", "libcudnn_graph.so.9",
                   "libcudnn_ops.so.9", "libcudnn_cnn.so.9", "libcudnn_heuristic.so.9",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the GPU test and benchmark set here (CUDA for sm_90a) and collects the executables plus
 # the non-system shared libraries they load into .device-bin/ (ignored by git), for the lent H200
-# (toolchain.md). Then run tests/gpu/run_on_device.sh there, carrying .device-bin.
+# (it has CUDA and cuDNN but no gRPC, protobuf, abseil or prometheus-cpp). Then run
+# tests/gpu/run_on_device.sh there, carrying .device-bin.
 #   tests/gpu/build_bundle.sh                    # the working tree -> .device-bin
 #   tests/gpu/build_bundle.sh --base COMMIT      # also `flux2` of COMMIT -> .device-bin-base, for
 #                                                # run_on_device.sh's same-run before/after benches

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Reference data for editing that ../shared/golden lacks, made on the GPU machine (PyTorch, PIL).
+"""Reference data for editing that tests/data lacks, made on the GPU machine (PyTorch, PIL).
 
-1. diffusers' own bf16 error on the VAE encoder (the `e_ref` of golden/README.md's bf16 bar) for
+1. diffusers' own bf16 error on the VAE encoder (the `e_ref` of tests/data/README.md's bf16 bar) for
    tiny-klein's vae_encode cases: AutoencoderKLFlux2 from tests/data/tiny-klein/checkpoint/vae in
    bf16 on CUDA, fed each case's golden `image` as Flux2KleinPipeline._encode_vae_image does
    (encode, latent_dist.mode(), patchify 2x2, BatchNorm normalisation, all in bf16), compared with

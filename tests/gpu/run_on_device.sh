@@ -226,7 +226,7 @@ if want gemm-shapes; then
       --profile-by-shape
   done
 fi
-if want profile; then  # device time per op category against the step (issue 21's closing profile)
+if want profile; then  # device time per op category against the step (PERF_NOTES runs 82-84)
   for quality in lossless high; do
     for model in klein-4b dev; do
       bench "$bin/flux2" profile.jsonl "profile $model $quality" --model "$model" --quality $quality \

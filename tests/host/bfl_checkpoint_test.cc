@@ -85,7 +85,7 @@ TEST_P(BflMappingTest, CoversEveryTableTensorOnce) {
 }
 
 // The published shapes: dev's BFL file holds 11 top-level tensors (guidance embedder included),
-// 12 per double block and 4 per single block, 32,223,281,152 parameters (architecture §8: the
+// 12 per double block and 4 per single block, 32,223,281,152 parameters (model/README.md: the
 // 64.4 GB of flux2-dev.safetensors in bf16); klein has no guidance embedder.
 TEST(BflPresetTest, PublishedShapesHaveTheirParameterCounts) {
   const std::map<std::string, std::pair<size_t, int64_t>> expected = {
@@ -334,7 +334,7 @@ std::vector<std::vector<float>> golden_forwards(Backend& be, const Flux2Transfor
 
 // The model loaded through the BFL view computes bit for bit what the directory's does (same
 // backend, same weights, same order of operations), and both pass the golden at the float32 CPU
-// bar of golden/README.md (1e-4 relative L2 against diffusers' float32 forward).
+// bar of tests/data/README.md (1e-4 relative L2 against diffusers' float32 forward).
 TEST_P(BflRoundTripTest, ForwardIsBitIdenticalAndPassesGolden) {
   auto view = open_view(bfl_path_);
   ASSERT_TRUE(view.ok()) << view.status();

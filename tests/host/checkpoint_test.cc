@@ -52,7 +52,7 @@ TEST_F(CheckpointTest, LoadsTinyKlein) {
   EXPECT_EQ((*model)->config().num_layers, 2);
   EXPECT_EQ((*model)->config().num_single_layers, 3);
   EXPECT_FALSE((*model)->config().guidance_embeds);
-  // 9 top-level + 2 x 16 + 3 x 4 tensors (architecture §1.2 counting rule).
+  // 9 top-level + 2 x 16 + 3 x 4 tensors (model/README.md's counting rule).
   EXPECT_EQ((*model)->load_report().tensors, 9 + 2 * 16 + 3 * 4);
   EXPECT_GT((*model)->load_report().device_bytes, 0);
 }

@@ -1,7 +1,7 @@
 // CPU backend ops against plain double-precision loops written independently here.
-// Tolerance: relative L2 error <= 1e-5. Derivation (style.md P4 (b)): float32 sums of K <= 576
-// products have a worst-case relative error near K x 2^-24 ≈ 3e-5 and a typical (random-walk)
-// error near sqrt(K) x 2^-24 ≈ 1.5e-6 over a whole tensor; 1e-5 sits between the two.
+// Tolerance: relative L2 error <= 1e-5. Derivation (a bound from norms and epsilon): float32 sums
+// of K <= 576 products have a worst-case relative error near K x 2^-24 ≈ 3e-5 and a typical
+// (random-walk) error near sqrt(K) x 2^-24 ≈ 1.5e-6 over a whole tensor; 1e-5 sits between the two.
 #include <cmath>
 #include <random>
 #include <vector>
@@ -372,7 +372,7 @@ TEST_F(CpuOpsTest, LatentUnpackIsBatchNormThenUnpatchify) {
   for (int64_t y = 0; y < 2 * h; ++y)
     for (int64_t x = 0; x < 2 * w; ++x)
       for (int64_t ch = 0; ch < c; ++ch) {
-        const int64_t packed = ch * 4 + (y % 2) * 2 + (x % 2);  // architecture §2.3
+        const int64_t packed = ch * 4 + (y % 2) * 2 + (x % 2);  // c·4 + dy·2 + dx
         const int64_t token = (y / 2) * w + (x / 2);
         const double expected =
             tokens[token * 4 * c + packed] * std::sqrt(var[packed] + 1e-4) + mean[packed];

@@ -1,5 +1,5 @@
-// The published shapes: parameter counts from architecture §8, the floors of performance.md and the
-// random-weight pipelines of `flux2 bench --e2e`.
+// The published shapes: parameter counts, FLOPs and floors (model/README.md) and the random-weight
+// pipelines of `flux2 bench --e2e`.
 #include "model/flux2_presets.h"
 #include "model/pipeline_presets.h"
 
@@ -16,11 +16,11 @@ TEST(Flux2PresetsTest, ParameterCountsMatchArchitecture) {
 }
 
 TEST(Flux2PresetsTest, FloorsMatchPerformanceDoc) {
-  // performance.md: about 50 / 110 / 380 ms at 1024² with 512 text tokens.
+  // About 50 / 110 / 380 ms at 1024² with 512 text tokens.
   EXPECT_NEAR(flux2_floor_ms(flux2_preset("klein-4b").value(), 4096, 512), 50.0, 1.5);
   EXPECT_NEAR(flux2_floor_ms(flux2_preset("klein-9b").value(), 4096, 512), 110.0, 3.0);
   EXPECT_NEAR(flux2_floor_ms(flux2_preset("dev").value(), 4096, 512), 380.0, 10.0);
-  // architecture §7: klein-4B forward 28.3 TFLOP linear, 6.5 TFLOP attention.
+  // klein-4B forward: 28.3 TFLOP linear, 6.5 TFLOP attention.
   const StepFlops flops = flux2_step_flops(flux2_preset("klein-4b").value(), 4096, 512);
   EXPECT_NEAR(flops.linear / 1e12, 28.3, 0.1);
   EXPECT_NEAR(flops.attention / 1e12, 6.5, 0.1);

@@ -78,7 +78,7 @@ uint8_t slow_e2m1(float x) {
   return sign | static_cast<uint8_t>(nearest_code(a, 8, e2m1_definition));
 }
 
-// Scale offset from the torchao description (kernels.md §2.4): the [rows/128, 4, 32, k/4, 4] view
+// Scale offset from the torchao description (to_blocked): the [rows/128, 4, 32, k/4, 4] view
 // permuted to (0, 3, 2, 1, 4), i.e. an index over [row tile][k tile][row % 32][row quarter][k % 4].
 int64_t permute_offset(int64_t m, int64_t kb, int64_t k_tiles) {
   const int64_t rb = m / 128, quarter = (m % 128) / 32, j = m % 32, cb = kb / 4, cc = kb % 4;
@@ -157,7 +157,7 @@ TEST(QuantizeConversionTest, TiesAndNeighboursInF32) {
   EXPECT_EQ(f32_to_e2m1(-0.1f), 0x8);
   EXPECT_EQ(f32_to_e2m1(-INFINITY), 0xf);
   EXPECT_EQ(f32_to_e2m1(-std::nanf("")), 0x7);
-  // The kernels.md §2.5 tie table.
+  // The ties, to the even code.
   const std::vector<std::pair<float, uint8_t>> ties = {
       {0.25f, 0}, {0.75f, 2}, {1.25f, 2}, {1.75f, 4}, {2.5f, 4}, {3.5f, 6}, {5.0f, 6}};
   for (const auto& [x, code] : ties) EXPECT_EQ(f32_to_e2m1(x), code) << x;

@@ -1,4 +1,4 @@
-// The flow-matching schedule against the values in architecture §8 and the numpy rules.
+// The flow-matching schedule against diffusers' values (model/README.md) and the numpy rules.
 #include "model/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@ namespace flux2 {
 namespace {
 
 TEST(SchedulerTest, EmpiricalMuMatchesReferenceValues) {
-  // architecture §8 (computed by diffusers' compute_empirical_mu).
+  // Computed by diffusers' compute_empirical_mu.
   EXPECT_NEAR(flux2_empirical_mu(4096, 4), 2.291180, 1e-6);
   EXPECT_NEAR(flux2_empirical_mu(4096, 28), 2.151443, 1e-6);
   EXPECT_NEAR(flux2_empirical_mu(4096, 50), 2.023351, 1e-6);

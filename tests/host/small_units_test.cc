@@ -217,13 +217,13 @@ TEST(TimestepEmbeddingTest, SinusoidAndBf16Scaling) {
     EXPECT_NEAR(emb[8 + k], std::cos(1000.0 * f), 2e-4);
     EXPECT_NEAR(emb[12 + k], std::sin(1000.0 * f), 2e-4);
   }
-  // golden/README.md: timestep 0.65 is not a bf16 value; diffusers' bf16 path feeds 648, not 650.
+  // tests/data/README.md: 0.65 is not a bf16 value; diffusers' bf16 path feeds 648, not 650.
   EXPECT_EQ(scale_conditioning(0.65f, DType::kBF16), 648.0f);
   EXPECT_FLOAT_EQ(scale_conditioning(0.65f, DType::kF32), 650.0f);
   EXPECT_EQ(scale_conditioning(4.0f, DType::kBF16), 4000.0f);
 }
 
-// Error messages show the value the caller gave, not a rounded one (issue 20: "100 is outside
+// Error messages show the value the caller gave, not a rounded one (they once read "100 is outside
 // 0..100" for 100.0001; "65536..6.71089e+07" for a flag range).
 TEST(ExactDecimalTest, ReadsBackAsTheSameDouble) {
   EXPECT_EQ(exact_decimal(100.0001), "100.0001");

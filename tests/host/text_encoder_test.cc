@@ -28,8 +28,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// golden/README.md's float32 bar: a correct float32 implementation lands within 1e-4 relative L2
-// of a float64-accurate reference (here the float32 CPU path measures about 1e-6 against the
+// tests/data/README.md's float32 bar: a correct float32 implementation lands within 1e-4 relative
+// L2 of a float64-accurate reference (here the float32 CPU path measures about 1e-6 against the
 // float64 naive forward; a missing or misplaced term such as the wrong GQA head gives > 1e-2).
 constexpr double kFloat32Tolerance = 1e-4;
 

@@ -21,7 +21,7 @@ namespace flux2 {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
-// golden/README.md: "randn: the float32 values within 1e-6 absolute"; bf16 is compared exactly.
+// tests/data/README.md: "randn: the float32 values within 1e-6 absolute"; bf16 is compared exactly.
 constexpr double kF32AbsTolerance = 1e-6;
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
