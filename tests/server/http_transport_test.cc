@@ -424,8 +424,10 @@ TEST_F(HttpTransportTest, AnIdleConnectionIsEvictedForANewOneAtThePerClientLimit
     client->send(get("/health"));
     ASSERT_TRUE(client->read_response().has_value());
   }
-  busy.send("GET /health HTTP/1.1\r\n");                        // a request under way: not idle
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // settle: the server saw them
+  busy.send(post("/slow", "x"));  // a request in flight: not idle
+  ASSERT_NE(app_.wait_held(0), nullptr);
+  // Settle: the idle ones are marked idle just after their responses were written.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   RawClient fresh(port_);
   fresh.send(get("/health"));
   EXPECT_EQ(fresh.read_response()->body, "ok");
@@ -433,8 +435,8 @@ TEST_F(HttpTransportTest, AnIdleConnectionIsEvictedForANewOneAtThePerClientLimit
   EXPECT_TRUE(newer.stays_silent(0.2));
   newer.send(get("/health"));
   EXPECT_EQ(newer.read_response()->body, "ok");
-  busy.send("Host: t\r\n\r\n");
-  EXPECT_EQ(busy.read_response()->body, "ok");
+  app_.release_all();
+  EXPECT_EQ(busy.read_response()->body, "released");
 }
 
 TEST_F(HttpTransportTest, BeyondTheLimitsWithNoIdleConnectionIs503) {
@@ -443,9 +445,9 @@ TEST_F(HttpTransportTest, BeyondTheLimitsWithNoIdleConnectionIs503) {
   options.max_connections = 3;
   start(options);
   RawClient first(port_), second(port_);
-  first.send("GET /health HTTP/1.1\r\n");  // both busy: nothing to evict
-  second.send("GET /health HTTP/1.1\r\n");
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  first.send(post("/slow", "1"));  // both busy (held by the application): nothing to evict
+  second.send(post("/slow", "2"));
+  ASSERT_NE(app_.wait_held(1), nullptr);
   RawClient third(port_);
   const std::optional<RawResponse> refused = third.read_response(5);
   ASSERT_TRUE(refused.has_value());
@@ -457,15 +459,15 @@ TEST_F(HttpTransportTest, BeyondTheLimitsWithNoIdleConnectionIs503) {
   // Another client address has its own allowance, until max_connections.
   RawClient other(port_, "127.0.0.2");
   if (!other.connected()) GTEST_SKIP() << "cannot bind 127.0.0.2 here";
-  other.send("GET /health HTTP/1.1\r\n");
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  other.send(post("/slow", "3"));
+  ASSERT_NE(app_.wait_held(2), nullptr);
   RawClient fourth(port_, "127.0.0.3");
   const std::optional<RawResponse> full = fourth.read_response(5);
   ASSERT_TRUE(full.has_value());
   EXPECT_EQ(full->status, 503);
   EXPECT_NE(full->body.find("(max_connections)"), std::string::npos);
-  other.send("Host: t\r\n\r\n");
-  EXPECT_EQ(other.read_response()->body, "ok");
+  app_.release_all();
+  EXPECT_EQ(other.read_response()->body, "released");
 }
 
 TEST_F(HttpTransportTest, SlowlorisAndSilentConnectionsDoNotStarveOthers) {
