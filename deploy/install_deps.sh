@@ -18,7 +18,7 @@ build_packages=(build-essential cmake ninja-build pkg-config
                 libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
                 prometheus-cpp-dev libstb-dev nlohmann-json3-dev libpcre2-dev
                 libutf8proc-dev libopenblas-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libcpp-httplib-dev libcli11-dev
-                nodejs npm)
+                libboost1.81-dev nodejs npm)
 # The tests and the development tools (never in the image); clang and its runtime (libFuzzer,
 # ASan) build the fuzz targets of tests/fuzz.
 test_packages=(git clang-format libgtest-dev xz-utils python3 python3-grpcio python3-protobuf prometheus yamllint
