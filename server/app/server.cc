@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/base/decimal.h"
 #include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
 #include "server/common/log.h"
@@ -151,10 +152,14 @@ absl::Status Server::Start() {
     HttpApiOptions http;
     http.host = options_.host;
     http.port = options_.http_port;
-    http.tls_cert_file = options_.tls_cert;
-    http.tls_key_file = options_.tls_key;
+    http.tls_cert_pem = secrets_.tls_cert_pem;
+    http.tls_key_pem = secrets_.tls_key_pem;
     http.max_request_bytes = options_.max_request_bytes;
-    http.threads = 2 * (options_.queue_depth + 1) + 16;
+    http.head_timeout_s = options_.http_head_timeout_s;
+    http.body_timeout_s = options_.http_body_timeout_s;
+    http.idle_timeout_s = options_.http_idle_timeout_s;
+    http.max_connections = options_.http_max_connections;
+    http.max_connections_per_client = options_.http_max_connections_per_client;
     http_ = std::make_unique<HttpApi>(core_, secrets_.auth_token);
     if (absl::Status status = http_->start(http); !status.ok()) {
       http_.reset();
@@ -164,7 +169,16 @@ absl::Status Server::Start() {
     }
     http_port_ = http_->port();
   }
-  core_.set_http_port(http_port_);
+  std::map<std::string, std::string> http_options;
+  if (http_) {
+    http_options = {{"http-head-timeout-s", exact_decimal(options_.http_head_timeout_s)},
+                    {"http-body-timeout-s", exact_decimal(options_.http_body_timeout_s)},
+                    {"http-idle-timeout-s", exact_decimal(options_.http_idle_timeout_s)},
+                    {"http-max-connections", absl::StrCat(options_.http_max_connections)},
+                    {"http-max-connections-per-client",
+                     absl::StrCat(options_.http_max_connections_per_client)}};
+  }
+  core_.set_http_facts(http_port_, std::move(http_options));
   core_.start();
   std::lock_guard<std::mutex> lock(mu_);
   started_ = true;  // from here on GracefulStop has something to stop
@@ -192,7 +206,7 @@ absl::Status Server::GracefulStop(Clock::time_point deadline) {
   log_line(LogLevel::kInfo, "draining");
   const absl::Status result = core_.drain(deadline);
   // Every generation the front ends answer has finished by now; they write the last answers.
-  if (http_) http_->stop();
+  if (http_) http_->stop(Clock::now() + kFrontEndShutdownGrace);
   grpc_.stop(Clock::now() + kFrontEndShutdownGrace);
   metrics_endpoint_.stop();
   log_line(result.ok() ? LogLevel::kInfo : LogLevel::kWarning,

@@ -94,6 +94,11 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   option("--metrics-host", o.metrics_host);
   option("--metrics-basic-auth-file", o.metrics_basic_auth_file);
   option("--http-port", o.http_port);
+  option("--http-head-timeout-s", o.http_head_timeout_s);
+  option("--http-body-timeout-s", o.http_body_timeout_s);
+  option("--http-idle-timeout-s", o.http_idle_timeout_s);
+  option("--http-max-connections", o.http_max_connections);
+  option("--http-max-connections-per-client", o.http_max_connections_per_client);
   option("--model-dir", o.model_dir);
   option("--backend", o.backend);
   option("--queue-depth", o.queue_depth);
@@ -196,6 +201,14 @@ absl::Status validate_server_options(const ServerOptions& o) {
         absl::StrCat("--metrics-port: ", o.metrics_port, " is also the gRPC --port"));
   }
   FLUX_RETURN_IF_ERROR(check_range("--http-port", o.http_port, -1, 65535));
+  // Under a tenth of a second a loaded host would refuse honest clients; a day bounds a socket.
+  FLUX_RETURN_IF_ERROR(check_range("--http-head-timeout-s", o.http_head_timeout_s, 0.1, 86400.0));
+  FLUX_RETURN_IF_ERROR(check_range("--http-body-timeout-s", o.http_body_timeout_s, 0.1, 86400.0));
+  FLUX_RETURN_IF_ERROR(check_range("--http-idle-timeout-s", o.http_idle_timeout_s, 0.1, 86400.0));
+  // A socket each: well under the process's descriptor limit.
+  FLUX_RETURN_IF_ERROR(check_range("--http-max-connections", o.http_max_connections, 1, 65536));
+  FLUX_RETURN_IF_ERROR(check_range("--http-max-connections-per-client",
+                                   o.http_max_connections_per_client, 1, o.http_max_connections));
   if (o.http_port > 0 && (o.http_port == o.port || o.http_port == o.metrics_port)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--http-port: ", o.http_port, " is also the ",
@@ -342,6 +355,15 @@ std::string server_help_text() {
       "                           /v1/models, /health, /ready, /openapi.json (default 8000;\n"
       "                           0 picks a free port, -1 turns it off); TLS and the token apply\n"
       "                           as on gRPC\n"
+      "  --http-head-timeout-s S  a request's line and headers must arrive within S seconds, or\n"
+      "                           it gets 408 (default 10: slow clients cannot hold sockets)\n"
+      "  --http-body-timeout-s S  its body within S seconds after them (default 60)\n"
+      "  --http-idle-timeout-s S  an idle keep-alive connection closes after S seconds (default "
+      "5)\n"
+      "  --http-max-connections N open HTTP connections in all (default 1024); at the limit the\n"
+      "                           least recently used idle one is closed, else the new one gets "
+      "503\n"
+      "  --http-max-connections-per-client N  the same per client IP address (default 64)\n"
       "  --tls-cert FILE          PEM certificate chain; with --tls-key serves TLS instead of\n"
       "                           plaintext (gRPC and the HTTP API)\n"
       "  --tls-key FILE           PEM private key for --tls-cert\n"

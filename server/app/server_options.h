@@ -28,6 +28,14 @@ struct ServerOptions {
   std::string metrics_basic_auth_file;
   // The OpenAI-compatible HTTP API (server/http/http_api.h); 0 picks a free one, -1 turns it off.
   int http_port = 8000;
+  // The HTTP API's connections (server/http/transport/options.h): the deadline for a request's
+  // line and headers (slow clients get 408), for its body, the keep-alive wait, and the open
+  // connections in all and per client address (idle keep-alive ones are closed first).
+  double http_head_timeout_s = 10.0;
+  double http_body_timeout_s = 60.0;
+  double http_idle_timeout_s = 5.0;
+  int http_max_connections = 1024;
+  int http_max_connections_per_client = 64;
   std::string model_dir;         // empty: the embedded tiny checkpoint on the CPU backend
   std::string backend = "auto";  // auto | cpu | cuda
   int queue_depth = 8;           // requests that may wait behind the running one

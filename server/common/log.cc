@@ -1,6 +1,7 @@
 // Log lines in text or JSON; see log.h. Tested by tests/server/log_test.cc.
 #include "server/common/log.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +37,22 @@ void write_line(const std::string& line) {
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fputc('\n', stderr);
   std::fflush(stderr);
+}
+
+// A logfmt value: as it is when it is a plain token, else double-quoted with `"` and `\` escaped,
+// so a value a client chose (a request id, an error quoting its fields) cannot forge fields.
+std::string logfmt_value(absl::string_view value) {
+  const bool plain = !value.empty() && std::all_of(value.begin(), value.end(), [](char c) {
+    return absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+           absl::string_view("._:/-+[]").find(c) != absl::string_view::npos;
+  });
+  if (plain) return std::string(value);
+  std::string out = "\"";
+  for (char c : value) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
 }
 
 }  // namespace
@@ -89,14 +106,15 @@ void log_request(const RequestLogRecord& r) {
     write_line(dump_json(line));
     return;
   }
-  std::string text = absl::StrFormat("%s request_id=%s code=%s seconds=%.3f", r.method,
-                                     r.request_id.empty() ? "-" : r.request_id, r.code, r.seconds);
+  std::string text =
+      absl::StrFormat("%s request_id=%s code=%s seconds=%.3f", r.method,
+                      r.request_id.empty() ? "-" : logfmt_value(r.request_id), r.code, r.seconds);
   if (r.width > 0) {
     absl::StrAppend(&text, " size=", r.width, "x", r.height, " steps=", r.steps,
                     " images=", r.num_images, " quality=", r.quality);
   }
-  if (!r.peer.empty()) absl::StrAppend(&text, " peer=", r.peer);
-  if (!r.error.empty()) absl::StrAppend(&text, " error=", r.error);
+  if (!r.peer.empty()) absl::StrAppend(&text, " peer=", logfmt_value(r.peer));
+  if (!r.error.empty()) absl::StrAppend(&text, " error=", logfmt_value(r.error));
   log_line(level, text);
 }
 

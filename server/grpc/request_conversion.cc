@@ -146,6 +146,9 @@ void fill_model_info(const ServingModel& model, v1::GetModelInfoResponse* respon
   response->set_prompt_cache_bytes(info.prompt_cache_bytes);
   response->set_transformer_file(model.facts.transformer_file);
   response->set_http_port(model.facts.http_port);
+  for (const auto& [flag, value] : model.facts.http_options) {
+    (*response->mutable_http_options())[flag] = value;
+  }
   response->set_stall_timeout_min_seconds(model.facts.stall.min_seconds);
   response->set_stall_step_multiple(model.facts.stall.step_multiple);
   response->set_test_inject_fault(model.facts.test_inject_fault);

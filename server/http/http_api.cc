@@ -1,23 +1,23 @@
-// The OpenAI-compatible HTTP API on cpp-httplib; see http_api.h.
-// Tested by tests/server/http_api_test.cc and tests/server/openai_client_test.mjs.
+// The OpenAI-compatible HTTP API on the HTTP/1.1 transport; see http_api.h.
+// Tested by tests/server/http_api_test.cc, http_hostile_test.py and openai_client_test.mjs.
 #include "server/http/http_api.h"
-
-#include <httplib.h>
-#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
-#include <deque>
+#include <map>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/base/elapsed.h"
 #include "model/json_util.h"
 #include "server/common/bearer_token.h"
-#include "server/http/http_connection.h"
+#include "server/http/form_data.h"
 #include "server/http/openai_images.h"
 #include "server/serving/access_log.h"
 #include "server/serving/field_violations.h"
@@ -32,13 +32,45 @@ namespace {
 
 using nlohmann::json;
 
-// How often a waiting handler looks at its connection and deadline: well under one denoising
-// step (tens of milliseconds on the GPU at the smallest sizes, more everywhere else).
-constexpr auto kPollInterval = std::chrono::milliseconds(20);
+// A route: its path, the one method it takes, the label its requests are counted under in
+// flux2_requests_total{method}, and whether it needs the bearer token. Refusals on paths that
+// are no route are counted under kUnroutedMethod.
+struct Route {
+  const char* path;
+  const char* method;
+  const char* label;
+  bool needs_token;
+  bool counts_success;  // generations are counted; probes and listings only when refused
+};
+constexpr Route kRoutes[] = {
+    {"/v1/images/generations", "POST", "images.generations", true, true},
+    {"/v1/images/edits", "POST", "images.edits", true, true},
+    {"/v1/models", "GET", "models", true, false},
+    {"/health", "GET", "health", false, false},
+    {"/ready", "GET", "ready", false, false},
+    {"/openapi.json", "GET", "openapi", false, false},
+};
+constexpr char kUnroutedMethod[] = "http";
 
-// Labels of flux2_requests_total{method} for the two generation endpoints.
-constexpr char kGenerationsMethod[] = "images.generations";
-constexpr char kEditsMethod[] = "images.edits";
+// RFC 9110's methods (case-sensitive): any other is 501, whatever the path.
+bool known_method(std::string_view method) {
+  for (std::string_view known :
+       {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}) {
+    if (method == known) return true;
+  }
+  return false;
+}
+
+const Route* find_route(std::string_view path) {
+  for (const Route& route : kRoutes) {
+    if (path == route.path) return &route;
+  }
+  return nullptr;
+}
+
+bool is_generation(const Route& route) {
+  return route.counts_success;
+}
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -46,251 +78,244 @@ int64_t unix_seconds() {
       .count();
 }
 
-void respond_json(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(dump_json(body), "application/json");
+http::Response json_response(int status, const json& body) {
+  return {status, {{"Content-Type", "application/json"}}, dump_json(body)};
 }
 
-void respond_error(httplib::Response& res, const absl::Status& status) {
+// OpenAI's error JSON with the status that fits, and the fields a client needs to act on it.
+http::Response error_response(const absl::Status& status) {
   const int code = http_status_of(status);
-  if (code == 429 || code == 503) res.set_header("Retry-After", absl::StrCat(kRetryAfterSeconds));
-  if (code == 401) res.set_header("WWW-Authenticate", "Bearer");
-  respond_json(res, code, openai_error_body(status));
+  http::Response response = json_response(code, openai_error_body(status));
+  if (code == 429 || code == 503) {
+    response.headers.emplace_back("Retry-After", absl::StrCat(kRetryAfterSeconds));
+  }
+  if (code == 401) response.headers.emplace_back("WWW-Authenticate", "Bearer");
+  return response;
 }
 
-absl::Status authenticate(const std::string& token, const httplib::Request& req) {
-  std::vector<absl::string_view> values;
-  const auto [begin, end] = req.headers.equal_range("Authorization");
-  for (auto it = begin; it != end; ++it) values.emplace_back(it->second);
-  return check_bearer_token(token, values);
+std::string request_id_of(const http::RequestHead& head) {
+  const std::optional<std::string_view> id = head.value("X-Request-Id");
+  return id ? std::string(*id) : std::string();
 }
 
-// The deadline the X-Request-Timeout header sets (seconds from arrival), max() without one.
-absl::StatusOr<Clock::time_point> request_deadline(const httplib::Request& req,
+// The deadline X-Request-Timeout sets (decimal seconds from arrival, e.g. "30" or "2.5"), max()
+// without one; InvalidArgument naming the header for anything else (hex, exponents, empty,
+// repeated, not positive, over a year).
+absl::StatusOr<Clock::time_point> request_deadline(const http::RequestHead& head,
                                                    Clock::time_point arrival) {
-  if (!req.has_header(kRequestTimeoutHeader)) return Clock::time_point::max();
-  const std::string text = req.get_header_value(kRequestTimeoutHeader);
+  const std::vector<std::string_view> values = head.values(kRequestTimeoutHeader);
+  if (values.empty()) return Clock::time_point::max();
+  const std::string text = values.size() == 1 ? std::string(values[0]) : std::string();
+  bool decimal = !text.empty() && text.find_first_not_of("0123456789.") == std::string::npos &&
+                 std::count(text.begin(), text.end(), '.') <= 1 && text.front() != '.' &&
+                 text.back() != '.';
   double seconds = 0;
-  if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 86400 * 365) {
+  if (!decimal || !absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 86400 * 365) {
     return invalid_argument_status(
         {{kRequestTimeoutHeader,
-          absl::StrCat("'", text, "' is not a positive number of seconds")}});
+          values.size() > 1
+              ? std::string("sent more than once")
+              : absl::StrCat("'", text, "' is not a positive decimal number of seconds")}});
   }
   return arrival +
          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
-// What one HTTP generation shares with its job's callbacks (which run on the worker and encoder
-// threads) and with the handler or the event-stream provider waiting on it.
-struct HttpCall {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::string> events;  // guarded by mu: server-sent events not yet written
-  bool done = false;               // guarded by mu: the job finished
-  absl::Status status;             // guarded by mu
-  JobResult result;                // guarded by mu
-  bool recorded = false;           // guarded by mu: counted and logged
-};
+}  // namespace
 
-// One generation request from parse to answer; held by a shared_ptr so an event stream's content
-// provider keeps it alive after the handler returns.
-class Generation : public std::enable_shared_from_this<Generation> {
+// Withdraws jobs whose X-Request-Timeout passed (a queued job would otherwise wait for the
+// worker to notice): one thread, woken at the earliest deadline.
+class DeadlineWatch {
  public:
-  Generation(ServingCore& core, const std::string& token, const char* method,
-             const httplib::Request& req)
-      : core_(core), token_(token), method_(method), req_(req), arrival_(Clock::now()) {
-    request_id_ = loggable_request_id(req.get_header_value("X-Request-Id"));
-    req_peer_ = absl::StrCat(req.remote_addr, ":", req.remote_port);
+  DeadlineWatch() : thread_([this] { run(); }) {}
+  ~DeadlineWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
   }
-
-  // Parses with `parse` (the endpoint's body reader) and answers `res`: the JSON response, an
-  // error, or an event stream.
-  template <typename Parse>
-  void run(httplib::Response& res, Parse parse) {
-    absl::Status status = authenticate(token_, req_);
-    absl::StatusOr<std::shared_ptr<const ServingModel>> serving = core_.serving_model();
-    if (status.ok()) status = serving.status();
-    if (!status.ok()) return fail(res, status);
-    absl::StatusOr<OpenAiImageRequest> parsed = parse((*serving)->info.model_name);
-    if (!parsed.ok()) return fail(res, parsed.status());
-    parsed->request.request_id = req_.get_header_value("X-Request-Id");
-    absl::StatusOr<Clock::time_point> deadline = request_deadline(req_, arrival_);
-    if (!deadline.ok()) return fail(res, deadline.status());
-    deadline_ = *deadline;
-    stream_ = parsed->stream;
-    std::shared_ptr<HttpCall> call = call_;
-    created_ = unix_seconds();
-    events_ = std::make_shared<JobEvents>(JobEvents::Wants{.progress = stream_, .images = stream_},
-                                          [call] {
-                                            std::lock_guard<std::mutex> lock(call->mu);
-                                            call->cv.notify_all();
-                                          });
-    absl::StatusOr<std::shared_ptr<Job>> job =
-        core_.create_job(parsed->request, arrival_, deadline_, events_, &model_);
-    if (!job.ok()) return fail(res, with_openai_params(job.status()));
-    job_ = *job;
-    if (absl::Status admitted = core_.admit(job_); !admitted.ok()) {
-      job_ = nullptr;
-      return fail(res, admitted);
+  // Runs `expire` once `deadline` passes (on the watch's thread), unless the watch stops first.
+  void watch(Clock::time_point deadline, std::function<void()> expire) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.emplace(deadline, std::move(expire));
     }
-    socket_ = find_connection_socket(req_.local_addr, req_.local_port, req_.remote_addr,
-                                     req_.remote_port);
-    if (stream_) {
-      start_event_stream(res);
-    } else {
-      answer_when_done(res);
-    }
+    cv_.notify_all();
   }
 
  private:
-  void fail(httplib::Response& res, const absl::Status& status) {
-    record(status);
-    respond_error(res, status);
-  }
-
-  // Counts and logs the request once, with what its client saw.
-  void record(const absl::Status& status) {
-    {
-      std::lock_guard<std::mutex> lock(call_->mu);
-      if (call_->recorded) return;
-      call_->recorded = true;
-    }
-    record_finished_request(core_.metrics(), method_, request_id_, status, seconds_since(arrival_),
-                            req_peer_, job_ ? &job_->spec() : nullptr);
-  }
-
-  // Moves the job's events into the call (the lock held): server-sent events for a stream, the
-  // outcome when the job ended.
-  void take_events() {
-    while (std::optional<JobEvent> event = events_->next()) {
-      switch (event->kind) {
-        case JobEvent::Kind::kProgress:
-          call_->events.push_back(sse_progress_event(event->progress));
-          break;
-        case JobEvent::Kind::kImage:
-          call_->events.push_back(sse_image_event(event->image, event->image_index,
-                                                  job_->spec().num_images, job_->spec(), created_));
-          break;
-        case JobEvent::Kind::kDone:
-          call_->done = true;
-          call_->status = event->status;
-          call_->result = std::move(event->result);
-          break;
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      if (pending_.empty()) {
+        cv_.wait(lock);
+        continue;
       }
-    }
-  }
-
-  // Waits (the lock held) until the job finished or an event is pending, withdrawing the job when
-  // the client hangs up or the deadline passes. Returns whether the client hung up.
-  bool wait(std::unique_lock<std::mutex>& lock, bool until_done) {
-    bool hung_up = false;
-    take_events();
-    while (!call_->done && (until_done || call_->events.empty())) {
-      call_->cv.wait_for(lock, kPollInterval);
-      take_events();
-      if (call_->done) break;
-      absl::Status reason;
-      if (!hung_up && peer_hung_up(socket_)) {
-        hung_up = true;
-        reason = absl::CancelledError("the client closed the connection");
-      } else if (Clock::now() >= deadline_) {
-        reason = absl::DeadlineExceededError(
-            absl::StrCat("the request deadline (", kRequestTimeoutHeader, ") passed"));
+      const auto first = pending_.begin();
+      if (Clock::now() < first->first) {
+        cv_.wait_until(lock, first->first);
+        continue;
       }
-      if (!reason.ok()) {
-        lock.unlock();
-        core_.withdraw(job_, reason);  // finishes a queued job at once (its wake takes mu)
-        lock.lock();
-        take_events();
-      }
-    }
-    return hung_up || peer_hung_up(socket_);
-  }
-
-  void answer_when_done(httplib::Response& res) {
-    std::unique_lock<std::mutex> lock(call_->mu);
-    const bool hung_up = wait(lock, /*until_done=*/true);
-    const absl::Status status = call_->status;
-    JobResult result = std::move(call_->result);
-    lock.unlock();
-    if (hung_up) {
-      // Nobody reads the answer: what the client saw is a cancelled request.
-      record(absl::CancelledError("the client closed the connection"));
-      res.status = 499;
-      return;
-    }
-    record(status);
-    if (!status.ok()) return respond_error(res, status);
-    respond_json(res, 200,
-                 openai_images_response(job_->spec(), result, model_->info.model_name,
-                                        unix_seconds(), seconds_since(arrival_)));
-  }
-
-  // The response becomes a text/event-stream the provider below fills from the job's events; it
-  // runs on this handler's thread after the handler returns, so it owns copies of what it needs.
-  void start_event_stream(httplib::Response& res) {
-    std::shared_ptr<Generation> self = shared_from_this();
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [self](size_t /*offset*/, httplib::DataSink& sink) { return self->write_next(sink); },
-        [self](bool success) {
-          if (success) return;
-          // The connection broke or a write failed: stop the job, count what the client saw.
-          self->core_.withdraw(self->job_, absl::CancelledError("the client closed the stream"));
-          self->record(absl::CancelledError("the client closed the stream"));
-        });
-  }
-
-  bool write_next(httplib::DataSink& sink) {
-    std::unique_lock<std::mutex> lock(call_->mu);
-    wait(lock, /*until_done=*/false);
-    if (!call_->events.empty()) {
-      const std::string event = std::move(call_->events.front());
-      call_->events.pop_front();
+      std::function<void()> expire = std::move(first->second);
+      pending_.erase(first);
       lock.unlock();
-      return sink.write(event.data(), event.size());
+      expire();
+      lock.lock();
     }
-    const absl::Status status = call_->status;
-    lock.unlock();
-    if (!status.ok()) {
-      const std::string event = sse_error_event(status);
-      if (!sink.write(event.data(), event.size())) return false;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::multimap<Clock::time_point, std::function<void()>> pending_;  // guarded by mu_
+  bool stop_ = false;                                                // guarded by mu_
+  std::thread thread_;
+};
+
+namespace {
+
+// One generation request from its body to its answer: held by a shared_ptr that the job's event
+// stream, the exchange's on_gone and the deadline watch reach through weak pointers.
+class Generation : public std::enable_shared_from_this<Generation> {
+ public:
+  Generation(ServingCore& core, const Route& route, std::shared_ptr<http::Exchange> exchange)
+      : core_(core), route_(route), exchange_(std::move(exchange)), arrival_(Clock::now()) {
+    request_id_ = loggable_request_id(request_id_of(exchange_->request()));
+  }
+
+  void run(DeadlineWatch& deadlines) {
+    const http::Request& req = exchange_->request();
+    absl::StatusOr<std::shared_ptr<const ServingModel>> serving = core_.serving_model();
+    if (!serving.ok()) return fail(serving.status());
+    absl::StatusOr<OpenAiImageRequest> parsed = parse(req, (*serving)->info.model_name);
+    if (!parsed.ok()) return fail(parsed.status());
+    parsed->request.request_id = request_id_of(req);
+    absl::StatusOr<Clock::time_point> deadline = request_deadline(req, arrival_);
+    if (!deadline.ok()) return fail(deadline.status());
+    stream_ = parsed->stream;
+    std::weak_ptr<Generation> weak = weak_from_this();
+    events_ = std::make_shared<JobEvents>(JobEvents::Wants{.progress = stream_, .images = stream_},
+                                          [weak] {
+                                            if (auto self = weak.lock()) self->on_events();
+                                          });
+    absl::StatusOr<std::shared_ptr<Job>> job =
+        core_.create_job(parsed->request, arrival_, *deadline, events_, &model_);
+    if (!job.ok()) return fail(with_openai_params(job.status()));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = *job;
+      keep_alive_ = shared_from_this();  // until answered: the job's events reach it weakly
     }
+    if (absl::Status admitted = core_.admit(*job); !admitted.ok()) return fail(admitted);
+    if (stream_) {
+      exchange_->begin_stream(
+          200, {{"Content-Type", "text/event-stream"}, {"Cache-Control", "no-cache"}},
+          ": keep-alive\n\n");
+    }
+    exchange_->on_gone([weak] {
+      if (auto self = weak.lock()) self->withdraw(absl::CancelledError("the client went away"));
+    });
+    if (*deadline != Clock::time_point::max()) {
+      deadlines.watch(*deadline, [weak] {
+        if (auto self = weak.lock()) {
+          self->withdraw(absl::DeadlineExceededError(
+              absl::StrCat("the request deadline (", kRequestTimeoutHeader, ") passed")));
+        }
+      });
+    }
+    // The job may have finished already (a refusal of the worker): its events are waiting.
+    on_events();
+  }
+
+ private:
+  absl::StatusOr<OpenAiImageRequest> parse(const http::Request& req, absl::string_view model) {
+    if (route_.path == std::string_view("/v1/images/generations")) {
+      return parse_generations_body(req.body, model);
+    }
+    const std::optional<std::string_view> type = req.value("Content-Type");
+    absl::StatusOr<std::vector<http::FormPart>> parts =
+        http::parse_form_data(type.value_or(""), req.body);
+    if (!parts.ok())
+      return invalid_argument_status({{"body", std::string(parts.status().message())}});
+    return parse_edits_form(*parts, model);
+  }
+
+  void withdraw(const absl::Status& reason) {
+    std::shared_ptr<Job> job;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job = job_;
+    }
+    if (job) core_.withdraw(job, reason);
+  }
+
+  // Drains the job's events into the exchange: server-sent events for a stream, the answer when
+  // the job ended. Called on the thread that pushed (the worker, the encoder, an I/O thread).
+  void on_events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!events_ || answered_) return;
+    while (std::optional<JobEvent> event = events_->next()) {
+      if (event->kind == JobEvent::Kind::kProgress) {
+        exchange_->write(sse_progress_event(event->progress));
+      } else if (event->kind == JobEvent::Kind::kImage) {
+        exchange_->write(sse_image_event(event->image, event->image_index, job_->spec().num_images,
+                                         job_->spec(), created_));
+      } else {
+        answer(event->status, std::move(event->result));
+        return;
+      }
+    }
+  }
+
+  // The job ended with `status` (mu_ held).
+  void answer(const absl::Status& status, JobResult&& result) {
+    answered_ = true;
+    // Released once this returns (the caller's shared_ptr from weak.lock() keeps it until then).
+    keep_alive_.reset();
+    if (stream_) {
+      if (!status.ok()) exchange_->write(sse_error_event(status));
+      exchange_->end_stream();
+    } else if (status.ok()) {
+      exchange_->respond(
+          json_response(200, openai_images_response(job_->spec(), result, model_->info.model_name,
+                                                    created_, seconds_since(arrival_))));
+    } else {
+      exchange_->respond(error_response(status));
+    }
+    // What the client saw: nothing, when it went away first.
+    record(exchange_->gone() ? absl::CancelledError("the client went away") : status);
+  }
+
+  void fail(const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    answered_ = true;
+    keep_alive_.reset();
+    exchange_->respond(error_response(status));
     record(status);
-    sink.done();
-    return true;
+  }
+
+  void record(const absl::Status& status) {
+    record_finished_request(core_.metrics(), route_.label, request_id_, status,
+                            seconds_since(arrival_), exchange_->request().peer,
+                            job_ ? &job_->spec() : nullptr);
   }
 
   ServingCore& core_;
-  const std::string& token_;
-  const char* method_;
-  const httplib::Request& req_;  // valid while the handler and its content provider run
+  const Route& route_;
+  const std::shared_ptr<http::Exchange> exchange_;
   const Clock::time_point arrival_;
+  const int64_t created_ = unix_seconds();
   std::string request_id_;
-  std::string req_peer_;  // "address:port" of the client
-  Clock::time_point deadline_ = Clock::time_point::max();
   bool stream_ = false;
-  int socket_ = -1;
-  int64_t created_ = 0;
-  std::shared_ptr<HttpCall> call_ = std::make_shared<HttpCall>();
   std::shared_ptr<JobEvents> events_;
   std::shared_ptr<const ServingModel> model_;
-  std::shared_ptr<Job> job_;
+  std::mutex mu_;
+  std::shared_ptr<Job> job_;  // guarded by mu_ once the job is admitted
+  bool answered_ = false;     // guarded by mu_
+  // This generation itself from admission to its answer (nothing else holds it strongly).
+  std::shared_ptr<Generation> keep_alive_;  // guarded by mu_
 };
-
-std::vector<FormPart> form_parts(const httplib::Request& req) {
-  std::vector<FormPart> parts;
-  for (const auto& [name, file] : req.files) parts.push_back({name, file.filename, file.content});
-  return parts;
-}
-
-// Only SO_REUSEADDR: cpp-httplib's defaults may add SO_REUSEPORT, which would let a second server
-// share the port silently instead of failing to bind.
-void listen_socket_options(socket_t sock) {
-  int yes = 1;
-  setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-}
 
 }  // namespace
 
@@ -298,131 +323,154 @@ HttpApi::HttpApi(ServingCore& core, std::string auth_token)
     : core_(core), auth_token_(std::move(auth_token)) {}
 
 HttpApi::~HttpApi() {
-  stop();
+  stop(Clock::now());
 }
 
 absl::Status HttpApi::start(const HttpApiOptions& options) {
-  if (!options.tls_cert_file.empty()) {
-    server_ = std::make_unique<httplib::SSLServer>(options.tls_cert_file.c_str(),
-                                                   options.tls_key_file.c_str());
-  } else {
-    server_ = std::make_unique<httplib::Server>();
-  }
-  if (!server_->is_valid()) {
-    return absl::UnavailableError("--http-port: cannot load the TLS certificate and key");
-  }
-  const int threads = options.threads;
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  server_->set_socket_options(listen_socket_options);
-  server_->set_payload_max_length(static_cast<size_t>(options.max_request_bytes));
-  server_->set_read_timeout(30);
-  server_->set_write_timeout(60);
-  server_->set_keep_alive_timeout(5);
-  add_routes();
-  const int64_t limit = options.max_request_bytes;
-  server_->set_error_handler([this, limit](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;  // a handler's own error
-    absl::Status status;
-    if (res.status == 413) {
-      status = absl::ResourceExhaustedError(
-          absl::StrCat("the request body exceeds this server's limit of ", limit,
-                       " bytes (--max-request-bytes)"));
-      if (req.path == "/v1/images/generations" || req.path == "/v1/images/edits") {
-        const char* method = req.path == "/v1/images/edits" ? kEditsMethod : kGenerationsMethod;
-        core_.metrics().count_resource_exhausted(kRequestTooLarge);
-        record_finished_request(core_.metrics(), method, "", status, 0.0,
-                                absl::StrCat(req.remote_addr, ":", req.remote_port), nullptr);
-      }
-      respond_json(res, 413, openai_error_body(status));
-      return;
+  http::TransportOptions transport;
+  transport.host = options.host;
+  transport.port = options.port;
+  transport.tls_cert_pem = options.tls_cert_pem;
+  transport.tls_key_pem = options.tls_key_pem;
+  transport.max_body_bytes = options.max_request_bytes;
+  transport.head_timeout_s = options.head_timeout_s;
+  transport.body_timeout_s = options.body_timeout_s;
+  transport.idle_timeout_s = options.idle_timeout_s;
+  transport.max_connections = options.max_connections;
+  transport.max_connections_per_client = options.max_connections_per_client;
+  deadlines_ = std::make_unique<DeadlineWatch>();
+  transport_ = std::make_unique<http::Transport>(*this);
+  if (absl::Status status = transport_->start(transport); !status.ok()) {
+    transport_.reset();
+    if (absl::IsUnavailable(status)) {
+      return absl::UnavailableError(absl::StrCat("--http-port: ", status.message()));
     }
-    status = res.status == 404
-                 ? absl::NotFoundError(absl::StrCat("no route for ", req.method, " ", req.path))
-                 : absl::InvalidArgumentError(absl::StrCat("HTTP ", res.status));
-    const int code = res.status;
-    respond_json(res, code, openai_error_body(status));
-  });
-  const bool bound = options.port == 0 ? (port_ = server_->bind_to_any_port(options.host)) > 0
-                                       : server_->bind_to_port(options.host, options.port);
-  if (!bound) {
-    return absl::UnavailableError(absl::StrCat("--http-port: cannot listen on ", options.host, ":",
-                                               options.port, " (in use?)"));
+    return status;
   }
-  if (options.port != 0) port_ = options.port;
-  thread_ = std::thread([this] {
-    server_->listen_after_bind();
-    listen_returned_ = true;
-  });
-  // cpp-httplib 0.11's stop() does nothing until the accept loop has begun (it tests
-  // is_running()): a stop soon after start, as when the model fails to load at once, would leave
-  // the loop running and stop()'s join() waiting for ever. So start returns once the loop runs.
-  while (!server_->is_running() && !listen_returned_) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  port_ = transport_->port();
   return absl::OkStatus();
 }
 
-void HttpApi::stop() {
-  if (!server_) return;
-  server_->stop();
-  // Idle keep-alive connections would each hold the stop for their timeout (5 s).
-  if (port_ > 0) shut_down_connections(port_);
-  if (thread_.joinable()) thread_.join();
-  server_.reset();
+void HttpApi::stop(Clock::time_point deadline) {
+  if (transport_) transport_->stop(deadline);
+  transport_.reset();
+  deadlines_.reset();
 }
 
-void HttpApi::add_routes() {
-  server_->Post("/v1/images/generations",
-                [this](const httplib::Request& req, httplib::Response& res) {
-                  std::make_shared<Generation>(core_, auth_token_, kGenerationsMethod, req)
-                      ->run(res, [&req](absl::string_view model) {
-                        return parse_generations_body(req.body, model);
-                      });
-                });
-  server_->Post("/v1/images/edits", [this](const httplib::Request& req, httplib::Response& res) {
-    std::make_shared<Generation>(core_, auth_token_, kEditsMethod, req)
-        ->run(res, [&req](absl::string_view model) {
-          if (!req.is_multipart_form_data()) {
-            return absl::StatusOr<OpenAiImageRequest>(invalid_argument_status(
-                {{"body", "must be multipart/form-data with the image files and the fields"}}));
-          }
-          return parse_edits_form(form_parts(req), model);
-        });
-  });
-  server_->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-    absl::Status status = authenticate(auth_token_, req);
-    absl::StatusOr<std::shared_ptr<const ServingModel>> serving = core_.serving_model();
-    if (status.ok()) status = serving.status();
-    if (!status.ok()) return respond_error(res, status);
-    const PipelineInfo& info = (*serving)->info;
-    json limits = json::object();
-    for (const LimitEntry& entry : limit_entries((*serving)->limits)) {
-      const bool integral = entry.value == static_cast<double>(static_cast<int64_t>(entry.value));
-      limits[entry.name] = integral ? json(static_cast<int64_t>(entry.value)) : json(entry.value);
+std::optional<http::Response> HttpApi::check_head(const http::RequestHead& head) {
+  const Route* route = find_route(head.path);
+  absl::Status refusal;
+  if (!known_method(head.method)) {
+    refusal = absl::UnimplementedError(
+        absl::StrCat("the method '", head.method, "' is not implemented (methods are upper case)"));
+  } else if (route == nullptr) {
+    refusal = absl::NotFoundError(absl::StrCat("no route for ", head.method, " ", head.path));
+  } else if (head.method != route->method) {
+    refusal = absl::UnimplementedError(
+        absl::StrCat(head.method, " is not allowed on ", route->path, "; use ", route->method));
+  } else if (route->needs_token) {
+    std::vector<absl::string_view> values;
+    for (std::string_view value : head.values("Authorization")) {
+      values.emplace_back(value.data(), value.size());
     }
-    respond_json(res, 200,
-                 json{{"object", "list"},
-                      {"data", json::array({json{{"id", info.model_name},
-                                                 {"object", "model"},
-                                                 {"created", 0},
-                                                 {"owned_by", "flux2"},
-                                                 {"variant", info.variant},
-                                                 {"pipeline_class", info.pipeline_class},
-                                                 {"limits", limits}}})}});
-  });
-  server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    const absl::Status live = core_.state().health().live;
-    if (live.ok()) return respond_json(res, 200, json{{"status", "live"}});
-    respond_error(res, live);
-  });
-  server_->Get("/ready", [this](const httplib::Request&, httplib::Response& res) {
-    const absl::Status ready = core_.state().health().ready;
-    if (ready.ok()) return respond_json(res, 200, json{{"status", "ready"}});
-    respond_error(res, ready);
-  });
-  server_->Get("/openapi.json", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(kOpenApiDocument, "application/json");
-  });
+    refusal = check_bearer_token(auth_token_, values);
+  }
+  if (refusal.ok() && route != nullptr && is_generation(*route)) {
+    refusal = request_deadline(head, Clock::now()).status();
+    if (refusal.ok()) refusal = core_.serving_model().status();
+    const std::optional<std::string_view> type = head.value("Content-Type");
+    if (refusal.ok() && route->path == std::string_view("/v1/images/edits") &&
+        !(type && absl::StartsWithIgnoreCase(absl::string_view(type->data(), type->size()),
+                                             "multipart/form-data"))) {
+      refusal = invalid_argument_status(
+          {{"body", "must be multipart/form-data with the image files and the fields"}});
+    }
+  }
+  if (refusal.ok()) return std::nullopt;
+  record_finished_request(core_.metrics(), route ? route->label : kUnroutedMethod,
+                          loggable_request_id(request_id_of(head)), refusal, 0.0, head.peer,
+                          nullptr);
+  http::Response response = error_response(refusal);
+  if (route != nullptr && known_method(head.method) && head.method != route->method) {
+    response.status = 405;
+    response.headers.emplace_back("Allow", route->method);
+  }
+  return response;
+}
+
+http::Response HttpApi::render_refusal(const http::Refusal& refusal) {
+  const Route* route = find_route(refusal.path);
+  absl::Status status;
+  switch (refusal.status) {
+    case 413:
+      core_.metrics().count_resource_exhausted(kRequestTooLarge);
+      status =
+          absl::ResourceExhaustedError(absl::StrCat(refusal.message, " (--max-request-bytes)"));
+      break;
+    case 408:
+      status = absl::DeadlineExceededError(refusal.message);
+      break;
+    case 503:
+      status = absl::UnavailableError(refusal.message);
+      break;
+    case 501:
+      status = absl::UnimplementedError(refusal.message);
+      break;
+    default:  // 400, 414, 415, 431: the request itself is malformed or too big to read
+      status = absl::InvalidArgumentError(refusal.message);
+  }
+  record_finished_request(core_.metrics(), route ? route->label : kUnroutedMethod, "", status, 0.0,
+                          refusal.peer, nullptr);
+  http::Response response = json_response(refusal.status, openai_error_body(status));
+  return response;
+}
+
+void HttpApi::handle(std::shared_ptr<http::Exchange> exchange) {
+  const http::Request& req = exchange->request();
+  const Route* route = find_route(req.path);
+  if (route == nullptr) return;  // check_head refused it
+  if (is_generation(*route)) {
+    std::make_shared<Generation>(core_, *route, exchange)->run(*deadlines_);
+  } else if (req.path == "/v1/models") {
+    models(*exchange);
+  } else if (req.path == "/openapi.json") {
+    exchange->respond({200, {{"Content-Type", "application/json"}}, kOpenApiDocument});
+  } else {
+    // A probe's 503 is its answer, not a refused request: not counted.
+    const Health health = core_.state().health();
+    const absl::Status& status = req.path == "/health" ? health.live : health.ready;
+    if (!status.ok()) {
+      exchange->respond(error_response(status));
+      return;
+    }
+    exchange->respond(
+        json_response(200, json{{"status", req.path == "/health" ? "live" : "ready"}}));
+  }
+}
+
+void HttpApi::models(http::Exchange& exchange) {
+  absl::StatusOr<std::shared_ptr<const ServingModel>> serving = core_.serving_model();
+  if (!serving.ok()) {
+    record_finished_request(core_.metrics(), "models", "", serving.status(), 0.0,
+                            exchange.request().peer, nullptr);
+    exchange.respond(error_response(serving.status()));
+    return;
+  }
+  const PipelineInfo& info = (*serving)->info;
+  json limits = json::object();
+  for (const LimitEntry& entry : limit_entries((*serving)->limits)) {
+    const bool integral = entry.value == static_cast<double>(static_cast<int64_t>(entry.value));
+    limits[entry.name] = integral ? json(static_cast<int64_t>(entry.value)) : json(entry.value);
+  }
+  exchange.respond(
+      json_response(200, json{{"object", "list"},
+                              {"data", json::array({json{{"id", info.model_name},
+                                                         {"object", "model"},
+                                                         {"created", 0},
+                                                         {"owned_by", "flux2"},
+                                                         {"variant", info.variant},
+                                                         {"pipeline_class", info.pipeline_class},
+                                                         {"limits", limits}}})}}));
 }
 
 }  // namespace flux2::server

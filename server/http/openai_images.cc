@@ -18,6 +18,8 @@
 #include "absl/strings/strip.h"
 #include "kernels/base/status.h"
 #include "model/json_util.h"
+#include "model/tokenizer_utf8.h"
+#include "server/http/json_body.h"
 #include "server/ops/metrics.h"
 #include "server/serving/field_violations.h"
 
@@ -28,6 +30,10 @@ namespace {
 constexpr char kOpenAiParamPayload[] = "flux2/openai-param";
 
 using nlohmann::json;
+
+bool valid_utf8(const std::string& text) {
+  return utf8_replace_invalid(text) == text;
+}
 
 // How a form field's text becomes a JSON value (the JSON body carries typed values already).
 enum class FieldType : uint8_t { kString, kInteger, kNumber, kBoolean };
@@ -311,22 +317,31 @@ std::string sse_event(absl::string_view name, const json& data) {
 
 absl::StatusOr<OpenAiImageRequest> parse_generations_body(absl::string_view body,
                                                           absl::string_view served_model) {
-  const json fields = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (fields.is_discarded() || !fields.is_object()) {
+  absl::StatusOr<json> parsed =
+      http::parse_json_body(std::string_view(body.data(), body.size()), kMaxJsonDepth);
+  if (!parsed.ok()) {
+    // The parser's message starts with the member it names ("n: 1e400 is out of range").
+    const std::string param = http::json_error_param(parsed.status());
+    std::string message(parsed.status().message());
+    if (absl::StartsWith(message, param + ": ")) message.erase(0, param.size() + 2);
+    return invalid_argument_status({{param.empty() ? "body" : param, message}});
+  }
+  const json& fields = *parsed;
+  if (!fields.is_object()) {
     return invalid_argument_status({{"body",
-                                     "is not a JSON object (or not valid UTF-8 JSON); send "
-                                     "Content-Type: application/json with {\"prompt\": ...}"}});
+                                     "is not a JSON object; send Content-Type: application/json "
+                                     "with {\"prompt\": ...}"}});
   }
   if (absl::Status status = check_fields(fields); !status.ok()) return status;
   return build_request(fields, served_model);
 }
 
-absl::StatusOr<OpenAiImageRequest> parse_edits_form(const std::vector<FormPart>& parts,
+absl::StatusOr<OpenAiImageRequest> parse_edits_form(const std::vector<http::FormPart>& parts,
                                                     absl::string_view served_model) {
   json fields = json::object();
   std::vector<FieldViolation> violations;
-  std::vector<const FormPart*> images, bracketed;
-  for (const FormPart& part : parts) {
+  std::vector<const http::FormPart*> images, bracketed;
+  for (const http::FormPart& part : parts) {
     if (part.name == "image") {
       images.push_back(&part);
     } else if (part.name == "image[]") {
@@ -338,6 +353,10 @@ absl::StatusOr<OpenAiImageRequest> parse_edits_form(const std::vector<FormPart>&
       const auto known = known_fields().find(part.name);
       if (known == known_fields().end()) {
         violations.push_back({part.name, "unknown parameter"});
+        continue;
+      }
+      if (!valid_utf8(part.content)) {
+        violations.push_back({part.name, "is not valid UTF-8"});
         continue;
       }
       const json value = form_value(part.content, known->second);
@@ -354,7 +373,8 @@ absl::StatusOr<OpenAiImageRequest> parse_edits_form(const std::vector<FormPart>&
   if (!violations.empty()) return invalid_argument_status(violations);
   absl::StatusOr<OpenAiImageRequest> out = build_request(fields, served_model);
   if (!out.ok()) return out.status();
-  for (const FormPart* image : images) out->request.reference_images.push_back(image->content);
+  for (const http::FormPart* image : images)
+    out->request.reference_images.push_back(image->content);
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
+#include "server/http/form_data.h"
 #include "server/serving/job.h"
 #include "server/serving/request.h"
 
@@ -24,12 +25,8 @@ struct OpenAiImageRequest {
   bool stream = false;
 };
 
-// One part of a multipart/form-data body.
-struct FormPart {
-  std::string name;
-  std::string filename;  // empty for a text field
-  std::string content;
-};
+// JSON bodies nest at most this deep (the API's fields are flat; OpenAI's `user` is a string).
+inline constexpr int kMaxJsonDepth = 32;
 
 // POST /v1/images/generations. Fields (docs: the server's /openapi.json): prompt (required),
 // model, n, size ("WxH" or "auto"), response_format ("b64_json"; "url" is refused: this server
@@ -45,7 +42,7 @@ absl::StatusOr<OpenAiImageRequest> parse_generations_body(absl::string_view body
 
 // POST /v1/images/edits: the same fields as form parts, plus the reference images as file parts
 // `image` or `image[]` (in order; `image` parts before `image[]` ones); `mask` is refused.
-absl::StatusOr<OpenAiImageRequest> parse_edits_form(const std::vector<FormPart>& parts,
+absl::StatusOr<OpenAiImageRequest> parse_edits_form(const std::vector<http::FormPart>& parts,
                                                     absl::string_view served_model);
 
 // The OpenAI parameter of a GenerateRequest field as validation names it: width and height

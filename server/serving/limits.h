@@ -1,8 +1,9 @@
 // The one limits table: what a request may ask for. The model publishes its hard bounds
-// (PipelineInfo::hard_limits, model/model_limits.h), the server's flags may only narrow them (resolve_limits refuses a flag beyond a
-// bound, naming both numbers), and validate() (server/serving/validate.h), GetModelInfo, /v1/models
-// and the `ready` log line all read the same Limits. Tested by tests/server/validate_test.cc and
-// the limits round trip of tests/server/server_test.cc and http_api_test.cc.
+// (PipelineInfo::hard_limits, model/model_limits.h), the server's flags may only narrow them
+// (resolve_limits refuses a flag beyond a bound, naming both numbers), and validate()
+// (server/serving/validate.h), GetModelInfo, /v1/models and the `ready` log line all read the same
+// Limits. Tested by tests/server/validate_test.cc and the limits round trip of
+// tests/server/server_test.cc and http_api_test.cc.
 #pragma once
 
 #include <cstdint>

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -36,8 +37,10 @@ struct ServingFacts {
   BackendOptions backend_options;  // as the flags set them
   std::string transformer_file;    // --transformer-file's file name (no directory); "" when none
   int http_port = 0;               // the bound HTTP API port; 0 when it is off
-  StallPolicy stall;               // --stall-timeout-min-s, --stall-step-multiple
-  std::string test_inject_fault;   // TEST ONLY: --test-inject-fault as given; "" in production
+  // The HTTP API's connection flags by name (http-head-timeout-s, ...); empty when it is off.
+  std::map<std::string, std::string> http_options;
+  StallPolicy stall;              // --stall-timeout-min-s, --stall-step-multiple
+  std::string test_inject_fault;  // TEST ONLY: --test-inject-fault as given; "" in production
 };
 
 // The model being served, as the front ends see it (immutable once published).
@@ -66,8 +69,11 @@ class ServingCore {
 
   // Starts the encoder and the worker (which loads the model, warms up, then serves).
   void start();
-  // The HTTP port GetModelInfo reports; set before start().
-  void set_http_port(int port) { options_.facts.http_port = port; }
+  // The HTTP API's port and flags GetModelInfo reports; set before start().
+  void set_http_facts(int port, std::map<std::string, std::string> http_options) {
+    options_.facts.http_port = port;
+    options_.facts.http_options = std::move(http_options);
+  }
 
   const ServerState& state() const { return state_; }
   Metrics& metrics() { return metrics_; }

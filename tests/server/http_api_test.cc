@@ -427,9 +427,8 @@ TEST_F(HttpApiTest, StopRightAfterStartReturns) {
       HttpApiOptions options;
       options.host = "127.0.0.1";
       options.port = 0;
-      options.threads = 2;
       started = api.start(options);
-      api.stop();
+      api.stop(Clock::now());
     }
     finished.set_value();
   });

@@ -125,6 +125,23 @@ TEST_F(HttpTransportTest, HeaderFieldsBeyondTheLimitsAre431) {
   EXPECT_EQ(app_.handled_count(), 0);
 }
 
+// The head in many small writes: the parser takes it field by field over several reads, and the
+// field bytes are counted over all of them (10 x 7000 bytes is past 64 KiB).
+TEST_F(HttpTransportTest, HeaderFieldsArrivingInPiecesAreCountedWhole) {
+  start();
+  RawClient client(port_);
+  ASSERT_TRUE(client.send("GET /health HTTP/1.1\r\nHost: t\r\n"));
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(client.send("X-Pad-" + std::to_string(i) + ": " + std::string(7000, 'p') + "\r\n"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  client.send("\r\n");
+  const std::optional<RawResponse> response = client.read_response(5);
+  ASSERT_TRUE(response.has_value());
+  EXPECT_EQ(response->status, 431) << response->body;
+  EXPECT_EQ(app_.handled_count(), 0);
+}
+
 TEST_F(HttpTransportTest, BodyLimitIs413AtTheHeadAndWhenAChunkedTotalPassesIt) {
   TransportOptions options;
   options.max_body_bytes = 1000;

@@ -86,6 +86,20 @@ TEST(LogTest, TextLinesHaveTimeLevelAndFields) {
       << second;
 }
 
+// A request id or an error message the client chose cannot add fields to a text line: values
+// that are not plain tokens are double-quoted, with quotes and backslashes escaped.
+TEST(LogTest, ClientChosenValuesCannotForgeTextFields) {
+  RequestLogRecord forged = sample_record();
+  forged.request_id = "x code=OK peer=1.2.3.4:1 \"q\"";
+  forged.code = "INVALID_ARGUMENT";
+  forged.error = "size: 'a code=OK' is not WIDTHxHEIGHT";
+  const std::string out = capture_stderr([&] { log_request(forged); });
+  EXPECT_NE(out.find("request_id=\"x code=OK peer=1.2.3.4:1 \\\"q\\\"\" code=INVALID_ARGUMENT "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find(" error=\"size: 'a code=OK' is not WIDTHxHEIGHT\""), std::string::npos) << out;
+}
+
 TEST(LogTest, JsonLinesCarryEveryField) {
   set_log_format(LogFormat::kJson);
   RequestLogRecord failed = sample_record();

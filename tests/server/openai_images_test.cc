@@ -82,7 +82,8 @@ TEST(OpenAiImagesTest, BadFieldsAreRefusedByTheirApiNames) {
       {R"({"n": 1})", {"prompt"}},
       {R"([1, 2])", {"body"}},
       {R"({"prompt": "x")", {"body"}},
-      {"{\"prompt\": \"\xff\"}", {"body"}},
+      // Invalid UTF-8 is refused naming the member it is in (the JSON parser knows which).
+      {"{\"prompt\": \"\xff\"}", {"prompt"}},
   };
   for (const Case& c : cases) {
     absl::StatusOr<OpenAiImageRequest> parsed = parse_generations_body(c.body, kModel);
@@ -104,7 +105,7 @@ TEST(OpenAiImagesTest, AnotherModelIsNotFound) {
 }
 
 TEST(OpenAiImagesTest, EditsFormTakesImagesInOrderAndTypedFields) {
-  const std::vector<FormPart> parts = {
+  const std::vector<http::FormPart> parts = {
       {"prompt", "", "put the cat on the sofa"},
       {"image[]", "b.png", "second"},
       {"n", "", "2"},

@@ -290,6 +290,7 @@ void Connection::begin_head() {
                                                    options.max_header_bytes + kHeadCrlfBytes));
   parser_->body_limit(static_cast<std::uint64_t>(options.max_body_bytes));
   line_checked_ = false;
+  head_consumed_ = 0;
   head_request_ = false;
   parse_head();
 }
@@ -305,7 +306,7 @@ void Connection::parse_head() {
       line_bytes_ = *length;
     }
   }
-  // Beast's parser takes the head only whole: until then it consumes nothing (buffer_ holds it).
+  // Beast's parser consumes the head as it parses it (the request line, then whole fields).
   error_code error;
   std::size_t used = 0;
   try {
@@ -316,9 +317,11 @@ void Connection::parse_head() {
         {431, "a header field is longer than " + std::to_string(kMaxFieldBytes) + " bytes"});
   }
   buffer_.consume(used);
+  // Beast may take the head in several puts (the fields it could parse so far): count them all.
+  head_consumed_ += used;
   if (error == bhttp::error::need_more) return peer_eof_ ? close() : read_more();
   if (error) return refuse(problem_of_parse_error(error, context_.options));
-  on_head(used);
+  on_head(head_consumed_);
 }
 
 void Connection::on_head(std::size_t head_bytes) {

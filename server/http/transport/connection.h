@@ -152,6 +152,7 @@ class Connection final : public RegisteredConnection,
   std::optional<RequestParser> parser_;
   bool line_checked_ = false;  // the request line's length is known
   int64_t line_bytes_ = 0;
+  std::size_t head_consumed_ = 0;  // head bytes the parser took so far (several puts)
   RequestHead head_;
 
   std::shared_ptr<Exchange> exchange_;  // the request in flight, if any
