@@ -273,6 +273,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
     answered_ = true;
     // Released once this returns (the caller's shared_ptr from weak.lock() keeps it until then).
     keep_alive_.reset();
+    // Counted before the answer goes out, so a client that reads the metrics next finds it; what
+    // the client saw: nothing, when it went away first.
+    record(exchange_->gone() ? absl::CancelledError("the client went away") : status);
     if (stream_) {
       if (!status.ok()) exchange_->write(sse_error_event(status));
       exchange_->end_stream();
@@ -283,16 +286,14 @@ class Generation : public std::enable_shared_from_this<Generation> {
     } else {
       exchange_->respond(error_response(status));
     }
-    // What the client saw: nothing, when it went away first.
-    record(exchange_->gone() ? absl::CancelledError("the client went away") : status);
   }
 
   void fail(const absl::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     answered_ = true;
     keep_alive_.reset();
-    exchange_->respond(error_response(status));
     record(status);
+    exchange_->respond(error_response(status));
   }
 
   void record(const absl::Status& status) {

@@ -21,7 +21,7 @@ namespace flux2::server {
 
 using Clock = std::chrono::steady_clock;
 
-// Lifecycle of a job (style.md P14). Transitions: kQueued -> kRunning -> one terminal state, or
+// Lifecycle of a job. Transitions: kQueued -> kRunning -> one terminal state, or
 // kQueued -> kCancelled / kFailed when it never reaches the worker.
 enum class JobState : uint8_t {
   kQueued,     // admitted to the bounded queue, waiting for the worker

@@ -1,4 +1,4 @@
-// The bounded admission queue in front of the worker (service.md "Bounded queue"): push() admits a
+// The bounded admission queue in front of the worker: push() admits a
 // job or fails at once (ResourceExhausted when full, Unavailable once closed for draining); the
 // worker pops jobs in arrival order; a job cancelled while waiting is removed at once so it frees
 // its slot. Tested by tests/server/job_queue_test.cc.

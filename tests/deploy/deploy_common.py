@@ -19,7 +19,7 @@ RULES_FILE = DEPLOY / "prometheus" / "flux2-rules.yaml"
 ADAPTER_FILE = DEPLOY / "prometheus-adapter" / "flux2-adapter-rules.yaml"
 DASHBOARD_FILE = DEPLOY / "grafana" / "flux2-dashboard.json"
 LOADGEN = DEPLOY / "loadgen" / "flux2_loadgen.py"
-METRICS_MD = REPO / "server" / "METRICS.md"
+METRICS_MD = REPO / "server" / "ops" / "METRICS.md"
 NODE_MODULES = REPO / "tests" / "tools" / "node_modules"
 # Debian's interpreter: python3-grpcio / python3-protobuf / python3-yaml live there.
 PYTHON = "/usr/bin/python3"

@@ -330,14 +330,18 @@ class RenderTest(unittest.TestCase):
         server = server_container(dep)
         self.assertEqual(len(pod["containers"]), 1)
         args = server["args"]
-        # Probes: gRPC health services on the gRPC port (the HTTP /health and /ready say the same).
+        # Probes: gRPC health services on the gRPC port for start-up and liveness; readiness over
+        # HTTP /ready while the HTTP API is on (the same server state, and HTTP itself answering).
         port = int(arg_value(args, "--port"))
         ports = {p["name"]: p["containerPort"] for p in server["ports"]}
         self.assertEqual(ports, {"grpc": port, "metrics": int(arg_value(args, "--metrics-port")),
                                  "http": int(arg_value(args, "--http-port"))})
-        for probe, service in (("startupProbe", "readiness"), ("livenessProbe", "liveness"),
-                               ("readinessProbe", "readiness")):
+        for probe, service in (("startupProbe", "readiness"), ("livenessProbe", "liveness")):
             self.assertEqual(server[probe]["grpc"], {"port": port, "service": service}, probe)
+        if int(arg_value(args, "--http-port")) >= 0:
+            self.assertEqual(server["readinessProbe"]["httpGet"], {"port": "http", "path": "/ready"})
+        else:
+            self.assertEqual(server["readinessProbe"]["grpc"], {"port": port, "service": "readiness"})
         startup = server["startupProbe"]
         # Weight loading + warm-up of FLUX.2-dev from a network volume: at least 10 minutes.
         self.assertGreaterEqual(startup["periodSeconds"] * startup["failureThreshold"], 600)

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Hostile clients against flux2_server's HTTP API: one test per defect D1-D25 of the HTTP probe
-report (shared/docs/http-probe.md, beside the repository: 46 attacks, 25 defects), plus the
-per-client connection cap. Each test follows the report's reproduction and asserts what the FIXED
-server must do; against a server that still has the defect it fails, quickly (every wait is
+"""Hostile clients against flux2_server's HTTP API: one test per defect D1-D25 that a hostile-client
+probe found in the old cpp-httplib front end (46 attacks, 25 defects; each test's docstring names
+its defect and the attack it replays), plus the per-client connection cap. Each test asserts what
+the server must do; against the old front end every D-test failed, quickly (every wait is
 bounded, and each test has a hard wall-clock limit that dumps the stacks and exits).
 
 Python 3 stdlib only, loopback only. The servers run on the CPU backend with the tiny checkpoint:

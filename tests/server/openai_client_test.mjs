@@ -1,7 +1,7 @@
 // The HTTP API through the real `openai` npm client (tests/tools/package.json) and curl, against
 // flux2_server on the embedded tiny checkpoint (CPU): generation with n=2 (PNGs of the right size,
 // consecutive seeds, the same bytes for the same seed), editing with two files equal to the
-// golden's image_u8 within golden/README.md's float32 bar (the multi-reference case of
+// golden's image_u8 within tests/data/README.md's float32 bar (the multi-reference case of
 // tests/data/tiny-klein/edit_cases.json), server-sent events (one progress event per step, then the
 // image), a bad size refused naming `size` (SDK and curl), 429 + Retry-After under overload (curl),
 // and /v1/models.
@@ -168,7 +168,7 @@ test("edit with two files equals the golden image_u8 (float32 bar)", async () =>
       offByOne += d === 1;
       worse += d > 1;
     }
-  // golden/README.md: equal except at most 1 level on at most 0.5% of values.
+  // tests/data/README.md: equal except at most 1 level on at most 0.5% of values.
   assert.equal(worse, 0);
   assert.ok(offByOne <= 0.005 * 3 * width * height, `${offByOne} values one level off`);
 });

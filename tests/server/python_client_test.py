@@ -6,7 +6,7 @@ GenerateImageStream, a BadRequest error and the SIGTERM exit code; and editing (
 golden editing generations of tests/data/tiny-klein (edit_cases.json, edit_kv_cases.json: the
 reference PNGs, prompt, seed, steps and size, with and without the size given; the base case on a
 copy of the checkpoint marked is_distilled false, klein-KV on one marked Flux2KleinKVPipeline)
-must return golden/README.md's image_u8 within the float32 bar, and every bad reference gets
+must return image_u8 (tests/data/README.md) within the float32 bar, and every bad reference gets
 INVALID_ARGUMENT naming it, after which the next request succeeds.
 Run: ctest --test-dir build -R server_python_client --output-on-failure
 """
@@ -121,7 +121,7 @@ def u8_mismatch(got, want):
     return off_by_one, worse
 
 
-# golden/README.md's float32 bar for image_u8: equal except at most 1 level on at most 0.5% of values.
+# tests/data/README.md's float32 bar for image_u8: equal except at most 1 level on at most 0.5% of values.
 MAX_OFF_BY_ONE_FRACTION = 0.005
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """FLUX.2-dev end to end: the real flux2_server serves tests/data/tiny-flux2-dev/checkpoint (CPU,
 --max-sequence-length 64) and the Python client checks it against the diffusers goldens of
-golden/README.md's `tiny-flux2-dev/`: case0 (text-to-image, guidance_scale 4.0 given) and case1
+tests/data/README.md's `tiny-flux2-dev/`: case0 (text-to-image, guidance_scale 4.0 given) and case1
 (two reference images) return image_u8 within the float32 bar; guidance_scale from the request is
 used (2.5 gives another image, an absent one the default 4.0's bytes); a negative_prompt is refused
 naming it; a repeated prompt is a prompt-cache hit on /metrics with identical PNG bytes;

@@ -1,5 +1,5 @@
 // `flux2 bench`: per-step latency of the FLUX.2 transformer at real shapes with random weights
-// (performance.md "How to measure"): warm-up, then the median of >= 10 timed steps (device
+// (model/README.md "Work per step and the floor"): warm-up, then the median of >= 10 timed steps (device
 // events), TFLOP/s, the fraction of the floor and peak device memory; `--json` prints one JSON
 // object per line. Run on the GPU machine by tests/gpu/run_on_device.sh.
 #include <algorithm>
@@ -500,7 +500,7 @@ int run_bench(int argc, char** argv, int first) {
         "--e2e");
   }
   if (o.references < 0 || o.references > 8) return fail("--references: expected 0..8");
-  if (o.steps < 10) return fail("--steps: time at least 10 steps (performance.md)");
+  if (o.steps < 10) return fail("--steps: time at least 10 steps (a median needs them)");
   if (o.quality != "lossless" && o.quality != "high") {
     return fail(absl::StrCat("--quality ", o.quality, ": expected lossless or high"));
   }

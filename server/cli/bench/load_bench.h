@@ -1,5 +1,5 @@
-// Throughput under concurrent load through the whole server path (`flux2 bench --concurrency N`,
-// issue 21): an in-process Server (gRPC on 127.0.0.1, ephemeral ports, the admission queue, the
+// Throughput under concurrent load through the whole server path (`flux2 bench --concurrency N`):
+// an in-process Server (gRPC on 127.0.0.1, ephemeral ports, the admission queue, the
 // engine worker, PNG encoding) over an engine factory; for each client count in turn, that many
 // threads send unary GenerateImage requests back to back (distinct prompts and seeds, so neither
 // the prompt cache nor anything else is shared) until the phase's requests are sent. Reports

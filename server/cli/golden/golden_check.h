@@ -1,5 +1,5 @@
-// `flux2 check-golden`: runs every case of a reference-vector directory in the ../shared/golden
-// format and prints one PASS/FAIL line per check, then "N passed, M failed". Each part
+// `flux2 check-golden`: runs every case of a reference-vector directory in the tests/data
+// format (tests/data/README.md) and prints one PASS/FAIL line per check, then "N passed, M failed". Each part
 // (tokenizer, text_encoder, transformer, vae, vae_encode, scheduler, randn, pipeline with edit and
 // edit_kv) is one function in its own golden_<part>.cc. Tested by tests/golden/ (ctest label
 // "golden").
@@ -57,12 +57,12 @@ struct GoldenContext {
   // bf16_reference.json; empty when the file is absent.
   std::map<std::string, double> bf16_errors;
 
-  // The tolerance for `key` (golden/README.md), an error when it cannot be derived:
+  // The tolerance for `key` (tests/data/README.md, the bars), an error when it cannot be derived:
   // - float32 CPU backend: 1e-4 relative.
   // - bf16 backend: max(2 x e_ref, 1e-2), e_ref diffusers' bf16 error for `key` from
   //   bf16_reference.json (a missing key is an error, not a default).
   // - quality=high on a bf16 backend: that, plus 2 x `fp8_error`, the error of the same-precision
-  //   FP8 emulation (style.md P4 (c): twice the error of a naive implementation in the same
+  //   FP8 emulation (twice the error of a naive implementation in the same
   //   formats); 0 for parts without FP8 paths (the VAE: its fused epilogues round less).
   absl::StatusOr<double> tolerance(const std::string& key, double fp8_error = 0.0) const;
   std::string checkpoint_dir() const { return dir + "/checkpoint"; }

@@ -2,7 +2,7 @@
 // images) -> image (pipeline_cases.json + pipeline.safetensors, edit_*, edit_kv_*), for whichever
 // pipeline the checkpoint's model_index.json names (klein, klein-KV, dev): the prompt embeddings,
 // the initial noise, the reference tokens, the latents after every step, the float image and
-// image_u8 (golden/README.md: 1e-4 relative; u8 equal up to 1 level on <= 0.5% of values).
+// image_u8 (tests/data/README.md: 1e-4 relative; u8 equal up to 1 level on <= 0.5% of values).
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -20,7 +20,7 @@
 namespace flux2 {
 namespace {
 
-constexpr double kMaxOffByOneFraction = 0.005;  // golden/README.md: at most 0.5% of values
+constexpr double kMaxOffByOneFraction = 0.005;  // tests/data/README.md: at most 0.5% of values
 
 // One part: its cases, its vectors and how its pipeline runs.
 struct GenerationPart {
@@ -142,9 +142,9 @@ void check_generations(const GoldenContext& context, const GenerationPart& part,
   if (!vectors.ok()) return report.fail(part.vectors, "-", vectors.status().message());
   if (!cases->is_array() || cases->empty()) return report.fail(part.cases, "-", "no cases");
   if (context.backend->activation_dtype() != DType::kF32) {
-    // golden/README.md: with random weights bf16 generations are chaotic; compare modules instead.
+    // tests/data/README.md: with random weights bf16 generations are chaotic; compare modules instead.
     report.skip(part.vectors,
-                "whole generations are compared on float32 backends only (golden/README.md: bf16 "
+                "whole generations are compared on float32 backends only (tests/data/README.md: bf16 "
                 "generations with random weights are chaotic; modules are compared instead)");
     return;
   }

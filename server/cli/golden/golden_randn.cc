@@ -1,6 +1,6 @@
 // check-golden part "randn": every tensor of randn.safetensors (`seed{S}.{dims joined by x}.f32`
 // or `.bf16`, torch.randn from a fresh manual_seed(S) generator) against torch_randn_f32/_bf16.
-// float32 within 1e-6 absolute, bf16 exactly (golden/README.md). See golden_check.h.
+// float32 within 1e-6 absolute, bf16 exactly (tests/data/README.md). See golden_check.h.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -19,7 +19,7 @@ namespace flux2 {
 namespace {
 
 constexpr char kFile[] = "randn.safetensors";
-// golden/README.md: "the float32 values within 1e-6 absolute"; bf16 must be identical.
+// tests/data/README.md: "the float32 values within 1e-6 absolute"; bf16 must be identical.
 constexpr double kF32AbsTolerance = 1e-6;
 
 struct RandnKey {

@@ -1,5 +1,5 @@
 // check-golden part "scheduler": mu, sigmas and timesteps of every case in scheduler_cases.json
-// against make_schedule (golden/README.md: tables equal, sigmas within 1e-6). See golden_check.h.
+// against make_schedule (tests/data/README.md: tables equal, sigmas within 1e-6). See golden_check.h.
 #include <cmath>
 #include <filesystem>
 
@@ -13,7 +13,7 @@ namespace flux2 {
 namespace {
 
 constexpr char kFile[] = "scheduler_cases.json";
-constexpr double kSigmaTolerance = 1e-6;  // golden/README.md
+constexpr double kSigmaTolerance = 1e-6;  // tests/data/README.md
 // Timesteps are sigma x 1000 in float32, so the same bound scaled by 1000.
 constexpr double kTimestepTolerance = 1e-3;
 constexpr double kMuTolerance = 1e-12;  // both sides compute mu in float64

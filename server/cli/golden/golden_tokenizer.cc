@@ -1,4 +1,4 @@
-// check-golden part "tokenizer": for every case of tokenizer_cases.json, exactly (golden/README.md:
+// check-golden part "tokenizer": for every case of tokenizer_cases.json, exactly (tests/data/README.md:
 // token ids equal), in the prompt format of the checkpoint's pipeline class (klein: Qwen3,
 // Flux2Pipeline: Mistral): `templated` against chat_prompt, `input_ids`/`attention_mask` against
 // tokenize_prompt, and where the case has them `messages` (diffusers' format_input),
