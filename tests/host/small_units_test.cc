@@ -21,6 +21,7 @@
 #include "model/timestep_embedding.h"
 #include "server/common/args.h"
 #include "server/common/backend_flags.h"
+#include "server/common/command_line.h"
 #include "server/common/embedded_checkpoint.h"
 
 namespace flux2 {
@@ -41,6 +42,66 @@ TEST(ArgsTest, ParsesValuesFlagsAndPositionals) {
   EXPECT_NE(unknown.message().find("--c"), std::string::npos) << unknown;
   const char* dangling[] = {"flux2", "cmd", "--a"};
   EXPECT_FALSE(Args::parse(3, const_cast<char**>(dangling), 2).ok());
+}
+
+// `--name value`, `--name=value`, flags, positional words; a value of the wrong type, an unknown
+// option and a missing value are errors that name the flag; a repeated option keeps its last
+// value, one bound to a vector every value.
+TEST(CommandLineTest, ParsesValuesFlagsAndPositionals) {
+  const char* argv[] = {"flux2", "cmd", "--a", "1", "--b=x y", "--json", "word", "--c", "2.5"};
+  CommandLine app("flux2 cmd");
+  int64_t a = 0, missing = 7;
+  std::string b;
+  bool json = false;
+  double c = 0;
+  app.add_option("--a", a);
+  app.add_option("--b", b);
+  app.add_flag("--json", json);
+  app.add_option("--c", c);
+  app.add_option("--missing", missing);
+  auto words = app.parse_words(9, const_cast<char**>(argv), 2);
+  ASSERT_TRUE(words.ok()) << words.status();
+  EXPECT_EQ(b, "x y");
+  EXPECT_TRUE(json);
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(c, 2.5);
+  EXPECT_EQ(missing, 7);
+  EXPECT_EQ(*words, std::vector<std::string>{"word"});
+  EXPECT_NE(app.parse_flags(9, const_cast<char**>(argv), 2).message().find("\"word\""),
+            std::string::npos);
+  {
+    CommandLine typed("flux2 cmd");
+    int64_t b_as_int = 0;
+    typed.add_option("--b", b_as_int);
+    const char* one[] = {"flux2", "cmd", "--b=x y"};
+    const absl::Status status = typed.parse_flags(3, const_cast<char**>(one), 2);
+    EXPECT_NE(status.message().find("--b"), std::string::npos) << status;
+  }
+  {
+    CommandLine known("flux2 cmd");
+    std::string ignored;
+    known.add_option("--a", ignored);
+    known.add_option("--b", ignored);
+    known.add_flag("--json");
+    const absl::Status unknown = known.parse_flags(9, const_cast<char**>(argv), 2);
+    EXPECT_EQ(unknown.message(), "unknown option --c (known: --a --b --json)") << unknown;
+  }
+  {
+    CommandLine dangling_app("flux2 cmd");
+    dangling_app.add_option("--a", a);
+    const char* dangling[] = {"flux2", "cmd", "--a"};
+    const absl::Status status = dangling_app.parse_flags(3, const_cast<char**>(dangling), 2);
+    EXPECT_FALSE(status.ok());
+    EXPECT_NE(status.message().find("--a"), std::string::npos) << status;
+  }
+  CommandLine repeated("flux2 cmd");
+  std::vector<std::string> all;
+  repeated.add_option("--a", a);
+  repeated.add_option("--all", all)->allow_extra_args(false);
+  const char* twice[] = {"flux2", "--a", "1", "--all", "x", "--a=2", "--all=y"};
+  ASSERT_TRUE(repeated.parse_flags(7, const_cast<char**>(twice), 1).ok());
+  EXPECT_EQ(a, 2);
+  EXPECT_EQ(all, (std::vector<std::string>{"x", "y"}));
 }
 
 TEST(EmbeddedCheckpointTest, InstalledLayoutIsBesideTheBinary) {
