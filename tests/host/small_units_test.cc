@@ -172,6 +172,31 @@ TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {
   }
 }
 
+// The messages flux2_server and every subcommand print for bad backend flags and on|off switches.
+TEST(BackendFlagsTest, ErrorsSayWhatIsWrong) {
+  for (const auto& [word, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--cpu-threads=x", "--cpu-threads: \"x\" is not an integer"},
+           {"--cpu-threads=2000", "--cpu-threads: 2000 is outside 0..1024 (0: one per core)"},
+           {"--fp8-attention=maybe", "--fp8-attention: \"maybe\" is not on or off"},
+           {"--gemm-algorithms=", "--gemm-algorithms: 1 required SRC missing"},
+           {"--fast-paths=1", "--fast-paths: \"1\" is not on or off"}}) {
+    CommandLine app("flux2");
+    BackendOptions options;
+    bool fast_paths = true;
+    add_backend_flags(app, options);
+    add_on_off_option(app, "--fast-paths", fast_paths);
+    std::string copy = word;
+    char* one[] = {const_cast<char*>("flux2"), copy.data()};
+    EXPECT_EQ(app.parse_flags(2, one, 1).message(), message);
+  }
+  const char* empty[] = {"flux2", "--gemm-algorithms", ""};
+  CommandLine app("flux2");
+  BackendOptions options;
+  add_backend_flags(app, options);
+  EXPECT_EQ(app.parse_flags(3, const_cast<char**>(empty), 1).message(),
+            "--gemm-algorithms: expected builtin, heuristic or a table file");
+}
+
 // A request's options hold for its scope only; a nested scope (the text encoder's lossless one
 // inside a quality=high request) restores its request's options at its end.
 TEST(RequestScopeTest, OptionsHoldForTheScopeAndNestedScopesRestore) {
