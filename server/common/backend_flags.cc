@@ -5,7 +5,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/base/status.h"
 
 namespace flux2 {
 namespace {
@@ -46,40 +45,6 @@ std::vector<CLI::Option*> add_backend_flags(CLI::App& app, BackendOptions& optio
           app.add_option("--gemm-algorithms", options.gemm_algorithms)
               ->check(CLI::Validator(check_gemm_algorithms, ""))
               ->type_name("SRC")};
-}
-
-const std::set<std::string>& backend_flag_names() {
-  static const std::set<std::string> names = {"--cpu-threads", "--fp8-attention", "--gemm-autotune",
-                                              "--gemm-algorithms"};
-  return names;
-}
-
-absl::StatusOr<bool> parse_on_off(const Args& args, absl::string_view name, bool fallback) {
-  const std::string value = args.get(name, fallback ? "on" : "off");
-  if (value != "on" && value != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": \"", value, "\" is not on or off"));
-  }
-  return value == "on";
-}
-
-absl::StatusOr<BackendOptions> parse_backend_flags(const Args& args) {
-  BackendOptions options;
-  FLUX_ASSIGN_OR_RETURN(const int64_t threads, args.get_int("--cpu-threads", options.cpu_threads));
-  if (threads < 0 || threads > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cpu-threads: ", threads, " is outside 0..1024 (0: one per core)"));
-  }
-  options.cpu_threads = static_cast<int>(threads);
-  FLUX_ASSIGN_OR_RETURN(options.fp8_attention,
-                        parse_on_off(args, "--fp8-attention", options.fp8_attention));
-  FLUX_ASSIGN_OR_RETURN(options.gemm_autotune,
-                        parse_on_off(args, "--gemm-autotune", options.gemm_autotune));
-  options.gemm_algorithms = args.get("--gemm-algorithms", options.gemm_algorithms);
-  if (options.gemm_algorithms.empty()) {
-    return absl::InvalidArgumentError(
-        "--gemm-algorithms: expected builtin, heuristic or a table file");
-  }
-  return options;
 }
 
 std::string backend_flags_help() {

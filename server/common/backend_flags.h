@@ -4,13 +4,10 @@
 // help texts. Tested by tests/host/small_units_test.cc and tests/server/server_options_test.cc.
 #pragma once
 
-#include <set>
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "kernels/backend_options.h"
-#include "server/common/args.h"
 
 namespace CLI {
 class App;
@@ -30,11 +27,6 @@ CLI::Option* add_on_off_option(CLI::App& app, const std::string& name, bool& val
 // or a table file`. Returns the options added, in that order (flux2_server gives each its
 // environment variable).
 std::vector<CLI::Option*> add_backend_flags(CLI::App& app, BackendOptions& options);
-
-// The Args-based parsers the `flux2` subcommands use until they move to CommandLine.
-const std::set<std::string>& backend_flag_names();
-absl::StatusOr<BackendOptions> parse_backend_flags(const Args& args);
-absl::StatusOr<bool> parse_on_off(const Args& args, absl::string_view name, bool fallback);
 
 // Help lines for the flags, indented as the help texts are.
 std::string backend_flags_help();

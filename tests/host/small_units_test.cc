@@ -19,30 +19,12 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/rope.h"
 #include "model/timestep_embedding.h"
-#include "server/common/args.h"
 #include "server/common/backend_flags.h"
 #include "server/common/command_line.h"
 #include "server/common/embedded_checkpoint.h"
 
 namespace flux2 {
 namespace {
-
-TEST(ArgsTest, ParsesValuesFlagsAndPositionals) {
-  const char* argv[] = {"flux2", "cmd", "--a", "1", "--b=x y", "--json", "word", "--c", "2.5"};
-  auto args = Args::parse(9, const_cast<char**>(argv), 2, {"--json"});
-  ASSERT_TRUE(args.ok());
-  EXPECT_EQ(args->get("--b"), "x y");
-  EXPECT_TRUE(args->has("--json"));
-  EXPECT_EQ(args->get_int("--a", 0).value(), 1);
-  EXPECT_EQ(args->get_double("--c", 0).value(), 2.5);
-  EXPECT_EQ(args->get_int("--missing", 7).value(), 7);
-  EXPECT_EQ(args->positional(), std::vector<std::string>{"word"});
-  EXPECT_FALSE(args->get_int("--b", 0).ok());
-  const absl::Status unknown = args->check_known({"--a", "--b", "--json"});
-  EXPECT_NE(unknown.message().find("--c"), std::string::npos) << unknown;
-  const char* dangling[] = {"flux2", "cmd", "--a"};
-  EXPECT_FALSE(Args::parse(3, const_cast<char**>(dangling), 2).ok());
-}
 
 // `--name value`, `--name=value`, flags, positional words; a value of the wrong type, an unknown
 // option and a missing value are errors that name the flag; a repeated option keeps its last
@@ -145,18 +127,19 @@ TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {
                         "--gemm-autotune=on",
                         "--gemm-algorithms",
                         "heuristic"};
-  auto args = Args::parse(8, const_cast<char**>(argv), 1);
-  ASSERT_TRUE(args.ok());
-  auto options = parse_backend_flags(*args);
-  ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->cpu_threads, 3);
-  EXPECT_FALSE(options->fp8_attention);
-  EXPECT_TRUE(options->gemm_autotune);
+  CommandLine app("flux2");
+  BackendOptions options;
+  add_backend_flags(app, options);
+  const absl::Status parsed = app.parse_flags(8, const_cast<char**>(argv), 1);
+  ASSERT_TRUE(parsed.ok()) << parsed;
+  EXPECT_EQ(options.cpu_threads, 3);
+  EXPECT_FALSE(options.fp8_attention);
+  EXPECT_TRUE(options.gemm_autotune);
   using Pairs = std::vector<std::pair<std::string, std::string>>;
-  EXPECT_EQ(options->describe(), (Pairs{{"cpu-threads", "3"},
-                                        {"fp8-attention", "off"},
-                                        {"gemm-autotune", "on"},
-                                        {"gemm-algorithms", "heuristic"}}));
+  EXPECT_EQ(options.describe(), (Pairs{{"cpu-threads", "3"},
+                                       {"fp8-attention", "off"},
+                                       {"gemm-autotune", "on"},
+                                       {"gemm-algorithms", "heuristic"}}));
   EXPECT_EQ(BackendOptions{}.describe(), (Pairs{{"cpu-threads", "0"},
                                                 {"fp8-attention", "on"},
                                                 {"gemm-autotune", "off"},
@@ -164,9 +147,10 @@ TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {
   for (const char* bad :
        {"--fp8-attention=maybe", "--cpu-threads=-2", "--gemm-autotune=1", "--gemm-algorithms="}) {
     const char* one[] = {"flux2", bad};
-    auto parsed = Args::parse(2, const_cast<char**>(one), 1);
-    ASSERT_TRUE(parsed.ok());
-    const absl::Status status = parse_backend_flags(*parsed).status();
+    CommandLine bad_app("flux2");
+    BackendOptions ignored;
+    add_backend_flags(bad_app, ignored);
+    const absl::Status status = bad_app.parse_flags(2, const_cast<char**>(one), 1);
     const std::string flag = std::string(bad).substr(0, std::string(bad).find('='));
     EXPECT_NE(status.message().find(flag), std::string::npos) << bad << ": " << status;
   }
