@@ -5,7 +5,6 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -13,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
-#include "server/common/args.h"
 #include "server/common/backend_flags.h"
 #include "server/common/embedded_checkpoint.h"
 #include "server/serving/validate.h"
@@ -33,10 +31,8 @@ std::string env_name(absl::string_view flag) {
   return name;
 }
 
-// Flags whose text is checked after parsing (on|off switches shared with the `flux2` CLI, and a
-// unit conversion).
+// Flags converted after parsing (a unit conversion, a fault spec).
 struct RawFlags {
-  std::string fast_paths, cpu_threads, fp8_attention, gemm_autotune, gemm_algorithms;
   double test_step_delay_ms = 0.0;
   std::string test_inject_fault;
 };
@@ -117,11 +113,12 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   option("--tls-key", o.tls_key);
   option("--auth-token-file", o.auth_token_file);
   flag("--allow-insecure-token", o.allow_insecure_token);
-  option("--fast-paths", raw.fast_paths);
-  option("--cpu-threads", raw.cpu_threads);
-  option("--fp8-attention", raw.fp8_attention);
-  option("--gemm-autotune", raw.gemm_autotune);
-  option("--gemm-algorithms", raw.gemm_algorithms);
+  // The on|off switch and the backend flags the `flux2` CLI shares: both tools accept and refuse
+  // the same values with the same messages.
+  add_on_off_option(app, "--fast-paths", o.fast_paths)->envname(env_name("--fast-paths"));
+  for (CLI::Option* backend_flag : add_backend_flags(app, o.backend_options)) {
+    backend_flag->envname(env_name(backend_flag->get_name()));
+  }
   flag("--enable-quality-high", o.enable_quality_high);
   flag("--text-encoder-offload", o.text_encoder_offload);
   option("--prompt-cache-bytes", o.prompt_cache_bytes);
@@ -160,23 +157,6 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
     return absl::InvalidArgumentError(absl::StrCat(
         error.what(), " (see --help; a flag's value may also come from its FLUX2_* variable)"));
   }
-  // The on|off switches and the backend flags through the parsers the `flux2` CLI shares, so both
-  // tools accept and refuse the same values with the same messages.
-  std::vector<std::string> words = {"flux2_server"};
-  for (const auto& [name, value] :
-       {std::pair<const char*, const std::string*>{"--fast-paths", &raw.fast_paths},
-        {"--cpu-threads", &raw.cpu_threads},
-        {"--fp8-attention", &raw.fp8_attention},
-        {"--gemm-autotune", &raw.gemm_autotune},
-        {"--gemm-algorithms", &raw.gemm_algorithms}}) {
-    if (!value->empty()) words.insert(words.end(), {name, *value});
-  }
-  std::vector<char*> pointers;
-  for (std::string& word : words) pointers.push_back(word.data());
-  FLUX_ASSIGN_OR_RETURN(Args args,
-                        Args::parse(static_cast<int>(pointers.size()), pointers.data(), 1, {}));
-  FLUX_ASSIGN_OR_RETURN(o.fast_paths, parse_on_off(args, "--fast-paths", o.fast_paths));
-  FLUX_ASSIGN_OR_RETURN(o.backend_options, parse_backend_flags(args));
   o.test_step_delay_s = raw.test_step_delay_ms / 1000.0;
   if (!raw.test_inject_fault.empty()) {
     FLUX_ASSIGN_OR_RETURN(o.test_fault, parse_test_fault(raw.test_inject_fault));

@@ -3,7 +3,8 @@
 // checkpoint, bad inputs, references).
 #include <cstdio>
 #include <fstream>
-#include <set>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,8 +15,8 @@
 #include "model/pipeline.h"
 #include "model/reference_image.h"
 #include "server/cli/commands.h"
-#include "server/common/args.h"
 #include "server/common/backend_flags.h"
+#include "server/common/command_line.h"
 #include "server/common/embedded_checkpoint.h"
 
 namespace flux2 {
@@ -38,62 +39,62 @@ absl::StatusOr<std::vector<std::string>> read_references(const std::vector<std::
   return files;
 }
 
+// `flux2 generate`'s flags, bound by add_generate_flags (the values are the defaults).
+struct GenerateFlags {
+  GenerateParams params;  // --prompt, --negative-prompt, --height, --width, --steps, --guidance...
+  std::string model_dir = embedded_checkpoint_dir();
+  std::string out = "flux2.png";
+  std::string backend = "cpu";
+  int64_t seed = 0;                     // params.seed (a negative seed wraps around)
+  std::vector<std::string> references;  // --reference, repeatable: the files in order
+  bool no_fast_paths = false;
+  BackendOptions backend_options;
+};
+
+void add_generate_flags(CLI::App& app, GenerateFlags& f) {
+  GenerateParams& p = f.params;
+  app.add_option("--model-dir", f.model_dir);
+  app.add_option("--prompt", p.prompt)->required();  // "--prompt is required"
+  app.add_option("--negative-prompt", p.negative_prompt);
+  // 0: the first reference's prepared size, else 1024 (model/pipeline.h output_size).
+  app.add_option("--height", p.height);
+  app.add_option("--width", p.width);
+  app.add_option("--steps", p.num_inference_steps);
+  app.add_option("--seed", f.seed);
+  app.add_option("--guidance", p.guidance_scale);
+  app.add_option("--max-sequence-length", p.max_sequence_length);
+  app.add_option("--out", f.out);
+  app.add_option("--backend", f.backend);
+  app.add_option("--reference", f.references)->allow_extra_args(false);
+  app.add_flag("--no-fast-paths", f.no_fast_paths);
+  add_backend_flags(app, f.backend_options);
+}
+
 }  // namespace
 
 int run_generate(int argc, char** argv, int first) {
-  auto args = Args::parse(argc, argv, first, {"--no-fast-paths"});
-  if (!args.ok()) return fail(args.status().message());
-  std::set<std::string> known = {"--model-dir",
-                                 "--prompt",
-                                 "--negative-prompt",
-                                 "--height",
-                                 "--width",
-                                 "--steps",
-                                 "--seed",
-                                 "--guidance",
-                                 "--out",
-                                 "--backend",
-                                 "--max-sequence-length",
-                                 "--reference",
-                                 "--no-fast-paths"};
-  known.insert(backend_flag_names().begin(), backend_flag_names().end());
-  if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
-  auto backend_options = parse_backend_flags(*args);
-  if (!backend_options.ok()) return fail(backend_options.status().message());
-  if (!args->has("--prompt")) return fail("--prompt is required");
-  const std::string model_dir = args->get("--model-dir", embedded_checkpoint_dir());
-  GenerateParams params;
-  params.prompt = args->get("--prompt");
-  params.negative_prompt = args->get("--negative-prompt");
-  params.fast_paths = !args->has("--no-fast-paths");
-  // 0: the first reference's prepared size, else 1024 (model/pipeline.h output_size).
-  auto height = args->get_int("--height", 0), width = args->get_int("--width", 0);
-  auto steps = args->get_int("--steps", 0), seed = args->get_int("--seed", 0);
-  auto max_len = args->get_int("--max-sequence-length", 0);
-  auto guidance = args->get_double("--guidance", -1.0);
-  for (const absl::Status& s : {height.status(), width.status(), steps.status(), seed.status(),
-                                max_len.status(), guidance.status()}) {
-    if (!s.ok()) return fail(s.message());
+  CommandLine app("flux2 generate");
+  GenerateFlags flags;
+  add_generate_flags(app, flags);
+  if (absl::Status parsed = app.parse_flags(argc, argv, first); !parsed.ok()) {
+    return fail(parsed.message());
   }
-  if (args->has("--steps") && *steps < 1)
-    return fail(absl::StrCat("--steps: ", *steps, " must be at least 1"));
-  params.height = *height;
-  params.width = *width;
-  params.num_inference_steps = *steps;
-  params.seed = static_cast<uint64_t>(*seed);
-  params.max_sequence_length = *max_len;
-  params.guidance_scale = *guidance;
-  const std::string out = args->get("--out", "flux2.png");
-  auto reference_files = read_references(args->get_all("--reference"));
+  GenerateParams& params = flags.params;
+  if (app.count("--steps") && params.num_inference_steps < 1) {
+    return fail(absl::StrCat("--steps: ", params.num_inference_steps, " must be at least 1"));
+  }
+  params.seed = static_cast<uint64_t>(flags.seed);
+  params.fast_paths = !flags.no_fast_paths;
+  auto reference_files = read_references(flags.references);
   if (!reference_files.ok()) return fail(reference_files.status().message());
 
-  auto backend = create_backend(args->get("--backend", "cpu"), *backend_options);
+  auto backend = create_backend(flags.backend, flags.backend_options);
   if (!backend.ok()) return fail(backend.status().message());
   PipelineOptions load_options;
   load_options.on_progress = [](const LoadProgress& progress) {
     std::fprintf(stderr, "flux2 generate: %s\n", describe(progress).c_str());
   };
-  auto pipeline = Pipeline::load(**backend, model_dir, load_options);
+  auto pipeline = Pipeline::load(**backend, flags.model_dir, load_options);
   if (!pipeline.ok()) return fail(pipeline.status().message());
   std::fprintf(stderr, "flux2 generate: %s\n", (*pipeline)->info().load_summary().c_str());
   for (size_t i = 0; i < reference_files->size(); ++i) {
@@ -115,17 +116,17 @@ int run_generate(int argc, char** argv, int first) {
   if (!image.ok()) return fail(image.status().message());
   auto png = encode_png(image->rgb, image->width, image->height);
   if (!png.ok()) return fail(png.status().message());
-  std::ofstream file(out, std::ios::binary);
+  std::ofstream file(flags.out, std::ios::binary);
   file.write(reinterpret_cast<const char*>(png->data()), static_cast<std::streamsize>(png->size()));
-  if (!file) return fail(absl::StrCat("cannot write ", out));
+  if (!file) return fail(absl::StrCat("cannot write ", flags.out));
   const StageTimings& t = image->timings;
   std::printf(
       "wrote %s (%lldx%lld, seed %llu, %zu references): tokenize %.1f ms, text encode %.1f ms, "
       "reference encode %.1f ms, denoise %.1f ms (%zu steps), decode %.1f ms\n",
-      out.c_str(), static_cast<long long>(image->width), static_cast<long long>(image->height),
-      static_cast<unsigned long long>(image->seed), params.references.size(), 1e3 * t.tokenize,
-      1e3 * t.text_encode, 1e3 * t.reference_encode, 1e3 * t.denoise, t.steps.size(),
-      1e3 * t.decode);
+      flags.out.c_str(), static_cast<long long>(image->width),
+      static_cast<long long>(image->height), static_cast<unsigned long long>(image->seed),
+      params.references.size(), 1e3 * t.tokenize, 1e3 * t.text_encode, 1e3 * t.reference_encode,
+      1e3 * t.denoise, t.steps.size(), 1e3 * t.decode);
   return 0;
 }
 

@@ -15,7 +15,7 @@
 #include "model/tokenizer.h"
 #include "model/tokenizer_utf8.h"
 #include "server/cli/commands.h"
-#include "server/common/args.h"
+#include "server/common/command_line.h"
 
 namespace flux2 {
 namespace {
@@ -138,17 +138,19 @@ absl::StatusOr<std::string> parse_json_string_line(const std::string& line) {
 }  // namespace
 
 int run_tokenize(int argc, char** argv, int first) {
-  auto args = Args::parse(argc, argv, first);
-  if (!args.ok()) {
-    std::fprintf(stderr, "flux2 tokenize: %s\n", std::string(args.status().message()).c_str());
+  CommandLine app("flux2 tokenize");
+  std::string tokenizer_dir, format_name;
+  int64_t max_length = -1;  // absent: no truncation or padding
+  app.add_option("--tokenizer", tokenizer_dir);
+  app.add_option("--format", format_name);
+  app.add_option("--max-length", max_length);
+  absl::StatusOr<std::vector<std::string>> words = app.parse_words(argc, argv, first);
+  if (!words.ok()) {
+    std::fprintf(stderr, "flux2 tokenize: %s\n", std::string(words.status().message()).c_str());
     return 2;
   }
-  if (auto known = args->check_known({"--tokenizer", "--format", "--max-length"}); !known.ok()) {
-    std::fprintf(stderr, "flux2 tokenize: %s\n", std::string(known.message()).c_str());
-    return 2;
-  }
-  if (!args->has("--tokenizer") || !args->positional().empty() ||
-      (args->has("--max-length") && !args->has("--format"))) {
+  if (!app.count("--tokenizer") || !words->empty() ||
+      (app.count("--max-length") && !app.count("--format"))) {
     std::fprintf(
         stderr,
         "usage: flux2 tokenize --tokenizer DIR [--format qwen3|mistral [--max-length N]]"
@@ -160,8 +162,8 @@ int run_tokenize(int argc, char** argv, int first) {
     return 2;
   }
   std::optional<PromptFormat> format;
-  if (args->has("--format")) {
-    auto parsed = prompt_format_from_name(args->get("--format"));
+  if (app.count("--format")) {
+    auto parsed = prompt_format_from_name(format_name);
     if (!parsed.ok()) {
       std::fprintf(stderr, "flux2 tokenize: --format: %s\n",
                    std::string(parsed.status().message()).c_str());
@@ -169,12 +171,11 @@ int run_tokenize(int argc, char** argv, int first) {
     }
     format = *parsed;
   }
-  auto max_length = args->get_int("--max-length", -1);
-  if (!max_length.ok() || (args->has("--max-length") && *max_length < 0)) {
+  if (app.count("--max-length") && max_length < 0) {
     std::fprintf(stderr, "flux2 tokenize: --max-length needs a non-negative integer\n");
     return 2;
   }
-  auto tokenizer = Tokenizer::load(args->get("--tokenizer"));
+  auto tokenizer = Tokenizer::load(tokenizer_dir);
   if (!tokenizer.ok()) {
     std::fprintf(stderr, "flux2 tokenize: %s\n", std::string(tokenizer.status().message()).c_str());
     return 1;
@@ -198,10 +199,10 @@ int run_tokenize(int argc, char** argv, int first) {
     std::vector<int32_t> ids;
     if (!format.has_value()) {
       ids = (*tokenizer)->encode(*text);
-    } else if (*max_length < 0) {
+    } else if (max_length < 0) {
       ids = (*tokenizer)->encode(chat_prompt(*format, *text));
     } else {
-      ids = tokenize_prompt(**tokenizer, *format, *text, *max_length).ids;
+      ids = tokenize_prompt(**tokenizer, *format, *text, max_length).ids;
     }
     for (const int32_t id : ids) {
       if (!first_id) out.push_back(',');

@@ -1,43 +1,50 @@
 // Backend flags; see backend_flags.h.
 #include "server/common/backend_flags.h"
 
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/base/status.h"
 
 namespace flux2 {
+namespace {
 
-const std::set<std::string>& backend_flag_names() {
-  static const std::set<std::string> names = {"--cpu-threads", "--fp8-attention", "--gemm-autotune",
-                                              "--gemm-algorithms"};
-  return names;
+// CLI11 checks the words as given, before converting them; a non-empty answer fails the parse as
+// "<flag>: <answer>".
+std::string check_on_off(const std::string& word) {
+  return word == "on" || word == "off" ? "" : absl::StrCat("\"", word, "\" is not on or off");
 }
 
-absl::StatusOr<bool> parse_on_off(const Args& args, absl::string_view name, bool fallback) {
-  const std::string value = args.get(name, fallback ? "on" : "off");
-  if (value != "on" && value != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": \"", value, "\" is not on or off"));
-  }
-  return value == "on";
-}
-
-absl::StatusOr<BackendOptions> parse_backend_flags(const Args& args) {
-  BackendOptions options;
-  FLUX_ASSIGN_OR_RETURN(const int64_t threads, args.get_int("--cpu-threads", options.cpu_threads));
+std::string check_cpu_threads(const std::string& word) {
+  int64_t threads;
+  if (!absl::SimpleAtoi(word, &threads)) return absl::StrCat("\"", word, "\" is not an integer");
   if (threads < 0 || threads > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cpu-threads: ", threads, " is outside 0..1024 (0: one per core)"));
+    return absl::StrCat(threads, " is outside 0..1024 (0: one per core)");
   }
-  options.cpu_threads = static_cast<int>(threads);
-  FLUX_ASSIGN_OR_RETURN(options.fp8_attention,
-                        parse_on_off(args, "--fp8-attention", options.fp8_attention));
-  FLUX_ASSIGN_OR_RETURN(options.gemm_autotune,
-                        parse_on_off(args, "--gemm-autotune", options.gemm_autotune));
-  options.gemm_algorithms = args.get("--gemm-algorithms", options.gemm_algorithms);
-  if (options.gemm_algorithms.empty()) {
-    return absl::InvalidArgumentError(
-        "--gemm-algorithms: expected builtin, heuristic or a table file");
-  }
-  return options;
+  return "";
+}
+
+std::string check_gemm_algorithms(const std::string& word) {
+  return word.empty() ? "expected builtin, heuristic or a table file" : "";
+}
+
+}  // namespace
+
+CLI::Option* add_on_off_option(CLI::App& app, const std::string& name, bool& value) {
+  return app.add_option(name, value)
+      ->check(CLI::Validator(check_on_off, ""))
+      ->type_name("on|off");  // CLI11 converts on and off to true and false
+}
+
+std::vector<CLI::Option*> add_backend_flags(CLI::App& app, BackendOptions& options) {
+  return {app.add_option("--cpu-threads", options.cpu_threads)
+              ->check(CLI::Validator(check_cpu_threads, ""))
+              ->type_name("N"),
+          add_on_off_option(app, "--fp8-attention", options.fp8_attention),
+          add_on_off_option(app, "--gemm-autotune", options.gemm_autotune),
+          app.add_option("--gemm-algorithms", options.gemm_algorithms)
+              ->check(CLI::Validator(check_gemm_algorithms, ""))
+              ->type_name("SRC")};
 }
 
 std::string backend_flags_help() {

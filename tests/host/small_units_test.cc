@@ -19,28 +19,71 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/rope.h"
 #include "model/timestep_embedding.h"
-#include "server/common/args.h"
 #include "server/common/backend_flags.h"
+#include "server/common/command_line.h"
 #include "server/common/embedded_checkpoint.h"
 
 namespace flux2 {
 namespace {
 
-TEST(ArgsTest, ParsesValuesFlagsAndPositionals) {
+// `--name value`, `--name=value`, flags, positional words; a value of the wrong type, an unknown
+// option and a missing value are errors that name the flag; a repeated option keeps its last
+// value, one bound to a vector every value.
+TEST(CommandLineTest, ParsesValuesFlagsAndPositionals) {
   const char* argv[] = {"flux2", "cmd", "--a", "1", "--b=x y", "--json", "word", "--c", "2.5"};
-  auto args = Args::parse(9, const_cast<char**>(argv), 2, {"--json"});
-  ASSERT_TRUE(args.ok());
-  EXPECT_EQ(args->get("--b"), "x y");
-  EXPECT_TRUE(args->has("--json"));
-  EXPECT_EQ(args->get_int("--a", 0).value(), 1);
-  EXPECT_EQ(args->get_double("--c", 0).value(), 2.5);
-  EXPECT_EQ(args->get_int("--missing", 7).value(), 7);
-  EXPECT_EQ(args->positional(), std::vector<std::string>{"word"});
-  EXPECT_FALSE(args->get_int("--b", 0).ok());
-  const absl::Status unknown = args->check_known({"--a", "--b", "--json"});
-  EXPECT_NE(unknown.message().find("--c"), std::string::npos) << unknown;
-  const char* dangling[] = {"flux2", "cmd", "--a"};
-  EXPECT_FALSE(Args::parse(3, const_cast<char**>(dangling), 2).ok());
+  CommandLine app("flux2 cmd");
+  int64_t a = 0, missing = 7;
+  std::string b;
+  bool json = false;
+  double c = 0;
+  app.add_option("--a", a);
+  app.add_option("--b", b);
+  app.add_flag("--json", json);
+  app.add_option("--c", c);
+  app.add_option("--missing", missing);
+  auto words = app.parse_words(9, const_cast<char**>(argv), 2);
+  ASSERT_TRUE(words.ok()) << words.status();
+  EXPECT_EQ(b, "x y");
+  EXPECT_TRUE(json);
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(c, 2.5);
+  EXPECT_EQ(missing, 7);
+  EXPECT_EQ(*words, std::vector<std::string>{"word"});
+  EXPECT_NE(app.parse_flags(9, const_cast<char**>(argv), 2).message().find("\"word\""),
+            std::string::npos);
+  {
+    CommandLine typed("flux2 cmd");
+    int64_t b_as_int = 0;
+    typed.add_option("--b", b_as_int);
+    const char* one[] = {"flux2", "cmd", "--b=x y"};
+    const absl::Status status = typed.parse_flags(3, const_cast<char**>(one), 2);
+    EXPECT_NE(status.message().find("--b"), std::string::npos) << status;
+  }
+  {
+    CommandLine known("flux2 cmd");
+    std::string ignored;
+    known.add_option("--a", ignored);
+    known.add_option("--b", ignored);
+    known.add_flag("--json");
+    const absl::Status unknown = known.parse_flags(9, const_cast<char**>(argv), 2);
+    EXPECT_EQ(unknown.message(), "unknown option --c (known: --a --b --json)") << unknown;
+  }
+  {
+    CommandLine dangling_app("flux2 cmd");
+    dangling_app.add_option("--a", a);
+    const char* dangling[] = {"flux2", "cmd", "--a"};
+    const absl::Status status = dangling_app.parse_flags(3, const_cast<char**>(dangling), 2);
+    EXPECT_FALSE(status.ok());
+    EXPECT_NE(status.message().find("--a"), std::string::npos) << status;
+  }
+  CommandLine repeated("flux2 cmd");
+  std::vector<std::string> all;
+  repeated.add_option("--a", a);
+  repeated.add_option("--all", all)->allow_extra_args(false);
+  const char* twice[] = {"flux2", "--a", "1", "--all", "x", "--a=2", "--all=y"};
+  ASSERT_TRUE(repeated.parse_flags(7, const_cast<char**>(twice), 1).ok());
+  EXPECT_EQ(a, 2);
+  EXPECT_EQ(all, (std::vector<std::string>{"x", "y"}));
 }
 
 TEST(EmbeddedCheckpointTest, InstalledLayoutIsBesideTheBinary) {
@@ -84,18 +127,19 @@ TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {
                         "--gemm-autotune=on",
                         "--gemm-algorithms",
                         "heuristic"};
-  auto args = Args::parse(8, const_cast<char**>(argv), 1);
-  ASSERT_TRUE(args.ok());
-  auto options = parse_backend_flags(*args);
-  ASSERT_TRUE(options.ok()) << options.status();
-  EXPECT_EQ(options->cpu_threads, 3);
-  EXPECT_FALSE(options->fp8_attention);
-  EXPECT_TRUE(options->gemm_autotune);
+  CommandLine app("flux2");
+  BackendOptions options;
+  add_backend_flags(app, options);
+  const absl::Status parsed = app.parse_flags(8, const_cast<char**>(argv), 1);
+  ASSERT_TRUE(parsed.ok()) << parsed;
+  EXPECT_EQ(options.cpu_threads, 3);
+  EXPECT_FALSE(options.fp8_attention);
+  EXPECT_TRUE(options.gemm_autotune);
   using Pairs = std::vector<std::pair<std::string, std::string>>;
-  EXPECT_EQ(options->describe(), (Pairs{{"cpu-threads", "3"},
-                                        {"fp8-attention", "off"},
-                                        {"gemm-autotune", "on"},
-                                        {"gemm-algorithms", "heuristic"}}));
+  EXPECT_EQ(options.describe(), (Pairs{{"cpu-threads", "3"},
+                                       {"fp8-attention", "off"},
+                                       {"gemm-autotune", "on"},
+                                       {"gemm-algorithms", "heuristic"}}));
   EXPECT_EQ(BackendOptions{}.describe(), (Pairs{{"cpu-threads", "0"},
                                                 {"fp8-attention", "on"},
                                                 {"gemm-autotune", "off"},
@@ -103,12 +147,38 @@ TEST(BackendFlagsTest, ParseDescribeAndNameTheFlagOnErrors) {
   for (const char* bad :
        {"--fp8-attention=maybe", "--cpu-threads=-2", "--gemm-autotune=1", "--gemm-algorithms="}) {
     const char* one[] = {"flux2", bad};
-    auto parsed = Args::parse(2, const_cast<char**>(one), 1);
-    ASSERT_TRUE(parsed.ok());
-    const absl::Status status = parse_backend_flags(*parsed).status();
+    CommandLine bad_app("flux2");
+    BackendOptions ignored;
+    add_backend_flags(bad_app, ignored);
+    const absl::Status status = bad_app.parse_flags(2, const_cast<char**>(one), 1);
     const std::string flag = std::string(bad).substr(0, std::string(bad).find('='));
     EXPECT_NE(status.message().find(flag), std::string::npos) << bad << ": " << status;
   }
+}
+
+// The messages flux2_server and every subcommand print for bad backend flags and on|off switches.
+TEST(BackendFlagsTest, ErrorsSayWhatIsWrong) {
+  for (const auto& [word, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--cpu-threads=x", "--cpu-threads: \"x\" is not an integer"},
+           {"--cpu-threads=2000", "--cpu-threads: 2000 is outside 0..1024 (0: one per core)"},
+           {"--fp8-attention=maybe", "--fp8-attention: \"maybe\" is not on or off"},
+           {"--gemm-algorithms=", "--gemm-algorithms: 1 required SRC missing"},
+           {"--fast-paths=1", "--fast-paths: \"1\" is not on or off"}}) {
+    CommandLine app("flux2");
+    BackendOptions options;
+    bool fast_paths = true;
+    add_backend_flags(app, options);
+    add_on_off_option(app, "--fast-paths", fast_paths);
+    std::string copy = word;
+    char* one[] = {const_cast<char*>("flux2"), copy.data()};
+    EXPECT_EQ(app.parse_flags(2, one, 1).message(), message);
+  }
+  const char* empty[] = {"flux2", "--gemm-algorithms", ""};
+  CommandLine app("flux2");
+  BackendOptions options;
+  add_backend_flags(app, options);
+  EXPECT_EQ(app.parse_flags(3, const_cast<char**>(empty), 1).message(),
+            "--gemm-algorithms: expected builtin, heuristic or a table file");
 }
 
 // A request's options hold for its scope only; a nested scope (the text encoder's lossless one

@@ -7,26 +7,28 @@
 #include <string>
 
 #include "model/checkpoint.h"
-#include "server/common/args.h"
+#include "server/common/command_line.h"
 #include "tests/host/bfl_writer.h"
 
 int main(int argc, char** argv) {
-  auto args = flux2::Args::parse(argc, argv, 1);
-  if (!args.ok() || !args->has("--transformer") || !args->has("--out") ||
-      !args->check_known({"--transformer", "--out", "--prefix"}).ok()) {
+  flux2::CommandLine app("flux2_make_bfl_transformer");
+  std::string transformer, out, prefix;
+  app.add_option("--transformer", transformer)->required();
+  app.add_option("--out", out)->required();
+  app.add_option("--prefix", prefix);
+  if (absl::Status parsed = app.parse_flags(argc, argv, 1); !parsed.ok()) {
     std::fprintf(stderr,
-                 "usage: flux2_make_bfl_transformer --transformer DIR --out FILE "
-                 "[--prefix model.diffusion_model.]\n");
+                 "%s\nusage: flux2_make_bfl_transformer --transformer DIR --out FILE "
+                 "[--prefix model.diffusion_model.]\n",
+                 std::string(parsed.message()).c_str());
     return 2;
   }
-  auto diffusers = flux2::ComponentWeights::open(args->get("--transformer"));
+  auto diffusers = flux2::ComponentWeights::open(transformer);
   if (!diffusers.ok()) {
     std::fprintf(stderr, "%s\n", std::string(diffusers.status().message()).c_str());
     return 1;
   }
-  const std::string out = args->get("--out");
-  const absl::Status written =
-      flux2::testing::write_bfl_transformer(*diffusers, out, args->get("--prefix"));
+  const absl::Status written = flux2::testing::write_bfl_transformer(*diffusers, out, prefix);
   if (!written.ok()) {
     std::fprintf(stderr, "%s\n", std::string(written.message()).c_str());
     return 1;

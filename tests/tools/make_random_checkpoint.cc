@@ -21,7 +21,7 @@
 #include "model/text_encoder_weights.h"
 #include "model/vae_weights.h"
 #include "nlohmann/json.hpp"
-#include "server/common/args.h"
+#include "server/common/command_line.h"
 
 namespace flux2 {
 namespace {
@@ -106,18 +106,22 @@ void write_component(const std::string& dir, const std::string& stem,
 }
 
 int run(int argc, char** argv) {
-  auto args = Args::parse(argc, argv, 1);
-  if (!args.ok() || !args->has("--out")) {
-    std::fprintf(
-        stderr,
-        "usage: flux2_make_random_checkpoint --model klein-4b|klein-9b --out DIR [--tokenizer DIR] "
-        "[--shard-gb 5]\n");
+  CommandLine app("flux2_make_random_checkpoint");
+  std::string model = "klein-4b", out;
+  std::string tokenizer = std::string(FLUX2_TINY_CHECKPOINT_DIR) + "/tokenizer";
+  double shard_gb = 5.0;
+  app.add_option("--model", model);
+  app.add_option("--out", out)->required();
+  app.add_option("--tokenizer", tokenizer);
+  app.add_option("--shard-gb", shard_gb);
+  if (absl::Status parsed = app.parse_flags(argc, argv, 1); !parsed.ok()) {
+    std::fprintf(stderr,
+                 "%s\nusage: flux2_make_random_checkpoint --model klein-4b|klein-9b --out DIR "
+                 "[--tokenizer DIR] [--shard-gb 5]\n",
+                 std::string(parsed.message()).c_str());
     return 2;
   }
-  const std::string model = args->get("--model", "klein-4b"), out = args->get("--out");
-  const std::string tokenizer =
-      args->get("--tokenizer", std::string(FLUX2_TINY_CHECKPOINT_DIR) + "/tokenizer");
-  const int64_t shard_bytes = static_cast<int64_t>(std::stod(args->get("--shard-gb", "5")) * 1e9);
+  const int64_t shard_bytes = static_cast<int64_t>(shard_gb * 1e9);
   auto spec = random_pipeline_spec(model, tokenizer);
   if (!spec.ok() || model == "dev") {
     std::fprintf(

@@ -9,11 +9,9 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <set>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend_factory.h"
@@ -29,8 +27,8 @@
 #include "model/scheduler.h"
 #include "nlohmann/json.hpp"
 #include "server/cli/commands.h"
-#include "server/common/args.h"
 #include "server/common/backend_flags.h"
+#include "server/common/command_line.h"
 
 namespace flux2 {
 namespace {
@@ -46,7 +44,7 @@ void progress(absl::string_view message) {
 }
 
 struct BenchOptions {
-  std::string model;
+  std::string model = "klein-4b";
   std::string quality = "lossless";
   int64_t height = 1024, width = 1024, text_len = 512;
   int64_t steps = 10, warmup = 3;
@@ -427,123 +425,128 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"profile_ms", profile}};
 }
 
-}  // namespace
-
-int run_bench(int argc, char** argv, int first) {
-  auto args = Args::parse(argc, argv, first,
-                          {"--json", "--no-fast-paths", "--e2e", "--profile", "--profile-by-shape",
-                           "--attention-only", "--kv", "--text-encoder-offload", "--prompt-cache"});
-  if (!args.ok()) return fail(args.status().message());
-  std::set<std::string> known = {"--model",
-                                 "--height",
-                                 "--width",
-                                 "--text-len",
-                                 "--quality",
-                                 "--steps",
-                                 "--warmup",
-                                 "--json",
-                                 "--backend",
-                                 "--no-fast-paths",
-                                 "--e2e",
-                                 "--profile",
-                                 "--tokenizer",
-                                 "--repeats",
-                                 "--attention-only",
-                                 "--profile-by-shape",
-                                 "--references",
-                                 "--kv",
-                                 "--text-encoder-offload",
-                                 "--prompt-cache",
-                                 "--device-memory-cap-gb",
-                                 "--tune-gemm",
-                                 "--tune-by",
-                                 "--tune-candidates"};
-  known.insert(backend_flag_names().begin(), backend_flag_names().end());
-  if (auto checked = args->check_known(known); !checked.ok()) return fail(checked.message());
-  auto backend_options = parse_backend_flags(*args);
-  if (!backend_options.ok()) return fail(backend_options.status().message());
+// `flux2 bench`'s flags: the benchmark's options and what picks the benchmark and its backend,
+// bound by add_bench_flags (the values are the defaults).
+struct BenchFlags {
   BenchOptions o;
-  o.model = args->get("--model", "klein-4b");
-  o.quality = args->get("--quality", "lossless");
-  o.json = args->has("--json");
-  o.request.fast_paths = !args->has("--no-fast-paths");
-  o.profile = args->has("--profile-by-shape") ? OpProfiling::kByShape
-              : args->has("--profile")        ? OpProfiling::kByCategory
-                                              : OpProfiling::kOff;
-  auto height = args->get_int("--height", 1024), width = args->get_int("--width", 1024);
-  auto text_len = args->get_int("--text-len", 512), steps = args->get_int("--steps", 10);
-  auto warmup = args->get_int("--warmup", 3), references = args->get_int("--references", 0);
-  for (const absl::Status& s : {height.status(), width.status(), text_len.status(), steps.status(),
-                                warmup.status(), references.status()}) {
-    if (!s.ok()) return fail(s.message());
-  }
-  o.height = *height;
-  o.width = *width;
-  o.text_len = *text_len;
-  o.steps = *steps;
-  o.warmup = *warmup;
-  o.references = *references;
-  o.kv_cache = args->has("--kv");
-  o.text_encoder_offload = args->has("--text-encoder-offload");
-  o.prompt_cache = args->has("--prompt-cache");
-  if (args->has("--device-memory-cap-gb")) {
-    if (!absl::SimpleAtod(args->get("--device-memory-cap-gb"), &o.device_memory_cap_gb) ||
-        !(o.device_memory_cap_gb > 0.0)) {
-      return fail("--device-memory-cap-gb: expected a positive number of GB");
+  std::string backend = "cuda";
+  std::string tokenizer;  // --e2e; empty: the tiny checkpoint's of the model's family
+  std::string tune_by = "steps";
+  int64_t repeats = 5;
+  bool e2e = false, attention_only = false, no_fast_paths = false;
+  bool profile = false, profile_by_shape = false;
+  BackendOptions backend_options;
+};
+
+void add_bench_flags(CLI::App& app, BenchFlags& f) {
+  BenchOptions& o = f.o;
+  app.add_option("--model", o.model);
+  app.add_option("--height", o.height);
+  app.add_option("--width", o.width);
+  app.add_option("--text-len", o.text_len);
+  app.add_option("--quality", o.quality);
+  app.add_option("--steps", o.steps);
+  app.add_option("--warmup", o.warmup);
+  app.add_flag("--json", o.json);
+  app.add_option("--backend", f.backend);
+  app.add_flag("--no-fast-paths", f.no_fast_paths);
+  app.add_flag("--e2e", f.e2e);
+  app.add_flag("--profile", f.profile);
+  app.add_option("--tokenizer", f.tokenizer);
+  app.add_option("--repeats", f.repeats);
+  app.add_flag("--attention-only", f.attention_only);
+  app.add_flag("--profile-by-shape", f.profile_by_shape);
+  app.add_option("--references", o.references);
+  app.add_flag("--kv", o.kv_cache);
+  app.add_flag("--text-encoder-offload", o.text_encoder_offload);
+  app.add_flag("--prompt-cache", o.prompt_cache);
+  app.add_option("--device-memory-cap-gb", o.device_memory_cap_gb);
+  app.add_option("--tune-gemm", o.tune_gemm);
+  app.add_option("--tune-by", f.tune_by);
+  app.add_option("--tune-candidates", o.tune_candidates);
+  add_backend_flags(app, f.backend_options);
+}
+
+// Checks the flags against each other and fills in what they imply (the request's options, the
+// profiling, --tune-gemm's backend options, the tokenizer).
+absl::Status check_bench_flags(const CLI::App& app, BenchFlags& f) {
+  BenchOptions& o = f.o;
+  o.request.fast_paths = !f.no_fast_paths;
+  o.profile = f.profile_by_shape ? OpProfiling::kByShape
+              : f.profile        ? OpProfiling::kByCategory
+                                 : OpProfiling::kOff;
+  if (app.count("--device-memory-cap-gb")) {
+    if (!(o.device_memory_cap_gb > 0.0)) {
+      return absl::InvalidArgumentError("--device-memory-cap-gb: expected a positive number of GB");
     }
-    if (!args->has("--e2e")) return fail("--device-memory-cap-gb caps whole requests: add --e2e");
+    if (!f.e2e) {
+      return absl::InvalidArgumentError("--device-memory-cap-gb caps whole requests: add --e2e");
+    }
   }
-  if ((o.references != 0 || o.kv_cache || o.text_encoder_offload || o.prompt_cache) &&
-      !args->has("--e2e")) {
-    return fail(
+  if ((o.references != 0 || o.kv_cache || o.text_encoder_offload || o.prompt_cache) && !f.e2e) {
+    return absl::InvalidArgumentError(
         "--references, --kv, --text-encoder-offload and --prompt-cache time whole requests: add "
         "--e2e");
   }
-  if (o.references < 0 || o.references > 8) return fail("--references: expected 0..8");
-  if (o.steps < 10) return fail("--steps: time at least 10 steps (a median needs them)");
+  if (o.references < 0 || o.references > 8) {
+    return absl::InvalidArgumentError("--references: expected 0..8");
+  }
+  if (o.steps < 10) {
+    return absl::InvalidArgumentError("--steps: time at least 10 steps (a median needs them)");
+  }
   if (o.quality != "lossless" && o.quality != "high") {
-    return fail(absl::StrCat("--quality ", o.quality, ": expected lossless or high"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--quality ", o.quality, ": expected lossless or high"));
   }
   o.request.quality = o.quality == "high" ? Quality::kHigh : Quality::kLossless;
-  o.tune_gemm = args->get("--tune-gemm", "");
-  const std::string tune_by = args->get("--tune-by", "steps");
-  auto tune_candidates = args->get_int("--tune-candidates", o.tune_candidates);
-  if (tune_by != "steps" && tune_by != "calls") {
-    return fail(absl::StrCat("--tune-by ", tune_by, ": expected steps or calls"));
+  if (f.tune_by != "steps" && f.tune_by != "calls") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tune-by ", f.tune_by, ": expected steps or calls"));
   }
-  if (!tune_candidates.ok() || *tune_candidates < 2) {
-    return fail("--tune-candidates: expected at least 2");
+  if (o.tune_candidates < 2) {
+    return absl::InvalidArgumentError("--tune-candidates: expected at least 2");
   }
-  o.tune_by_steps = tune_by == "steps";
-  o.tune_candidates = *tune_candidates;
+  o.tune_by_steps = f.tune_by == "steps";
   if (!o.tune_gemm.empty()) {
-    if (args->has("--gemm-algorithms") || args->has("--gemm-autotune")) {
-      return fail(
+    if (app.count("--gemm-algorithms") || app.count("--gemm-autotune")) {
+      return absl::InvalidArgumentError(
           "--tune-gemm starts from the heuristic's candidates: drop --gemm-algorithms and "
           "--gemm-autotune");
     }
-    if (o.tune_by_steps && args->has("--e2e")) {
-      return fail("--tune-by steps tunes the transformer's steps: drop --e2e (or --tune-by calls)");
+    if (o.tune_by_steps && f.e2e) {
+      return absl::InvalidArgumentError(
+          "--tune-by steps tunes the transformer's steps: drop --e2e (or --tune-by calls)");
     }
-    backend_options->gemm_autotune = !o.tune_by_steps;
-    backend_options->gemm_algorithms = "heuristic";
+    f.backend_options.gemm_autotune = !o.tune_by_steps;
+    f.backend_options.gemm_algorithms = "heuristic";
   }
-  auto backend = create_backend(args->get("--backend", "cuda"), *backend_options);
+  if (f.repeats < 1) return absl::InvalidArgumentError("--repeats must be a positive integer");
+  if (f.tokenizer.empty()) {
+    f.tokenizer =
+        std::string(o.model == "dev" ? FLUX2_TINY_DEV_CHECKPOINT_DIR : FLUX2_TINY_CHECKPOINT_DIR) +
+        "/tokenizer";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int run_bench(int argc, char** argv, int first) {
+  CommandLine app("flux2 bench");
+  BenchFlags flags;
+  add_bench_flags(app, flags);
+  absl::Status parsed = app.parse_flags(argc, argv, first);
+  if (parsed.ok()) parsed = check_bench_flags(app, flags);
+  if (!parsed.ok()) return fail(parsed.message());
+  const BenchOptions& o = flags.o;
+  auto backend = create_backend(flags.backend, flags.backend_options);
   if (!backend.ok()) return fail(backend.status().message());
-  auto repeats = args->get_int("--repeats", 5);
-  if (!repeats.ok() || *repeats < 1) return fail("--repeats must be a positive integer");
-  auto result =
-      args->has("--attention-only") ? bench_attention(**backend, o)
-      : args->has("--e2e")
-          ? bench_e2e(**backend, o,
-                      args->get("--tokenizer",
-                                std::string(o.model == "dev" ? FLUX2_TINY_DEV_CHECKPOINT_DIR
-                                                             : FLUX2_TINY_CHECKPOINT_DIR) +
-                                    "/tokenizer"),
-                      static_cast<int>(*repeats))
-          : bench_step(**backend, o);
+  auto result = flags.attention_only ? bench_attention(**backend, o)
+                : flags.e2e
+                    ? bench_e2e(**backend, o, flags.tokenizer, static_cast<int>(flags.repeats))
+                    : bench_step(**backend, o);
   if (!result.ok()) return fail(result.status().message());
-  if (o.json || args->has("--attention-only")) {
+  if (o.json || flags.attention_only) {
     std::printf("%s\n", result->dump().c_str());
   } else if (result->contains("e2e")) {
     const nlohmann::json& r = *result;

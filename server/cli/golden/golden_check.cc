@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <set>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,8 +16,8 @@
 #include "kernels/base/status.h"
 #include "model/json_util.h"
 #include "server/cli/commands.h"
-#include "server/common/args.h"
 #include "server/common/backend_flags.h"
+#include "server/common/command_line.h"
 
 namespace flux2 {
 namespace {
@@ -140,24 +140,25 @@ absl::StatusOr<double> GoldenContext::tolerance(const std::string& key, double f
   return quality == Quality::kHigh ? bf16 + 2.0 * fp8_error : bf16;
 }
 
-int run_check_golden(int argc, char** argv, int first) {
-  auto args = Args::parse(argc, argv, first);
-  if (!args.ok()) {
-    std::fprintf(stderr, "check-golden: %s\n", std::string(args.status().message()).c_str());
+namespace {
+
+// check-golden's flags into `context` (dir, backend_name, quality), `backend_options` and `only`
+// (the --only parts); 0, or the exit status after saying why on stderr.
+int parse_golden_flags(int argc, char** argv, int first, GoldenContext& context,
+                       BackendOptions& backend_options, std::vector<std::string>& only) {
+  CommandLine app("flux2 check-golden");
+  context.backend_name = "cpu";
+  std::string quality = "lossless", only_parts;
+  app.add_option("--golden", context.dir);
+  app.add_option("--backend", context.backend_name);
+  app.add_option("--only", only_parts);
+  app.add_option("--quality", quality);
+  add_backend_flags(app, backend_options);
+  if (absl::Status parsed = app.parse_flags(argc, argv, first); !parsed.ok()) {
+    std::fprintf(stderr, "check-golden: %s\n", std::string(parsed.message()).c_str());
     print_usage();
     return 2;
   }
-  std::set<std::string> known_flags = {"--golden", "--backend", "--only", "--quality"};
-  known_flags.insert(backend_flag_names().begin(), backend_flag_names().end());
-  if (auto known = args->check_known(known_flags); !known.ok()) {
-    std::fprintf(stderr, "check-golden: %s\n", std::string(known.message()).c_str());
-    print_usage();
-    return 2;
-  }
-  GoldenContext context;
-  context.dir = args->get("--golden");
-  context.backend_name = args->get("--backend", "cpu");
-  const std::string quality = args->get("--quality", "lossless");
   if (quality != "lossless" && quality != "high") {
     std::fprintf(stderr, "check-golden: --quality must be lossless or high\n");
     return 2;
@@ -169,8 +170,7 @@ int run_check_golden(int argc, char** argv, int first) {
     print_usage();
     return 2;
   }
-  std::vector<std::string> only;
-  if (args->has("--only")) only = absl::StrSplit(args->get("--only"), ',', absl::SkipEmpty());
+  only = absl::StrSplit(only_parts, ',', absl::SkipEmpty());
   for (const std::string& name : only) {
     bool known = false;
     for (const GoldenPart& part : kParts) known |= (name == part.name);
@@ -180,14 +180,19 @@ int run_check_golden(int argc, char** argv, int first) {
       return 2;
     }
   }
+  return 0;
+}
 
-  auto backend_options = parse_backend_flags(*args);
-  if (!backend_options.ok()) {
-    std::fprintf(stderr, "check-golden: %s\n",
-                 std::string(backend_options.status().message()).c_str());
-    return 2;
+}  // namespace
+
+int run_check_golden(int argc, char** argv, int first) {
+  GoldenContext context;
+  BackendOptions backend_options;
+  std::vector<std::string> only;
+  if (int status = parse_golden_flags(argc, argv, first, context, backend_options, only)) {
+    return status;
   }
-  auto backend = create_backend(context.backend_name, *backend_options);
+  auto backend = create_backend(context.backend_name, backend_options);
   if (!backend.ok()) {
     std::fprintf(stderr, "check-golden: --backend %s: %s\n", context.backend_name.c_str(),
                  std::string(backend.status().message()).c_str());
@@ -204,7 +209,7 @@ int run_check_golden(int argc, char** argv, int first) {
                    "against the cpu backend's FP8 emulation\n");
       return 2;
     }
-    absl::StatusOr<std::unique_ptr<Backend>> cpu = create_backend("cpu", *backend_options);
+    absl::StatusOr<std::unique_ptr<Backend>> cpu = create_backend("cpu", backend_options);
     if (!cpu.ok()) {
       std::fprintf(stderr, "check-golden: %s\n", std::string(cpu.status().message()).c_str());
       return 2;
