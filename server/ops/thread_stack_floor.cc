@@ -3,10 +3,11 @@
 // Debian's libcivetweb 1.15), and glibc carves every thread's static TLS out of that stack:
 // OpenBLAS alone takes 60 KiB (plus cudart, gRPC, libc), leaving ~35 KiB, and the first /metrics
 // scrape overflows it inside vsnprintf (SIGSEGV). The same family of failure as cuBLASLt's ~94 KB
-// of static TLS (kernels/cuda/cublaslt_api.h). This definition interposes pthread_attr_setstacksize for the executables that link
-// it (exported with --export-dynamic-symbol) and raises requests below 1 MiB to 1 MiB; requests
-// above pass through unchanged, and threads that never set a size are unaffected.
-// Tested by the metrics scrapes in tests/server/server_test.cc and tests/server/e2e_test.cc.
+// of static TLS (kernels/cuda/cublaslt_api.h). This definition interposes pthread_attr_setstacksize
+// for the executables that link it (exported with --export-dynamic-symbol) and raises requests
+// below 1 MiB to 1 MiB; requests above pass through unchanged, and threads that never set a size
+// are unaffected. Tested by the metrics scrapes in tests/server/server_test.cc and
+// tests/server/e2e_test.cc.
 #include <dlfcn.h>
 #include <pthread.h>
 

@@ -1,7 +1,7 @@
 // `flux2 bench`: per-step latency of the FLUX.2 transformer at real shapes with random weights
-// (model/README.md "Work per step and the floor"): warm-up, then the median of >= 10 timed steps (device
-// events), TFLOP/s, the fraction of the floor and peak device memory; `--json` prints one JSON
-// object per line. Run on the GPU machine by tests/gpu/run_on_device.sh.
+// (model/README.md "Work per step and the floor"): warm-up, then the median of >= 10 timed steps
+// (device events), TFLOP/s, the fraction of the floor and peak device memory; `--json` prints one
+// JSON object per line. Run on the GPU machine by tests/gpu/run_on_device.sh.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -1,8 +1,8 @@
 // `flux2 check-golden`: runs every case of a reference-vector directory in the tests/data
-// format (tests/data/README.md) and prints one PASS/FAIL line per check, then "N passed, M failed". Each part
-// (tokenizer, text_encoder, transformer, vae, vae_encode, scheduler, randn, pipeline with edit and
-// edit_kv) is one function in its own golden_<part>.cc. Tested by tests/golden/ (ctest label
-// "golden").
+// format (tests/data/README.md) and prints one PASS/FAIL line per check, then "N passed, M failed".
+// Each part (tokenizer, text_encoder, transformer, vae, vae_encode, scheduler, randn, pipeline with
+// edit and edit_kv) is one function in its own golden_<part>.cc. Tested by tests/golden/ (ctest
+// label "golden").
 #pragma once
 
 #include <functional>

@@ -142,10 +142,12 @@ void check_generations(const GoldenContext& context, const GenerationPart& part,
   if (!vectors.ok()) return report.fail(part.vectors, "-", vectors.status().message());
   if (!cases->is_array() || cases->empty()) return report.fail(part.cases, "-", "no cases");
   if (context.backend->activation_dtype() != DType::kF32) {
-    // tests/data/README.md: with random weights bf16 generations are chaotic; compare modules instead.
-    report.skip(part.vectors,
-                "whole generations are compared on float32 backends only (tests/data/README.md: bf16 "
-                "generations with random weights are chaotic; modules are compared instead)");
+    // tests/data/README.md: with random weights bf16 generations are chaotic; compare modules
+    // instead.
+    report.skip(
+        part.vectors,
+        "whole generations are compared on float32 backends only (tests/data/README.md: bf16 "
+        "generations with random weights are chaotic; modules are compared instead)");
     return;
   }
   for (size_t k = 0; k < cases->size(); ++k) {

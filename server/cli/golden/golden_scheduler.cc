@@ -1,5 +1,6 @@
 // check-golden part "scheduler": mu, sigmas and timesteps of every case in scheduler_cases.json
-// against make_schedule (tests/data/README.md: tables equal, sigmas within 1e-6). See golden_check.h.
+// against make_schedule (tests/data/README.md: tables equal, sigmas within 1e-6). See
+// golden_check.h.
 #include <cmath>
 #include <filesystem>
 

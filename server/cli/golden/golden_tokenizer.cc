@@ -1,10 +1,10 @@
-// check-golden part "tokenizer": for every case of tokenizer_cases.json, exactly (tests/data/README.md:
-// token ids equal), in the prompt format of the checkpoint's pipeline class (klein: Qwen3,
-// Flux2Pipeline: Mistral): `templated` against chat_prompt, `input_ids`/`attention_mask` against
-// tokenize_prompt, and where the case has them `messages` (diffusers' format_input),
-// `ids_unpadded` (the whole templated string) and `ids_unpadded_tekken_regex` (the same
-// tokenizer.json with Tekken's own split regex). See golden_check.h; run by tests/tokenizer/
-// (ctest label "tokenizer").
+// check-golden part "tokenizer": for every case of tokenizer_cases.json, exactly
+// (tests/data/README.md: token ids equal), in the prompt format of the checkpoint's pipeline class
+// (klein: Qwen3, Flux2Pipeline: Mistral): `templated` against chat_prompt,
+// `input_ids`/`attention_mask` against tokenize_prompt, and where the case has them `messages`
+// (diffusers' format_input), `ids_unpadded` (the whole templated string) and
+// `ids_unpadded_tekken_regex` (the same tokenizer.json with Tekken's own split regex). See
+// golden_check.h; run by tests/tokenizer/ (ctest label "tokenizer").
 #include <memory>
 #include <string>
 #include <vector>
