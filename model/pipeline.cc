@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
         model_dir, ": klein-KV runs distilled checkpoints only (Flux2KleinKVPipeline has no CFG)"));
   }
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
+  pipeline->lora_cache_.set_capacity(options.lora_cache_bytes);
   pipeline->describe(model_dir, model_name_of(model_dir), dev ? kDevClass : index.class_name,
                      is_distilled, kv_cache);
 

@@ -16,7 +16,9 @@
 #include "absl/strings/string_view.h"
 
 #include "kernels/backend.h"
+#include "model/lora_device_cache.h"
 #include "model/safetensors.h"
+#include "nlohmann/json.hpp"
 
 namespace flux2 {
 
@@ -96,5 +98,13 @@ void check_golden_vae_encode(const GoldenContext& context, GoldenReport& report)
 void check_golden_pipeline(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report);
+void check_golden_lora(const GoldenContext& context, GoldenReport& report);
+void check_golden_lora_pipeline(const GoldenContext& context, GoldenReport& report);
+
+// The adapters `[[name, weight], ...]` of a lora_cases.json case, read from the files its
+// "adapters" table names and parsed for `config` (golden_lora.cc).
+absl::StatusOr<std::vector<LoraRequest>> golden_loras(const GoldenContext& context,
+                                                      const nlohmann::json& adapters,
+                                                      const Flux2Config& config);
 
 }  // namespace flux2
