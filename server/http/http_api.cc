@@ -224,7 +224,12 @@ class Generation : public std::enable_shared_from_this<Generation> {
         }
       });
     }
-    // The job may have finished already (a refusal of the worker): its events are waiting.
+    // Events pushed so far waited for the stream to begin (a fast worker may have finished the
+    // job already): drain them now.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      started_ = true;
+    }
     on_events();
   }
 
@@ -254,7 +259,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   // the job ended. Called on the thread that pushed (the worker, the encoder, an I/O thread).
   void on_events() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!events_ || answered_) return;
+    if (!events_ || answered_ || !started_) return;
     while (std::optional<JobEvent> event = events_->next()) {
       if (event->kind == JobEvent::Kind::kProgress) {
         exchange_->write(sse_progress_event(event->progress));
@@ -314,6 +319,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::mutex mu_;
   std::shared_ptr<Job> job_;  // guarded by mu_ once the job is admitted
   bool answered_ = false;     // guarded by mu_
+  // Set once run() has begun the answer (the stream's head); events wait in events_ until then.
+  bool started_ = false;  // guarded by mu_
   // This generation itself from admission to its answer (nothing else holds it strongly).
   std::shared_ptr<Generation> keep_alive_;  // guarded by mu_
 };
