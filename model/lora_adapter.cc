@@ -538,9 +538,8 @@ std::vector<LoraModule> split_kohya_qkv(const KeyGroup& group, const Matrix& dow
 }
 
 // A kohya module with diffusers' alpha baking; alpha is then the rank (scaling 1).
-absl::StatusOr<std::vector<LoraModule>> convert_kohya(const KeyGroup& group, Matrix down, Matrix up,
-                                                      const Matrix* alpha,
-                                                      const NameTables& names) {
+std::vector<LoraModule> convert_kohya(const KeyGroup& group, Matrix down, Matrix up,
+                                      const Matrix* alpha, const NameTables& names) {
   const int64_t rank = down.rows();
   const bool qkv = group.source->mapping == Mapping::kQkv;
   BakedScales scales;
@@ -642,8 +641,7 @@ absl::Status convert_group(const SafetensorsFile& file, const KeyGroup& group,
   const Matrix* alpha_ptr = alpha ? &*alpha : nullptr;
   std::vector<LoraModule> converted;
   if (group.layout == LoraLayout::kKohya) {
-    FLUX_ASSIGN_OR_RETURN(converted,
-                          convert_kohya(group, std::move(a), std::move(b), alpha_ptr, names));
+    converted = convert_kohya(group, std::move(a), std::move(b), alpha_ptr, names);
     deviations->kohya_dropped |= group.source->kohya_dropped;
   } else {
     converted = convert_plain(group, std::move(a), std::move(b), names);
