@@ -115,12 +115,12 @@ class AdapterFile {
       data.insert(data.end(), tensor.bytes.begin(), tensor.bytes.end());
     }
     const std::string text = header.dump();
-    std::vector<uint8_t> out(8);
     const uint64_t length = text.size();
-    std::memcpy(out.data(), &length, sizeof(length));
-    out.insert(out.end(), text.begin(), text.end());
-    out.insert(out.end(), data.begin(), data.end());
-    return out;
+    std::string file(sizeof(length), '\0');
+    std::memcpy(file.data(), &length, sizeof(length));
+    file += text;
+    file.append(data.begin(), data.end());
+    return std::vector<uint8_t>(file.begin(), file.end());
   }
 
  private:
