@@ -87,6 +87,17 @@ absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>&
 std::vector<float> chw_to_hwc(const std::vector<float>& chw, int64_t c, int64_t h, int64_t w);
 std::vector<float> hwc_to_chw(const std::vector<float>& hwc, int64_t c, int64_t h, int64_t w);
 
+// The inputs of one transformer.safetensors case ("case0."), uploaded (golden_transformer.cc).
+struct TransformerInputs {
+  Tensor prompt;  // [L, J]
+  Tensor x;       // [N, in_channels]
+  std::vector<int64_t> img_ids, txt_ids;
+  std::vector<float> timestep, guidance;  // guidance: dev only
+};
+absl::StatusOr<TransformerInputs> transformer_inputs(Backend& backend, const Flux2Config& config,
+                                                     const SafetensorsFile& vectors,
+                                                     const std::string& prefix);
+
 // The parts, each defined in golden_<part>.cc.
 void check_golden_tokenizer(const GoldenContext& context, GoldenReport& report);
 void check_golden_text_encoder(const GoldenContext& context, GoldenReport& report);

@@ -38,8 +38,8 @@ absl::StatusOr<std::vector<LoraRequest>> golden_loras(const GoldenContext& conte
     if (!adapter.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(name, ": ", adapter.status().message()));
     }
-    loras.push_back(
-        {path, std::make_shared<const LoraAdapter>(std::move(*adapter)), entry.at(1).get<double>()});
+    loras.push_back({path, std::make_shared<const LoraAdapter>(std::move(*adapter)),
+                     entry.at(1).get<double>()});
   }
   return loras;
 }
@@ -48,38 +48,22 @@ namespace {
 
 constexpr char kFile[] = "lora_transformer.safetensors";
 
-absl::StatusOr<std::vector<int64_t>> read_ids(const SafetensorsFile& file,
-                                              const std::string& name) {
-  FLUX_ASSIGN_OR_RETURN(std::vector<float> values, read_f32(file, name));
-  return std::vector<int64_t>(values.begin(), values.end());
-}
-
 // The output of one forward of `model` on transformer.safetensors case `input` with `loras`.
 absl::StatusOr<std::vector<float>> forward_with(Backend& be, const Flux2Transformer& model,
                                                 const SafetensorsFile& inputs, int input,
                                                 std::span<const LoraRequest> loras) {
   const Flux2Config& config = model.config();
-  const std::string p = absl::StrCat("case", input, ".");
-  FLUX_ASSIGN_OR_RETURN(std::vector<float> hidden, read_f32(inputs, p + "hidden_states"));
-  FLUX_ASSIGN_OR_RETURN(std::vector<float> text, read_f32(inputs, p + "encoder_hidden_states"));
-  FLUX_ASSIGN_OR_RETURN(std::vector<float> timestep, read_f32(inputs, p + "timestep"));
-  FLUX_ASSIGN_OR_RETURN(std::vector<int64_t> img_ids, read_ids(inputs, p + "img_ids"));
-  FLUX_ASSIGN_OR_RETURN(std::vector<int64_t> txt_ids, read_ids(inputs, p + "txt_ids"));
-  std::vector<float> guidance;
-  if (inputs.find(p + "guidance") != nullptr) {
-    FLUX_ASSIGN_OR_RETURN(guidance, read_f32(inputs, p + "guidance"));
-  }
-  const int64_t n = static_cast<int64_t>(hidden.size()) / config.in_channels;
-  const int64_t l = static_cast<int64_t>(text.size()) / config.joint_attention_dim;
-  FLUX_ASSIGN_OR_RETURN(Tensor prompt, upload_values(be, text, {l, config.joint_attention_dim}));
-  FLUX_ASSIGN_OR_RETURN(Tensor x, upload_values(be, hidden, {n, config.in_channels}));
-  FLUX_ASSIGN_OR_RETURN(Tensor out, be.empty(be.activation_dtype(), {n, config.out_channels}));
+  FLUX_ASSIGN_OR_RETURN(TransformerInputs in,
+                        transformer_inputs(be, config, inputs, absl::StrCat("case", input, ".")));
+  FLUX_ASSIGN_OR_RETURN(Tensor out,
+                        be.empty(be.activation_dtype(), {in.x.rows(), config.out_channels}));
   LoraDeviceCache uploads;  // no budget: this forward's adapters only
   FLUX_ASSIGN_OR_RETURN(std::vector<Flux2LoraUse> uses, uploads.acquire(be, config, loras));
   auto lora = std::make_shared<const Flux2Lora>(flux2_lora(config, uses));
-  FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond, model.prepare(prompt, txt_ids, img_ids, timestep,
-                                                              guidance, nullptr, lora));
-  FLUX_RETURN_IF_ERROR(model.forward(cond, 0, x, out));
+  FLUX_ASSIGN_OR_RETURN(
+      Flux2Conditioning cond,
+      model.prepare(in.prompt, in.txt_ids, in.img_ids, in.timestep, in.guidance, nullptr, lora));
+  FLUX_RETURN_IF_ERROR(model.forward(cond, 0, in.x, out));
   return download_values(be, out);
 }
 
@@ -100,9 +84,9 @@ absl::Status run_case(const GoldenContext& context, const Models& models,
                         forward_with(*context.backend, *models.model, inputs, input, loras));
   double fp8_error = 0.0;
   if (models.fp8_reference != nullptr) {
-    FLUX_ASSIGN_OR_RETURN(std::vector<float> emulated,
-                          forward_with(*context.fp8_backend, *models.fp8_reference, inputs,
-                                       input, loras));
+    FLUX_ASSIGN_OR_RETURN(
+        std::vector<float> emulated,
+        forward_with(*context.fp8_backend, *models.fp8_reference, inputs, input, loras));
     fp8_error = relative_l2_error(emulated, reference);
   }
   const absl::StatusOr<double> tolerance =
@@ -116,9 +100,10 @@ absl::Status run_case(const GoldenContext& context, const Models& models,
     FLUX_ASSIGN_OR_RETURN(std::vector<float> without,
                           forward_with(*context.backend, *models.model, inputs, input, rest));
     const double error = relative_l2_error(without, reference);
-    report.record(error > *tolerance, kFile, name,
-                  absl::StrCat("output without ", item.at("adapters")[drop].at(0).get<std::string>()),
-                  absl::StrFormat("rel=%.3g must exceed tol=%.3g", error, *tolerance));
+    report.record(
+        error > *tolerance, kFile, name,
+        absl::StrCat("output without ", item.at("adapters")[drop].at(0).get<std::string>()),
+        absl::StrFormat("rel=%.3g must exceed tol=%.3g", error, *tolerance));
   }
   return absl::OkStatus();
 }

@@ -25,9 +25,9 @@ constexpr double kMaxOffByOneFraction = 0.005;  // tests/data/README.md: at most
 
 // One part: its cases, its vectors and how its pipeline runs.
 struct GenerationPart {
-  const char* cases;    // e.g. "edit_cases.json"
-  const char* vectors;  // e.g. "edit.safetensors"
-  bool kv_cache;        // run as klein-KV
+  const char* cases;                // e.g. "edit_cases.json"
+  const char* vectors;              // e.g. "edit.safetensors"
+  bool kv_cache;                    // run as klein-KV
   const char* cases_key = nullptr;  // the cases' member of the cases file (null: the whole file)
 };
 
@@ -61,8 +61,8 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
   params.guidance_scale = item.value("guidance_scale", -1.0);
   params.max_sequence_length = item.at("max_sequence_length").get<int64_t>();
   if (item.contains("adapters")) {
-    FLUX_ASSIGN_OR_RETURN(params.loras, golden_loras(context, item.at("adapters"),
-                                                     pipeline->transformer_config()));
+    FLUX_ASSIGN_OR_RETURN(
+        params.loras, golden_loras(context, item.at("adapters"), pipeline->transformer_config()));
   }
 
   std::map<std::string, std::vector<float>> produced;
@@ -188,9 +188,8 @@ void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report) {
 }
 
 void check_golden_lora_pipeline(const GoldenContext& context, GoldenReport& report) {
-  check_generations(context,
-                    {"lora_cases.json", "lora_pipeline.safetensors", false, "pipeline_cases"},
-                    report);
+  check_generations(
+      context, {"lora_cases.json", "lora_pipeline.safetensors", false, "pipeline_cases"}, report);
 }
 
 }  // namespace flux2
