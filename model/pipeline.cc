@@ -141,6 +141,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
   plan.vae = component_bytes(vae_weights, value_bytes);
   plan.fp8 = options.enable_quality_high ? plan.transformer / 2 : 0;
   plan.prompt_cache = options.prompt_cache_bytes;
+  plan.lora_cache = options.lora_cache_bytes;
   plan.working = kWorkingBytes;
   FLUX_RETURN_IF_ERROR(check_memory_plan(
       plan, backend.free_device_bytes(), model_dir,

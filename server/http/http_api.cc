@@ -19,6 +19,7 @@
 #include "server/common/bearer_token.h"
 #include "server/http/form_data.h"
 #include "server/http/openai_images.h"
+#include "server/http/openai_loras.h"
 #include "server/serving/access_log.h"
 #include "server/serving/field_violations.h"
 
@@ -46,6 +47,7 @@ constexpr Route kRoutes[] = {
     {"/v1/images/generations", "POST", "images.generations", true, true},
     {"/v1/images/edits", "POST", "images.edits", true, true},
     {"/v1/models", "GET", "models", true, false},
+    {"/v1/loras", "GET", "loras", true, false},
     {"/health", "GET", "health", false, false},
     {"/ready", "GET", "ready", false, false},
     {"/openapi.json", "GET", "openapi", false, false},
@@ -441,6 +443,8 @@ void HttpApi::handle(std::shared_ptr<http::Exchange> exchange) {
     std::make_shared<Generation>(core_, *route, exchange)->run(*deadlines_);
   } else if (req.path == "/v1/models") {
     models(*exchange);
+  } else if (req.path == "/v1/loras") {
+    loras(*exchange);
   } else if (req.path == "/openapi.json") {
     exchange->respond({200, {{"Content-Type", "application/json"}}, kOpenApiDocument});
   } else {
@@ -479,6 +483,23 @@ void HttpApi::models(http::Exchange& exchange) {
                                                          {"variant", info.variant},
                                                          {"pipeline_class", info.pipeline_class},
                                                          {"limits", limits}}})}}));
+}
+
+void HttpApi::loras(http::Exchange& exchange) {
+  absl::StatusOr<std::shared_ptr<const ServingModel>> serving = core_.serving_model();
+  if (!serving.ok()) {
+    record_finished_request(core_.metrics(), "loras", "", serving.status(), 0.0,
+                            exchange.request().peer, nullptr);
+    exchange.respond(error_response(serving.status()));
+    return;
+  }
+  std::vector<LoraListing> listing;
+  if (const ServingModel& model = **serving; model.loras != nullptr) {
+    const Engine* engine = model.engine;
+    listing =
+        model.loras->list([engine](const std::string& key) { return engine->lora_resident(key); });
+  }
+  exchange.respond(json_response(200, openai_lora_list_json(listing)));
 }
 
 }  // namespace flux2::server
