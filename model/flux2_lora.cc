@@ -13,24 +13,42 @@ Flux2LoraTerms& Flux2Lora::terms(const LoraTarget& target) {
   using K = LoraTargetKind;
   const size_t i = static_cast<size_t>(std::max<int64_t>(target.block, 0));
   switch (target.kind) {
-    case K::kXEmbedder: return x_embedder;
-    case K::kContextEmbedder: return context_embedder;
-    case K::kTimeLinear1: return time_linear_1;
-    case K::kTimeLinear2: return time_linear_2;
-    case K::kGuidanceLinear1: return guidance_linear_1;
-    case K::kGuidanceLinear2: return guidance_linear_2;
-    case K::kModulation: return modulation;
-    case K::kProjOut: return proj_out;
-    case K::kDoubleImgQkv: return double_blocks[i].img_qkv;
-    case K::kDoubleTxtQkv: return double_blocks[i].txt_qkv;
-    case K::kDoubleImgOut: return double_blocks[i].img_out;
-    case K::kDoubleTxtOut: return double_blocks[i].txt_out;
-    case K::kDoubleImgFfIn: return double_blocks[i].img_ff_in;
-    case K::kDoubleImgFfOut: return double_blocks[i].img_ff_out;
-    case K::kDoubleTxtFfIn: return double_blocks[i].txt_ff_in;
-    case K::kDoubleTxtFfOut: return double_blocks[i].txt_ff_out;
-    case K::kSingleQkvMlp: return single_blocks[i].qkv_mlp;
-    case K::kSingleOut: return single_blocks[i].out;
+    case K::kXEmbedder:
+      return x_embedder;
+    case K::kContextEmbedder:
+      return context_embedder;
+    case K::kTimeLinear1:
+      return time_linear_1;
+    case K::kTimeLinear2:
+      return time_linear_2;
+    case K::kGuidanceLinear1:
+      return guidance_linear_1;
+    case K::kGuidanceLinear2:
+      return guidance_linear_2;
+    case K::kModulation:
+      return modulation;
+    case K::kProjOut:
+      return proj_out;
+    case K::kDoubleImgQkv:
+      return double_blocks[i].img_qkv;
+    case K::kDoubleTxtQkv:
+      return double_blocks[i].txt_qkv;
+    case K::kDoubleImgOut:
+      return double_blocks[i].img_out;
+    case K::kDoubleTxtOut:
+      return double_blocks[i].txt_out;
+    case K::kDoubleImgFfIn:
+      return double_blocks[i].img_ff_in;
+    case K::kDoubleImgFfOut:
+      return double_blocks[i].img_ff_out;
+    case K::kDoubleTxtFfIn:
+      return double_blocks[i].txt_ff_in;
+    case K::kDoubleTxtFfOut:
+      return double_blocks[i].txt_ff_out;
+    case K::kSingleQkvMlp:
+      return single_blocks[i].qkv_mlp;
+    case K::kSingleOut:
+      return single_blocks[i].out;
   }
   return x_embedder;  // unreachable: every kind is listed
 }

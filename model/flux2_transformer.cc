@@ -92,10 +92,9 @@ absl::StatusOr<Tensor> Flux2Transformer::modulation_rows(std::span<const float> 
   Backend& be = backend_;
   static const Flux2Lora kNoLora;
   const Flux2Lora& lora = cond.lora != nullptr ? *cond.lora : kNoLora;
-  FLUX_ASSIGN_OR_RETURN(
-      Tensor temb,
-      embed_conditioning(timesteps, weights_.time_linear_1, lora.time_linear_1,
-                         weights_.time_linear_2, lora.time_linear_2, cond));  // [steps, D]
+  FLUX_ASSIGN_OR_RETURN(Tensor temb, embed_conditioning(timesteps, weights_.time_linear_1,
+                                                        lora.time_linear_1, weights_.time_linear_2,
+                                                        lora.time_linear_2, cond));  // [steps, D]
   if (config_.guidance_embeds) {
     FLUX_ASSIGN_OR_RETURN(
         Tensor gemb,
@@ -166,8 +165,8 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(
   FLUX_RETURN_IF_ERROR(
       be.linear(prompt_embeds, weights_.context_embedder, {}, cond.txt));  // [L, D]
   if (cond.lora != nullptr) {
-    FLUX_RETURN_IF_ERROR(add_lora(be, &cond.lora->context_embedder, prompt_embeds, cond.txt,
-                                  *cond.workspace));
+    FLUX_RETURN_IF_ERROR(
+        add_lora(be, &cond.lora->context_embedder, prompt_embeds, cond.txt, *cond.workspace));
   }
 
   // RoPE over the joint sequence: text rows, image rows, reference rows.
@@ -183,9 +182,9 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(
     // klein-KV: the references are modulated at timestep 0 (diffusers' ref_fixed_timestep), with
     // the first step's guidance when the model embeds it.
     const float zero[1] = {0.0f};
-    FLUX_ASSIGN_OR_RETURN(cond.reference_modulation,
-                          modulation_rows(zero, guidance.empty() ? guidance : guidance.first(1),
-                                          cond));
+    FLUX_ASSIGN_OR_RETURN(
+        cond.reference_modulation,
+        modulation_rows(zero, guidance.empty() ? guidance : guidance.first(1), cond));
     const size_t layers = weights_.double_blocks.size() + weights_.single_blocks.size();
     FLUX_ASSIGN_OR_RETURN(cond.kv, Flux2KvCache::allocate(be, layers, cond.reference_len, d));
   }
@@ -226,8 +225,8 @@ class ModulatedRows {
             of(x, g), chunk(g, shift), chunk(g, scale), eps_, of(normed_, g), w, of(out, g)));
         continue;
       }
-      FLUX_RETURN_IF_ERROR(
-          be_->layer_norm_modulate(of(x, g), chunk(g, shift), chunk(g, scale), eps_, of(normed_, g)));
+      FLUX_RETURN_IF_ERROR(be_->layer_norm_modulate(of(x, g), chunk(g, shift), chunk(g, scale),
+                                                    eps_, of(normed_, g)));
       FLUX_RETURN_IF_ERROR(be_->linear(of(normed_, g), w, {}, of(out, g)));
       FLUX_RETURN_IF_ERROR(add_lora(*be_, lora, of(normed_, g), of(out, g), *ws_));
     }
@@ -251,8 +250,8 @@ class ModulatedRows {
     for (const Flux2RowModulation& g : segments_) {
       if (lora == nullptr || lora->empty()) {
         const GatedResidual residual{of(x, g), chunk(g, gate)};
-        FLUX_RETURN_IF_ERROR(be_->swiglu_linear(of(ff_gate, g), of(ff_up, g), of(act, g), w,
-                                                of(out, g), &residual));
+        FLUX_RETURN_IF_ERROR(
+            be_->swiglu_linear(of(ff_gate, g), of(ff_up, g), of(act, g), w, of(out, g), &residual));
         continue;
       }
       const int64_t f = ff_gate.cols();
@@ -356,8 +355,8 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
   FLUX_RETURN_IF_ERROR(
       img.norm_linear(x, m.img(0), m.img(1), w.img_qkv, qkv, &lora.img_qkv));  // [N (+R), 3D]
   FLUX_RETURN_IF_ERROR(
-      txt.norm_linear(x, m.txt(0), m.txt(1), w.txt_qkv, qkv, &lora.txt_qkv));  // [L, 3D]
-  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn, layer));                 // [S, D]
+      txt.norm_linear(x, m.txt(0), m.txt(1), w.txt_qkv, qkv, &lora.txt_qkv));      // [L, 3D]
+  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn, layer));                     // [S, D]
   FLUX_RETURN_IF_ERROR(be.linear(img.rows(attn), w.img_out, {}, img.rows(proj)));  // [N, D]
   FLUX_RETURN_IF_ERROR(add_lora(be, &lora.img_out, img.rows(attn), img.rows(proj), ws));
   FLUX_RETURN_IF_ERROR(be.linear(txt.rows(attn), w.txt_out, {}, txt.rows(proj)));  // [L, D]
@@ -371,10 +370,10 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
   FLUX_RETURN_IF_ERROR(
       txt.norm_linear(x, m.txt(3), m.txt(4), w.txt_ff_in, ff_in, &lora.txt_ff_in));  // [L, 2F]
   // SwiGLU, its down projection and the gated residual: [N, D], then [L, D].
-  FLUX_RETURN_IF_ERROR(img.swiglu_linear(ff_gate, ff_up, ff_act, w.img_ff_out, proj, x, m.img(5),
-                                         &lora.img_ff_out));
-  FLUX_RETURN_IF_ERROR(txt.swiglu_linear(ff_gate, ff_up, ff_act, w.txt_ff_out, proj, x, m.txt(5),
-                                         &lora.txt_ff_out));
+  FLUX_RETURN_IF_ERROR(
+      img.swiglu_linear(ff_gate, ff_up, ff_act, w.img_ff_out, proj, x, m.img(5), &lora.img_ff_out));
+  FLUX_RETURN_IF_ERROR(
+      txt.swiglu_linear(ff_gate, ff_up, ff_act, w.txt_ff_out, proj, x, m.txt(5), &lora.txt_ff_out));
   return absl::OkStatus();
 }
 
@@ -458,7 +457,8 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
   FLUX_RETURN_IF_ERROR(be.copy(cond.txt, txt));                      // [L, D]
   FLUX_RETURN_IF_ERROR(be.linear(x, weights_.x_embedder, {}, img));  // [N (+R), D]
   const Flux2Lora* lora = cond.lora.get();
-  if (lora != nullptr) FLUX_RETURN_IF_ERROR(add_lora(be, &lora->x_embedder, x, img, *cond.workspace));
+  if (lora != nullptr)
+    FLUX_RETURN_IF_ERROR(add_lora(be, &lora->x_embedder, x, img, *cond.workspace));
 
   size_t layer = 0;  // double blocks, then single blocks
   auto check = [&] { return layer > 0 && between_blocks ? between_blocks() : absl::OkStatus(); };

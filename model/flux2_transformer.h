@@ -56,7 +56,7 @@ struct Flux2Conditioning {
   Tensor rope_sin;              // [L + N + R, Dh]
   Tensor modulation;            // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
   Tensor reference_modulation;  // [1, 17D] klein-KV: the timestep-0 modulation of references
-  std::shared_ptr<Flux2KvCache> kv;  // klein-KV only (flux2_kv_cache.h)
+  std::shared_ptr<Flux2KvCache> kv;       // klein-KV only (flux2_kv_cache.h)
   std::shared_ptr<const Flux2Lora> lora;  // the request's LoRA adapters (null: none)
   std::shared_ptr<Flux2Workspace> workspace;
 };
@@ -85,11 +85,13 @@ class Flux2Transformer {
   // guidance: one raw guidance scale per step when the model has a guidance embedder, else empty;
   // references: the editing request's reference tokens (null: text-to-image); lora: the request's
   // adapters (flux2_lora; null or empty: none), applied to every forward of the request.
-  absl::StatusOr<Flux2Conditioning> prepare(
-      const Tensor& prompt_embeds, std::span<const int64_t> txt_ids,
-      std::span<const int64_t> img_ids, std::span<const float> timesteps,
-      std::span<const float> guidance, const Flux2References* references = nullptr,
-      std::shared_ptr<const Flux2Lora> lora = nullptr) const;
+  absl::StatusOr<Flux2Conditioning> prepare(const Tensor& prompt_embeds,
+                                            std::span<const int64_t> txt_ids,
+                                            std::span<const int64_t> img_ids,
+                                            std::span<const float> timesteps,
+                                            std::span<const float> guidance,
+                                            const Flux2References* references = nullptr,
+                                            std::shared_ptr<const Flux2Lora> lora = nullptr) const;
 
   // out [N, out_channels] = the velocity at `step` for x [N + R, in_channels]: the latent tokens,
   // then the R reference tokens (R = 0 for text-to-image; klein-KV: x is [N + R] at step 0, which

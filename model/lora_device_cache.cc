@@ -75,9 +75,8 @@ absl::Status LoraDeviceCache::pin(Backend& backend, const Flux2Config& config,
   std::lock_guard<std::mutex> lock(mutex_);
   auto found = entries_.find(request.key);
   if (found == entries_.end()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("--lora-preload: ", request.key, " does not fit --lora-cache-bytes ",
-                     capacity_));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "--lora-preload: ", request.key, " does not fit --lora-cache-bytes ", capacity_));
   }
   found->second.pinned = true;
   return absl::OkStatus();

@@ -26,12 +26,12 @@ struct LoraRequest {
 };
 
 struct LoraCacheStats {
-  int64_t hits = 0;       // adapters a request found resident
-  int64_t misses = 0;     // adapters uploaded for a request
-  int64_t evictions = 0;  // adapters dropped to make room
-  int64_t bytes = 0;      // resident now
-  int64_t capacity = 0;   // the budget
-  int64_t adapters = 0;   // resident now
+  int64_t hits = 0;             // adapters a request found resident
+  int64_t misses = 0;           // adapters uploaded for a request
+  int64_t evictions = 0;        // adapters dropped to make room
+  int64_t bytes = 0;            // resident now
+  int64_t capacity = 0;         // the budget
+  int64_t adapters = 0;         // resident now
   double upload_seconds = 0.0;  // every upload so far
 };
 

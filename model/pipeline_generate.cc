@@ -240,7 +240,7 @@ struct Pipeline::Generation {
   };
   std::optional<StepBuffers> step_buffers;
   std::vector<Flux2LoraUse> loras;  // the request's adapters on the device, held while it runs
-  GeneratedImage image;  // its size, seed and timings, then its pixels
+  GeneratedImage image;             // its size, seed and timings, then its pixels
 };
 
 Pipeline::Generation::Generation(const PipelineInfo& info, const Flux2Config& flux,
@@ -371,17 +371,17 @@ absl::Status Pipeline::prepare_latents(Generation& g) const {
   const Flux2References* refs = g.references ? &*g.references : nullptr;
   std::shared_ptr<const Flux2Lora> lora;
   if (!g.params.loras.empty()) {  // applied in both CFG branches, as diffusers does
-    FLUX_ASSIGN_OR_RETURN(g.loras,
-                          lora_cache_.acquire(be, transformer_->config(), g.params.loras));
+    FLUX_ASSIGN_OR_RETURN(g.loras, lora_cache_.acquire(be, transformer_->config(), g.params.loras));
     lora = std::make_shared<const Flux2Lora>(flux2_lora(transformer_->config(), g.loras));
   }
   Generation::StepBuffers& b = g.step_buffers.emplace();
-  FLUX_ASSIGN_OR_RETURN(b.cond, transformer_->prepare(g.prompt_embeds, txt_ids, img_ids,
-                                                      model_timesteps, guidance_values, refs, lora));
+  FLUX_ASSIGN_OR_RETURN(b.cond,
+                        transformer_->prepare(g.prompt_embeds, txt_ids, img_ids, model_timesteps,
+                                              guidance_values, refs, lora));
   if (g.cfg) {  // the references ride in both branches
-    FLUX_ASSIGN_OR_RETURN(b.negative_cond,
-                          transformer_->prepare(g.negative_embeds, txt_ids, img_ids,
-                                                model_timesteps, guidance_values, refs, lora));
+    FLUX_ASSIGN_OR_RETURN(
+        b.negative_cond, transformer_->prepare(g.negative_embeds, txt_ids, img_ids, model_timesteps,
+                                               guidance_values, refs, lora));
   }
   FLUX_ASSIGN_OR_RETURN(b.velocity, be.empty(act, {g.n, g.channels}));
   if (g.cfg) {

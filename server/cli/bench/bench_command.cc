@@ -253,9 +253,9 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   std::sort(synced.begin(), synced.end());
   std::optional<double> without_lora;  // --lora-rank: the same steps without the adapters
   if (lora != nullptr) {
-    FLUX_ASSIGN_OR_RETURN(Flux2Conditioning plain,
-                          model->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w),
-                                         timesteps, guidance));
+    FLUX_ASSIGN_OR_RETURN(
+        Flux2Conditioning plain,
+        model->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w), timesteps, guidance));
     FLUX_ASSIGN_OR_RETURN(std::vector<double> plain_times,
                           be.time_each_ms(o.steps, [&](int64_t i) -> absl::Status {
                             FLUX_RETURN_IF_ERROR(model->forward(plain, o.warmup + i, x, v));
