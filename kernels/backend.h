@@ -222,6 +222,9 @@ class Backend {
   virtual absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;  // a + b
   // In place: x[M, D] += gate[D] ⊙ update[M, D] (gate broadcast over rows).
   virtual absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) = 0;
+  // In place: x[M, N] += scale · update[M, N], the product rounded to the activation dtype before
+  // the add (PEFT's LoRA add: bf16(x + bf16(u · s)) on CUDA).
+  virtual absl::Status add_scaled(const Tensor& x, const Tensor& update, float scale) = 0;
   // out[M, F] = silu(gate[M, F]) ⊙ up[M, F].
   virtual absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   // y = x · wᵀ where x [M, P + F] ends with act = swiglu(gate, up) (its first P columns, e.g. the

@@ -54,9 +54,20 @@ absl::StatusOr<int64_t> Flux2Transformer::enable_quality_high() {
   return register_low_precision_weights(backend_, weights_.table(config_));
 }
 
-absl::StatusOr<Tensor> Flux2Transformer::embed_conditioning(std::span<const float> values,
-                                                            const Tensor& linear_1,
-                                                            const Tensor& linear_2) const {
+namespace {
+
+// apply_lora for the terms of a request's LoRA, or nothing without one.
+absl::Status add_lora(Backend& be, const Flux2LoraTerms* terms, const Tensor& x, const Tensor& y,
+                      const Flux2Workspace& ws) {
+  if (terms == nullptr || terms->empty()) return absl::OkStatus();
+  return apply_lora(be, *terms, x, y, ws.lora);
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> Flux2Transformer::embed_conditioning(
+    std::span<const float> values, const Tensor& linear_1, const Flux2LoraTerms& lora_1,
+    const Tensor& linear_2, const Flux2LoraTerms& lora_2, const Flux2Conditioning& cond) const {
   Backend& be = backend_;
   const int64_t steps = static_cast<int64_t>(values.size()), d = config_.hidden();
   const int64_t channels = config_.timestep_guidance_channels;
@@ -67,20 +78,28 @@ absl::StatusOr<Tensor> Flux2Transformer::embed_conditioning(std::span<const floa
   FLUX_RETURN_IF_ERROR(be.upload(sinusoids.data(), DType::kF32, proj));  // [steps, 256]
   FLUX_ASSIGN_OR_RETURN(Tensor hidden, be.empty(be.activation_dtype(), {steps, d}));
   FLUX_RETURN_IF_ERROR(be.linear(proj, linear_1, {}, hidden));  // [steps, D]
-  FLUX_RETURN_IF_ERROR(be.silu(hidden, hidden));                // [steps, D]
+  FLUX_RETURN_IF_ERROR(add_lora(be, &lora_1, proj, hidden, *cond.workspace));
+  FLUX_RETURN_IF_ERROR(be.silu(hidden, hidden));  // [steps, D]
   FLUX_ASSIGN_OR_RETURN(Tensor emb, be.empty(be.activation_dtype(), {steps, d}));
   FLUX_RETURN_IF_ERROR(be.linear(hidden, linear_2, {}, emb));  // [steps, D]
+  FLUX_RETURN_IF_ERROR(add_lora(be, &lora_2, hidden, emb, *cond.workspace));
   return emb;
 }
 
 absl::StatusOr<Tensor> Flux2Transformer::modulation_rows(std::span<const float> timesteps,
-                                                         std::span<const float> guidance) const {
+                                                         std::span<const float> guidance,
+                                                         const Flux2Conditioning& cond) const {
   Backend& be = backend_;
+  static const Flux2Lora kNoLora;
+  const Flux2Lora& lora = cond.lora != nullptr ? *cond.lora : kNoLora;
   FLUX_ASSIGN_OR_RETURN(Tensor temb, embed_conditioning(timesteps, weights_.time_linear_1,
-                                                        weights_.time_linear_2));  // [steps, D]
+                                                        lora.time_linear_1, weights_.time_linear_2,
+                                                        lora.time_linear_2, cond));  // [steps, D]
   if (config_.guidance_embeds) {
-    FLUX_ASSIGN_OR_RETURN(Tensor gemb, embed_conditioning(guidance, weights_.guidance_linear_1,
-                                                          weights_.guidance_linear_2));
+    FLUX_ASSIGN_OR_RETURN(
+        Tensor gemb,
+        embed_conditioning(guidance, weights_.guidance_linear_1, lora.guidance_linear_1,
+                           weights_.guidance_linear_2, lora.guidance_linear_2, cond));
     FLUX_RETURN_IF_ERROR(be.add(temb, gemb, temb));  // [steps, D]
   }
   FLUX_RETURN_IF_ERROR(be.silu(temb, temb));  // [steps, D]
@@ -88,13 +107,14 @@ absl::StatusOr<Tensor> Flux2Transformer::modulation_rows(std::span<const float> 
   FLUX_ASSIGN_OR_RETURN(Tensor modulation,
                         be.empty(be.activation_dtype(), {temb.rows(), layout.width()}));
   FLUX_RETURN_IF_ERROR(be.linear(temb, weights_.modulation, {}, modulation));  // [steps, 17D]
+  FLUX_RETURN_IF_ERROR(add_lora(be, &lora.modulation, temb, modulation, *cond.workspace));
   return modulation;
 }
 
 absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(
     const Tensor& prompt_embeds, std::span<const int64_t> txt_ids, std::span<const int64_t> img_ids,
     std::span<const float> timesteps, std::span<const float> guidance,
-    const Flux2References* references) const {
+    const Flux2References* references, std::shared_ptr<const Flux2Lora> lora) const {
   Backend& be = backend_;
   const DType act = be.activation_dtype();
   const int64_t d = config_.hidden(), f = config_.mlp_hidden();
@@ -128,10 +148,26 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(
                                           : "this transformer has no guidance embedder");
   }
 
+  auto ws = std::make_shared<Flux2Workspace>();
+  FLUX_ASSIGN_OR_RETURN(ws->stream, be.empty(act, {seq, d}));
+  FLUX_ASSIGN_OR_RETURN(ws->normed, be.empty(act, {seq, d}));
+  FLUX_ASSIGN_OR_RETURN(ws->wide, be.empty(act, {seq, 3 * d + 2 * f}));
+  FLUX_ASSIGN_OR_RETURN(ws->attn_mlp, be.empty(act, {seq, d + f}));
+  FLUX_ASSIGN_OR_RETURN(ws->proj, be.empty(act, {seq, d}));
+  if (lora != nullptr && !lora->empty()) {
+    cond.lora = std::move(lora);
+    FLUX_RETURN_IF_ERROR(ws->lora.allocate(be, *cond.lora, std::max(seq, steps)));
+  }
+  cond.workspace = std::move(ws);
+
   // Text conditioning is the same for every step.
   FLUX_ASSIGN_OR_RETURN(cond.txt, be.empty(act, {cond.text_len, d}));
   FLUX_RETURN_IF_ERROR(
       be.linear(prompt_embeds, weights_.context_embedder, {}, cond.txt));  // [L, D]
+  if (cond.lora != nullptr) {
+    FLUX_RETURN_IF_ERROR(
+        add_lora(be, &cond.lora->context_embedder, prompt_embeds, cond.txt, *cond.workspace));
+  }
 
   // RoPE over the joint sequence: text rows, image rows, reference rows.
   std::vector<int64_t> ids(txt_ids.begin(), txt_ids.end());
@@ -140,24 +176,18 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(
   FLUX_ASSIGN_OR_RETURN(std::tie(cond.rope_cos, cond.rope_sin), rope_tables(ids));
 
   // Timestep (+ guidance) embedding and the shared modulation for every step (§1.3 steps 1-3).
-  FLUX_ASSIGN_OR_RETURN(cond.modulation, modulation_rows(timesteps, guidance));  // [steps, 17D]
+  FLUX_ASSIGN_OR_RETURN(cond.modulation,
+                        modulation_rows(timesteps, guidance, cond));  // [steps, 17D]
   if (references != nullptr && references->kv_cache && cond.reference_len > 0) {
     // klein-KV: the references are modulated at timestep 0 (diffusers' ref_fixed_timestep), with
     // the first step's guidance when the model embeds it.
     const float zero[1] = {0.0f};
-    FLUX_ASSIGN_OR_RETURN(cond.reference_modulation,
-                          modulation_rows(zero, guidance.empty() ? guidance : guidance.first(1)));
+    FLUX_ASSIGN_OR_RETURN(
+        cond.reference_modulation,
+        modulation_rows(zero, guidance.empty() ? guidance : guidance.first(1), cond));
     const size_t layers = weights_.double_blocks.size() + weights_.single_blocks.size();
     FLUX_ASSIGN_OR_RETURN(cond.kv, Flux2KvCache::allocate(be, layers, cond.reference_len, d));
   }
-
-  auto ws = std::make_shared<Flux2Workspace>();
-  FLUX_ASSIGN_OR_RETURN(ws->stream, be.empty(act, {seq, d}));
-  FLUX_ASSIGN_OR_RETURN(ws->normed, be.empty(act, {seq, d}));
-  FLUX_ASSIGN_OR_RETURN(ws->wide, be.empty(act, {seq, 3 * d + 2 * f}));
-  FLUX_ASSIGN_OR_RETURN(ws->attn_mlp, be.empty(act, {seq, d + f}));
-  FLUX_ASSIGN_OR_RETURN(ws->proj, be.empty(act, {seq, d}));
-  cond.workspace = std::move(ws);
   return cond;
 }
 
@@ -171,25 +201,34 @@ class ModulatedRows {
  public:
   ModulatedRows() = default;
   ModulatedRows(Backend& be, int64_t d, float eps, const Tensor& normed, int64_t begin, int64_t end,
-                std::vector<Flux2RowModulation> segments)
+                std::vector<Flux2RowModulation> segments, const Flux2Workspace& ws)
       : be_(&be),
         d_(d),
         eps_(eps),
         normed_(normed),
         begin_(begin),
         end_(end),
-        segments_(std::move(segments)) {}
+        segments_(std::move(segments)),
+        ws_(&ws) {}
 
   // These rows of `t`.
   Tensor rows(const Tensor& t) const { return t.row_slice(begin_, end_ - begin_); }
 
   // out = ((1 + scale) ⊙ LayerNorm(x) + shift) · wᵀ (Backend::layer_norm_modulate_linear);
-  // shift, scale: the chunks at those columns.
+  // shift, scale: the chunks at those columns. With LoRA terms, the eager chain (norm, linear)
+  // and the terms on the normed rows.
   absl::Status norm_linear(const Tensor& x, int64_t shift, int64_t scale, const Weight& w,
-                           const Tensor& out) const {
+                           const Tensor& out, const Flux2LoraTerms* lora = nullptr) const {
     for (const Flux2RowModulation& g : segments_) {
-      FLUX_RETURN_IF_ERROR(be_->layer_norm_modulate_linear(
-          of(x, g), chunk(g, shift), chunk(g, scale), eps_, of(normed_, g), w, of(out, g)));
+      if (lora == nullptr || lora->empty()) {
+        FLUX_RETURN_IF_ERROR(be_->layer_norm_modulate_linear(
+            of(x, g), chunk(g, shift), chunk(g, scale), eps_, of(normed_, g), w, of(out, g)));
+        continue;
+      }
+      FLUX_RETURN_IF_ERROR(be_->layer_norm_modulate(of(x, g), chunk(g, shift), chunk(g, scale),
+                                                    eps_, of(normed_, g)));
+      FLUX_RETURN_IF_ERROR(be_->linear(of(normed_, g), w, {}, of(out, g)));
+      FLUX_RETURN_IF_ERROR(add_lora(*be_, lora, of(normed_, g), of(out, g), *ws_));
     }
     return absl::OkStatus();
   }
@@ -204,13 +243,23 @@ class ModulatedRows {
 
   // out = [.. | SwiGLU(ff_gate, ff_up)] · wᵀ with the SwiGLU written into the last columns of
   // `act`, then x += gate ⊙ out (Backend::swiglu_linear with its gated residual).
+  // With LoRA terms, out gets them (on act's rows) before the gated residual.
   absl::Status swiglu_linear(const Tensor& ff_gate, const Tensor& ff_up, const Tensor& act,
-                             const Weight& w, const Tensor& out, const Tensor& x,
-                             int64_t gate) const {
+                             const Weight& w, const Tensor& out, const Tensor& x, int64_t gate,
+                             const Flux2LoraTerms* lora = nullptr) const {
     for (const Flux2RowModulation& g : segments_) {
-      const GatedResidual residual{of(x, g), chunk(g, gate)};
+      if (lora == nullptr || lora->empty()) {
+        const GatedResidual residual{of(x, g), chunk(g, gate)};
+        FLUX_RETURN_IF_ERROR(
+            be_->swiglu_linear(of(ff_gate, g), of(ff_up, g), of(act, g), w, of(out, g), &residual));
+        continue;
+      }
+      const int64_t f = ff_gate.cols();
       FLUX_RETURN_IF_ERROR(
-          be_->swiglu_linear(of(ff_gate, g), of(ff_up, g), of(act, g), w, of(out, g), &residual));
+          be_->swiglu(of(ff_gate, g), of(ff_up, g), of(act, g).col_slice(act.cols() - f, f)));
+      FLUX_RETURN_IF_ERROR(be_->linear(of(act, g), w, {}, of(out, g)));
+      FLUX_RETURN_IF_ERROR(add_lora(*be_, lora, of(act, g), of(out, g), *ws_));
+      FLUX_RETURN_IF_ERROR(be_->gate_residual(of(x, g), chunk(g, gate), of(out, g)));
     }
     return absl::OkStatus();
   }
@@ -229,6 +278,7 @@ class ModulatedRows {
   Tensor normed_;
   int64_t begin_ = 0, end_ = 0;
   std::vector<Flux2RowModulation> segments_;
+  const Flux2Workspace* ws_ = nullptr;
 };
 
 }  // namespace
@@ -245,6 +295,13 @@ struct Flux2Transformer::Pass {
   Tensor stream, normed, wide, attn_mlp, proj;  // the workspace's first S rows
   Tensor rope_cos, rope_sin;                    // [S, Dh]
   int64_t s() const { return l + n + r; }
+  // The request's LoRA terms of a block (null: none).
+  const Flux2LoraDoubleBlock* double_lora(size_t i) const {
+    return cond.lora != nullptr ? &cond.lora->double_blocks[i] : nullptr;
+  }
+  const Flux2LoraSingleBlock* single_lora(size_t j) const {
+    return cond.lora != nullptr ? &cond.lora->single_blocks[j] : nullptr;
+  }
 };
 
 absl::Status Flux2Transformer::attend(const Pass& p, const QkNormRope& norm, const Tensor& q,
@@ -289,23 +346,34 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
   const QkNormRope norm{
       {w.txt_norm_q, w.img_norm_q}, {w.txt_norm_k, w.img_norm_k}, p.l, eps, p.rope_cos, p.rope_sin,
       RopeStyle::kInterleaved};
+  static const Flux2LoraDoubleBlock kNoLora;
+  const Flux2LoraDoubleBlock& lora = p.double_lora(layer) ? *p.double_lora(layer) : kNoLora;
+  const Flux2Workspace& ws = *p.cond.workspace;
 
   // Attention: both streams attend jointly over [text ; image]. Each projection is fused with
   // the norm that feeds it: at quality=high the CUDA backend's norm writes the FP8 GEMM's input.
-  FLUX_RETURN_IF_ERROR(img.norm_linear(x, m.img(0), m.img(1), w.img_qkv, qkv));    // [N (+R), 3D]
-  FLUX_RETURN_IF_ERROR(txt.norm_linear(x, m.txt(0), m.txt(1), w.txt_qkv, qkv));    // [L, 3D]
+  FLUX_RETURN_IF_ERROR(
+      img.norm_linear(x, m.img(0), m.img(1), w.img_qkv, qkv, &lora.img_qkv));  // [N (+R), 3D]
+  FLUX_RETURN_IF_ERROR(
+      txt.norm_linear(x, m.txt(0), m.txt(1), w.txt_qkv, qkv, &lora.txt_qkv));      // [L, 3D]
   FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn, layer));                     // [S, D]
   FLUX_RETURN_IF_ERROR(be.linear(img.rows(attn), w.img_out, {}, img.rows(proj)));  // [N, D]
+  FLUX_RETURN_IF_ERROR(add_lora(be, &lora.img_out, img.rows(attn), img.rows(proj), ws));
   FLUX_RETURN_IF_ERROR(be.linear(txt.rows(attn), w.txt_out, {}, txt.rows(proj)));  // [L, D]
-  FLUX_RETURN_IF_ERROR(img.gate_residual(x, m.img(2), proj));                      // [N, D]
-  FLUX_RETURN_IF_ERROR(txt.gate_residual(x, m.txt(2), proj));                      // [L, D]
+  FLUX_RETURN_IF_ERROR(add_lora(be, &lora.txt_out, txt.rows(attn), txt.rows(proj), ws));
+  FLUX_RETURN_IF_ERROR(img.gate_residual(x, m.img(2), proj));  // [N, D]
+  FLUX_RETURN_IF_ERROR(txt.gate_residual(x, m.txt(2), proj));  // [L, D]
 
   // Feed-forward (SwiGLU), separate weights per stream.
-  FLUX_RETURN_IF_ERROR(img.norm_linear(x, m.img(3), m.img(4), w.img_ff_in, ff_in));  // [N, 2F]
-  FLUX_RETURN_IF_ERROR(txt.norm_linear(x, m.txt(3), m.txt(4), w.txt_ff_in, ff_in));  // [L, 2F]
+  FLUX_RETURN_IF_ERROR(
+      img.norm_linear(x, m.img(3), m.img(4), w.img_ff_in, ff_in, &lora.img_ff_in));  // [N, 2F]
+  FLUX_RETURN_IF_ERROR(
+      txt.norm_linear(x, m.txt(3), m.txt(4), w.txt_ff_in, ff_in, &lora.txt_ff_in));  // [L, 2F]
   // SwiGLU, its down projection and the gated residual: [N, D], then [L, D].
-  FLUX_RETURN_IF_ERROR(img.swiglu_linear(ff_gate, ff_up, ff_act, w.img_ff_out, proj, x, m.img(5)));
-  FLUX_RETURN_IF_ERROR(txt.swiglu_linear(ff_gate, ff_up, ff_act, w.txt_ff_out, proj, x, m.txt(5)));
+  FLUX_RETURN_IF_ERROR(
+      img.swiglu_linear(ff_gate, ff_up, ff_act, w.img_ff_out, proj, x, m.img(5), &lora.img_ff_out));
+  FLUX_RETURN_IF_ERROR(
+      txt.swiglu_linear(ff_gate, ff_up, ff_act, w.txt_ff_out, proj, x, m.txt(5), &lora.txt_ff_out));
   return absl::OkStatus();
 }
 
@@ -321,13 +389,17 @@ absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, co
   const Tensor mlp_gate = wide.col_slice(3 * d, f), mlp_up = wide.col_slice(3 * d + f, f);
   const QkNormRope norm{{w.norm_q, {}}, {w.norm_k, {}},         p.s(), eps, p.rope_cos,
                         p.rope_sin,     RopeStyle::kInterleaved};
+  static const Flux2LoraSingleBlock kNoLora;
+  const size_t j = layer - weights_.double_blocks.size();
+  const Flux2LoraSingleBlock& lora = p.single_lora(j) ? *p.single_lora(j) : kNoLora;
 
   // One fused projection [q | k | v | mlp gate | mlp up] of the modulated norm, attention beside
   // the SwiGLU, and to_out over [attn | swiglu(mlp)] with the gated residual.
-  FLUX_RETURN_IF_ERROR(all.norm_linear(x, shift, scale, w.qkv_mlp, wide));          // [S, 3D+2F]
+  FLUX_RETURN_IF_ERROR(
+      all.norm_linear(x, shift, scale, w.qkv_mlp, wide, &lora.qkv_mlp));            // [S, 3D+2F]
   FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn_mlp.col_slice(0, d), layer));  // [S, D]
   FLUX_RETURN_IF_ERROR(
-      all.swiglu_linear(mlp_gate, mlp_up, attn_mlp, w.out, proj, x, gate));  // [S, D]
+      all.swiglu_linear(mlp_gate, mlp_up, attn_mlp, w.out, proj, x, gate, &lora.out));  // [S, D]
   return absl::OkStatus();
 }
 
@@ -356,7 +428,7 @@ absl::Status Flux2Transformer::set_up(Pass& p, int64_t step, const Tensor& x,
   auto modulated = [&](int64_t begin, int64_t end) {
     return ModulatedRows(
         backend_, config_.hidden(), static_cast<float>(config_.eps), p.normed, begin, end,
-        flux2_kv_row_modulation(p.kv, p.mod, cond.reference_modulation, l + n, begin, end));
+        flux2_kv_row_modulation(p.kv, p.mod, cond.reference_modulation, l + n, begin, end), ws);
   };
   p.stream = ws.stream.row_slice(0, s);
   p.normed = ws.normed.row_slice(0, s);
@@ -384,6 +456,9 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
   const Tensor txt = p.stream.row_slice(0, l), img = p.stream.row_slice(l, s - l);
   FLUX_RETURN_IF_ERROR(be.copy(cond.txt, txt));                      // [L, D]
   FLUX_RETURN_IF_ERROR(be.linear(x, weights_.x_embedder, {}, img));  // [N (+R), D]
+  const Flux2Lora* lora = cond.lora.get();
+  if (lora != nullptr)
+    FLUX_RETURN_IF_ERROR(add_lora(be, &lora->x_embedder, x, img, *cond.workspace));
 
   size_t layer = 0;  // double blocks, then single blocks
   auto check = [&] { return layer > 0 && between_blocks ? between_blocks() : absl::OkStatus(); };
@@ -404,11 +479,15 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
   // Final modulated norm on the generated image's tokens (scale first, then shift), then the
   // projection; the reference rows are dropped.
   const Flux2ModulationLayout m(d);
-  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear(
-      p.stream.row_slice(l, n), p.mod.col_slice(m.out_shift(), d),
-      p.mod.col_slice(m.out_scale(), d), eps, p.normed.row_slice(l, n), weights_.proj_out,
-      out));  // [N, out_channels]
-  return absl::OkStatus();
+  const Tensor final_rows = p.stream.row_slice(l, n), final_normed = p.normed.row_slice(l, n);
+  const Tensor shift = p.mod.col_slice(m.out_shift(), d), scale = p.mod.col_slice(m.out_scale(), d);
+  if (lora == nullptr || lora->proj_out.empty()) {
+    return be.layer_norm_modulate_linear(final_rows, shift, scale, eps, final_normed,
+                                         weights_.proj_out, out);  // [N, out_channels]
+  }
+  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(final_rows, shift, scale, eps, final_normed));
+  FLUX_RETURN_IF_ERROR(be.linear(final_normed, weights_.proj_out, {}, out));
+  return add_lora(be, &lora->proj_out, final_normed, out, *cond.workspace);
 }
 
 }  // namespace flux2

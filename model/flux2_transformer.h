@@ -21,6 +21,7 @@
 #include "model/checkpoint.h"
 #include "model/flux2_config.h"
 #include "model/flux2_kv_cache.h"
+#include "model/flux2_lora.h"
 #include "model/flux2_weights.h"
 
 namespace flux2 {
@@ -33,6 +34,7 @@ struct Flux2Workspace {
   Tensor
       attn_mlp;  // [S, D + F]    attention output | SwiGLU output (the single block's to_out input)
   Tensor proj;   // [S, D]        output projections before the gated residual
+  Flux2LoraScratch lora;  // LoRA intermediates (empty without adapters)
 };
 
 // The reference tokens of an editing request, as the transformer sees them.
@@ -54,7 +56,8 @@ struct Flux2Conditioning {
   Tensor rope_sin;              // [L + N + R, Dh]
   Tensor modulation;            // [steps, 17D] shared modulation per step (Flux2ModulationLayout)
   Tensor reference_modulation;  // [1, 17D] klein-KV: the timestep-0 modulation of references
-  std::shared_ptr<Flux2KvCache> kv;  // klein-KV only (flux2_kv_cache.h)
+  std::shared_ptr<Flux2KvCache> kv;       // klein-KV only (flux2_kv_cache.h)
+  std::shared_ptr<const Flux2Lora> lora;  // the request's LoRA adapters (null: none)
   std::shared_ptr<Flux2Workspace> workspace;
 };
 
@@ -80,13 +83,15 @@ class Flux2Transformer {
   // Per-request precomputation. prompt_embeds [L, J]; txt_ids [L, 4] and img_ids [N, 4] integer
   // positions; timesteps: the model's `timestep` input per step, in sigma units (0..1);
   // guidance: one raw guidance scale per step when the model has a guidance embedder, else empty;
-  // references: the editing request's reference tokens (null: text-to-image).
+  // references: the editing request's reference tokens (null: text-to-image); lora: the request's
+  // adapters (flux2_lora; null or empty: none), applied to every forward of the request.
   absl::StatusOr<Flux2Conditioning> prepare(const Tensor& prompt_embeds,
                                             std::span<const int64_t> txt_ids,
                                             std::span<const int64_t> img_ids,
                                             std::span<const float> timesteps,
                                             std::span<const float> guidance,
-                                            const Flux2References* references = nullptr) const;
+                                            const Flux2References* references = nullptr,
+                                            std::shared_ptr<const Flux2Lora> lora = nullptr) const;
 
   // out [N, out_channels] = the velocity at `step` for x [N + R, in_channels]: the latent tokens,
   // then the R reference tokens (R = 0 for text-to-image; klein-KV: x is [N + R] at step 0, which
@@ -113,11 +118,16 @@ class Flux2Transformer {
   absl::Status attend(const Pass& pass, const QkNormRope& norm, const Tensor& q, const Tensor& k,
                       const Tensor& v, const Tensor& out, size_t layer) const;
   // The shared modulation [steps, 17D] of timesteps (+ guidance): silu(temb) · modulationᵀ.
+  // With `lora`, its adapters act on the embedders and the modulation.
   absl::StatusOr<Tensor> modulation_rows(std::span<const float> timesteps,
-                                         std::span<const float> guidance) const;
-  // MLP(sinusoid(scaled values)) for every step: [steps, D] (TimestepEmbedding, §1.4).
+                                         std::span<const float> guidance,
+                                         const Flux2Conditioning& cond) const;
+  // MLP(sinusoid(scaled values)) for every step: [steps, D] (TimestepEmbedding, §1.4), each
+  // linear with its LoRA terms.
   absl::StatusOr<Tensor> embed_conditioning(std::span<const float> values, const Tensor& linear_1,
-                                            const Tensor& linear_2) const;
+                                            const Flux2LoraTerms& lora_1, const Tensor& linear_2,
+                                            const Flux2LoraTerms& lora_2,
+                                            const Flux2Conditioning& cond) const;
 
   // RoPE tables [S, Dh] for the position ids of a request, cached on the device by the ids (a
   // size and text length share them; at most 8 distinct ones, the smallest key evicted first):

@@ -1,6 +1,6 @@
 // A LoRA adapter file read into one canonical form: per diffusers module of the running
 // transformer, A [r, in] and B [out, r] as diffusers' Flux2LoraLoaderMixin + PEFT load them, and
-// the alpha PEFT scales by. Every layout people ship for FLUX.2 (docs/lora.md) is read strictly:
+// the alpha PEFT scales by. Every layout people ship for FLUX.2 (model/README.md) is read strictly:
 // every key consumed, shapes checked against the model, unsupported kinds refused by name.
 // Tested by tests/host/lora_adapter_test.cc against tests/data/tiny-klein/lora_converted.
 #pragma once
@@ -15,16 +15,16 @@
 
 namespace flux2 {
 
-// How the file named its tensors (docs/lora.md, "Layouts").
+// How the file named its tensors (model/README.md, "LoRA adapter layouts").
 enum class LoraLayout : uint8_t {
-  kDiffusers,      // transformer.<module>.lora_A/lora_B (+ lora_adapter_metadata header)
-  kBfl,            // diffusion_model.<BFL name>.lora_A/lora_B (ai-toolkit, ComfyUI exports)
-  kFal,            // base_model.model.<BFL name>.lora_A/lora_B (fal's trainer)
-  kKohya,          // lora_unet_<BFL name with underscores>.lora_down/lora_up/.alpha
-  kBflDownUp,      // diffusion_model.<BFL name>.lora_down/lora_up/.alpha (diffusers loads nothing)
-  kBareBfl,        // <BFL name>.lora_A/lora_B, no prefix (diffusers drops them)
-  kBareDiffusers,  // <module>.lora_A/lora_B, no prefix (diffusers drops them)
-  kDiffusersNames, // diffusion_model.<diffusers module>.lora_A/lora_B
+  kDiffusers,       // transformer.<module>.lora_A/lora_B (+ lora_adapter_metadata header)
+  kBfl,             // diffusion_model.<BFL name>.lora_A/lora_B (ai-toolkit, ComfyUI exports)
+  kFal,             // base_model.model.<BFL name>.lora_A/lora_B (fal's trainer)
+  kKohya,           // lora_unet_<BFL name with underscores>.lora_down/lora_up/.alpha
+  kBflDownUp,       // diffusion_model.<BFL name>.lora_down/lora_up/.alpha (diffusers loads nothing)
+  kBareBfl,         // <BFL name>.lora_A/lora_B, no prefix (diffusers drops them)
+  kBareDiffusers,   // <module>.lora_A/lora_B, no prefix (diffusers drops them)
+  kDiffusersNames,  // diffusion_model.<diffusers module>.lora_A/lora_B
 };
 const char* lora_layout_name(LoraLayout layout);  // "diffusers", "bfl", ..., for logs and APIs
 
@@ -47,7 +47,7 @@ struct LoraModule {
 struct LoraAdapter {
   LoraLayout layout = LoraLayout::kDiffusers;
   std::vector<LoraModule> modules;  // sorted by module name, each module once
-  // Where we knowingly differ from diffusers' loader (docs/lora.md Q1-Q5), one phrase each, for
+  // Where we knowingly differ from diffusers' loader (model/README.md Q1-Q5), one phrase each, for
   // the load log line: e.g. "final_layer.adaLN_modulation.1 B halves swapped to scale|shift".
   std::vector<std::string> deviations;
 

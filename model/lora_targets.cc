@@ -13,7 +13,9 @@ std::map<std::string, LoraTarget> flux2_lora_targets(const Flux2Config& config) 
   const Flux2ModulationLayout mod(d);
   std::map<std::string, LoraTarget> targets;
   auto add = [&](const std::string& name, LoraTargetKind kind, int64_t block, int64_t offset,
-                 int64_t out, int64_t in) { targets[name] = {kind, block, offset, out, in}; };
+                 int64_t out, int64_t in) {
+    targets[name] = {kind, block, offset, out, in};
+  };
   using K = LoraTargetKind;
   add("x_embedder", K::kXEmbedder, -1, 0, d, config.in_channels);
   add("context_embedder", K::kContextEmbedder, -1, 0, d, config.joint_attention_dim);

@@ -36,9 +36,9 @@ enum class LoraTargetKind : uint8_t {
 
 struct LoraTarget {
   LoraTargetKind kind = LoraTargetKind::kXEmbedder;
-  int64_t block = -1;       // the block index for block kinds, else -1
-  int64_t out_offset = 0;   // first output column of the fused weight this module writes
-  int64_t out_features = 0; // the module's own [out, in]
+  int64_t block = -1;        // the block index for block kinds, else -1
+  int64_t out_offset = 0;    // first output column of the fused weight this module writes
+  int64_t out_features = 0;  // the module's own [out, in]
   int64_t in_features = 0;
 };
 

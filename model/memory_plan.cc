@@ -10,10 +10,10 @@ namespace flux2 {
 std::string MemoryPlan::describe() const {
   return absl::StrFormat(
       "text encoder %.2f GB, transformer %.2f GB, VAE %.2f GB, quality=high FP8 copies %.2f GB, "
-      "prompt cache %.2f GB, working memory %.2f GB = %.2f GB on the device (+ %.2f GB pinned "
-      "host memory)",
+      "prompt cache %.2f GB, LoRA cache %.2f GB, working memory %.2f GB = %.2f GB on the device "
+      "(+ %.2f GB pinned host memory)",
       text_encoder_device / 1e9, transformer / 1e9, vae / 1e9, fp8 / 1e9, prompt_cache / 1e9,
-      working / 1e9, device_total() / 1e9, text_encoder_host / 1e9);
+      lora_cache / 1e9, working / 1e9, device_total() / 1e9, text_encoder_host / 1e9);
 }
 
 absl::Status check_memory_plan(const MemoryPlan& plan, int64_t free_device_bytes,

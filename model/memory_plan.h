@@ -18,12 +18,13 @@ struct MemoryPlan {
   int64_t vae = 0;           // decoder + encoder
   int64_t fp8 = 0;           // quality=high's low-precision copies (estimated: half the blocks)
   int64_t prompt_cache = 0;  // the prompt-embedding cache's capacity
+  int64_t lora_cache = 0;    // the LoRA adapters' device cache budget (--lora-cache-bytes)
   // Activations and library workspaces at the largest request (1024x1024 default, 512 tokens,
   // 4 references): kWorkingBytes.
   int64_t working = 0;
 
   int64_t device_total() const {
-    return text_encoder_device + transformer + vae + fp8 + prompt_cache + working;
+    return text_encoder_device + transformer + vae + fp8 + prompt_cache + lora_cache + working;
   }
   // "text encoder 34.6 GB, transformer 64.4 GB, ... = 99.9 GB on the device (+ 0 GB pinned host)".
   std::string describe() const;

@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
         model_dir, ": klein-KV runs distilled checkpoints only (Flux2KleinKVPipeline has no CFG)"));
   }
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
+  pipeline->lora_cache_.set_capacity(options.lora_cache_bytes);
   pipeline->describe(model_dir, model_name_of(model_dir), dev ? kDevClass : index.class_name,
                      is_distilled, kv_cache);
 
@@ -140,6 +141,7 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
   plan.vae = component_bytes(vae_weights, value_bytes);
   plan.fp8 = options.enable_quality_high ? plan.transformer / 2 : 0;
   plan.prompt_cache = options.prompt_cache_bytes;
+  plan.lora_cache = options.lora_cache_bytes;
   plan.working = kWorkingBytes;
   FLUX_RETURN_IF_ERROR(check_memory_plan(
       plan, backend.free_device_bytes(), model_dir,

@@ -20,6 +20,7 @@
 #include "kernels/backend.h"
 #include "model/field_violation.h"
 #include "model/flux2_transformer.h"
+#include "model/lora_device_cache.h"
 #include "model/memory_plan.h"
 #include "model/model_limits.h"
 #include "model/prompt_cache.h"
@@ -123,6 +124,9 @@ struct PipelineOptions {
   // Told as each component starts loading and when it is in place (the server logs it, the CLI
   // prints it): loading FLUX.2-dev takes minutes.
   LoadProgressFn on_progress;
+  // Device bytes of LoRA adapters kept resident between requests (LoraDeviceCache; 0: each
+  // request uploads its own).
+  int64_t lora_cache_bytes = 0;
 };
 
 struct GenerateParams {
@@ -140,6 +144,8 @@ struct GenerateParams {
   // Reference images for editing, in order (prepare_reference: sides multiples of 16, at most
   // kReferenceMaxArea pixels); empty: text-to-image. Reference k is image k + 1 of the prompt.
   std::vector<RgbImage> references;
+  // LoRA adapters, applied in this order to every transformer forward (model/README.md, "LoRA").
+  std::vector<LoraRequest> loras;
 };
 
 // The size a request generates: width and height when given, else the first reference's size,
@@ -210,6 +216,9 @@ class Pipeline {
                                                                  const RandomPipelineSpec& spec);
 
   const PipelineInfo& info() const { return info_; }
+  const Flux2Config& transformer_config() const { return transformer_->config(); }
+  // The adapters resident on the device between requests (--lora-cache-bytes, --lora-preload).
+  LoraDeviceCache& lora_cache() const { return lora_cache_; }
 
   // Every way `params` does not fit the model, in field order (reference_images[i], width,
   // height, num_inference_steps, guidance_scale, negative_prompt, quality, max_sequence_length);
@@ -280,6 +289,7 @@ class Pipeline {
   std::unique_ptr<VaeDecoder> vae_;
   std::unique_ptr<VaeEncoder> vae_encoder_;
   mutable PromptCache prompt_cache_;
+  mutable LoraDeviceCache lora_cache_;
 };
 
 }  // namespace flux2

@@ -178,6 +178,12 @@ std::vector<FieldViolation> Pipeline::check(const GenerateParams& params) const 
                           "QUALITY_HIGH is not enabled for this model (load it with quality=high "
                           "enabled)"});
   }
+  for (size_t i = 0; i < params.loras.size(); ++i) {
+    if (!std::isfinite(params.loras[i].weight)) {
+      violations.push_back({absl::StrCat("loras[", i, "].scale"),
+                            absl::StrCat(exact_decimal(params.loras[i].weight), " is not finite")});
+    }
+  }
   if (params.max_sequence_length < 0 || params.max_sequence_length > limits.max_sequence_length) {
     violations.push_back(
         {"max_sequence_length", absl::StrCat(params.max_sequence_length, " is outside 1..",
@@ -233,7 +239,8 @@ struct Pipeline::Generation {
     Tensor velocity, negative_velocity;
   };
   std::optional<StepBuffers> step_buffers;
-  GeneratedImage image;  // its size, seed and timings, then its pixels
+  std::vector<Flux2LoraUse> loras;  // the request's adapters on the device, held while it runs
+  GeneratedImage image;             // its size, seed and timings, then its pixels
 };
 
 Pipeline::Generation::Generation(const PipelineInfo& info, const Flux2Config& flux,
@@ -362,13 +369,19 @@ absl::Status Pipeline::prepare_latents(Generation& g) const {
   const std::vector<int64_t> txt_ids = flux2_text_ids(g.prompt_embeds.rows());
   const std::vector<int64_t> img_ids = flux2_image_ids(g.h, g.w);
   const Flux2References* refs = g.references ? &*g.references : nullptr;
+  std::shared_ptr<const Flux2Lora> lora;
+  if (!g.params.loras.empty()) {  // applied in both CFG branches, as diffusers does
+    FLUX_ASSIGN_OR_RETURN(g.loras, lora_cache_.acquire(be, transformer_->config(), g.params.loras));
+    lora = std::make_shared<const Flux2Lora>(flux2_lora(transformer_->config(), g.loras));
+  }
   Generation::StepBuffers& b = g.step_buffers.emplace();
-  FLUX_ASSIGN_OR_RETURN(b.cond, transformer_->prepare(g.prompt_embeds, txt_ids, img_ids,
-                                                      model_timesteps, guidance_values, refs));
+  FLUX_ASSIGN_OR_RETURN(b.cond,
+                        transformer_->prepare(g.prompt_embeds, txt_ids, img_ids, model_timesteps,
+                                              guidance_values, refs, lora));
   if (g.cfg) {  // the references ride in both branches
     FLUX_ASSIGN_OR_RETURN(
         b.negative_cond, transformer_->prepare(g.negative_embeds, txt_ids, img_ids, model_timesteps,
-                                               guidance_values, refs));
+                                               guidance_values, refs, lora));
   }
   FLUX_ASSIGN_OR_RETURN(b.velocity, be.empty(act, {g.n, g.channels}));
   if (g.cfg) {

@@ -23,12 +23,14 @@ namespace {
 // A header larger than this is certainly corrupt (real headers are well under 1 MiB).
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
+// An empty `path` (bytes parsed from memory without a label) leaves the "path: " prefix out.
 absl::Status file_error(const std::string& path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+  return absl::InvalidArgumentError(path.empty() ? std::string(what)
+                                                 : absl::StrCat(path, ": ", what));
 }
 
 absl::Status tensor_error(const std::string& path, absl::string_view name, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", name, "\": ", what));
+  return file_error(path, absl::StrCat("tensor \"", name, "\": ", what));
 }
 
 // Parses the JSON header, rejecting duplicate top-level names (nlohmann would keep the last).
@@ -123,17 +125,34 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std
   file->path_ = path;
   file->mapping_ = mapping;
   file->mapping_size_ = file_bytes;
+  FLUX_RETURN_IF_ERROR(file->parse(static_cast<const char*>(mapping), file_bytes));
+  return file;
+}
 
+absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::from_bytes(
+    std::span<const uint8_t> bytes, const std::string& label) {
+  if (bytes.size() < 8) {
+    return file_error(label,
+                      absl::StrCat("file of ", bytes.size(), " bytes is too short for a header"));
+  }
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = label;
+  FLUX_RETURN_IF_ERROR(file->parse(reinterpret_cast<const char*>(bytes.data()),
+                                   static_cast<uint64_t>(bytes.size())));
+  return file;
+}
+
+absl::Status SafetensorsFile::parse(const char* base, uint64_t file_bytes) {
+  const std::string& path = path_;
   uint64_t header_bytes;
-  std::memcpy(&header_bytes, mapping, sizeof(header_bytes));  // little-endian on our targets
+  std::memcpy(&header_bytes, base, sizeof(header_bytes));  // little-endian on our targets
   if (header_bytes > kMaxHeaderBytes || header_bytes > file_bytes - 8) {
     return file_error(path, absl::StrCat("header length ", header_bytes,
                                          " exceeds the file size of ", file_bytes, " bytes"));
   }
-  const char* base = static_cast<const char*>(mapping);
   FLUX_ASSIGN_OR_RETURN(nlohmann::json header,
                         parse_header(path, absl::string_view(base + 8, header_bytes)));
-  file->data_section_ = base + 8 + header_bytes;
+  data_section_ = base + 8 + header_bytes;
   const int64_t data_bytes = static_cast<int64_t>(file_bytes - 8 - header_bytes);
 
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -143,15 +162,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std
         if (!m.value().is_string()) {
           return file_error(path, absl::StrCat("metadata \"", m.key(), "\" is not a string"));
         }
-        file->metadata_[m.key()] = m.value().get<std::string>();
+        metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     FLUX_ASSIGN_OR_RETURN(SafetensorsEntry entry,
                           parse_entry(path, it.key(), it.value(), data_bytes));
-    file->entries_.push_back(std::move(entry));
+    entries_.push_back(std::move(entry));
   }
-  std::sort(file->entries_.begin(), file->entries_.end(),
+  std::sort(entries_.begin(), entries_.end(),
             [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
               return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
             });
@@ -159,8 +178,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std
   // far.
   int64_t furthest_end = 0;
   const SafetensorsEntry* furthest = nullptr;
-  for (size_t i = 0; i < file->entries_.size(); ++i) {
-    const SafetensorsEntry& entry = file->entries_[i];
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const SafetensorsEntry& entry = entries_[i];
     if (entry.bytes() > 0) {
       if (furthest != nullptr && entry.begin < furthest_end) {
         return tensor_error(
@@ -173,9 +192,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::open(const std
         furthest = &entry;
       }
     }
-    file->index_[entry.name] = i;
+    index_[entry.name] = i;
   }
-  return file;
+  return absl::OkStatus();
 }
 
 SafetensorsFile::~SafetensorsFile() {

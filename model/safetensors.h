@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 #include "absl/strings/string_view.h"
@@ -27,6 +28,10 @@ class SafetensorsFile {
  public:
   // Maps `path` read-only and validates its header; errors name the file (and tensor).
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> open(const std::string& path);
+  // Validates a whole file's bytes held in memory (not copied: `bytes` must outlive the result);
+  // errors start with "`label`: " unless `label` is empty.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> from_bytes(std::span<const uint8_t> bytes,
+                                                                     const std::string& label);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -43,6 +48,8 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  // Validates the header of the `file_bytes` bytes at `base` and indexes the tensors.
+  absl::Status parse(const char* base, uint64_t file_bytes);
 
   std::string path_;
   void* mapping_ = nullptr;

@@ -87,6 +87,7 @@ class CudaBackend final : public Backend {
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;
+  absl::Status add_scaled(const Tensor& x, const Tensor& update, float scale) override;
   absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x, const Weight& w,
                              const Tensor& y, const GatedResidual* residual) override;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
@@ -39,6 +40,8 @@ EngineFactory pipeline_factory(const ServerOptions& options) {
         options.text_encoder_offload ? WeightResidency::kStreamed : WeightResidency::kDevice;
     pipeline.prompt_cache_bytes = options.prompt_cache_bytes;
     pipeline.transformer_file = options.transformer_file;
+    // Without --lora-dir no adapter is ever uploaded: the memory plan holds no LoRA cache.
+    pipeline.lora_cache_bytes = options.lora_dir.empty() ? 0 : options.lora_cache_bytes;
     pipeline.on_progress = [](const LoadProgress& progress) {
       log_line(LogLevel::kInfo, describe(progress));
     };
@@ -63,6 +66,14 @@ CoreOptions core_options(const ServerOptions& options) {
   facts.transformer_file = std::filesystem::path(options.transformer_file).filename().string();
   facts.stall = options.stall;
   if (options.test_fault) facts.test_inject_fault = options.test_fault->flag;
+  if (!options.lora_dir.empty()) {
+    core.lora = {options.lora_dir, options.lora_host_cache_bytes, options.lora_cache_bytes,
+                 options.lora_preload};
+    facts.lora_options = {{"lora-dir", options.lora_dir},
+                          {"lora-cache-bytes", absl::StrCat(options.lora_cache_bytes)},
+                          {"lora-host-cache-bytes", absl::StrCat(options.lora_host_cache_bytes)},
+                          {"lora-preload", absl::StrJoin(options.lora_preload, ",")}};
+  }
   return core;
 }
 

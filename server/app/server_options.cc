@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
 #include "server/common/backend_flags.h"
@@ -34,6 +35,8 @@ std::string env_name(absl::string_view flag) {
 // Flags converted after parsing (a unit conversion, a fault spec).
 struct RawFlags {
   double test_step_delay_ms = 0.0;
+  std::string lora_preload;  // "a,b"
+
   std::string test_inject_fault;
 };
 
@@ -123,6 +126,13 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   flag("--text-encoder-offload", o.text_encoder_offload);
   option("--prompt-cache-bytes", o.prompt_cache_bytes);
   option("--transformer-file", o.transformer_file);
+  option("--lora-dir", o.lora_dir);
+  option("--lora-cache-bytes", o.lora_cache_bytes);
+  option("--lora-host-cache-bytes", o.lora_host_cache_bytes);
+  option("--lora-preload", raw.lora_preload);
+  option("--max-loras-per-request", o.max_loras_per_request);
+  option("--max-lora-rank", o.max_lora_rank);
+  option("--max-lora-scale", o.max_lora_scale);
   option("--log-format", o.log_format);
   option("--stall-timeout-min-s", o.stall.min_seconds);
   option("--stall-step-multiple", o.stall.step_multiple);
@@ -158,10 +168,33 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
         error.what(), " (see --help; a flag's value may also come from its FLUX2_* variable)"));
   }
   o.test_step_delay_s = raw.test_step_delay_ms / 1000.0;
+  for (absl::string_view name : absl::StrSplit(raw.lora_preload, ',', absl::SkipWhitespace())) {
+    o.lora_preload.emplace_back(absl::StripAsciiWhitespace(name));
+  }
   if (!raw.test_inject_fault.empty()) {
     FLUX_ASSIGN_OR_RETURN(o.test_fault, parse_test_fault(raw.test_inject_fault));
   }
   return parsed;
+}
+
+// The LoRA flags: ranges, and --lora-preload only with --lora-dir.
+absl::Status check_lora_options(const ServerOptions& o) {
+  FLUX_RETURN_IF_ERROR(check_range("--max-loras-per-request", o.max_loras_per_request, 1, 16));
+  FLUX_RETURN_IF_ERROR(check_range("--max-lora-rank", o.max_lora_rank, 1, 4096));
+  if (!std::isfinite(o.max_lora_scale)) {
+    return absl::InvalidArgumentError("--max-lora-scale: not a finite number");
+  }
+  FLUX_RETURN_IF_ERROR(check_range("--max-lora-scale", o.max_lora_scale, 0.0, 1000.0));
+  // 1 TiB only catches a typo: the memory plan checks the device cache when the model loads.
+  FLUX_RETURN_IF_ERROR(check_range("--lora-cache-bytes", static_cast<double>(o.lora_cache_bytes),
+                                   0.0, static_cast<double>(kMaxPromptCacheBytes)));
+  FLUX_RETURN_IF_ERROR(check_range("--lora-host-cache-bytes",
+                                   static_cast<double>(o.lora_host_cache_bytes), 0.0,
+                                   static_cast<double>(kMaxPromptCacheBytes)));
+  if (!o.lora_preload.empty() && o.lora_dir.empty()) {
+    return absl::InvalidArgumentError("--lora-preload: needs --lora-dir (adapters come from it)");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status validate_server_options(const ServerOptions& o) {
@@ -268,7 +301,7 @@ absl::Status validate_server_options(const ServerOptions& o) {
   }
   FLUX_RETURN_IF_ERROR(
       check_range("--test-step-delay-ms", o.test_step_delay_s * 1000.0, 0.0, 60000.0));
-  return absl::OkStatus();
+  return check_lora_options(o);
 }
 
 std::vector<std::string> server_flag_names() {
@@ -302,6 +335,10 @@ LimitFlags limit_flags(const ServerOptions& o) {
   flags.max_sequence_length = o.max_sequence_length;
   flags.enable_quality_high = o.enable_quality_high;
   flags.fast_paths = o.fast_paths;
+  flags.lora_enabled = !o.lora_dir.empty();
+  flags.max_loras_per_request = o.max_loras_per_request;
+  flags.max_lora_rank = o.max_lora_rank;
+  flags.max_lora_scale = o.max_lora_scale;
   return flags;
 }
 
@@ -429,6 +466,18 @@ std::string server_help_text() {
       "(RESOURCE_EXHAUSTED);\n"
       "                           a sticky CUDA error fails it (INTERNAL), turns liveness\n"
       "                           NOT_SERVING, answers queued requests UNAVAILABLE and exits 1\n"
+      "LoRA adapters (README \"LoRA adapters\"):\n"
+      "  --lora-dir DIR           requests' loras name .safetensors files under DIR by their path\n"
+      "                           without the suffix (styles/pixel-art); default none: LoRA off\n"
+      "  --lora-cache-bytes N     device bytes of uploaded adapters kept between requests (LRU,\n"
+      "                           part of the start-up memory plan; default 2147483648 = 2 GiB)\n"
+      "  --lora-host-cache-bytes N  host bytes of parsed adapters kept (LRU; default 8589934592\n"
+      "                           = 8 GiB)\n"
+      "  --lora-preload A,B       adapters loaded and pinned on the device at start-up; one that\n"
+      "                           fails to load refuses start-up naming it\n"
+      "  --max-loras-per-request N  adapters per request (default 4)\n"
+      "  --max-lora-rank N        an adapter module of higher rank is refused (default 256)\n"
+      "  --max-lora-scale S       largest |scale| of an adapter (default 8)\n"
       "logging:\n"
       "  --log-format text|json   stderr lines: text (default; \"<UTC time> <LEVEL> flux2_server:\n"
       "                           ...\") or one JSON object per line, each finished request as\n"

@@ -77,6 +77,17 @@ struct ServerOptions {
   // A single-file transformer (Black Forest Labs flux2-dev.safetensors naming) loaded instead of
   // <model-dir>/transformer's weights; empty: those.
   std::string transformer_file;
+  // LoRA adapters (README "LoRA adapters"): requests name files under lora_dir (empty: LoRA is
+  // off); parsed adapters stay in a host LRU of lora_host_cache_bytes and uploaded ones in a
+  // device LRU of lora_cache_bytes (part of the memory plan); lora_preload's are loaded and pinned
+  // at start-up (--lora-preload a,b).
+  std::string lora_dir;
+  int64_t lora_cache_bytes = int64_t{2} << 30;
+  int64_t lora_host_cache_bytes = int64_t{8} << 30;
+  std::vector<std::string> lora_preload;
+  int max_loras_per_request = 4;
+  int max_lora_rank = 256;
+  double max_lora_scale = 8.0;
   // --log-format text|json: stderr lines as text or one JSON object per line (server/common/log.h).
   std::string log_format = "text";
   double test_step_delay_s = 0.0;  // TEST ONLY: sleep after every denoising step (slow requests)

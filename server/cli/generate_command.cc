@@ -6,12 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend_factory.h"
 #include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
 #include "model/image_encode.h"
+#include "model/lora_adapter.h"
 #include "model/pipeline.h"
 #include "model/reference_image.h"
 #include "server/cli/commands.h"
@@ -39,6 +41,33 @@ absl::StatusOr<std::vector<std::string>> read_references(const std::vector<std::
   return files;
 }
 
+// --lora FILE[:SCALE] (repeatable, applied in order): each adapter file parsed for the loaded
+// transformer; errors name the flag ("--lora[1]: style.safetensors: unknown key ...").
+absl::StatusOr<std::vector<LoraRequest>> read_loras(const std::vector<std::string>& specs,
+                                                    const Flux2Config& config) {
+  std::vector<LoraRequest> loras;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string field = absl::StrCat("--lora[", i, "]");
+    std::string path = specs[i];
+    double scale = 1.0;
+    const size_t colon = path.rfind(':');
+    if (colon != std::string::npos && absl::SimpleAtod(path.substr(colon + 1), &scale)) {
+      path.resize(colon);
+    } else {
+      scale = 1.0;
+    }
+    FLUX_ASSIGN_OR_RETURN(std::string bytes, read_file(path, field));
+    absl::StatusOr<LoraAdapter> adapter = parse_lora_adapter(
+        std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()), config);
+    if (!adapter.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", path, ": ", adapter.status().message()));
+    }
+    loras.push_back({path, std::make_shared<const LoraAdapter>(std::move(*adapter)), scale});
+  }
+  return loras;
+}
+
 // `flux2 generate`'s flags, bound by add_generate_flags (the values are the defaults).
 struct GenerateFlags {
   GenerateParams params;  // --prompt, --negative-prompt, --height, --width, --steps, --guidance...
@@ -47,6 +76,7 @@ struct GenerateFlags {
   std::string backend = "cpu";
   int64_t seed = 0;                     // params.seed (a negative seed wraps around)
   std::vector<std::string> references;  // --reference, repeatable: the files in order
+  std::vector<std::string> loras;       // --lora FILE[:SCALE], repeatable: applied in order
   bool no_fast_paths = false;
   BackendOptions backend_options;
 };
@@ -66,6 +96,7 @@ void add_generate_flags(CLI::App& app, GenerateFlags& f) {
   app.add_option("--out", f.out);
   app.add_option("--backend", f.backend);
   app.add_option("--reference", f.references)->allow_extra_args(false);
+  app.add_option("--lora", f.loras)->allow_extra_args(false);
   app.add_flag("--no-fast-paths", f.no_fast_paths);
   add_backend_flags(app, f.backend_options);
 }
@@ -104,6 +135,9 @@ int run_generate(int argc, char** argv, int first) {
     if (!reference.ok()) return fail(reference.status().message());
     params.references.push_back(std::move(*reference));
   }
+  auto loras = read_loras(flags.loras, (*pipeline)->transformer_config());
+  if (!loras.ok()) return fail(loras.status().message());
+  params.loras = std::move(*loras);
   const ImageSize size = output_size(params);
   params.width = size.width;
   params.height = size.height;

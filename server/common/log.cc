@@ -102,6 +102,7 @@ void log_request(const RequestLogRecord& r) {
       line["num_images"] = r.num_images;
       line["quality"] = r.quality;
     }
+    if (!r.loras.empty()) line["loras"] = r.loras;
     if (!r.error.empty()) line["error"] = r.error;
     write_line(dump_json(line));
     return;
@@ -113,6 +114,7 @@ void log_request(const RequestLogRecord& r) {
     absl::StrAppend(&text, " size=", r.width, "x", r.height, " steps=", r.steps,
                     " images=", r.num_images, " quality=", r.quality);
   }
+  if (!r.loras.empty()) absl::StrAppend(&text, " loras=", logfmt_value(r.loras));
   if (!r.peer.empty()) absl::StrAppend(&text, " peer=", logfmt_value(r.peer));
   if (!r.error.empty()) absl::StrAppend(&text, " error=", logfmt_value(r.error));
   log_line(level, text);

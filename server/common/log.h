@@ -33,12 +33,13 @@ struct RequestLogRecord {
   int steps = 0;  // 0: the model default
   int num_images = 0;
   std::string quality;  // "lossless" / "high"
+  std::string loras;    // the LoRA adapters applied, "name:scale,name:scale"; empty: none
   std::string error;    // the status message when code is not OK
 };
 
 // The access-log line: text "... INFO flux2_server: <method> request_id=... code=... seconds=...
-// size=WxH steps=N images=N quality=... peer=... error=...", json {"event": "request", ...}.
-// Errors of the server's own making (INTERNAL, UNKNOWN, DATA_LOSS) are logged at ERROR, the
+// size=WxH steps=N images=N quality=... [loras=...] peer=... error=...", json {"event": "request",
+// ...}. Errors of the server's own making (INTERNAL, UNKNOWN, DATA_LOSS) are logged at ERROR, the
 // client's at INFO.
 void log_request(const RequestLogRecord& record);
 

@@ -347,4 +347,24 @@ grpc::ServerUnaryReactor* ImageGenerationService::GetModelInfo(grpc::CallbackSer
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ImageGenerationService::ListLoras(grpc::CallbackServerContext* context,
+                                                            const grpc::ByteBuffer* raw_request,
+                                                            grpc::ByteBuffer* raw_response) {
+  const Clock::time_point arrival = Clock::now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  v1::ListLorasRequest request;
+  absl::Status status = parse_message(*raw_request, &request);
+  if (status.ok()) status = authenticate(*context);
+  absl::StatusOr<std::shared_ptr<const ServingModel>> serving = core_.serving_model();
+  if (status.ok()) status = serving.status();
+  if (status.ok()) {
+    v1::ListLorasResponse response;
+    fill_lora_list(**serving, &response);
+    status = serialize_message(response, raw_response);
+  }
+  core_.metrics().count_request("ListLoras", status_code_name(status), seconds_since(arrival));
+  reactor->Finish(to_grpc_status(status));
+  return reactor;
+}
+
 }  // namespace flux2::server

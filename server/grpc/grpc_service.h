@@ -17,13 +17,14 @@
 
 namespace flux2::server {
 
-// The three RPCs are registered raw (their messages as bytes) so the service parses each request
+// The four RPCs are registered raw (their messages as bytes) so the service parses each request
 // itself: a body that does not parse gets INVALID_ARGUMENT, logged and counted (raw_messages.h),
 // instead of gRPC's own empty UNIMPLEMENTED.
 using RawImageGenerationService = flux2::v1::ImageGeneration::WithRawCallbackMethod_GenerateImage<
     flux2::v1::ImageGeneration::WithRawCallbackMethod_GenerateImageStream<
         flux2::v1::ImageGeneration::WithRawCallbackMethod_GetModelInfo<
-            flux2::v1::ImageGeneration::CallbackService>>>;
+            flux2::v1::ImageGeneration::WithRawCallbackMethod_ListLoras<
+                flux2::v1::ImageGeneration::CallbackService>>>>;
 
 class ImageGenerationService final : public RawImageGenerationService {
  public:
@@ -38,6 +39,9 @@ class ImageGenerationService final : public RawImageGenerationService {
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ListLoras(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
   ServingCore& core() { return core_; }
   // Parses `raw`, authenticates and creates the job (not yet admitted) whose events go to

@@ -51,6 +51,11 @@ absl::StatusOr<GenerateRequest> request_from_proto(const v1::GenerateImageReques
     request.reference_images.push_back(reference.data());
   }
   request.request_id = proto.request_id();
+  for (const v1::LoraAdapter& lora : proto.loras()) {
+    LoraSpec spec{lora.name(), std::nullopt};
+    if (lora.has_scale()) spec.scale = lora.scale();
+    request.loras.push_back(std::move(spec));
+  }
   if (!violations.empty()) return invalid_argument_status(violations);
   return request;
 }
@@ -95,6 +100,14 @@ void fill_generate_response(const JobSpec& spec, JobResult&& result, const Servi
   response->set_model_name(model.info.model_name);
   response->set_request_id(spec.request_id);
   response->set_quality(to_proto(spec.params.quality));
+  for (const AppliedLora& lora : spec.loras) {
+    v1::AppliedLora* out = response->add_loras();
+    out->set_name(lora.name);
+    out->set_scale(lora.scale);
+    out->set_format(lora.layout);
+    out->set_rank(static_cast<int32_t>(lora.max_rank));
+    out->set_sha256_prefix(lora.sha256_prefix);
+  }
 }
 
 namespace {
@@ -114,6 +127,9 @@ void fill_limits(const ServingModel& model, v1::Limits* limits) {
   limits->set_max_reference_bytes(l.max_reference_bytes);
   limits->set_max_request_bytes(l.max_request_bytes);
   limits->set_max_response_bytes(l.max_response_bytes);
+  limits->set_max_loras_per_request(static_cast<int32_t>(l.max_loras_per_request));
+  limits->set_max_lora_rank(static_cast<int32_t>(l.max_lora_rank));
+  limits->set_max_lora_scale(l.max_lora_scale);
 }
 
 }  // namespace
@@ -152,6 +168,27 @@ void fill_model_info(const ServingModel& model, v1::GetModelInfoResponse* respon
   response->set_stall_timeout_min_seconds(model.facts.stall.min_seconds);
   response->set_stall_step_multiple(model.facts.stall.step_multiple);
   response->set_test_inject_fault(model.facts.test_inject_fault);
+  for (const auto& [flag, value] : model.facts.lora_options) {
+    (*response->mutable_lora_options())[flag] = value;
+  }
+}
+
+void fill_lora_list(const ServingModel& model, v1::ListLorasResponse* response) {
+  if (model.loras == nullptr) return;
+  const Engine* engine = model.engine;
+  for (const LoraListing& entry :
+       model.loras->list([engine](const std::string& key) { return engine->lora_resident(key); })) {
+    v1::LoraEntry* out = response->add_loras();
+    out->set_name(entry.name);
+    out->set_bytes(entry.bytes);
+    out->set_loaded(entry.loaded);
+    out->set_format(entry.layout);
+    out->set_rank(static_cast<int32_t>(entry.max_rank));
+    out->set_modules(static_cast<int32_t>(entry.modules));
+    out->set_sha256_prefix(entry.sha256_prefix);
+    out->set_resident(entry.resident);
+    out->set_pinned(entry.pinned);
+  }
 }
 
 }  // namespace flux2::server

@@ -23,5 +23,7 @@ void fill_generate_response(const JobSpec& spec, JobResult&& result, const Servi
 
 // GetModelInfo's answer for `model`.
 void fill_model_info(const ServingModel& model, flux2::v1::GetModelInfoResponse* response);
+// ListLoras' answer: the adapters under --lora-dir (none without it).
+void fill_lora_list(const ServingModel& model, flux2::v1::ListLorasResponse* response);
 
 }  // namespace flux2::server

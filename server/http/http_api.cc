@@ -19,6 +19,7 @@
 #include "server/common/bearer_token.h"
 #include "server/http/form_data.h"
 #include "server/http/openai_images.h"
+#include "server/http/openai_loras.h"
 #include "server/serving/access_log.h"
 #include "server/serving/field_violations.h"
 
@@ -46,6 +47,7 @@ constexpr Route kRoutes[] = {
     {"/v1/images/generations", "POST", "images.generations", true, true},
     {"/v1/images/edits", "POST", "images.edits", true, true},
     {"/v1/models", "GET", "models", true, false},
+    {"/v1/loras", "GET", "loras", true, false},
     {"/health", "GET", "health", false, false},
     {"/ready", "GET", "ready", false, false},
     {"/openapi.json", "GET", "openapi", false, false},
@@ -224,7 +226,12 @@ class Generation : public std::enable_shared_from_this<Generation> {
         }
       });
     }
-    // The job may have finished already (a refusal of the worker): its events are waiting.
+    // Events pushed so far waited for the stream to begin (a fast worker may have finished the
+    // job already): drain them now.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      started_ = true;
+    }
     on_events();
   }
 
@@ -254,7 +261,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   // the job ended. Called on the thread that pushed (the worker, the encoder, an I/O thread).
   void on_events() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!events_ || answered_) return;
+    if (!events_ || answered_ || !started_) return;
     while (std::optional<JobEvent> event = events_->next()) {
       if (event->kind == JobEvent::Kind::kProgress) {
         exchange_->write(sse_progress_event(event->progress));
@@ -314,6 +321,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::mutex mu_;
   std::shared_ptr<Job> job_;  // guarded by mu_ once the job is admitted
   bool answered_ = false;     // guarded by mu_
+  // Set once run() has begun the answer (the stream's head); events wait in events_ until then.
+  bool started_ = false;  // guarded by mu_
   // This generation itself from admission to its answer (nothing else holds it strongly).
   std::shared_ptr<Generation> keep_alive_;  // guarded by mu_
 };
@@ -434,6 +443,8 @@ void HttpApi::handle(std::shared_ptr<http::Exchange> exchange) {
     std::make_shared<Generation>(core_, *route, exchange)->run(*deadlines_);
   } else if (req.path == "/v1/models") {
     models(*exchange);
+  } else if (req.path == "/v1/loras") {
+    loras(*exchange);
   } else if (req.path == "/openapi.json") {
     exchange->respond({200, {{"Content-Type", "application/json"}}, kOpenApiDocument});
   } else {
@@ -472,6 +483,23 @@ void HttpApi::models(http::Exchange& exchange) {
                                                          {"variant", info.variant},
                                                          {"pipeline_class", info.pipeline_class},
                                                          {"limits", limits}}})}}));
+}
+
+void HttpApi::loras(http::Exchange& exchange) {
+  absl::StatusOr<std::shared_ptr<const ServingModel>> serving = core_.serving_model();
+  if (!serving.ok()) {
+    record_finished_request(core_.metrics(), "loras", "", serving.status(), 0.0,
+                            exchange.request().peer, nullptr);
+    exchange.respond(error_response(serving.status()));
+    return;
+  }
+  std::vector<LoraListing> listing;
+  if (const ServingModel& model = **serving; model.loras != nullptr) {
+    const Engine* engine = model.engine;
+    listing =
+        model.loras->list([engine](const std::string& key) { return engine->lora_resident(key); });
+  }
+  exchange.respond(json_response(200, openai_lora_list_json(listing)));
 }
 
 }  // namespace flux2::server

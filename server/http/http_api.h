@@ -63,6 +63,7 @@ class HttpApi final : public http::Application {
 
  private:
   void models(http::Exchange& exchange);
+  void loras(http::Exchange& exchange);  // GET /v1/loras
 
   ServingCore& core_;
   const std::string auth_token_;

@@ -20,6 +20,7 @@
 #include "model/json_util.h"
 #include "model/tokenizer_utf8.h"
 #include "server/http/json_body.h"
+#include "server/http/openai_loras.h"
 #include "server/ops/metrics.h"
 #include "server/serving/field_violations.h"
 
@@ -36,7 +37,7 @@ bool valid_utf8(const std::string& text) {
 }
 
 // How a form field's text becomes a JSON value (the JSON body carries typed values already).
-enum class FieldType : uint8_t { kString, kInteger, kNumber, kBoolean };
+enum class FieldType : uint8_t { kString, kInteger, kNumber, kBoolean, kArray };
 
 // Every parameter the two endpoints take, with its type.
 const std::map<std::string, FieldType, std::less<>>& known_fields() {
@@ -58,6 +59,7 @@ const std::map<std::string, FieldType, std::less<>>& known_fields() {
       {"num_inference_steps", FieldType::kInteger},
       {"guidance_scale", FieldType::kNumber},
       {"negative_prompt", FieldType::kString},
+      {"loras", FieldType::kArray},  // server/http/openai_loras.h; a form field holds JSON text
   };
   return *fields;
 }
@@ -72,6 +74,8 @@ absl::string_view type_name(FieldType type) {
       return "a number";
     case FieldType::kBoolean:
       return "a boolean";
+    case FieldType::kArray:
+      return "an array";
   }
   return "a value";
 }
@@ -86,6 +90,8 @@ bool has_type(const json& value, FieldType type) {
       return value.is_number();
     case FieldType::kBoolean:
       return value.is_boolean();
+    case FieldType::kArray:
+      return value.is_array();
   }
   return false;
 }
@@ -112,6 +118,11 @@ json form_value(const std::string& text, FieldType type) {
       if (trimmed == "true") return true;
       if (trimmed == "false") return false;
       return nullptr;
+    case FieldType::kArray: {
+      json value = json::parse(trimmed.begin(), trimmed.end(), nullptr, false);
+      if (!value.is_array()) return nullptr;
+      return value;
+    }
   }
   return nullptr;
 }
@@ -264,6 +275,7 @@ absl::StatusOr<OpenAiImageRequest> build_request(const json& fields,
   if (fields.contains("negative_prompt")) {
     request.negative_prompt = fields["negative_prompt"].get<std::string>();
   }
+  if (fields.contains("loras")) parse_openai_loras(fields["loras"], &request.loras, &violations);
   if (!violations.empty()) return invalid_argument_status(violations);
   return out;
 }
@@ -483,6 +495,7 @@ json openai_images_response(const JobSpec& spec, const JobResult& result,
              {"encode_seconds", result.encode_seconds},
              {"total_seconds", total_seconds}}}};
   if (!spec.request_id.empty()) out["request_id"] = spec.request_id;
+  if (!spec.loras.empty()) out["loras"] = openai_loras_json(spec.loras);
   return out;
 }
 

@@ -184,7 +184,8 @@ Metrics::Metrics()
       gpu_total_(BuildGauge()
                      .Name("flux2_gpu_memory_total_bytes")
                      .Help("Device capacity")
-                     .Register(*registry_)) {
+                     .Register(*registry_)),
+      lora_(*registry_) {
   // Export zeros for the series known to exist (Prometheus practice: no missing series).
   for (const char* method : {"GenerateImage", "GenerateImageStream", "GetModelInfo",
                              "images.generations", "images.edits"}) {
@@ -201,7 +202,8 @@ Metrics::Metrics()
   }
   step_duration_.Add({{"quality", "lossless"}}, step_buckets());
   for (const char* result : {"hit", "miss"}) prompt_cache_requests_.Add({{"result", result}});
-  for (const char* reason : {kQueueFull, kDeviceMemory, kRequestTooLarge, kResponseTooLarge})
+  for (const char* reason :
+       {kQueueFull, kDeviceMemory, kRequestTooLarge, kResponseTooLarge, kLoraCacheFull})
     resource_exhausted_.Add({{"reason", reason}});
   for (const char* kind : {kFaultDeviceMemory, kFaultDeviceError, kFaultStall})
     engine_faults_.Add({{"kind", kind}});

@@ -18,6 +18,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/ops/lora_metrics.h"
 #include "server/ops/system_metrics.h"
 
 namespace flux2::server {
@@ -71,6 +72,9 @@ class Metrics {
   // Arrival to the end of the request's first denoising step (its first progress event).
   void observe_first_step(double seconds);
 
+  // The LoRA families (flux2_lora_*).
+  LoraMetrics& lora() { return lora_; }
+
   // What the Exposer serves: the registry plus the fast-path collector.
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables() const;
   // The text exposition format of everything (tests).
@@ -102,6 +106,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& gpu_used_;
   prometheus::Family<prometheus::Gauge>& gpu_peak_;
   prometheus::Family<prometheus::Gauge>& gpu_total_;
+  LoraMetrics lora_;
 };
 
 // Label values of flux2_resource_exhausted_total{reason}: RESOURCE_EXHAUSTED told apart.
@@ -109,6 +114,7 @@ inline constexpr char kQueueFull[] = "queue_full";                 // admission 
 inline constexpr char kDeviceMemory[] = "device_memory";           // out of GPU memory in a request
 inline constexpr char kRequestTooLarge[] = "request_too_large";    // body over --max-request-bytes
 inline constexpr char kResponseTooLarge[] = "response_too_large";  // over --max-response-bytes
+inline constexpr char kLoraCacheFull[] = "lora_cache";  // adapters over --lora-cache-bytes
 
 // Label values of flux2_engine_faults_total{kind}.
 inline constexpr char kFaultDeviceMemory[] = "device_memory";  // a request ran out of GPU memory

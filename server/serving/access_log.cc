@@ -1,6 +1,8 @@
 // Request accounting; see access_log.h. Tested by tests/server/log_test.cc.
 #include "server/serving/access_log.h"
 
+#include "absl/strings/str_cat.h"
+#include "kernels/base/decimal.h"
 #include "server/common/log.h"
 #include "server/serving/validate.h"
 
@@ -31,6 +33,10 @@ void record_finished_request(Metrics& metrics, absl::string_view method,
     record.steps = static_cast<int>(spec->params.num_inference_steps);
     record.num_images = spec->num_images;
     record.quality = std::string(quality_name(spec->params.quality));
+    for (const AppliedLora& lora : spec->loras) {
+      absl::StrAppend(&record.loras, record.loras.empty() ? "" : ",", lora.name, ":",
+                      exact_decimal(lora.scale));
+    }
   }
   if (!status.ok()) record.error = std::string(status.message());
   metrics.count_request(method, record.code, seconds);

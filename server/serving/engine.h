@@ -6,10 +6,12 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "model/field_violation.h"
 #include "model/pipeline.h"
@@ -37,6 +39,22 @@ class Engine {
   virtual absl::Status device_status() = 0;
   // TEST ONLY (--test-inject-fault): Backend::inject_fault. Worker thread only.
   virtual absl::Status inject_fault(InjectedFault fault, double hang_seconds) = 0;
+
+  // LoRA adapters (GenerateParams::loras): the transformer shapes they are parsed against; null
+  // when this engine takes none. Thread-safe.
+  virtual const Flux2Config* lora_config() const { return nullptr; }
+  // Uploads `lora` and keeps it on the device for good (--lora-preload). Worker thread only.
+  virtual absl::Status pin_lora(const LoraRequest& lora) const {
+    return absl::UnimplementedError(
+        absl::StrCat("this engine takes no LoRA adapters (", lora.key, ")"));
+  }
+  // The device adapter cache's counters; none without one. Thread-safe.
+  virtual std::optional<LoraCacheStats> lora_cache_stats() const { return std::nullopt; }
+  // Whether the adapter of content key `key` is on the device now. Thread-safe.
+  virtual bool lora_resident(const std::string& key) const {
+    (void)key;
+    return false;
+  }
 };
 
 // TEST ONLY (--test-inject-fault KIND[@STEP][:SECONDS]): the fault the engine worker provokes once,

@@ -37,6 +37,15 @@ absl::string_view job_state_name(JobState state);
 // generated images.
 constexpr int kDefaultEncoderQuality = 95;
 
+// An adapter a request applied, as the response reports it.
+struct AppliedLora {
+  std::string name;
+  double scale = 1.0;
+  std::string layout;  // lora_layout_name()
+  int64_t max_rank = 0;
+  std::string sha256_prefix;  // 12 hex digits of the file's SHA-256
+};
+
 // A validated request (validate() in server/serving/validate.h builds it from a GenerateRequest).
 struct JobSpec {
   // params.seed is the first image's seed; image i uses seed + i. params.width / height are the
@@ -46,6 +55,8 @@ struct JobSpec {
   ImageFormat format = ImageFormat::kPng;
   int encoder_quality = kDefaultEncoderQuality;  // JPEG and WebP only
   std::string request_id;
+  // The adapters of params.loras, in order (filled by ServingCore::create_job).
+  std::vector<AppliedLora> loras;
 };
 
 // Sent to the RPC layer after every denoising step.

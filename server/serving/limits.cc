@@ -45,6 +45,10 @@ absl::StatusOr<Limits> resolve_limits(const LimitFlags& flags, const PipelineInf
   limits.uses_cfg = model.uses_cfg;
   limits.quality_high_enabled = flags.enable_quality_high && model.quality_high;
   limits.fast_paths = flags.fast_paths;
+  limits.lora_enabled = flags.lora_enabled;
+  limits.max_loras_per_request = flags.lora_enabled ? flags.max_loras_per_request : 0;
+  limits.max_lora_rank = flags.max_lora_rank;
+  limits.max_lora_scale = flags.max_lora_scale;
   return limits;
 }
 
@@ -63,6 +67,9 @@ std::vector<LimitEntry> limit_entries(const Limits& limits) {
       {"max_reference_bytes", n(limits.max_reference_bytes)},
       {"max_request_bytes", n(limits.max_request_bytes)},
       {"max_response_bytes", n(limits.max_response_bytes)},
+      {"max_loras_per_request", n(limits.max_loras_per_request)},
+      {"max_lora_rank", n(limits.max_lora_rank)},
+      {"max_lora_scale", limits.max_lora_scale},
   };
 }
 

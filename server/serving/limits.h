@@ -33,6 +33,11 @@ struct Limits {
   bool uses_cfg = false;                            // the model takes a negative prompt
   bool quality_high_enabled = false;                // --enable-quality-high
   bool fast_paths = true;  // --fast-paths: every request's fast-path switch
+  // LoRA adapters (--lora-dir; without it max_loras_per_request is 0 and loras are refused).
+  bool lora_enabled = false;
+  int64_t max_loras_per_request = 0;
+  int64_t max_lora_rank = 256;  // a module of higher rank is refused (--max-lora-rank)
+  double max_lora_scale = 8.0;  // |scale| bound
 };
 
 // The flags that set limits (flux2_server --help); each may only narrow the model's bound.
@@ -48,6 +53,10 @@ struct LimitFlags {
   int64_t max_sequence_length = 512;
   bool enable_quality_high = false;
   bool fast_paths = true;
+  bool lora_enabled = false;  // --lora-dir given
+  int64_t max_loras_per_request = 4;
+  int64_t max_lora_rank = 256;
+  double max_lora_scale = 8.0;
 };
 
 // The limits of `model` narrowed by `flags`; InvalidArgument naming the flag and both numbers

@@ -28,6 +28,13 @@ absl::string_view image_mime_type(ImageFormat format);
 // Its name in messages: "PNG", "JPEG", "WebP".
 absl::string_view image_format_name(ImageFormat format);
 
+// One LoRA adapter a request applies (README "LoRA adapters"): a name under --lora-dir and its
+// weight (set_adapters' adapter_weights; PEFT scaling = scale x alpha / rank).
+struct LoraSpec {
+  std::string name;             // "styles/pixel-art": styles/pixel-art.safetensors under --lora-dir
+  std::optional<double> scale;  // none: 1
+};
+
 struct GenerateRequest {
   std::string prompt;
   std::string negative_prompt;  // CFG models only
@@ -44,6 +51,7 @@ struct GenerateRequest {
   int64_t num_images = 0;                     // 0: 1; image i uses seed + i
   std::vector<std::string> reference_images;  // PNG or JPEG bytes, in order (editing)
   std::string request_id;                     // logged and echoed; printable ASCII
+  std::vector<LoraSpec> loras;                // applied in this order; names unique
 };
 
 }  // namespace flux2::server

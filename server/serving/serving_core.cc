@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
+#include "model/flux2_lora.h"
 #include "server/common/log.h"
 #include "server/serving/validate.h"
 
@@ -106,6 +107,11 @@ void ServingCore::publish_model() {
     return;
   }
   model->limits = *limits;
+  if (absl::Status lora = open_loras(*engine); !lora.ok()) {
+    on_worker_phase(WorkerPhase::kFailed, lora);
+    return;
+  }
+  model->loras = loras_.get();
   metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
   if (!model->info.device_pci_bus_id.empty() &&
       !metrics_.attach_gpu(model->info.device_pci_bus_id)) {
@@ -122,6 +128,89 @@ void ServingCore::publish_model() {
   state_.set_serving();
   metrics_.set_ready(true);
   log_line(LogLevel::kInfo, line);
+}
+
+absl::Status ServingCore::open_loras(const Engine& engine) {
+  const LoraServingOptions& lora = options_.lora;
+  if (lora.dir.empty()) return absl::OkStatus();
+  const Flux2Config* config = engine.lora_config();
+  if (config == nullptr) {
+    return absl::UnimplementedError("--lora-dir: this engine takes no LoRA adapters");
+  }
+  LoraRegistryOptions registry;
+  registry.dir = lora.dir;
+  registry.host_cache_bytes = lora.host_cache_bytes;
+  registry.max_rank = options_.limits.max_lora_rank;
+  FLUX_ASSIGN_OR_RETURN(loras_, LoraRegistry::open(registry, *config, &metrics_));
+  for (const std::string& name : lora.preload) {
+    absl::StatusOr<ResolvedLora> resolved = loras_->resolve(name);
+    absl::Status status = resolved.status();
+    if (status.ok())
+      status = engine.pin_lora(LoraRequest{resolved->sha256, resolved->adapter, 1.0});
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("--lora-preload: ", name, ": ", status.message()));
+    }
+    loras_->mark_pinned(name);
+    log_line(LogLevel::kInfo, absl::StrCat("LoRA adapter ", name, " pinned on the device"));
+  }
+  update_lora_device_metrics_from(engine);
+  return absl::OkStatus();
+}
+
+absl::Status ServingCore::resolve_loras(const GenerateRequest& request, const ServingModel& model,
+                                        JobSpec& spec) {
+  if (request.loras.empty() || model.loras == nullptr) return absl::OkStatus();
+  std::vector<FieldViolation> violations;
+  const int64_t value_bytes = model.info.backend == "cuda" ? 2 : 4;
+  int64_t device_bytes = 0;
+  for (size_t i = 0; i < request.loras.size(); ++i) {
+    const LoraSpec& wanted = request.loras[i];
+    const std::string field = absl::StrCat("loras[", i, "]");
+    absl::StatusOr<ResolvedLora> lora = model.loras->resolve(wanted.name);
+    if (absl::IsNotFound(lora.status()) || absl::IsPermissionDenied(lora.status())) {
+      violations.push_back({field + ".name", std::string(lora.status().message())});
+      continue;
+    }
+    if (!lora.ok()) {
+      violations.push_back({field, absl::StrCat(wanted.name, ": ", lora.status().message())});
+      continue;
+    }
+    const double scale = wanted.scale.value_or(1.0);
+    device_bytes += Flux2LoraWeights::device_bytes(*lora->adapter, value_bytes);
+    spec.params.loras.push_back(LoraRequest{lora->sha256, lora->adapter, scale});
+    spec.loras.push_back(AppliedLora{wanted.name, scale, lora_layout_name(lora->adapter->layout),
+                                     lora->adapter->max_rank(), lora->sha256.substr(0, 12)});
+  }
+  if (!violations.empty()) return invalid_argument_status(violations);
+  const int64_t capacity = options_.lora.device_cache_bytes;
+  if (capacity > 0 && device_bytes > capacity) {
+    metrics_.count_resource_exhausted(kLoraCacheFull);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "loras: ", device_bytes, " bytes of adapters exceed --lora-cache-bytes ", capacity));
+  }
+  return absl::OkStatus();
+}
+
+void ServingCore::update_lora_device_metrics() {
+  absl::StatusOr<std::shared_ptr<const ServingModel>> model = serving_model();
+  if (model.ok() && (*model)->loras != nullptr) update_lora_device_metrics_from(*(*model)->engine);
+}
+
+void ServingCore::update_lora_device_metrics_from(const Engine& engine) {
+  const std::optional<LoraCacheStats> now = engine.lora_cache_stats();
+  if (!now) return;
+  std::lock_guard<std::mutex> lock(lora_mu_);
+  LoraCacheStats& seen = lora_device_seen_;
+  LoraMetrics& lora = metrics_.lora();
+  lora.count_cache("device", true, now->hits - seen.hits);
+  lora.count_cache("device", false, now->misses - seen.misses);
+  lora.count_evictions("device", now->evictions - seen.evictions);
+  if (now->upload_seconds > seen.upload_seconds) {
+    lora.observe_upload(now->upload_seconds - seen.upload_seconds);
+  }
+  lora.set_cache("device", now->bytes, now->capacity);
+  seen = *now;
 }
 
 void ServingCore::on_stall(const Stall& stall) {
@@ -162,8 +251,10 @@ absl::StatusOr<std::shared_ptr<Job>> ServingCore::create_job(
     std::shared_ptr<JobEvents> events, std::shared_ptr<const ServingModel>* model) {
   FLUX_ASSIGN_OR_RETURN(*model, serving_model());
   FLUX_ASSIGN_OR_RETURN(JobSpec spec, validate(request, (*model)->limits, random_seed()));
+  FLUX_RETURN_IF_ERROR(resolve_loras(request, **model, spec));
   const std::vector<FieldViolation> refused = (*model)->engine->check(spec.params);
   if (!refused.empty()) return invalid_argument_status(refused);
+  metrics_.lora().count_request(static_cast<int64_t>(spec.params.loras.size()));
   return std::make_shared<Job>(std::move(spec), arrival, deadline, std::move(events));
 }
 
@@ -175,7 +266,8 @@ absl::Status ServingCore::admit(const std::shared_ptr<Job>& job) {
     }
     ++outstanding_jobs_;
   }
-  job->set_on_finished([this] {
+  job->set_on_finished([this, lora = !job->spec().params.loras.empty()] {
+    if (lora) update_lora_device_metrics();
     std::lock_guard<std::mutex> lock(mu_);
     --outstanding_jobs_;
     cv_.notify_all();

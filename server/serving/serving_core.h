@@ -15,6 +15,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend_options.h"
@@ -25,6 +26,7 @@
 #include "server/serving/job_events.h"
 #include "server/serving/job_queue.h"
 #include "server/serving/limits.h"
+#include "server/serving/lora_registry.h"
 #include "server/serving/request.h"
 #include "server/serving/server_state.h"
 #include "server/serving/stall_watchdog.h"
@@ -39,6 +41,9 @@ struct ServingFacts {
   int http_port = 0;               // the bound HTTP API port; 0 when it is off
   // The HTTP API's connection flags by name (http-head-timeout-s, ...); empty when it is off.
   std::map<std::string, std::string> http_options;
+  // The LoRA flags by name (lora-dir, lora-cache-bytes, lora-host-cache-bytes, lora-preload);
+  // empty without --lora-dir.
+  std::map<std::string, std::string> lora_options;
   StallPolicy stall;              // --stall-timeout-min-s, --stall-step-multiple
   std::string test_inject_fault;  // TEST ONLY: --test-inject-fault as given; "" in production
 };
@@ -49,6 +54,15 @@ struct ServingModel {
   Limits limits;
   ServingFacts facts;
   const Engine* engine = nullptr;  // for Engine::check (thread-safe); outlives the requests
+  LoraRegistry* loras = nullptr;   // the adapters under --lora-dir; null without it
+};
+
+// Where adapters come from and how many stay cached (--lora-*; README "LoRA adapters").
+struct LoraServingOptions {
+  std::string dir;  // --lora-dir; empty: LoRA is off
+  int64_t host_cache_bytes = int64_t{8} << 30;
+  int64_t device_cache_bytes = int64_t{2} << 30;  // --lora-cache-bytes (the engine's budget)
+  std::vector<std::string> preload;  // --lora-preload: loaded and pinned before readiness
 };
 
 struct CoreOptions {
@@ -56,6 +70,7 @@ struct CoreOptions {
   LimitFlags limits;     // narrowed into the model's bounds when it loads (resolve_limits)
   WorkerOptions worker;  // warm-up, test delays and faults
   ServingFacts facts;    // reported as they are (queue_depth is copied in)
+  LoraServingOptions lora;
 };
 
 class ServingCore {
@@ -106,6 +121,14 @@ class ServingCore {
  private:
   void on_worker_phase(WorkerPhase phase, const absl::Status& status);
   void publish_model();
+  // Opens --lora-dir for `engine`'s transformer and loads and pins --lora-preload's adapters.
+  absl::Status open_loras(const Engine& engine);
+  // Resolves the request's adapters through the registry into spec's params and report.
+  absl::Status resolve_loras(const GenerateRequest& request, const ServingModel& model,
+                             JobSpec& spec);
+  // flux2_lora_* of the device tier from the engine's cache counters (after each request).
+  void update_lora_device_metrics();
+  void update_lora_device_metrics_from(const Engine& engine);
   void on_stall(const Stall& stall);
   void on_stall_recovered();
   uint64_t random_seed();
@@ -120,6 +143,9 @@ class ServingCore {
   EncodeStage encoder_;
   std::unique_ptr<StallWatchdog> watchdog_;
   std::unique_ptr<EngineWorker> worker_;
+  std::unique_ptr<LoraRegistry> loras_;  // set once, on the worker thread, before serving
+  std::mutex lora_mu_;
+  LoraCacheStats lora_device_seen_;  // guarded by lora_mu_: the counters last exported
   bool worker_joined_ = true;
   std::atomic<bool> device_broken_{false};
 

@@ -11,6 +11,7 @@
 #include "kernels/base/decimal.h"
 #include "model/image_encode.h"
 #include "model/reference_image.h"
+#include "server/serving/lora_registry.h"
 
 namespace flux2::server {
 namespace {
@@ -190,6 +191,46 @@ void check_the_rest(const GenerateRequest& request, const Limits& limits,
   }
 }
 
+// The adapters' count, names and scales; resolving the files is ServingCore's (lora_registry.h).
+void check_loras(const GenerateRequest& request, const Limits& limits,
+                 std::vector<FieldViolation>* violations) {
+  if (request.loras.empty()) return;
+  if (!limits.lora_enabled) {
+    violations->push_back({"loras", "this server has no --lora-dir"});
+    return;
+  }
+  const int64_t count = static_cast<int64_t>(request.loras.size());
+  if (count > limits.max_loras_per_request) {
+    violations->push_back(
+        {"loras", absl::StrCat(count, " adapters exceed ", limits.max_loras_per_request)});
+    return;
+  }
+  for (size_t i = 0; i < request.loras.size(); ++i) {
+    const LoraSpec& lora = request.loras[i];
+    const std::string field = absl::StrCat("loras[", i, "]");
+    if (absl::Status name = check_lora_name(lora.name); !name.ok()) {
+      violations->push_back({field + ".name", std::string(name.message())});
+    } else {
+      for (size_t j = 0; j < i; ++j) {
+        if (request.loras[j].name != lora.name) continue;
+        violations->push_back({field + ".name", absl::StrCat("'", lora.name, "' repeated")});
+        break;
+      }
+    }
+    if (!lora.scale) continue;
+    const double scale = *lora.scale;
+    if (!std::isfinite(scale)) {
+      violations->push_back(
+          {field + ".scale", absl::StrCat(exact_decimal(scale), " is not finite")});
+    } else if (std::abs(scale) > limits.max_lora_scale) {
+      violations->push_back(
+          {field + ".scale",
+           absl::StrCat(exact_decimal(scale), " is outside -", exact_decimal(limits.max_lora_scale),
+                        "..", exact_decimal(limits.max_lora_scale))});
+    }
+  }
+}
+
 // The job of a request that passed every check.
 JobSpec make_spec(const GenerateRequest& request, const Limits& limits, SizedReferences sized,
                   uint64_t random_seed) {
@@ -226,6 +267,7 @@ absl::StatusOr<JobSpec> validate(const GenerateRequest& request, const Limits& l
   check_steps_and_guidance(request, limits, &violations);
   check_output(request, limits, sized, &violations);
   check_the_rest(request, limits, &violations);
+  check_loras(request, limits, &violations);
   if (!violations.empty()) return invalid_argument_status(violations);
   return make_spec(request, limits, std::move(sized), random_seed);
 }

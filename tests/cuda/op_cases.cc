@@ -73,6 +73,14 @@ std::vector<OpCase> make_cases() {
            });
          },
          "gate_residual"});
+    // LoRA's add onto k's columns of the fused [q|k|v] output, as flux2_lora applies it.
+    add({"add_scaled", sd(r) + ",into_qkv", [r](OpEnv& e) {
+           Tensor qkv = e.in_place(r.s, 3 * r.d, 4.0f);
+           Tensor k = qkv.col_slice(r.d, r.d), update = e.input(r.s, r.d, 4.0f);
+           e.set_bytes(3 * r.s * r.d * 2);  // k read and written, the update read (bf16)
+           return e.call(
+               k, [&be = e.backend(), k, update] { return be.add_scaled(k, update, -0.375f); });
+         }});
     // The single block: [q|k|v|gate|up] -> SwiGLU into the mlp columns of [attn|mlp].
     add({"swiglu", sd(r) + ",into_concat",
          [r](OpEnv& e) {

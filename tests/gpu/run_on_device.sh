@@ -8,13 +8,15 @@
 #                              [ab] [ab-e2e] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
 #                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile] [e2e-shapes]
+#                              [lora]
 #                              (default: tests golden bench bench-dev)
 # `ab-e2e` alternates the base's and this tree's klein-4B whole requests (both qualities, twice;
 # one with a reference image).
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
 # resize with PIL's; `edit` times editing requests (one 1024x1024 reference, klein-KV, 4 references);
-# `dev` times FLUX.2-dev requests (resident; the 80 GB plan under an 80 GB cap; the prompt cache).
+# `lora` times steps with rank-32 LoRA adapters on every Linear against the same steps without
+# (klein-4B one and two adapters at both qualities, dev one); `dev` times FLUX.2-dev requests (resident; the 80 GB plan under an 80 GB cap; the prompt cache).
 # `tune` times each GEMM plan's cuBLASLt candidates over whole steps (klein-4B both qualities, dev
 # lossless, 1024x1024) into $OUT/gemm_algorithms.json; `gemm-ab` times steps
 # with the heuristic's algorithms and with that table (or $GEMM_TABLE) alternately, `builtin-ab`
@@ -129,6 +131,7 @@ if want golden; then
     record $? "golden $dir (cuda): $(tail -n1 "$out/golden-$dir.log")"
     high_parts=transformer; [[ -f tests/data/$dir/vae_decode.safetensors ]] && high_parts=transformer,vae
     [[ -f tests/data/$dir/vae_encode_cases.json ]] && high_parts=$high_parts,vae_encode
+    [[ -f tests/data/$dir/lora_transformer.safetensors ]] && high_parts=$high_parts,lora
     "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda --only $high_parts --quality high \
       >"$out/golden-high-$dir.log" 2>&1
     record $? "golden $dir (cuda, quality=high): $(tail -n1 "$out/golden-high-$dir.log")"
@@ -263,6 +266,15 @@ fi
 if want edit-profile; then  # device time per op and shape of a klein-4B request with one reference
   bench "$bin/flux2" profile.jsonl "profile e2e klein-4b, 1 reference" --e2e --model klein-4b \
     --references 1 --repeats 1 --profile-by-shape --tokenizer "$tokenizer"
+fi
+if want lora; then  # the step with rank-32 adapters on every Linear against the step without
+  for quality in lossless high; do
+    for n in 1 2; do
+      bench "$bin/flux2" lora.jsonl "lora klein-4b $quality x$n" --model klein-4b --quality $quality \
+        --lora-rank 32 --loras $n
+    done
+  done
+  bench "$bin/flux2" lora.jsonl "lora dev lossless x1" --model dev --lora-rank 32
 fi
 if want bench-dev; then
   bench "$bin/flux2" bench.jsonl "bench dev" --model dev

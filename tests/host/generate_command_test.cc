@@ -127,5 +127,36 @@ TEST(GenerateCommandTest, BadInputsFailClearly) {
   EXPECT_NE(errors.find("--prompt is required"), std::string::npos) << errors;
 }
 
+// --lora FILE[:SCALE] applies adapters in order (the image changes; scale 0 leaves it as
+// without); a bad adapter fails naming the flag and the file.
+TEST(GenerateCommandTest, LoraAdaptersApplyInOrderAndBadOnesNameTheFlag) {
+  testing::TempDir dir;
+  const std::string model = testing::test_data_dir() + "/tiny-klein/checkpoint";
+  const std::string style =
+      testing::test_data_dir() + "/tiny-klein/loras/style_diffusers.safetensors";
+  auto run = [&](std::vector<std::string> extra, const std::string& name) {
+    std::vector<std::string> words = {"--model-dir", model, "--prompt", "a red fox",
+                                      "--height",    "32",  "--width",  "32",
+                                      "--steps",     "2",   "--out",    dir.path() + "/" + name};
+    words.insert(words.end(), extra.begin(), extra.end());
+    ::testing::internal::CaptureStderr();
+    const int status = generate(words);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    return std::make_pair(status, err);
+  };
+  ASSERT_EQ(run({}, "plain.png").first, 0);
+  ASSERT_EQ(run({"--lora", style + ":0"}, "zero.png").first, 0);
+  ASSERT_EQ(run({"--lora", style + ":0.8"}, "style.png").first, 0);
+  EXPECT_EQ(read_file(dir.path() + "/zero.png"), read_file(dir.path() + "/plain.png"));
+  EXPECT_NE(read_file(dir.path() + "/style.png"), read_file(dir.path() + "/plain.png"));
+  const std::string model_file =
+      testing::test_data_dir() + "/tiny-klein/checkpoint/transformer/config.json";
+  const auto bad = run({"--lora", style, "--lora", model_file}, "bad.png");
+  EXPECT_EQ(bad.first, 1);
+  EXPECT_NE(bad.second.find("--lora[1]: " + model_file + ": not a safetensors file"),
+            std::string::npos)
+      << bad.second;
+}
+
 }  // namespace
 }  // namespace flux2

@@ -49,6 +49,26 @@ TEST_F(SafetensorsTest, ReadsMetadata) {
   EXPECT_EQ((*opened)->metadata().at("format"), "pt");
 }
 
+TEST_F(SafetensorsTest, ReadsBytesHeldInMemory) {
+  const std::string file = path("memory.safetensors");
+  testing::write_safetensors(file, {{"a", testing::f32_tensor({2}, {1.5f, -2})}});
+  std::FILE* f = std::fopen(file.c_str(), "rb");
+  std::vector<uint8_t> bytes(4096);
+  bytes.resize(std::fread(bytes.data(), 1, bytes.size(), f));
+  std::fclose(f);
+  auto parsed = SafetensorsFile::from_bytes(bytes, "adapter");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto values = read_f32(**parsed, "a");
+  ASSERT_TRUE(values.ok());
+  EXPECT_EQ(*values, (std::vector<float>{1.5f, -2}));
+  // Errors start with the label, or with the problem itself when the label is empty.
+  bytes[0] = 0xff;
+  EXPECT_THAT(std::string(SafetensorsFile::from_bytes(bytes, "adapter").status().message()),
+              ::testing::StartsWith("adapter: header length "));
+  EXPECT_THAT(std::string(SafetensorsFile::from_bytes(bytes, "").status().message()),
+              ::testing::StartsWith("header length "));
+}
+
 TEST_F(SafetensorsTest, RejectsTooShortFile) {
   const std::string file = path("short.safetensors");
   std::FILE* f = std::fopen(file.c_str(), "wb");

@@ -43,6 +43,13 @@ class FakeEngine final : public Engine {
   }
 
   const PipelineInfo& info() const override { return info_; }
+  const Flux2Config* lora_config() const override {
+    return control_->lora_config ? &*control_->lora_config : nullptr;
+  }
+  absl::Status pin_lora(const LoraRequest& lora) const override {
+    (void)lora;
+    return absl::OkStatus();
+  }
 
   std::vector<FieldViolation> check(const GenerateParams& params) const override {
     std::vector<FieldViolation> violations;

@@ -70,6 +70,9 @@ class FakeEngineControl {
   // already generated (the warm-up's included) is a prompt_cache_hit, as the real pipeline's LRU
   // (which never evicts the few prompts of a test); 0: every generation is a miss.
   int64_t prompt_cache_bytes = kDefaultPromptCacheBytes;
+  // The transformer shapes LoRA adapters are parsed against (Engine::lora_config); none: the
+  // engine takes no adapters. Generations ignore the adapters.
+  std::optional<Flux2Config> lora_config;
 
  private:
   mutable std::mutex mu_;

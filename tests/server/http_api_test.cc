@@ -403,8 +403,8 @@ TEST_F(HttpApiTest, HealthReadyModelsAndOpenApi) {
   ASSERT_EQ(openapi.status, 200);
   const json doc = openapi.json_body();
   EXPECT_EQ(doc["openapi"], "3.0.3");
-  for (const char* route : {"/v1/images/generations", "/v1/images/edits", "/v1/models", "/health",
-                            "/ready", "/openapi.json"}) {
+  for (const char* route : {"/v1/images/generations", "/v1/images/edits", "/v1/models", "/v1/loras",
+                            "/health", "/ready", "/openapi.json"}) {
     EXPECT_TRUE(doc["paths"].contains(route)) << route;
   }
   // Draining: readiness goes, liveness stays until the process exits.

@@ -6,13 +6,17 @@
 // Run: build/bin/server_unit_tests --gtest_filter='LimitsTest*'
 #include <httplib.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "model/json_util.h"
 #include "nlohmann/json.hpp"
 #include "server/app/server_options.h"
 #include "server/serving/limits.h"
@@ -38,6 +42,26 @@ struct LimitCase {
   double step = 1;  // "one past": the next integer, or the next double for guidance
 };
 
+// The four tiny-klein adapters (tests/data/tiny-klein/loras) by the names the cases use; a fifth
+// name only ever meets the count check.
+const char* const kLoraNames[] = {"style", "bfl", "fal", "kohya", "fifth"};
+
+void set_loras(v1::GenerateImageRequest& r, double count, double scale) {
+  r.clear_loras();
+  for (int i = 0; i < static_cast<int>(count); ++i) {
+    v1::LoraAdapter* lora = r.add_loras();
+    lora->set_name(kLoraNames[i]);
+    lora->set_scale(scale);
+  }
+}
+
+void set_loras(json& b, double count, double scale) {
+  b["loras"] = json::array();
+  for (int i = 0; i < static_cast<int>(count); ++i) {
+    b["loras"].push_back({{"name", kLoraNames[i]}, {"scale", scale}});
+  }
+}
+
 class LimitsTest : public testing::FakeServerTest {
  protected:
   void SetUp() override {
@@ -47,7 +71,33 @@ class LimitsTest : public testing::FakeServerTest {
     options_.max_images = 3;
     options_.max_prompt_bytes = 40;
     control_->open_gate();
+    // --lora-dir with the tiny adapters; the fake engine parses them for the tiny transformer.
+    const std::string data = FLUX2_TEST_DATA_DIR "/tiny-klein/";
+    lora_dir_ = std::filesystem::temp_directory_path() /
+                ("flux2_limits_loras_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(lora_dir_);
+    std::filesystem::create_directories(lora_dir_);
+    const std::pair<const char*, const char*> files[] = {{"style", "style_diffusers"},
+                                                         {"bfl", "bfl_aitoolkit"},
+                                                         {"fal", "fal_peft"},
+                                                         {"kohya", "kohya"}};
+    for (const auto& [name, file] : files) {
+      std::filesystem::copy_file(data + "loras/" + file + ".safetensors",
+                                 lora_dir_ / (std::string(name) + ".safetensors"));
+    }
+    absl::StatusOr<json> config = read_json_file(data + "checkpoint/transformer/config.json");
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<Flux2Config> transformer = Flux2Config::from_json(*config, "tiny-klein");
+    ASSERT_TRUE(transformer.ok()) << transformer.status();
+    control_->lora_config = *transformer;
+    options_.lora_dir = lora_dir_.string();
   }
+  void TearDown() override {
+    FakeServerTest::TearDown();
+    std::filesystem::remove_all(lora_dir_);
+  }
+
+  std::filesystem::path lora_dir_;
 
   v1::GetModelInfoResponse model_info() {
     grpc::ClientContext context;
@@ -115,6 +165,11 @@ std::vector<LimitCase> limit_cases() {
          b["size"] = std::to_string(kSide) + "x" + std::to_string(static_cast<int>(v) / kSide);
        },
        "width", "size"},
+      {"max_loras_per_request", [](auto& r, double v) { set_loras(r, v, 1.0); },
+       [](json& b, double v) { set_loras(b, v, 1.0); }, "loras", "loras"},
+      {"max_lora_scale", [](auto& r, double v) { set_loras(r, 1, v); },
+       [](json& b, double v) { set_loras(b, 1, v); }, "loras[0].scale", "loras[0].scale",
+       std::numeric_limits<double>::infinity()},
   };
 }
 
@@ -149,6 +204,33 @@ TEST_F(LimitsTest, EveryReportedLimitIsAcceptedAndOnePastIsRefusedNamingTheField
     EXPECT_EQ(status, 400);
     EXPECT_EQ(error["error"]["param"], c.http_param) << error.dump();
   }
+}
+
+// max_lora_rank: an adapter of that rank is accepted, and one of a higher rank refused naming it
+// (bfl_aitoolkit is rank 8 throughout).
+TEST_F(LimitsTest, TheReportedLoraRankIsAcceptedAndAHigherOneRefused) {
+  options_.max_lora_rank = 8;
+  start();
+  EXPECT_EQ(model_info().limits().max_lora_rank(), 8);
+  v1::GenerateImageRequest request = testing::small_request(/*seed=*/1, /*steps=*/1);
+  request.add_loras()->set_name("bfl");
+  EXPECT_TRUE(generate_grpc(request).ok()) << generate_grpc(request).error_message();
+}
+
+TEST_F(LimitsTest, ALoraRankPastTheLimitIsRefusedNamingTheAdapter) {
+  options_.max_lora_rank = 7;
+  start();
+  v1::GenerateImageRequest request = testing::small_request(/*seed=*/1, /*steps=*/1);
+  request.add_loras()->set_name("bfl");
+  const grpc::Status refused = generate_grpc(request);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(testing::bad_request_fields(refused).at(0), "loras[0]");
+  EXPECT_NE(refused.error_message().find("exceeds --max-lora-rank 7"), std::string::npos)
+      << refused.error_message();
+  const auto [status, error] =
+      generate_http({{"prompt", "a fox"}, {"size", "64x48"}, {"loras", {{{"name", "bfl"}}}}});
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["error"]["param"], "loras[0]") << error.dump();
 }
 
 TEST_F(LimitsTest, ModelsEndpointReportsTheSameTable) {

@@ -154,6 +154,28 @@ TEST(Metrics, BucketsFollowMetricsMd) {
             steps);
 }
 
+TEST(Metrics, LoraFamiliesExportTheirSeriesAndBuckets) {
+  std::vector<std::string> buckets = metrics_md_buckets("into the host cache; buckets");
+  ASSERT_GE(buckets.size(), 5u) << "METRICS.md: no bucket list for flux2_lora_load_duration";
+  buckets.push_back("+Inf");
+  Metrics metrics;
+  metrics.lora().count_request(0);
+  metrics.lora().count_request(5);
+  metrics.lora().count_cache("device", false, 2);
+  metrics.lora().count_load_failure("rank");
+  const std::string text = metrics.render();
+  EXPECT_EQ(rendered_buckets(text, "flux2_lora_load_duration_seconds", ""), buckets);
+  EXPECT_EQ(rendered_buckets(text, "flux2_lora_upload_duration_seconds", ""), buckets);
+  EXPECT_EQ(metric_value(text, "flux2_lora_requests_total", {{"adapters", "0"}}), 1.0);
+  EXPECT_EQ(metric_value(text, "flux2_lora_requests_total", {{"adapters", "2"}}), 0.0);
+  EXPECT_EQ(metric_value(text, "flux2_lora_requests_total", {{"adapters", "3+"}}), 1.0);
+  EXPECT_EQ(metric_value(text, "flux2_lora_cache_requests_total",
+                         {{"tier", "device"}, {"result", "miss"}}),
+            2.0);
+  EXPECT_EQ(metric_value(text, "flux2_lora_load_failures_total", {{"reason", "rank"}}), 1.0);
+  EXPECT_EQ(metric_value(text, "flux2_lora_load_failures_total", {{"reason", "io"}}), 0.0);
+}
+
 TEST(Metrics, CountsAndObservations) {
   Metrics metrics;
   metrics.count_request("GenerateImage", "OK", 0.3);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,8 @@
 #include "model/flux2_presets.h"
 #include "model/flux2_transformer.h"
 #include "model/image_encode.h"
+#include "model/lora_device_cache.h"
+#include "model/lora_targets.h"
 #include "model/pipeline_presets.h"
 #include "model/reference_image.h"
 #include "model/rope.h"
@@ -65,6 +68,10 @@ struct BenchOptions {
   int64_t tune_candidates = 8;  // --tune-candidates: the heuristic's first N per plan
   bool json = false;
   OpProfiling profile = OpProfiling::kOff;  // also report device time per op category (or shape)
+  // --lora-rank R (--loras N): N random adapters of rank R on every Linear, and the step without
+  // them timed in the same run for the ratio.
+  int64_t lora_rank = 0;
+  int64_t loras = 1;
 };
 
 // Fallbacks counted since `before` (fast_path_snapshot), by path and reason: a healthy run at the
@@ -151,6 +158,40 @@ absl::StatusOr<std::pair<double, double>> tune_gemms_by_steps(
   return std::make_pair(before, after);
 }
 
+// A LoRA adapter of `rank` on every Linear of `config` with random values (alpha = rank).
+std::shared_ptr<const LoraAdapter> random_lora_adapter(const Flux2Config& config, int64_t rank,
+                                                       uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto adapter = std::make_shared<LoraAdapter>();
+  for (const auto& [name, target] : flux2_lora_targets(config)) {
+    LoraModule m{name, rank, target.in_features, target.out_features, {}, {}, double(rank), false};
+    m.a.resize(static_cast<size_t>(rank * m.in_features));
+    m.b.resize(static_cast<size_t>(m.out_features * rank));
+    const float a_scale = 1.0f / std::sqrt(static_cast<float>(m.in_features));
+    for (float& v : m.a) v = uniform(rng) * a_scale;
+    for (float& v : m.b) v = uniform(rng) * 0.01f;
+    adapter->modules.push_back(std::move(m));
+  }
+  return adapter;
+}
+
+// --lora-rank: the request's adapters on the device and their terms (null without).
+absl::StatusOr<std::shared_ptr<const Flux2Lora>> bench_lora(Backend& be, const Flux2Config& config,
+                                                            const BenchOptions& o,
+                                                            LoraDeviceCache& uploads) {
+  if (o.lora_rank <= 0) return nullptr;
+  std::vector<LoraRequest> requests;
+  for (int64_t i = 0; i < o.loras; ++i) {
+    requests.push_back({absl::StrCat("random", i),
+                        random_lora_adapter(config, o.lora_rank, 100 + static_cast<uint64_t>(i)),
+                        i % 2 == 0 ? 0.8 : -0.5});
+  }
+  progress(absl::StrCat(o.loras, " random adapter(s) of rank ", o.lora_rank, " on every Linear"));
+  FLUX_ASSIGN_OR_RETURN(std::vector<Flux2LoraUse> uses, uploads.acquire(be, config, requests));
+  return std::make_shared<const Flux2Lora>(flux2_lora(config, uses));
+}
+
 absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   FLUX_ASSIGN_OR_RETURN(Flux2Config config, flux2_preset(o.model));
   if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
@@ -179,9 +220,11 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   std::vector<float> guidance;
   if (config.guidance_embeds) guidance.assign(static_cast<size_t>(total), 4.0f);
   be.reset_peak_memory();
-  FLUX_ASSIGN_OR_RETURN(
-      Flux2Conditioning cond,
-      model->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w), timesteps, guidance));
+  LoraDeviceCache uploads;  // --lora-rank: this run's adapters
+  FLUX_ASSIGN_OR_RETURN(std::shared_ptr<const Flux2Lora> lora, bench_lora(be, config, o, uploads));
+  FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond,
+                        model->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w), timesteps,
+                                       guidance, nullptr, lora));
   auto step = [&](int64_t i) -> absl::Status {
     FLUX_RETURN_IF_ERROR(model->forward(cond, i, x, v));
     return be.euler_step(x, v, schedule.dt(i));
@@ -208,6 +251,18 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
     synced.push_back(ms);
   }
   std::sort(synced.begin(), synced.end());
+  std::optional<double> without_lora;  // --lora-rank: the same steps without the adapters
+  if (lora != nullptr) {
+    FLUX_ASSIGN_OR_RETURN(
+        Flux2Conditioning plain,
+        model->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w), timesteps, guidance));
+    FLUX_ASSIGN_OR_RETURN(std::vector<double> plain_times,
+                          be.time_each_ms(o.steps, [&](int64_t i) -> absl::Status {
+                            FLUX_RETURN_IF_ERROR(model->forward(plain, o.warmup + i, x, v));
+                            return be.euler_step(x, v, schedule.dt(o.warmup + i));
+                          }));
+    without_lora = median_of(std::move(plain_times));
+  }
   std::map<std::string, double> profile;
   if (o.profile != OpProfiling::kOff) {
     // A few more steps with events around every op: where the step's time goes.
@@ -248,6 +303,17 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
                            {"peak_device_bytes", memory.peak_bytes},
                            {"weight_bytes", model->load_report().device_bytes},
                            {"fp8_weight_bytes", fp8_bytes}};
+  if (without_lora) {
+    result["lora_rank"] = o.lora_rank;
+    result["loras"] = o.loras;
+    int64_t values = 0;  // per adapter
+    for (const auto& [name, t] : flux2_lora_targets(config)) {
+      values += o.lora_rank * (t.in_features + t.out_features);
+    }
+    result["lora_device_bytes"] = o.loras * values * dtype_size(be.weight_dtype());
+    result["ms_per_step_without_lora_median"] = *without_lora;
+    result["lora_step_ratio"] = median / *without_lora;
+  }
   if (tuned) {
     result["tune_ms_per_step_before"] = tuned->first;
     result["tune_ms_per_step_after"] = tuned->second;
@@ -464,6 +530,8 @@ void add_bench_flags(CLI::App& app, BenchFlags& f) {
   app.add_option("--tune-gemm", o.tune_gemm);
   app.add_option("--tune-by", f.tune_by);
   app.add_option("--tune-candidates", o.tune_candidates);
+  app.add_option("--lora-rank", o.lora_rank);
+  app.add_option("--loras", o.loras);
   add_backend_flags(app, f.backend_options);
 }
 

@@ -16,7 +16,9 @@
 #include "absl/strings/string_view.h"
 
 #include "kernels/backend.h"
+#include "model/lora_device_cache.h"
 #include "model/safetensors.h"
+#include "nlohmann/json.hpp"
 
 namespace flux2 {
 
@@ -85,6 +87,17 @@ absl::StatusOr<Tensor> upload_values(Backend& backend, const std::vector<float>&
 std::vector<float> chw_to_hwc(const std::vector<float>& chw, int64_t c, int64_t h, int64_t w);
 std::vector<float> hwc_to_chw(const std::vector<float>& hwc, int64_t c, int64_t h, int64_t w);
 
+// The inputs of one transformer.safetensors case ("case0."), uploaded (golden_transformer.cc).
+struct TransformerInputs {
+  Tensor prompt;  // [L, J]
+  Tensor x;       // [N, in_channels]
+  std::vector<int64_t> img_ids, txt_ids;
+  std::vector<float> timestep, guidance;  // guidance: dev only
+};
+absl::StatusOr<TransformerInputs> transformer_inputs(Backend& backend, const Flux2Config& config,
+                                                     const SafetensorsFile& vectors,
+                                                     const std::string& prefix);
+
 // The parts, each defined in golden_<part>.cc.
 void check_golden_tokenizer(const GoldenContext& context, GoldenReport& report);
 void check_golden_text_encoder(const GoldenContext& context, GoldenReport& report);
@@ -96,5 +109,13 @@ void check_golden_vae_encode(const GoldenContext& context, GoldenReport& report)
 void check_golden_pipeline(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report);
+void check_golden_lora(const GoldenContext& context, GoldenReport& report);
+void check_golden_lora_pipeline(const GoldenContext& context, GoldenReport& report);
+
+// The adapters `[[name, weight], ...]` of a lora_cases.json case, read from the files its
+// "adapters" table names and parsed for `config` (golden_lora.cc).
+absl::StatusOr<std::vector<LoraRequest>> golden_loras(const GoldenContext& context,
+                                                      const nlohmann::json& adapters,
+                                                      const Flux2Config& config);
 
 }  // namespace flux2

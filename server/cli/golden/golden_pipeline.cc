@@ -1,5 +1,6 @@
-// check-golden parts "pipeline", "edit" and "edit_kv": whole generations prompt (+ reference
-// images) -> image (pipeline_cases.json + pipeline.safetensors, edit_*, edit_kv_*), for whichever
+// check-golden parts "pipeline", "edit", "edit_kv" and "lora_pipeline": whole generations prompt
+// (+ reference images, + LoRA adapters) -> image (pipeline_cases.json + pipeline.safetensors,
+// edit_*, edit_kv_*, lora_cases.json's pipeline_cases + lora_pipeline.safetensors), for whichever
 // pipeline the checkpoint's model_index.json names (klein, klein-KV, dev): the prompt embeddings,
 // the initial noise, the reference tokens, the latents after every step, the float image and
 // image_u8 (tests/data/README.md: 1e-4 relative; u8 equal up to 1 level on <= 0.5% of values).
@@ -24,9 +25,10 @@ constexpr double kMaxOffByOneFraction = 0.005;  // tests/data/README.md: at most
 
 // One part: its cases, its vectors and how its pipeline runs.
 struct GenerationPart {
-  const char* cases;    // e.g. "edit_cases.json"
-  const char* vectors;  // e.g. "edit.safetensors"
-  bool kv_cache;        // run as klein-KV
+  const char* cases;                // e.g. "edit_cases.json"
+  const char* vectors;              // e.g. "edit.safetensors"
+  bool kv_cache;                    // run as klein-KV
+  const char* cases_key = nullptr;  // the cases' member of the cases file (null: the whole file)
 };
 
 absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
@@ -58,6 +60,10 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
   params.seed = item.at("seed").get<uint64_t>();
   params.guidance_scale = item.value("guidance_scale", -1.0);
   params.max_sequence_length = item.at("max_sequence_length").get<int64_t>();
+  if (item.contains("adapters")) {
+    FLUX_ASSIGN_OR_RETURN(
+        params.loras, golden_loras(context, item.at("adapters"), pipeline->transformer_config()));
+  }
 
   std::map<std::string, std::vector<float>> produced;
   absl::Status hook_status;
@@ -136,8 +142,13 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
 
 void check_generations(const GoldenContext& context, const GenerationPart& part,
                        GoldenReport& report) {
-  auto cases = read_json_file(context.dir + "/" + part.cases);
-  if (!cases.ok()) return report.fail(part.cases, "-", cases.status().message());
+  auto file = read_json_file(context.dir + "/" + part.cases);
+  if (!file.ok()) return report.fail(part.cases, "-", file.status().message());
+  const nlohmann::json* cases = &*file;
+  if (part.cases_key != nullptr) {
+    if (!file->contains(part.cases_key)) return report.fail(part.cases, "-", "no cases");
+    cases = &(*file)[part.cases_key];
+  }
   auto vectors = SafetensorsFile::open(context.dir + "/" + part.vectors);
   if (!vectors.ok()) return report.fail(part.vectors, "-", vectors.status().message());
   if (!cases->is_array() || cases->empty()) return report.fail(part.cases, "-", "no cases");
@@ -174,6 +185,11 @@ void check_golden_edit(const GoldenContext& context, GoldenReport& report) {
 
 void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report) {
   check_generations(context, {"edit_kv_cases.json", "edit_kv.safetensors", true}, report);
+}
+
+void check_golden_lora_pipeline(const GoldenContext& context, GoldenReport& report) {
+  check_generations(
+      context, {"lora_cases.json", "lora_pipeline.safetensors", false, "pipeline_cases"}, report);
 }
 
 }  // namespace flux2

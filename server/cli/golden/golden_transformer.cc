@@ -25,6 +25,29 @@ absl::StatusOr<std::vector<int64_t>> read_ids(const SafetensorsFile& file,
   return std::vector<int64_t>(values.begin(), values.end());
 }
 
+}  // namespace
+
+absl::StatusOr<TransformerInputs> transformer_inputs(Backend& be, const Flux2Config& config,
+                                                     const SafetensorsFile& vectors,
+                                                     const std::string& p) {
+  TransformerInputs in;
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> hidden, read_f32(vectors, p + "hidden_states"));
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> text, read_f32(vectors, p + "encoder_hidden_states"));
+  FLUX_ASSIGN_OR_RETURN(in.timestep, read_f32(vectors, p + "timestep"));
+  FLUX_ASSIGN_OR_RETURN(in.img_ids, read_ids(vectors, p + "img_ids"));
+  FLUX_ASSIGN_OR_RETURN(in.txt_ids, read_ids(vectors, p + "txt_ids"));
+  if (vectors.find(p + "guidance") != nullptr) {
+    FLUX_ASSIGN_OR_RETURN(in.guidance, read_f32(vectors, p + "guidance"));
+  }
+  const int64_t n = static_cast<int64_t>(hidden.size()) / config.in_channels;
+  const int64_t l = static_cast<int64_t>(text.size()) / config.joint_attention_dim;
+  FLUX_ASSIGN_OR_RETURN(in.prompt, upload_values(be, text, {l, config.joint_attention_dim}));
+  FLUX_ASSIGN_OR_RETURN(in.x, upload_values(be, hidden, {n, config.in_channels}));
+  return in;
+}
+
+namespace {
+
 // The tensors the golden has for case `name` ("case0"), as `model` on `be` computes them: the
 // output and every tapped block output.
 absl::StatusOr<std::map<std::string, std::vector<float>>> forward_case(
@@ -32,23 +55,12 @@ absl::StatusOr<std::map<std::string, std::vector<float>>> forward_case(
     const std::string& name) {
   const Flux2Config& config = model.config();
   const std::string p = name + ".";
-  FLUX_ASSIGN_OR_RETURN(std::vector<float> hidden, read_f32(vectors, p + "hidden_states"));
-  FLUX_ASSIGN_OR_RETURN(std::vector<float> text, read_f32(vectors, p + "encoder_hidden_states"));
-  FLUX_ASSIGN_OR_RETURN(std::vector<float> timestep, read_f32(vectors, p + "timestep"));
-  FLUX_ASSIGN_OR_RETURN(std::vector<int64_t> img_ids, read_ids(vectors, p + "img_ids"));
-  FLUX_ASSIGN_OR_RETURN(std::vector<int64_t> txt_ids, read_ids(vectors, p + "txt_ids"));
-  std::vector<float> guidance;
-  if (vectors.find(p + "guidance") != nullptr) {
-    FLUX_ASSIGN_OR_RETURN(guidance, read_f32(vectors, p + "guidance"));
-  }
-  const int64_t n = static_cast<int64_t>(hidden.size()) / config.in_channels;
-  const int64_t l = static_cast<int64_t>(text.size()) / config.joint_attention_dim;
-
-  FLUX_ASSIGN_OR_RETURN(Tensor prompt, upload_values(be, text, {l, config.joint_attention_dim}));
-  FLUX_ASSIGN_OR_RETURN(Tensor x, upload_values(be, hidden, {n, config.in_channels}));
-  FLUX_ASSIGN_OR_RETURN(Tensor out, be.empty(be.activation_dtype(), {n, config.out_channels}));
+  FLUX_ASSIGN_OR_RETURN(TransformerInputs in, transformer_inputs(be, config, vectors, p));
+  const Tensor& x = in.x;
+  FLUX_ASSIGN_OR_RETURN(Tensor out,
+                        be.empty(be.activation_dtype(), {x.rows(), config.out_channels}));
   FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond,
-                        model.prepare(prompt, txt_ids, img_ids, timestep, guidance));
+                        model.prepare(in.prompt, in.txt_ids, in.img_ids, in.timestep, in.guidance));
 
   std::map<std::string, std::vector<float>> taps;
   absl::Status tap_status;

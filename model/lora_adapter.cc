@@ -1,0 +1,756 @@
+// Reads a LoRA adapter file of any FLUX.2 layout into diffusers' per-module form; see
+// lora_adapter.h and model/README.md "LoRA adapter layouts". Tested by
+// tests/host/lora_adapter_test.cc.
+#include "model/lora_adapter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <regex>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "kernels/base/dtype.h"
+#include "kernels/base/status.h"
+#include "model/lora_targets.h"
+#include "model/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace flux2 {
+namespace {
+
+template <typename... Parts>
+absl::Status invalid(const Parts&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(parts...));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names: how each layout spells a module, and the diffusers modules it stands for.
+
+// How a file's module becomes diffusers modules.
+enum class Mapping : uint8_t {
+  kDirect,      // one module, A and B as they are
+  kQkv,         // BFL's fused qkv: to_q/to_k/to_v share A, B's row thirds (q, k, v)
+  kSwapHalves,  // BFL's final adaLN: B's two row halves swapped (shift|scale -> scale|shift)
+};
+
+struct SourceModule {
+  Mapping mapping = Mapping::kDirect;
+  std::vector<std::string> modules;  // diffusers names: one, or q, k, v for kQkv
+  bool kohya_dropped = false;        // diffusers' kohya converter drops this module (Q5)
+};
+
+struct NameTables {
+  std::map<std::string, LoraTarget> targets;         // diffusers module -> shape
+  std::map<std::string, SourceModule> diffusers;     // diffusers module -> itself
+  std::map<std::string, SourceModule> bfl;           // BFL name ("double_blocks.0.img_attn.qkv")
+  std::map<std::string, const SourceModule*> kohya;  // BFL name with '_' for '.' -> bfl entry
+};
+
+void add_bfl_double_block(int64_t i, std::map<std::string, SourceModule>* bfl) {
+  const std::string p = absl::StrCat("double_blocks.", i, ".");
+  const std::string m = absl::StrCat("transformer_blocks.", i, ".");
+  (*bfl)[p + "img_attn.qkv"] = {Mapping::kQkv, {m + "attn.to_q", m + "attn.to_k", m + "attn.to_v"}};
+  (*bfl)[p + "txt_attn.qkv"] = {
+      Mapping::kQkv, {m + "attn.add_q_proj", m + "attn.add_k_proj", m + "attn.add_v_proj"}};
+  (*bfl)[p + "img_attn.proj"] = {Mapping::kDirect, {m + "attn.to_out.0"}};
+  (*bfl)[p + "txt_attn.proj"] = {Mapping::kDirect, {m + "attn.to_add_out"}};
+  (*bfl)[p + "img_mlp.0"] = {Mapping::kDirect, {m + "ff.linear_in"}};
+  (*bfl)[p + "img_mlp.2"] = {Mapping::kDirect, {m + "ff.linear_out"}};
+  (*bfl)[p + "txt_mlp.0"] = {Mapping::kDirect, {m + "ff_context.linear_in"}};
+  (*bfl)[p + "txt_mlp.2"] = {Mapping::kDirect, {m + "ff_context.linear_out"}};
+}
+
+// BFL's module names (diffusers' _convert_non_diffusers_flux2_lora_to_diffusers mapping).
+std::map<std::string, SourceModule> bfl_names(const Flux2Config& config) {
+  std::map<std::string, SourceModule> bfl;
+  auto direct = [&](const std::string& name, const std::string& module, bool kohya_dropped) {
+    bfl[name] = {Mapping::kDirect, {module}, kohya_dropped};
+  };
+  direct("img_in", "x_embedder", false);
+  direct("txt_in", "context_embedder", false);
+  direct("time_in.in_layer", "time_guidance_embed.timestep_embedder.linear_1", false);
+  direct("time_in.out_layer", "time_guidance_embed.timestep_embedder.linear_2", false);
+  if (config.guidance_embeds) {
+    direct("guidance_in.in_layer", "time_guidance_embed.guidance_embedder.linear_1", true);
+    direct("guidance_in.out_layer", "time_guidance_embed.guidance_embedder.linear_2", true);
+  }
+  direct("final_layer.linear", "proj_out", false);
+  bfl["final_layer.adaLN_modulation.1"] = {Mapping::kSwapHalves, {"norm_out.linear"}, true};
+  direct("single_stream_modulation.lin", "single_stream_modulation.linear", true);
+  direct("double_stream_modulation_img.lin", "double_stream_modulation_img.linear", true);
+  direct("double_stream_modulation_txt.lin", "double_stream_modulation_txt.linear", true);
+  for (int64_t i = 0; i < config.num_layers; ++i) add_bfl_double_block(i, &bfl);
+  for (int64_t j = 0; j < config.num_single_layers; ++j) {
+    const std::string p = absl::StrCat("single_blocks.", j, ".");
+    const std::string m = absl::StrCat("single_transformer_blocks.", j, ".attn.");
+    direct(p + "linear1", m + "to_qkv_mlp_proj", false);
+    direct(p + "linear2", m + "to_out", false);
+  }
+  return bfl;
+}
+
+NameTables make_name_tables(const Flux2Config& config) {
+  NameTables names;
+  names.targets = flux2_lora_targets(config);
+  for (const auto& [module, target] : names.targets) {
+    names.diffusers[module] = {Mapping::kDirect, {module}};
+  }
+  names.bfl = bfl_names(config);
+  for (const auto& [name, source] : names.bfl) {
+    names.kohya[absl::StrReplaceAll(name, {{".", "_"}})] = &source;
+  }
+  return names;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Keys: suffixes, prefixes and layouts.
+
+enum class Part : uint8_t { kA, kB, kAlpha };
+enum class Spelling : uint8_t { kNone, kAB, kDownUp };  // kNone: only an .alpha
+
+struct KeySuffix {
+  const char* text;
+  Part part;
+  Spelling spelling;
+};
+constexpr KeySuffix kKeySuffixes[] = {
+    {".lora_A.weight", Part::kA, Spelling::kAB},
+    {".lora_B.weight", Part::kB, Spelling::kAB},
+    {".lora_down.weight", Part::kA, Spelling::kDownUp},
+    {".lora_up.weight", Part::kB, Spelling::kDownUp},
+    {".alpha", Part::kAlpha, Spelling::kNone},
+};
+
+constexpr absl::string_view kDiffusersPrefix = "transformer.";
+constexpr absl::string_view kBflPrefix = "diffusion_model.";
+constexpr absl::string_view kFalPrefix = "base_model.model.";
+constexpr absl::string_view kKohyaPrefix = "lora_unet_";
+
+// The keys of one module of the file: "<stem>.lora_A.weight", "<stem>.lora_B.weight", ...
+struct KeyGroup {
+  std::string stem;
+  const SafetensorsEntry* a = nullptr;
+  const SafetensorsEntry* b = nullptr;
+  const SafetensorsEntry* alpha = nullptr;
+  Spelling spelling = Spelling::kNone;
+  LoraLayout layout = LoraLayout::kDiffusers;
+  const SourceModule* source = nullptr;
+};
+
+struct UnknownKey {
+  std::string key;
+  std::string reason;
+};
+
+// Finds the layout and modules of `group.stem` (spelled `group.spelling`); else a reason.
+std::string resolve_group(const NameTables& names, KeyGroup* group) {
+  absl::string_view name = group->stem;
+  const bool down_up = group->spelling == Spelling::kDownUp;
+  auto find = [&](const std::map<std::string, SourceModule>& table) -> const SourceModule* {
+    auto it = table.find(std::string(name));
+    return it == table.end() ? nullptr : &it->second;
+  };
+  auto no_module = [&] { return absl::StrCat("no FLUX.2 module '", name, "'"); };
+  if (absl::ConsumePrefix(&name, kKohyaPrefix)) {
+    auto it = names.kohya.find(std::string(name));
+    if (it == names.kohya.end()) return no_module();
+    if (!down_up) return "kohya names take lora_down / lora_up";
+    group->layout = LoraLayout::kKohya;
+    group->source = it->second;
+    return "";
+  }
+  const bool bfl_prefix = absl::ConsumePrefix(&name, kBflPrefix);
+  const bool fal_prefix = !bfl_prefix && absl::ConsumePrefix(&name, kFalPrefix);
+  const bool diffusers_prefix =
+      !bfl_prefix && !fal_prefix && absl::ConsumePrefix(&name, kDiffusersPrefix);
+  std::string legacy;  // an old exporter's "sformer_blocks." for "transformer_blocks."
+  if (bfl_prefix && absl::StartsWith(name, "sformer_blocks.")) {
+    legacy = absl::StrCat("tran", name);
+    name = legacy;
+  }
+  if (const SourceModule* module = find(names.diffusers); module != nullptr && !fal_prefix) {
+    if (down_up) return "lora_down / lora_up are read with BFL names under 'diffusion_model.'";
+    group->layout = diffusers_prefix ? LoraLayout::kDiffusers
+                    : bfl_prefix     ? LoraLayout::kDiffusersNames
+                                     : LoraLayout::kBareDiffusers;
+    group->source = module;
+    return "";
+  }
+  const SourceModule* module = diffusers_prefix ? nullptr : find(names.bfl);
+  if (module == nullptr) return no_module();
+  if (down_up && !bfl_prefix) {
+    return "lora_down / lora_up are read with BFL names under 'diffusion_model.'";
+  }
+  group->layout = bfl_prefix   ? (down_up ? LoraLayout::kBflDownUp : LoraLayout::kBfl)
+                  : fal_prefix ? LoraLayout::kFal
+                               : LoraLayout::kBareBfl;
+  group->source = module;
+  return "";
+}
+
+// Module names of FLUX.1 (diffusers and BFL), dotted; kohya keys are compared with '_' for '.'.
+constexpr const char* kFlux1Markers[] = {
+    "ff.net.0.proj",    "ff.net.2",     "ff_context.net.0.proj",
+    "ff_context.net.2", "norm1.linear", "norm1_context.linear",
+    "norm.linear",      "proj_mlp",     "time_text_embed",
+    "img_mod.lin",      "txt_mod.lin",  ".modulation.lin",
+    "vector_in",
+};
+
+absl::Status unknown_keys_error(const std::vector<UnknownKey>& unknown) {
+  std::vector<std::string> markers;
+  for (const char* marker : kFlux1Markers) {
+    const std::string underscored = absl::StrReplaceAll(marker, {{".", "_"}});
+    for (const UnknownKey& key : unknown) {
+      const bool kohya = absl::StartsWith(key.key, kKohyaPrefix);
+      if (absl::StrContains(key.key, marker) ||
+          (kohya && absl::StrContains(key.key, underscored) &&
+           !absl::StrContains(key.key, "stream_modulation"))) {
+        markers.push_back(std::string(absl::StripPrefix(marker, ".")));
+        break;
+      }
+    }
+  }
+  if (!markers.empty()) {
+    return invalid("keys look like FLUX.1 (", absl::StrJoin(markers, ", "),
+                   "): not a FLUX.2 adapter");
+  }
+  const std::string more =
+      unknown.size() > 1 ? absl::StrCat(" (and ", unknown.size() - 1, " more)") : "";
+  return invalid("unknown key '", unknown[0].key, "'", more, ": ", unknown[0].reason);
+}
+
+// Splits every key into its module's group; refuses unknown keys and a mix of layouts.
+absl::StatusOr<std::vector<KeyGroup>> group_keys(const SafetensorsFile& file,
+                                                 const std::vector<std::string>& keys,
+                                                 const NameTables& names) {
+  std::map<std::string, KeyGroup> by_stem;
+  std::vector<UnknownKey> unknown;
+  for (const std::string& key : keys) {
+    const KeySuffix* suffix = nullptr;
+    for (const KeySuffix& candidate : kKeySuffixes) {
+      if (absl::EndsWith(key, candidate.text)) suffix = &candidate;
+    }
+    if (suffix == nullptr) {
+      unknown.push_back({key, "not a LoRA tensor (lora_A, lora_B, lora_down, lora_up or alpha)"});
+      continue;
+    }
+    const std::string stem = key.substr(0, key.size() - std::strlen(suffix->text));
+    KeyGroup& group = by_stem[stem];
+    group.stem = stem;
+    const SafetensorsEntry* entry = file.find(key);
+    if (suffix->spelling != Spelling::kNone) {
+      if (group.spelling != Spelling::kNone && group.spelling != suffix->spelling) {
+        return invalid("'", stem, "' mixes lora_A / lora_B with lora_down / lora_up");
+      }
+      group.spelling = suffix->spelling;
+    }
+    (suffix->part == Part::kA ? group.a : suffix->part == Part::kB ? group.b : group.alpha) = entry;
+  }
+  std::vector<KeyGroup> groups;
+  for (auto& [stem, group] : by_stem) {
+    if (group.spelling == Spelling::kNone) group.spelling = Spelling::kAB;  // alpha only
+    std::string reason = resolve_group(names, &group);
+    if (!reason.empty()) {
+      for (const SafetensorsEntry* entry : {group.a, group.b, group.alpha}) {
+        if (entry != nullptr) unknown.push_back({entry->name, reason});
+      }
+      continue;
+    }
+    groups.push_back(group);
+  }
+  if (!unknown.empty()) {
+    std::sort(unknown.begin(), unknown.end(),
+              [](const UnknownKey& x, const UnknownKey& y) { return x.key < y.key; });
+    return unknown_keys_error(unknown);
+  }
+  for (const KeyGroup& group : groups) {
+    if (group.layout != groups[0].layout) {
+      return invalid("mixes layouts: '", groups[0].stem, "' (", lora_layout_name(groups[0].layout),
+                     ") and '", group.stem, "' (", lora_layout_name(group.layout), ")");
+    }
+  }
+  return groups;
+}
+
+// Refusals decided by key names alone: kinds of adapter we do not apply.
+absl::Status refuse_unsupported_kinds(const std::vector<std::string>& keys) {
+  for (const std::string& key : keys) {
+    if (absl::StrContains(key, "lora_magnitude_vector") || absl::StrContains(key, "dora_scale")) {
+      return invalid("DoRA (lora_magnitude_vector / dora_scale) is not supported");
+    }
+  }
+  for (const std::string& key : keys) {
+    if (absl::StrContains(key, "lokr_") || absl::StrContains(key, "hada_")) {
+      return invalid("LoKr/LoHa (lokr_w1 / hada_w1_a) is not supported");
+    }
+  }
+  for (const std::string& key : keys) {
+    if ((absl::StrContains(key, "lora_B") || absl::StrContains(key, "lora_up")) &&
+        absl::EndsWith(key, ".bias")) {
+      return invalid("lora_B bias is not supported");
+    }
+  }
+  for (const std::string& key : keys) {
+    if (absl::StartsWith(key, "lora_te") || absl::StartsWith(key, "text_encoder")) {
+      return invalid("text-encoder keys (", key,
+                     ") are not supported: FLUX.2 adapters apply to the transformer only");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// PEFT's LoraConfig from the header (__metadata__["lora_adapter_metadata"], keys "transformer.").
+
+struct PeftConfig {
+  bool present = false;
+  int64_t r = 8;  // LoraConfig's defaults
+  double lora_alpha = 8.0;
+  nlohmann::ordered_json rank_pattern = nlohmann::ordered_json::object();
+  nlohmann::ordered_json alpha_pattern = nlohmann::ordered_json::object();
+  bool use_rslora = false;
+};
+
+absl::Status metadata_type_error(absl::string_view field, absl::string_view expected) {
+  return invalid("lora_adapter_metadata: 'transformer.", field, "' is not ", expected);
+}
+
+absl::StatusOr<PeftConfig> parse_peft_config(const std::map<std::string, std::string>& metadata) {
+  PeftConfig config;
+  auto it = metadata.find("lora_adapter_metadata");
+  if (it == metadata.end()) return config;
+  const auto json = nlohmann::ordered_json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) return invalid("lora_adapter_metadata is not a JSON object");
+  config.present = true;
+  auto field = [&](const char* name) -> const nlohmann::ordered_json* {
+    auto found = json.find(absl::StrCat(kDiffusersPrefix, name));
+    return found == json.end() || found->is_null() ? nullptr : &*found;
+  };
+  if (const auto* use_dora = field("use_dora"); use_dora != nullptr && *use_dora == true) {
+    return invalid("DoRA (lora_magnitude_vector / dora_scale) is not supported");
+  }
+  if (const auto* lora_bias = field("lora_bias"); lora_bias != nullptr && *lora_bias == true) {
+    return invalid("lora_B bias is not supported");
+  }
+  if (const auto* r = field("r")) {
+    if (!r->is_number_integer() || r->get<int64_t>() <= 0) {
+      return metadata_type_error("r", "a positive integer");
+    }
+    config.r = r->get<int64_t>();
+  }
+  if (const auto* alpha = field("lora_alpha")) {
+    if (!alpha->is_number()) return metadata_type_error("lora_alpha", "a number");
+    config.lora_alpha = alpha->get<double>();
+  }
+  if (const auto* rslora = field("use_rslora")) {
+    if (!rslora->is_boolean()) return metadata_type_error("use_rslora", "a boolean");
+    config.use_rslora = rslora->get<bool>();
+  }
+  for (auto [name, out] : {std::pair{"rank_pattern", &config.rank_pattern},
+                           std::pair{"alpha_pattern", &config.alpha_pattern}}) {
+    const auto* pattern = field(name);
+    if (pattern == nullptr) continue;
+    if (!pattern->is_object()) return metadata_type_error(name, "an object");
+    for (const auto& [key, value] : pattern->items()) {
+      if (!value.is_number()) return metadata_type_error(absl::StrCat(name, ".", key), "a number");
+    }
+    *out = *pattern;
+  }
+  return config;
+}
+
+// PEFT's get_pattern_key: the first key `k` of `pattern` with re.match(r"(.*\.)?(k)$", module).
+absl::StatusOr<const nlohmann::ordered_json*> match_pattern(const nlohmann::ordered_json& pattern,
+                                                            const std::string& module) {
+  for (auto it = pattern.begin(); it != pattern.end(); ++it) {
+    std::regex regex;
+    try {
+      regex = std::regex(absl::StrCat("(.*\\.)?(", it.key(), ")$"));
+    } catch (const std::regex_error&) {
+      return invalid("lora_adapter_metadata: pattern '", it.key(), "' is not a valid regex");
+    }
+    if (std::regex_search(module, regex, std::regex_constants::match_continuous)) return &*it;
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensors.
+
+struct Matrix {
+  std::string key;
+  DType dtype = DType::kF32;
+  Shape shape;
+  std::vector<float> values;
+  int64_t rows() const { return shape.size() == 2 ? shape[0] : -1; }
+  int64_t cols() const { return shape.size() == 2 ? shape[1] : -1; }
+};
+
+absl::StatusOr<Matrix> read_tensor(const SafetensorsFile& file, const SafetensorsEntry& entry) {
+  if (entry.dtype != DType::kF32 && entry.dtype != DType::kBF16 && entry.dtype != DType::kF16) {
+    return invalid("'", entry.name, "' has dtype ", dtype_name(entry.dtype),
+                   ": LoRA tensors must be F32, BF16 or F16");
+  }
+  Matrix matrix{entry.name, entry.dtype, entry.shape, {}};
+  matrix.values.resize(static_cast<size_t>(shape_numel(entry.shape)));
+  widen_to_f32(entry.dtype, file.data(entry), static_cast<int64_t>(matrix.values.size()),
+               matrix.values.data());
+  for (float value : matrix.values) {
+    if (!std::isfinite(value)) return invalid("non-finite values in ", entry.name);
+  }
+  return matrix;
+}
+
+// A value rounded to `dtype` as PyTorch stores a product computed in float (round to nearest even).
+float round_to_dtype(float value, DType dtype) {
+  if (dtype == DType::kBF16) return round_to_bf16(value);
+  if (dtype == DType::kF16) return static_cast<float>(static_cast<_Float16>(value));
+  return value;
+}
+
+// diffusers' kohya alpha baking: alpha/r split into scale_down * scale_up, scale_up a power of 2.
+struct BakedScales {
+  float down = 1.0f;  // as the multiplication reads it (float)
+  float up = 1.0f;
+};
+
+// Non-qkv modules: scale = alpha.item() / r in Python doubles.
+BakedScales kohya_scales_in_double(double scale) {
+  double down = scale, up = 1.0;
+  while (down * 2 < up) {
+    down *= 2;
+    up /= 2;
+  }
+  return {static_cast<float>(down), static_cast<float>(up)};
+}
+
+// qkv modules (_convert_to_ai_toolkit_cat): alpha stays a 0-dim tensor, so alpha / r is computed
+// in the alpha tensor's dtype (Q6).
+BakedScales kohya_scales_in_alpha_dtype(float alpha, DType alpha_dtype, int64_t rank) {
+  float down = round_to_dtype(alpha / static_cast<float>(rank), alpha_dtype);
+  double up = 1.0;
+  while (static_cast<double>(down) * 2 < up) {
+    down *= 2;
+    up /= 2;
+  }
+  return {down, static_cast<float>(up)};
+}
+
+void bake(Matrix* matrix, float scale) {
+  for (float& value : matrix->values) value = round_to_dtype(value * scale, matrix->dtype);
+}
+
+// Rows [row0, row0 + rows) and columns [col0, col0 + cols) of a row-major matrix.
+std::vector<float> block(const Matrix& matrix, int64_t row0, int64_t rows, int64_t col0,
+                         int64_t cols) {
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(rows * cols));
+  for (int64_t r = row0; r < row0 + rows; ++r) {
+    const float* row = matrix.values.data() + r * matrix.cols();
+    out.insert(out.end(), row + col0, row + col0 + cols);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One group into modules.
+
+struct Deviations {
+  bool swapped_final_adaln = false;  // Q1
+  bool alpha_keys = false;           // Q3
+  bool kohya_dropped = false;        // Q5
+};
+
+std::string group_label(const SourceModule& source) {
+  std::string label = source.modules[0];
+  for (size_t i = 1; i < source.modules.size(); ++i) {
+    absl::StrAppend(&label, "/", source.modules[i].substr(source.modules[i].rfind('.') + 1));
+  }
+  return label;
+}
+
+absl::Status check_shapes(const KeyGroup& group, const Matrix& a, const Matrix& b,
+                          const NameTables& names, const LoraParseOptions& options) {
+  const std::string label = group_label(*group.source);
+  if (a.shape.size() == 2 && b.shape.size() == 2 && a.rows() != b.cols()) {
+    return invalid("lora_A rank ", a.rows(), " != lora_B rank ", b.cols(), " at ", label);
+  }
+  int64_t out = 0;
+  const int64_t in = names.targets.at(group.source->modules[0]).in_features;
+  for (const std::string& module : group.source->modules) {
+    out += names.targets.at(module).out_features;
+  }
+  if (a.shape.size() != 2 || b.shape.size() != 2 || a.cols() != in || b.rows() != out) {
+    return invalid(label, ": lora_A ", shape_string(a.shape), " / lora_B ", shape_string(b.shape),
+                   " do not fit [", out, ", ", in, "] (an adapter for another FLUX.2 variant?)");
+  }
+  if (a.rows() > options.max_rank) {
+    return invalid("rank ", a.rows(), " at ", label, " exceeds --max-lora-rank ", options.max_rank);
+  }
+  return absl::OkStatus();
+}
+
+LoraModule make_module(const std::string& name, const NameTables& names, int64_t rank,
+                       std::vector<float> a, std::vector<float> b) {
+  LoraModule module;
+  module.module = name;
+  module.rank = rank;
+  module.in_features = names.targets.at(name).in_features;
+  module.out_features = names.targets.at(name).out_features;
+  module.a = std::move(a);
+  module.b = std::move(b);
+  return module;
+}
+
+// Kohya's fused qkv: the "split qkv" form (block-diagonal up, rank r/3 each) or a shared down.
+std::vector<LoraModule> split_kohya_qkv(const KeyGroup& group, const Matrix& down, const Matrix& up,
+                                        const NameTables& names) {
+  const int64_t rank = down.rows(), rows = up.rows() / 3;
+  bool block_diagonal = rank % 3 == 0;
+  for (int64_t i = 0; block_diagonal && i < 3; ++i) {
+    for (int64_t j = 0; block_diagonal && j < 3; ++j) {
+      if (i == j) continue;
+      for (float value : block(up, i * rows, rows, j * rank / 3, rank / 3)) {
+        if (value != 0.0f) block_diagonal = false;
+      }
+    }
+  }
+  std::vector<LoraModule> modules;
+  for (int64_t i = 0; i < 3; ++i) {
+    const std::string& name = group.source->modules[i];
+    if (block_diagonal) {
+      const int64_t r = rank / 3;
+      modules.push_back(make_module(name, names, r, block(down, i * r, r, 0, down.cols()),
+                                    block(up, i * rows, rows, i * r, r)));
+    } else {
+      modules.push_back(
+          make_module(name, names, rank, down.values, block(up, i * rows, rows, 0, rank)));
+    }
+  }
+  return modules;
+}
+
+// A kohya module with diffusers' alpha baking; alpha is then the rank (scaling 1).
+std::vector<LoraModule> convert_kohya(const KeyGroup& group, Matrix down, Matrix up,
+                                      const Matrix* alpha, const NameTables& names) {
+  const int64_t rank = down.rows();
+  const bool qkv = group.source->mapping == Mapping::kQkv;
+  BakedScales scales;
+  if (alpha == nullptr) {
+    scales = kohya_scales_in_double(1.0);
+  } else if (qkv) {
+    scales = kohya_scales_in_alpha_dtype(alpha->values[0], alpha->dtype, rank);
+  } else {
+    scales = kohya_scales_in_double(static_cast<double>(alpha->values[0]) / rank);
+  }
+  bake(&down, scales.down);
+  bake(&up, scales.up);
+  std::vector<LoraModule> modules;
+  if (qkv) {
+    modules = split_kohya_qkv(group, down, up, names);
+  } else {
+    modules.push_back(make_module(group.source->modules[0], names, rank, std::move(down.values),
+                                  std::move(up.values)));
+  }
+  if (group.source->mapping == Mapping::kSwapHalves) {
+    std::vector<float>& b = modules[0].b;
+    std::rotate(b.begin(), b.begin() + static_cast<int64_t>(b.size() / 2), b.end());
+  }
+  for (LoraModule& module : modules) module.alpha = static_cast<double>(module.rank);
+  return modules;
+}
+
+// A lora_A / lora_B module (every layout but kohya): shared A and B's row thirds for BFL's qkv.
+std::vector<LoraModule> convert_plain(const KeyGroup& group, Matrix a, Matrix b,
+                                      const NameTables& names) {
+  const int64_t rank = a.rows();
+  std::vector<LoraModule> modules;
+  if (group.source->mapping == Mapping::kQkv) {
+    const int64_t rows = b.rows() / 3;
+    for (int64_t i = 0; i < 3; ++i) {
+      modules.push_back(make_module(group.source->modules[i], names, rank, a.values,
+                                    block(b, i * rows, rows, 0, rank)));
+    }
+    return modules;
+  }
+  if (group.source->mapping == Mapping::kSwapHalves) {  // BFL shift|scale -> scale|shift (Q1)
+    std::rotate(b.values.begin(), b.values.begin() + static_cast<int64_t>(b.values.size() / 2),
+                b.values.end());
+  }
+  modules.push_back(
+      make_module(group.source->modules[0], names, rank, std::move(a.values), std::move(b.values)));
+  return modules;
+}
+
+// Alpha (and rank check) from an .alpha key, PEFT's config in the header, or alpha = rank.
+absl::Status assign_alpha(const Matrix* alpha, const PeftConfig& peft, LoraModule* module) {
+  module->alpha = static_cast<double>(module->rank);
+  module->rslora = peft.use_rslora;
+  if (peft.present) {
+    int64_t rank = peft.r;
+    FLUX_ASSIGN_OR_RETURN(const auto* rank_match, match_pattern(peft.rank_pattern, module->module));
+    if (rank_match != nullptr) rank = rank_match->get<int64_t>();
+    if (rank != module->rank) {
+      return invalid(module->module, ": rank ", module->rank,
+                     " differs from lora_adapter_metadata's rank ", rank);
+    }
+    module->alpha = peft.lora_alpha;
+    FLUX_ASSIGN_OR_RETURN(const auto* alpha_match,
+                          match_pattern(peft.alpha_pattern, module->module));
+    if (alpha_match != nullptr) module->alpha = alpha_match->get<double>();
+  }
+  if (alpha != nullptr) module->alpha = static_cast<double>(alpha->values[0]);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Matrix> read_alpha(const SafetensorsFile& file, const SafetensorsEntry& entry) {
+  FLUX_ASSIGN_OR_RETURN(Matrix alpha, read_tensor(file, entry));
+  if (alpha.values.size() != 1 || alpha.shape.size() > 1) {
+    return invalid("'", entry.name, "' is ", shape_string(entry.shape), ": alpha must be a scalar");
+  }
+  return alpha;
+}
+
+absl::Status convert_group(const SafetensorsFile& file, const KeyGroup& group,
+                           const NameTables& names, const PeftConfig& peft,
+                           const LoraParseOptions& options, std::vector<LoraModule>* modules,
+                           Deviations* deviations) {
+  const bool down_up = group.spelling == Spelling::kDownUp;
+  const char* a_name = down_up ? "lora_down" : "lora_A";
+  const char* b_name = down_up ? "lora_up" : "lora_B";
+  const std::string label = group_label(*group.source);
+  if (group.a == nullptr && group.b == nullptr) {
+    return invalid(label, ": alpha without lora_A / lora_B");
+  }
+  if (group.a == nullptr) return invalid(label, ": ", b_name, " without ", a_name);
+  if (group.b == nullptr) return invalid(label, ": ", a_name, " without ", b_name);
+  FLUX_ASSIGN_OR_RETURN(Matrix a, read_tensor(file, *group.a));
+  FLUX_ASSIGN_OR_RETURN(Matrix b, read_tensor(file, *group.b));
+  std::optional<Matrix> alpha;
+  if (group.alpha != nullptr) {
+    FLUX_ASSIGN_OR_RETURN(alpha, read_alpha(file, *group.alpha));
+  }
+  FLUX_RETURN_IF_ERROR(check_shapes(group, a, b, names, options));
+  const Matrix* alpha_ptr = alpha ? &*alpha : nullptr;
+  std::vector<LoraModule> converted;
+  if (group.layout == LoraLayout::kKohya) {
+    converted = convert_kohya(group, std::move(a), std::move(b), alpha_ptr, names);
+    deviations->kohya_dropped |= group.source->kohya_dropped;
+  } else {
+    converted = convert_plain(group, std::move(a), std::move(b), names);
+    for (LoraModule& module : converted) {
+      FLUX_RETURN_IF_ERROR(assign_alpha(alpha_ptr, peft, &module));
+    }
+    deviations->alpha_keys |= alpha_ptr != nullptr;
+  }
+  deviations->swapped_final_adaln |= group.source->mapping == Mapping::kSwapHalves;
+  for (LoraModule& module : converted) modules->push_back(std::move(module));
+  return absl::OkStatus();
+}
+
+std::vector<std::string> deviation_phrases(LoraLayout layout, const Deviations& found) {
+  std::vector<std::string> phrases;
+  if (found.swapped_final_adaln) {
+    phrases.push_back("final_layer.adaLN_modulation.1 B halves swapped to scale|shift (Q1)");
+  }
+  if (layout == LoraLayout::kBflDownUp) {
+    phrases.push_back("diffusion_model. lora_down/lora_up loaded with alpha/r (Q2)");
+  }
+  if (found.alpha_keys && layout != LoraLayout::kBflDownUp) {
+    phrases.push_back(".alpha keys read as lora_alpha (Q3)");
+  }
+  if (layout == LoraLayout::kBareBfl || layout == LoraLayout::kBareDiffusers) {
+    phrases.push_back("keys without a prefix loaded (Q4)");
+  }
+  if (found.kohya_dropped) {
+    phrases.push_back("kohya modulation / guidance_in / final adaLN loaded (Q5)");
+  }
+  return phrases;
+}
+
+}  // namespace
+
+const char* lora_layout_name(LoraLayout layout) {
+  switch (layout) {
+    case LoraLayout::kDiffusers:
+      return "diffusers";
+    case LoraLayout::kBfl:
+      return "bfl";
+    case LoraLayout::kFal:
+      return "fal";
+    case LoraLayout::kKohya:
+      return "kohya";
+    case LoraLayout::kBflDownUp:
+      return "bfl_down_up";
+    case LoraLayout::kBareBfl:
+      return "bare_bfl";
+    case LoraLayout::kBareDiffusers:
+      return "bare_diffusers";
+    case LoraLayout::kDiffusersNames:
+      return "diffusers_names";
+  }
+  return "unknown";
+}
+
+float LoraModule::scaling(double weight) const {
+  const double divisor = rslora ? std::sqrt(static_cast<double>(rank)) : static_cast<double>(rank);
+  return static_cast<float>((weight * alpha) / divisor);
+}
+
+int64_t LoraAdapter::max_rank() const {
+  int64_t rank = 0;
+  for (const LoraModule& module : modules) rank = std::max(rank, module.rank);
+  return rank;
+}
+
+int64_t LoraAdapter::values() const {
+  int64_t count = 0;
+  for (const LoraModule& module : modules) {
+    count += static_cast<int64_t>(module.a.size() + module.b.size());
+  }
+  return count;
+}
+
+absl::StatusOr<LoraAdapter> parse_lora_adapter(std::span<const uint8_t> file,
+                                               const Flux2Config& config,
+                                               const LoraParseOptions& options) {
+  auto tensors = SafetensorsFile::from_bytes(file, "");
+  if (!tensors.ok()) return invalid("not a safetensors file (", tensors.status().message(), ")");
+  std::vector<std::string> keys;
+  for (const SafetensorsEntry& entry : (*tensors)->entries()) keys.push_back(entry.name);
+  std::sort(keys.begin(), keys.end());
+  if (keys.empty()) return invalid("no LoRA tensors in the file");
+  FLUX_RETURN_IF_ERROR(refuse_unsupported_kinds(keys));
+  FLUX_ASSIGN_OR_RETURN(const PeftConfig peft, parse_peft_config((*tensors)->metadata()));
+  const NameTables names = make_name_tables(config);
+  FLUX_ASSIGN_OR_RETURN(const std::vector<KeyGroup> groups, group_keys(**tensors, keys, names));
+
+  LoraAdapter adapter;
+  adapter.layout = groups[0].layout;
+  Deviations deviations;
+  std::map<std::string, std::string> stem_of_module;
+  for (const KeyGroup& group : groups) {
+    const size_t first = adapter.modules.size();
+    FLUX_RETURN_IF_ERROR(
+        convert_group(**tensors, group, names, peft, options, &adapter.modules, &deviations));
+    for (size_t i = first; i < adapter.modules.size(); ++i) {
+      auto [it, inserted] = stem_of_module.emplace(adapter.modules[i].module, group.stem);
+      if (!inserted) {
+        return invalid(it->first, " given twice ('", it->second, "', '", group.stem, "')");
+      }
+    }
+  }
+  std::sort(adapter.modules.begin(), adapter.modules.end(),
+            [](const LoraModule& x, const LoraModule& y) { return x.module < y.module; });
+  adapter.deviations = deviation_phrases(adapter.layout, deviations);
+  return adapter;
+}
+
+}  // namespace flux2

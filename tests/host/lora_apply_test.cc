@@ -1,0 +1,188 @@
+// LoRA adapters on the CPU backend: add_scaled, the per-request terms (order, weight 0, fused-row
+// targets), the device LRU (budget, eviction order, in-use and pinned adapters), and that an
+// adapter of weight 0 leaves the transformer's output bit for bit as without it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+
+#include "kernels/base/read_file.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "model/checkpoint.h"
+#include "model/flux2_lora.h"
+#include "model/flux2_transformer.h"
+#include "model/lora_device_cache.h"
+#include "model/rope.h"
+#include "tests/host/test_util.h"
+
+namespace flux2 {
+namespace {
+
+using testing::download;
+using testing::test_data_dir;
+
+Flux2Config tiny_config() {
+  Flux2Config c;
+  c.num_attention_heads = 2;
+  c.attention_head_dim = 8;
+  c.num_layers = 1;
+  c.num_single_layers = 1;
+  c.joint_attention_dim = 16;
+  c.in_channels = 8;
+  c.out_channels = 8;
+  c.guidance_embeds = false;
+  return c;
+}
+
+// An adapter of `rank` on the named modules of `config`, every A value `a`, every B value `b`.
+std::shared_ptr<const LoraAdapter> constant_adapter(const Flux2Config& config, int64_t rank,
+                                                    std::vector<std::string> modules, float a,
+                                                    float b) {
+  auto adapter = std::make_shared<LoraAdapter>();
+  const auto targets = flux2_lora_targets(config);
+  for (const std::string& name : modules) {
+    const LoraTarget& t = targets.at(name);
+    LoraModule m{name, rank, t.in_features, t.out_features, {}, {}, double(rank), false};
+    m.a.assign(static_cast<size_t>(rank * t.in_features), a);
+    m.b.assign(static_cast<size_t>(t.out_features * rank), b);
+    adapter->modules.push_back(std::move(m));
+  }
+  return adapter;
+}
+
+class LoraApplyTest : public ::testing::Test {
+ protected:
+  Tensor tensor(Shape shape, const std::vector<float>& values) {
+    Tensor t = be_.empty(DType::kF32, std::move(shape)).value();
+    EXPECT_TRUE(be_.upload(values.data(), DType::kF32, t).ok());
+    return t;
+  }
+  CpuBackend be_;
+};
+
+TEST_F(LoraApplyTest, AddScaledAddsTheScaledUpdateInPlace) {
+  Tensor x = tensor({2, 2}, {1, 2, 3, 4});
+  Tensor u = tensor({2, 2}, {10, 20, 30, 40});
+  ASSERT_TRUE(be_.add_scaled(x, u, 0.5f).ok());
+  EXPECT_EQ(download(be_, x), (std::vector<float>{6, 12, 18, 24}));
+  EXPECT_FALSE(be_.add_scaled(x, tensor({1, 2}, {0, 0}), 1.0f).ok());  // shapes must agree
+}
+
+TEST_F(LoraApplyTest, TermsKeepRequestOrderSkipWeightZeroAndLandOnTheirFusedRows) {
+  const Flux2Config config = tiny_config();
+  const int64_t d = config.hidden();
+  LoraDeviceCache uploads;
+  auto first = constant_adapter(config, 2, {"transformer_blocks.0.attn.to_k", "norm_out.linear"},
+                                1.0f, 1.0f);
+  auto second = constant_adapter(config, 4, {"transformer_blocks.0.attn.to_k"}, 1.0f, 1.0f);
+  auto unused = constant_adapter(config, 8, {"proj_out"}, 1.0f, 1.0f);
+  const std::vector<LoraRequest> requests = {
+      {"a", first, 0.5}, {"b", second, 2.0}, {"c", unused, 0.0}};
+  auto uses = uploads.acquire(be_, config, requests);
+  ASSERT_TRUE(uses.ok()) << uses.status();
+  const Flux2Lora lora = flux2_lora(config, *uses);
+  ASSERT_EQ(lora.double_blocks[0].img_qkv.size(), 2u);
+  EXPECT_EQ(lora.double_blocks[0].img_qkv[0].out_offset, d);      // k: rows D..2D of q|k|v
+  EXPECT_EQ(lora.double_blocks[0].img_qkv[0].a.rows(), 2);        // the first adapter first
+  EXPECT_FLOAT_EQ(lora.double_blocks[0].img_qkv[0].scale, 0.5f);  // weight * alpha / r
+  EXPECT_FLOAT_EQ(lora.double_blocks[0].img_qkv[1].scale, 2.0f);
+  ASSERT_EQ(lora.modulation.size(), 1u);
+  EXPECT_EQ(lora.modulation[0].out_offset, 15 * d);  // norm_out: scale, then shift
+  EXPECT_TRUE(lora.proj_out.empty());                // weight 0: left out
+  EXPECT_EQ(lora.max_rank, 4);
+}
+
+TEST_F(LoraApplyTest, ApplyLoraIsThePeftChain) {
+  const Flux2Config config = tiny_config();
+  LoraDeviceCache uploads;
+  auto adapter = constant_adapter(config, 1, {"proj_out"}, 1.0f, 2.0f);
+  const std::vector<LoraRequest> requests = {{"a", adapter, 0.25}};
+  auto uses = uploads.acquire(be_, config, requests);
+  ASSERT_TRUE(uses.ok());
+  const Flux2Lora lora = flux2_lora(config, *uses);
+  Flux2LoraScratch scratch;
+  ASSERT_TRUE(scratch.allocate(be_, lora, 1).ok());
+  const int64_t d = config.hidden();
+  std::vector<float> xv(static_cast<size_t>(d), 1.0f);
+  Tensor x = tensor({1, d}, xv);
+  Tensor y = tensor({1, 8}, std::vector<float>(8, 1.0f));
+  ASSERT_TRUE(apply_lora(be_, lora.proj_out, x, y, scratch).ok());
+  // t = sum(x) = D, u = 2 D, y = 1 + 0.25 * 2 D.
+  EXPECT_EQ(download(be_, y), std::vector<float>(8, 1.0f + 0.5f * static_cast<float>(d)));
+}
+
+TEST_F(LoraApplyTest, DeviceCacheEvictsTheLeastRecentlyUsedOutsideTheRequest) {
+  const Flux2Config config = tiny_config();
+  auto make = [&](float v) { return constant_adapter(config, 2, {"proj_out"}, v, v); };
+  const int64_t one = Flux2LoraWeights::device_bytes(*make(1), 4);
+  LoraDeviceCache cache(2 * one);  // room for two
+  auto run = [&](std::vector<std::string> keys) {
+    std::vector<LoraRequest> requests;
+    for (const std::string& k : keys) requests.push_back({k, make(1), 1.0});
+    return cache.acquire(be_, config, requests).status();
+  };
+  ASSERT_TRUE(run({"a"}).ok());
+  ASSERT_TRUE(run({"b"}).ok());
+  ASSERT_TRUE(run({"a"}).ok());  // a is now the most recent
+  ASSERT_TRUE(run({"c"}).ok());  // evicts b
+  EXPECT_TRUE(cache.resident("a"));
+  EXPECT_FALSE(cache.resident("b"));
+  EXPECT_TRUE(cache.resident("c"));
+  LoraCacheStats stats = cache.stats();
+  EXPECT_EQ(stats.hits, 1);
+  EXPECT_EQ(stats.misses, 3);
+  EXPECT_EQ(stats.evictions, 1);
+  EXPECT_EQ(stats.bytes, 2 * one);
+  // A request's own adapters are not evicted for it: three at once do not fit.
+  const absl::Status three = run({"a", "c", "d"});
+  EXPECT_EQ(three.code(), absl::StatusCode::kResourceExhausted) << three;
+  EXPECT_NE(three.message().find("--lora-cache-bytes"), std::string::npos);
+  // A pinned adapter stays: the next newcomer evicts the other one.
+  ASSERT_TRUE(cache.pin(be_, config, {"c", make(1), 1.0}).ok());
+  ASSERT_TRUE(run({"e"}).ok());
+  EXPECT_TRUE(cache.resident("c"));
+  EXPECT_FALSE(cache.resident("a"));
+  EXPECT_EQ(run({"f", "g"}).code(), absl::StatusCode::kResourceExhausted);  // c is pinned
+}
+
+TEST_F(LoraApplyTest, AnAdapterOfWeightZeroLeavesTheTransformerBitForBit) {
+  const std::string dir = test_data_dir() + "/tiny-klein";
+  auto weights = ComponentWeights::open(dir + "/checkpoint/transformer");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto model = Flux2Transformer::load(be_, *weights);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const Flux2Config& config = (*model)->config();
+  auto bytes = read_file(dir + "/loras/style_diffusers.safetensors", "style");
+  ASSERT_TRUE(bytes.ok());
+  auto parsed = parse_lora_adapter(
+      std::span(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()), config);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto adapter = std::make_shared<const LoraAdapter>(std::move(*parsed));
+
+  const int64_t l = 5, h = 2, w = 3, n = h * w;
+  std::vector<float> text(static_cast<size_t>(l * config.joint_attention_dim));
+  std::vector<float> latents(static_cast<size_t>(n * config.in_channels));
+  for (size_t i = 0; i < text.size(); ++i) text[i] = std::sin(0.1f * static_cast<float>(i));
+  for (size_t i = 0; i < latents.size(); ++i) latents[i] = std::cos(0.07f * static_cast<float>(i));
+  Tensor prompt = tensor({l, config.joint_attention_dim}, text);
+  Tensor x = tensor({n, config.in_channels}, latents);
+  const std::vector<float> timesteps = {0.7f};
+  auto output = [&](std::vector<LoraRequest> requests) {
+    LoraDeviceCache uploads;
+    auto uses = uploads.acquire(be_, config, requests);
+    EXPECT_TRUE(uses.ok());
+    auto lora = std::make_shared<const Flux2Lora>(flux2_lora(config, *uses));
+    auto cond = (*model)->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w), timesteps, {},
+                                  nullptr, lora);
+    EXPECT_TRUE(cond.ok()) << cond.status();
+    Tensor out = be_.empty(DType::kF32, {n, config.out_channels}).value();
+    EXPECT_TRUE((*model)->forward(*cond, 0, x, out).ok());
+    return download(be_, out);
+  };
+  const std::vector<float> plain = output({});
+  EXPECT_EQ(output({{"style", adapter, 0.0}}), plain);
+  EXPECT_NE(output({{"style", adapter, 1.0}}), plain);
+}
+
+}  // namespace
+}  // namespace flux2
