@@ -4,7 +4,7 @@
 // golden's image_u8 within tests/data/README.md's float32 bar (the multi-reference case of
 // tests/data/tiny-klein/edit_cases.json), server-sent events (one progress event per step, then the
 // image), a bad size refused naming `size` (SDK and curl), 429 + Retry-After under overload (curl),
-// and /v1/models.
+// /v1/models, and LoRA adapters (tests/data/tiny-klein/lora_cases.json's first generation).
 // Run: node tests/server/openai_client_test.mjs --server build/bin/flux2_server
 //        --tools-dir tests/tools --data-dir tests/data      (ctest: server_openai_client)
 import { spawn, execFileSync } from "node:child_process";
@@ -251,6 +251,53 @@ try {
   console.log(`FAIL overload\n${error.stack}`);
 } finally {
   if (slow) await stop(slow);
+}
+
+// LoRA adapters through the SDK (the request's `loras` extension): the golden generation with two
+// adapters equals its image_u8 within the float32 bar, and a missing adapter is refused naming it.
+let lora = null;
+try {
+  const data = path.resolve(args["data-dir"], "tiny-klein");
+  const loraDir = path.join(tmp, "loras");
+  mkdirSync(loraDir);
+  const cases = JSON.parse(readFileSync(path.join(data, "lora_cases.json"), "utf8"));
+  for (const [name, adapter] of Object.entries(cases.adapters)) {
+    writeFileSync(path.join(loraDir, `${name}.safetensors`), readFileSync(path.join(data, adapter.file)));
+  }
+  lora = await startServer(["--lora-dir", loraDir, "--max-sequence-length", "64"]);
+  const loraClient = new OpenAI({ apiKey: "unused", baseURL: `http://127.0.0.1:${lora.http}/v1`,
+                                  maxRetries: 0 });
+  const golden = cases.pipeline_cases[0];
+  const response = await loraClient.images.generate({
+    prompt: golden.prompt, size: `${golden.width}x${golden.height}`, seed: golden.seed,
+    num_inference_steps: golden.steps,
+    loras: golden.adapters.map(([name, scale]) => ({ name, scale })),
+  });
+  const { width, height, pixels } = decodePng(Buffer.from(response.data[0].b64_json, "base64"));
+  const want = readSafetensor(path.join(data, "lora_pipeline.safetensors"), "case0.image_u8");
+  let offByOne = 0, worse = 0;
+  for (let c = 0; c < 3; ++c)
+    for (let i = 0; i < width * height; ++i) {
+      const d = Math.abs(pixels[i * 3 + c] - want.bytes[c * width * height + i]);
+      offByOne += d === 1;
+      worse += d > 1;
+    }
+  assert.equal(worse, 0);
+  assert.ok(offByOne <= 0.005 * 3 * width * height, `${offByOne} values one level off`);
+  await assert.rejects(
+    loraClient.images.generate({ prompt: "a fox", size: "64x64", loras: [{ name: "missing" }] }),
+    (error) => {
+      assert.ok(error instanceof BadRequestError);
+      assert.equal(error.param, "loras[0].name");
+      assert.match(error.message, /no adapter 'missing' under --lora-dir/);
+      return true;
+    });
+  console.log("ok   loras: the golden generation with two adapters; a missing one named (SDK)");
+} catch (error) {
+  failures.push("loras");
+  console.log(`FAIL loras\n${error.stack}`);
+} finally {
+  if (lora) await stop(lora);
 }
 
 rmSync(tmp, { recursive: true, force: true });
