@@ -6,13 +6,15 @@ GenerateImageStream, a BadRequest error and the SIGTERM exit code; and editing (
 golden editing generations of tests/data/tiny-klein (edit_cases.json, edit_kv_cases.json: the
 reference PNGs, prompt, seed, steps and size, with and without the size given; the base case on a
 copy of the checkpoint marked is_distilled false, klein-KV on one marked Flux2KleinKVPipeline)
-must return image_u8 (tests/data/README.md) within the float32 bar, and every bad reference gets
+must return image_u8 (tests/data/README.md) within the float32 bar, as must the LoRA generations of
+lora_cases.json (adapters from a --lora-dir, echoed in the response), and every bad reference gets
 INVALID_ARGUMENT naming it, after which the next request succeeds.
 Run: ctest --test-dir build -R server_python_client --output-on-failure
 """
 import argparse
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -315,6 +317,14 @@ class EditingTest(unittest.TestCase):
             checkpoint, os.path.join(cls.tmp.name, "base"), is_distilled=False)])
         cls.servers["kv"] = ServerHandle(common + ["--model-dir", checkpoint_copy(
             checkpoint, os.path.join(cls.tmp.name, "kv"), _class_name="Flux2KleinKVPipeline")])
+        # LoRA adapters: lora_cases.json's adapters as <name>.safetensors under --lora-dir.
+        lora_dir = os.path.join(cls.tmp.name, "loras")
+        os.mkdir(lora_dir)
+        with open(os.path.join(cls.data, "lora_cases.json")) as f:
+            for name, adapter in json.load(f)["adapters"].items():
+                shutil.copy(os.path.join(cls.data, adapter["file"]),
+                            os.path.join(lora_dir, name + ".safetensors"))
+        cls.servers["lora"] = ServerHandle(common + ["--model-dir", checkpoint, "--lora-dir", lora_dir])
 
     @classmethod
     def tearDownClass(cls):
@@ -334,11 +344,15 @@ class EditingTest(unittest.TestCase):
             request.width, request.height = case["width"], case["height"]
         if not case.get("is_distilled", True):
             request.guidance_scale = case["guidance_scale"]
+        for name, scale in case.get("adapters", []):
+            request.loras.add(name=name, scale=scale)
         return request
 
-    def check_golden(self, cases_file, tensors_file, server_of):
+    def check_golden(self, cases_file, tensors_file, server_of, cases_key=None):
         with open(os.path.join(self.data, cases_file)) as f:
             cases = json.load(f)
+        if cases_key is not None:
+            cases = cases[cases_key]
         for k, case in enumerate(cases):
             with self.subTest(file=cases_file, case=k, size_given=case["size_given"]):
                 self.assertEqual(case["max_sequence_length"], 64)
@@ -346,7 +360,10 @@ class EditingTest(unittest.TestCase):
                 response = server.stub.GenerateImage(self.golden_request(case), timeout=300)
                 width, height, pixels = decode_png_rgb(response.images[0].data)
                 self.assertEqual((width, height), (case["width"], case["height"]))
-                self.assertGreater(response.timings.reference_encode_seconds, 0.0)
+                if case["references"]:
+                    self.assertGreater(response.timings.reference_encode_seconds, 0.0)
+                self.assertEqual([(a.name, a.scale) for a in response.loras],
+                                 [tuple(a) for a in case.get("adapters", [])])
                 shape, raw = read_safetensors(os.path.join(self.data, tensors_file), f"case{k}.image_u8")
                 want = nchw_to_hwc(shape, raw)
                 self.assertEqual(len(pixels), len(want))
@@ -370,6 +387,10 @@ class EditingTest(unittest.TestCase):
 
     def test_edit_kv_goldens(self):
         self.check_golden("edit_kv_cases.json", "edit_kv.safetensors", lambda case: "kv")
+
+    def test_lora_goldens(self):  # case 0: text-to-image, two adapters; case 1: editing, kohya
+        self.check_golden("lora_cases.json", "lora_pipeline.safetensors", lambda case: "lora",
+                          cases_key="pipeline_cases")
 
     def test_stream_with_references(self):
         with open(os.path.join(self.data, "edit_cases.json")) as f:
