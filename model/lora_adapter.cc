@@ -1,6 +1,7 @@
 // Reads a LoRA adapter file of any FLUX.2 layout into diffusers' per-module form; see
 // lora_adapter.h and model/README.md "LoRA adapter layouts". Tested by
 // tests/host/lora_adapter_test.cc.
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include "model/lora_adapter.h"
 
 #include <algorithm>
@@ -8,7 +9,8 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <regex>
+
+#include <pcre2.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -366,17 +368,32 @@ absl::StatusOr<PeftConfig> parse_peft_config(const std::map<std::string, std::st
   return config;
 }
 
+// Whether Python's re.match(pattern, text) matches (PCRE2, anchored at the start; `$` as Python's).
+// std::regex is avoided: GCC 12 warns inside it under the sanitizer build.
+absl::StatusOr<bool> python_re_match(const std::string& pattern, const std::string& text) {
+  int error = 0;
+  PCRE2_SIZE error_offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_ANCHORED, &error, &error_offset, nullptr);
+  if (code == nullptr) return absl::InvalidArgumentError("not a valid regex");
+  pcre2_match_data* data = pcre2_match_data_create_from_pattern(code, nullptr);
+  const int matched = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), 0,
+                                  0, data, nullptr);
+  pcre2_match_data_free(data);
+  pcre2_code_free(code);
+  return matched >= 0;
+}
+
 // PEFT's get_pattern_key: the first key `k` of `pattern` with re.match(r"(.*\.)?(k)$", module).
 absl::StatusOr<const nlohmann::ordered_json*> match_pattern(const nlohmann::ordered_json& pattern,
                                                             const std::string& module) {
   for (auto it = pattern.begin(); it != pattern.end(); ++it) {
-    std::regex regex;
-    try {
-      regex = std::regex(absl::StrCat("(.*\\.)?(", it.key(), ")$"));
-    } catch (const std::regex_error&) {
+    absl::StatusOr<bool> matched =
+        python_re_match(absl::StrCat("(.*\\.)?(", it.key(), ")$"), module);
+    if (!matched.ok()) {
       return invalid("lora_adapter_metadata: pattern '", it.key(), "' is not a valid regex");
     }
-    if (std::regex_search(module, regex, std::regex_constants::match_continuous)) return &*it;
+    if (*matched) return &*it;
   }
   return nullptr;
 }
