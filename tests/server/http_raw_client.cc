@@ -96,6 +96,7 @@ bool RawClient::fill(double deadline_s) {
     return false;
   }
   buffer_.append(chunk, static_cast<size_t>(got));
+  received_.append(chunk, static_cast<size_t>(got));
   return true;
 }
 
@@ -158,6 +159,10 @@ bool RawClient::take_body(RawResponse* response, double deadline_s) {
 std::optional<RawResponse> RawClient::read_response(double timeout_s, bool keep_interim) {
   const double deadline = now_s() + timeout_s;
   while (true) {
+    // A response only partly here at the deadline stays for the next call (a loaded machine may
+    // deliver the head and the body in separate reads).
+    const std::string before = buffer_;
+    received_.clear();
     std::optional<RawResponse> response;
     while (!(response = take_head())) {
       if (!fill(deadline)) return std::nullopt;
@@ -167,7 +172,10 @@ std::optional<RawResponse> RawClient::read_response(double timeout_s, bool keep_
       if (keep_interim) return response;
       continue;
     }
-    if (!take_body(&*response, deadline)) return std::nullopt;
+    if (!take_body(&*response, deadline)) {
+      buffer_ = before + received_;
+      return std::nullopt;
+    }
     return response;
   }
 }

@@ -59,6 +59,7 @@ class RawClient {
 
   int fd_ = -1;
   std::string buffer_;
+  std::string received_;  // what fill() read since read_response last began a response
   bool eof_ = false;
   int interim_ = 0;
 };
