@@ -262,8 +262,9 @@ TEST(RequestValidation, ReportsEveryViolationAtOnce) {
 
 TEST(FieldViolations, RoundTripAnyBytesInTheStatus) {
   // Descriptions may quote what the client sent, NUL and invalid UTF-8 included.
+  constexpr char kQuoted[] = "'\xff\0:3' is not an integer";  // NUL inside: sized by sizeof
   const std::vector<FieldViolation> sent = {{"height", "40 is not a multiple"},
-                                            {"n", std::string("'\xff\0:3' is not an integer", 26)}};
+                                            {"n", std::string(kQuoted, sizeof(kQuoted) - 1)}};
   const absl::Status status = invalid_argument_status(sent);
   ASSERT_TRUE(absl::IsInvalidArgument(status));
   EXPECT_EQ(status.message().substr(0, 28), "height: 40 is not a multiple");
