@@ -425,10 +425,23 @@ absl::StatusOr<Matrix> read_tensor(const SafetensorsFile& file, const Safetensor
   return matrix;
 }
 
+// `value` rounded to the nearest IEEE binary16 (ties to even), as float; beyond 65504 after
+// rounding: infinity. Written out because clang 14 has no _Float16 on x86 (the fuzz build).
+float round_to_f16(float value) {
+  if (!std::isfinite(value) || value == 0.0f) return value;
+  int exponent = 0;
+  std::frexp(value, &exponent);  // |value| = m * 2^exponent, m in [0.5, 1)
+  // 11 significant bits for normal halves; subnormals share the quantum of 2^-24.
+  const int quantum_exponent = std::max(exponent - 11, -24);
+  const float quantum = std::ldexp(1.0f, quantum_exponent);
+  const float rounded = std::nearbyint(value / quantum) * quantum;  // exact scaling by 2^k
+  return std::fabs(rounded) > 65504.0f ? std::copysign(INFINITY, value) : rounded;
+}
+
 // A value rounded to `dtype` as PyTorch stores a product computed in float (round to nearest even).
 float round_to_dtype(float value, DType dtype) {
   if (dtype == DType::kBF16) return round_to_bf16(value);
-  if (dtype == DType::kF16) return static_cast<float>(static_cast<_Float16>(value));
+  if (dtype == DType::kF16) return round_to_f16(value);
   return value;
 }
 
