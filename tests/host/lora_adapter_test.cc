@@ -688,5 +688,28 @@ TEST(LoraAdapterRefusals, NotASafetensorsFile) {
             "not a safetensors file (file of 3 bytes is too short for a header)");
 }
 
+// The fuzz target's seeds (tests/fuzz/corpus/lora_adapter, the tiny config of
+// tests/fuzz/fuzz_lora_adapter.cc) parse, so the fuzzer starts from valid files of each family.
+TEST(LoraAdapterTest, FuzzSeedsParse) {
+  Flux2Config c;
+  c.num_attention_heads = 2;
+  c.attention_head_dim = 4;
+  c.num_layers = 1;
+  c.num_single_layers = 1;
+  c.joint_attention_dim = 8;
+  c.in_channels = 8;
+  c.out_channels = 8;
+  c.guidance_embeds = true;
+  const std::string dir = testing::test_data_dir() + "/../fuzz/corpus/lora_adapter/";
+  for (const char* name : {"diffusers", "bfl", "kohya"}) {
+    std::ifstream file(dir + name + ".safetensors", std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(file)),
+                                     std::istreambuf_iterator<char>());
+    ASSERT_FALSE(bytes.empty()) << name;
+    const absl::StatusOr<LoraAdapter> adapter = parse_lora_adapter(bytes, c, {.max_rank = 16});
+    EXPECT_TRUE(adapter.ok()) << name << ": " << adapter.status();
+  }
+}
+
 }  // namespace
 }  // namespace flux2
