@@ -645,6 +645,11 @@ absl::StatusOr<Matrix> read_alpha(const SafetensorsFile& file, const Safetensors
   if (alpha.values.size() != 1 || alpha.shape.size() > 1) {
     return invalid("'", entry.name, "' is ", shape_string(entry.shape), ": alpha must be a scalar");
   }
+  // Zero or negative: no scaling to speak of, and kohya's baking (alpha/r halved into two factors
+  // until one is below the other) would never end (found by tests/fuzz/fuzz_lora_adapter.cc).
+  if (!(alpha.values[0] > 0.0f)) {
+    return invalid("'", entry.name, "' is ", alpha.values[0], ": alpha must be positive");
+  }
   return alpha;
 }
 

@@ -629,6 +629,17 @@ std::vector<RefusalCase> refusal_cases() {
   cases.push_back({"alpha not a scalar",
                    x_embedder().add("transformer.x_embedder.alpha", {2}, {1, 2}).bytes(),
                    "'transformer.x_embedder.alpha' is [2]: alpha must be a scalar"});
+  // Found by fuzz_lora_adapter: kohya's baking of alpha <= 0 never ended.
+  for (const float alpha : {0.0f, -2.0f}) {
+    cases.push_back(
+        {"alpha not positive",
+         AdapterFile()
+             .add("lora_unet_img_in.lora_down.weight", {4, 128}, std::vector<float>(512, 1))
+             .add("lora_unet_img_in.lora_up.weight", {kD, 4}, std::vector<float>(kD * 4, 1))
+             .add("lora_unet_img_in.alpha", {}, {alpha})
+             .bytes(),
+         absl::StrCat("'lora_unet_img_in.alpha' is ", alpha, ": alpha must be positive")});
+  }
   cases.push_back(
       {"mixes layouts",
        x_embedder()
