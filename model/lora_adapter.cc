@@ -678,6 +678,14 @@ absl::Status convert_group(const SafetensorsFile& file, const KeyGroup& group,
   if (group.layout == LoraLayout::kKohya) {
     converted = convert_kohya(group, std::move(a), std::move(b), alpha_ptr, names);
     deviations->kohya_dropped |= group.source->kohya_dropped;
+    // Finite factors whose product overflows the file's dtype (found by fuzz_lora_adapter).
+    for (const LoraModule& module : converted) {
+      auto finite = [](float v) { return std::isfinite(v); };
+      if (!std::all_of(module.a.begin(), module.a.end(), finite) ||
+          !std::all_of(module.b.begin(), module.b.end(), finite)) {
+        return invalid("non-finite values in ", module.module, " once its alpha is baked in");
+      }
+    }
   } else {
     converted = convert_plain(group, std::move(a), std::move(b), names);
     for (LoraModule& module : converted) {

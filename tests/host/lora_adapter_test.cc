@@ -640,6 +640,15 @@ std::vector<RefusalCase> refusal_cases() {
              .bytes(),
          absl::StrCat("'lora_unet_img_in.alpha' is ", alpha, ": alpha must be positive")});
   }
+  // Found by fuzz_lora_adapter: finite factors whose baked product overflows float.
+  cases.push_back(
+      {"baked alpha overflows",
+       AdapterFile()
+           .add("lora_unet_img_in.lora_down.weight", {4, 128}, std::vector<float>(512, 3e38f))
+           .add("lora_unet_img_in.lora_up.weight", {kD, 4}, std::vector<float>(kD * 4, 1))
+           .add("lora_unet_img_in.alpha", {}, {3e38f})
+           .bytes(),
+       "non-finite values in x_embedder once its alpha is baked in"});
   cases.push_back(
       {"mixes layouts",
        x_embedder()
