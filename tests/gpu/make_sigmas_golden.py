@@ -32,7 +32,7 @@ def run(pipe, case, k, out):
         (1, 128, h, w), generator=torch.Generator("cpu").manual_seed(case["seed"]))
 
     def on_step(pipeline, step, timestep, kwargs):
-        out[f"case{k}.latents_after_step{step}"] = kwargs["latents"].detach().clone().float()
+        out[f"case{k}.latents_after_step{step}"] = kwargs["latents"].detach().float().contiguous().clone()
         return kwargs
 
     image = pipe(prompt=case["prompt"], height=case["height"], width=case["width"],
