@@ -286,6 +286,7 @@ void Pipeline::describe(const std::string& model_dir, const std::string& model_n
   info_.default_steps = info_.is_distilled ? 4 : 50;
   info_.default_guidance = 4.0;
   info_.backend = std::string(backend_.name());
+  info_.weight_value_bytes = dtype_size(backend_.weight_dtype());
   info_.device_pci_bus_id = backend_.device_pci_bus_id();
   // load() and the random presets pass served classes only.
   prompt_format_ = prompt_format_for_pipeline(pipeline_class).value_or(PromptFormat::kQwen3Chat);

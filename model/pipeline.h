@@ -52,9 +52,10 @@ struct PipelineInfo {
   int64_t pixel_multiple = 16;  // width and height must be multiples of this
   // The bounds check() refuses beyond (max_sequence_length and pixel_multiple as above).
   ModelLimits hard_limits;
-  std::string backend;            // "cpu" / "cuda"
-  std::string device_pci_bus_id;  // Backend::device_pci_bus_id: the GPU for NVML; "" on the CPU
-  int64_t device_bytes = 0;       // weights held by the backend, all components
+  std::string backend;             // "cpu" / "cuda"
+  int64_t weight_value_bytes = 0;  // bytes per weight value there (bf16 on CUDA: 2; CPU: 4)
+  std::string device_pci_bus_id;   // Backend::device_pci_bus_id: the GPU for NVML; "" on the CPU
+  int64_t device_bytes = 0;        // weights held by the backend, all components
   int64_t text_encoder_bytes = 0;
   int64_t transformer_bytes = 0;
   int64_t vae_bytes = 0;

@@ -15,13 +15,23 @@ namespace flux2 {
 // NotFound "<what>: cannot read <path>" when the file cannot be opened (`what`: the flag or field
 // that named the file; without it, "cannot read <path>").
 inline absl::StatusOr<std::string> read_file(const std::string& path, absl::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream bytes;
-  if (in) bytes << in.rdbuf();
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  const std::streamoff size = in ? static_cast<std::streamoff>(in.tellg()) : -1;
+  std::string bytes;
+  if (size >= 0) {  // a regular file: one read into a string of its size
+    bytes.resize(static_cast<size_t>(size));
+    in.seekg(0);
+    in.read(bytes.data(), size);
+  } else if (in) {  // a pipe or device: whatever it gives
+    in.clear();
+    std::ostringstream stream;
+    stream << in.rdbuf();
+    bytes = std::move(stream).str();
+  }
   if (!in) {
     return absl::NotFoundError(absl::StrCat(what, what.empty() ? "" : ": ", "cannot read ", path));
   }
-  return std::move(bytes).str();
+  return bytes;
 }
 
 }  // namespace flux2

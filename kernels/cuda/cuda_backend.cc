@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/op_checks.h"
+#include "kernels/base/parallel.h"
 #include "kernels/base/read_file.h"
 #include "kernels/cuda/cublaslt_api.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -33,7 +34,21 @@ absl::Status convert_host(const void* src, DType from, void* dst, DType to, int6
     std::memcpy(dst, src, static_cast<size_t>(count * dtype_size(from)));
     return absl::OkStatus();
   }
-  if (to == DType::kBF16 && (from == DType::kF32 || from == DType::kF16)) {
+  if (to == DType::kBF16 && from == DType::kF32) {
+    // LoRA adapters and float32 checkpoints: a tight loop on the host's threads (a 300 MB
+    // adapter's 156 M values took ~0.9 s through the element-wise path below).
+    auto* out = static_cast<uint16_t*>(dst);
+    const char* in = static_cast<const char*>(src);
+    parallel_for(count, int64_t{1} << 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        float v;  // memcpy loads: checkpoint data may sit at any address
+        std::memcpy(&v, in + i * 4, sizeof(v));
+        out[i] = f32_to_bf16_bits(v);
+      }
+    });
+    return absl::OkStatus();
+  }
+  if (to == DType::kBF16 && from == DType::kF16) {
     auto* out = static_cast<uint16_t*>(dst);
     for (int64_t i = 0; i < count; ++i) {
       float v;  // memcpy loads: checkpoint data may sit at any address

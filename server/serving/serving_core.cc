@@ -162,7 +162,6 @@ absl::Status ServingCore::resolve_loras(const GenerateRequest& request, const Se
                                         JobSpec& spec) {
   if (request.loras.empty() || model.loras == nullptr) return absl::OkStatus();
   std::vector<FieldViolation> violations;
-  const int64_t value_bytes = model.info.backend == "cuda" ? 2 : 4;
   int64_t device_bytes = 0;
   for (size_t i = 0; i < request.loras.size(); ++i) {
     const LoraSpec& wanted = request.loras[i];
@@ -177,7 +176,7 @@ absl::Status ServingCore::resolve_loras(const GenerateRequest& request, const Se
       continue;
     }
     const double scale = wanted.scale.value_or(1.0);
-    device_bytes += Flux2LoraWeights::device_bytes(*lora->adapter, value_bytes);
+    device_bytes += Flux2LoraWeights::device_bytes(*lora->adapter, model.info.weight_value_bytes);
     spec.params.loras.push_back(LoraRequest{lora->sha256, lora->adapter, scale});
     spec.loras.push_back(AppliedLora{wanted.name, scale, lora_layout_name(lora->adapter->layout),
                                      lora->adapter->max_rank(), lora->sha256.substr(0, 12)});

@@ -327,6 +327,24 @@ std::vector<OpCase> make_cases() {
                                  variance.reshape({128}), 1e-4f, tokens);
          });
        }});
+  // LoRA's B product at the widest fused output (the single block's [q|k|v|gate|up], klein-4B),
+  // higher ranks, and ragged shapes: r not a multiple of 16, columns not a multiple of 8, an
+  // unaligned column offset (the scalar path), a single row.
+  struct LoraUp {
+    int64_t s, n, r, offset, width;
+  };
+  for (const LoraUp l :
+       {LoraUp{4608, 27648, 32, 0, 27648}, LoraUp{4608, 3072, 128, 3072, 9216},
+        LoraUp{300, 100, 12, 3, 107}, LoraUp{1, 9, 1, 0, 9}, LoraUp{131, 6144, 48, 0, 6144}}) {
+    add({"lora_up_add",
+         absl::StrCat("S=", l.s, ",N=", l.n, ",r=", l.r, ",offset=", l.offset, ",width=", l.width),
+         [l](OpEnv& e) {
+           Tensor y = e.in_place(l.s, l.width, 4.0f).col_slice(l.offset, l.n);
+           Tensor t = e.input(l.s, l.r), b = e.input(l.n, l.r);
+           e.set_bytes(2 * l.s * l.n * 2 + l.s * l.r * 2 + l.n * l.r * 2);  // y twice, t, b
+           return e.call(y, [&be = e.backend(), y, t, b] { return be.lora_up_add(y, t, b, 0.8f); });
+         }});
+  }
   return cases;
 }
 
@@ -350,24 +368,6 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpTest, ::testing::ValuesIn(op_cases()),
 
 const std::vector<OpCase>& op_cases() {
   static const std::vector<OpCase> cases = make_cases();
-  // LoRA's B product at the widest fused output (the single block's [q|k|v|gate|up], klein-4B),
-  // higher ranks, and ragged shapes: r not a multiple of 16, columns not a multiple of 8, an
-  // unaligned column offset (the scalar path), a single row.
-  struct LoraUp {
-    int64_t s, n, r, offset, width;
-  };
-  for (const LoraUp l :
-       {LoraUp{4608, 27648, 32, 0, 27648}, LoraUp{4608, 3072, 128, 3072, 9216},
-        LoraUp{300, 100, 12, 3, 107}, LoraUp{1, 9, 1, 0, 9}, LoraUp{131, 6144, 48, 0, 6144}}) {
-    add({"lora_up_add",
-         absl::StrCat("S=", l.s, ",N=", l.n, ",r=", l.r, ",offset=", l.offset, ",width=", l.width),
-         [l](OpEnv& e) {
-           Tensor y = e.in_place(l.s, l.width, 4.0f).col_slice(l.offset, l.n);
-           Tensor t = e.input(l.s, l.r), b = e.input(l.n, l.r);
-           e.set_bytes(2 * l.s * l.n * 2 + l.s * l.r * 2 + l.n * l.r * 2);  // y twice, t, b
-           return e.call(y, [&be = e.backend(), y, t, b] { return be.lora_up_add(y, t, b, 0.8f); });
-         }});
-  }
   return cases;
 }
 

@@ -27,6 +27,7 @@ class FakeEngine final : public Engine {
     info_.default_guidance = 4.0;
     info_.pixel_multiple = 16;
     info_.backend = "cpu";
+    info_.weight_value_bytes = 4;
     info_.quality_high = true;  // the server still gates it on --enable-quality-high
     if (control_->dev) {
       info_.model_name = "fake-dev";
