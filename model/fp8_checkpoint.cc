@@ -188,15 +188,10 @@ absl::StatusOr<std::vector<float>> read_scale(const Fp8Source& source, const std
 absl::StatusOr<Fp8Scales> layer_scales(const Fp8Source& source, Fp8Layout layout,
                                        const std::string& layer, const LayerFormat& format,
                                        Fp8Layers& out) {
-  if (format.format == "float8_e5m2") {
-    return refuse(source, absl::StrCat(format.declared_by, ": layer ", layer,
-                                       " is float8_e5m2; E5M2 checkpoints are not supported "
-                                       "(float8_e4m3fn only)"));
-  }
   if (format.format != kE4M3Format) {
-    return refuse(
-        source, absl::StrCat(format.declared_by, ": layer ", layer, " has format \"", format.format,
-                             "\", which is not supported (float8_e4m3fn only)"));
+    return refuse(source, absl::StrCat(format.declared_by, ": format \"", format.format, "\"",
+                                       format.format == "float8_e5m2" ? " (E5M2)" : "",
+                                       " is not supported (float8_e4m3fn only)"));
   }
   const std::string weight_name = layer + ".weight";
   auto weight = source.tensors->find(weight_name);
@@ -205,6 +200,11 @@ absl::StatusOr<Fp8Scales> layer_scales(const Fp8Source& source, Fp8Layout layout
                                        " has no tensor ", weight_name));
   }
   const SafetensorsEntry& w = *weight->second.entry;
+  if (w.dtype == DType::kF8E5M2) {
+    return refuse(source, absl::StrCat(weight_name,
+                                       " is F8_E5M2; E5M2 checkpoints are not "
+                                       "supported (float8_e4m3fn only)"));
+  }
   if (w.dtype != DType::kF8E4M3 || w.shape.size() != 2) {
     return refuse(source,
                   absl::StrCat(weight_name, " is ", dtype_name(w.dtype), shape_string(w.shape),

@@ -58,8 +58,10 @@ void write_raw_safetensors(const std::string& path, const std::string& header_js
   out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors) {
+void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<uint8_t> data;
   for (const auto& [name, tensor] : tensors) {
     const uint64_t begin = data.size();
