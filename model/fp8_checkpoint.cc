@@ -3,6 +3,7 @@
 #include "model/fp8_checkpoint.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
 #include <memory>
@@ -398,17 +399,31 @@ absl::StatusOr<std::vector<float>> dequantize_fp8(const TensorRef& ref) {
   FLUX_CHECK(scale.size() == 1 || static_cast<int64_t>(scale.size()) == rows);
   const auto* codes = static_cast<const uint8_t*>(ref.data());
   std::vector<float> values(static_cast<size_t>(rows * cols));
+  std::array<float, 256> table;  // code -> e4m3(code) * s: the same product, computed once
+  float table_scale = 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
     const float s = scale.size() == 1 ? scale[0] : scale[static_cast<size_t>(r)];
-    for (int64_t c = 0; c < cols; ++c) {
-      const uint8_t code = codes[r * cols + c];
-      const float value = e4m3_to_f32(code) * s;
-      if (!std::isfinite(value)) {
+    if (r == 0 || s != table_scale) {
+      if (!std::isfinite(kE4M3Max * s)) {
         return absl::InvalidArgumentError(
-            absl::StrCat(entry.name, ": element [", r, ", ", c, "] dequantizes to ", value,
-                         (code & 0x7f) == 0x7f ? " (an E4M3 NaN code)" : " (scale too large)"));
+            absl::StrCat(entry.name, ": row ", r, "'s scale ", s, " overflows float32 times 448"));
       }
-      values[static_cast<size_t>(r * cols + c)] = value;
+      for (int code = 0; code < 256; ++code)
+        table[static_cast<size_t>(code)] = e4m3_to_f32(static_cast<uint8_t>(code)) * s;
+      table_scale = s;
+    }
+    const uint8_t* row = codes + r * cols;
+    float* out = values.data() + r * cols;
+    bool nan = false;  // 0x7F / 0xFF: the only non-finite codes once the scale is checked
+    for (int64_t c = 0; c < cols; ++c) {
+      nan |= (row[c] & 0x7f) == 0x7f;
+      out[c] = table[row[c]];
+    }
+    if (nan) {
+      const int64_t c =
+          std::find_if(row, row + cols, [](uint8_t code) { return (code & 0x7f) == 0x7f; }) - row;
+      return absl::InvalidArgumentError(
+          absl::StrCat(entry.name, ": element [", r, ", ", c, "] is an E4M3 NaN code"));
     }
   }
   return values;

@@ -354,6 +354,25 @@ TEST(Fp8RefusalTest, NanCodesAreRefusedAtDequantization) {
   EXPECT_THAT(model.status().message(), HasSubstr("NaN"));
 }
 
+TEST(Fp8RefusalTest, DequantizationRefusesNanCodesAndOverflowingScales) {
+  SafetensorsEntry entry{"w.weight", DType::kF8E4M3, {2, 3}, 0, 6};
+  const uint8_t codes[6] = {0x38, 0xb8, 0x7e, 0x01, 0xff, 0x00};  // 1, -1, 448, 2^-9, NaN, 0
+  Fp8Scales scales{{0.5f, 4.0f}, std::nullopt, false};
+  TensorRef ref{nullptr, &entry, codes, &scales};
+  auto nan = dequantize_fp8(ref);
+  ASSERT_FALSE(nan.ok());
+  EXPECT_THAT(nan.status().message(), HasSubstr("w.weight: element [1, 1] is an E4M3 NaN code"));
+  const uint8_t finite[6] = {0x38, 0xb8, 0x7e, 0x01, 0x80, 0x00};
+  ref.bytes = finite;
+  auto values = dequantize_fp8(ref);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<float>{0.5f, -0.5f, 224.0f, 4.0f / 512, -0.0f, 0.0f}));
+  scales.weight = {1.0f, 1e38f};
+  auto overflow = dequantize_fp8(ref);
+  ASSERT_FALSE(overflow.ok());
+  EXPECT_THAT(overflow.status().message(), HasSubstr("w.weight: row 1's scale"));
+}
+
 // ---- the pipeline ------------------------------------------------------------------------------
 
 TEST(Fp8PipelineTest, ReportsTheFormatAndLogsIt) {
