@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fp8_nvfp4.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "model/bfl_checkpoint.h"
 #include "model/fp8_checkpoint.h"
 #include "model/json_util.h"
 #include "model/pipeline.h"
@@ -371,6 +373,37 @@ TEST(Fp8RefusalTest, DequantizationRefusesNanCodesAndOverflowingScales) {
   auto overflow = dequantize_fp8(ref);
   ASSERT_FALSE(overflow.ok());
   EXPECT_THAT(overflow.status().message(), HasSubstr("w.weight: row 1's scale"));
+}
+
+// The fuzz target's seeds (tests/fuzz/corpus/fp8_checkpoint, the tiny config of
+// tests/fuzz/fuzz_fp8_checkpoint.cc) open with their formats, so the fuzzer starts from valid
+// files.
+TEST(Fp8CheckpointTest, FuzzSeedsOpenWithTheirFormats) {
+  Flux2Config tiny;
+  tiny.num_attention_heads = 1;
+  tiny.attention_head_dim = 8;
+  tiny.axes_dims_rope = {2, 2, 2, 2};
+  tiny.num_layers = 1;
+  tiny.num_single_layers = 1;
+  tiny.joint_attention_dim = 8;
+  tiny.in_channels = 8;
+  tiny.out_channels = 8;
+  tiny.timestep_guidance_channels = 16;
+  tiny.guidance_embeds = false;
+  const std::string dir = testing::test_data_dir() + "/../fuzz/corpus/fp8_checkpoint/";
+  for (const auto& [file, format, fp8_tensors] :
+       std::vector<std::tuple<std::string, std::string, int64_t>>{
+           {"bfl_fp8.safetensors", "bfl_fp8", 14},
+           {"comfy_fp8mixed.safetensors", "comfy_fp8", 2},
+           {"comfy_scaled_fp8.safetensors", "comfy_scaled_fp8", 14}}) {
+    auto checkpoint = open_transformer_file(dir + file, flux2_config_json(tiny), "tiny");
+    ASSERT_TRUE(checkpoint.ok()) << file << ": " << checkpoint.status();
+    EXPECT_EQ(checkpoint->format, format);
+    EXPECT_EQ(checkpoint->fp8_tensors, fp8_tensors) << file;
+    for (const auto& [name, ref] : checkpoint->weights.tensors()) {
+      if (ref.fp8 != nullptr) EXPECT_TRUE(dequantize_fp8(ref).ok()) << file << " " << name;
+    }
+  }
 }
 
 // ---- the pipeline ------------------------------------------------------------------------------
