@@ -2,7 +2,8 @@
 // fp8_cases.json (BFL, ComfyUI mixed, ComfyUI legacy scaled fp8, ModelOpt folder), its detected
 // format, the layers a mixed file keeps bf16, and one forward per transformer.safetensors input
 // case against diffusers on the dequantized weights (fp8_transformer.safetensors) at the
-// transformer's bars. "fp8_pipeline" (a whole generation) runs in golden_pipeline.cc.
+// transformer's bars. "fp8_pipeline" (a whole generation) runs in golden_pipeline.cc. Run by
+// ctest golden.tiny_klein.all; alone: flux2 check-golden --golden tests/data/tiny-klein --only fp8
 #include <memory>
 #include <optional>
 #include <string>
