@@ -217,14 +217,17 @@ class Backend {
   virtual absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                               const Tensor& y) = 0;
 
+  // In place: y[M, N] += round(round(round(t[M, r] · b[N, r]ᵀ) · scale)), round: to the activation
+  // dtype (PEFT's LoRA `result + lora_B(t) * scaling`, t = lora_A(x)). One op for the B product
+  // and the add, so y is read and written once; the product's fp32 sum is in the backend's order.
+  virtual absl::Status lora_up_add(const Tensor& y, const Tensor& t, const Tensor& b,
+                                   float scale) = 0;
+
   // ---- element-wise -------------------------------------------------------------------------
   virtual absl::Status silu(const Tensor& x, const Tensor& out) = 0;                  // x·σ(x)
   virtual absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;  // a + b
   // In place: x[M, D] += gate[D] ⊙ update[M, D] (gate broadcast over rows).
   virtual absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) = 0;
-  // In place: x[M, N] += scale · update[M, N], the product rounded to the activation dtype before
-  // the add (PEFT's LoRA add: bf16(x + bf16(u · s)) on CUDA).
-  virtual absl::Status add_scaled(const Tensor& x, const Tensor& update, float scale) = 0;
   // out[M, F] = silu(gate[M, F]) ⊙ up[M, F].
   virtual absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   // y = x · wᵀ where x [M, P + F] ends with act = swiglu(gate, up) (its first P columns, e.g. the

@@ -3,6 +3,8 @@
 #include "model/flux2_lora.h"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
@@ -57,29 +59,104 @@ int64_t Flux2LoraWeights::device_bytes(const LoraAdapter& adapter, int64_t value
   return adapter.values() * value_bytes;
 }
 
-absl::StatusOr<std::shared_ptr<const Flux2LoraWeights>> Flux2LoraWeights::upload(
-    Backend& backend, const Flux2Config& config, std::shared_ptr<const LoraAdapter> adapter) {
+namespace {
+
+// The fused weight a target writes: its kind and block.
+std::pair<int, int64_t> fused_weight(const LoraTarget& target) {
+  return {static_cast<int>(target.kind), target.block};
+}
+
+// Each module with its target, those of one fused weight next to each other (adapter order
+// otherwise: modules of one adapter on one fused weight write disjoint columns).
+absl::StatusOr<std::vector<Flux2LoraWeights::Module>> grouped_modules(const Flux2Config& config,
+                                                                      const LoraAdapter& adapter) {
   const std::map<std::string, LoraTarget> targets = flux2_lora_targets(config);
-  auto weights = std::make_shared<Flux2LoraWeights>();
-  weights->adapter_ = std::move(adapter);
-  const DType dtype = backend.weight_dtype();
-  for (const LoraModule& m : weights->adapter_->modules) {
+  std::vector<Flux2LoraWeights::Module> modules;
+  for (const LoraModule& m : adapter.modules) {
     auto found = targets.find(m.module);
     if (found == targets.end() || found->second.in_features != m.in_features ||
         found->second.out_features != m.out_features) {
       return absl::InvalidArgumentError(
           absl::StrCat("LoRA module ", m.module, " does not fit this transformer"));
     }
-    Module module{found->second, &m, {}, {}};
-    FLUX_ASSIGN_OR_RETURN(module.a, backend.empty(dtype, {m.rank, m.in_features}));
-    FLUX_ASSIGN_OR_RETURN(module.b, backend.empty(dtype, {m.out_features, m.rank}));
-    FLUX_RETURN_IF_ERROR(backend.upload(m.a.data(), DType::kF32, module.a));
-    FLUX_RETURN_IF_ERROR(backend.upload(m.b.data(), DType::kF32, module.b));
-    weights->modules_.push_back(std::move(module));
+    modules.push_back({found->second, &m, {}, {}, {}, 0});
+  }
+  std::stable_sort(modules.begin(), modules.end(), [](const auto& x, const auto& y) {
+    return fused_weight(x.target) < fused_weight(y.target);
+  });
+  return modules;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Flux2LoraWeights>> Flux2LoraWeights::upload(
+    Backend& backend, const Flux2Config& config, std::shared_ptr<const LoraAdapter> adapter) {
+  auto weights = std::make_shared<Flux2LoraWeights>();
+  weights->adapter_ = std::move(adapter);
+  FLUX_ASSIGN_OR_RETURN(weights->modules_, grouped_modules(config, *weights->adapter_));
+  std::vector<Module>& modules = weights->modules_;
+  const DType dtype = backend.weight_dtype();
+  for (size_t first = 0; first < modules.size();) {
+    size_t end = first;
+    int64_t stacked = 0;
+    for (; end < modules.size() &&
+           fused_weight(modules[end].target) == fused_weight(modules[first].target);
+         ++end) {
+      stacked += modules[end].source->rank;
+    }
+    FLUX_ASSIGN_OR_RETURN(Tensor stack,
+                          backend.empty(dtype, {stacked, modules[first].source->in_features}));
+    for (int64_t row = 0; first < end; ++first) {
+      Module& module = modules[first];
+      const LoraModule& m = *module.source;
+      module.a_stack = stack;
+      module.a_row = row;
+      module.a = stack.row_slice(row, m.rank);
+      row += m.rank;
+      FLUX_ASSIGN_OR_RETURN(module.b, backend.empty(dtype, {m.out_features, m.rank}));
+      FLUX_RETURN_IF_ERROR(backend.upload(m.a.data(), DType::kF32, module.a));
+      FLUX_RETURN_IF_ERROR(backend.upload(m.b.data(), DType::kF32, module.b));
+    }
   }
   weights->device_bytes_ = device_bytes(*weights->adapter_, dtype_size(dtype));
   return std::shared_ptr<const Flux2LoraWeights>(std::move(weights));
 }
+
+namespace {
+
+int64_t total_rank(const Flux2LoraTerms& terms) {
+  int64_t rank = 0;
+  for (const Flux2LoraTerm& term : terms) rank += term.a.rows();
+  return rank;
+}
+
+// The widest list of `lora`: apply_lora's scratch width.
+int64_t widest_list(const Flux2Lora& lora) {
+  int64_t widest = 0;
+  for (const Flux2LoraTerms* terms :
+       {&lora.x_embedder, &lora.context_embedder, &lora.time_linear_1, &lora.time_linear_2,
+        &lora.guidance_linear_1, &lora.guidance_linear_2, &lora.modulation, &lora.proj_out}) {
+    widest = std::max(widest, total_rank(*terms));
+  }
+  for (const Flux2LoraDoubleBlock& block : lora.double_blocks) {
+    for (const Flux2LoraTerms* terms :
+         {&block.img_qkv, &block.txt_qkv, &block.img_out, &block.txt_out, &block.img_ff_in,
+          &block.img_ff_out, &block.txt_ff_in, &block.txt_ff_out}) {
+      widest = std::max(widest, total_rank(*terms));
+    }
+  }
+  for (const Flux2LoraSingleBlock& block : lora.single_blocks) {
+    widest = std::max({widest, total_rank(block.qkv_mlp), total_rank(block.out)});
+  }
+  return widest;
+}
+
+// Whether `next` continues `term`'s rows of the same A stack (one GEMM computes both).
+bool continues(const Flux2LoraTerm& term, const Flux2LoraTerm& next) {
+  return next.a_stack.data() == term.a_stack.data() && next.a_row == term.a_row + term.a.rows();
+}
+
+}  // namespace
 
 Flux2Lora flux2_lora(const Flux2Config& config, std::span<const Flux2LoraUse> uses) {
   Flux2Lora lora;
@@ -89,35 +166,42 @@ Flux2Lora flux2_lora(const Flux2Config& config, std::span<const Flux2LoraUse> us
     if (use.weight == 0.0) continue;  // PEFT adds round(u · 0) = 0: nothing
     for (const Flux2LoraWeights::Module& m : use.weights->modules()) {
       lora.terms(m.target).push_back(
-          {m.a, m.b, m.source->scaling(use.weight), m.target.out_offset});
-      lora.max_rank = std::max(lora.max_rank, m.source->rank);
-      lora.max_out = std::max(lora.max_out, m.source->out_features);
+          {m.a, m.b, m.source->scaling(use.weight), m.target.out_offset, m.a_stack, m.a_row});
     }
   }
+  lora.max_rank = widest_list(lora);
   return lora;
 }
 
 absl::Status Flux2LoraScratch::allocate(Backend& backend, const Flux2Lora& lora, int64_t rows) {
   if (lora.empty()) return absl::OkStatus();
-  const DType act = backend.activation_dtype();
-  FLUX_ASSIGN_OR_RETURN(t, backend.empty(act, {rows, lora.max_rank}));
-  FLUX_ASSIGN_OR_RETURN(u, backend.empty(act, {rows, lora.max_out}));
+  FLUX_ASSIGN_OR_RETURN(t, backend.empty(backend.activation_dtype(), {rows, lora.max_rank}));
   return absl::OkStatus();
 }
 
 absl::Status apply_lora(Backend& backend, const Flux2LoraTerms& terms, const Tensor& x,
                         const Tensor& y, const Flux2LoraScratch& scratch) {
   const int64_t m = x.rows();
-  for (const Flux2LoraTerm& term : terms) {
-    const int64_t rank = term.a.rows(), out = term.b.rows();
-    if (m > scratch.t.rows() || rank > scratch.t.cols() || out > scratch.u.cols()) {
-      return absl::InternalError("apply_lora: the LoRA scratch is smaller than this term");
+  for (size_t first = 0; first < terms.size();) {
+    size_t end = first + 1;
+    int64_t rank = terms[first].a.rows();
+    for (; end < terms.size() && continues(terms[end - 1], terms[end]); ++end) {
+      rank += terms[end].a.rows();
+    }
+    if (m > scratch.t.rows() || rank > scratch.t.cols()) {
+      return absl::InternalError("apply_lora: the LoRA scratch is smaller than these terms");
     }
     const Tensor t = scratch.t.row_slice(0, m).col_slice(0, rank);
-    const Tensor u = scratch.u.row_slice(0, m).col_slice(0, out);
-    FLUX_RETURN_IF_ERROR(backend.linear(x, term.a, {}, t));  // [M, r]
-    FLUX_RETURN_IF_ERROR(backend.linear(t, term.b, {}, u));  // [M, out]
-    FLUX_RETURN_IF_ERROR(backend.add_scaled(y.col_slice(term.out_offset, out), u, term.scale));
+    const Flux2LoraTerm& lead = terms[first];
+    FLUX_RETURN_IF_ERROR(
+        backend.linear(x, lead.a_stack.row_slice(lead.a_row, rank), {}, t));  // [M, sum of r]
+    for (int64_t column = 0; first < end; ++first) {
+      const Flux2LoraTerm& term = terms[first];
+      const int64_t r = term.a.rows(), out = term.b.rows();
+      FLUX_RETURN_IF_ERROR(backend.lora_up_add(y.col_slice(term.out_offset, out),
+                                               t.col_slice(column, r), term.b, term.scale));
+      column += r;
+    }
   }
   return absl::OkStatus();
 }

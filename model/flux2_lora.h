@@ -18,12 +18,16 @@ namespace flux2 {
 
 // One adapter's contribution to one fused weight's output y [M, *]:
 //   y[:, out_offset : out_offset + out] += round(round(round(x · aᵀ) · bᵀ) · scale)
-// (round: to the activation dtype; PEFT's `result + lora_B(lora_A(x)) * scaling`).
+// (round: to the activation dtype; PEFT's `result + lora_B(lora_A(x)) * scaling`). `a` is rows
+// [a_row, a_row + r) of `a_stack`, the A matrices of one adapter's modules on this fused weight
+// stacked at upload, so apply_lora runs one GEMM for consecutive terms of the same stack.
 struct Flux2LoraTerm {
   Tensor a;  // [r, in]
   Tensor b;  // [out, r]
   float scale = 1.0f;
   int64_t out_offset = 0;
+  Tensor a_stack;  // [sum of r, in]
+  int64_t a_row = 0;
 };
 using Flux2LoraTerms = std::vector<Flux2LoraTerm>;
 
@@ -40,8 +44,8 @@ struct Flux2Lora {
       guidance_linear_2, modulation, proj_out;
   std::vector<Flux2LoraDoubleBlock> double_blocks;
   std::vector<Flux2LoraSingleBlock> single_blocks;
-  int64_t max_rank = 0;  // the scratch widths apply_lora needs
-  int64_t max_out = 0;
+  // The widest x · aᵀ apply_lora computes at once (the terms of one list, summed): its scratch.
+  int64_t max_rank = 0;
 
   bool empty() const { return max_rank == 0; }
   // The list a target's terms go to.
@@ -52,7 +56,8 @@ struct Flux2Lora {
 // the base layer's dtype).
 class Flux2LoraWeights {
  public:
-  // Uploads every module of `adapter` (parsed for `config`: parse_lora_adapter).
+  // Uploads every module of `adapter` (parsed for `config`: parse_lora_adapter), the modules of
+  // one fused weight next to each other with their A matrices in one stack.
   static absl::StatusOr<std::shared_ptr<const Flux2LoraWeights>> upload(
       Backend& backend, const Flux2Config& config, std::shared_ptr<const LoraAdapter> adapter);
   // The device bytes of `adapter` once uploaded to a backend storing `value_bytes` per value.
@@ -62,6 +67,8 @@ class Flux2LoraWeights {
     LoraTarget target;
     const LoraModule* source = nullptr;  // in adapter()
     Tensor a, b;                         // [r, in], [out, r]
+    Tensor a_stack;                      // a is its rows [a_row, a_row + r) (Flux2LoraTerm)
+    int64_t a_row = 0;
   };
 
   const LoraAdapter& adapter() const { return *adapter_; }
@@ -84,14 +91,15 @@ struct Flux2LoraUse {
 // The terms of `uses`, in order; an adapter of weight 0 adds nothing and is left out.
 Flux2Lora flux2_lora(const Flux2Config& config, std::span<const Flux2LoraUse> uses);
 
-// apply_lora's intermediates: t [rows, >= max_rank], u [rows, >= max_out].
+// apply_lora's intermediate t = x · aᵀ [rows, >= max_rank].
 struct Flux2LoraScratch {
-  Tensor t, u;
-  // Allocates t and u for `rows` rows of `lora`'s terms (nothing for an empty one).
+  Tensor t;
+  // Allocates t for `rows` rows of `lora`'s terms (nothing for an empty one).
   absl::Status allocate(Backend& backend, const Flux2Lora& lora, int64_t rows);
 };
 
-// y += every term of `terms` applied to x [M, in] (a no-op without terms).
+// y += every term of `terms` applied to x [M, in] (a no-op without terms), in order: one GEMM
+// t = x · aᵀ per run of terms sharing a stack, then Backend::lora_up_add per term.
 absl::Status apply_lora(Backend& backend, const Flux2LoraTerms& terms, const Tensor& x,
                         const Tensor& y, const Flux2LoraScratch& scratch);
 

@@ -145,8 +145,11 @@ struct GenerateParams {
   // Pixels, multiples of 16; 0: the first reference's (prepared) size, else 1024 (output_size).
   int64_t width = 0;
   int64_t height = 0;
-  int64_t num_inference_steps = 0;  // 0: the model default
-  double guidance_scale = -1.0;     // < 0: the model default; CFG applies when > 1 on base models
+  int64_t num_inference_steps = 0;  // 0: the model default (or sigmas' count when given)
+  // Custom base sigmas, one per step (diffusers' `sigmas=`: few-step adapters such as dev's Turbo
+  // LoRA bring their own), shifted like the default linspace(1, 1/N, N); empty: the default.
+  std::vector<double> sigmas;
+  double guidance_scale = -1.0;  // < 0: the model default; CFG applies when > 1 on base models
   uint64_t seed = 0;
   int64_t max_sequence_length = 0;  // 0: the model default (512)
   Quality quality = Quality::kLossless;

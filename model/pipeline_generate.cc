@@ -26,6 +26,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The steps a request runs: its own, else as many as its custom sigmas, else the model's default.
+int64_t resolved_steps(const GenerateParams& params, int64_t default_steps) {
+  if (params.num_inference_steps > 0) return params.num_inference_steps;
+  return params.sigmas.empty() ? default_steps : static_cast<int64_t>(params.sigmas.size());
+}
+
 // The initial latents as diffusers draws them: randn([1, channels, h, w]) in the activation dtype
 // (torch's CPU generator), packed to tokens [n, channels]; with the host seconds it took.
 std::pair<std::vector<float>, double> draw_packed_noise(DType act, uint64_t seed, int64_t channels,
@@ -160,6 +166,8 @@ std::vector<FieldViolation> Pipeline::check(const GenerateParams& params) const 
         {"num_inference_steps", absl::StrCat(params.num_inference_steps, " is outside 1..",
                                              limits.max_steps, " (0 = default)")});
   }
+  check_custom_sigmas(params.sigmas, resolved_steps(params, info_.default_steps), limits.max_steps,
+                      &violations);
   if (!std::isfinite(params.guidance_scale) ||
       (params.guidance_scale >= 0.0 && params.guidance_scale > limits.max_guidance)) {
     violations.push_back(
@@ -246,7 +254,7 @@ struct Pipeline::Generation {
 Pipeline::Generation::Generation(const PipelineInfo& info, const Flux2Config& flux,
                                  const GenerateParams& params, const GenerateHooks& hooks)
     : params(params), hooks(hooks), request{params.quality, params.fast_paths} {
-  steps = params.num_inference_steps > 0 ? params.num_inference_steps : info.default_steps;
+  steps = resolved_steps(params, info.default_steps);
   guidance = params.guidance_scale >= 0.0 ? params.guidance_scale : info.default_guidance;
   max_length =
       params.max_sequence_length > 0 ? params.max_sequence_length : info.max_sequence_length;
@@ -356,7 +364,7 @@ absl::Status Pipeline::prepare_latents(Generation& g) const {
   if (g.hooks.on_latents) g.hooks.on_latents(-1, g.latents);
 
   // Schedule and per-request conditioning (modulation for every step, RoPE tables).
-  g.schedule = make_schedule(scheduler_config_, g.steps, g.n);
+  g.schedule = make_schedule(scheduler_config_, g.steps, g.n, g.params.sigmas);
   std::vector<float> model_timesteps(static_cast<size_t>(g.steps));
   for (int64_t i = 0; i < g.steps; ++i) {
     model_timesteps[i] = round_to_activation(

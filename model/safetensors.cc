@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -208,6 +209,32 @@ const SafetensorsEntry* SafetensorsFile::find(absl::string_view name) const {
 
 const void* SafetensorsFile::data(const SafetensorsEntry& entry) const {
   return data_section_ + entry.begin;
+}
+
+absl::Status write_safetensors(const std::string& path,
+                               const std::map<std::string, SafetensorsBlob>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const uint64_t end = offset + tensor.bytes.size();
+    header[name] = {
+        {"dtype", tensor.dtype}, {"shape", tensor.shape}, {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+  const std::string text = header.dump();
+  const uint64_t length = text.size();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&length), sizeof(length));
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& [name, tensor] : tensors) {
+    out.write(reinterpret_cast<const char*>(tensor.bytes.data()),
+              static_cast<std::streamsize>(tensor.bytes.size()));
+  }
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat(path, ": cannot write the file"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<float>> read_f32(const SafetensorsFile& file, absl::string_view name) {

@@ -1,6 +1,7 @@
 // A defensive, memory-mapped safetensors reader: validates the header length, every
-// tensor's dtype, shape, byte span and name, and names the file and tensor in every error.
-// Tested by tests/host/safetensors_test.cc, including corrupt files.
+// tensor's dtype, shape, byte span and name, and names the file and tensor in every error; and a
+// writer (test files, bench adapters). Tested by tests/host/safetensors_test.cc, including
+// corrupt files.
 #pragma once
 
 #include <map>
@@ -59,6 +60,19 @@ class SafetensorsFile {
   std::map<std::string, size_t, std::less<>> index_;
   std::map<std::string, std::string> metadata_;
 };
+
+// One tensor to write: its safetensors dtype ("F32", "BF16", ...), shape and little-endian bytes.
+struct SafetensorsBlob {
+  std::string dtype = "F32";
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+// Writes a safetensors file holding `tensors` (data in name order) and `metadata`; errors name
+// the path.
+absl::Status write_safetensors(const std::string& path,
+                               const std::map<std::string, SafetensorsBlob>& tensors,
+                               const std::map<std::string, std::string>& metadata = {});
 
 // Reads a whole tensor as f32 (widening bf16/f16/integers); for goldens and tests.
 absl::StatusOr<std::vector<float>> read_f32(const SafetensorsFile& file, absl::string_view name);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
 #include "model/json_util.h"
 
@@ -52,8 +53,10 @@ double flux2_empirical_mu(int64_t image_seq_len, int64_t num_steps) {
   return a * static_cast<double>(num_steps) + b;
 }
 
-Schedule make_schedule(const SchedulerConfig& config, int64_t num_steps, int64_t image_seq_len) {
+Schedule make_schedule(const SchedulerConfig& config, int64_t num_steps, int64_t image_seq_len,
+                       std::span<const double> custom_sigmas) {
   FLUX_CHECK(num_steps >= 1);
+  FLUX_CHECK(custom_sigmas.empty() || static_cast<int64_t>(custom_sigmas.size()) == num_steps);
   Schedule schedule;
   schedule.mu = flux2_empirical_mu(image_seq_len, num_steps);
   // The pipeline's base sigmas: linspace(1, 1/N, N) in float64, then float32 in the scheduler.
@@ -65,7 +68,7 @@ Schedule make_schedule(const SchedulerConfig& config, int64_t num_steps, int64_t
     // numpy linspace: start + i·step, with the last sample set to `stop` exactly.
     const double step = num_steps > 1 ? (last - 1.0) / static_cast<double>(num_steps - 1) : 0.0;
     const double base = (i == num_steps - 1) ? last : 1.0 + static_cast<double>(i) * step;
-    const float t = static_cast<float>(base);
+    const float t = static_cast<float>(custom_sigmas.empty() ? base : custom_sigmas[i]);
     float sigma;
     if (!config.use_dynamic_shifting) {
       sigma = shift * t / (1.0f + (shift - 1.0f) * t);
@@ -79,6 +82,35 @@ Schedule make_schedule(const SchedulerConfig& config, int64_t num_steps, int64_t
   }
   schedule.sigmas.push_back(0.0f);
   return schedule;
+}
+
+void check_custom_sigmas(std::span<const double> sigmas, int64_t steps, int64_t max_steps,
+                         std::vector<FieldViolation>* violations) {
+  if (sigmas.empty()) return;
+  if (static_cast<int64_t>(sigmas.size()) > max_steps) {
+    violations->push_back({"sigmas", absl::StrCat(sigmas.size(), " values exceed the ", max_steps,
+                                                  " steps allowed")});
+    return;
+  }
+  if (static_cast<int64_t>(sigmas.size()) != steps) {
+    violations->push_back({"sigmas", absl::StrCat(sigmas.size(), " values for ", steps,
+                                                  " steps (one sigma per step)")});
+    return;
+  }
+  auto in_range = [](double sigma) { return std::isfinite(sigma) && sigma > 0.0 && sigma <= 1.0; };
+  for (size_t i = 0; i < sigmas.size(); ++i) {
+    const std::string field = absl::StrCat("sigmas[", i, "]");
+    const double sigma = sigmas[i];
+    if (!in_range(sigma)) {
+      violations->push_back({field, absl::StrCat(exact_decimal(sigma), " is not in (0, 1]")});
+    } else if (i > 0 && in_range(sigmas[i - 1]) &&
+               static_cast<float>(sigma) >= static_cast<float>(sigmas[i - 1])) {
+      // Compared as float32, the values the schedule uses.
+      violations->push_back(
+          {field, absl::StrCat(exact_decimal(sigma), " does not decrease from sigmas[", i - 1,
+                               "] = ", exact_decimal(sigmas[i - 1]), " (compared in float32)")});
+    }
+  }
 }
 
 }  // namespace flux2

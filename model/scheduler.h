@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/field_violation.h"
 #include "nlohmann/json.hpp"
 
 namespace flux2 {
@@ -37,7 +39,15 @@ struct Schedule {
 // FLUX.2's empirical mu for `image_seq_len` noise tokens and `num_steps` steps.
 double flux2_empirical_mu(int64_t image_seq_len, int64_t num_steps);
 
-// The schedule for `num_steps` steps over `image_seq_len` image tokens (num_steps >= 1).
-Schedule make_schedule(const SchedulerConfig& config, int64_t num_steps, int64_t image_seq_len);
+// The schedule for `num_steps` steps over `image_seq_len` image tokens (num_steps >= 1). The base
+// sigmas are the pipeline's linspace(1, 1/N, N), or `custom_sigmas` when given (N values, as
+// diffusers' `sigmas=` argument: they are cast to float32 and shifted like the default ones).
+Schedule make_schedule(const SchedulerConfig& config, int64_t num_steps, int64_t image_seq_len,
+                       std::span<const double> custom_sigmas = {});
+
+// Refusals of a request's custom sigmas for a run of `steps` steps: each finite and in (0, 1],
+// strictly decreasing, as many as the steps and at most `max_steps` (fields "sigmas", "sigmas[i]").
+void check_custom_sigmas(std::span<const double> sigmas, int64_t steps, int64_t max_steps,
+                         std::vector<FieldViolation>* violations);
 
 }  // namespace flux2

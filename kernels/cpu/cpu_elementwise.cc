@@ -70,18 +70,6 @@ absl::Status CpuBackend::gate_residual(const Tensor& x, const Tensor& gate, cons
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::add_scaled(const Tensor& x, const Tensor& update, float scale) {
-  FLUX_RETURN_IF_ERROR(cpu::check_f32("add_scaled", "x", x));
-  FLUX_RETURN_IF_ERROR(check_same("add_scaled", x, "update", update));
-  for_each_row(x, [&](int64_t r) {
-    float* h = cpu::row(x, r);
-    const float* u = cpu::row(update, r);
-    // The product is rounded before the add, as PyTorch's `x + u * s` (no FMA: -ffp-contract=off).
-    for (int64_t c = 0; c < x.cols(); ++c) h[c] += u[c] * scale;
-  });
-  return absl::OkStatus();
-}
-
 absl::Status CpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
   FLUX_RETURN_IF_ERROR(cpu::check_f32("swiglu", "gate", gate));
   FLUX_RETURN_IF_ERROR(check_same("swiglu", gate, "up", up));

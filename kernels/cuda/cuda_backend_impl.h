@@ -84,10 +84,10 @@ class CudaBackend final : public Backend {
 
   absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                       const Tensor& y) override;
+  absl::Status lora_up_add(const Tensor& y, const Tensor& t, const Tensor& b, float scale) override;
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;
-  absl::Status add_scaled(const Tensor& x, const Tensor& update, float scale) override;
   absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x, const Weight& w,
                              const Tensor& y, const GatedResidual* residual) override;

@@ -1,7 +1,8 @@
-// CudaBackend's projections: linear through cuBLASLt (bf16), and at quality=high the
-// low-precision GEMMs of registered weights (add_fp8_weight: FP8, NVFP4 on Blackwell), with the
-// activation quantized just before the GEMM or written in E4M3 by the op that produces it:
-// LayerNorm+modulate and SwiGLU (layer_norm_modulate_linear, swiglu_linear).
+// CudaBackend's projections: linear through cuBLASLt (bf16), LoRA's B product with its add (our
+// own kernel, lora_up.h), and at quality=high the low-precision GEMMs of registered weights
+// (add_fp8_weight: FP8, NVFP4 on Blackwell), with the activation quantized just before the GEMM
+// or written in E4M3 by the op that produces it: LayerNorm+modulate and SwiGLU
+// (layer_norm_modulate_linear, swiglu_linear).
 // Tested by tests/cuda/op_cases.cc (gpu_op_test), fp8_rows_test.cc and quality_high_test.cc.
 #include <cstdint>
 
@@ -11,6 +12,7 @@
 #include "kernels/cuda/cuda_checks.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/lora_up.h"
 #include "kernels/cuda/norms.h"
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/swiglu_fp8.h"
@@ -47,6 +49,16 @@ absl::Status CudaBackend::linear(const Tensor& x, const Weight& weight, const Te
   return run_path(
       CudaPath::kFp8Linear, cuda::fp8_linear_unsupported(x.cols(), bias.data() != nullptr, nvfp4_),
       [&] { return linear_low_precision(x, *low, y); }, bf16);
+}
+
+absl::Status CudaBackend::lora_up_add(const Tensor& y, const Tensor& t, const Tensor& b,
+                                      float scale) {
+  constexpr absl::string_view kOp = "lora_up_add";
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "y", y));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "t", t));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "b", b));
+  OpProfileScope profile(*this, op_category("lora", "lora_up_add"));
+  return cuda::lora_up_add_bf16(mat(y), mat(t), mat(b), scale, stream());
 }
 
 absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,

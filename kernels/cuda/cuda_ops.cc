@@ -51,13 +51,6 @@ absl::Status CudaBackend::gate_residual(const Tensor& x, const Tensor& gate, con
       });
 }
 
-absl::Status CudaBackend::add_scaled(const Tensor& x, const Tensor& update, float scale) {
-  OpProfileScope profile(*this, op_category("elementwise", "add_scaled"));
-  FLUX_RETURN_IF_ERROR(check_bf16("add_scaled", "x", x));
-  FLUX_RETURN_IF_ERROR(check_same_bf16("add_scaled", x, "update", update));
-  return cuda::add_scaled_bf16(mat(x), mat(update), scale, stream());
-}
-
 absl::Status CudaBackend::swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) {
   OpProfileScope profile(*this, op_category("elementwise", "swiglu"));
   FLUX_RETURN_IF_ERROR(check_bf16("swiglu", "gate", gate));

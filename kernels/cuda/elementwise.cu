@@ -218,26 +218,6 @@ absl::Status gate_residual_fused(const Mat& x, const Mat& gate, int64_t rows_per
   return absl::OkStatus();
 }
 
-absl::Status add_scaled_bf16(const Mat& x, const Mat& update, float scale, cudaStream_t stream) {
-  if (auto s = check_same_shape("add_scaled", x, update); !s.ok()) return s;
-  launch_rows(
-      x.rows, x.cols, vec_ok({&x, &update}), stream,
-      [=] __device__(int64_t r, int64_t c) {
-        float h[8], u[8];
-        load8(at(x, r, c), h);
-        load8(at(update, r, c), u);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) h[i] = __fadd_rn(h[i], round_bf16(__fmul_rn(u[i], scale)));
-        store8(at(x, r, c), h);
-      },
-      [=] __device__(int64_t r, int64_t c) {
-        const float t = round_bf16(__fmul_rn(to_f32(*at(update, r, c)), scale));
-        *at(x, r, c) = to_bf16(__fadd_rn(to_f32(*at(x, r, c)), t));
-      });
-  FLUX_RETURN_IF_LAUNCH_FAILED("add_scaled");
-  return absl::OkStatus();
-}
-
 absl::Status euler_step_bf16(const Mat& x, const Mat& v, float dt, cudaStream_t stream) {
   if (auto s = check_same_shape("euler_step", x, v); !s.ok()) return s;
   launch_rows(

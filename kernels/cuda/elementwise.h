@@ -23,8 +23,6 @@ absl::Status mul_bf16(const Mat& a, const Mat& b, const Mat& out, cudaStream_t s
 absl::Status gate_mul_bf16(const Mat& gate, int64_t rows_per_gate, const Mat& update,
                            const Mat& out, cudaStream_t stream);
 
-// x = bf16(x + bf16(update · scale))  (PyTorch's `x + u * s` in bf16: PEFT's LoRA add)
-absl::Status add_scaled_bf16(const Mat& x, const Mat& update, float scale, cudaStream_t stream);
 // out[r, :] = bf16(x[r, :] + row[r / rows_per_row, :])  (broadcast add of a [B, D] row).
 absl::Status add_row_bf16(const Mat& x, const Mat& row, int64_t rows_per_row, const Mat& out,
                           cudaStream_t stream);

@@ -94,6 +94,8 @@ void add_generate_flags(CLI::App& app, GenerateFlags& f) {
   app.add_option("--height", p.height);
   app.add_option("--width", p.width);
   app.add_option("--steps", p.num_inference_steps);
+  // --sigmas 1,0.65,0.29,0.05: custom sigmas, one per step (model/scheduler.h).
+  app.add_option("--sigmas", p.sigmas)->delimiter(',')->allow_extra_args(false);
   app.add_option("--seed", f.seed);
   app.add_option("--guidance", p.guidance_scale);
   app.add_option("--max-sequence-length", p.max_sequence_length);

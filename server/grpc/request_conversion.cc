@@ -56,6 +56,7 @@ absl::StatusOr<GenerateRequest> request_from_proto(const v1::GenerateImageReques
     if (lora.has_scale()) spec.scale = lora.scale();
     request.loras.push_back(std::move(spec));
   }
+  request.sigmas.assign(proto.sigmas().begin(), proto.sigmas().end());
   if (!violations.empty()) return invalid_argument_status(violations);
   return request;
 }

@@ -59,7 +59,8 @@ const std::map<std::string, FieldType, std::less<>>& known_fields() {
       {"num_inference_steps", FieldType::kInteger},
       {"guidance_scale", FieldType::kNumber},
       {"negative_prompt", FieldType::kString},
-      {"loras", FieldType::kArray},  // server/http/openai_loras.h; a form field holds JSON text
+      {"loras", FieldType::kArray},   // server/http/openai_loras.h; a form field holds JSON text
+      {"sigmas", FieldType::kArray},  // numbers; a form field holds JSON text
   };
   return *fields;
 }
@@ -238,6 +239,18 @@ absl::Status check_model(const json& fields, absl::string_view served_model) {
   return status;
 }
 
+// `sigmas`: an array of numbers (validate() checks their values).
+void parse_sigmas(const json& array, std::vector<double>* sigmas,
+                  std::vector<FieldViolation>* violations) {
+  for (size_t i = 0; i < array.size(); ++i) {
+    if (!array[i].is_number()) {
+      violations->push_back({absl::StrCat("sigmas[", i, "]"), "must be a number"});
+      continue;
+    }
+    sigmas->push_back(array[i].get<double>());
+  }
+}
+
 // Applies the typed fields of `fields` (already checked against known_fields).
 absl::StatusOr<OpenAiImageRequest> build_request(const json& fields,
                                                  absl::string_view served_model) {
@@ -276,6 +289,7 @@ absl::StatusOr<OpenAiImageRequest> build_request(const json& fields,
     request.negative_prompt = fields["negative_prompt"].get<std::string>();
   }
   if (fields.contains("loras")) parse_openai_loras(fields["loras"], &request.loras, &violations);
+  if (fields.contains("sigmas")) parse_sigmas(fields["sigmas"], &request.sigmas, &violations);
   if (!violations.empty()) return invalid_argument_status(violations);
   return out;
 }

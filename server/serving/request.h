@@ -52,6 +52,8 @@ struct GenerateRequest {
   std::vector<std::string> reference_images;  // PNG or JPEG bytes, in order (editing)
   std::string request_id;                     // logged and echoed; printable ASCII
   std::vector<LoraSpec> loras;                // applied in this order; names unique
+  // Custom base sigmas, one per step (GenerateParams::sigmas); empty: the default schedule.
+  std::vector<double> sigmas;
 };
 
 }  // namespace flux2::server

@@ -11,6 +11,7 @@
 #include "kernels/base/decimal.h"
 #include "model/image_encode.h"
 #include "model/reference_image.h"
+#include "model/scheduler.h"
 #include "server/serving/lora_registry.h"
 
 namespace flux2::server {
@@ -127,12 +128,22 @@ SizedReferences check_size(const GenerateRequest& request, const Limits& limits,
   return out;
 }
 
+// The steps a request runs: its own, else as many as its sigmas, else the model's default.
+int64_t resolved_steps(const GenerateRequest& request, const Limits& limits) {
+  if (request.num_inference_steps > 0) return request.num_inference_steps;
+  return request.sigmas.empty() ? limits.default_steps
+                                : static_cast<int64_t>(request.sigmas.size());
+}
+
 void check_steps_and_guidance(const GenerateRequest& request, const Limits& limits,
                               std::vector<FieldViolation>* violations) {
   if (request.num_inference_steps < 0 || request.num_inference_steps > limits.max_steps) {
     violations->push_back(
         {"num_inference_steps", absl::StrCat(request.num_inference_steps, " is outside 1..",
                                              limits.max_steps, " (0 means the model default)")});
+  } else {
+    check_custom_sigmas(request.sigmas, resolved_steps(request, limits), limits.max_steps,
+                        violations);
   }
   if (!request.guidance_scale) return;
   const double guidance = *request.guidance_scale;
@@ -243,8 +254,8 @@ JobSpec make_spec(const GenerateRequest& request, const Limits& limits, SizedRef
   params.references = std::move(sized.sized.references);
   params.max_sequence_length = limits.max_sequence_length;
   // Resolved here so the log, the response bound and the engine all see the steps that run.
-  params.num_inference_steps =
-      request.num_inference_steps > 0 ? request.num_inference_steps : limits.default_steps;
+  params.num_inference_steps = resolved_steps(request, limits);
+  params.sigmas = request.sigmas;
   params.guidance_scale = request.guidance_scale.value_or(-1.0);  // < 0: the model default
   params.seed = request.seed.value_or(random_seed);
   params.quality = request.quality;

@@ -73,13 +73,15 @@ std::vector<OpCase> make_cases() {
            });
          },
          "gate_residual"});
-    // LoRA's add onto k's columns of the fused [q|k|v] output, as flux2_lora applies it.
-    add({"add_scaled", sd(r) + ",into_qkv", [r](OpEnv& e) {
+    // LoRA's B product and add onto k's columns of the fused [q|k|v] output, rank 32, as
+    // apply_lora runs it (t a column slice of the stacked x · Aᵀ).
+    add({"lora_up_add", sd(r) + ",r=32,into_qkv", [r](OpEnv& e) {
            Tensor qkv = e.in_place(r.s, 3 * r.d, 4.0f);
-           Tensor k = qkv.col_slice(r.d, r.d), update = e.input(r.s, r.d, 4.0f);
-           e.set_bytes(3 * r.s * r.d * 2);  // k read and written, the update read (bf16)
-           return e.call(
-               k, [&be = e.backend(), k, update] { return be.add_scaled(k, update, -0.375f); });
+           Tensor k = qkv.col_slice(r.d, r.d), t = e.input(r.s, 96).col_slice(32, 32);
+           Tensor b = e.input(r.d, 32);
+           e.set_bytes(2 * r.s * r.d * 2 + r.s * 32 * 2 + r.d * 32 * 2);  // k twice, t, b
+           return e.call(k,
+                         [&be = e.backend(), k, t, b] { return be.lora_up_add(k, t, b, -0.375f); });
          }});
     // The single block: [q|k|v|gate|up] -> SwiGLU into the mlp columns of [attn|mlp].
     add({"swiglu", sd(r) + ",into_concat",
@@ -348,6 +350,24 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpTest, ::testing::ValuesIn(op_cases()),
 
 const std::vector<OpCase>& op_cases() {
   static const std::vector<OpCase> cases = make_cases();
+  // LoRA's B product at the widest fused output (the single block's [q|k|v|gate|up], klein-4B),
+  // higher ranks, and ragged shapes: r not a multiple of 16, columns not a multiple of 8, an
+  // unaligned column offset (the scalar path), a single row.
+  struct LoraUp {
+    int64_t s, n, r, offset, width;
+  };
+  for (const LoraUp l :
+       {LoraUp{4608, 27648, 32, 0, 27648}, LoraUp{4608, 3072, 128, 3072, 9216},
+        LoraUp{300, 100, 12, 3, 107}, LoraUp{1, 9, 1, 0, 9}, LoraUp{131, 6144, 48, 0, 6144}}) {
+    add({"lora_up_add",
+         absl::StrCat("S=", l.s, ",N=", l.n, ",r=", l.r, ",offset=", l.offset, ",width=", l.width),
+         [l](OpEnv& e) {
+           Tensor y = e.in_place(l.s, l.width, 4.0f).col_slice(l.offset, l.n);
+           Tensor t = e.input(l.s, l.r), b = e.input(l.n, l.r);
+           e.set_bytes(2 * l.s * l.n * 2 + l.s * l.r * 2 + l.n * l.r * 2);  // y twice, t, b
+           return e.call(y, [&be = e.backend(), y, t, b] { return be.lora_up_add(y, t, b, 0.8f); });
+         }});
+  }
   return cases;
 }
 

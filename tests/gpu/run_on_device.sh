@@ -16,7 +16,8 @@
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
 # resize with PIL's; `edit` times editing requests (one 1024x1024 reference, klein-KV, 4 references);
 # `lora` times steps with rank-32 LoRA adapters on every Linear against the same steps without
-# (klein-4B one and two adapters at both qualities, dev one); `dev` times FLUX.2-dev requests (resident; the 80 GB plan under an 80 GB cap; the prompt cache).
+# (klein-4B one and two adapters at both qualities, dev one), and a 300 MB adapter's first use
+# and 8 adapters switched in turn (bench --lora-load-mb); `dev` times FLUX.2-dev requests (resident; the 80 GB plan under an 80 GB cap; the prompt cache).
 # `tune` times each GEMM plan's cuBLASLt candidates over whole steps (klein-4B both qualities, dev
 # lossless, 1024x1024) into $OUT/gemm_algorithms.json; `gemm-ab` times steps
 # with the heuristic's algorithms and with that table (or $GEMM_TABLE) alternately, `builtin-ab`
@@ -275,6 +276,8 @@ if want lora; then  # the step with rank-32 adapters on every Linear against the
     done
   done
   bench "$bin/flux2" lora.jsonl "lora dev lossless x1" --model dev --lora-rank 32
+  # A 300 MB adapter's first use (header, host load, upload) and 8 adapters switched in turn.
+  bench "$bin/flux2" lora.jsonl "lora load klein-4b 300 MB" --model klein-4b --lora-load-mb 300
 fi
 if want bench-dev; then
   bench "$bin/flux2" bench.jsonl "bench dev" --model dev

@@ -1,6 +1,7 @@
-// LoRA adapters on the CPU backend: add_scaled, the per-request terms (order, weight 0, fused-row
-// targets), the device LRU (budget, eviction order, in-use and pinned adapters), and that an
-// adapter of weight 0 leaves the transformer's output bit for bit as without it.
+// LoRA adapters on the CPU backend: lora_up_add, the per-request terms (order, weight 0, fused-row
+// targets, A matrices stacked per fused weight), the device LRU (budget, eviction order, in-use and
+// pinned adapters), and that an adapter of weight 0 leaves the transformer's output bit for bit as
+// without it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,12 +61,14 @@ class LoraApplyTest : public ::testing::Test {
   CpuBackend be_;
 };
 
-TEST_F(LoraApplyTest, AddScaledAddsTheScaledUpdateInPlace) {
-  Tensor x = tensor({2, 2}, {1, 2, 3, 4});
-  Tensor u = tensor({2, 2}, {10, 20, 30, 40});
-  ASSERT_TRUE(be_.add_scaled(x, u, 0.5f).ok());
-  EXPECT_EQ(download(be_, x), (std::vector<float>{6, 12, 18, 24}));
-  EXPECT_FALSE(be_.add_scaled(x, tensor({1, 2}, {0, 0}), 1.0f).ok());  // shapes must agree
+TEST_F(LoraApplyTest, LoraUpAddAddsTheScaledProductInPlace) {
+  Tensor y = tensor({2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor t = tensor({2, 2}, {1, 2, 3, 4});
+  Tensor b = tensor({3, 2}, {1, 0, 0, 1, 1, 1});
+  ASSERT_TRUE(be_.lora_up_add(y, t, b, 0.5f).ok());
+  // t · bᵀ = [[1, 2, 3], [3, 4, 7]], halved and added.
+  EXPECT_EQ(download(be_, y), (std::vector<float>{1.5f, 3, 4.5f, 5.5f, 7, 9.5f}));
+  EXPECT_FALSE(be_.lora_up_add(y, t, tensor({3, 1}, {0, 0, 0}), 1.0f).ok());  // r must agree
 }
 
 TEST_F(LoraApplyTest, TermsKeepRequestOrderSkipWeightZeroAndLandOnTheirFusedRows) {
@@ -89,7 +92,42 @@ TEST_F(LoraApplyTest, TermsKeepRequestOrderSkipWeightZeroAndLandOnTheirFusedRows
   ASSERT_EQ(lora.modulation.size(), 1u);
   EXPECT_EQ(lora.modulation[0].out_offset, 15 * d);  // norm_out: scale, then shift
   EXPECT_TRUE(lora.proj_out.empty());                // weight 0: left out
-  EXPECT_EQ(lora.max_rank, 4);
+  EXPECT_EQ(lora.max_rank, 6);                       // the widest list: k's ranks 2 + 4
+}
+
+TEST_F(LoraApplyTest, StackedATermsEqualTermsAppliedOneByOne) {
+  const Flux2Config config = tiny_config();
+  LoraDeviceCache uploads;
+  // q, k and v of one adapter (rows of one A stack), then k of another (a stack of its own).
+  auto qkv = constant_adapter(config, 2,
+                              {"transformer_blocks.0.attn.to_v", "transformer_blocks.0.attn.to_q",
+                               "transformer_blocks.0.attn.to_k"},
+                              0.5f, 0.25f);
+  auto k = constant_adapter(config, 3, {"transformer_blocks.0.attn.to_k"}, 0.25f, 1.0f);
+  const std::vector<LoraRequest> requests = {{"qkv", qkv, 1.0}, {"k", k, -2.0}};
+  auto uses = uploads.acquire(be_, config, requests);
+  ASSERT_TRUE(uses.ok()) << uses.status();
+  const Flux2Lora lora = flux2_lora(config, *uses);
+  const Flux2LoraTerms& stacked = lora.double_blocks[0].img_qkv;
+  ASSERT_EQ(stacked.size(), 4u);
+  EXPECT_EQ(stacked[1].a_stack.data(), stacked[0].a_stack.data());
+  EXPECT_EQ(stacked[1].a_row, 2);
+  EXPECT_EQ(stacked[2].a_row, 4);
+  EXPECT_NE(stacked[3].a_stack.data(), stacked[0].a_stack.data());
+  Flux2LoraTerms separate = stacked;
+  for (Flux2LoraTerm& term : separate) term.a_stack = term.a, term.a_row = 0;
+  Flux2LoraScratch scratch;
+  ASSERT_TRUE(scratch.allocate(be_, lora, 2).ok());
+  const int64_t d = config.hidden();
+  std::vector<float> xv(static_cast<size_t>(2 * d));
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<float>(i % 5) - 2.0f;
+  Tensor x = tensor({2, d}, xv);
+  Tensor y1 = tensor({2, 3 * d}, std::vector<float>(static_cast<size_t>(6 * d), 1.0f));
+  Tensor y2 = tensor({2, 3 * d}, std::vector<float>(static_cast<size_t>(6 * d), 1.0f));
+  ASSERT_TRUE(apply_lora(be_, stacked, x, y1, scratch).ok());
+  ASSERT_TRUE(apply_lora(be_, separate, x, y2, scratch).ok());
+  EXPECT_EQ(download(be_, y1), download(be_, y2));  // small integers and halves: exact
+  EXPECT_NE(download(be_, y1), std::vector<float>(static_cast<size_t>(6 * d), 1.0f));
 }
 
 TEST_F(LoraApplyTest, ApplyLoraIsThePeftChain) {

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <vector>
+
 namespace flux2 {
 namespace {
 
@@ -34,6 +37,42 @@ TEST(SchedulerTest, SigmasDecreaseToZero) {
     EXPECT_EQ(schedule.sigmas.back(), 0.0f);
     for (int i = 0; i < steps; ++i) EXPECT_GT(schedule.sigmas[i], schedule.sigmas[i + 1]) << steps;
   }
+}
+
+TEST(SchedulerTest, CustomSigmasAreShiftedLikeTheDefaultOnes) {
+  // linspace(1, 1/4, 4) given explicitly: the default schedule, bit for bit.
+  const std::vector<double> linspace = {1.0, 0.75, 0.5, 0.25};
+  const Schedule given = make_schedule(SchedulerConfig{}, 4, 4096, linspace);
+  const Schedule standard = make_schedule(SchedulerConfig{}, 4, 4096);
+  EXPECT_EQ(given.sigmas, standard.sigmas);
+  EXPECT_EQ(given.timesteps, standard.timesteps);
+  // Any other list: float32(s), then e^mu / (e^mu + 1/s - 1), mu from the step count, 0 appended.
+  const std::vector<double> custom = {0.9, 0.5, 0.125};
+  const Schedule schedule = make_schedule(SchedulerConfig{}, 3, 1024, custom);
+  const float e_mu = static_cast<float>(std::exp(flux2_empirical_mu(1024, 3)));
+  ASSERT_EQ(schedule.sigmas.size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    const float s = static_cast<float>(custom[i]);
+    EXPECT_EQ(schedule.sigmas[i], e_mu / (e_mu + (1.0f / s - 1.0f))) << i;
+    EXPECT_EQ(schedule.timesteps[i], schedule.sigmas[i] * 1000.0f) << i;
+  }
+  EXPECT_EQ(schedule.sigmas[3], 0.0f);
+}
+
+TEST(SchedulerTest, CustomSigmasRefusalsNameTheValue) {
+  std::vector<FieldViolation> violations;
+  check_custom_sigmas(std::vector<double>{1.0, 0.5}, 2, 50, &violations);
+  EXPECT_TRUE(violations.empty());
+  check_custom_sigmas(std::vector<double>{1.0, 0.5}, 3, 50, &violations);
+  ASSERT_EQ(violations.size(), 1u);
+  EXPECT_EQ(violations[0].field, "sigmas");
+  EXPECT_EQ(violations[0].description, "2 values for 3 steps (one sigma per step)");
+  violations.clear();
+  check_custom_sigmas(std::vector<double>{0.5, 0.5, -1.0, 0.25}, 4, 50, &violations);
+  ASSERT_EQ(violations.size(), 2u);
+  EXPECT_EQ(violations[0].field, "sigmas[1]");
+  EXPECT_EQ(violations[1].field, "sigmas[2]");
+  EXPECT_EQ(violations[1].description, "-1 is not in (0, 1]");
 }
 
 TEST(SchedulerTest, RejectsUnsupportedOptions) {

@@ -60,17 +60,7 @@ void write_raw_safetensors(const std::string& path, const std::string& header_js
 
 void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<uint8_t> data;
-  for (const auto& [name, tensor] : tensors) {
-    const uint64_t begin = data.size();
-    data.insert(data.end(), tensor.bytes.begin(), tensor.bytes.end());
-    header[name] = {{"dtype", tensor.dtype},
-                    {"shape", tensor.shape},
-                    {"data_offsets", {begin, static_cast<uint64_t>(data.size())}}};
-  }
-  write_raw_safetensors(path, header.dump(), data);
+  if (!flux2::write_safetensors(path, tensors, metadata).ok()) std::abort();
 }
 
 std::map<std::string, RawTensor> read_all_tensors(const std::string& path) {

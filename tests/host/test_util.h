@@ -9,6 +9,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/base/tensor.h"
+#include "model/safetensors.h"
 
 namespace flux2::testing {
 
@@ -31,11 +32,7 @@ class TempDir {
 void copy_tree(const std::string& from, const std::string& to);
 
 // One tensor for write_safetensors: raw bytes plus the header fields.
-struct RawTensor {
-  std::string dtype = "F32";  // safetensors spelling
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
+using RawTensor = SafetensorsBlob;
 
 RawTensor f32_tensor(std::vector<int64_t> shape, const std::vector<float>& values);
 

@@ -29,7 +29,8 @@ TEST(OpenAiImagesTest, GenerationsBodyFillsEveryField) {
           "response_format": "b64_json", "output_format": "webp", "output_compression": 80,
           "quality": "high", "stream": true, "partial_images": 0, "background": "opaque",
           "moderation": "low", "user": "u1", "seed": 18446744073709551615,
-          "num_inference_steps": 3, "guidance_scale": 2.5, "negative_prompt": "blur"})",
+          "num_inference_steps": 3, "guidance_scale": 2.5, "negative_prompt": "blur",
+          "sigmas": [1, 0.5, 0.25]})",
       kModel);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const GenerateRequest& r = parsed->request;
@@ -44,6 +45,7 @@ TEST(OpenAiImagesTest, GenerationsBodyFillsEveryField) {
   EXPECT_EQ(r.num_inference_steps, 3);
   EXPECT_EQ(r.guidance_scale, 2.5);
   EXPECT_EQ(r.negative_prompt, "blur");
+  EXPECT_EQ(r.sigmas, (std::vector<double>{1.0, 0.5, 0.25}));
   EXPECT_TRUE(parsed->stream);
 }
 
@@ -79,6 +81,8 @@ TEST(OpenAiImagesTest, BadFieldsAreRefusedByTheirApiNames) {
       {R"({"prompt": "x", "n": "2"})", {"n"}},
       {R"({"prompt": "x", "stream": 1})", {"stream"}},
       {R"({"prompt": "x", "style": "vivid"})", {"style"}},
+      {R"({"prompt": "x", "sigmas": 0.5})", {"sigmas"}},
+      {R"({"prompt": "x", "sigmas": [1, "0.5", null]})", {"sigmas[1]", "sigmas[2]"}},
       {R"({"n": 1})", {"prompt"}},
       {R"([1, 2])", {"body"}},
       {R"({"prompt": "x")", {"body"}},
@@ -114,6 +118,7 @@ TEST(OpenAiImagesTest, EditsFormTakesImagesInOrderAndTypedFields) {
       {"seed", "", " 7 "},
       {"guidance_scale", "", "3.5"},
       {"stream", "", "false"},
+      {"sigmas", "", "[0.9, 0.4]"},
   };
   absl::StatusOr<OpenAiImageRequest> parsed = parse_edits_form(parts, kModel);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -125,6 +130,7 @@ TEST(OpenAiImagesTest, EditsFormTakesImagesInOrderAndTypedFields) {
   EXPECT_EQ(r.num_images, 2);
   EXPECT_EQ(r.seed, 7u);
   EXPECT_EQ(r.guidance_scale, 3.5);
+  EXPECT_EQ(r.sigmas, (std::vector<double>{0.9, 0.4}));
   EXPECT_FALSE(parsed->stream);
 }
 

@@ -151,6 +151,7 @@ class ServerHandle:
             if line.startswith("flux2_server: listening grpc="):
                 port = int(line.split("grpc=")[1].split()[0])
                 self.metrics_port = int(line.split("metrics=")[1].split()[0])
+                self.http_port = int(line.split("http=")[1].split()[0])
                 break
         assert port, "the server did not report its port"
         # References reach 10 MiB: the client's send limit is unlimited by default, its receive limit

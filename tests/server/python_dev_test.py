@@ -4,7 +4,9 @@
 tests/data/README.md's `tiny-flux2-dev/`: case0 (text-to-image, guidance_scale 4.0 given) and case1
 (two reference images) return image_u8 within the float32 bar; guidance_scale from the request is
 used (2.5 gives another image, an absent one the default 4.0's bytes); a negative_prompt is refused
-naming it; a repeated prompt is a prompt-cache hit on /metrics with identical PNG bytes;
+naming it; custom `sigmas` (sigmas_cases.json: diffusers given the same sigmas) over gRPC and over
+HTTP (/v1/images/generations) return that golden's image_u8 within the float32 bar; a
+repeated prompt is a prompt-cache hit on /metrics with identical PNG bytes;
 GetModelInfo says dev, 50 steps, guidance 4.0, embedded guidance. A second server runs with
 --text-encoder-offload --prompt-cache-bytes 0 --transformer-file (the checkpoint's transformer as
 one Black Forest Labs file): the same golden, every request a miss. Start-up refusals exit 1 saying why: a missing
@@ -13,6 +15,7 @@ Helpers (stubs, PNG decoding, the server handle) come from python_client_test.py
 Run: ctest --test-dir build -R server_python_dev --output-on-failure
 """
 import argparse
+import base64
 import json
 import os
 import re
@@ -94,14 +97,17 @@ class DevTest(unittest.TestCase):
     def generate(self, request, server=None):
         return (server or self.server).stub.GenerateImage(request, timeout=300)
 
-    def golden_pixels(self, k):
-        shape, raw = common.read_safetensors(os.path.join(DEV_DIR, "pipeline.safetensors"), f"case{k}.image_u8")
+    def golden_pixels(self, k, vectors="pipeline.safetensors"):
+        shape, raw = common.read_safetensors(os.path.join(DEV_DIR, vectors), f"case{k}.image_u8")
         return common.nchw_to_hwc(shape, raw)  # [1, 3, H, W] -> H x W x 3
 
-    def assert_golden(self, response, k, case):
-        width, height, pixels = common.decode_png_rgb(response.images[0].data)
+    def assert_golden(self, response, k, case, vectors="pipeline.safetensors"):
+        self.assert_golden_png(response.images[0].data, k, case, vectors)
+
+    def assert_golden_png(self, png, k, case, vectors="pipeline.safetensors"):
+        width, height, pixels = common.decode_png_rgb(png)
         self.assertEqual((width, height), (case["width"], case["height"]))
-        want = self.golden_pixels(k)
+        want = self.golden_pixels(k, vectors)
         self.assertEqual(len(pixels), len(want))
         off_by_one, worse = common.u8_mismatch(pixels, want)
         self.assertEqual(worse, 0, f"{worse} values differ by more than one level")
@@ -140,6 +146,27 @@ class DevTest(unittest.TestCase):
         response = self.generate(self.golden_request(case))
         self.assertGreater(response.timings.reference_encode_seconds, 0.0)
         self.assert_golden(response, 1, case)
+
+    def test_custom_sigmas_golden_over_grpc_and_http(self):
+        with open(os.path.join(DEV_DIR, "sigmas_cases.json")) as f:
+            cases = json.load(f)
+        for k, case in enumerate(cases):
+            with self.subTest(case=k):
+                request = self.golden_request(dict(case, references=[]), num_inference_steps=None)
+                request.sigmas.extend(case["sigmas"])  # no steps given: one per sigma
+                response = self.generate(request)
+                self.assertEqual(len(response.timings.step_seconds), case["steps"])
+                self.assert_golden(response, k, case, "sigmas.safetensors")
+                body = {"prompt": case["prompt"], "size": f'{case["width"]}x{case["height"]}',
+                        "seed": case["seed"], "guidance_scale": case["guidance_scale"],
+                        "num_inference_steps": case["steps"], "sigmas": case["sigmas"],
+                        "response_format": "b64_json", "output_format": "png"}
+                http = urllib.request.Request(f"http://127.0.0.1:{self.server.http_port}/v1/images/generations",
+                                              data=json.dumps(body).encode(),
+                                              headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(http, timeout=300) as answer:
+                    image = json.loads(answer.read())["data"][0]["b64_json"]
+                self.assert_golden_png(base64.b64decode(image), k, case, "sigmas.safetensors")
 
     def test_guidance_from_the_request_is_used(self):
         case = golden_cases()[0]

@@ -223,6 +223,38 @@ TEST(RequestValidation, EachInvalidFieldIsNamed) {
       {"request id too long", [](auto& r) { r.set_request_id(std::string(129, 'x')); },
        "request_id"},
       {"request id not printable", [](auto& r) { r.set_request_id("a\nb"); }, "request_id"},
+      {"sigmas count != steps",
+       [](auto& r) {
+         r.set_num_inference_steps(3);
+         r.add_sigmas(1.0);
+         r.add_sigmas(0.5);
+       },
+       "sigmas"},
+      {"sigmas over max steps",
+       [](auto& r) {
+         for (int i = 0; i < 51; ++i) r.add_sigmas(1.0 - i / 64.0);
+       },
+       "sigmas"},
+      {"sigma zero",
+       [](auto& r) {
+         r.add_sigmas(1.0);
+         r.add_sigmas(0.0);
+       },
+       "sigmas[1]"},
+      {"sigma above one", [](auto& r) { r.add_sigmas(1.5); }, "sigmas[0]"},
+      {"sigma NaN", [nan](auto& r) { r.add_sigmas(nan); }, "sigmas[0]"},
+      {"sigmas increase",
+       [](auto& r) {
+         r.add_sigmas(0.5);
+         r.add_sigmas(0.75);
+       },
+       "sigmas[1]"},
+      {"sigmas equal as float32",
+       [](auto& r) {
+         r.add_sigmas(0.5);
+         r.add_sigmas(0.5 - 1e-12);
+       },
+       "sigmas[1]"},
   };
   for (const InvalidCase& c : cases) {
     v1::GenerateImageRequest request = valid_request();
@@ -236,6 +268,24 @@ TEST(RequestValidation, EachInvalidFieldIsNamed) {
     for (const FieldViolation& v : field_violations_of(spec.status())) named |= v.field == c.field;
     EXPECT_TRUE(named) << c.name << ": no violation names " << c.field;
   }
+}
+
+TEST(RequestValidation, CustomSigmasSetTheStepsAndReachTheJob) {
+  v1::GenerateImageRequest request = valid_request();
+  for (double sigma : {1.0, 0.6509, 0.4374, 0.00031}) request.add_sigmas(sigma);
+  absl::StatusOr<JobSpec> spec = validate_generate_request(request, test_limits(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->params.num_inference_steps, 4);  // no steps given: one per sigma
+  EXPECT_EQ(spec->params.sigmas, (std::vector<double>{1.0, 0.6509, 0.4374, 0.00031}));
+  request.set_num_inference_steps(4);  // or as many as the steps
+  EXPECT_TRUE(validate_generate_request(request, test_limits(), 1).ok());
+  request.set_sigmas(2, 0.7);
+  spec = validate_generate_request(request, test_limits(), 1);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_NE(spec.status().message().find(
+                "sigmas[2]: 0.7 does not decrease from sigmas[1] = 0.6509 (compared in float32)"),
+            std::string::npos)
+      << spec.status();
 }
 
 TEST(RequestValidation, GuidanceErrorShowsTheValueSent) {

@@ -29,6 +29,7 @@
 #include "model/rope.h"
 #include "model/scheduler.h"
 #include "nlohmann/json.hpp"
+#include "server/cli/bench/lora_load_bench.h"
 #include "server/cli/commands.h"
 #include "server/common/backend_flags.h"
 #include "server/common/command_line.h"
@@ -499,6 +500,7 @@ struct BenchFlags {
   std::string tokenizer;  // --e2e; empty: the tiny checkpoint's of the model's family
   std::string tune_by = "steps";
   int64_t repeats = 5;
+  int64_t lora_load_mb = 0;  // --lora-load-mb N: lora_load_bench.h instead of steps
   bool e2e = false, attention_only = false, no_fast_paths = false;
   bool profile = false, profile_by_shape = false;
   BackendOptions backend_options;
@@ -532,6 +534,7 @@ void add_bench_flags(CLI::App& app, BenchFlags& f) {
   app.add_option("--tune-candidates", o.tune_candidates);
   app.add_option("--lora-rank", o.lora_rank);
   app.add_option("--loras", o.loras);
+  app.add_option("--lora-load-mb", f.lora_load_mb);
   add_backend_flags(app, f.backend_options);
 }
 
@@ -609,6 +612,14 @@ int run_bench(int argc, char** argv, int first) {
   const BenchOptions& o = flags.o;
   auto backend = create_backend(flags.backend, flags.backend_options);
   if (!backend.ok()) return fail(backend.status().message());
+  if (flags.lora_load_mb > 0) {
+    auto config = flux2_preset(o.model);
+    if (!config.ok()) return fail(config.status().message());
+    auto loads = bench_lora_load(**backend, *config, flags.lora_load_mb);
+    if (!loads.ok()) return fail(loads.status().message());
+    std::printf("%s\n", loads->dump().c_str());
+    return 0;
+  }
   auto result = flags.attention_only ? bench_attention(**backend, o)
                 : flags.e2e
                     ? bench_e2e(**backend, o, flags.tokenizer, static_cast<int>(flags.repeats))

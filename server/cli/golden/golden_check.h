@@ -107,6 +107,7 @@ void check_golden_scheduler(const GoldenContext& context, GoldenReport& report);
 void check_golden_randn(const GoldenContext& context, GoldenReport& report);
 void check_golden_vae_encode(const GoldenContext& context, GoldenReport& report);
 void check_golden_pipeline(const GoldenContext& context, GoldenReport& report);
+void check_golden_sigmas(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report);
 void check_golden_lora(const GoldenContext& context, GoldenReport& report);

@@ -1,7 +1,8 @@
-// check-golden parts "pipeline", "edit", "edit_kv", "lora_pipeline" and "fp8_pipeline": whole
-// generations prompt (+ reference images, + LoRA adapters, + an FP8 transformer file) -> image
-// (pipeline_cases.json + pipeline.safetensors, edit_*, edit_kv_*, lora_cases.json's pipeline_cases
-// + lora_pipeline.safetensors, fp8_cases.json's + fp8_pipeline.safetensors), for whichever
+// check-golden parts "pipeline", "sigmas", "edit", "edit_kv", "lora_pipeline" and "fp8_pipeline":
+// whole generations prompt (+ custom sigmas, + reference images, + LoRA adapters, + an FP8
+// transformer file) -> image (pipeline_cases.json + pipeline.safetensors, sigmas_*, edit_*,
+// edit_kv_*, lora_cases.json's pipeline_cases + lora_pipeline.safetensors, fp8_cases.json's +
+// fp8_pipeline.safetensors), for whichever
 // pipeline the checkpoint's model_index.json names (klein, klein-KV, dev): the prompt embeddings,
 // the initial noise, the reference tokens, the latents after every step, the float image and
 // image_u8 (tests/data/README.md: 1e-4 relative; u8 equal up to 1 level on <= 0.5% of values).
@@ -66,6 +67,7 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
     }
   }
   params.num_inference_steps = item.at("steps").get<int64_t>();
+  if (item.contains("sigmas")) params.sigmas = item.at("sigmas").get<std::vector<double>>();
   params.seed = item.at("seed").get<uint64_t>();
   params.guidance_scale = item.value("guidance_scale", -1.0);
   params.max_sequence_length = item.at("max_sequence_length").get<int64_t>();
@@ -187,6 +189,10 @@ void check_generations(const GoldenContext& context, const GenerationPart& part,
 
 void check_golden_pipeline(const GoldenContext& context, GoldenReport& report) {
   check_generations(context, {"pipeline_cases.json", "pipeline.safetensors", false}, report);
+}
+
+void check_golden_sigmas(const GoldenContext& context, GoldenReport& report) {
+  check_generations(context, {"sigmas_cases.json", "sigmas.safetensors", false}, report);
 }
 
 void check_golden_edit(const GoldenContext& context, GoldenReport& report) {
