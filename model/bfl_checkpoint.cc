@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/base/status.h"
 #include "model/flux2_weights.h"
+#include "model/fp8_checkpoint.h"
 #include "model/weight_loader.h"
 
 namespace flux2 {
@@ -89,6 +90,7 @@ struct BflViewStorage {
   std::unique_ptr<SafetensorsFile> file;
   std::deque<SafetensorsEntry> entries;
   std::deque<std::vector<char>> copies;
+  std::deque<Fp8Scales> scales;  // of the FP8 views
 };
 
 // One run of rows of a diffusers tensor found in the file.
@@ -164,22 +166,33 @@ absl::StatusOr<bool> is_bfl_transformer_file(const std::string& path) {
   return is_bfl_transformer(*file);
 }
 
-absl::StatusOr<ComponentWeights> open_bfl_transformer(const std::string& path,
-                                                      nlohmann::json config,
-                                                      const std::string& config_path) {
-  FLUX_ASSIGN_OR_RETURN(const Flux2Config parsed, Flux2Config::from_json(config, config_path));
-  auto storage = std::make_shared<BflViewStorage>();
-  FLUX_ASSIGN_OR_RETURN(storage->file, SafetensorsFile::open(path));
-  const SafetensorsFile& file = *storage->file;
-  if (!is_bfl_transformer(file)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": not a FLUX.2 transformer in Black Forest Labs naming (no tensor ", kBflProbe,
-        ", bare or after ", kBflModelPrefix, "); a diffusers transformer/ directory opens as one"));
-  }
-  const std::string prefix = file.find(kBflProbe) != nullptr ? "" : kBflModelPrefix;
+std::string bfl_prefix(const SafetensorsFile& file) {
+  return file.find(kBflProbe) != nullptr ? "" : kBflModelPrefix;
+}
 
-  // Match the file against the tensors of `config`, collecting every problem.
-  const std::vector<BflTensor> layout = bfl_transformer_tensors(parsed);
+absl::StatusOr<Fp8Layers> bfl_fp8_layers(const SafetensorsFile& file) {
+  std::map<std::string, TensorRef, std::less<>> tensors;
+  for (const SafetensorsEntry& entry : file.entries())
+    tensors.emplace(entry.name, TensorRef{&file, &entry});
+  return collect_fp8_layers(
+      Fp8Source{&tensors, &file.metadata(), bfl_prefix(file), file.path(), /*modelopt=*/false});
+}
+
+namespace {
+
+absl::Status not_bfl(const std::string& path) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, ": not a FLUX.2 transformer in Black Forest Labs naming (no tensor ", kBflProbe,
+      ", bare or after ", kBflModelPrefix, "); a diffusers transformer/ directory opens as one"));
+}
+
+// Matches `file` against the BFL tensors of `config`: the runs of rows of each diffusers tensor,
+// or one error naming every missing, mis-shaped and unexpected tensor (FP8 side tensors, the
+// scales and markers of `fp8`, are expected).
+absl::StatusOr<std::map<std::string, std::vector<FoundRows>>> match_bfl_layout(
+    const SafetensorsFile& file, const std::vector<BflTensor>& layout, const Fp8Layers& fp8,
+    const std::string& config_path) {
+  const std::string prefix = bfl_prefix(file);
   std::vector<std::string> missing, misshaped, unexpected;
   std::set<const SafetensorsEntry*> matched;
   std::map<std::string, std::vector<FoundRows>> pieces;  // diffusers name -> its rows
@@ -204,60 +217,113 @@ absl::StatusOr<ComponentWeights> open_bfl_transformer(const std::string& path,
       pieces[part.diffusers_name].push_back(FoundRows{entry, &part});
   }
   for (const SafetensorsEntry& entry : file.entries()) {
-    if (!matched.count(&entry)) unexpected.push_back(entry.name);
+    if (!matched.count(&entry) && !fp8.side_tensors.count(entry.name))
+      unexpected.push_back(entry.name);
   }
-  if (!missing.empty() || !misshaped.empty() || !unexpected.empty()) {
-    std::string message =
-        absl::StrCat(path, ": Black Forest Labs checkpoint does not match ", config_path);
-    if (!missing.empty())
-      absl::StrAppend(&message, "; missing tensors (diffusers names): ", list_names(missing));
-    if (!misshaped.empty()) absl::StrAppend(&message, "; wrong shape: ", list_names(misshaped));
-    if (!unexpected.empty()) {
-      absl::StrAppend(&message,
-                      "; tensors with no diffusers counterpart: ", list_names(unexpected));
-    }
-    return absl::InvalidArgumentError(message);
-  }
+  if (missing.empty() && misshaped.empty() && unexpected.empty()) return pieces;
+  std::string message =
+      absl::StrCat(file.path(), ": Black Forest Labs checkpoint does not match ", config_path);
+  if (!missing.empty())
+    absl::StrAppend(&message, "; missing tensors (diffusers names): ", list_names(missing));
+  if (!misshaped.empty()) absl::StrAppend(&message, "; wrong shape: ", list_names(misshaped));
+  if (!unexpected.empty())
+    absl::StrAppend(&message, "; tensors with no diffusers counterpart: ", list_names(unexpected));
+  return absl::InvalidArgumentError(message);
+}
 
-  // Each diffusers tensor: a view of its rows when they are one run, else a copy put together.
+// The scales of diffusers tensor `rows` rows long put together from `found` (FP8 pieces), each
+// piece's rows taking their own scale; one value when every row has the same.
+Fp8Scales join_scales(const std::vector<FoundRows>& found, const Fp8Layers& fp8, int64_t rows) {
+  const Fp8Scales& first = fp8.scales.at(found.front().bfl->name);
+  Fp8Scales joined{{}, first.input, first.full_precision};
+  joined.weight.resize(static_cast<size_t>(rows));
+  for (const FoundRows& piece : found) {
+    const std::vector<float>& weight = fp8.scales.at(piece.bfl->name).weight;
+    for (int64_t r = 0; r < piece.rows->rows; ++r) {
+      joined.weight[static_cast<size_t>(piece.rows->diffusers_row + r)] =
+          weight.size() == 1 ? weight[0] : weight[static_cast<size_t>(piece.rows->bfl_row + r)];
+    }
+  }
+  const bool per_tensor = std::all_of(found.begin(), found.end(), [&](const FoundRows& piece) {
+    return fp8.scales.at(piece.bfl->name).weight.size() == 1;
+  });
+  if (per_tensor && std::all_of(joined.weight.begin(), joined.weight.end(),
+                                [&](float s) { return s == joined.weight[0]; }))
+    joined.weight.resize(1);
+  return joined;
+}
+
+// The view of diffusers tensor `name`: its rows when they are one run of the file, else a copy put
+// together; an FP8 piece brings its scales.
+absl::StatusOr<TensorRef> make_view(BflViewStorage& storage, const std::string& name,
+                                    const std::vector<FoundRows>& found, const Fp8Layers& fp8) {
+  const SafetensorsFile& file = *storage.file;
+  const SafetensorsEntry& first = *found.front().bfl;
+  const int64_t row_bytes = first.bytes() / first.shape[0];
+  int64_t rows = 0;
+  for (const FoundRows& piece : found) {
+    if (piece.bfl->dtype != first.dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": tensor \"", name, "\" would join ", dtype_name(first.dtype),
+                       " rows of \"", first.name, "\" and ", dtype_name(piece.bfl->dtype),
+                       " rows of \"", piece.bfl->name, "\""));
+    }
+    rows += piece.rows->rows;
+  }
+  SafetensorsEntry& view = storage.entries.emplace_back();
+  view.name = name;
+  view.dtype = first.dtype;
+  view.shape = first.shape;
+  view.shape[0] = rows;
+  TensorRef ref{&file, &view};
+  if (fp8.scales.count(first.name))
+    ref.fp8 = &storage.scales.emplace_back(join_scales(found, fp8, rows));
+  if (found.size() == 1) {
+    view.begin = first.begin + found.front().rows->bfl_row * row_bytes;
+    view.end = view.begin + rows * row_bytes;
+    return ref;
+  }
+  // Not a range of the file: begin/end span the copy, which `ref.bytes` points to.
+  std::vector<char>& copy = storage.copies.emplace_back(static_cast<size_t>(rows * row_bytes));
+  for (const FoundRows& piece : found) {
+    std::memcpy(copy.data() + piece.rows->diffusers_row * row_bytes,
+                static_cast<const char*>(file.data(*piece.bfl)) + piece.rows->bfl_row * row_bytes,
+                static_cast<size_t>(piece.rows->rows * row_bytes));
+  }
+  view.begin = 0;
+  view.end = rows * row_bytes;
+  ref.bytes = copy.data();
+  return ref;
+}
+
+}  // namespace
+
+absl::StatusOr<ComponentWeights> open_bfl_transformer(const std::string& path,
+                                                      nlohmann::json config,
+                                                      const std::string& config_path) {
+  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::open(path));
+  if (!is_bfl_transformer(*file)) return not_bfl(path);
+  FLUX_ASSIGN_OR_RETURN(const Fp8Layers fp8, bfl_fp8_layers(*file));
+  return open_bfl_transformer(std::move(file), std::move(config), config_path, fp8);
+}
+
+absl::StatusOr<ComponentWeights> open_bfl_transformer(std::unique_ptr<SafetensorsFile> file,
+                                                      nlohmann::json config,
+                                                      const std::string& config_path,
+                                                      const Fp8Layers& fp8) {
+  FLUX_ASSIGN_OR_RETURN(const Flux2Config parsed, Flux2Config::from_json(config, config_path));
+  if (!is_bfl_transformer(*file)) return not_bfl(file->path());
+  auto storage = std::make_shared<BflViewStorage>();
+  storage->file = std::move(file);
+  const std::vector<BflTensor> layout = bfl_transformer_tensors(parsed);  // `pieces` points into it
+  FLUX_ASSIGN_OR_RETURN(const auto pieces,
+                        match_bfl_layout(*storage->file, layout, fp8, config_path));
   std::map<std::string, TensorRef, std::less<>> tensors;
   for (const auto& [name, found] : pieces) {
-    const SafetensorsEntry& first = *found.front().bfl;
-    const int64_t row_bytes = first.bytes() / first.shape[0];
-    int64_t rows = 0;
-    for (const FoundRows& piece : found) {
-      if (piece.bfl->dtype != first.dtype) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ": tensor \"", name, "\" would join ", dtype_name(first.dtype),
-                         " rows of \"", first.name, "\" and ", dtype_name(piece.bfl->dtype),
-                         " rows of \"", piece.bfl->name, "\""));
-      }
-      rows += piece.rows->rows;
-    }
-    SafetensorsEntry& view = storage->entries.emplace_back();
-    view.name = name;
-    view.dtype = first.dtype;
-    view.shape = first.shape;
-    view.shape[0] = rows;
-    TensorRef ref{&file, &view};
-    if (found.size() == 1) {
-      view.begin = first.begin + found.front().rows->bfl_row * row_bytes;
-      view.end = view.begin + rows * row_bytes;
-    } else {
-      // Not a range of the file: begin/end span the copy, which `ref.bytes` points to.
-      std::vector<char>& copy = storage->copies.emplace_back(static_cast<size_t>(rows * row_bytes));
-      for (const FoundRows& piece : found) {
-        std::memcpy(
-            copy.data() + piece.rows->diffusers_row * row_bytes,
-            static_cast<const char*>(file.data(*piece.bfl)) + piece.rows->bfl_row * row_bytes,
-            static_cast<size_t>(piece.rows->rows * row_bytes));
-      }
-      view.begin = 0;
-      view.end = rows * row_bytes;
-      ref.bytes = copy.data();
-    }
+    FLUX_ASSIGN_OR_RETURN(TensorRef ref, make_view(*storage, name, found, fp8));
     tensors.emplace(name, ref);
   }
+  const std::string path = storage->file->path();
   return ComponentWeights::from_view(path, std::move(config), config_path, std::move(tensors),
                                      std::move(storage));
 }

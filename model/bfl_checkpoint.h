@@ -4,12 +4,14 @@
 // Tested by tests/host/bfl_checkpoint_test.cc.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/checkpoint.h"
 #include "model/flux2_config.h"
+#include "model/fp8_checkpoint.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 
@@ -48,6 +50,12 @@ bool is_bfl_transformer(const SafetensorsFile& file);
 // The same for the safetensors file at `path`; an error when it cannot be opened as one.
 absl::StatusOr<bool> is_bfl_transformer_file(const std::string& path);
 
+// The name prefix of a BFL file: kBflModelPrefix when its tensors carry it, else "".
+std::string bfl_prefix(const SafetensorsFile& file);
+
+// The FP8 layers of a BFL-named file (model/fp8_checkpoint.h; Fp8Layout::kNone for a bf16 one).
+absl::StatusOr<Fp8Layers> bfl_fp8_layers(const SafetensorsFile& file);
+
 // Opens the BFL single file `path` as the transformer component: its tensors under the names of
 // Flux2Weights::table(config), where `config` is the transformer's config.json (BFL files have
 // none: pass <model>/transformer/config.json or a preset's) and `config_path` names it in errors.
@@ -56,10 +64,17 @@ absl::StatusOr<bool> is_bfl_transformer_file(const std::string& path);
 // table takes each diffusers tensor as one contiguous block. The file stays mapped while the
 // result lives. One InvalidArgument names every missing BFL tensor (with the diffusers tensors it
 // would give), every mis-shaped one and every tensor with no diffusers counterpart. dir() of the
-// result is `path`.
+// result is `path`. An FP8 file (any layout of model/fp8_checkpoint.h) gives its F8_E4M3 weights
+// as they are stored, each TensorRef carrying its scales (split or joined with the rows: a fused
+// qkv's per-row scales go with each projection's rows); its scale and marker tensors are consumed.
 absl::StatusOr<ComponentWeights> open_bfl_transformer(const std::string& path,
                                                       nlohmann::json config,
                                                       const std::string& config_path);
+// The same for a file already open, whose FP8 layers `fp8` are (bfl_fp8_layers).
+absl::StatusOr<ComponentWeights> open_bfl_transformer(std::unique_ptr<SafetensorsFile> file,
+                                                      nlohmann::json config,
+                                                      const std::string& config_path,
+                                                      const Fp8Layers& fp8);
 
 // The transformer/config.json diffusers would write for `config`, for open_bfl_transformer with
 // a preset (flux2_preset("dev")) when the model directory has no transformer/ folder.

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 #include "absl/strings/string_view.h"
@@ -26,6 +27,16 @@ struct ModelIndex {
   static absl::StatusOr<ModelIndex> read(const std::string& model_dir);
 };
 
+// How an FP8 tensor's stored values become weights (model/fp8_checkpoint.h): row r of the
+// weight is float(stored[r, :]) * weight[r], or * weight[0] for every row (a per-tensor scale).
+struct Fp8Scales {
+  std::vector<float> weight;   // 1 value (per tensor) or one per row, each finite and > 0
+  std::optional<float> input;  // the file's static activation scale (input_scale), if any
+  // The file asks for a bf16 GEMM on the dequantized weight (ComfyUI's full_precision_matrix_mult,
+  // or a two-element scaled_fp8 marker).
+  bool full_precision = false;
+};
+
 // Where one tensor of a component lives.
 struct TensorRef {
   const SafetensorsFile* file = nullptr;
@@ -33,6 +44,8 @@ struct TensorRef {
   // Set for a tensor held in host memory instead of `file` (a view's rearranged copy; `entry`
   // then gives its name, dtype and shape only).
   const void* bytes = nullptr;
+  // Set for an F8_E4M3 tensor of an FP8 checkpoint: its scales (owned by the view's storage).
+  const Fp8Scales* fp8 = nullptr;
   const void* data() const { return bytes != nullptr ? bytes : file->data(*entry); }
 };
 

@@ -15,6 +15,7 @@
 #include "model/checkpoint.h"
 #include "model/flux2_presets.h"
 #include "model/json_util.h"
+#include "model/transformer_checkpoint.h"
 
 namespace flux2 {
 namespace {
@@ -22,13 +23,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Runs one component's load (`load` returns the bytes it holds) between its two progress reports.
+// `source` says what it is read from (LoadProgress::source).
 absl::Status load_component(const LoadProgressFn& progress, const char* component,
                             int64_t planned_bytes,
-                            const std::function<absl::StatusOr<int64_t>()>& load) {
-  if (progress) progress(LoadProgress{component, planned_bytes, -1.0});
+                            const std::function<absl::StatusOr<int64_t>()>& load,
+                            const std::string& source = "") {
+  if (progress) progress(LoadProgress{component, planned_bytes, -1.0, source});
   const Clock::time_point start = Clock::now();
   FLUX_ASSIGN_OR_RETURN(const int64_t bytes, load());
-  if (progress) progress(LoadProgress{component, bytes, seconds_since(start)});
+  if (progress) progress(LoadProgress{component, bytes, seconds_since(start), source});
   return absl::OkStatus();
 }
 
@@ -56,31 +59,27 @@ std::vector<int64_t> text_encoder_taps(bool dev) {
   return dev ? std::vector<int64_t>{10, 20, 30} : std::vector<int64_t>{9, 18, 27};
 }
 
-// transformer/, or options.transformer_file (a BFL single file) with transformer/config.json (dev
-// without one: the published shapes).
-absl::StatusOr<ComponentWeights> open_transformer(const std::string& model_dir,
-                                                  const PipelineOptions& options, bool dev) {
-  if (options.transformer_file.empty()) return ComponentWeights::open(model_dir + "/transformer");
-  FLUX_ASSIGN_OR_RETURN(const bool bfl, is_bfl_transformer_file(options.transformer_file));
-  if (!bfl) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.transformer_file,
-        ": not a Black Forest Labs FLUX.2 transformer (no double_blocks.0.img_attn.qkv.weight); "
-        "diffusers-named weights belong in ",
-        model_dir, "/transformer/"));
-  }
+// transformer/, or options.transformer_file (a BFL single file, bf16 or FP8, or a transformer
+// folder) with transformer/config.json (dev without one: the published shapes).
+absl::StatusOr<TransformerCheckpoint> open_transformer(const std::string& model_dir,
+                                                       const PipelineOptions& options, bool dev) {
+  if (options.transformer_file.empty()) return open_transformer_folder(model_dir + "/transformer");
+  if (std::filesystem::is_directory(options.transformer_file))
+    return open_transformer_folder(options.transformer_file);
   // Its config: transformer/config.json when the directory has one; a dev directory without a
   // transformer/ folder (a ComfyUI-style layout) takes the published FLUX.2-dev shapes.
   std::string config_path = model_dir + "/transformer/config.json";
   nlohmann::json config;
   if (std::filesystem::exists(config_path) || !dev) {
     FLUX_ASSIGN_OR_RETURN(config, read_json_file(config_path));
+    // A ModelOpt transformer/ folder's config describes its own files, not this one.
+    config.erase("quantization_config");
   } else {
     FLUX_ASSIGN_OR_RETURN(const Flux2Config preset, flux2_preset("dev"));
     config = flux2_config_json(preset);
     config_path = "the published FLUX.2-dev transformer config (flux2_preset dev)";
   }
-  return open_bfl_transformer(options.transformer_file, std::move(config), config_path);
+  return open_transformer_file(options.transformer_file, std::move(config), config_path);
 }
 
 // Every tensor of `weights` at `value_bytes` bytes per value (all of them are loaded).
@@ -128,8 +127,11 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
   // The memory plan, from the tensor shapes, before anything is allocated.
   FLUX_ASSIGN_OR_RETURN(ComponentWeights text_weights,
                         ComponentWeights::open(model_dir + "/text_encoder"));
-  FLUX_ASSIGN_OR_RETURN(ComponentWeights transformer_weights,
+  FLUX_ASSIGN_OR_RETURN(TransformerCheckpoint transformer_checkpoint,
                         open_transformer(model_dir, options, dev));
+  const ComponentWeights& transformer_weights = transformer_checkpoint.weights;
+  pipeline->info_.transformer_format = transformer_checkpoint.format;
+  pipeline->info_.transformer_checkpoint_bytes = transformer_checkpoint.checkpoint_bytes;
   FLUX_ASSIGN_OR_RETURN(ComponentWeights vae_weights, ComponentWeights::open(model_dir + "/vae"));
   const std::vector<int64_t> taps = text_encoder_taps(dev);
   const int64_t value_bytes = dtype_size(backend.weight_dtype());
@@ -156,10 +158,12 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
         return p.text_encoder_->device_bytes() + p.text_encoder_->host_bytes();
       }));
   FLUX_RETURN_IF_ERROR(load_component(
-      options.on_progress, "transformer", plan.transformer, [&]() -> absl::StatusOr<int64_t> {
+      options.on_progress, "transformer", plan.transformer,
+      [&]() -> absl::StatusOr<int64_t> {
         FLUX_ASSIGN_OR_RETURN(p.transformer_, Flux2Transformer::load(backend, transformer_weights));
         return p.transformer_->load_report().device_bytes;
-      }));
+      },
+      transformer_checkpoint.describe()));
   FLUX_RETURN_IF_ERROR(
       load_component(options.on_progress, "vae", plan.vae, [&]() -> absl::StatusOr<int64_t> {
         FLUX_ASSIGN_OR_RETURN(p.vae_, VaeDecoder::load(backend, vae_weights));
@@ -179,21 +183,24 @@ std::string describe(const LoadProgress& progress) {
                                                   : "";
   if (progress.seconds < 0) {
     return absl::StrCat("loading ", progress.component,
-                        bytes.empty() ? "" : absl::StrCat(" (", bytes, ")"));
+                        bytes.empty() ? "" : absl::StrCat(" (", bytes, ")"),
+                        progress.source.empty() ? "" : " from " + progress.source);
   }
   const std::string rate =
       progress.bytes > 0 && progress.seconds > 0
           ? absl::StrFormat(" (%.2f GB/s)", progress.bytes / 1e9 / progress.seconds)
           : "";
   return absl::StrCat("loaded ", progress.component, bytes.empty() ? "" : ": " + bytes,
-                      absl::StrFormat(" in %.2f s", progress.seconds), rate);
+                      absl::StrFormat(" in %.2f s", progress.seconds), rate,
+                      progress.source.empty() ? "" : " from " + progress.source);
 }
 
 std::string PipelineInfo::load_summary() const {
   return absl::StrFormat(
-      "loaded %s (%s) on %s in %.2f s: text_encoder %.3f GB, transformer %.3f GB, vae %.3f GB%s",
+      "loaded %s (%s) on %s in %.2f s: text_encoder %.3f GB, transformer %.3f GB (from %s), vae "
+      "%.3f GB%s",
       model_name, variant, backend, load_seconds, text_encoder_bytes / 1e9, transformer_bytes / 1e9,
-      vae_bytes / 1e9,
+      transformer_format, vae_bytes / 1e9,
       absl::StrCat(absl::StrFormat(", text encoder %s %.3f GB of host memory",
                                    text_encoder_streamed ? "streamed from" : "embedding in",
                                    text_encoder_host_bytes / 1e9),

@@ -60,6 +60,11 @@ struct PipelineInfo {
   int64_t transformer_bytes = 0;
   int64_t vae_bytes = 0;
   int64_t fp8_bytes = 0;  // FP8 weight copies for quality=high (0 when not enabled)
+  // How the transformer's checkpoint stores it (TransformerCheckpoint::format: "diffusers", "bfl",
+  // "bfl_fp8", "comfy_fp8", "comfy_scaled_fp8", "modelopt_fp8"; "random" without a checkpoint) and
+  // the bytes of its weights as stored.
+  std::string transformer_format = "random";
+  int64_t transformer_checkpoint_bytes = 0;
   // The text encoder's weights stay in page-locked host memory and stream onto the device layer by
   // layer for each encode (the memory plan of GPUs smaller than the model); text_encoder_bytes is
   // then its two device layer buffers.
@@ -80,6 +85,9 @@ struct LoadProgress {
   std::string component;  // "tokenizer", "text_encoder", "transformer", "vae", "fp8_weights"
   int64_t bytes = 0;
   double seconds = -1.0;
+  // What the component is read from when that is worth a word: the transformer's checkpoint
+  // format ("bfl_fp8 (22 FP8 tensors, 4.070 GB as stored)"); "" otherwise.
+  std::string source;
 };
 using LoadProgressFn = std::function<void(const LoadProgress&)>;
 // "loading transformer (7.751 GB)" / "loaded transformer: 7.751 GB in 3.20 s (2.42 GB/s)"
@@ -118,9 +126,11 @@ struct PipelineOptions {
   WeightResidency text_encoder_residency = WeightResidency::kDevice;
   // Bytes of prompt embeddings kept on the device for repeated prompts (0: no cache).
   int64_t prompt_cache_bytes = kDefaultPromptCacheBytes;
-  // A Black Forest Labs single-file transformer (flux2-dev.safetensors naming) to load instead of
-  // transformer/'s weights; its config comes from transformer/config.json (dev without one: the
-  // published shapes). A diffusers-named file is refused (its place is transformer/).
+  // A Black Forest Labs single-file transformer (flux2-dev.safetensors naming, bf16 or any FP8
+  // layout of model/fp8_checkpoint.h) to load instead of transformer/'s weights; its config comes
+  // from transformer/config.json (dev without one: the published shapes). A diffusers-named file
+  // is refused (its place is transformer/); a folder is opened as a transformer/ folder (a
+  // ModelOpt FP8 export).
   std::string transformer_file;
   // Told as each component starts loading and when it is in place (the server logs it, the CLI
   // prints it): loading FLUX.2-dev takes minutes.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/base/status.h"
+#include "model/fp8_checkpoint.h"
 
 namespace flux2 {
 
@@ -63,8 +64,12 @@ absl::Status validate_weights(const ComponentWeights& checkpoint,
       misshaped.push_back(absl::StrCat(spec.name, " is ", shape_string(ref->entry->shape),
                                        ", expected ", shape_string(spec.shape)));
     } else if (ref->entry->dtype != DType::kBF16 && ref->entry->dtype != DType::kF32 &&
-               ref->entry->dtype != DType::kF16) {
+               ref->entry->dtype != DType::kF16 &&
+               !(ref->entry->dtype == DType::kF8E4M3 && ref->fp8 != nullptr)) {
       misshaped.push_back(absl::StrCat(spec.name, " has dtype ", dtype_name(ref->entry->dtype),
+                                       ref->entry->dtype == DType::kF8E4M3
+                                           ? " without scales (not an FP8 checkpoint layout)"
+                                           : "",
                                        ", expected BF16, F16 or F32"));
     }
   }
@@ -168,7 +173,13 @@ absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights
     Tensor flat = spec.target->reshape(Shape{spec.target->numel() / row_elems, row_elems});
     Tensor dest = flat.row_slice(spec.target_row, rows);
     const char* src = static_cast<const char*>(ref.data());
-    if (spec.layout == WeightLayout::kConvToOhwi) {
+    if (ref.fp8 != nullptr) {
+      // An FP8 checkpoint's weight: dequantized in f32, then converted to the weight dtype as any
+      // f32 upload is (bf16(float(W8) * scale) on a bf16 backend).
+      FLUX_CHECK(spec.layout == WeightLayout::kAsIs);
+      FLUX_ASSIGN_OR_RETURN(std::vector<float> values, dequantize_fp8(ref));
+      FLUX_RETURN_IF_ERROR(backend.upload(values.data(), DType::kF32, dest));
+    } else if (spec.layout == WeightLayout::kConvToOhwi) {
       std::vector<char> permuted = to_ohwi(src, spec.shape, dtype_size(ref.entry->dtype));
       FLUX_RETURN_IF_ERROR(backend.upload(permuted.data(), ref.entry->dtype, dest));
     } else {

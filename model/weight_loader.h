@@ -49,8 +49,8 @@ struct LoadReport {
 std::string list_names(const std::vector<std::string>& names);
 
 // Checks `checkpoint` against `table` without allocating: every spec's tensor present with its
-// shape, and every checkpoint tensor either in the table or accepted by `unused`. One error lists
-// every problem.
+// shape and a float dtype (or F8_E4M3 with its scales), and every checkpoint tensor either in the
+// table or accepted by `unused`. One error lists every problem.
 absl::Status validate_weights(const ComponentWeights& checkpoint,
                               const std::vector<WeightSpec>& table,
                               const UnusedTensorFilter& unused);
@@ -84,7 +84,8 @@ absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
                                                        const std::vector<WeightSpec>& table);
 
 // Validates, allocates each target (rows = the rows its specs fill), and uploads with dtype
-// conversion to backend.weight_dtype().
+// conversion to backend.weight_dtype(). An FP8 checkpoint tensor (TensorRef::fp8) is dequantized
+// to f32 first (dequantize_fp8, model/fp8_checkpoint.h), one tensor at a time.
 absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
                                         const std::vector<WeightSpec>& table,
                                         const UnusedTensorFilter& unused);

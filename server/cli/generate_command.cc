@@ -1,4 +1,5 @@
-// `flux2 generate`: offline text-to-image and editing (--reference, repeatable) without the server;
+// `flux2 generate`: offline text-to-image and editing (--reference, repeatable) without the server,
+// optionally with the transformer from --transformer-file (BFL bf16 or FP8, ModelOpt FP8 folder);
 // writes a PNG and prints the stage timings. Tested by tests/host/generate_command_test.cc (tiny
 // checkpoint, bad inputs, references).
 #include <cstdio>
@@ -77,6 +78,9 @@ struct GenerateFlags {
   int64_t seed = 0;                     // params.seed (a negative seed wraps around)
   std::vector<std::string> references;  // --reference, repeatable: the files in order
   std::vector<std::string> loras;       // --lora FILE[:SCALE], repeatable: applied in order
+  // --transformer-file: a BFL single file (bf16 or FP8) or a transformer folder (ModelOpt FP8)
+  // instead of <model-dir>/transformer/ (PipelineOptions::transformer_file).
+  std::string transformer_file;
   bool no_fast_paths = false;
   BackendOptions backend_options;
 };
@@ -99,6 +103,7 @@ void add_generate_flags(CLI::App& app, GenerateFlags& f) {
   app.add_option("--backend", f.backend);
   app.add_option("--reference", f.references)->allow_extra_args(false);
   app.add_option("--lora", f.loras)->allow_extra_args(false);
+  app.add_option("--transformer-file", f.transformer_file);
   app.add_flag("--no-fast-paths", f.no_fast_paths);
   add_backend_flags(app, f.backend_options);
 }
@@ -124,6 +129,7 @@ int run_generate(int argc, char** argv, int first) {
   auto backend = create_backend(flags.backend, flags.backend_options);
   if (!backend.ok()) return fail(backend.status().message());
   PipelineOptions load_options;
+  load_options.transformer_file = flags.transformer_file;
   load_options.on_progress = [](const LoadProgress& progress) {
     std::fprintf(stderr, "flux2 generate: %s\n", describe(progress).c_str());
   };

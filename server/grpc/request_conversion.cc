@@ -162,6 +162,8 @@ void fill_model_info(const ServingModel& model, v1::GetModelInfoResponse* respon
   response->set_text_encoder_host_bytes(info.text_encoder_host_bytes);
   response->set_prompt_cache_bytes(info.prompt_cache_bytes);
   response->set_transformer_file(model.facts.transformer_file);
+  response->set_transformer_format(info.transformer_format);
+  response->set_transformer_checkpoint_bytes(info.transformer_checkpoint_bytes);
   response->set_http_port(model.facts.http_port);
   for (const auto& [flag, value] : model.facts.http_options) {
     (*response->mutable_http_options())[flag] = value;

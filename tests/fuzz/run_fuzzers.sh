@@ -8,7 +8,8 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${FUZZ_BUILD_DIR:-$repo/build-fuzz}"
 seconds="${1:-30}"
-targets=(safetensors config tokenizer request image_decode form_data json_body lora_adapter)
+targets=(safetensors config tokenizer request image_decode form_data json_body lora_adapter
+         fp8_checkpoint)
 CC=clang CXX=clang++ cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DFLUX2_CUDA=OFF -DFLUX2_BUILD_TESTS=OFF -DFLUX2_FUZZ=ON >/dev/null
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]/#/fuzz_}"

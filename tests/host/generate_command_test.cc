@@ -1,7 +1,7 @@
 // `flux2 generate` on the tiny checkpoint: writes a PNG of the requested size, or of the first
 // --reference's prepared size; bad inputs (size not a multiple of 16, zero steps, a missing model
 // directory, a missing or bad reference file, named by the flag) fail with exit status 1;
-// progress (components loading, steps) goes to stderr.
+// progress (components loading, steps) goes to stderr; --transformer-file takes FP8 files.
 #include <fstream>
 #include <iterator>
 
@@ -49,6 +49,34 @@ TEST(GenerateCommandTest, WritesAPngOfTheRequestedSize) {
   EXPECT_EQ(std::string(bytes.begin() + 12, bytes.begin() + 16), "IHDR");
   EXPECT_EQ(big_endian(bytes, 16), 48u);  // width
   EXPECT_EQ(big_endian(bytes, 20), 32u);  // height
+}
+
+// --transformer-file: an FP8 file (BFL's layout) loads, and the log names the format; a bad FP8
+// file fails naming its tensor.
+TEST(GenerateCommandTest, TransformerFileTakesFp8Files) {
+  testing::TempDir dir;
+  const std::string klein = testing::test_data_dir() + "/tiny-klein";
+  ::testing::internal::CaptureStderr();
+  const int status =
+      generate({"--model-dir", klein + "/checkpoint", "--transformer-file",
+                klein + "/fp8/bfl_fp8.safetensors", "--prompt", "a red fox", "--height", "32",
+                "--width", "32", "--steps", "1", "--out", dir.path() + "/fox.png"});
+  const std::string progress = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(status, 0) << progress;
+  EXPECT_NE(progress.find("loaded transformer: "), std::string::npos) << progress;
+  EXPECT_NE(progress.find(" from bfl_fp8 (30 FP8 tensors"), std::string::npos) << progress;
+
+  auto tensors = testing::read_all_tensors(klein + "/fp8/comfy_scaled_fp8.safetensors");
+  tensors["single_blocks.0.linear1.scale_weight"] = testing::f32_tensor({}, {-1.0f});
+  testing::write_safetensors(dir.path() + "/bad.safetensors", tensors);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(generate({"--model-dir", klein + "/checkpoint", "--transformer-file",
+                      dir.path() + "/bad.safetensors", "--prompt", "a red fox", "--out",
+                      dir.path() + "/bad.png"}),
+            1);
+  const std::string error = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(error.find("single_blocks.0.linear1.scale_weight[0] is -1"), std::string::npos)
+      << error;
 }
 
 std::vector<unsigned char> read_file(const std::string& path) {

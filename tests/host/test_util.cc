@@ -58,8 +58,9 @@ void write_raw_safetensors(const std::string& path, const std::string& header_js
   out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors) {
-  if (!flux2::write_safetensors(path, tensors).ok()) std::abort();
+void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  if (!flux2::write_safetensors(path, tensors, metadata).ok()) std::abort();
 }
 
 std::map<std::string, RawTensor> read_all_tensors(const std::string& path) {

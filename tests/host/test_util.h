@@ -36,8 +36,10 @@ using RawTensor = SafetensorsBlob;
 
 RawTensor f32_tensor(std::vector<int64_t> shape, const std::vector<float>& values);
 
-// Writes a valid safetensors file (tensors in name order).
-void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors);
+// Writes a valid safetensors file (tensors in name order), with a __metadata__ string map when
+// `metadata` is not empty.
+void write_safetensors(const std::string& path, const std::map<std::string, RawTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
 
 // Writes `header_json` preceded by `declared_header_length` (defaults to its real size) and
 // followed by `data`: for corrupt-file tests.

@@ -106,6 +106,8 @@ TEST_F(E2E, GetModelInfoReportsTheBackendOptionsTheFlagsSet) {
   EXPECT_GT(info.text_encoder_host_bytes(), 0);
   EXPECT_EQ(info.prompt_cache_bytes(), 0);
   EXPECT_EQ(info.transformer_file(), "");
+  EXPECT_EQ(info.transformer_format(), "diffusers");  // the checkpoint's transformer/ folder
+  EXPECT_GT(info.transformer_checkpoint_bytes(), 0);
   EXPECT_FALSE(info.guidance_embedded());  // klein
   v1::GenerateImageResponse response;
   EXPECT_TRUE(generate(small_request(7, 1), &response).ok());

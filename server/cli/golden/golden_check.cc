@@ -47,6 +47,8 @@ const GoldenPart kParts[] = {
     {"edit_kv", "edit_kv_cases.json", check_golden_edit_kv},
     {"lora", "lora_transformer.safetensors", check_golden_lora},
     {"lora_pipeline", "lora_pipeline.safetensors", check_golden_lora_pipeline},
+    {"fp8", "fp8_transformer.safetensors", check_golden_fp8},
+    {"fp8_pipeline", "fp8_pipeline.safetensors", check_golden_fp8_pipeline},
 };
 
 void print_usage() {
@@ -54,7 +56,7 @@ void print_usage() {
                "usage: flux2 check-golden --golden DIR [--backend cpu|cuda] [--only PART,...] "
                "[--quality lossless|high (cuda)]\n"
                "parts: tokenizer, text_encoder, transformer, vae, vae_encode, scheduler, randn, "
-               "pipeline, sigmas, edit, edit_kv, lora, lora_pipeline\n");
+               "pipeline, sigmas, edit, edit_kv, lora, lora_pipeline, fp8, fp8_pipeline\n");
 }
 
 }  // namespace
@@ -222,8 +224,8 @@ int run_check_golden(int argc, char** argv, int first) {
   }
   // diffusers' bf16 errors: the golden's file, and ours for what it lacks (the VAE encoder's,
   // made by tests/gpu/make_editing_references.py; tests/data/README.md).
-  for (const char* name :
-       {"/bf16_reference.json", "/bf16_reference_vae_encode.json", "/bf16_reference_lora.json"}) {
+  for (const char* name : {"/bf16_reference.json", "/bf16_reference_vae_encode.json",
+                           "/bf16_reference_lora.json", "/bf16_reference_fp8.json"}) {
     const std::string bf16_path = context.dir + name;
     if (!std::filesystem::exists(bf16_path)) continue;
     auto json = read_json_file(bf16_path);

@@ -1,8 +1,8 @@
 // `flux2 check-golden`: runs every case of a reference-vector directory in the tests/data
 // format (tests/data/README.md) and prints one PASS/FAIL line per check, then "N passed, M failed".
 // Each part (tokenizer, text_encoder, transformer, vae, vae_encode, scheduler, randn, pipeline with
-// edit and edit_kv) is one function in its own golden_<part>.cc. Tested by tests/golden/ (ctest
-// label "golden").
+// edit and edit_kv, lora, fp8) is one function in its own golden_<part>.cc. Tested by tests/golden/
+// (ctest label "golden").
 #pragma once
 
 #include <functional>
@@ -112,6 +112,8 @@ void check_golden_edit(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report);
 void check_golden_lora(const GoldenContext& context, GoldenReport& report);
 void check_golden_lora_pipeline(const GoldenContext& context, GoldenReport& report);
+void check_golden_fp8(const GoldenContext& context, GoldenReport& report);
+void check_golden_fp8_pipeline(const GoldenContext& context, GoldenReport& report);
 
 // The adapters `[[name, weight], ...]` of a lora_cases.json case, read from the files its
 // "adapters" table names and parsed for `config` (golden_lora.cc).

@@ -1,7 +1,8 @@
-// check-golden parts "pipeline", "sigmas", "edit", "edit_kv" and "lora_pipeline": whole
-// generations prompt (+ custom sigmas, + reference images, + LoRA adapters) -> image
-// (pipeline_cases.json + pipeline.safetensors, sigmas_*, edit_*, edit_kv_*, lora_cases.json's
-// pipeline_cases + lora_pipeline.safetensors), for whichever
+// check-golden parts "pipeline", "sigmas", "edit", "edit_kv", "lora_pipeline" and "fp8_pipeline":
+// whole generations prompt (+ custom sigmas, + reference images, + LoRA adapters, + an FP8
+// transformer file) -> image (pipeline_cases.json + pipeline.safetensors, sigmas_*, edit_*,
+// edit_kv_*, lora_cases.json's pipeline_cases + lora_pipeline.safetensors, fp8_cases.json's +
+// fp8_pipeline.safetensors), for whichever
 // pipeline the checkpoint's model_index.json names (klein, klein-KV, dev): the prompt embeddings,
 // the initial noise, the reference tokens, the latents after every step, the float image and
 // image_u8 (tests/data/README.md: 1e-4 relative; u8 equal up to 1 level on <= 0.5% of values).
@@ -32,14 +33,22 @@ struct GenerationPart {
   const char* cases_key = nullptr;  // the cases' member of the cases file (null: the whole file)
 };
 
+// `file` is the whole cases file: a case naming a "layout" (fp8_cases.json) takes its transformer
+// from the file or folder file["layouts"][layout].
 absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
-                      const nlohmann::json& item, const SafetensorsFile& vectors,
-                      const std::string& name, GoldenReport& report) {
+                      const nlohmann::json& file, const nlohmann::json& item,
+                      const SafetensorsFile& vectors, const std::string& name,
+                      GoldenReport& report) {
   Backend& be = *context.backend;
   const char* kFile = part.vectors;
   PipelineOptions options;
   options.is_distilled = item.value("is_distilled", true);
   options.kv_cache = part.kv_cache;
+  if (item.contains("layout")) {
+    options.transformer_file =
+        context.dir + "/" +
+        file.at("layouts").at(item.at("layout").get<std::string>()).get<std::string>();
+  }
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline,
                         Pipeline::load(be, context.checkpoint_dir(), options));
   GenerateParams params;
@@ -166,7 +175,8 @@ void check_generations(const GoldenContext& context, const GenerationPart& part,
   for (size_t k = 0; k < cases->size(); ++k) {
     const std::string name = absl::StrCat("case", k);
     try {
-      if (absl::Status s = run_case(context, part, (*cases)[k], **vectors, name, report); !s.ok()) {
+      if (absl::Status s = run_case(context, part, *file, (*cases)[k], **vectors, name, report);
+          !s.ok()) {
         report.fail(part.vectors, name, s.message());
       }
     } catch (const nlohmann::json::exception& error) {
@@ -196,6 +206,11 @@ void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report) {
 void check_golden_lora_pipeline(const GoldenContext& context, GoldenReport& report) {
   check_generations(
       context, {"lora_cases.json", "lora_pipeline.safetensors", false, "pipeline_cases"}, report);
+}
+
+void check_golden_fp8_pipeline(const GoldenContext& context, GoldenReport& report) {
+  check_generations(
+      context, {"fp8_cases.json", "fp8_pipeline.safetensors", false, "pipeline_cases"}, report);
 }
 
 }  // namespace flux2

@@ -1,0 +1,108 @@
+// FP8 checkpoints end to end on the real flux2_server (tiny klein checkpoint, CPU): with
+// --transformer-file naming BFL's FP8 layout (tests/data/tiny-klein/fp8/bfl_fp8.safetensors) the
+// server reports the format and stored bytes in GetModelInfo and returns diffusers' image for
+// fp8_cases.json's pipeline case (fp8_pipeline.safetensors case0.image_u8); the ModelOpt folder
+// loads the same way. Run: ctest --test-dir build-cpu -R Fp8E2E
+#include <stb_image.h>
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "model/safetensors.h"
+#include "tests/server/test_support.h"
+
+namespace flux2::server::testing {
+namespace {
+
+namespace v1 = flux2::v1;
+
+const std::string kKlein = std::string(FLUX2_TEST_DATA_DIR) + "/tiny-klein";
+
+// Fails unless `png` is fp8_pipeline.safetensors case0.image_u8 (CHW) up to one level on <= 0.5%
+// of values (tests/data/README.md).
+void expect_golden(const std::string& png) {
+  int width = 0, height = 0, channels = 0;
+  stbi_uc* pixels =
+      stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(png.data()),
+                            static_cast<int>(png.size()), &width, &height, &channels, 3);
+  ASSERT_NE(pixels, nullptr);
+  const std::vector<uint8_t> rgb(pixels, pixels + width * height * 3);
+  stbi_image_free(pixels);
+  ASSERT_EQ(width, 64);
+  ASSERT_EQ(height, 64);
+  auto file = SafetensorsFile::open(kKlein + "/fp8_pipeline.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::StatusOr<std::vector<float>> golden = read_f32(**file, "case0.image_u8");
+  ASSERT_TRUE(golden.ok()) << golden.status();
+  ASSERT_EQ(golden->size(), rgb.size());
+  int64_t off_by_one = 0, worse = 0;
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < width * height; ++i) {
+      const int diff =
+          std::abs(static_cast<int>(rgb[static_cast<size_t>(i) * 3 + c]) -
+                   static_cast<int>((*golden)[static_cast<size_t>(c) * width * height + i]));
+      off_by_one += diff == 1;
+      worse += diff > 1;
+    }
+  }
+  EXPECT_EQ(worse, 0);
+  EXPECT_LE(static_cast<double>(off_by_one) / static_cast<double>(rgb.size()), 0.005);
+}
+
+class Fp8E2E : public ::testing::Test {
+ protected:
+  void start(const std::string& transformer_file) {
+    server_ = ServerProcess::start(
+        FLUX2_SERVER_BINARY,
+        {"--model-dir", kKlein + "/checkpoint", "--transformer-file", transformer_file,
+         "--max-sequence-length", "64", "--warmup-steps", "0"});
+    ASSERT_NE(server_, nullptr);
+    channel_ = local_channel(server_->grpc_port());
+    stub_ = v1::ImageGeneration::NewStub(channel_);
+    ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
+  }
+  v1::GetModelInfoResponse info() {
+    grpc::ClientContext context;
+    v1::GetModelInfoResponse response;
+    EXPECT_TRUE(stub_->GetModelInfo(&context, {}, &response).ok());
+    return response;
+  }
+
+  std::unique_ptr<ServerProcess> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ImageGeneration::Stub> stub_;
+};
+
+TEST_F(Fp8E2E, BflFp8FileServesDiffusersPixelsAndIsReported) {
+  start(kKlein + "/fp8/bfl_fp8.safetensors");
+  const v1::GetModelInfoResponse model = info();
+  EXPECT_EQ(model.transformer_file(), "bfl_fp8.safetensors");
+  EXPECT_EQ(model.transformer_format(), "bfl_fp8");
+  // Stored FP8 (one byte per block weight), less than the bf16 checkpoint's ~1.9 MB of weights.
+  EXPECT_GT(model.transformer_checkpoint_bytes(), 500000);
+  EXPECT_LT(model.transformer_checkpoint_bytes(), 1300000);
+
+  v1::GenerateImageRequest request;  // fp8_cases.json pipeline case 0
+  request.set_prompt("a red fox in the snow, from an FP8 file");
+  request.set_width(64);
+  request.set_height(64);
+  request.set_num_inference_steps(4);
+  request.set_seed(700);
+  request.set_guidance_scale(4.0);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kTestWaitLimit);
+  v1::GenerateImageResponse response;
+  const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.images_size(), 1);
+  expect_golden(response.images(0).data());
+}
+
+TEST_F(Fp8E2E, ModelOptFolderLoadsAsTransformerFile) {
+  start(kKlein + "/fp8/modelopt/transformer");
+  EXPECT_EQ(info().transformer_format(), "modelopt_fp8");
+}
+
+}  // namespace
+}  // namespace flux2::server::testing
