@@ -66,12 +66,15 @@ std::pair<int, int64_t> fused_weight(const LoraTarget& target) {
   return {static_cast<int>(target.kind), target.block};
 }
 
+// A module of the adapter and the target it writes.
+using TargetedModule = std::pair<LoraTarget, const LoraModule*>;
+
 // Each module with its target, those of one fused weight next to each other (adapter order
 // otherwise: modules of one adapter on one fused weight write disjoint columns).
-absl::StatusOr<std::vector<Flux2LoraWeights::Module>> grouped_modules(const Flux2Config& config,
-                                                                      const LoraAdapter& adapter) {
+absl::StatusOr<std::vector<TargetedModule>> grouped_modules(const Flux2Config& config,
+                                                            const LoraAdapter& adapter) {
   const std::map<std::string, LoraTarget> targets = flux2_lora_targets(config);
-  std::vector<Flux2LoraWeights::Module> modules;
+  std::vector<TargetedModule> modules;
   for (const LoraModule& m : adapter.modules) {
     auto found = targets.find(m.module);
     if (found == targets.end() || found->second.in_features != m.in_features ||
@@ -79,10 +82,10 @@ absl::StatusOr<std::vector<Flux2LoraWeights::Module>> grouped_modules(const Flux
       return absl::InvalidArgumentError(
           absl::StrCat("LoRA module ", m.module, " does not fit this transformer"));
     }
-    modules.push_back({found->second, &m, {}, {}, {}, 0});
+    modules.emplace_back(found->second, &m);
   }
   std::stable_sort(modules.begin(), modules.end(), [](const auto& x, const auto& y) {
-    return fused_weight(x.target) < fused_weight(y.target);
+    return fused_weight(x.first) < fused_weight(y.first);
   });
   return modules;
 }
@@ -93,29 +96,27 @@ absl::StatusOr<std::shared_ptr<const Flux2LoraWeights>> Flux2LoraWeights::upload
     Backend& backend, const Flux2Config& config, std::shared_ptr<const LoraAdapter> adapter) {
   auto weights = std::make_shared<Flux2LoraWeights>();
   weights->adapter_ = std::move(adapter);
-  FLUX_ASSIGN_OR_RETURN(weights->modules_, grouped_modules(config, *weights->adapter_));
-  std::vector<Module>& modules = weights->modules_;
+  FLUX_ASSIGN_OR_RETURN(const std::vector<TargetedModule> modules,
+                        grouped_modules(config, *weights->adapter_));
   const DType dtype = backend.weight_dtype();
   for (size_t first = 0; first < modules.size();) {
     size_t end = first;
     int64_t stacked = 0;
     for (; end < modules.size() &&
-           fused_weight(modules[end].target) == fused_weight(modules[first].target);
+           fused_weight(modules[end].first) == fused_weight(modules[first].first);
          ++end) {
-      stacked += modules[end].source->rank;
+      stacked += modules[end].second->rank;
     }
     FLUX_ASSIGN_OR_RETURN(Tensor stack,
-                          backend.empty(dtype, {stacked, modules[first].source->in_features}));
+                          backend.empty(dtype, {stacked, modules[first].second->in_features}));
     for (int64_t row = 0; first < end; ++first) {
-      Module& module = modules[first];
-      const LoraModule& m = *module.source;
-      module.a_stack = stack;
-      module.a_row = row;
-      module.a = stack.row_slice(row, m.rank);
+      const LoraModule& m = *modules[first].second;
+      FLUX_ASSIGN_OR_RETURN(Tensor b, backend.empty(dtype, {m.out_features, m.rank}));
+      Module module{modules[first].first, &m, stack.row_slice(row, m.rank), b, stack, row};
       row += m.rank;
-      FLUX_ASSIGN_OR_RETURN(module.b, backend.empty(dtype, {m.out_features, m.rank}));
       FLUX_RETURN_IF_ERROR(backend.upload(m.a.data(), DType::kF32, module.a));
       FLUX_RETURN_IF_ERROR(backend.upload(m.b.data(), DType::kF32, module.b));
+      weights->modules_.push_back(std::move(module));
     }
   }
   weights->device_bytes_ = device_bytes(*weights->adapter_, dtype_size(dtype));

@@ -401,7 +401,9 @@ TEST(Fp8CheckpointTest, FuzzSeedsOpenWithTheirFormats) {
     EXPECT_EQ(checkpoint->format, format);
     EXPECT_EQ(checkpoint->fp8_tensors, fp8_tensors) << file;
     for (const auto& [name, ref] : checkpoint->weights.tensors()) {
-      if (ref.fp8 != nullptr) EXPECT_TRUE(dequantize_fp8(ref).ok()) << file << " " << name;
+      if (ref.fp8 != nullptr) {
+        EXPECT_TRUE(dequantize_fp8(ref).ok()) << file << " " << name;
+      }
     }
   }
 }
