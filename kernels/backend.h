@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/base/lora_up_term.h"
 #include "kernels/base/request_options.h"
 #include "kernels/base/tensor.h"
 
@@ -217,11 +219,21 @@ class Backend {
   virtual absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                               const Tensor& y) = 0;
 
-  // In place: y[M, N] += round(round(round(t[M, r] · b[N, r]ᵀ) · scale)), round: to the activation
-  // dtype (PEFT's LoRA `result + lora_B(t) * scaling`, t = lora_A(x)). One op for the B product
-  // and the add, so y is read and written once; the product's fp32 sum is in the backend's order.
-  virtual absl::Status lora_up_add(const Tensor& y, const Tensor& t, const Tensor& b,
-                                   float scale) = 0;
+  // In place on y[M, N], each term in order: y = round(y + round(round(t · bᵀ) · scale)) on the
+  // term's columns, round: to the activation dtype (PEFT's LoRA `result + lora_B(t) * scaling`,
+  // t = lora_A(x), one adapter after another). One op for the B products and their adds, so y is
+  // read and written once; each product's fp32 sum is in the backend's order.
+  virtual absl::Status lora_up_add(const Tensor& y, std::span<const LoraUpTerm> terms) = 0;
+  // The LoRA terms on a SwiGLU's input, then the SwiGLU: out[M, F] = swiglu(y'[:, :F], y'[:, F:])
+  // with y' = y after lora_up_add(y, terms). The default runs the two ops; a backend may do both
+  // in one pass without writing y', so callers must not read y after.
+  virtual absl::Status lora_up_swiglu(const Tensor& y, std::span<const LoraUpTerm> terms,
+                                      const Tensor& out);
+  // The LoRA terms on a block's output, then its gated residual: x += gate ⊙ y' with y' = y after
+  // lora_up_add(y, terms). The default runs the two ops; a backend may do both in one pass without
+  // writing y', so callers must not read y after.
+  virtual absl::Status lora_up_gate_residual(const Tensor& y, std::span<const LoraUpTerm> terms,
+                                             const Tensor& x, const Tensor& gate);
 
   // ---- element-wise -------------------------------------------------------------------------
   virtual absl::Status silu(const Tensor& x, const Tensor& out) = 0;                  // x·σ(x)

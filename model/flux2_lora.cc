@@ -180,31 +180,61 @@ absl::Status Flux2LoraScratch::allocate(Backend& backend, const Flux2Lora& lora,
   return absl::OkStatus();
 }
 
-absl::Status apply_lora(Backend& backend, const Flux2LoraTerms& terms, const Tensor& x,
-                        const Tensor& y, const Flux2LoraScratch& scratch) {
-  const int64_t m = x.rows();
+absl::Status lora_down(Backend& backend, const Flux2LoraTerms& terms, const Tensor& x,
+                       const Tensor& t) {
+  if (terms.empty()) return absl::OkStatus();
+  if (t.rows() != x.rows() || total_rank(terms) > t.cols()) {
+    return absl::InternalError("lora_down: the LoRA scratch is smaller than these terms");
+  }
+  int64_t column = 0;
   for (size_t first = 0; first < terms.size();) {
     size_t end = first + 1;
     int64_t rank = terms[first].a.rows();
     for (; end < terms.size() && continues(terms[end - 1], terms[end]); ++end) {
       rank += terms[end].a.rows();
     }
-    if (m > scratch.t.rows() || rank > scratch.t.cols()) {
-      return absl::InternalError("apply_lora: the LoRA scratch is smaller than these terms");
-    }
-    const Tensor t = scratch.t.row_slice(0, m).col_slice(0, rank);
     const Flux2LoraTerm& lead = terms[first];
-    FLUX_RETURN_IF_ERROR(
-        backend.linear(x, lead.a_stack.row_slice(lead.a_row, rank), {}, t));  // [M, sum of r]
-    for (int64_t column = 0; first < end; ++first) {
-      const Flux2LoraTerm& term = terms[first];
-      const int64_t r = term.a.rows(), out = term.b.rows();
-      FLUX_RETURN_IF_ERROR(backend.lora_up_add(y.col_slice(term.out_offset, out),
-                                               t.col_slice(column, r), term.b, term.scale));
-      column += r;
-    }
+    FLUX_RETURN_IF_ERROR(backend.linear(x, lead.a_stack.row_slice(lead.a_row, rank), {},
+                                        t.col_slice(column, rank)));  // [M, sum of r]
+    column += rank;
+    first = end;
   }
   return absl::OkStatus();
+}
+
+std::vector<LoraUpTerm> lora_ups(const Flux2LoraTerms& terms, const Tensor& t) {
+  std::vector<LoraUpTerm> ups;
+  ups.reserve(terms.size());
+  int64_t column = 0;
+  for (const Flux2LoraTerm& term : terms) {
+    const int64_t r = term.a.rows();
+    ups.push_back({t.col_slice(column, r), term.b, term.scale, term.out_offset});
+    column += r;
+  }
+  return ups;
+}
+
+std::vector<LoraUpTerm> lora_columns(std::span<const LoraUpTerm> ups, int64_t begin, int64_t cols) {
+  std::vector<LoraUpTerm> part;
+  for (const LoraUpTerm& up : ups) {
+    const int64_t first = std::max(begin, up.out_offset);
+    const int64_t end = std::min(begin + cols, up.out_offset + up.b.rows());
+    if (first >= end) continue;
+    part.push_back(
+        {up.t, up.b.row_slice(first - up.out_offset, end - first), up.scale, first - begin});
+  }
+  return part;
+}
+
+absl::Status apply_lora(Backend& backend, const Flux2LoraTerms& terms, const Tensor& x,
+                        const Tensor& y, const Flux2LoraScratch& scratch) {
+  if (terms.empty()) return absl::OkStatus();
+  if (x.rows() > scratch.t.rows()) {
+    return absl::InternalError("apply_lora: the LoRA scratch is smaller than these terms");
+  }
+  const Tensor t = scratch.t.row_slice(0, x.rows());
+  FLUX_RETURN_IF_ERROR(lora_down(backend, terms, x, t));
+  return backend.lora_up_add(y, lora_ups(terms, t));
 }
 
 }  // namespace flux2

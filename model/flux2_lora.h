@@ -91,15 +91,26 @@ struct Flux2LoraUse {
 // The terms of `uses`, in order; an adapter of weight 0 adds nothing and is left out.
 Flux2Lora flux2_lora(const Flux2Config& config, std::span<const Flux2LoraUse> uses);
 
-// apply_lora's intermediate t = x · aᵀ [rows, >= max_rank].
+// The LoRA products t = x · aᵀ [rows, >= max_rank]: a list's terms take its columns in order.
 struct Flux2LoraScratch {
   Tensor t;
   // Allocates t for `rows` rows of `lora`'s terms (nothing for an empty one).
   absl::Status allocate(Backend& backend, const Flux2Lora& lora, int64_t rows);
 };
 
-// y += every term of `terms` applied to x [M, in] (a no-op without terms), in order: one GEMM
-// t = x · aᵀ per run of terms sharing a stack, then Backend::lora_up_add per term.
+// The first half of the terms: t = x · aᵀ of each into its columns of `t` (rows: x's), one GEMM per
+// run of terms sharing a stack. Their B sides then come from lora_ups(terms, t), which the
+// consumer adds (Backend::lora_up_add or a fused consumer).
+absl::Status lora_down(Backend& backend, const Flux2LoraTerms& terms, const Tensor& x,
+                       const Tensor& t);
+// The B sides of `terms` whose products lora_down wrote into `t`.
+std::vector<LoraUpTerm> lora_ups(const Flux2LoraTerms& terms, const Tensor& t);
+// The parts of `ups` on the columns [begin, begin + cols) of their output, as terms of that
+// column range.
+std::vector<LoraUpTerm> lora_columns(std::span<const LoraUpTerm> ups, int64_t begin, int64_t cols);
+
+// y += every term of `terms` applied to x [M, in] (a no-op without terms), in order: lora_down into
+// the scratch, then Backend::lora_up_add.
 absl::Status apply_lora(Backend& backend, const Flux2LoraTerms& terms, const Tensor& x,
                         const Tensor& y, const Flux2LoraScratch& scratch);
 

@@ -197,6 +197,15 @@ namespace {
 // segment, two in klein-KV's extract forward). Each modulated op runs once per segment, with the
 // chunk of the segment's modulation row [1, 17D] at the column the caller names
 // (Flux2ModulationLayout); `normed` [S, D] is the norms' scratch.
+// The LoRA terms around a SwiGLU MLP (ModulatedRows::swiglu_linear): those of the projection whose
+// output holds the SwiGLU's input [gate | up] from column `in_begin` (their products already in
+// the LoRA scratch, their B sides deferred by norm_linear), and those of the down projection.
+struct MlpLora {
+  const Flux2LoraTerms* in = nullptr;
+  int64_t in_begin = 0;
+  const Flux2LoraTerms* out = nullptr;
+};
+
 class ModulatedRows {
  public:
   ModulatedRows() = default;
@@ -215,10 +224,12 @@ class ModulatedRows {
   Tensor rows(const Tensor& t) const { return t.row_slice(begin_, end_ - begin_); }
 
   // out = ((1 + scale) ⊙ LayerNorm(x) + shift) · wᵀ (Backend::layer_norm_modulate_linear);
-  // shift, scale: the chunks at those columns. With LoRA terms, the eager chain (norm, linear)
-  // and the terms on the normed rows.
+  // shift, scale: the chunks at those columns. With LoRA terms, the eager chain (norm, linear),
+  // the terms' products into the LoRA scratch, and their B sides added to out's columns before
+  // `deferred`: those from there on feed a SwiGLU, and swiglu_linear adds them fused with it.
   absl::Status norm_linear(const Tensor& x, int64_t shift, int64_t scale, const Weight& w,
-                           const Tensor& out, const Flux2LoraTerms* lora = nullptr) const {
+                           const Tensor& out, const Flux2LoraTerms* lora = nullptr,
+                           int64_t deferred = -1) const {
     for (const Flux2RowModulation& g : segments_) {
       if (lora == nullptr || lora->empty()) {
         FLUX_RETURN_IF_ERROR(be_->layer_norm_modulate_linear(
@@ -228,7 +239,12 @@ class ModulatedRows {
       FLUX_RETURN_IF_ERROR(be_->layer_norm_modulate(of(x, g), chunk(g, shift), chunk(g, scale),
                                                     eps_, of(normed_, g)));
       FLUX_RETURN_IF_ERROR(be_->linear(of(normed_, g), w, {}, of(out, g)));
-      FLUX_RETURN_IF_ERROR(add_lora(*be_, lora, of(normed_, g), of(out, g), *ws_));
+      const Tensor t = of(ws_->lora.t, g);
+      FLUX_RETURN_IF_ERROR(lora_down(*be_, *lora, of(normed_, g), t));
+      const int64_t now = deferred < 0 ? out.cols() : deferred;
+      if (now == 0) continue;
+      FLUX_RETURN_IF_ERROR(
+          be_->lora_up_add(of(out, g).col_slice(0, now), lora_columns(lora_ups(*lora, t), 0, now)));
     }
     return absl::OkStatus();
   }
@@ -241,25 +257,51 @@ class ModulatedRows {
     return absl::OkStatus();
   }
 
-  // out = [.. | SwiGLU(ff_gate, ff_up)] · wᵀ with the SwiGLU written into the last columns of
-  // `act`, then x += gate ⊙ out (Backend::swiglu_linear with its gated residual).
-  // With LoRA terms, out gets them (on act's rows) before the gated residual.
-  absl::Status swiglu_linear(const Tensor& ff_gate, const Tensor& ff_up, const Tensor& act,
-                             const Weight& w, const Tensor& out, const Tensor& x, int64_t gate,
-                             const Flux2LoraTerms* lora = nullptr) const {
+  // out = in · wᵀ on these rows, the LoRA terms added, then x += gate ⊙ out (the LoRA terms and
+  // the gated residual in one op: Backend::lora_up_gate_residual).
+  absl::Status linear_gate_residual(const Tensor& in, const Weight& w, const Flux2LoraTerms& lora,
+                                    const Tensor& out, const Tensor& x, int64_t gate) const {
+    FLUX_RETURN_IF_ERROR(be_->linear(rows(in), w, {}, rows(out)));
+    if (lora.empty()) return gate_residual(x, gate, out);
+    FLUX_RETURN_IF_ERROR(lora_down(*be_, lora, rows(in), rows(ws_->lora.t)));
     for (const Flux2RowModulation& g : segments_) {
-      if (lora == nullptr || lora->empty()) {
+      FLUX_RETURN_IF_ERROR(be_->lora_up_gate_residual(
+          of(out, g), lora_ups(lora, of(ws_->lora.t, g)), of(x, g), chunk(g, gate)));
+    }
+    return absl::OkStatus();
+  }
+
+  // out = [.. | SwiGLU(gate_up)] · wᵀ with the SwiGLU of gate_up = [gate | up] [*, 2F] written
+  // into the last columns of `act`, then x += gate ⊙ out (Backend::swiglu_linear with its gated
+  // residual). With LoRA: the input projection's deferred terms (norm_linear) added fused with
+  // the SwiGLU, the down projection's fused with the gated residual.
+  absl::Status swiglu_linear(const Tensor& gate_up, const Tensor& act, const Weight& w,
+                             const Tensor& out, const Tensor& x, int64_t gate,
+                             const MlpLora& lora = {}) const {
+    const int64_t f = gate_up.cols() / 2;
+    const bool lora_in = lora.in != nullptr && !lora.in->empty();
+    const bool lora_out = lora.out != nullptr && !lora.out->empty();
+    for (const Flux2RowModulation& g : segments_) {
+      const Tensor y = of(gate_up, g), act_f = of(act, g).col_slice(act.cols() - f, f);
+      if (!lora_in && !lora_out) {
         const GatedResidual residual{of(x, g), chunk(g, gate)};
-        FLUX_RETURN_IF_ERROR(
-            be_->swiglu_linear(of(ff_gate, g), of(ff_up, g), of(act, g), w, of(out, g), &residual));
+        FLUX_RETURN_IF_ERROR(be_->swiglu_linear(y.col_slice(0, f), y.col_slice(f, f), of(act, g), w,
+                                                of(out, g), &residual));
         continue;
       }
-      const int64_t f = ff_gate.cols();
+      const Tensor t = of(ws_->lora.t, g);
       FLUX_RETURN_IF_ERROR(
-          be_->swiglu(of(ff_gate, g), of(ff_up, g), of(act, g).col_slice(act.cols() - f, f)));
+          lora_in ? be_->lora_up_swiglu(
+                        y, lora_columns(lora_ups(*lora.in, t), lora.in_begin, 2 * f), act_f)
+                  : be_->swiglu(y.col_slice(0, f), y.col_slice(f, f), act_f));
       FLUX_RETURN_IF_ERROR(be_->linear(of(act, g), w, {}, of(out, g)));
-      FLUX_RETURN_IF_ERROR(add_lora(*be_, lora, of(act, g), of(out, g), *ws_));
-      FLUX_RETURN_IF_ERROR(be_->gate_residual(of(x, g), chunk(g, gate), of(out, g)));
+      if (!lora_out) {
+        FLUX_RETURN_IF_ERROR(be_->gate_residual(of(x, g), chunk(g, gate), of(out, g)));
+        continue;
+      }
+      FLUX_RETURN_IF_ERROR(lora_down(*be_, *lora.out, of(act, g), t));  // the products are used
+      FLUX_RETURN_IF_ERROR(
+          be_->lora_up_gate_residual(of(out, g), lora_ups(*lora.out, t), of(x, g), chunk(g, gate)));
     }
     return absl::OkStatus();
   }
@@ -329,7 +371,6 @@ absl::Status Flux2Transformer::attend(const Pass& p, const QkNormRope& norm, con
 
 absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, const Pass& p,
                                             size_t layer) const {
-  Backend& be = backend_;
   const int64_t d = config_.hidden(), f = config_.mlp_hidden();
   const float eps = static_cast<float>(config_.eps);
   const Flux2ModulationLayout m(d);  // shift, scale, gate of attention (0-2) and MLP (3-5)
@@ -339,8 +380,7 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
   const Tensor qkv = p.wide.col_slice(0, 3 * d);
   const Tensor q = qkv.col_slice(0, d), k = qkv.col_slice(d, d), v = qkv.col_slice(2 * d, d);
   const Tensor attn = p.attn_mlp.col_slice(0, d);
-  const Tensor ff_in = p.wide.col_slice(0, 2 * f);
-  const Tensor ff_gate = ff_in.col_slice(0, f), ff_up = ff_in.col_slice(f, f);
+  const Tensor ff_in = p.wide.col_slice(0, 2 * f);  // [gate | up]
   const Tensor ff_act = p.attn_mlp.col_slice(d, f);
   // QK-norm with the text stream's weights on the first L rows, the image stream's after.
   const QkNormRope norm{
@@ -348,32 +388,29 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
       RopeStyle::kInterleaved};
   static const Flux2LoraDoubleBlock kNoLora;
   const Flux2LoraDoubleBlock& lora = p.double_lora(layer) ? *p.double_lora(layer) : kNoLora;
-  const Flux2Workspace& ws = *p.cond.workspace;
 
   // Attention: both streams attend jointly over [text ; image]. Each projection is fused with
   // the norm that feeds it: at quality=high the CUDA backend's norm writes the FP8 GEMM's input.
   FLUX_RETURN_IF_ERROR(
       img.norm_linear(x, m.img(0), m.img(1), w.img_qkv, qkv, &lora.img_qkv));  // [N (+R), 3D]
   FLUX_RETURN_IF_ERROR(
-      txt.norm_linear(x, m.txt(0), m.txt(1), w.txt_qkv, qkv, &lora.txt_qkv));      // [L, 3D]
-  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn, layer));                     // [S, D]
-  FLUX_RETURN_IF_ERROR(be.linear(img.rows(attn), w.img_out, {}, img.rows(proj)));  // [N, D]
-  FLUX_RETURN_IF_ERROR(add_lora(be, &lora.img_out, img.rows(attn), img.rows(proj), ws));
-  FLUX_RETURN_IF_ERROR(be.linear(txt.rows(attn), w.txt_out, {}, txt.rows(proj)));  // [L, D]
-  FLUX_RETURN_IF_ERROR(add_lora(be, &lora.txt_out, txt.rows(attn), txt.rows(proj), ws));
-  FLUX_RETURN_IF_ERROR(img.gate_residual(x, m.img(2), proj));  // [N, D]
-  FLUX_RETURN_IF_ERROR(txt.gate_residual(x, m.txt(2), proj));  // [L, D]
+      txt.norm_linear(x, m.txt(0), m.txt(1), w.txt_qkv, qkv, &lora.txt_qkv));  // [L, 3D]
+  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn, layer));                 // [S, D]
+  // Output projections and gated residuals: [N, D], then [L, D].
+  FLUX_RETURN_IF_ERROR(img.linear_gate_residual(attn, w.img_out, lora.img_out, proj, x, m.img(2)));
+  FLUX_RETURN_IF_ERROR(txt.linear_gate_residual(attn, w.txt_out, lora.txt_out, proj, x, m.txt(2)));
 
-  // Feed-forward (SwiGLU), separate weights per stream.
-  FLUX_RETURN_IF_ERROR(
-      img.norm_linear(x, m.img(3), m.img(4), w.img_ff_in, ff_in, &lora.img_ff_in));  // [N, 2F]
-  FLUX_RETURN_IF_ERROR(
-      txt.norm_linear(x, m.txt(3), m.txt(4), w.txt_ff_in, ff_in, &lora.txt_ff_in));  // [L, 2F]
+  // Feed-forward (SwiGLU), separate weights per stream; LoRA on its input projection is added
+  // with the SwiGLU.
+  FLUX_RETURN_IF_ERROR(img.norm_linear(x, m.img(3), m.img(4), w.img_ff_in, ff_in, &lora.img_ff_in,
+                                       0));  // [N, 2F]
+  FLUX_RETURN_IF_ERROR(txt.norm_linear(x, m.txt(3), m.txt(4), w.txt_ff_in, ff_in, &lora.txt_ff_in,
+                                       0));  // [L, 2F]
   // SwiGLU, its down projection and the gated residual: [N, D], then [L, D].
-  FLUX_RETURN_IF_ERROR(
-      img.swiglu_linear(ff_gate, ff_up, ff_act, w.img_ff_out, proj, x, m.img(5), &lora.img_ff_out));
-  FLUX_RETURN_IF_ERROR(
-      txt.swiglu_linear(ff_gate, ff_up, ff_act, w.txt_ff_out, proj, x, m.txt(5), &lora.txt_ff_out));
+  FLUX_RETURN_IF_ERROR(img.swiglu_linear(ff_in, ff_act, w.img_ff_out, proj, x, m.img(5),
+                                         {&lora.img_ff_in, 0, &lora.img_ff_out}));
+  FLUX_RETURN_IF_ERROR(txt.swiglu_linear(ff_in, ff_act, w.txt_ff_out, proj, x, m.txt(5),
+                                         {&lora.txt_ff_in, 0, &lora.txt_ff_out}));
   return absl::OkStatus();
 }
 
@@ -386,7 +423,7 @@ absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, co
   const ModulatedRows& all = p.all;  // text, image (and reference) rows
   const Tensor &x = p.stream, &wide = p.wide, &attn_mlp = p.attn_mlp, &proj = p.proj;
   const Tensor q = wide.col_slice(0, d), k = wide.col_slice(d, d), v = wide.col_slice(2 * d, d);
-  const Tensor mlp_gate = wide.col_slice(3 * d, f), mlp_up = wide.col_slice(3 * d + f, f);
+  const Tensor mlp_in = wide.col_slice(3 * d, 2 * f);  // [gate | up]
   const QkNormRope norm{{w.norm_q, {}}, {w.norm_k, {}},         p.s(), eps, p.rope_cos,
                         p.rope_sin,     RopeStyle::kInterleaved};
   static const Flux2LoraSingleBlock kNoLora;
@@ -395,11 +432,12 @@ absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, co
 
   // One fused projection [q | k | v | mlp gate | mlp up] of the modulated norm, attention beside
   // the SwiGLU, and to_out over [attn | swiglu(mlp)] with the gated residual.
-  FLUX_RETURN_IF_ERROR(
-      all.norm_linear(x, shift, scale, w.qkv_mlp, wide, &lora.qkv_mlp));            // [S, 3D+2F]
+  // LoRA's terms on the MLP columns are added with the SwiGLU.
+  FLUX_RETURN_IF_ERROR(all.norm_linear(x, shift, scale, w.qkv_mlp, wide, &lora.qkv_mlp,
+                                       3 * d));                                     // [S, 3D+2F]
   FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn_mlp.col_slice(0, d), layer));  // [S, D]
-  FLUX_RETURN_IF_ERROR(
-      all.swiglu_linear(mlp_gate, mlp_up, attn_mlp, w.out, proj, x, gate, &lora.out));  // [S, D]
+  FLUX_RETURN_IF_ERROR(all.swiglu_linear(mlp_in, attn_mlp, w.out, proj, x, gate,
+                                         {&lora.qkv_mlp, 3 * d, &lora.out}));  // [S, D]
   return absl::OkStatus();
 }
 

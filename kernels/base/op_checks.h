@@ -2,10 +2,14 @@
 // InvalidArgument naming the op and the offending tensor instead of launching.
 #pragma once
 
+#include <span>
+#include <string>
+
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/base/lora_up_term.h"
 #include "kernels/base/tensor.h"
 
 namespace flux2 {
@@ -41,6 +45,27 @@ inline absl::Status check_vector(absl::string_view op, absl::string_view name, c
                                  int64_t cols) {
   if (t.numel() != cols || t.cols() != cols) {
     return op_error(op, absl::StrCat(name, " is ", t.describe(), ", expected [", cols, "]"));
+  }
+  return absl::OkStatus();
+}
+
+// Each LoRA term fits y [M, N] (Backend::lora_up_add): t [M, r], b [out, r], its columns
+// [out_offset, out_offset + out) inside y's.
+inline absl::Status check_lora_terms(absl::string_view op, const Tensor& y,
+                                     std::span<const LoraUpTerm> terms) {
+  for (size_t i = 0; i < terms.size(); ++i) {
+    const LoraUpTerm& term = terms[i];
+    const std::string name = absl::StrCat("terms[", i, "]");
+    if (term.t.rows() != y.rows() || term.b.cols() != term.t.cols()) {
+      return op_error(op,
+                      absl::StrCat(name, ": t ", term.t.describe(), " and b ", term.b.describe(),
+                                   " do not make y ", y.describe(), " += t · bᵀ"));
+    }
+    if (term.out_offset < 0 || term.out_offset + term.b.rows() > y.cols()) {
+      return op_error(op,
+                      absl::StrCat(name, ": columns [", term.out_offset, ", ",
+                                   term.out_offset + term.b.rows(), ") outside y ", y.describe()));
+    }
   }
   return absl::OkStatus();
 }

@@ -1,5 +1,5 @@
 // CpuBackend dense ops: linear through OpenBLAS sgemm (at quality=high on FP8-emulated operands
-// for registered weights), LoRA's B product with its add (lora_up_add), and embedding lookup.
+// for registered weights), LoRA's B products with their adds (lora_up_add), and embedding lookup.
 // Tested by tests/host/cpu_ops_test.cc against naive loops.
 #include <cblas.h>
 
@@ -12,27 +12,28 @@
 
 namespace flux2 {
 
-absl::Status CpuBackend::lora_up_add(const Tensor& y, const Tensor& t, const Tensor& b,
-                                     float scale) {
+absl::Status CpuBackend::lora_up_add(const Tensor& y, std::span<const LoraUpTerm> terms) {
   constexpr absl::string_view kOp = "lora_up_add";
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "y", y));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "t", t));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "b", b));
-  const int64_t m = y.rows(), n = y.cols(), r = t.cols();
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "t", t, m, r));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "b", b, n, r));
-  parallel_for(m, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      float* out = cpu::row(y, row);
-      const float* tr = cpu::row(t, row);
-      for (int64_t c = 0; c < n; ++c) {
-        const float* br = cpu::row(b, c);
-        float sum = 0.0f;
-        for (int64_t k = 0; k < r; ++k) sum += tr[k] * br[k];
-        out[c] += sum * scale;  // the product rounded before the add (-ffp-contract=off)
+  FLUX_RETURN_IF_ERROR(check_lora_terms(kOp, y, terms));
+  for (const LoraUpTerm& term : terms) {
+    FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "t", term.t));
+    FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "b", term.b));
+    const int64_t m = y.rows(), n = term.b.rows(), r = term.t.cols();
+    const Tensor out = y.col_slice(term.out_offset, n);
+    parallel_for(m, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        float* o = cpu::row(out, row);
+        const float* tr = cpu::row(term.t, row);
+        for (int64_t c = 0; c < n; ++c) {
+          const float* br = cpu::row(term.b, c);
+          float sum = 0.0f;
+          for (int64_t k = 0; k < r; ++k) sum += tr[k] * br[k];
+          o[c] += sum * term.scale;  // the product rounded before the add (-ffp-contract=off)
+        }
       }
-    }
-  });
+    });
+  }
   return absl::OkStatus();
 }
 

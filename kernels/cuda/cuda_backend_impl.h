@@ -84,7 +84,11 @@ class CudaBackend final : public Backend {
 
   absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                       const Tensor& y) override;
-  absl::Status lora_up_add(const Tensor& y, const Tensor& t, const Tensor& b, float scale) override;
+  absl::Status lora_up_add(const Tensor& y, std::span<const LoraUpTerm> terms) override;
+  absl::Status lora_up_swiglu(const Tensor& y, std::span<const LoraUpTerm> terms,
+                              const Tensor& out) override;
+  absl::Status lora_up_gate_residual(const Tensor& y, std::span<const LoraUpTerm> terms,
+                                     const Tensor& x, const Tensor& gate) override;
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;

@@ -44,6 +44,11 @@ constexpr std::array<FastPathSpec, static_cast<size_t>(CudaPath::kCount)> kTable
      "bias (and the resnet shortcut) in cuDNN's epilogue: when the algorithm can fuse it"},
     {"conv_bias_residual", kFused, Quality::kLossless,
      "a convolution's bias add and the resnet's shortcut add in one pass; any bf16 shape"},
+    {"lora_up_swiglu", kFused, Quality::kLossless,
+     "LoRA's B products added to a SwiGLU's input and the SwiGLU in one pass; any bf16 shape"},
+    {"lora_up_gate_residual", kFused, Quality::kLossless,
+     "LoRA's B products added to a block's output and its gated residual in one pass; any bf16 "
+     "shape"},
 }};
 
 constexpr absl::string_view kUnsupportedShape = "unsupported_shape";

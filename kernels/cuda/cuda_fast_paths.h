@@ -27,6 +27,8 @@ enum class CudaPath : uint8_t {
   kLayerNormFp8,
   kConvFusedBias,
   kConvBiasResidual,
+  kLoraUpSwiglu,
+  kLoraUpGateResidual,
   kCount,
 };
 

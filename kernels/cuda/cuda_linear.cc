@@ -1,10 +1,12 @@
-// CudaBackend's projections: linear through cuBLASLt (bf16), LoRA's B product with its add (our
-// own kernel, lora_up.h), and at quality=high the low-precision GEMMs of registered weights
-// (add_fp8_weight: FP8, NVFP4 on Blackwell), with the activation quantized just before the GEMM
-// or written in E4M3 by the op that produces it: LayerNorm+modulate and SwiGLU
-// (layer_norm_modulate_linear, swiglu_linear).
+// CudaBackend's projections: linear through cuBLASLt (bf16), LoRA's B products with their adds,
+// alone or fused with the SwiGLU or gated residual after them (our own kernel, lora_up.h), and at
+// quality=high the low-precision GEMMs of registered weights (add_fp8_weight: FP8, NVFP4 on
+// Blackwell), with the activation quantized just before the GEMM or written in E4M3 by the op
+// that produces it: LayerNorm+modulate and SwiGLU (layer_norm_modulate_linear, swiglu_linear).
 // Tested by tests/cuda/op_cases.cc (gpu_op_test), fp8_rows_test.cc and quality_high_test.cc.
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fp8_nvfp4.h"
@@ -51,14 +53,66 @@ absl::Status CudaBackend::linear(const Tensor& x, const Weight& weight, const Te
       [&] { return linear_low_precision(x, *low, y); }, bf16);
 }
 
-absl::Status CudaBackend::lora_up_add(const Tensor& y, const Tensor& t, const Tensor& b,
-                                      float scale) {
-  constexpr absl::string_view kOp = "lora_up_add";
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "y", y));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "t", t));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "b", b));
+namespace {
+
+std::vector<cuda::LoraUp> lora_ups(std::span<const LoraUpTerm> terms) {
+  std::vector<cuda::LoraUp> ups;
+  ups.reserve(terms.size());
+  for (const LoraUpTerm& term : terms) {
+    ups.push_back({mat(term.t), mat(term.b), term.scale, term.out_offset});
+  }
+  return ups;
+}
+
+// check_bf16 of y and each term's operands, and that each term fits y.
+absl::Status check_lora_up(absl::string_view op, const Tensor& y,
+                           std::span<const LoraUpTerm> terms) {
+  FLUX_RETURN_IF_ERROR(check_bf16(op, "y", y));
+  for (const LoraUpTerm& term : terms) {
+    FLUX_RETURN_IF_ERROR(check_bf16(op, "t", term.t));
+    FLUX_RETURN_IF_ERROR(check_bf16(op, "b", term.b));
+  }
+  return check_lora_terms(op, y, terms);
+}
+
+}  // namespace
+
+absl::Status CudaBackend::lora_up_add(const Tensor& y, std::span<const LoraUpTerm> terms) {
+  FLUX_RETURN_IF_ERROR(check_lora_up("lora_up_add", y, terms));
   OpProfileScope profile(*this, op_category("lora", "lora_up_add"));
-  return cuda::lora_up_add_bf16(mat(y), mat(t), mat(b), scale, stream());
+  return cuda::lora_up_add_bf16(mat(y), lora_ups(terms), stream());
+}
+
+absl::Status CudaBackend::lora_up_swiglu(const Tensor& y, std::span<const LoraUpTerm> terms,
+                                         const Tensor& out) {
+  constexpr absl::string_view kOp = "lora_up_swiglu";
+  FLUX_RETURN_IF_ERROR(check_lora_up(kOp, y, terms));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "out", out));
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "out", out, y.rows(), y.cols() / 2));
+  return run_path(
+      CudaPath::kLoraUpSwiglu, "",
+      [&] {
+        OpProfileScope profile(*this, op_category("lora", "lora_up_swiglu"));
+        return cuda::lora_up_swiglu_bf16(mat(y), lora_ups(terms), mat(out), silu_math(), stream());
+      },
+      [&] { return Backend::lora_up_swiglu(y, terms, out); });
+}
+
+absl::Status CudaBackend::lora_up_gate_residual(const Tensor& y, std::span<const LoraUpTerm> terms,
+                                                const Tensor& x, const Tensor& gate) {
+  constexpr absl::string_view kOp = "lora_up_gate_residual";
+  FLUX_RETURN_IF_ERROR(check_lora_up(kOp, y, terms));
+  FLUX_RETURN_IF_ERROR(cuda::check_same_bf16(kOp, y, "x", x));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "gate", gate));
+  FLUX_RETURN_IF_ERROR(check_vector(kOp, "gate", gate, x.cols()));
+  return run_path(
+      CudaPath::kLoraUpGateResidual, "",
+      [&] {
+        OpProfileScope profile(*this, op_category("lora", "lora_up_gate_residual"));
+        const cuda::Mat g{gate.data(), 1, gate.cols(), gate.cols()};
+        return cuda::lora_up_gate_residual_bf16(mat(y), lora_ups(terms), mat(x), g, stream());
+      },
+      [&] { return Backend::lora_up_gate_residual(y, terms, x, gate); });
 }
 
 absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,

@@ -1,9 +1,13 @@
-// lora_up_add_bf16; see lora_up.h. A CTA owns a 64 x 128 tile of y, which it starts loading into
-// registers (16 bytes per thread and group) before anything else; t's and b's rows of the tile go
-// through shared memory in 32-wide chunks of r into mma.sync m16n8k16 (bf16 in, fp32 out; 8 warps
-// as 2 x 4, each 32 x 32), the rounded scaled product is staged in shared memory, then added to
-// the held y and written back in 16-byte rows (tests/cuda/op_cases.cc; --perf times it).
+// lora_up_*_bf16; see lora_up.h. A CTA owns a 64 x 128 tile of y (two for the SwiGLU: its gate
+// and up columns), which it loads into registers before anything else. Per term, t's and b's rows
+// of the tile go through shared memory in 32-wide chunks of r into mma.sync m16n8k16 (bf16 in,
+// fp32 out; 8 warps as 2 x 4, each 32 x 32), the rounded scaled product is staged in shared
+// memory and added to the held tile; the epilogue then stores y, or the SwiGLU, or the gated
+// residual, in 16-byte rows (tests/cuda/op_cases.cc; --perf times it).
 #include <cuda_bf16.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
@@ -16,7 +20,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kTileM = 64;      // rows of y (and of t) per CTA
-constexpr int kTileN = 128;     // columns of y (rows of b) per CTA
+constexpr int kTileN = 128;     // columns of y (rows of b) per CTA and view
 constexpr int kChunk = 32;      // r per shared-memory chunk
 constexpr int kThreads = 256;   // 8 warps: 2 along the rows x 4 along the columns, 32 x 32 each
 constexpr int kOperandPad = 8;  // bf16 of padding per operand row: conflict-free fragment loads
@@ -25,6 +29,33 @@ constexpr int kOperandStride = kChunk + kOperandPad;
 constexpr int kOutStride = kTileN + kOutPad;
 constexpr int kGroups = kTileN / 8;                            // 16-byte groups per tile row
 constexpr int kGroupsPerThread = kTileM * kGroups / kThreads;  // y's groups each thread adds
+constexpr int kMaxTerms = 8;                                   // per launch (more: several)
+
+// One term on one view (a column range) of y: view column c takes b's row c + b_row0, and has no
+// term where that row is outside [0, b.rows).
+struct ViewTerm {
+  Mat t, b;
+  float scale;
+  int64_t b_row0;
+  unsigned vectors;  // bit 1: t, bit 2: b have 16-byte aligned rows
+};
+struct View {
+  Mat y;
+  bool y_vectors;
+  int count;
+  ViewTerm term[kMaxTerms];
+};
+struct Views {
+  View v[2];  // [0] only, or the SwiGLU's gate and up columns
+};
+
+enum class Epilogue { kStore, kSwiglu, kGateResidual };
+struct EpilogueArgs {
+  Mat out;   // kSwiglu: [M, F]; kGateResidual: the stream x [M, N]
+  Mat gate;  // kGateResidual: [1, N]
+  SiluMath silu = SiluMath::kExact;
+  bool out_vectors = false, gate_vectors = false;
+};
 
 struct OperandTiles {
   bf16 t[kTileM][kOperandStride];
@@ -38,9 +69,12 @@ union SharedTiles {
 __device__ __forceinline__ const bf16* at(const Mat& m, int64_t r, int64_t c) {
   return static_cast<const bf16*>(m.data) + r * m.stride + c;
 }
+__device__ __forceinline__ bf16* mut_at(const Mat& m, int64_t r, int64_t c) {
+  return static_cast<bf16*>(m.data) + r * m.stride + c;
+}
 
-// Rows [row0, row0 + kRows) x columns [k0, k0 + kChunk) of src into dst, zero outside src: 16
-// bytes per load where src's rows allow it.
+// Rows [row0, row0 + kRows) x columns [k0, k0 + kChunk) of src into dst, zero outside src (row0
+// may be negative): 16 bytes per load where src's rows allow it.
 template <int kRows>
 __device__ void load_chunk(const Mat& src, bool vectorized, int64_t row0, int64_t k0,
                            bf16 (*dst)[kOperandStride]) {
@@ -48,13 +82,14 @@ __device__ void load_chunk(const Mat& src, bool vectorized, int64_t row0, int64_
   for (int i = threadIdx.x; i < kVectors; i += kThreads) {
     const int row = i / (kChunk / 8), k = (i % (kChunk / 8)) * 8;
     const int64_t r = row0 + row, c = k0 + k;
-    if (vectorized && r < src.rows && c + 8 <= src.cols) {
+    const bool inside = r >= 0 && r < src.rows;
+    if (vectorized && inside && c + 8 <= src.cols) {
       *reinterpret_cast<uint4*>(&dst[row][k]) = *reinterpret_cast<const uint4*>(at(src, r, c));
       continue;
     }
     for (int j = 0; j < 8; ++j) {
       dst[row][k + j] =
-          (r < src.rows && c + j < src.cols) ? *at(src, r, c + j) : __float2bfloat16_rn(0.0f);
+          (inside && c + j < src.cols) ? *at(src, r, c + j) : __float2bfloat16_rn(0.0f);
     }
   }
 }
@@ -117,103 +152,228 @@ __device__ void stage_products(bf16 (*out)[kOutStride], int wm, int wn, int lane
   }
 }
 
-// The thread's i-th 16-byte group of the y tile: its row and first column in the tile.
+// The thread's i-th 16-byte group of a tile: its row and first column in the tile.
 __device__ __forceinline__ void group_of(int i, int* row, int* col) {
   const int g = threadIdx.x + i * kThreads;
   *row = g / kGroups;
   *col = (g % kGroups) * 8;
 }
 
-// Whether group (r, c) of y is read and written as one 16-byte vector.
-__device__ __forceinline__ bool whole_group(const Mat& y, bool vectorized, int64_t r, int64_t c) {
-  return vectorized && r < y.rows && c + 8 <= y.cols;
+// Group (r, c) of m as 8 packed bf16: one 16-byte load where it is whole, zeros outside m.
+__device__ uint4 load_group(const Mat& m, bool vectorized, int64_t r, int64_t c) {
+  if (r >= m.rows) return make_uint4(0, 0, 0, 0);
+  if (vectorized && c + 8 <= m.cols) return *reinterpret_cast<const uint4*>(at(m, r, c));
+  float v[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = c + j < m.cols ? to_f32(*at(m, r, c + j)) : 0.0f;
+  return pack_bf16x8(v);  // exact: the values are bf16
 }
 
-// y's groups of this thread, loaded before the products so their latency overlaps them.
-__device__ void prefetch_y(const Mat& y, bool vectorized, int64_t m0, int64_t n0,
-                           uint4 held[kGroupsPerThread]) {
+// The 8 values (bf16-exact or to be rounded) into group (r, c) of m, inside m only.
+__device__ void store_group(const Mat& m, bool vectorized, int64_t r, int64_t c, const float v[8]) {
+  if (r >= m.rows) return;
+  if (vectorized && c + 8 <= m.cols) {
+    *reinterpret_cast<uint4*>(mut_at(m, r, c)) = pack_bf16x8(v);
+    return;
+  }
+  for (int j = 0; j < 8 && c + j < m.cols; ++j) *mut_at(m, r, c + j) = to_bf16(v[j]);
+}
+
+// The held tile of view `v` += the staged products, on the columns the term covers.
+__device__ void add_staged(const View& v, const ViewTerm& term, int64_t n0,
+                           uint4 held[kGroupsPerThread], const bf16 (*out)[kOutStride]) {
+#pragma unroll
+  for (int i = 0; i < kGroupsPerThread; ++i) {
+    int row, col;
+    group_of(i, &row, &col);
+    const int64_t first = n0 + col + term.b_row0;  // b's row of the group's first column
+    float h[8], p[8];
+    unpack_bf16x8(held[i], h);
+    load8(&out[row][col], p);
+    if (first >= 0 && first + 8 <= term.b.rows) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) h[j] = __fadd_rn(h[j], p[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (first + j >= 0 && first + j < term.b.rows) h[j] = __fadd_rn(h[j], p[j]);
+      }
+    }
+    held[i] = pack_bf16x8(h);
+  }
+}
+
+// Whether the term has any of the tile's columns [n0, n0 + kTileN) inside y's.
+__device__ __forceinline__ bool covers_tile(const View& v, const ViewTerm& term, int64_t n0) {
+  const int64_t lo = max(n0, -term.b_row0);
+  const int64_t hi = min(min(n0 + kTileN, v.y.cols), term.b.rows - term.b_row0);
+  return lo < hi;
+}
+
+// Every term of view v added to its held tile, in order.
+__device__ void add_terms(const View& v, int64_t m0, int64_t n0, SharedTiles& shared,
+                          uint4 held[kGroupsPerThread]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int wm = warp / 4, wn = warp % 4;
+  for (int i = 0; i < v.count; ++i) {
+    const ViewTerm& term = v.term[i];
+    if (!covers_tile(v, term, n0)) continue;  // the same for the whole CTA
+    float acc[2][4][4] = {};
+    for (int64_t k0 = 0; k0 < term.t.cols; k0 += kChunk) {
+      load_chunk<kTileM>(term.t, term.vectors & 2u, m0, k0, shared.operands.t);
+      load_chunk<kTileN>(term.b, term.vectors & 4u, n0 + term.b_row0, k0, shared.operands.b);
+      __syncthreads();
+      mma_chunk(shared.operands, wm, wn, lane, acc);
+      __syncthreads();  // the next chunk, or the staged output, overwrites the operands
+    }
+    stage_products(shared.out, wm, wn, lane, term.scale, acc);
+    __syncthreads();
+    add_staged(v, term, n0, held, shared.out);
+    __syncthreads();  // the next term's operands overwrite the staged output
+  }
+}
+
+template <Epilogue kEpilogue>
+__device__ void finish(const Views& views, const EpilogueArgs& e, int64_t m0, int64_t n0,
+                       const uint4 (*held)[kGroupsPerThread]) {
 #pragma unroll
   for (int i = 0; i < kGroupsPerThread; ++i) {
     int row, col;
     group_of(i, &row, &col);
     const int64_t r = m0 + row, c = n0 + col;
-    if (whole_group(y, vectorized, r, c)) {
-      held[i] = *reinterpret_cast<const uint4*>(at(y, r, c));
+    float y[8];
+    unpack_bf16x8(held[0][i], y);
+    if constexpr (kEpilogue == Epilogue::kStore) {
+      store_group(views.v[0].y, views.v[0].y_vectors, r, c, y);
+    } else if constexpr (kEpilogue == Epilogue::kGateResidual) {
+      float x[8], g[8];
+      unpack_bf16x8(load_group(e.out, e.out_vectors, r, c), x);
+      unpack_bf16x8(load_group(e.gate, e.gate_vectors, 0, c), g);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[j] = __fadd_rn(x[j], round_bf16(__fmul_rn(g[j], y[j])));
+      store_group(e.out, e.out_vectors, r, c, x);
+    } else {
+      float u[8];
+      unpack_bf16x8(held[1][i], u);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        y[j] = e.silu == SiluMath::kExact ? swiglu_value<SiluMath::kExact>(y[j], u[j])
+                                          : swiglu_value<SiluMath::kFast>(y[j], u[j]);
+      }
+      store_group(e.out, e.out_vectors, r, c, y);
     }
   }
 }
 
-// y-tile += staged products: the prefetched groups, element by element at the edges.
-__device__ void add_staged(const Mat& y, bool vectorized, int64_t m0, int64_t n0,
-                           const uint4 held[kGroupsPerThread], const bf16 (*out)[kOutStride]) {
-#pragma unroll
-  for (int i = 0; i < kGroupsPerThread; ++i) {
-    int row, col;
-    group_of(i, &row, &col);
-    const int64_t r = m0 + row, c = n0 + col;
-    bf16* dst = static_cast<bf16*>(y.data) + r * y.stride + c;
-    if (whole_group(y, vectorized, r, c)) {
-      float h[8], v[8];
-      unpack_bf16x8(held[i], h);
-      load8(&out[row][col], v);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) h[j] = __fadd_rn(h[j], v[j]);
-      *reinterpret_cast<uint4*>(dst) = pack_bf16x8(h);
-      continue;
-    }
-    if (r >= y.rows) continue;
-    for (int j = 0; j < 8 && c + j < y.cols; ++j) {
-      dst[j] = to_bf16(__fadd_rn(to_f32(dst[j]), to_f32(out[row][col + j])));
-    }
-  }
-}
-
-// vectors: bit 0 y, bit 1 t, bit 2 b have 16-byte aligned rows.
-__global__ void __launch_bounds__(kThreads, 3)
-    lora_up_add_kernel(Mat y, Mat t, Mat b, float scale, unsigned vectors) {
+template <Epilogue kEpilogue, int kViews>
+__global__ void __launch_bounds__(kThreads, kViews == 1 ? 3 : 2)
+    lora_up_kernel(Views views, EpilogueArgs e) {
   __shared__ __align__(16) SharedTiles shared;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
-  const bool y_vectors = vectors & 1u;
-  uint4 held[kGroupsPerThread];
-  prefetch_y(y, y_vectors, m0, n0, held);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int wm = warp / 4, wn = warp % 4;
-  float acc[2][4][4] = {};
-  for (int64_t k0 = 0; k0 < t.cols; k0 += kChunk) {
-    load_chunk<kTileM>(t, vectors & 2u, m0, k0, shared.operands.t);
-    load_chunk<kTileN>(b, vectors & 4u, n0, k0, shared.operands.b);
-    __syncthreads();
-    mma_chunk(shared.operands, wm, wn, lane, acc);
-    __syncthreads();  // the next chunk, or the staged output, overwrites the operands
+  uint4 held[kViews][kGroupsPerThread];
+#pragma unroll
+  for (int v = 0; v < kViews; ++v) {  // loaded first: their latency overlaps the products
+#pragma unroll
+    for (int i = 0; i < kGroupsPerThread; ++i) {
+      int row, col;
+      group_of(i, &row, &col);
+      held[v][i] = load_group(views.v[v].y, views.v[v].y_vectors, m0 + row, n0 + col);
+    }
   }
-  stage_products(shared.out, wm, wn, lane, scale, acc);
-  __syncthreads();
-  add_staged(y, y_vectors, m0, n0, held, shared.out);
+#pragma unroll
+  for (int v = 0; v < kViews; ++v) add_terms(views.v[v], m0, n0, shared, held[v]);
+  finish<kEpilogue>(views, e, m0, n0, held);
+}
+
+// View [begin, begin + cols) of y with the terms that reach it.
+View view_of(const Mat& y, int64_t begin, int64_t cols, std::span<const LoraUp> terms) {
+  View v{};
+  v.y = Mat{static_cast<bf16*>(y.data) + begin, y.rows, cols, y.stride};
+  v.y_vectors = rows_aligned16(v.y, 2);
+  for (const LoraUp& term : terms) {
+    if (term.out_offset >= begin + cols || term.out_offset + term.b.rows <= begin) continue;
+    v.term[v.count++] = {
+        term.t, term.b, term.scale, begin - term.out_offset,
+        (rows_aligned16(term.t, 2) ? 2u : 0u) | (rows_aligned16(term.b, 2) ? 4u : 0u)};
+  }
+  return v;
+}
+
+absl::Status check_terms(const char* op, const Mat& y, std::span<const LoraUp> terms) {
+  for (const LoraUp& term : terms) {
+    if (term.t.rows != y.rows || term.b.cols != term.t.cols || term.out_offset < 0 ||
+        term.out_offset + term.b.rows > y.cols) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": y [", y.rows, ", ", y.cols, "], t [",
+                                                     term.t.rows, ", ", term.t.cols, "] and b [",
+                                                     term.b.rows, ", ", term.b.cols, "] at column ",
+                                                     term.out_offset, " do not make y += t · bᵀ"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Launches the kernel on views of `width` columns (1 or 2 views), the terms beyond the last
+// kMaxTerms first added and stored in y.
+template <Epilogue kEpilogue, int kViews>
+absl::Status launch(const char* op, const Mat& y, int64_t width, std::span<const LoraUp> terms,
+                    const EpilogueArgs& e, cudaStream_t stream) {
+  FLUX_RETURN_IF_ERROR(check_terms(op, y, terms));
+  if (y.rows == 0 || width == 0) return absl::OkStatus();
+  const int64_t grid_y = (y.rows + kTileM - 1) / kTileM;
+  if (grid_y > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", y.rows, " rows exceed ", 65535 * kTileM));
+  }
+  const dim3 grid(static_cast<unsigned>((width + kTileN - 1) / kTileN),
+                  static_cast<unsigned>(grid_y));
+  while (terms.size() > static_cast<size_t>(kMaxTerms)) {
+    const size_t first = terms.size() - kMaxTerms;
+    const size_t now = std::min(first, static_cast<size_t>(kMaxTerms));
+    FLUX_RETURN_IF_ERROR(
+        (launch<Epilogue::kStore, 1>(op, y, y.cols, terms.first(now), {}, stream)));
+    terms = terms.subspan(now);
+  }
+  Views views{};
+  for (int v = 0; v < kViews; ++v) views.v[v] = view_of(y, v * width, width, terms);
+  lora_up_kernel<kEpilogue, kViews><<<grid, kThreads, 0, stream>>>(views, e);
+  FLUX_RETURN_IF_LAUNCH_FAILED(op);
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status lora_up_add_bf16(const Mat& y, const Mat& t, const Mat& b, float scale,
-                              cudaStream_t stream) {
-  if (t.rows != y.rows || b.rows != y.cols || b.cols != t.cols) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("lora_up_add: y [", y.rows, ", ", y.cols, "], t [", t.rows, ", ", t.cols,
-                     "] and b [", b.rows, ", ", b.cols, "] do not make y += t · bᵀ"));
+absl::Status lora_up_add_bf16(const Mat& y, std::span<const LoraUp> terms, cudaStream_t stream) {
+  return launch<Epilogue::kStore, 1>("lora_up_add", y, y.cols, terms, {}, stream);
+}
+
+absl::Status lora_up_swiglu_bf16(const Mat& y, std::span<const LoraUp> terms, const Mat& out,
+                                 SiluMath math, cudaStream_t stream) {
+  if (y.cols != 2 * out.cols || y.rows != out.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("lora_up_swiglu: y [", y.rows, ", ", y.cols,
+                                                   "] is not [gate | up] of out [", out.rows, ", ",
+                                                   out.cols, "]"));
   }
-  if (y.rows == 0 || y.cols == 0) return absl::OkStatus();
-  const int64_t grid_y = (y.rows + kTileM - 1) / kTileM;
-  if (grid_y > 65535) {
+  EpilogueArgs e;
+  e.out = out;
+  e.out_vectors = rows_aligned16(out, 2);
+  e.silu = math;
+  return launch<Epilogue::kSwiglu, 2>("lora_up_swiglu", y, out.cols, terms, e, stream);
+}
+
+absl::Status lora_up_gate_residual_bf16(const Mat& y, std::span<const LoraUp> terms, const Mat& x,
+                                        const Mat& gate, cudaStream_t stream) {
+  if (x.rows != y.rows || x.cols != y.cols || gate.rows != 1 || gate.cols != y.cols) {
     return absl::InvalidArgumentError(
-        absl::StrCat("lora_up_add: ", y.rows, " rows exceed ", 65535 * kTileM));
+        absl::StrCat("lora_up_gate_residual: x [", x.rows, ", ", x.cols, "] and gate [", gate.rows,
+                     ", ", gate.cols, "] do not fit y [", y.rows, ", ", y.cols, "]"));
   }
-  const dim3 grid(static_cast<unsigned>((y.cols + kTileN - 1) / kTileN),
-                  static_cast<unsigned>(grid_y));
-  const unsigned vectors = (rows_aligned16(y, 2) ? 1u : 0u) | (rows_aligned16(t, 2) ? 2u : 0u) |
-                           (rows_aligned16(b, 2) ? 4u : 0u);
-  lora_up_add_kernel<<<grid, kThreads, 0, stream>>>(y, t, b, scale, vectors);
-  FLUX_RETURN_IF_LAUNCH_FAILED("lora_up_add");
-  return absl::OkStatus();
+  EpilogueArgs e;
+  e.out = x;
+  e.gate = gate;
+  e.out_vectors = rows_aligned16(x, 2);
+  e.gate_vectors = rows_aligned16(gate, 2);
+  return launch<Epilogue::kGateResidual, 1>("lora_up_gate_residual", y, y.cols, terms, e, stream);
 }
 
 }  // namespace flux2::cuda

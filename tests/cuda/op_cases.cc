@@ -59,6 +59,49 @@ std::string vars_of(const AttentionShape& a) {
                       a.valid_keys >= 0 ? absl::StrCat(a.valid_keys) : "");
 }
 
+// LoRA's B products fused with their consumers, and more terms than one launch takes. The SwiGLU
+// reads the MLP columns of the single block's fused output, the whole-output term cut to them as
+// lora_columns does, a second term straddling the gate|up boundary; then ragged shapes with
+// unaligned operands (the scalar paths).
+void add_lora_consumer_cases(std::vector<OpCase>& cases) {
+  struct Mlp {
+    int64_t s, d, f, r, second_offset, second_width, t_offset;
+  };
+  for (const Mlp m : {Mlp{4608, 3072, 9216, 32, 9216 - 64, 128, 0},
+                      Mlp{131, 40, 100, 12, 5, 150, 3}, Mlp{1, 8, 16, 1, 0, 32, 0}}) {
+    cases.push_back(
+        {"lora_up_swiglu",
+         absl::StrCat("S=", m.s, ",D=", m.d, ",F=", m.f, ",r=", m.r, ",t_offset=", m.t_offset),
+         [m](OpEnv& e) {
+           Tensor wide = e.input(m.s, 3 * m.d + 2 * m.f, 3.0f);
+           Tensor y = wide.col_slice(3 * m.d, 2 * m.f);
+           Tensor t = e.input(m.s, m.t_offset + 2 * m.r).col_slice(m.t_offset, 2 * m.r);
+           Tensor b1 = e.input(3 * m.d + 2 * m.f, m.r), b2 = e.input(m.second_width, m.r);
+           Tensor act = e.output(m.s, m.d + m.f).col_slice(m.d, m.f);
+           return e.call(act, [&be = e.backend(), m, y, t, b1, b2, act] {
+             const LoraUpTerm terms[] = {
+                 {t.col_slice(0, m.r), b1.row_slice(3 * m.d, 2 * m.f), 0.5f, 0},
+                 {t.col_slice(m.r, m.r), b2, -2.0f, m.second_offset}};
+             return be.lora_up_swiglu(y, terms, act);
+           });
+         },
+         "lora_up_swiglu"});
+  }
+  // Ten adapters on one output: two launches, the first storing y.
+  cases.push_back({"lora_up_add", "S=70,N=300,terms=10", [](OpEnv& e) {
+                     Tensor y = e.in_place(70, 300, 4.0f), t = e.input(70, 80);
+                     std::vector<Tensor> b;
+                     for (int i = 0; i < 10; ++i) b.push_back(e.input(300 - 20 * i, 8));
+                     return e.call(y, [&be = e.backend(), y, t, b] {
+                       std::vector<LoraUpTerm> terms;
+                       for (int i = 0; i < 10; ++i) {
+                         terms.push_back({t.col_slice(8 * i, 8), b[i], 0.25f * (i + 1), 10 * i});
+                       }
+                       return be.lora_up_add(y, terms);
+                     });
+                   }});
+}
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> cases;
   auto add = [&](OpCase c) { cases.push_back(std::move(c)); };
@@ -80,9 +123,25 @@ std::vector<OpCase> make_cases() {
            Tensor k = qkv.col_slice(r.d, r.d), t = e.input(r.s, 96).col_slice(32, 32);
            Tensor b = e.input(r.d, 32);
            e.set_bytes(2 * r.s * r.d * 2 + r.s * 32 * 2 + r.d * 32 * 2);  // k twice, t, b
-           return e.call(k,
-                         [&be = e.backend(), k, t, b] { return be.lora_up_add(k, t, b, -0.375f); });
+           return e.call(k, [&be = e.backend(), k, t, b] {
+             const LoraUpTerm term{t, b, -0.375f, 0};
+             return be.lora_up_add(k, {&term, 1});
+           });
          }});
+    // A block's output projection with two adapters (ranks 32 and 16), added with its gated
+    // residual.
+    add({"lora_up_gate_residual", sd(r) + ",two_terms",
+         [r](OpEnv& e) {
+           Tensor x = e.in_place(r.s, r.d, 2.0f), y = e.input(r.s, r.d, 4.0f);
+           Tensor gate = e.input(1, r.d).reshape({r.d});
+           Tensor t = e.input(r.s, 48), b1 = e.input(r.d, 32), b2 = e.input(r.d, 16);
+           return e.call(x, [&be = e.backend(), x, y, gate, t, b1, b2] {
+             const LoraUpTerm terms[] = {{t.col_slice(0, 32), b1, 0.75f, 0},
+                                         {t.col_slice(32, 16), b2, -1.5f, 0}};
+             return be.lora_up_gate_residual(y, terms, x, gate);
+           });
+         },
+         "lora_up_gate_residual"});
     // The single block: [q|k|v|gate|up] -> SwiGLU into the mlp columns of [attn|mlp].
     add({"swiglu", sd(r) + ",into_concat",
          [r](OpEnv& e) {
@@ -342,9 +401,13 @@ std::vector<OpCase> make_cases() {
            Tensor y = e.in_place(l.s, l.width, 4.0f).col_slice(l.offset, l.n);
            Tensor t = e.input(l.s, l.r), b = e.input(l.n, l.r);
            e.set_bytes(2 * l.s * l.n * 2 + l.s * l.r * 2 + l.n * l.r * 2);  // y twice, t, b
-           return e.call(y, [&be = e.backend(), y, t, b] { return be.lora_up_add(y, t, b, 0.8f); });
+           return e.call(y, [&be = e.backend(), y, t, b] {
+             const LoraUpTerm term{t, b, 0.8f, 0};
+             return be.lora_up_add(y, {&term, 1});
+           });
          }});
   }
+  add_lora_consumer_cases(cases);
   return cases;
 }
 

@@ -2,6 +2,7 @@
 // targets, A matrices stacked per fused weight), the device LRU (budget, eviction order, in-use and
 // pinned adapters), and that an adapter of weight 0 leaves the transformer's output bit for bit as
 // without it.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,14 +62,58 @@ class LoraApplyTest : public ::testing::Test {
   CpuBackend be_;
 };
 
-TEST_F(LoraApplyTest, LoraUpAddAddsTheScaledProductInPlace) {
+TEST_F(LoraApplyTest, LoraUpAddAddsEachScaledProductOnItsColumnsInOrder) {
   Tensor y = tensor({2, 3}, {1, 2, 3, 4, 5, 6});
   Tensor t = tensor({2, 2}, {1, 2, 3, 4});
   Tensor b = tensor({3, 2}, {1, 0, 0, 1, 1, 1});
-  ASSERT_TRUE(be_.lora_up_add(y, t, b, 0.5f).ok());
-  // t · bᵀ = [[1, 2, 3], [3, 4, 7]], halved and added.
-  EXPECT_EQ(download(be_, y), (std::vector<float>{1.5f, 3, 4.5f, 5.5f, 7, 9.5f}));
-  EXPECT_FALSE(be_.lora_up_add(y, t, tensor({3, 1}, {0, 0, 0}), 1.0f).ok());  // r must agree
+  Tensor b_last = tensor({1, 1}, {10});
+  const LoraUpTerm terms[] = {{t, b, 0.5f, 0}, {t.col_slice(0, 1), b_last, 1.0f, 2}};
+  ASSERT_TRUE(be_.lora_up_add(y, terms).ok());
+  // t · bᵀ = [[1, 2, 3], [3, 4, 7]], halved and added; then column 2 gets t[:, 0] · 10.
+  EXPECT_EQ(download(be_, y), (std::vector<float>{1.5f, 3, 14.5f, 5.5f, 7, 39.5f}));
+  const LoraUpTerm bad_rank{t, tensor({3, 1}, {0, 0, 0}), 1.0f, 0};
+  EXPECT_FALSE(be_.lora_up_add(y, {&bad_rank, 1}).ok());  // r must agree
+  const LoraUpTerm outside{t, b, 1.0f, 1};
+  const absl::Status status = be_.lora_up_add(y, {&outside, 1});
+  EXPECT_THAT(std::string(status.message()),
+              ::testing::HasSubstr("terms[0]: columns [1, 4) outside y"));
+}
+
+TEST_F(LoraApplyTest, LoraColumnsCutTermsToAColumnRange) {
+  Tensor t = tensor({1, 1}, {1});
+  Tensor whole = tensor({6, 1}, {0, 1, 2, 3, 4, 5}), tail = tensor({2, 1}, {6, 7});
+  const LoraUpTerm ups[] = {{t, whole, 1.0f, 0}, {t, tail, 2.0f, 4}};
+  const std::vector<LoraUpTerm> part = lora_columns(ups, 3, 2);  // columns [3, 5)
+  ASSERT_EQ(part.size(), 2u);
+  EXPECT_EQ(download(be_, part[0].b), (std::vector<float>{3, 4}));
+  EXPECT_EQ(part[0].out_offset, 0);
+  EXPECT_EQ(download(be_, part[1].b), (std::vector<float>{6}));
+  EXPECT_EQ(part[1].out_offset, 1);
+  EXPECT_EQ(part[1].scale, 2.0f);
+  EXPECT_TRUE(lora_columns(ups, 6, 2).empty());
+}
+
+TEST_F(LoraApplyTest, FusedConsumersEqualTheAddThenTheirOp) {
+  // swiglu(y') and x + gate ⊙ y' with y' = y after the terms, against the two ops run apart.
+  const std::vector<float> y_values = {0.5f, -1, 2, 0.25f, 1, 3, -2, 0.5f};
+  Tensor t = tensor({2, 1}, {1, -2});
+  Tensor b = tensor({4, 1}, {1, 2, 3, 4});
+  const LoraUpTerm term{t, b, 0.5f, 0};
+  Tensor y = tensor({2, 4}, y_values), act = tensor({2, 2}, {0, 0, 0, 0});
+  ASSERT_TRUE(be_.lora_up_swiglu(y, {&term, 1}, act).ok());
+  Tensor y2 = tensor({2, 4}, y_values), act2 = tensor({2, 2}, {0, 0, 0, 0});
+  ASSERT_TRUE(be_.lora_up_add(y2, {&term, 1}).ok());
+  ASSERT_TRUE(be_.swiglu(y2.col_slice(0, 2), y2.col_slice(2, 2), act2).ok());
+  EXPECT_EQ(download(be_, act), download(be_, act2));
+
+  Tensor x = tensor({2, 4}, {1, 1, 1, 1, 2, 2, 2, 2}), gate = tensor({4}, {1, 0.5f, -1, 2});
+  Tensor x2 = tensor({2, 4}, {1, 1, 1, 1, 2, 2, 2, 2});
+  y = tensor({2, 4}, y_values), y2 = tensor({2, 4}, y_values);
+  ASSERT_TRUE(be_.lora_up_gate_residual(y, {&term, 1}, x, gate).ok());
+  ASSERT_TRUE(be_.lora_up_add(y2, {&term, 1}).ok());
+  ASSERT_TRUE(be_.gate_residual(x2, gate, y2).ok());
+  EXPECT_EQ(download(be_, x), download(be_, x2));
+  EXPECT_FALSE(be_.lora_up_swiglu(y, {&term, 1}, tensor({2, 3}, {0, 0, 0, 0, 0, 0})).ok());
 }
 
 TEST_F(LoraApplyTest, TermsKeepRequestOrderSkipWeightZeroAndLandOnTheirFusedRows) {
