@@ -55,7 +55,7 @@ absl::Status Backend::swiglu_linear(const Tensor& gate, const Tensor& up, const 
                              : absl::OkStatus();
 }
 
-absl::Status Backend::lora_up_swiglu(const Tensor& y, std::span<const LoraUpTerm> terms,
+absl::Status Backend::lora_up_swiglu(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                                      const Tensor& out) {
   if (y.rank() != 2 || out.rank() != 2 || y.cols() != 2 * out.cols()) {
     return absl::InvalidArgumentError(absl::StrCat("lora_up_swiglu: y ", y.describe(),
@@ -66,7 +66,7 @@ absl::Status Backend::lora_up_swiglu(const Tensor& y, std::span<const LoraUpTerm
   return swiglu(y.col_slice(0, f), y.col_slice(f, f), out);
 }
 
-absl::Status Backend::lora_up_gate_residual(const Tensor& y, std::span<const LoraUpTerm> terms,
+absl::Status Backend::lora_up_gate_residual(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                                             const Tensor& x, const Tensor& gate) {
   FLUX_RETURN_IF_ERROR(lora_up_add(y, terms));
   return gate_residual(x, gate, y);

@@ -7,7 +7,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -223,16 +222,16 @@ class Backend {
   // term's columns, round: to the activation dtype (PEFT's LoRA `result + lora_B(t) * scaling`,
   // t = lora_A(x), one adapter after another). One op for the B products and their adds, so y is
   // read and written once; each product's fp32 sum is in the backend's order.
-  virtual absl::Status lora_up_add(const Tensor& y, std::span<const LoraUpTerm> terms) = 0;
+  virtual absl::Status lora_up_add(const Tensor& y, const std::vector<LoraUpTerm>& terms) = 0;
   // The LoRA terms on a SwiGLU's input, then the SwiGLU: out[M, F] = swiglu(y'[:, :F], y'[:, F:])
   // with y' = y after lora_up_add(y, terms). The default runs the two ops; a backend may do both
   // in one pass without writing y', so callers must not read y after.
-  virtual absl::Status lora_up_swiglu(const Tensor& y, std::span<const LoraUpTerm> terms,
+  virtual absl::Status lora_up_swiglu(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                                       const Tensor& out);
   // The LoRA terms on a block's output, then its gated residual: x += gate ⊙ y' with y' = y after
   // lora_up_add(y, terms). The default runs the two ops; a backend may do both in one pass without
   // writing y', so callers must not read y after.
-  virtual absl::Status lora_up_gate_residual(const Tensor& y, std::span<const LoraUpTerm> terms,
+  virtual absl::Status lora_up_gate_residual(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                                              const Tensor& x, const Tensor& gate);
 
   // ---- element-wise -------------------------------------------------------------------------

@@ -214,7 +214,8 @@ std::vector<LoraUpTerm> lora_ups(const Flux2LoraTerms& terms, const Tensor& t) {
   return ups;
 }
 
-std::vector<LoraUpTerm> lora_columns(std::span<const LoraUpTerm> ups, int64_t begin, int64_t cols) {
+std::vector<LoraUpTerm> lora_columns(const std::vector<LoraUpTerm>& ups, int64_t begin,
+                                     int64_t cols) {
   std::vector<LoraUpTerm> part;
   for (const LoraUpTerm& up : ups) {
     const int64_t first = std::max(begin, up.out_offset);

@@ -107,7 +107,8 @@ absl::Status lora_down(Backend& backend, const Flux2LoraTerms& terms, const Tens
 std::vector<LoraUpTerm> lora_ups(const Flux2LoraTerms& terms, const Tensor& t);
 // The parts of `ups` on the columns [begin, begin + cols) of their output, as terms of that
 // column range.
-std::vector<LoraUpTerm> lora_columns(std::span<const LoraUpTerm> ups, int64_t begin, int64_t cols);
+std::vector<LoraUpTerm> lora_columns(const std::vector<LoraUpTerm>& ups, int64_t begin,
+                                     int64_t cols);
 
 // y += every term of `terms` applied to x [M, in] (a no-op without terms), in order: lora_down into
 // the scratch, then Backend::lora_up_add.

@@ -2,8 +2,8 @@
 // InvalidArgument naming the op and the offending tensor instead of launching.
 #pragma once
 
-#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -52,7 +52,7 @@ inline absl::Status check_vector(absl::string_view op, absl::string_view name, c
 // Each LoRA term fits y [M, N] (Backend::lora_up_add): t [M, r], b [out, r], its columns
 // [out_offset, out_offset + out) inside y's.
 inline absl::Status check_lora_terms(absl::string_view op, const Tensor& y,
-                                     std::span<const LoraUpTerm> terms) {
+                                     const std::vector<LoraUpTerm>& terms) {
   for (size_t i = 0; i < terms.size(); ++i) {
     const LoraUpTerm& term = terms[i];
     const std::string name = absl::StrCat("terms[", i, "]");

@@ -29,7 +29,7 @@ class CpuBackend final : public Backend {
       const Tensor& w) override;
   absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                       const Tensor& y) override;
-  absl::Status lora_up_add(const Tensor& y, std::span<const LoraUpTerm> terms) override;
+  absl::Status lora_up_add(const Tensor& y, const std::vector<LoraUpTerm>& terms) override;
 
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;

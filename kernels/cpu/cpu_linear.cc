@@ -12,7 +12,7 @@
 
 namespace flux2 {
 
-absl::Status CpuBackend::lora_up_add(const Tensor& y, std::span<const LoraUpTerm> terms) {
+absl::Status CpuBackend::lora_up_add(const Tensor& y, const std::vector<LoraUpTerm>& terms) {
   constexpr absl::string_view kOp = "lora_up_add";
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "y", y));
   FLUX_RETURN_IF_ERROR(check_lora_terms(kOp, y, terms));

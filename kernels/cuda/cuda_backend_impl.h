@@ -84,10 +84,10 @@ class CudaBackend final : public Backend {
 
   absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                       const Tensor& y) override;
-  absl::Status lora_up_add(const Tensor& y, std::span<const LoraUpTerm> terms) override;
-  absl::Status lora_up_swiglu(const Tensor& y, std::span<const LoraUpTerm> terms,
+  absl::Status lora_up_add(const Tensor& y, const std::vector<LoraUpTerm>& terms) override;
+  absl::Status lora_up_swiglu(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                               const Tensor& out) override;
-  absl::Status lora_up_gate_residual(const Tensor& y, std::span<const LoraUpTerm> terms,
+  absl::Status lora_up_gate_residual(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                                      const Tensor& x, const Tensor& gate) override;
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;

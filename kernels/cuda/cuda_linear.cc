@@ -5,7 +5,6 @@
 // that produces it: LayerNorm+modulate and SwiGLU (layer_norm_modulate_linear, swiglu_linear).
 // Tested by tests/cuda/op_cases.cc (gpu_op_test), fp8_rows_test.cc and quality_high_test.cc.
 #include <cstdint>
-#include <span>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -55,7 +54,7 @@ absl::Status CudaBackend::linear(const Tensor& x, const Weight& weight, const Te
 
 namespace {
 
-std::vector<cuda::LoraUp> lora_ups(std::span<const LoraUpTerm> terms) {
+std::vector<cuda::LoraUp> lora_ups(const std::vector<LoraUpTerm>& terms) {
   std::vector<cuda::LoraUp> ups;
   ups.reserve(terms.size());
   for (const LoraUpTerm& term : terms) {
@@ -66,7 +65,7 @@ std::vector<cuda::LoraUp> lora_ups(std::span<const LoraUpTerm> terms) {
 
 // check_bf16 of y and each term's operands, and that each term fits y.
 absl::Status check_lora_up(absl::string_view op, const Tensor& y,
-                           std::span<const LoraUpTerm> terms) {
+                           const std::vector<LoraUpTerm>& terms) {
   FLUX_RETURN_IF_ERROR(check_bf16(op, "y", y));
   for (const LoraUpTerm& term : terms) {
     FLUX_RETURN_IF_ERROR(check_bf16(op, "t", term.t));
@@ -77,13 +76,13 @@ absl::Status check_lora_up(absl::string_view op, const Tensor& y,
 
 }  // namespace
 
-absl::Status CudaBackend::lora_up_add(const Tensor& y, std::span<const LoraUpTerm> terms) {
+absl::Status CudaBackend::lora_up_add(const Tensor& y, const std::vector<LoraUpTerm>& terms) {
   FLUX_RETURN_IF_ERROR(check_lora_up("lora_up_add", y, terms));
   OpProfileScope profile(*this, op_category("lora", "lora_up_add"));
   return cuda::lora_up_add_bf16(mat(y), lora_ups(terms), stream());
 }
 
-absl::Status CudaBackend::lora_up_swiglu(const Tensor& y, std::span<const LoraUpTerm> terms,
+absl::Status CudaBackend::lora_up_swiglu(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                                          const Tensor& out) {
   constexpr absl::string_view kOp = "lora_up_swiglu";
   FLUX_RETURN_IF_ERROR(check_lora_up(kOp, y, terms));
@@ -98,7 +97,8 @@ absl::Status CudaBackend::lora_up_swiglu(const Tensor& y, std::span<const LoraUp
       [&] { return Backend::lora_up_swiglu(y, terms, out); });
 }
 
-absl::Status CudaBackend::lora_up_gate_residual(const Tensor& y, std::span<const LoraUpTerm> terms,
+absl::Status CudaBackend::lora_up_gate_residual(const Tensor& y,
+                                                const std::vector<LoraUpTerm>& terms,
                                                 const Tensor& x, const Tensor& gate) {
   constexpr absl::string_view kOp = "lora_up_gate_residual";
   FLUX_RETURN_IF_ERROR(check_lora_up(kOp, y, terms));

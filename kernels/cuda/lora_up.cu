@@ -286,21 +286,21 @@ __global__ void __launch_bounds__(kThreads, kViews == 1 ? 3 : 2)
   finish<kEpilogue>(views, e, m0, n0, held);
 }
 
-// View [begin, begin + cols) of y with the terms that reach it.
-View view_of(const Mat& y, int64_t begin, int64_t cols, std::span<const LoraUp> terms) {
+// View [begin, begin + cols) of y with the terms that reach it (at most kMaxTerms).
+View view_of(const Mat& y, int64_t begin, int64_t cols, const LoraUp* terms, size_t count) {
   View v{};
   v.y = Mat{static_cast<bf16*>(y.data) + begin, y.rows, cols, y.stride};
   v.y_vectors = rows_aligned16(v.y, 2);
-  for (const LoraUp& term : terms) {
-    if (term.out_offset >= begin + cols || term.out_offset + term.b.rows <= begin) continue;
-    v.term[v.count++] = {
-        term.t, term.b, term.scale, begin - term.out_offset,
-        (rows_aligned16(term.t, 2) ? 2u : 0u) | (rows_aligned16(term.b, 2) ? 4u : 0u)};
+  for (const LoraUp* term = terms; term != terms + count; ++term) {
+    if (term->out_offset >= begin + cols || term->out_offset + term->b.rows <= begin) continue;
+    const unsigned vectors =
+        (rows_aligned16(term->t, 2) ? 2u : 0u) | (rows_aligned16(term->b, 2) ? 4u : 0u);
+    v.term[v.count++] = {term->t, term->b, term->scale, begin - term->out_offset, vectors};
   }
   return v;
 }
 
-absl::Status check_terms(const char* op, const Mat& y, std::span<const LoraUp> terms) {
+absl::Status check_terms(const char* op, const Mat& y, const std::vector<LoraUp>& terms) {
   for (const LoraUp& term : terms) {
     if (term.t.rows != y.rows || term.b.cols != term.t.cols || term.out_offset < 0 ||
         term.out_offset + term.b.rows > y.cols) {
@@ -313,41 +313,47 @@ absl::Status check_terms(const char* op, const Mat& y, std::span<const LoraUp> t
   return absl::OkStatus();
 }
 
-// Launches the kernel on views of `width` columns (1 or 2 views), the terms beyond the last
-// kMaxTerms first added and stored in y.
+// One launch on views of `width` columns (1 or 2 views) with terms [first, first + count).
 template <Epilogue kEpilogue, int kViews>
-absl::Status launch(const char* op, const Mat& y, int64_t width, std::span<const LoraUp> terms,
-                    const EpilogueArgs& e, cudaStream_t stream) {
-  FLUX_RETURN_IF_ERROR(check_terms(op, y, terms));
-  if (y.rows == 0 || width == 0) return absl::OkStatus();
-  const int64_t grid_y = (y.rows + kTileM - 1) / kTileM;
-  if (grid_y > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", y.rows, " rows exceed ", 65535 * kTileM));
-  }
+absl::Status launch_once(const char* op, const Mat& y, int64_t width, const LoraUp* first,
+                         size_t count, const EpilogueArgs& e, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((width + kTileN - 1) / kTileN),
-                  static_cast<unsigned>(grid_y));
-  while (terms.size() > static_cast<size_t>(kMaxTerms)) {
-    const size_t first = terms.size() - kMaxTerms;
-    const size_t now = std::min(first, static_cast<size_t>(kMaxTerms));
-    FLUX_RETURN_IF_ERROR(
-        (launch<Epilogue::kStore, 1>(op, y, y.cols, terms.first(now), {}, stream)));
-    terms = terms.subspan(now);
-  }
+                  static_cast<unsigned>((y.rows + kTileM - 1) / kTileM));
   Views views{};
-  for (int v = 0; v < kViews; ++v) views.v[v] = view_of(y, v * width, width, terms);
+  for (int v = 0; v < kViews; ++v) views.v[v] = view_of(y, v * width, width, first, count);
   lora_up_kernel<kEpilogue, kViews><<<grid, kThreads, 0, stream>>>(views, e);
   FLUX_RETURN_IF_LAUNCH_FAILED(op);
   return absl::OkStatus();
 }
 
+// The terms beyond the last kMaxTerms added and stored in y first (kMaxTerms per launch), then
+// the last ones with the epilogue.
+template <Epilogue kEpilogue, int kViews>
+absl::Status launch(const char* op, const Mat& y, int64_t width, const std::vector<LoraUp>& terms,
+                    const EpilogueArgs& e, cudaStream_t stream) {
+  FLUX_RETURN_IF_ERROR(check_terms(op, y, terms));
+  if (y.rows == 0 || width == 0) return absl::OkStatus();
+  if ((y.rows + kTileM - 1) / kTileM > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", y.rows, " rows exceed ", 65535 * kTileM));
+  }
+  const size_t last = terms.size() > kMaxTerms ? terms.size() - kMaxTerms : 0;
+  for (size_t first = 0; first < last; first += kMaxTerms) {
+    FLUX_RETURN_IF_ERROR(
+        (launch_once<Epilogue::kStore, 1>(op, y, y.cols, terms.data() + first,
+                                          std::min<size_t>(kMaxTerms, last - first), {}, stream)));
+  }
+  return launch_once<kEpilogue, kViews>(op, y, width, terms.data() + last, terms.size() - last, e,
+                                        stream);
+}
+
 }  // namespace
 
-absl::Status lora_up_add_bf16(const Mat& y, std::span<const LoraUp> terms, cudaStream_t stream) {
+absl::Status lora_up_add_bf16(const Mat& y, const std::vector<LoraUp>& terms, cudaStream_t stream) {
   return launch<Epilogue::kStore, 1>("lora_up_add", y, y.cols, terms, {}, stream);
 }
 
-absl::Status lora_up_swiglu_bf16(const Mat& y, std::span<const LoraUp> terms, const Mat& out,
+absl::Status lora_up_swiglu_bf16(const Mat& y, const std::vector<LoraUp>& terms, const Mat& out,
                                  SiluMath math, cudaStream_t stream) {
   if (y.cols != 2 * out.cols || y.rows != out.rows) {
     return absl::InvalidArgumentError(absl::StrCat("lora_up_swiglu: y [", y.rows, ", ", y.cols,
@@ -361,8 +367,8 @@ absl::Status lora_up_swiglu_bf16(const Mat& y, std::span<const LoraUp> terms, co
   return launch<Epilogue::kSwiglu, 2>("lora_up_swiglu", y, out.cols, terms, e, stream);
 }
 
-absl::Status lora_up_gate_residual_bf16(const Mat& y, std::span<const LoraUp> terms, const Mat& x,
-                                        const Mat& gate, cudaStream_t stream) {
+absl::Status lora_up_gate_residual_bf16(const Mat& y, const std::vector<LoraUp>& terms,
+                                        const Mat& x, const Mat& gate, cudaStream_t stream) {
   if (x.rows != y.rows || x.cols != y.cols || gate.rows != 1 || gate.cols != y.cols) {
     return absl::InvalidArgumentError(
         absl::StrCat("lora_up_gate_residual: x [", x.rows, ", ", x.cols, "] and gate [", gate.rows,

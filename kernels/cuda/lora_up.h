@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/cuda/kernel_args.h"
@@ -24,16 +24,16 @@ struct LoraUp {
 };
 
 // In place on bf16 y [M, N]: y = bf16(y + term) for each term in order.
-absl::Status lora_up_add_bf16(const Mat& y, std::span<const LoraUp> terms, cudaStream_t stream);
+absl::Status lora_up_add_bf16(const Mat& y, const std::vector<LoraUp>& terms, cudaStream_t stream);
 
 // out [M, F] = bf16(bf16(silu(g)) · u) (the swiglu kernel's bits) with g, u the columns [0, F)
 // and [F, 2F) of y [M, 2F] after the terms; y is not written.
-absl::Status lora_up_swiglu_bf16(const Mat& y, std::span<const LoraUp> terms, const Mat& out,
+absl::Status lora_up_swiglu_bf16(const Mat& y, const std::vector<LoraUp>& terms, const Mat& out,
                                  SiluMath math, cudaStream_t stream);
 
 // x [M, N] = bf16(x + bf16(gate · y')) (gate_residual's bits) with gate [1, N] and y' = y [M, N]
 // after the terms; y is not written.
-absl::Status lora_up_gate_residual_bf16(const Mat& y, std::span<const LoraUp> terms, const Mat& x,
-                                        const Mat& gate, cudaStream_t stream);
+absl::Status lora_up_gate_residual_bf16(const Mat& y, const std::vector<LoraUp>& terms,
+                                        const Mat& x, const Mat& gate, cudaStream_t stream);
 
 }  // namespace flux2::cuda

@@ -79,7 +79,7 @@ void add_lora_consumer_cases(std::vector<OpCase>& cases) {
            Tensor b1 = e.input(3 * m.d + 2 * m.f, m.r), b2 = e.input(m.second_width, m.r);
            Tensor act = e.output(m.s, m.d + m.f).col_slice(m.d, m.f);
            return e.call(act, [&be = e.backend(), m, y, t, b1, b2, act] {
-             const LoraUpTerm terms[] = {
+             const std::vector<LoraUpTerm> terms = {
                  {t.col_slice(0, m.r), b1.row_slice(3 * m.d, 2 * m.f), 0.5f, 0},
                  {t.col_slice(m.r, m.r), b2, -2.0f, m.second_offset}};
              return be.lora_up_swiglu(y, terms, act);
@@ -125,7 +125,7 @@ std::vector<OpCase> make_cases() {
            e.set_bytes(2 * r.s * r.d * 2 + r.s * 32 * 2 + r.d * 32 * 2);  // k twice, t, b
            return e.call(k, [&be = e.backend(), k, t, b] {
              const LoraUpTerm term{t, b, -0.375f, 0};
-             return be.lora_up_add(k, {&term, 1});
+             return be.lora_up_add(k, {term});
            });
          }});
     // A block's output projection with two adapters (ranks 32 and 16), added with its gated
@@ -136,8 +136,8 @@ std::vector<OpCase> make_cases() {
            Tensor gate = e.input(1, r.d).reshape({r.d});
            Tensor t = e.input(r.s, 48), b1 = e.input(r.d, 32), b2 = e.input(r.d, 16);
            return e.call(x, [&be = e.backend(), x, y, gate, t, b1, b2] {
-             const LoraUpTerm terms[] = {{t.col_slice(0, 32), b1, 0.75f, 0},
-                                         {t.col_slice(32, 16), b2, -1.5f, 0}};
+             const std::vector<LoraUpTerm> terms = {{t.col_slice(0, 32), b1, 0.75f, 0},
+                                                    {t.col_slice(32, 16), b2, -1.5f, 0}};
              return be.lora_up_gate_residual(y, terms, x, gate);
            });
          },
@@ -403,7 +403,7 @@ std::vector<OpCase> make_cases() {
            e.set_bytes(2 * l.s * l.n * 2 + l.s * l.r * 2 + l.n * l.r * 2);  // y twice, t, b
            return e.call(y, [&be = e.backend(), y, t, b] {
              const LoraUpTerm term{t, b, 0.8f, 0};
-             return be.lora_up_add(y, {&term, 1});
+             return be.lora_up_add(y, {term});
            });
          }});
   }

@@ -67,14 +67,14 @@ TEST_F(LoraApplyTest, LoraUpAddAddsEachScaledProductOnItsColumnsInOrder) {
   Tensor t = tensor({2, 2}, {1, 2, 3, 4});
   Tensor b = tensor({3, 2}, {1, 0, 0, 1, 1, 1});
   Tensor b_last = tensor({1, 1}, {10});
-  const LoraUpTerm terms[] = {{t, b, 0.5f, 0}, {t.col_slice(0, 1), b_last, 1.0f, 2}};
+  const std::vector<LoraUpTerm> terms = {{t, b, 0.5f, 0}, {t.col_slice(0, 1), b_last, 1.0f, 2}};
   ASSERT_TRUE(be_.lora_up_add(y, terms).ok());
   // t · bᵀ = [[1, 2, 3], [3, 4, 7]], halved and added; then column 2 gets t[:, 0] · 10.
   EXPECT_EQ(download(be_, y), (std::vector<float>{1.5f, 3, 14.5f, 5.5f, 7, 39.5f}));
   const LoraUpTerm bad_rank{t, tensor({3, 1}, {0, 0, 0}), 1.0f, 0};
-  EXPECT_FALSE(be_.lora_up_add(y, {&bad_rank, 1}).ok());  // r must agree
+  EXPECT_FALSE(be_.lora_up_add(y, {bad_rank}).ok());  // r must agree
   const LoraUpTerm outside{t, b, 1.0f, 1};
-  const absl::Status status = be_.lora_up_add(y, {&outside, 1});
+  const absl::Status status = be_.lora_up_add(y, {outside});
   EXPECT_THAT(std::string(status.message()),
               ::testing::HasSubstr("terms[0]: columns [1, 4) outside y"));
 }
@@ -82,7 +82,7 @@ TEST_F(LoraApplyTest, LoraUpAddAddsEachScaledProductOnItsColumnsInOrder) {
 TEST_F(LoraApplyTest, LoraColumnsCutTermsToAColumnRange) {
   Tensor t = tensor({1, 1}, {1});
   Tensor whole = tensor({6, 1}, {0, 1, 2, 3, 4, 5}), tail = tensor({2, 1}, {6, 7});
-  const LoraUpTerm ups[] = {{t, whole, 1.0f, 0}, {t, tail, 2.0f, 4}};
+  const std::vector<LoraUpTerm> ups = {{t, whole, 1.0f, 0}, {t, tail, 2.0f, 4}};
   const std::vector<LoraUpTerm> part = lora_columns(ups, 3, 2);  // columns [3, 5)
   ASSERT_EQ(part.size(), 2u);
   EXPECT_EQ(download(be_, part[0].b), (std::vector<float>{3, 4}));
@@ -100,20 +100,20 @@ TEST_F(LoraApplyTest, FusedConsumersEqualTheAddThenTheirOp) {
   Tensor b = tensor({4, 1}, {1, 2, 3, 4});
   const LoraUpTerm term{t, b, 0.5f, 0};
   Tensor y = tensor({2, 4}, y_values), act = tensor({2, 2}, {0, 0, 0, 0});
-  ASSERT_TRUE(be_.lora_up_swiglu(y, {&term, 1}, act).ok());
+  ASSERT_TRUE(be_.lora_up_swiglu(y, {term}, act).ok());
   Tensor y2 = tensor({2, 4}, y_values), act2 = tensor({2, 2}, {0, 0, 0, 0});
-  ASSERT_TRUE(be_.lora_up_add(y2, {&term, 1}).ok());
+  ASSERT_TRUE(be_.lora_up_add(y2, {term}).ok());
   ASSERT_TRUE(be_.swiglu(y2.col_slice(0, 2), y2.col_slice(2, 2), act2).ok());
   EXPECT_EQ(download(be_, act), download(be_, act2));
 
   Tensor x = tensor({2, 4}, {1, 1, 1, 1, 2, 2, 2, 2}), gate = tensor({4}, {1, 0.5f, -1, 2});
   Tensor x2 = tensor({2, 4}, {1, 1, 1, 1, 2, 2, 2, 2});
   y = tensor({2, 4}, y_values), y2 = tensor({2, 4}, y_values);
-  ASSERT_TRUE(be_.lora_up_gate_residual(y, {&term, 1}, x, gate).ok());
-  ASSERT_TRUE(be_.lora_up_add(y2, {&term, 1}).ok());
+  ASSERT_TRUE(be_.lora_up_gate_residual(y, {term}, x, gate).ok());
+  ASSERT_TRUE(be_.lora_up_add(y2, {term}).ok());
   ASSERT_TRUE(be_.gate_residual(x2, gate, y2).ok());
   EXPECT_EQ(download(be_, x), download(be_, x2));
-  EXPECT_FALSE(be_.lora_up_swiglu(y, {&term, 1}, tensor({2, 3}, {0, 0, 0, 0, 0, 0})).ok());
+  EXPECT_FALSE(be_.lora_up_swiglu(y, {term}, tensor({2, 3}, {0, 0, 0, 0, 0, 0})).ok());
 }
 
 TEST_F(LoraApplyTest, TermsKeepRequestOrderSkipWeightZeroAndLandOnTheirFusedRows) {
