@@ -211,6 +211,15 @@ Flux2StepCache::Flux2StepCache(const StepCacheOptions& options, int branch) {
   }
 }
 
+void StepCacheCounts::add(const StepCacheReport& report) {
+  if (!report.enabled) return;
+  enabled = true;
+  for (int list = 0; list < 2; ++list) {
+    computed[list] += report.computed[list];
+    cached[list] += report.cached[list];
+  }
+}
+
 void add_step_cache_records(const Flux2StepCache& state, int branch, StepCacheReport* report) {
   report->enabled = true;
   for (int list = 0; list < 2; ++list) {

@@ -164,6 +164,15 @@ struct StepCacheReport {
   std::vector<std::vector<int>> decisions;      // per trace
   std::vector<std::vector<float>> trace_diffs;  // per trace
 };
+// A report's counts alone (the server's timings, progress events and metrics), summable over the
+// images of a request.
+struct StepCacheCounts {
+  bool enabled = false;
+  int64_t computed[2] = {0, 0};  // by StepCacheList
+  int64_t cached[2] = {0, 0};
+  void add(const StepCacheReport& report);  // adds its counts (nothing when it is not enabled)
+};
+
 // Adds `state`'s records (branch 0 cond, 1 uncond) to `report`.
 void add_step_cache_records(const Flux2StepCache& state, int branch, StepCacheReport* report);
 

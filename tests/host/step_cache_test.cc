@@ -58,8 +58,8 @@ TEST(StepCacheDecider, CounterQuirkGivesThreeCachedOneComputed) {
   const std::vector<D> got = decide_all(decider, std::vector<float>(16, 0.01f));
   EXPECT_THAT(
       got, ElementsAre(D::kWarmup, D::kWarmup, D::kWarmup, D::kWarmup, D::kCached, D::kCached,
-                       D::kCached, D::kMaxConsecutive, D::kCached, D::kCached, D::kMaxConsecutive,
-                       D::kCached, D::kCached, D::kMaxConsecutive, D::kCached, D::kCached));
+                       D::kCached, D::kMaxConsecutive, D::kCached, D::kCached, D::kCached,
+                       D::kMaxConsecutive, D::kCached, D::kCached, D::kCached, D::kMaxConsecutive));
 }
 
 TEST(StepCacheDecider, ThresholdSpecialCases) {
