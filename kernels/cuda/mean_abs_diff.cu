@@ -1,6 +1,6 @@
 // The fixed-order |a − b| and |a| sums of mean_abs_diff.h: two passes (256 blocks of 256 threads,
 // then one block over their partials), float64 throughout, no atomics, so a shape always gives
-// the same bits. Tested by tests/cuda/op_cases.cc (mean_abs_diff_ratio).
+// the same bits. Tested by tests/cuda/step_cache_test.cc.
 #include <cuda_bf16.h>
 
 #include "absl/strings/str_cat.h"

@@ -1,6 +1,6 @@
 // The reduction behind Backend::mean_abs_diff_ratio (step caching's relative L1 distance): the
 // sums of |a − b| and |a| over two bf16 matrices, in a fixed order. Tested by
-// tests/cuda/op_cases.cc (mean_abs_diff_ratio: CUDA vs the CPU reference, twice equal).
+// tests/cuda/step_cache_test.cc (CUDA vs the CPU reference, the same bits twice).
 #pragma once
 
 #include <cuda_runtime_api.h>
