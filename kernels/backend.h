@@ -237,6 +237,13 @@ class Backend {
   // ---- element-wise -------------------------------------------------------------------------
   virtual absl::Status silu(const Tensor& x, const Tensor& out) = 0;                  // x·σ(x)
   virtual absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;  // a + b
+  // out = a − b; out may be a or b (element by element, each read before it is written).
+  virtual absl::Status sub(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // mean|a − b| / mean|a| over all elements of a and b (same shape), as a float32 scalar on the
+  // host (cache-dit's relative L1 distance; model/step_cache.h): the sums in float32-or-wider in
+  // a fixed order (deterministic for a shape), the quotient in float32. Waits for the device
+  // (one scalar read back). An all-zero `a` gives +inf (or NaN when b is zero too).
+  virtual absl::StatusOr<float> mean_abs_diff_ratio(const Tensor& a, const Tensor& b) = 0;
   // In place: x[M, D] += gate[D] ⊙ update[M, D] (gate broadcast over rows).
   virtual absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) = 0;
   // out[M, F] = silu(gate[M, F]) ⊙ up[M, F].

@@ -498,21 +498,35 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
   if (lora != nullptr)
     FLUX_RETURN_IF_ERROR(add_lora(be, &lora->x_embedder, x, img, *cond.workspace));
 
-  size_t layer = 0;  // double blocks, then single blocks
-  auto check = [&] { return layer > 0 && between_blocks ? between_blocks() : absl::OkStatus(); };
-  for (size_t i = 0; i < weights_.double_blocks.size(); ++i, ++layer) {
-    FLUX_RETURN_IF_ERROR(check());
-    FLUX_RETURN_IF_ERROR(double_block(weights_.double_blocks[i], p, layer));
+  // Double blocks, then single blocks (layer: their index in that order); `between_blocks`
+  // before every block but the first.
+  auto check = [&](size_t layer) {
+    return layer > 0 && between_blocks ? between_blocks() : absl::OkStatus();
+  };
+  auto run_double = [&](size_t i) -> absl::Status {
+    FLUX_RETURN_IF_ERROR(check(i));
+    FLUX_RETURN_IF_ERROR(double_block(weights_.double_blocks[i], p, i));
     if (tap) {
       tap(absl::StrCat("block.double.", i, ".txt"), txt);
       tap(absl::StrCat("block.double.", i, ".img"), img);
     }
-  }
-  for (size_t j = 0; j < weights_.single_blocks.size(); ++j, ++layer) {
-    FLUX_RETURN_IF_ERROR(check());
+    return absl::OkStatus();
+  };
+  auto run_single = [&](size_t j) -> absl::Status {
+    const size_t layer = weights_.double_blocks.size() + j;
+    FLUX_RETURN_IF_ERROR(check(layer));
     FLUX_RETURN_IF_ERROR(single_block(weights_.single_blocks[j], p, layer));
     if (tap) tap(absl::StrCat("block.single.", j, ".out"), p.stream);
-  }
+    return absl::OkStatus();
+  };
+  // With step caching each list runs its block 0, then its other blocks or its cached residual
+  // (model/step_cache.h): the double list's F on the image rows, the single list's on all rows.
+  Flux2StepCache* cache = cond.step_cache.get();
+  FLUX_RETURN_IF_ERROR(run_block_list(be, cache ? &cache->list(StepCacheList::kDouble) : nullptr,
+                                      weights_.double_blocks.size(), p.stream, img, run_double));
+  FLUX_RETURN_IF_ERROR(run_block_list(be, cache ? &cache->list(StepCacheList::kSingle) : nullptr,
+                                      weights_.single_blocks.size(), p.stream, p.stream,
+                                      run_single));
 
   // Final modulated norm on the generated image's tokens (scale first, then shift), then the
   // projection; the reference rows are dropped.

@@ -23,6 +23,7 @@
 #include "model/flux2_kv_cache.h"
 #include "model/flux2_lora.h"
 #include "model/flux2_weights.h"
+#include "model/step_cache.h"
 
 namespace flux2 {
 
@@ -59,6 +60,8 @@ struct Flux2Conditioning {
   std::shared_ptr<Flux2KvCache> kv;       // klein-KV only (flux2_kv_cache.h)
   std::shared_ptr<const Flux2Lora> lora;  // the request's LoRA adapters (null: none)
   std::shared_ptr<Flux2Workspace> workspace;
+  // Step caching of this branch's forwards (model/step_cache.h; null: every block runs).
+  std::shared_ptr<Flux2StepCache> step_cache;
 };
 
 class Flux2Transformer {

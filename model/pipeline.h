@@ -26,6 +26,7 @@
 #include "model/prompt_cache.h"
 #include "model/reference_image.h"
 #include "model/scheduler.h"
+#include "model/step_cache.h"
 #include "model/text_encoder.h"
 #include "model/tokenizer.h"
 #include "model/vae_decoder.h"
@@ -160,6 +161,9 @@ struct GenerateParams {
   std::vector<RgbImage> references;
   // LoRA adapters, applied in this order to every transformer forward (model/README.md, "LoRA").
   std::vector<LoraRequest> loras;
+  // Step caching (model/step_cache.h; model/README.md, "Step caching"): off by default; refused
+  // for runs of kStepCacheMinSteps - 1 steps or fewer and for klein-KV.
+  StepCacheOptions cache;
 };
 
 // The size a request generates: width and height when given, else the first reference's size,
@@ -190,6 +194,7 @@ struct GeneratedImage {
   uint64_t seed = 0;
   StageTimings timings;
   bool prompt_cache_hit = false;  // the prompt's embeddings came from the cache (no text encode)
+  StepCacheReport cache;          // what step caching did (enabled = false without it)
 };
 
 struct GenerateHooks {
@@ -206,6 +211,8 @@ struct GenerateHooks {
   std::function<absl::Status()> check_between_blocks;
   // Called after each step with its index (0-based), the step count and its wall time.
   std::function<void(int64_t step, int64_t steps, double seconds)> on_step;
+  // With step caching, called after each step (before on_step) with what it did so far.
+  std::function<void(const StepCacheReport& so_far)> on_step_cache;
   // Called once with the prompt embeddings [L, J] the transformer gets (for golden checks).
   std::function<void(const Tensor& prompt_embeds)> on_prompt_embeds;
   // Called with the latent tokens [N, 128]: step -1 is the initial noise, then after each step
@@ -263,6 +270,8 @@ class Pipeline {
   absl::Status prepare_latents(Generation& g) const;
   // The steps, each after a check: transformer forward(s), CFG, Euler update.
   absl::Status denoise(Generation& g) const;
+  // The step cache's records so far (GeneratedImage::cache).
+  StepCacheReport step_cache_report(const Generation& g) const;
   // One step; `between_blocks` goes to the transformer's forwards.
   absl::Status denoising_step(Generation& g, int64_t step,
                               const std::function<absl::Status()>& between_blocks) const;

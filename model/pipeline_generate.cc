@@ -192,6 +192,12 @@ std::vector<FieldViolation> Pipeline::check(const GenerateParams& params) const 
                             absl::StrCat(exact_decimal(params.loras[i].weight), " is not finite")});
     }
   }
+  check_step_cache(params.cache, resolved_steps(params, info_.default_steps), &violations);
+  if (params.cache.enabled() && info_.uses_kv_cache) {
+    violations.push_back({"cache", absl::StrCat(info_.model_name,
+                                                " (klein-kv) runs distilled few-step generations: "
+                                                "step caching does not apply")});
+  }
   if (params.max_sequence_length < 0 || params.max_sequence_length > limits.max_sequence_length) {
     violations.push_back(
         {"max_sequence_length", absl::StrCat(params.max_sequence_length, " is outside 1..",
@@ -391,6 +397,10 @@ absl::Status Pipeline::prepare_latents(Generation& g) const {
         b.negative_cond, transformer_->prepare(g.negative_embeds, txt_ids, img_ids, model_timesteps,
                                                guidance_values, refs, lora));
   }
+  if (g.params.cache.enabled()) {  // each branch keeps its own state
+    b.cond.step_cache = std::make_shared<Flux2StepCache>(g.params.cache, 0);
+    if (g.cfg) b.negative_cond.step_cache = std::make_shared<Flux2StepCache>(g.params.cache, 1);
+  }
   FLUX_ASSIGN_OR_RETURN(b.velocity, be.empty(act, {g.n, g.channels}));
   if (g.cfg) {
     FLUX_ASSIGN_OR_RETURN(b.negative_velocity, be.empty(act, {g.n, g.channels}));
@@ -412,10 +422,22 @@ absl::Status Pipeline::denoise(Generation& g) const {
     double seconds = 0.0;
     FLUX_RETURN_IF_ERROR(timed(seconds, [&] { return denoising_step(g, i, between_blocks); }));
     g.image.timings.steps.push_back(seconds);
+    if (g.params.cache.enabled()) {
+      g.image.cache = step_cache_report(g);
+      if (g.hooks.on_step_cache) g.hooks.on_step_cache(g.image.cache);
+    }
     if (g.hooks.on_latents) g.hooks.on_latents(i, g.latents);
     if (g.hooks.on_step) g.hooks.on_step(i, g.steps, seconds);
   }
   return absl::OkStatus();
+}
+
+StepCacheReport Pipeline::step_cache_report(const Generation& g) const {
+  StepCacheReport report;
+  const Generation::StepBuffers& b = *g.step_buffers;
+  if (b.cond.step_cache) add_step_cache_records(*b.cond.step_cache, 0, &report);
+  if (b.negative_cond.step_cache) add_step_cache_records(*b.negative_cond.step_cache, 1, &report);
+  return report;
 }
 
 absl::Status Pipeline::denoising_step(Generation& g, int64_t step,

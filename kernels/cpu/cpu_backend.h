@@ -33,6 +33,8 @@ class CpuBackend final : public Backend {
 
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  absl::Status sub(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  absl::StatusOr<float> mean_abs_diff_ratio(const Tensor& a, const Tensor& b) override;
   absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;
   absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
 

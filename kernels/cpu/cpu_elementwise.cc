@@ -1,7 +1,8 @@
-// CpuBackend element-wise ops: silu, add, gated residual, SwiGLU, Euler step, CFG combine,
-// nearest upsampling and latent unpacking. Float32 throughout. Tested by
-// tests/host/cpu_ops_test.cc.
+// CpuBackend element-wise ops: silu, add, sub, gated residual, SwiGLU, Euler step, CFG combine,
+// nearest upsampling and latent unpacking, and the mean_abs_diff_ratio reduction. Float32
+// throughout. Tested by tests/host/cpu_ops_test.cc.
 #include <cmath>
+#include <vector>
 
 #include "kernels/base/parallel.h"
 #include "kernels/base/postprocess.h"
@@ -53,6 +54,45 @@ absl::Status CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& out
     for (int64_t c = 0; c < a.cols(); ++c) o[c] = x[c] + y[c];
   });
   return absl::OkStatus();
+}
+
+absl::Status CpuBackend::sub(const Tensor& a, const Tensor& b, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(cpu::check_f32("sub", "a", a));
+  FLUX_RETURN_IF_ERROR(check_same("sub", a, "b", b));
+  FLUX_RETURN_IF_ERROR(check_same("sub", a, "out", out));
+  for_each_row(a, [&](int64_t r) {
+    const float* x = cpu::row(a, r);
+    const float* y = cpu::row(b, r);
+    float* o = cpu::row(out, r);
+    for (int64_t c = 0; c < a.cols(); ++c) o[c] = x[c] - y[c];
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> CpuBackend::mean_abs_diff_ratio(const Tensor& a, const Tensor& b) {
+  FLUX_RETURN_IF_ERROR(cpu::check_f32("mean_abs_diff_ratio", "a", a));
+  FLUX_RETURN_IF_ERROR(check_same("mean_abs_diff_ratio", a, "b", b));
+  // Per-row sums in float64 (rows in parallel), then the rows in order: the same result for any
+  // thread count.
+  std::vector<double> diff(static_cast<size_t>(a.rows())), mag(diff.size());
+  for_each_row(a, [&](int64_t r) {
+    const float* x = cpu::row(a, r);
+    const float* y = cpu::row(b, r);
+    double d = 0.0, m = 0.0;
+    for (int64_t c = 0; c < a.cols(); ++c) {
+      d += std::fabs(static_cast<double>(x[c]) - static_cast<double>(y[c]));
+      m += std::fabs(static_cast<double>(x[c]));
+    }
+    diff[r] = d;
+    mag[r] = m;
+  });
+  double d = 0.0, m = 0.0;
+  for (size_t r = 0; r < diff.size(); ++r) {
+    d += diff[r];
+    m += mag[r];
+  }
+  // The means' common count cancels; the quotient is rounded to float32 as torch's .item() is.
+  return static_cast<float>(d / m);
 }
 
 absl::Status CpuBackend::gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) {

@@ -91,6 +91,8 @@ class CudaBackend final : public Backend {
                                      const Tensor& x, const Tensor& gate) override;
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  absl::Status sub(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  absl::StatusOr<float> mean_abs_diff_ratio(const Tensor& a, const Tensor& b) override;
   absl::Status gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) override;
   absl::Status swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   absl::Status swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x, const Weight& w,

@@ -11,6 +11,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/image_ops.h"
+#include "kernels/cuda/mean_abs_diff.h"
 #include "kernels/cuda/norms.h"
 
 namespace flux2 {
@@ -32,6 +33,32 @@ absl::Status CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& ou
   FLUX_RETURN_IF_ERROR(check_same_bf16("add", a, "b", b));
   FLUX_RETURN_IF_ERROR(check_same_bf16("add", a, "out", out));
   return cuda::add_bf16(mat(a), mat(b), mat(out), stream());
+}
+
+absl::Status CudaBackend::sub(const Tensor& a, const Tensor& b, const Tensor& out) {
+  OpProfileScope profile(*this, op_category("elementwise", "sub"));
+  FLUX_RETURN_IF_ERROR(check_bf16("sub", "a", a));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("sub", a, "b", b));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("sub", a, "out", out));
+  return cuda::sub_bf16(mat(a), mat(b), mat(out), stream());
+}
+
+absl::StatusOr<float> CudaBackend::mean_abs_diff_ratio(const Tensor& a, const Tensor& b) {
+  OpProfileScope profile(*this, op_category("other", "mean_abs_diff_ratio"));
+  FLUX_RETURN_IF_ERROR(check_bf16("mean_abs_diff_ratio", "a", a));
+  FLUX_RETURN_IF_ERROR(check_same_bf16("mean_abs_diff_ratio", a, "b", b));
+  // The partials, then the two sums, as 8-byte elements (float64 on the device).
+  FLUX_ASSIGN_OR_RETURN(Tensor doubles,
+                        scratch({1, 2 * cuda::kMeanAbsDiffBlocks + 2}, DType::kI64));
+  double* workspace = static_cast<double*>(doubles.data());
+  double* sums = workspace + 2 * cuda::kMeanAbsDiffBlocks;
+  FLUX_RETURN_IF_ERROR(cuda::mean_abs_diff_sums(mat(a), mat(b), workspace, sums, stream()));
+  FLUX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(staging_[0], sums, 2 * sizeof(double), cudaMemcpyDeviceToHost, stream()),
+      "mean_abs_diff_ratio"));
+  FLUX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream()), "mean_abs_diff_ratio sync"));
+  const double* host = static_cast<const double*>(staging_[0]);
+  return static_cast<float>(host[0] / host[1]);
 }
 
 absl::Status CudaBackend::gate_residual(const Tensor& x, const Tensor& gate, const Tensor& update) {

@@ -57,6 +57,9 @@ absl::Status binary(const char* name, const Mat& a, const Mat& b, const Mat& out
 struct AddOp {
   __device__ float operator()(float x, float y) const { return __fadd_rn(x, y); }
 };
+struct SubOp {
+  __device__ float operator()(float x, float y) const { return __fsub_rn(x, y); }
+};
 struct MulOp {
   __device__ float operator()(float x, float y) const { return __fmul_rn(x, y); }
 };
@@ -87,6 +90,10 @@ absl::Status silu_bf16(const Mat& x, const Mat& out, cudaStream_t stream) {
 
 absl::Status add_bf16(const Mat& a, const Mat& b, const Mat& out, cudaStream_t stream) {
   return binary("add", a, b, out, stream, AddOp{});
+}
+
+absl::Status sub_bf16(const Mat& a, const Mat& b, const Mat& out, cudaStream_t stream) {
+  return binary("sub", a, b, out, stream, SubOp{});
 }
 
 absl::Status mul_bf16(const Mat& a, const Mat& b, const Mat& out, cudaStream_t stream) {

@@ -18,6 +18,7 @@ namespace flux2::cuda {
 // ---- eager pieces: one PyTorch op each, output rounded to bf16 ----
 absl::Status silu_bf16(const Mat& x, const Mat& out, cudaStream_t stream);               // x·σ(x)
 absl::Status add_bf16(const Mat& a, const Mat& b, const Mat& out, cudaStream_t stream);  // a + b
+absl::Status sub_bf16(const Mat& a, const Mat& b, const Mat& out, cudaStream_t stream);  // a − b
 absl::Status mul_bf16(const Mat& a, const Mat& b, const Mat& out, cudaStream_t stream);  // a ⊙ b
 // out[r, :] = gate[r / rows_per_gate, :] ⊙ update[r, :] (per-sample gates [B, D]).
 absl::Status gate_mul_bf16(const Mat& gate, int64_t rows_per_gate, const Mat& update,

@@ -195,6 +195,9 @@ class GenerateImageStreamReactor final : public grpc::ServerWriteReactor<grpc::B
         progress->set_elapsed_seconds(event.progress.elapsed_seconds);
         progress->set_image_index(event.progress.image_index);
         progress->set_num_images(event.progress.num_images);
+        if (event.progress.cache.enabled) {
+          cache_to_proto(event.progress.cache, progress->mutable_cache());
+        }
         return true;
       }
       case JobEvent::Kind::kImage:

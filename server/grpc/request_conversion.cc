@@ -19,6 +19,43 @@ v1::Quality to_proto(Quality quality) {
   return quality == Quality::kHigh ? v1::QUALITY_HIGH : v1::QUALITY_LOSSLESS;
 }
 
+// GenerateImageRequest.cache into `request` (its values checked by validate()).
+void cache_from_proto(const v1::StepCache& proto, GenerateRequest* request,
+                      std::vector<FieldViolation>* violations) {
+  StepCacheOptions& cache = request->cache;
+  switch (proto.mode()) {
+    case v1::StepCache::MODE_UNSPECIFIED:
+    case v1::StepCache::MODE_DBCACHE:
+      cache.mode = StepCacheOptions::Mode::kDbCache;
+      break;
+    case v1::StepCache::MODE_SCHEDULE:
+      cache.mode = StepCacheOptions::Mode::kSchedule;
+      break;
+    case v1::StepCache::MODE_OFF:
+      return;
+    default:
+      violations->push_back(
+          {"cache.mode", absl::StrCat(proto.mode(), " is not a known StepCache.Mode value")});
+      return;
+  }
+  if (proto.has_warmup_steps()) cache.warmup_steps = proto.warmup_steps();
+  if (proto.has_max_consecutive_cached()) {
+    cache.max_consecutive_cached = proto.max_consecutive_cached();
+  }
+  if (proto.has_threshold()) cache.threshold = proto.threshold();
+  cache.schedule.assign(proto.schedule().begin(), proto.schedule().end());
+  if (proto.schedule_preset().empty()) return;
+  if (proto.schedule_preset() != "dbcache-default") {
+    violations->push_back(
+        {"cache.schedule_preset", absl::StrCat("\"", proto.schedule_preset(),
+                                               "\" is not a known preset (dbcache-default)")});
+  } else if (!cache.schedule.empty()) {
+    violations->push_back({"cache.schedule_preset", "give schedule or schedule_preset, not both"});
+  } else {
+    request->cache_default_schedule = true;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<GenerateRequest> request_from_proto(const v1::GenerateImageRequest& proto) {
@@ -57,8 +94,16 @@ absl::StatusOr<GenerateRequest> request_from_proto(const v1::GenerateImageReques
     request.loras.push_back(std::move(spec));
   }
   request.sigmas.assign(proto.sigmas().begin(), proto.sigmas().end());
+  if (proto.has_cache()) cache_from_proto(proto.cache(), &request, &violations);
   if (!violations.empty()) return invalid_argument_status(violations);
   return request;
+}
+
+void cache_to_proto(const StepCacheCounts& counts, v1::StepCacheUsage* out) {
+  out->set_double_computed(static_cast<int32_t>(counts.computed[0]));
+  out->set_double_cached(static_cast<int32_t>(counts.cached[0]));
+  out->set_single_computed(static_cast<int32_t>(counts.computed[1]));
+  out->set_single_cached(static_cast<int32_t>(counts.cached[1]));
 }
 
 void set_image_metadata(const EncodedImage& image, v1::Image* out) {
@@ -87,6 +132,7 @@ void fill_generate_response(const JobSpec& spec, JobResult&& result, const Servi
   timings->set_decode_seconds(report.decode_seconds);
   timings->set_encode_seconds(result.encode_seconds);
   timings->set_total_seconds(total_seconds);
+  if (report.cache.enabled) cache_to_proto(report.cache, timings->mutable_cache());
   int64_t fallbacks = 0;
   for (const FastPathCounters& path : report.fast_paths) {
     v1::FastPathUsage* usage = response->add_fast_paths();

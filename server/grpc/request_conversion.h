@@ -16,6 +16,8 @@ absl::StatusOr<GenerateRequest> request_from_proto(const flux2::v1::GenerateImag
 
 // Image metadata (mime_type, width, height, seed) of `image`; not its bytes.
 void set_image_metadata(const EncodedImage& image, flux2::v1::Image* out);
+// Step caching's forwards per list (Timings.cache, Progress.cache).
+void cache_to_proto(const StepCacheCounts& counts, flux2::v1::StepCacheUsage* out);
 
 // Fills `response` from a finished job; `total_seconds` since the request arrived.
 void fill_generate_response(const JobSpec& spec, JobResult&& result, const ServingModel& model,

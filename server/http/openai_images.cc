@@ -20,6 +20,7 @@
 #include "model/json_util.h"
 #include "model/tokenizer_utf8.h"
 #include "server/http/json_body.h"
+#include "server/http/openai_cache.h"
 #include "server/http/openai_loras.h"
 #include "server/ops/metrics.h"
 #include "server/serving/field_violations.h"
@@ -37,7 +38,7 @@ bool valid_utf8(const std::string& text) {
 }
 
 // How a form field's text becomes a JSON value (the JSON body carries typed values already).
-enum class FieldType : uint8_t { kString, kInteger, kNumber, kBoolean, kArray };
+enum class FieldType : uint8_t { kString, kInteger, kNumber, kBoolean, kArray, kObject };
 
 // Every parameter the two endpoints take, with its type.
 const std::map<std::string, FieldType, std::less<>>& known_fields() {
@@ -61,6 +62,7 @@ const std::map<std::string, FieldType, std::less<>>& known_fields() {
       {"negative_prompt", FieldType::kString},
       {"loras", FieldType::kArray},   // server/http/openai_loras.h; a form field holds JSON text
       {"sigmas", FieldType::kArray},  // numbers; a form field holds JSON text
+      {"cache", FieldType::kObject},  // server/http/openai_cache.h; a form field holds JSON text
   };
   return *fields;
 }
@@ -77,6 +79,8 @@ absl::string_view type_name(FieldType type) {
       return "a boolean";
     case FieldType::kArray:
       return "an array";
+    case FieldType::kObject:
+      return "an object";
   }
   return "a value";
 }
@@ -93,6 +97,8 @@ bool has_type(const json& value, FieldType type) {
       return value.is_boolean();
     case FieldType::kArray:
       return value.is_array();
+    case FieldType::kObject:
+      return value.is_object();
   }
   return false;
 }
@@ -119,9 +125,10 @@ json form_value(const std::string& text, FieldType type) {
       if (trimmed == "true") return true;
       if (trimmed == "false") return false;
       return nullptr;
-    case FieldType::kArray: {
+    case FieldType::kArray:
+    case FieldType::kObject: {
       json value = json::parse(trimmed.begin(), trimmed.end(), nullptr, false);
-      if (!value.is_array()) return nullptr;
+      if (type == FieldType::kArray ? !value.is_array() : !value.is_object()) return nullptr;
       return value;
     }
   }
@@ -290,6 +297,7 @@ absl::StatusOr<OpenAiImageRequest> build_request(const json& fields,
   }
   if (fields.contains("loras")) parse_openai_loras(fields["loras"], &request.loras, &violations);
   if (fields.contains("sigmas")) parse_sigmas(fields["sigmas"], &request.sigmas, &violations);
+  if (fields.contains("cache")) parse_openai_cache(fields["cache"], &request, &violations);
   if (!violations.empty()) return invalid_argument_status(violations);
   return out;
 }
@@ -508,19 +516,22 @@ json openai_images_response(const JobSpec& spec, const JobResult& result,
              {"decode_seconds", report.decode_seconds},
              {"encode_seconds", result.encode_seconds},
              {"total_seconds", total_seconds}}}};
+  if (report.cache.enabled) out["timings"]["cache"] = openai_cache_json(report.cache);
   if (!spec.request_id.empty()) out["request_id"] = spec.request_id;
   if (!spec.loras.empty()) out["loras"] = openai_loras_json(spec.loras);
   return out;
 }
 
 std::string sse_progress_event(const ProgressEvent& event) {
-  return sse_event("image_generation.progress", json{{"type", "image_generation.progress"},
-                                                     {"step_index", event.step_index},
-                                                     {"step_count", event.step_count},
-                                                     {"step_seconds", event.step_seconds},
-                                                     {"elapsed_seconds", event.elapsed_seconds},
-                                                     {"image_index", event.image_index},
-                                                     {"num_images", event.num_images}});
+  json data{{"type", "image_generation.progress"},
+            {"step_index", event.step_index},
+            {"step_count", event.step_count},
+            {"step_seconds", event.step_seconds},
+            {"elapsed_seconds", event.elapsed_seconds},
+            {"image_index", event.image_index},
+            {"num_images", event.num_images}};
+  if (event.cache.enabled) data["cache"] = openai_cache_json(event.cache);
+  return sse_event("image_generation.progress", data);
 }
 
 std::string sse_image_event(const EncodedImage& image, int image_index, int num_images,

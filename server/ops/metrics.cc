@@ -26,6 +26,13 @@ const prometheus::Histogram::BucketBoundaries& step_buckets() {
   return *buckets;
 }
 
+// Step caching's relative L1 distances: around sglang's threshold 0.24 (DBCache caches below it).
+const prometheus::Histogram::BucketBoundaries& diff_buckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.01, 0.02, 0.05, 0.08, 0.12, 0.16, 0.2, 0.24, 0.3, 0.4, 0.6, 1};
+  return *buckets;
+}
+
 // Fast-path counters live in the process-wide registry (kernels/base/fast_path_registry.h); this
 // collector reads a snapshot at every scrape, so the exported values are always current.
 class FastPathCollector final : public prometheus::Collectable {
@@ -159,6 +166,16 @@ Metrics::Metrics()
                                  .Help("Capacity of the prompt-embedding cache (0: off)")
                                  .Register(*registry_)
                                  .Add({})),
+      step_cache_forwards_(BuildCounter()
+                               .Name("flux2_step_cache_forwards_total")
+                               .Help("Block-list forwards of step-caching requests that finished "
+                                     "generating, by list and whether they were cached")
+                               .Register(*registry_)),
+      step_cache_diff_(BuildHistogram()
+                           .Name("flux2_step_cache_relative_diff")
+                           .Help("DBCache's mean|F_prev - F| / mean|F_prev| per decided step")
+                           .Register(*registry_)
+                           .Add({}, diff_buckets())),
       model_load_(BuildGauge()
                       .Name("flux2_model_load_duration_seconds")
                       .Help("Weight loading + warm-up at startup")
@@ -202,6 +219,11 @@ Metrics::Metrics()
   }
   step_duration_.Add({{"quality", "lossless"}}, step_buckets());
   for (const char* result : {"hit", "miss"}) prompt_cache_requests_.Add({{"result", result}});
+  for (const char* list : {"double", "single"}) {
+    for (const char* decision : {"computed", "cached"}) {
+      step_cache_forwards_.Add({{"list", list}, {"decision", decision}});
+    }
+  }
   for (const char* reason :
        {kQueueFull, kDeviceMemory, kRequestTooLarge, kResponseTooLarge, kLoraCacheFull})
     resource_exhausted_.Add({{"reason", reason}});
@@ -266,6 +288,17 @@ void Metrics::count_reference_images(int64_t references) {
 
 void Metrics::count_prompt_cache(bool hit) {
   prompt_cache_requests_.Add({{"result", hit ? "hit" : "miss"}}).Increment();
+}
+
+void Metrics::observe_step_cache(const StepCacheCounts& counts, const std::vector<float>& diffs) {
+  constexpr const char* kLists[2] = {"double", "single"};
+  for (int list = 0; list < 2; ++list) {
+    step_cache_forwards_.Add({{"list", kLists[list]}, {"decision", "computed"}})
+        .Increment(static_cast<double>(counts.computed[list]));
+    step_cache_forwards_.Add({{"list", kLists[list]}, {"decision", "cached"}})
+        .Increment(static_cast<double>(counts.cached[list]));
+  }
+  for (float diff : diffs) step_cache_diff_.Observe(diff);
 }
 
 void Metrics::set_prompt_cache_capacity(int64_t bytes) {

@@ -52,6 +52,9 @@ class Metrics {
   // One request that finished generating: `hit` when its prompt embeddings came from the
   // prompt-embedding cache (no text encode), else a miss (also every request with the cache off).
   void count_prompt_cache(bool hit);
+  // A step-caching request that finished generating: its forwards per block list, computed and
+  // cached (model/step_cache.h StepCacheCounts, summed over its images), and every diff.
+  void observe_step_cache(const StepCacheCounts& counts, const std::vector<float>& diffs);
   // The prompt-embedding cache's capacity in bytes (0: off), set once the model is loaded.
   void set_prompt_cache_capacity(int64_t bytes);
   void set_model_load_seconds(double seconds);
@@ -100,6 +103,8 @@ class Metrics {
   prometheus::Counter& reference_images_;
   prometheus::Family<prometheus::Counter>& prompt_cache_requests_;
   prometheus::Gauge& prompt_cache_capacity_;
+  prometheus::Family<prometheus::Counter>& step_cache_forwards_;
+  prometheus::Histogram& step_cache_diff_;
   prometheus::Gauge& model_load_;
   prometheus::Gauge& ready_;
   prometheus::Family<prometheus::Gauge>& build_info_;

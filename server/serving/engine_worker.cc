@@ -258,6 +258,11 @@ absl::Status EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     // Inside a step too, where the backend allows it (the CPU: a step at 2048 x 2048 takes
     // minutes), so a client that left or a passed deadline frees the worker within a block.
     hooks.check_between_blocks = [&] { return job->check_continue(); };
+    StepCacheCounts image_cache;  // this image's step caching so far
+    hooks.on_step_cache = [&](const StepCacheReport& so_far) {
+      image_cache = StepCacheCounts{};
+      image_cache.add(so_far);
+    };
     hooks.on_step = [&](int64_t step, int64_t steps, double seconds) {
       steps_done = step + 1;
       longest_step = std::max(longest_step, seconds);
@@ -271,6 +276,7 @@ absl::Status EngineWorker::run_job(const std::shared_ptr<Job>& job) {
       event.elapsed_seconds = seconds_since(job->arrival());
       event.image_index = i;
       event.num_images = spec.num_images;
+      event.cache = image_cache;
       if (i == 0 && step == 0) metrics_.observe_first_step(event.elapsed_seconds);
       job->report_progress(event);
       if (options_.test_step_delay_s > 0.0) {
@@ -290,6 +296,9 @@ absl::Status EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     report.decode_seconds += t.decode;
     report.step_seconds.insert(report.step_seconds.end(), t.steps.begin(), t.steps.end());
     if (i == 0) report.prompt_cache_hit = image->prompt_cache_hit;
+    report.cache.add(image->cache);
+    report.cache_diffs.insert(report.cache_diffs.end(), image->cache.diffs.begin(),
+                              image->cache.diffs.end());
     image->seed = params.seed;
     encoder_.encode(job, std::move(*image));
   }
@@ -305,6 +314,7 @@ absl::Status EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     metrics_.observe_stage(Stage::kDenoise, report.denoise_seconds);
     metrics_.observe_stage(Stage::kDecode, report.decode_seconds);
     metrics_.count_prompt_cache(report.prompt_cache_hit);
+    if (report.cache.enabled) metrics_.observe_step_cache(report.cache, report.cache_diffs);
   }
   if (engine_->info().backend == "cuda" && device.ok()) {
     metrics_.set_gpu_memory(engine_->memory_stats());

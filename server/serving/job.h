@@ -67,6 +67,7 @@ struct ProgressEvent {
   double elapsed_seconds = 0.0;  // since the request arrived
   int image_index = 0;           // image being generated, 0-based
   int num_images = 1;
+  StepCacheCounts cache;  // this image's step caching so far
 };
 
 struct EncodedImage {
@@ -90,6 +91,8 @@ struct WorkerReport {
   // The first image's prompt embeddings came from the prompt cache (GeneratedImage::
   // prompt_cache_hit); later images of the job reuse its prompt, so they say nothing more.
   bool prompt_cache_hit = false;
+  StepCacheCounts cache;           // summed over the images
+  std::vector<float> cache_diffs;  // every diff step caching computed (the metrics' histogram)
 };
 
 // The outcome handed to the RPC layer on success.

@@ -13,6 +13,7 @@
 
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
+#include "model/step_cache.h"
 
 namespace flux2::server {
 
@@ -54,6 +55,11 @@ struct GenerateRequest {
   std::vector<LoraSpec> loras;                // applied in this order; names unique
   // Custom base sigmas, one per step (GenerateParams::sigmas); empty: the default schedule.
   std::vector<double> sigmas;
+  // Step caching (GenerateParams::cache, model/step_cache.h); off by default. With
+  // `cache_default_schedule` (the "dbcache-default" preset) the schedule is
+  // step_cache_default_schedule of the steps that run.
+  StepCacheOptions cache;
+  bool cache_default_schedule = false;
 };
 
 }  // namespace flux2::server

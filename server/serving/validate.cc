@@ -135,6 +135,15 @@ int64_t resolved_steps(const GenerateRequest& request, const Limits& limits) {
                                 : static_cast<int64_t>(request.sigmas.size());
 }
 
+// The request's step caching with its preset resolved for the steps that run.
+StepCacheOptions resolved_cache(const GenerateRequest& request, const Limits& limits) {
+  StepCacheOptions cache = request.cache;
+  if (request.cache_default_schedule) {
+    cache.schedule = step_cache_default_schedule(resolved_steps(request, limits));
+  }
+  return cache;
+}
+
 void check_steps_and_guidance(const GenerateRequest& request, const Limits& limits,
                               std::vector<FieldViolation>* violations) {
   if (request.num_inference_steps < 0 || request.num_inference_steps > limits.max_steps) {
@@ -144,6 +153,7 @@ void check_steps_and_guidance(const GenerateRequest& request, const Limits& limi
   } else {
     check_custom_sigmas(request.sigmas, resolved_steps(request, limits), limits.max_steps,
                         violations);
+    check_step_cache(resolved_cache(request, limits), resolved_steps(request, limits), violations);
   }
   if (!request.guidance_scale) return;
   const double guidance = *request.guidance_scale;
@@ -256,6 +266,7 @@ JobSpec make_spec(const GenerateRequest& request, const Limits& limits, SizedRef
   // Resolved here so the log, the response bound and the engine all see the steps that run.
   params.num_inference_steps = resolved_steps(request, limits);
   params.sigmas = request.sigmas;
+  params.cache = resolved_cache(request, limits);
   params.guidance_scale = request.guidance_scale.value_or(-1.0);  // < 0: the model default
   params.seed = request.seed.value_or(random_seed);
   params.quality = request.quality;

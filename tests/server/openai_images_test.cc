@@ -30,7 +30,8 @@ TEST(OpenAiImagesTest, GenerationsBodyFillsEveryField) {
           "quality": "high", "stream": true, "partial_images": 0, "background": "opaque",
           "moderation": "low", "user": "u1", "seed": 18446744073709551615,
           "num_inference_steps": 3, "guidance_scale": 2.5, "negative_prompt": "blur",
-          "sigmas": [1, 0.5, 0.25]})",
+          "sigmas": [1, 0.5, 0.25],
+          "cache": {"warmup_steps": 2, "max_consecutive_cached": -1, "threshold": 0.5}})",
       kModel);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const GenerateRequest& r = parsed->request;
@@ -46,6 +47,10 @@ TEST(OpenAiImagesTest, GenerationsBodyFillsEveryField) {
   EXPECT_EQ(r.guidance_scale, 2.5);
   EXPECT_EQ(r.negative_prompt, "blur");
   EXPECT_EQ(r.sigmas, (std::vector<double>{1.0, 0.5, 0.25}));
+  EXPECT_EQ(r.cache.mode, StepCacheOptions::Mode::kDbCache);
+  EXPECT_EQ(r.cache.warmup_steps, 2);
+  EXPECT_EQ(r.cache.max_consecutive_cached, -1);
+  EXPECT_EQ(r.cache.threshold, 0.5);
   EXPECT_TRUE(parsed->stream);
 }
 
@@ -82,6 +87,12 @@ TEST(OpenAiImagesTest, BadFieldsAreRefusedByTheirApiNames) {
       {R"({"prompt": "x", "stream": 1})", {"stream"}},
       {R"({"prompt": "x", "style": "vivid"})", {"style"}},
       {R"({"prompt": "x", "sigmas": 0.5})", {"sigmas"}},
+      {R"({"prompt": "x", "cache": true})", {"cache"}},
+      {R"({"prompt": "x", "cache": {"mode": "fast"}})", {"cache.mode"}},
+      {R"({"prompt": "x", "cache": {"threshold": "0.2", "ttl": 3}})",
+       {"cache.ttl", "cache.threshold"}},
+      {R"({"prompt": "x", "cache": {"mode": "schedule", "schedule": [1, 2]}})",
+       {"cache.schedule[1]"}},
       {R"({"prompt": "x", "sigmas": [1, "0.5", null]})", {"sigmas[1]", "sigmas[2]"}},
       {R"({"n": 1})", {"prompt"}},
       {R"([1, 2])", {"body"}},
@@ -119,6 +130,7 @@ TEST(OpenAiImagesTest, EditsFormTakesImagesInOrderAndTypedFields) {
       {"guidance_scale", "", "3.5"},
       {"stream", "", "false"},
       {"sigmas", "", "[0.9, 0.4]"},
+      {"cache", "", R"({"mode": "schedule", "schedule": "dbcache-default"})"},
   };
   absl::StatusOr<OpenAiImageRequest> parsed = parse_edits_form(parts, kModel);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
@@ -131,6 +143,8 @@ TEST(OpenAiImagesTest, EditsFormTakesImagesInOrderAndTypedFields) {
   EXPECT_EQ(r.seed, 7u);
   EXPECT_EQ(r.guidance_scale, 3.5);
   EXPECT_EQ(r.sigmas, (std::vector<double>{0.9, 0.4}));
+  EXPECT_EQ(r.cache.mode, StepCacheOptions::Mode::kSchedule);
+  EXPECT_TRUE(r.cache_default_schedule);
   EXPECT_FALSE(parsed->stream);
 }
 

@@ -5,7 +5,9 @@ tests/data/README.md's `tiny-flux2-dev/`: case0 (text-to-image, guidance_scale 4
 (two reference images) return image_u8 within the float32 bar; guidance_scale from the request is
 used (2.5 gives another image, an absent one the default 4.0's bytes); a negative_prompt is refused
 naming it; custom `sigmas` (sigmas_cases.json: diffusers given the same sigmas) over gRPC and over
-HTTP (/v1/images/generations) return that golden's image_u8 within the float32 bar; a
+HTTP (/v1/images/generations) return that golden's image_u8 within the float32 bar; so do
+step caching's dev cases (tests/data/cache: cache-dit's DBCache) over both, with their cached
+counts, and 8 steps with caching or a bad threshold is refused naming the field; a
 repeated prompt is a prompt-cache hit on /metrics with identical PNG bytes;
 GetModelInfo says dev, 50 steps, guidance 4.0, embedded guidance. A second server runs with
 --text-encoder-offload --prompt-cache-bytes 0 --transformer-file (the checkpoint's transformer as
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import urllib.error
 import urllib.request
 
 import python_client_test as common
@@ -167,6 +170,66 @@ class DevTest(unittest.TestCase):
                 with urllib.request.urlopen(http, timeout=300) as answer:
                     image = json.loads(answer.read())["data"][0]["b64_json"]
                 self.assert_golden_png(base64.b64decode(image), k, case, "sigmas.safetensors")
+
+    def post_generations(self, body):
+        """The JSON answer of /v1/images/generations, or (status, error body) when refused."""
+        http = urllib.request.Request(f"http://127.0.0.1:{self.server.http_port}/v1/images/generations",
+                                      data=json.dumps(body).encode(),
+                                      headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(http, timeout=300) as answer:
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def test_step_cache_golden_over_grpc_and_http(self):
+        """cache/'s dev cases (cache-dit's DBCache F1B0: R 0, R 1, a calibrated R) return their
+        image_u8 within the float32 bar, with the forwards cached as cache-dit cached them."""
+        with open(os.path.join(DEV_DIR, "..", "cache", "cache_cases.json")) as f:
+            cases = json.load(f)["cases"]
+        vectors = os.path.join("..", "cache", "cache.safetensors")
+        for k, case in enumerate(cases):
+            if case["pipeline"] != "dev":
+                continue
+            with self.subTest(case=k):
+                cached = len(case["cached_steps"]["double.cond"])
+                request = self.golden_request(dict(case, references=[]))
+                request.cache.mode = self.pb.StepCache.MODE_DBCACHE
+                request.cache.warmup_steps = case["W"]
+                request.cache.max_consecutive_cached = case["MC"]
+                request.cache.threshold = case["R"]
+                response = self.generate(request)
+                self.assertEqual(response.timings.cache.double_cached, cached)
+                self.assertEqual(response.timings.cache.double_computed, case["steps"] - cached)
+                self.assert_golden(response, k, case, vectors)
+                body = {"prompt": case["prompt"], "size": f'{case["width"]}x{case["height"]}',
+                        "seed": case["seed"], "guidance_scale": case["guidance_scale"],
+                        "num_inference_steps": case["steps"], "response_format": "b64_json",
+                        "output_format": "png",
+                        "cache": {"mode": "dbcache", "warmup_steps": case["W"],
+                                  "max_consecutive_cached": case["MC"], "threshold": case["R"]}}
+                answer = self.post_generations(body)
+                self.assertEqual(answer["timings"]["cache"]["single_cached"],
+                                 len(case["cached_steps"]["single.cond"]))
+                self.assert_golden_png(base64.b64decode(answer["data"][0]["b64_json"]), k, case, vectors)
+
+    def test_step_cache_refused_for_eight_steps_naming_the_field(self):
+        case = golden_cases()[0]
+        request = self.golden_request(dict(case, references=[]), num_inference_steps=8)
+        request.cache.mode = self.pb.StepCache.MODE_DBCACHE
+        with self.assertRaises(common.grpc.RpcError) as raised:
+            self.generate(request)
+        self.assertEqual(raised.exception.code(), common.grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("cache: step caching needs more than 8 steps", raised.exception.details())
+        status, error = self.post_generations({"prompt": "x", "size": "64x64", "num_inference_steps": 8,
+                                               "cache": {"threshold": 0.3}})
+        self.assertEqual(status, 400)
+        self.assertEqual(error["error"]["param"], "cache")
+        status, error = self.post_generations({"prompt": "x", "size": "64x64", "num_inference_steps": 12,
+                                               "cache": {"threshold": 2}})
+        self.assertEqual(status, 400)
+        self.assertEqual(error["error"]["param"], "cache.threshold")
+        self.assertIn("cache.threshold: 2 is not a finite value in 0..1", error["error"]["message"])
 
     def test_guidance_from_the_request_is_used(self):
         case = golden_cases()[0]

@@ -288,6 +288,56 @@ TEST(RequestValidation, CustomSigmasSetTheStepsAndReachTheJob) {
       << spec.status();
 }
 
+// Step caching over gRPC: DBCache with sglang's defaults unless given, the schedule preset made
+// for the steps that run, refusals naming the field (8 steps or fewer: `cache`).
+TEST(RequestValidation, StepCacheReachesTheJobOrIsRefusedNamingTheField) {
+  v1::GenerateImageRequest request = valid_request();
+  request.set_num_inference_steps(12);
+  request.mutable_cache()->set_threshold(0.5);
+  absl::StatusOr<JobSpec> spec = validate_generate_request(request, test_limits(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->params.cache.mode, StepCacheOptions::Mode::kDbCache);
+  EXPECT_EQ(spec->params.cache.warmup_steps, 4);
+  EXPECT_EQ(spec->params.cache.max_consecutive_cached, 3);
+  EXPECT_EQ(spec->params.cache.threshold, 0.5);
+
+  request.mutable_cache()->set_mode(v1::StepCache::MODE_SCHEDULE);
+  request.mutable_cache()->set_schedule_preset("dbcache-default");
+  spec = validate_generate_request(request, test_limits(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->params.cache.schedule, step_cache_default_schedule(12));
+
+  auto refused = [&](const v1::GenerateImageRequest& r, const std::string& message) {
+    absl::StatusOr<JobSpec> s = validate_generate_request(r, test_limits(), 1);
+    ASSERT_FALSE(s.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(s.status()));
+    EXPECT_NE(s.status().message().find(message), std::string::npos) << s.status();
+  };
+  v1::GenerateImageRequest short_run = valid_request();
+  short_run.set_num_inference_steps(8);
+  short_run.mutable_cache()->set_mode(v1::StepCache::MODE_DBCACHE);
+  refused(short_run, "cache: step caching needs more than 8 steps; this run has 8");
+  v1::GenerateImageRequest bad = valid_request();
+  bad.set_num_inference_steps(20);
+  bad.mutable_cache()->set_threshold(-1);
+  refused(bad, "cache.threshold: -1 is not a finite value in 0..1");
+  bad.mutable_cache()->clear_threshold();
+  bad.mutable_cache()->set_warmup_steps(21);
+  refused(bad, "cache.warmup_steps: 21 is outside 0..20");
+  bad.mutable_cache()->clear_warmup_steps();
+  bad.mutable_cache()->set_mode(v1::StepCache::MODE_SCHEDULE);
+  bad.mutable_cache()->add_schedule(true);
+  refused(bad, "cache.schedule: 1 flags for a run of 20 steps");
+  bad.mutable_cache()->set_schedule_preset("fast");
+  refused(bad, "cache.schedule_preset: \"fast\" is not a known preset");
+  v1::GenerateImageRequest off = valid_request();
+  off.set_num_inference_steps(4);
+  off.mutable_cache()->set_mode(v1::StepCache::MODE_OFF);
+  spec = validate_generate_request(off, test_limits(), 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(spec->params.cache.enabled());
+}
+
 TEST(RequestValidation, GuidanceErrorShowsTheValueSent) {
   v1::GenerateImageRequest request = valid_request();
   request.set_guidance_scale(100.0001);  // %g would print "100"

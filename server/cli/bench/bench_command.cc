@@ -1,7 +1,8 @@
 // `flux2 bench`: per-step latency of the FLUX.2 transformer at real shapes with random weights
 // (model/README.md "Work per step and the floor"): warm-up, then the median of >= 10 timed steps
 // (device events), TFLOP/s, the fraction of the floor and peak device memory; `--json` prints one
-// JSON object per line. Run on the GPU machine by tests/gpu/run_on_device.sh.
+// JSON object per line; --e2e times whole requests (--base: klein-base's 50 CFG steps; --cache:
+// with step caching). Run on the GPU machine by tests/gpu/run_on_device.sh.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -56,6 +57,14 @@ struct BenchOptions {
   bool kv_cache = false;              // --e2e: run as klein-KV (references cached after step 0)
   bool text_encoder_offload = false;  // --e2e: the text encoder streamed from pinned host memory
   bool prompt_cache = false;          // --e2e: repeated prompts served from the prompt cache
+  // --e2e --base: klein run as its base model (50 steps, CFG 4.0 against the empty prompt).
+  bool base = false;
+  // --e2e --cache dbcache|schedule (--cache-warmup, --cache-mc, --cache-threshold: sglang's W 4,
+  // MC 3, R 0.24 by default; --cache-schedule dbcache-default or 1,1,0,...): the request's step
+  // caching (model/step_cache.h); reported with the forwards it computed and cached.
+  std::string cache = "off";
+  StepCacheOptions step_cache;
+  std::string cache_schedule = "dbcache-default";
   // --e2e: leave only this much device memory free (a ballast allocation), to run a smaller
   // GPU's memory plan on a larger one; 0: no cap.
   double device_memory_cap_gb = 0.0;
@@ -372,11 +381,24 @@ absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const BenchOptions& 
 
 // The whole request (tokenize, text encode, denoise, decode, PNG encode) with random weights at
 // the model's shapes, 1024x1024 by default: the median of `repeats` runs after one warm-up.
+// How a request caches steps, for the report: "W4 MC3 R0.24", the schedule's flags, or "off".
+std::string cache_description(const StepCacheOptions& cache) {
+  if (cache.mode == StepCacheOptions::Mode::kDbCache) {
+    return absl::StrFormat("W%d MC%d R%g", cache.warmup_steps, cache.max_consecutive_cached,
+                           cache.threshold);
+  }
+  if (cache.mode == StepCacheOptions::Mode::kOff) return "off";
+  std::string flags;
+  for (bool compute : cache.schedule) flags += compute ? '1' : '0';
+  return flags;
+}
+
 absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                                          const std::string& tokenizer_dir, int repeats) {
   FLUX_ASSIGN_OR_RETURN(RandomPipelineSpec spec, random_pipeline_spec(o.model, tokenizer_dir));
   spec.enable_quality_high = o.request.quality == Quality::kHigh;
   spec.kv_cache = o.kv_cache;
+  spec.is_distilled = !o.base;
   if (o.text_encoder_offload) spec.text_encoder_residency = WeightResidency::kStreamed;
   // Every run repeats the prompt: without --prompt-cache each one encodes it, as a new prompt does.
   if (!o.prompt_cache) spec.prompt_cache_bytes = 0;
@@ -395,7 +417,12 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
       "A photo of a red fox in fresh snow at golden hour, watercolor style, highly detailed";
   params.height = o.height;
   params.width = o.width;
-  params.num_inference_steps = o.model == "dev" ? 50 : 4;  // the published defaults
+  params.num_inference_steps = o.model == "dev" || o.base ? 50 : 4;  // the published defaults
+  params.cache = o.step_cache;
+  if (params.cache.mode == StepCacheOptions::Mode::kSchedule) {
+    FLUX_ASSIGN_OR_RETURN(params.cache.schedule,
+                          parse_step_cache_schedule(o.cache_schedule, params.num_inference_steps));
+  }
   params.max_sequence_length = o.text_len;
   params.fast_paths = o.request.fast_paths;
   params.quality = o.request.quality;
@@ -412,6 +439,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
   const int64_t free_after_load = be.free_device_bytes();
   std::vector<double> e2e, tokenize, text_encode, noise, reference_encode, denoise, decode, encode,
       steps, first_steps, later_steps;
+  StepCacheCounts cache_counts;  // the last request's (a schedule repeats; DBCache's may vary)
   be.reset_peak_memory();
   const std::vector<FastPathCounters> before = fast_path_snapshot();
   for (int run = -1; run < repeats; ++run) {  // run -1 warms up
@@ -437,6 +465,8 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     denoise.push_back(1e3 * image.timings.denoise);
     decode.push_back(1e3 * image.timings.decode);
     for (double s : image.timings.steps) steps.push_back(1e3 * s);
+    cache_counts = StepCacheCounts{};
+    cache_counts.add(image.cache);
   }
   BackendMemoryStats memory = be.memory_stats();
   memory.peak_bytes -= ballast.bytes();  // the pipeline's own peak
@@ -466,6 +496,14 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"request_steps", params.num_inference_steps},
                         {"references", o.references},
                         {"kv_cache", o.kv_cache},
+                        {"base", o.base},
+                        {"cache", o.cache},
+                        {"cache_params", cache_description(params.cache)},
+                        {"cache_forwards",
+                         {{"double_computed", cache_counts.computed[0]},
+                          {"double_cached", cache_counts.cached[0]},
+                          {"single_computed", cache_counts.computed[1]},
+                          {"single_cached", cache_counts.cached[1]}}},
                         {"ms_reference_encode", median_of(reference_encode)},
                         {"ms_first_step_median", median_of(first_steps)},
                         {"ms_later_steps_median", median_of(later_steps)},
@@ -528,6 +566,12 @@ void add_bench_flags(CLI::App& app, BenchFlags& f) {
   app.add_flag("--kv", o.kv_cache);
   app.add_flag("--text-encoder-offload", o.text_encoder_offload);
   app.add_flag("--prompt-cache", o.prompt_cache);
+  app.add_flag("--base", o.base);
+  app.add_option("--cache", o.cache);
+  app.add_option("--cache-warmup", o.step_cache.warmup_steps);
+  app.add_option("--cache-mc", o.step_cache.max_consecutive_cached);
+  app.add_option("--cache-threshold", o.step_cache.threshold);
+  app.add_option("--cache-schedule", o.cache_schedule);
   app.add_option("--device-memory-cap-gb", o.device_memory_cap_gb);
   app.add_option("--tune-gemm", o.tune_gemm);
   app.add_option("--tune-by", f.tune_by);
@@ -559,6 +603,19 @@ absl::Status check_bench_flags(const CLI::App& app, BenchFlags& f) {
         "--references, --kv, --text-encoder-offload and --prompt-cache time whole requests: add "
         "--e2e");
   }
+  if ((o.base || o.cache != "off") && !f.e2e) {
+    return absl::InvalidArgumentError("--base and --cache time whole requests: add --e2e");
+  }
+  if (o.base && o.model == "dev") {
+    return absl::InvalidArgumentError("--base runs klein as its base model; dev has no base");
+  }
+  if (o.cache != "off" && o.cache != "dbcache" && o.cache != "schedule") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cache ", o.cache, ": expected off, dbcache or schedule"));
+  }
+  o.step_cache.mode = o.cache == "dbcache"    ? StepCacheOptions::Mode::kDbCache
+                      : o.cache == "schedule" ? StepCacheOptions::Mode::kSchedule
+                                              : StepCacheOptions::Mode::kOff;
   if (o.references < 0 || o.references > 8) {
     return absl::InvalidArgumentError("--references: expected 0..8");
   }

@@ -43,6 +43,7 @@ const GoldenPart kParts[] = {
     {"randn", "randn.safetensors", check_golden_randn},
     {"pipeline", "pipeline_cases.json", check_golden_pipeline},
     {"sigmas", "sigmas_cases.json", check_golden_sigmas},
+    {"cache", "cache_cases.json", check_golden_cache},
     {"edit", "edit_cases.json", check_golden_edit},
     {"edit_kv", "edit_kv_cases.json", check_golden_edit_kv},
     {"lora", "lora_transformer.safetensors", check_golden_lora},
@@ -56,7 +57,7 @@ void print_usage() {
                "usage: flux2 check-golden --golden DIR [--backend cpu|cuda] [--only PART,...] "
                "[--quality lossless|high (cuda)]\n"
                "parts: tokenizer, text_encoder, transformer, vae, vae_encode, scheduler, randn, "
-               "pipeline, sigmas, edit, edit_kv, lora, lora_pipeline, fp8, fp8_pipeline\n");
+               "pipeline, sigmas, cache, edit, edit_kv, lora, lora_pipeline, fp8, fp8_pipeline\n");
 }
 
 }  // namespace

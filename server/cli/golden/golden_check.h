@@ -1,8 +1,8 @@
 // `flux2 check-golden`: runs every case of a reference-vector directory in the tests/data
 // format (tests/data/README.md) and prints one PASS/FAIL line per check, then "N passed, M failed".
 // Each part (tokenizer, text_encoder, transformer, vae, vae_encode, scheduler, randn, pipeline with
-// edit and edit_kv, lora, fp8) is one function in its own golden_<part>.cc. Tested by tests/golden/
-// (ctest label "golden").
+// sigmas, cache, edit and edit_kv, lora, fp8) is one function in its own golden_<part>.cc. Tested
+// by tests/golden/ (ctest label "golden").
 #pragma once
 
 #include <functional>
@@ -18,6 +18,7 @@
 #include "kernels/backend.h"
 #include "model/lora_device_cache.h"
 #include "model/safetensors.h"
+#include "model/step_cache.h"
 #include "nlohmann/json.hpp"
 
 namespace flux2 {
@@ -108,6 +109,7 @@ void check_golden_randn(const GoldenContext& context, GoldenReport& report);
 void check_golden_vae_encode(const GoldenContext& context, GoldenReport& report);
 void check_golden_pipeline(const GoldenContext& context, GoldenReport& report);
 void check_golden_sigmas(const GoldenContext& context, GoldenReport& report);
+void check_golden_cache(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report);
 void check_golden_lora(const GoldenContext& context, GoldenReport& report);
@@ -120,5 +122,13 @@ void check_golden_fp8_pipeline(const GoldenContext& context, GoldenReport& repor
 absl::StatusOr<std::vector<LoraRequest>> golden_loras(const GoldenContext& context,
                                                       const nlohmann::json& adapters,
                                                       const Flux2Config& config);
+
+// A cache_cases.json case's DBCache options (W, MC, R) (golden_cache.cc).
+StepCacheOptions golden_step_cache_options(const nlohmann::json& item);
+// Checks a generation's step-cache decisions against the case's, per "<list>.<branch>": codes
+// equal, the diffs computed where the case has them (-1 where not) within the float32 bar.
+void check_golden_step_cache(absl::string_view file, absl::string_view case_name,
+                             const nlohmann::json& item, const StepCacheReport& produced,
+                             GoldenReport& report);
 
 }  // namespace flux2

@@ -1,6 +1,7 @@
-// check-golden parts "pipeline", "sigmas", "edit", "edit_kv", "lora_pipeline" and "fp8_pipeline":
-// whole generations prompt (+ custom sigmas, + reference images, + LoRA adapters, + an FP8
-// transformer file) -> image (pipeline_cases.json + pipeline.safetensors, sigmas_*, edit_*,
+// check-golden parts "pipeline", "sigmas", "cache", "edit", "edit_kv", "lora_pipeline" and
+// "fp8_pipeline": whole generations prompt (+ custom sigmas, + step caching, + reference images,
+// + LoRA adapters, + an FP8 transformer file) -> image (pipeline_cases.json +
+// pipeline.safetensors, sigmas_*, cache_* with the decisions (golden_cache.cc), edit_*,
 // edit_kv_*, lora_cases.json's pipeline_cases + lora_pipeline.safetensors, fp8_cases.json's +
 // fp8_pipeline.safetensors), for whichever
 // pipeline the checkpoint's model_index.json names (klein, klein-KV, dev): the prompt embeddings,
@@ -49,8 +50,12 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
         context.dir + "/" +
         file.at("layouts").at(item.at("layout").get<std::string>()).get<std::string>();
   }
+  // A case naming its checkpoint (cache_cases.json) takes it relative to the directory.
+  const std::string checkpoint = item.contains("checkpoint")
+                                     ? context.dir + "/" + item.at("checkpoint").get<std::string>()
+                                     : context.checkpoint_dir();
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline,
-                        Pipeline::load(be, context.checkpoint_dir(), options));
+                        Pipeline::load(be, checkpoint, options));
   GenerateParams params;
   params.prompt = item.at("prompt").get<std::string>();
   if (item.value("size_given", true)) {  // else the size comes from the first reference
@@ -76,6 +81,7 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
         params.loras, golden_loras(context, item.at("adapters"), pipeline->transformer_config()));
   }
 
+  if (item.contains("R")) params.cache = golden_step_cache_options(item);
   std::map<std::string, std::vector<float>> produced;
   absl::Status hook_status;
   auto keep = [&](const std::string& key, const Tensor& t) {
@@ -107,6 +113,7 @@ absl::Status run_case(const GoldenContext& context, const GenerationPart& part,
   }
   params.width = image.width;
   params.height = image.height;
+  if (item.contains("decisions")) check_golden_step_cache(kFile, name, item, image.cache, report);
 
   const int64_t h = params.height / 16, w = params.width / 16;
   const std::string p = name + ".";
@@ -193,6 +200,10 @@ void check_golden_pipeline(const GoldenContext& context, GoldenReport& report) {
 
 void check_golden_sigmas(const GoldenContext& context, GoldenReport& report) {
   check_generations(context, {"sigmas_cases.json", "sigmas.safetensors", false}, report);
+}
+
+void check_golden_cache(const GoldenContext& context, GoldenReport& report) {
+  check_generations(context, {"cache_cases.json", "cache.safetensors", false, "cases"}, report);
 }
 
 void check_golden_edit(const GoldenContext& context, GoldenReport& report) {
