@@ -8,7 +8,7 @@
 #                              [ab] [ab-e2e] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
 #                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile] [e2e-shapes]
-#                              [lora]
+#                              [lora] [cache] [cache-high]
 #                              (default: tests golden bench bench-dev)
 # `ab-e2e` alternates the base's and this tree's klein-4B whole requests (both qualities, twice;
 # one with a reference image).
@@ -18,6 +18,10 @@
 # `lora` times steps with rank-32 LoRA adapters on every Linear against the same steps without
 # (klein-4B one and two adapters at both qualities, dev one), and a 300 MB adapter's first use
 # and 8 adapters switched in turn (bench --lora-load-mb); `dev` times FLUX.2-dev requests (resident; the 80 GB plan under an 80 GB cap; the prompt cache).
+# `cache` times FLUX.2-dev whole requests at quality=lossless (the text encoder offloaded, so it fits
+# an 80 GB card) uncached, with DBCache at sglang's defaults (W 4, MC 3, R 0.24) and with the fixed
+# schedule "compute steps 0-4 and every 4th after"; `cache-high` the same at quality=high, and
+# klein-9B run as its base model (50 CFG steps) in the three modes.
 # `tune` times each GEMM plan's cuBLASLt candidates over whole steps (klein-4B both qualities, dev
 # lossless, 1024x1024) into $OUT/gemm_algorithms.json; `gemm-ab` times steps
 # with the heuristic's algorithms and with that table (or $GEMM_TABLE) alternately, `builtin-ab`
@@ -105,7 +109,7 @@ if want tests; then
   all_tests="gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test
     gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_fp8_accumulation_test
     gpu_flash_attention_fp8_test gpu_fp8_rows_test gpu_text_encoder_streaming_test
-    gpu_gemm_algorithm_table_test"
+    gpu_gemm_algorithm_table_test gpu_step_cache_test"
   # gpu_server_test needs the server binary's path: it runs below, not among the plain tests.
   selected=" ${GPU_TESTS:-$all_tests} "
   run_gtests ${selected// gpu_server_test / }
@@ -289,6 +293,22 @@ if want dev; then  # FLUX.2-dev whole requests, 50 steps, 1024x1024, 512 text to
   bench "$bin/flux2" dev.jsonl "e2e dev lossless, prompt cache (repeated prompt)" --e2e --model dev \
     --repeats 1 --prompt-cache
   bench "$bin/flux2" dev.jsonl "bench dev high" --model dev --quality high
+fi
+if want cache; then  # step caching: dev whole requests, uncached and cached
+  for mode in off dbcache schedule; do
+    bench "$bin/flux2" cache.jsonl "cache dev lossless $mode" --e2e --model dev --repeats 1 \
+      --text-encoder-offload --cache $mode
+  done
+fi
+if want cache-high; then
+  for mode in off dbcache schedule; do
+    bench "$bin/flux2" cache.jsonl "cache dev high $mode" --e2e --model dev --quality high \
+      --repeats 1 --text-encoder-offload --cache $mode
+  done
+  for mode in off dbcache schedule; do
+    bench "$bin/flux2" cache.jsonl "cache klein-9b base lossless $mode" --e2e --model klein-9b \
+      --base --repeats 1 --cache $mode
+  done
 fi
 if want tune; then  # each plan's candidates timed over whole steps (bench --tune-gemm)
   table="$results/gemm_algorithms.json"
