@@ -1,9 +1,11 @@
 // lora_up_*_bf16; see lora_up.h. A CTA owns a 64 x 128 tile of y (two for the SwiGLU: its gate
-// and up columns), which it loads into registers before anything else. Per term, t's and b's rows
-// of the tile go through shared memory in 32-wide chunks of r into mma.sync m16n8k16 (bf16 in,
-// fp32 out; 8 warps as 2 x 4, each 32 x 32), the rounded scaled product is staged in shared
-// memory and added to the held tile; the epilogue then stores y, or the SwiGLU, or the gated
-// residual, in 16-byte rows (tests/cuda/op_cases.cc; --perf times it).
+// and up columns), which it starts copying into shared memory (cp.async) before anything else,
+// with the stream's tile for the gated residual. Per term, t's and b's rows of the tile go through
+// shared memory in 32-wide chunks of r into mma.sync m16n8k16 (bf16 in, fp32 out; 8 warps as
+// 2 x 4, each 32 x 32), and each thread adds its rounded scaled products to its elements of the
+// shared y tile (the same elements for every term, so terms need no barrier between them). The
+// epilogue then stores y, or the SwiGLU, or the gated residual, in 16-byte rows. Holding the tiles
+// in shared memory instead of registers keeps 4 CTAs on an SM (tests/cuda/op_cases.cc; --perf).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -20,15 +22,15 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kTileM = 64;      // rows of y (and of t) per CTA
-constexpr int kTileN = 128;     // columns of y (rows of b) per CTA and view
+constexpr int kTileN = 128;     // columns of y (rows of b) per CTA and tile
 constexpr int kChunk = 32;      // r per shared-memory chunk
 constexpr int kThreads = 256;   // 8 warps: 2 along the rows x 4 along the columns, 32 x 32 each
 constexpr int kOperandPad = 8;  // bf16 of padding per operand row: conflict-free fragment loads
-constexpr int kOutPad = 8;      // and per staged output row
+constexpr int kTilePad = 8;     // and per tile row: conflict-free fragment read-modify-writes
 constexpr int kOperandStride = kChunk + kOperandPad;
-constexpr int kOutStride = kTileN + kOutPad;
+constexpr int kTileStride = kTileN + kTilePad;
 constexpr int kGroups = kTileN / 8;                            // 16-byte groups per tile row
-constexpr int kGroupsPerThread = kTileM * kGroups / kThreads;  // y's groups each thread adds
+constexpr int kGroupsPerThread = kTileM * kGroups / kThreads;  // groups each thread moves
 constexpr int kMaxTerms = 8;                                   // per launch (more: several)
 
 // One term on one view (a column range) of y: view column c takes b's row c + b_row0, and has no
@@ -57,13 +59,16 @@ struct EpilogueArgs {
   bool out_vectors = false, gate_vectors = false;
 };
 
+using Tile = bf16[kTileM][kTileStride];
 struct OperandTiles {
   bf16 t[kTileM][kOperandStride];
   bf16 b[kTileN][kOperandStride];
 };
-union SharedTiles {
+// Shared memory: kTiles tiles (y; y's up columns or the stream x), then the operands.
+template <int kTiles>
+struct SharedTiles {
+  Tile tile[kTiles];
   OperandTiles operands;
-  bf16 out[kTileM][kOutStride];  // bf16(bf16(t · bᵀ) · scale), staged for the coalesced add
 };
 
 __device__ __forceinline__ const bf16* at(const Mat& m, int64_t r, int64_t c) {
@@ -73,24 +78,53 @@ __device__ __forceinline__ bf16* mut_at(const Mat& m, int64_t r, int64_t c) {
   return static_cast<bf16*>(m.data) + r * m.stride + c;
 }
 
-// Rows [row0, row0 + kRows) x columns [k0, k0 + kChunk) of src into dst, zero outside src (row0
-// may be negative): 16 bytes per load where src's rows allow it.
+// 16 bytes from global to shared memory without registers (completed by cp_async_wait).
+__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global));
+}
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+// Group (r, c) of m into dst (8 bf16): one asynchronous 16-byte copy where it is whole, zeros
+// outside m.
+__device__ void load_group(const Mat& m, bool vectorized, int64_t r, int64_t c, bf16* dst) {
+  const bool inside = r >= 0 && r < m.rows;
+  if (vectorized && inside && c + 8 <= m.cols) {
+    cp_async16(dst, at(m, r, c));
+    return;
+  }
+  for (int j = 0; j < 8; ++j) {
+    dst[j] = inside && c + j < m.cols ? *at(m, r, c + j) : __float2bfloat16_rn(0.0f);
+  }
+}
+
+// Rows [row0, row0 + kRows) x columns [k0, k0 + kChunk) of src into dst (row0 may be negative).
 template <int kRows>
 __device__ void load_chunk(const Mat& src, bool vectorized, int64_t row0, int64_t k0,
                            bf16 (*dst)[kOperandStride]) {
   constexpr int kVectors = kRows * kChunk / 8;
   for (int i = threadIdx.x; i < kVectors; i += kThreads) {
     const int row = i / (kChunk / 8), k = (i % (kChunk / 8)) * 8;
-    const int64_t r = row0 + row, c = k0 + k;
-    const bool inside = r >= 0 && r < src.rows;
-    if (vectorized && inside && c + 8 <= src.cols) {
-      *reinterpret_cast<uint4*>(&dst[row][k]) = *reinterpret_cast<const uint4*>(at(src, r, c));
-      continue;
-    }
-    for (int j = 0; j < 8; ++j) {
-      dst[row][k + j] =
-          (inside && c + j < src.cols) ? *at(src, r, c + j) : __float2bfloat16_rn(0.0f);
-    }
+    load_group(src, vectorized, row0 + row, k0 + k, &dst[row][k]);
+  }
+}
+
+// The thread's i-th 16-byte group of a tile: its row and first column in the tile.
+__device__ __forceinline__ void group_of(int i, int* row, int* col) {
+  const int g = threadIdx.x + i * kThreads;
+  *row = g / kGroups;
+  *col = (g % kGroups) * 8;
+}
+
+// The tile of m at (m0, n0) into `tile`, asynchronously where whole.
+__device__ void load_tile(const Mat& m, bool vectorized, int64_t m0, int64_t n0, Tile& tile) {
+#pragma unroll
+  for (int i = 0; i < kGroupsPerThread; ++i) {
+    int row, col;
+    group_of(i, &row, &col);
+    load_group(m, vectorized, m0 + row, n0 + col, &tile[row][col]);
   }
 }
 
@@ -133,73 +167,30 @@ __device__ void mma_chunk(const OperandTiles& s, int wm, int wn, int lane, float
   }
 }
 
-// The warp's products, rounded (bf16(bf16(p) · scale): PEFT's lora_B output, then * scaling),
-// into the staged output tile.
-__device__ void stage_products(bf16 (*out)[kOutStride], int wm, int wn, int lane, float scale,
-                               const float acc[2][4][4]) {
+// The thread's products into its elements of the tile: y = bf16(y + bf16(bf16(p) · scale))
+// (PEFT's lora_B output, then * scaling, then the add), on the columns the term covers.
+__device__ void add_products(Tile& tile, const ViewTerm& term, int64_t n0, int wm, int wn, int lane,
+                             const float acc[2][4][4]) {
   const int g = lane / 4, q = lane % 4;
 #pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int nj = 0; nj < 4; ++nj) {
+    const int col = wn * 32 + nj * 8 + 2 * q;
+    const int64_t first = n0 + col + term.b_row0;  // b's row of the pair's first column
+    const bool covers0 = first >= 0 && first < term.b.rows;
+    const bool covers1 = first + 1 >= 0 && first + 1 < term.b.rows;
 #pragma unroll
-    for (int nj = 0; nj < 4; ++nj) {
-      const int row = wm * 32 + mi * 16 + g, col = wn * 32 + nj * 8 + 2 * q;
-      const float* c = acc[mi][nj];
-      *reinterpret_cast<__nv_bfloat162*>(&out[row][col]) = __floats2bfloat162_rn(
-          __fmul_rn(round_bf16(c[0]), scale), __fmul_rn(round_bf16(c[1]), scale));
-      *reinterpret_cast<__nv_bfloat162*>(&out[row + 8][col]) = __floats2bfloat162_rn(
-          __fmul_rn(round_bf16(c[2]), scale), __fmul_rn(round_bf16(c[3]), scale));
-    }
-  }
-}
-
-// The thread's i-th 16-byte group of a tile: its row and first column in the tile.
-__device__ __forceinline__ void group_of(int i, int* row, int* col) {
-  const int g = threadIdx.x + i * kThreads;
-  *row = g / kGroups;
-  *col = (g % kGroups) * 8;
-}
-
-// Group (r, c) of m as 8 packed bf16: one 16-byte load where it is whole, zeros outside m.
-__device__ uint4 load_group(const Mat& m, bool vectorized, int64_t r, int64_t c) {
-  if (r >= m.rows) return make_uint4(0, 0, 0, 0);
-  if (vectorized && c + 8 <= m.cols) return *reinterpret_cast<const uint4*>(at(m, r, c));
-  float v[8];
+    for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = c + j < m.cols ? to_f32(*at(m, r, c + j)) : 0.0f;
-  return pack_bf16x8(v);  // exact: the values are bf16
-}
-
-// The 8 values (bf16-exact or to be rounded) into group (r, c) of m, inside m only.
-__device__ void store_group(const Mat& m, bool vectorized, int64_t r, int64_t c, const float v[8]) {
-  if (r >= m.rows) return;
-  if (vectorized && c + 8 <= m.cols) {
-    *reinterpret_cast<uint4*>(mut_at(m, r, c)) = pack_bf16x8(v);
-    return;
-  }
-  for (int j = 0; j < 8 && c + j < m.cols; ++j) *mut_at(m, r, c + j) = to_bf16(v[j]);
-}
-
-// The held tile of view `v` += the staged products, on the columns the term covers.
-__device__ void add_staged(const View& v, const ViewTerm& term, int64_t n0,
-                           uint4 held[kGroupsPerThread], const bf16 (*out)[kOutStride]) {
-#pragma unroll
-  for (int i = 0; i < kGroupsPerThread; ++i) {
-    int row, col;
-    group_of(i, &row, &col);
-    const int64_t first = n0 + col + term.b_row0;  // b's row of the group's first column
-    float h[8], p[8];
-    unpack_bf16x8(held[i], h);
-    load8(&out[row][col], p);
-    if (first >= 0 && first + 8 <= term.b.rows) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) h[j] = __fadd_rn(h[j], p[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (first + j >= 0 && first + j < term.b.rows) h[j] = __fadd_rn(h[j], p[j]);
+      for (int half = 0; half < 2; ++half) {
+        const int row = wm * 32 + mi * 16 + g + 8 * half;
+        auto* pair = reinterpret_cast<__nv_bfloat162*>(&tile[row][col]);
+        float2 y = __bfloat1622float2(*pair);
+        const float* c = &acc[mi][nj][2 * half];
+        if (covers0) y.x = __fadd_rn(y.x, round_bf16(__fmul_rn(round_bf16(c[0]), term.scale)));
+        if (covers1) y.y = __fadd_rn(y.y, round_bf16(__fmul_rn(round_bf16(c[1]), term.scale)));
+        *pair = __floats2bfloat162_rn(y.x, y.y);
       }
     }
-    held[i] = pack_bf16x8(h);
   }
 }
 
@@ -210,9 +201,10 @@ __device__ __forceinline__ bool covers_tile(const View& v, const ViewTerm& term,
   return lo < hi;
 }
 
-// Every term of view v added to its held tile, in order.
-__device__ void add_terms(const View& v, int64_t m0, int64_t n0, SharedTiles& shared,
-                          uint4 held[kGroupsPerThread]) {
+// Every term of view v added to its tile, in order. The first chunk's wait also completes the
+// tiles' copies.
+__device__ void add_terms(const View& v, int64_t m0, int64_t n0, OperandTiles& operands,
+                          Tile& tile) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp / 4, wn = warp % 4;
   for (int i = 0; i < v.count; ++i) {
@@ -220,41 +212,55 @@ __device__ void add_terms(const View& v, int64_t m0, int64_t n0, SharedTiles& sh
     if (!covers_tile(v, term, n0)) continue;  // the same for the whole CTA
     float acc[2][4][4] = {};
     for (int64_t k0 = 0; k0 < term.t.cols; k0 += kChunk) {
-      load_chunk<kTileM>(term.t, term.vectors & 2u, m0, k0, shared.operands.t);
-      load_chunk<kTileN>(term.b, term.vectors & 4u, n0 + term.b_row0, k0, shared.operands.b);
+      load_chunk<kTileM>(term.t, term.vectors & 2u, m0, k0, operands.t);
+      load_chunk<kTileN>(term.b, term.vectors & 4u, n0 + term.b_row0, k0, operands.b);
+      cp_async_wait();
       __syncthreads();
-      mma_chunk(shared.operands, wm, wn, lane, acc);
-      __syncthreads();  // the next chunk, or the staged output, overwrites the operands
+      mma_chunk(operands, wm, wn, lane, acc);
+      __syncthreads();  // the next chunk overwrites the operands
     }
-    stage_products(shared.out, wm, wn, lane, term.scale, acc);
-    __syncthreads();
-    add_staged(v, term, n0, held, shared.out);
-    __syncthreads();  // the next term's operands overwrite the staged output
+    add_products(tile, term, n0, wm, wn, lane, acc);
   }
 }
 
-template <Epilogue kEpilogue>
+// The 8 values into group (r, c) of m, rounded to bf16, inside m only.
+__device__ void store_group(const Mat& m, bool vectorized, int64_t r, int64_t c, const float v[8]) {
+  if (r >= m.rows) return;
+  if (vectorized && c + 8 <= m.cols) {
+    *reinterpret_cast<uint4*>(mut_at(m, r, c)) = pack_bf16x8(v);
+    return;
+  }
+  for (int j = 0; j < 8 && c + j < m.cols; ++j) *mut_at(m, r, c + j) = to_bf16(v[j]);
+}
+
+template <Epilogue kEpilogue, int kTiles>
 __device__ void finish(const Views& views, const EpilogueArgs& e, int64_t m0, int64_t n0,
-                       const uint4 (*held)[kGroupsPerThread]) {
+                       const SharedTiles<kTiles>& shared) {
 #pragma unroll
   for (int i = 0; i < kGroupsPerThread; ++i) {
     int row, col;
     group_of(i, &row, &col);
     const int64_t r = m0 + row, c = n0 + col;
     float y[8];
-    unpack_bf16x8(held[0][i], y);
+    load8(&shared.tile[0][row][col], y);
     if constexpr (kEpilogue == Epilogue::kStore) {
       store_group(views.v[0].y, views.v[0].y_vectors, r, c, y);
     } else if constexpr (kEpilogue == Epilogue::kGateResidual) {
       float x[8], g[8];
-      unpack_bf16x8(load_group(e.out, e.out_vectors, r, c), x);
-      unpack_bf16x8(load_group(e.gate, e.gate_vectors, 0, c), g);
+      load8(&shared.tile[1][row][col], x);
+      if (e.gate_vectors && c + 8 <= e.gate.cols) {
+        load8(at(e.gate, 0, c), g);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          g[j] = c + j < e.gate.cols ? to_f32(*at(e.gate, 0, c + j)) : 0.0f;
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) x[j] = __fadd_rn(x[j], round_bf16(__fmul_rn(g[j], y[j])));
       store_group(e.out, e.out_vectors, r, c, x);
     } else {
       float u[8];
-      unpack_bf16x8(held[1][i], u);
+      load8(&shared.tile[1][row][col], u);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         y[j] = e.silu == SiluMath::kExact ? swiglu_value<SiluMath::kExact>(y[j], u[j])
@@ -265,25 +271,30 @@ __device__ void finish(const Views& views, const EpilogueArgs& e, int64_t m0, in
   }
 }
 
-template <Epilogue kEpilogue, int kViews>
-__global__ void __launch_bounds__(kThreads, kViews == 1 ? 3 : 2)
-    lora_up_kernel(Views views, EpilogueArgs e) {
-  __shared__ __align__(16) SharedTiles shared;
+template <Epilogue kEpilogue>
+constexpr int kTilesOf = kEpilogue == Epilogue::kStore ? 1 : 2;
+
+template <Epilogue kEpilogue>
+__global__ void __launch_bounds__(kThreads, 4) lora_up_kernel(Views views, EpilogueArgs e) {
+  constexpr int kTiles = kTilesOf<kEpilogue>;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  auto& shared = *reinterpret_cast<SharedTiles<kTiles>*>(shared_bytes);
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
-  uint4 held[kViews][kGroupsPerThread];
-#pragma unroll
-  for (int v = 0; v < kViews; ++v) {  // loaded first: their latency overlaps the products
-#pragma unroll
-    for (int i = 0; i < kGroupsPerThread; ++i) {
-      int row, col;
-      group_of(i, &row, &col);
-      held[v][i] = load_group(views.v[v].y, views.v[v].y_vectors, m0 + row, n0 + col);
-    }
+  // The tiles first: their copies overlap the products.
+  load_tile(views.v[0].y, views.v[0].y_vectors, m0, n0, shared.tile[0]);
+  if constexpr (kEpilogue == Epilogue::kSwiglu) {
+    load_tile(views.v[1].y, views.v[1].y_vectors, m0, n0, shared.tile[1]);
+  } else if constexpr (kEpilogue == Epilogue::kGateResidual) {
+    load_tile(e.out, e.out_vectors, m0, n0, shared.tile[1]);
   }
-#pragma unroll
-  for (int v = 0; v < kViews; ++v) add_terms(views.v[v], m0, n0, shared, held[v]);
-  finish<kEpilogue>(views, e, m0, n0, held);
+  add_terms(views.v[0], m0, n0, shared.operands, shared.tile[0]);
+  if constexpr (kEpilogue == Epilogue::kSwiglu) {
+    add_terms(views.v[1], m0, n0, shared.operands, shared.tile[1]);
+  }
+  cp_async_wait();  // where no term covered the tile
+  __syncthreads();  // every thread's products are in the tiles
+  finish<kEpilogue, kTiles>(views, e, m0, n0, shared);
 }
 
 // View [begin, begin + cols) of y with the terms that reach it (at most kMaxTerms).
@@ -321,7 +332,14 @@ absl::Status launch_once(const char* op, const Mat& y, int64_t width, const Lora
                   static_cast<unsigned>((y.rows + kTileM - 1) / kTileM));
   Views views{};
   for (int v = 0; v < kViews; ++v) views.v[v] = view_of(y, v * width, width, first, count);
-  lora_up_kernel<kEpilogue, kViews><<<grid, kThreads, 0, stream>>>(views, e);
+  constexpr int kBytes = sizeof(SharedTiles<kTilesOf<kEpilogue>>);
+  static const cudaError_t opted_in = cudaFuncSetAttribute(
+      lora_up_kernel<kEpilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+  if (opted_in != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat(op, ": ", kBytes, " bytes of shared memory: ", cudaGetErrorString(opted_in)));
+  }
+  lora_up_kernel<kEpilogue><<<grid, kThreads, kBytes, stream>>>(views, e);
   FLUX_RETURN_IF_LAUNCH_FAILED(op);
   return absl::OkStatus();
 }
