@@ -215,7 +215,7 @@ TEST(OpenAiImagesTest, ResponseAndEventsCarryImagesAndTimings) {
   EXPECT_EQ(response["timings"]["step_seconds"], json::parse("[0.5, 0.25]"));
   EXPECT_EQ(response["timings"]["total_seconds"], 1.5);
 
-  const std::string progress = sse_progress_event({1, 4, 0.5, 2.0, 0, 1});
+  const std::string progress = sse_progress_event({1, 4, 0.5, 2.0, 0, 1, {}});
   ASSERT_EQ(progress.rfind("event: image_generation.progress\ndata: ", 0), 0u) << progress;
   ASSERT_EQ(progress.substr(progress.size() - 2), "\n\n");
   const json data = json::parse(progress.substr(progress.find("data: ") + 6));
