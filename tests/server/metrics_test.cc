@@ -227,6 +227,33 @@ TEST(Metrics, CountsAndObservations) {
   EXPECT_EQ(metric_value(text, "flux2_model_load_duration_seconds"), 12.5);
 }
 
+TEST(Metrics, StepCacheCountsForwardsByListAndDecisionAndEveryDiff) {
+  Metrics metrics;
+  StepCacheCounts counts;
+  counts.enabled = true;
+  counts.computed[0] = 16;  // double list
+  counts.cached[0] = 34;
+  counts.computed[1] = 15;  // single list
+  counts.cached[1] = 35;
+  metrics.observe_step_cache(counts, {0.1f, 0.3f});
+  metrics.observe_step_cache(counts, {});
+  const std::string text = metrics.render();
+  EXPECT_EQ(metric_value(text, "flux2_step_cache_forwards_total",
+                         {{"list", "double"}, {"decision", "computed"}}),
+            32.0);
+  EXPECT_EQ(metric_value(text, "flux2_step_cache_forwards_total",
+                         {{"list", "double"}, {"decision", "cached"}}),
+            68.0);
+  EXPECT_EQ(metric_value(text, "flux2_step_cache_forwards_total",
+                         {{"list", "single"}, {"decision", "computed"}}),
+            30.0);
+  EXPECT_EQ(metric_value(text, "flux2_step_cache_forwards_total",
+                         {{"list", "single"}, {"decision", "cached"}}),
+            70.0);
+  EXPECT_EQ(metric_value(text, "flux2_step_cache_relative_diff_count"), 2.0);
+  EXPECT_NEAR(metric_value(text, "flux2_step_cache_relative_diff_sum").value_or(-1), 0.4, 1e-6);
+}
+
 TEST(Metrics, PromptCacheHitsAndMissesAndCapacity) {
   Metrics metrics;
   metrics.set_prompt_cache_capacity(int64_t{256} << 20);

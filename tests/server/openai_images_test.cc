@@ -222,6 +222,14 @@ TEST(OpenAiImagesTest, ResponseAndEventsCarryImagesAndTimings) {
   EXPECT_EQ(data["type"], "image_generation.progress");
   EXPECT_EQ(data["step_index"], 1);
   EXPECT_EQ(data["step_count"], 4);
+  EXPECT_FALSE(data.contains("cache"));  // only with step caching
+  StepCacheCounts cache;
+  cache.enabled = true;
+  cache.computed[0] = 5, cache.cached[0] = 2, cache.computed[1] = 6, cache.cached[1] = 1;
+  const std::string cached = sse_progress_event({6, 50, 0.02, 3.0, 0, 1, cache});
+  const json cached_data = json::parse(cached.substr(cached.find("data: ") + 6));
+  EXPECT_EQ(cached_data["cache"], json::parse(R"({"double_computed": 5, "double_cached": 2,
+                                                  "single_computed": 6, "single_cached": 1})"));
   const std::string image = sse_image_event(result.images[0], 0, 1, spec, 1700000000);
   EXPECT_EQ(image.rfind("event: image_generation.completed\ndata: ", 0), 0u);
   const std::string error = sse_error_event(absl::DeadlineExceededError("late"));
