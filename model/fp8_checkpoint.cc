@@ -4,14 +4,17 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <memory>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/base/fp8_nvfp4.h"
+#include "kernels/base/parallel.h"
 #include "kernels/base/status.h"
 
 namespace flux2 {
@@ -391,6 +394,28 @@ ComponentWeights apply_fp8_layers(const ComponentWeights& folder, const Fp8Layer
                                      std::move(tensors), std::move(storage));
 }
 
+namespace {
+
+// Whether E4M3 code is one of the two NaN codes (0x7F, 0xFF): the only non-finite codes.
+bool nan_code(uint8_t code) {
+  return (code & 0x7f) == 0x7f;
+}
+
+// Why row `r` of `entry` cannot be dequantized with scale `s` (overflow or a NaN code), or OK.
+absl::Status check_row(const SafetensorsEntry& entry, int64_t r, const uint8_t* row, int64_t cols,
+                       float s) {
+  if (!std::isfinite(kE4M3Max * s)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(entry.name, ": row ", r, "'s scale ", s, " overflows float32 times 448"));
+  }
+  const int64_t c = std::find_if(row, row + cols, nan_code) - row;
+  if (c == cols) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(entry.name, ": element [", r, ", ", c, "] is an E4M3 NaN code"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<float>> dequantize_fp8(const TensorRef& ref) {
   const SafetensorsEntry& entry = *ref.entry;
   FLUX_CHECK(ref.fp8 != nullptr && entry.dtype == DType::kF8E4M3 && !entry.shape.empty());
@@ -398,34 +423,52 @@ absl::StatusOr<std::vector<float>> dequantize_fp8(const TensorRef& ref) {
   const std::vector<float>& scale = ref.fp8->weight;
   FLUX_CHECK(scale.size() == 1 || static_cast<int64_t>(scale.size()) == rows);
   const auto* codes = static_cast<const uint8_t*>(ref.data());
+  auto scale_of = [&](int64_t r) {
+    return scale.size() == 1 ? scale[0] : scale[static_cast<size_t>(r)];
+  };
   std::vector<float> values(static_cast<size_t>(rows * cols));
-  std::array<float, 256> table;  // code -> e4m3(code) * s: the same product, computed once
-  float table_scale = 0.0f;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float s = scale.size() == 1 ? scale[0] : scale[static_cast<size_t>(r)];
-    if (r == 0 || s != table_scale) {
+  // The rows of [begin, end), each chunk with its own code table; false at a bad row.
+  auto dequantize_rows = [&](int64_t begin, int64_t end, int64_t* bad_row) {
+    std::array<float, 256> table;  // code -> e4m3(code) * s, computed once per scale
+    float table_scale = std::numeric_limits<float>::quiet_NaN();  // no table yet
+    for (int64_t r = begin; r < end; ++r) {
+      const float s = scale_of(r);
       if (!std::isfinite(kE4M3Max * s)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(entry.name, ": row ", r, "'s scale ", s, " overflows float32 times 448"));
+        *bad_row = r;
+        return false;
       }
-      for (int code = 0; code < 256; ++code)
-        table[static_cast<size_t>(code)] = e4m3_to_f32(static_cast<uint8_t>(code)) * s;
-      table_scale = s;
+      if (s != table_scale) {
+        for (int code = 0; code < 256; ++code)
+          table[static_cast<size_t>(code)] = e4m3_to_f32(static_cast<uint8_t>(code)) * s;
+        table_scale = s;
+      }
+      const uint8_t* row = codes + r * cols;
+      float* out = values.data() + r * cols;
+      bool nan = false;
+      for (int64_t c = 0; c < cols; ++c) {
+        nan |= nan_code(row[c]);
+        out[c] = table[row[c]];
+      }
+      if (nan) {
+        *bad_row = r;
+        return false;
+      }
     }
-    const uint8_t* row = codes + r * cols;
-    float* out = values.data() + r * cols;
-    bool nan = false;  // 0x7F / 0xFF: the only non-finite codes once the scale is checked
-    for (int64_t c = 0; c < cols; ++c) {
-      nan |= (row[c] & 0x7f) == 0x7f;
-      out[c] = table[row[c]];
+    return true;
+  };
+  // Rows on the host's threads; the first bad row in row order is reported whatever the chunks'
+  // timing.
+  std::atomic<int64_t> first_bad{rows};
+  const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
+  parallel_for(rows, min_rows, [&](int64_t begin, int64_t end) {
+    int64_t r = rows;
+    if (dequantize_rows(begin, end, &r)) return;
+    int64_t seen = first_bad.load();
+    while (r < seen && !first_bad.compare_exchange_weak(seen, r)) {
     }
-    if (nan) {
-      const int64_t c =
-          std::find_if(row, row + cols, [](uint8_t code) { return (code & 0x7f) == 0x7f; }) - row;
-      return absl::InvalidArgumentError(
-          absl::StrCat(entry.name, ": element [", r, ", ", c, "] is an E4M3 NaN code"));
-    }
-  }
+  });
+  const int64_t bad = first_bad.load();
+  if (bad < rows) return check_row(entry, bad, codes + bad * cols, cols, scale_of(bad));
   return values;
 }
 

@@ -375,6 +375,24 @@ TEST(Fp8RefusalTest, DequantizationRefusesNanCodesAndOverflowingScales) {
   EXPECT_THAT(overflow.status().message(), HasSubstr("w.weight: row 1's scale"));
 }
 
+// A weight large enough for several threads: the rows are dequantized in parallel chunks, and the
+// error names the first bad row in row order, whichever chunk finishes first.
+TEST(Fp8RefusalTest, ParallelDequantizationNamesTheFirstBadRow) {
+  constexpr int64_t kRows = 40000, kCols = 16;
+  SafetensorsEntry entry{"big.weight", DType::kF8E4M3, {kRows, kCols}, 0, kRows * kCols};
+  std::vector<uint8_t> codes(static_cast<size_t>(kRows * kCols), 0x38);  // 1.0
+  Fp8Scales scales{{0.25f}, std::nullopt, false};
+  TensorRef ref{nullptr, &entry, codes.data(), &scales};
+  auto values = dequantize_fp8(ref);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, std::vector<float>(static_cast<size_t>(kRows * kCols), 0.25f));
+  codes[static_cast<size_t>(35000 * kCols + 2)] = 0x7f;
+  codes[static_cast<size_t>(9000 * kCols + 5)] = 0xff;
+  auto nan = dequantize_fp8(ref);
+  ASSERT_FALSE(nan.ok());
+  EXPECT_THAT(nan.status().message(), HasSubstr("big.weight: element [9000, 5] is an E4M3 NaN"));
+}
+
 // The fuzz target's seeds (tests/fuzz/corpus/fp8_checkpoint, the tiny config of
 // tests/fuzz/fuzz_fp8_checkpoint.cc) open with their formats, so the fuzzer starts from valid
 // files.
