@@ -132,6 +132,17 @@ bool SystemMetrics::gpu_attached() const {
   return nvml_->device != nullptr;
 }
 
+std::optional<SystemMetrics::GpuReading> SystemMetrics::read_gpu() const {
+  std::lock_guard<std::mutex> lock(nvml_->mu);
+  const Nvml& n = *nvml_;
+  unsigned int milliwatts = 0, mhz = 0;
+  if (n.device == nullptr || n.power(n.device, &milliwatts) != 0 ||
+      n.clock(n.device, kNvmlClockSm, &mhz) != 0) {
+    return std::nullopt;
+  }
+  return GpuReading{static_cast<double>(mhz), milliwatts / 1000.0};
+}
+
 std::vector<prometheus::MetricFamily> SystemMetrics::Collect() const {
   std::vector<prometheus::MetricFamily> families;
   const std::vector<std::string> stat = stat_fields();

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,14 @@ class SystemMetrics final : public prometheus::Collectable {
   // whether NVML loaded and found it; "" (the CPU backend) attaches nothing.
   bool attach_gpu(const std::string& pci_bus_id);
   bool gpu_attached() const;
+
+  // One reading of the attached GPU's SM clock and board power (`flux2 bench` samples them beside
+  // its step times); nullopt when no GPU is attached or NVML fails.
+  struct GpuReading {
+    double sm_clock_mhz = 0.0;
+    double power_watts = 0.0;
+  };
+  std::optional<GpuReading> read_gpu() const;
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 

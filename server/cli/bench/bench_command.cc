@@ -30,6 +30,7 @@
 #include "model/rope.h"
 #include "model/scheduler.h"
 #include "nlohmann/json.hpp"
+#include "server/cli/bench/gpu_sampler.h"
 #include "server/cli/bench/lora_load_bench.h"
 #include "server/cli/commands.h"
 #include "server/common/backend_flags.h"
@@ -251,8 +252,10 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
         tuned, tune_gemms_by_steps(be, o, step, [&] { return be.fill_uniform(x, 12, 1.0f); }));
     FLUX_RETURN_IF_ERROR(be.fill_uniform(x, 12, 1.0f));
   }
+  GpuSampler sampler(be.device_pci_bus_id());  // the clock and power of the timed steps
   FLUX_ASSIGN_OR_RETURN(std::vector<double> times,
                         be.time_each_ms(o.steps, [&](int64_t i) { return step(o.warmup + i); }));
+  const std::optional<GpuClockPower> clock_power = sampler.stop();
   // The same steps each timed alone, the host waiting for the GPU before and after (the GPU then
   // also waits for the first launches of every step): reported for comparison.
   std::vector<double> synced;
@@ -313,6 +316,7 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
                            {"peak_device_bytes", memory.peak_bytes},
                            {"weight_bytes", model->load_report().device_bytes},
                            {"fp8_weight_bytes", fp8_bytes}};
+  add_clock_power(clock_power, result);
   if (without_lora) {
     result["lora_rank"] = o.lora_rank;
     result["loras"] = o.loras;
@@ -442,7 +446,9 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
   StepCacheCounts cache_counts;  // the last request's (a schedule repeats; DBCache's may vary)
   be.reset_peak_memory();
   const std::vector<FastPathCounters> before = fast_path_snapshot();
+  std::optional<GpuSampler> sampler;          // the clock and power of the timed requests
   for (int run = -1; run < repeats; ++run) {  // run -1 warms up
+    if (run == 0) sampler.emplace(be.device_pci_bus_id());
     const auto start = std::chrono::steady_clock::now();
     FLUX_ASSIGN_OR_RETURN(GeneratedImage image, pipeline->generate(params));
     const auto encode_start = std::chrono::steady_clock::now();
@@ -468,6 +474,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     cache_counts = StepCacheCounts{};
     cache_counts.add(image.cache);
   }
+  const std::optional<GpuClockPower> clock_power = sampler ? sampler->stop() : std::nullopt;
   BackendMemoryStats memory = be.memory_stats();
   memory.peak_bytes -= ballast.bytes();  // the pipeline's own peak
   const nlohmann::json fallbacks = fallbacks_since(before);
@@ -483,7 +490,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
   const int64_t n = (o.height / 16) * (o.width / 16);
   const StepFlops flops = flux2_step_flops(spec.transformer, n, o.text_len);
   const double floor = flux2_floor_ms(spec.transformer, n, o.text_len);
-  return nlohmann::json{{"model", o.model},
+  nlohmann::json result{{"model", o.model},
                         {"quality", o.quality},
                         {"height", o.height},
                         {"width", o.width},
@@ -528,6 +535,8 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"free_device_bytes_after_load", free_after_load},
                         {"load_seconds", pipeline->info().load_seconds},
                         {"profile_ms", profile}};
+  add_clock_power(clock_power, result);
+  return result;
 }
 
 // `flux2 bench`'s flags: the benchmark's options and what picks the benchmark and its backend,
@@ -689,7 +698,7 @@ int run_bench(int argc, char** argv, int first) {
     std::printf(
         "%s e2e %lldx%lld, %d steps, %lld references%s: %.1f ms (tokenize %.2f, text encode "
         "%.1f, reference encode %.1f, denoise %.1f, decode %.1f, encode %.1f), %.2f ms/step "
-        "(first %.2f, later %.2f), peak %.2f GB%s\n",
+        "(first %.2f, later %.2f), peak %.2f GB%s%s\n",
         o.model.c_str(), static_cast<long long>(o.width), static_cast<long long>(o.height),
         r["request_steps"].get<int>(), static_cast<long long>(o.references),
         o.kv_cache ? " (klein-KV)" : "", r["ms_e2e_median"].get<double>(),
@@ -698,18 +707,20 @@ int run_bench(int argc, char** argv, int first) {
         r["ms_decode"].get<double>(), r["ms_encode"].get<double>(),
         r["ms_per_step_median"].get<double>(), r["ms_first_step_median"].get<double>(),
         r["ms_later_steps_median"].get<double>(), r["peak_device_bytes"].get<int64_t>() / 1e9,
-        o.text_encoder_offload ? " (text encoder streamed from host memory)" : "");
+        o.text_encoder_offload ? " (text encoder streamed from host memory)" : "",
+        clock_power_text(r).c_str());
   } else {
     const nlohmann::json& r = *result;
     std::printf(
         "%s %s %lldx%lld text %lld: %.2f ms/step median (min %.2f, max %.2f), %.0f TFLOP/s, floor "
         "%.1f ms "
-        "(fraction %.3f), peak %.2f GB\n",
+        "(fraction %.3f), peak %.2f GB%s\n",
         o.model.c_str(), o.quality.c_str(), static_cast<long long>(o.width),
         static_cast<long long>(o.height), static_cast<long long>(o.text_len),
         r["ms_per_step_median"].get<double>(), r["ms_per_step_min"].get<double>(),
         r["ms_per_step_max"].get<double>(), r["tflops"].get<double>(), r["floor_ms"].get<double>(),
-        r["floor_fraction"].get<double>(), r["peak_device_bytes"].get<int64_t>() / 1e9);
+        r["floor_fraction"].get<double>(), r["peak_device_bytes"].get<int64_t>() / 1e9,
+        clock_power_text(r).c_str());
   }
   return 0;
 }
