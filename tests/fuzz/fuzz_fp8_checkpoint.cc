@@ -11,24 +11,10 @@
 #include "model/bfl_checkpoint.h"
 #include "model/fp8_checkpoint.h"
 #include "model/transformer_checkpoint.h"
+#include "tests/fuzz/fuzz_configs.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
-
-flux2::Flux2Config tiny_config() {
-  flux2::Flux2Config c;
-  c.num_attention_heads = 1;
-  c.attention_head_dim = 8;
-  c.axes_dims_rope = {2, 2, 2, 2};
-  c.num_layers = 1;
-  c.num_single_layers = 1;
-  c.joint_attention_dim = 8;
-  c.in_channels = 8;
-  c.out_channels = 8;
-  c.timestep_guidance_channels = 16;
-  c.guidance_embeds = false;
-  return c;
-}
 
 // Aborts unless every FP8 tensor of `checkpoint` keeps the invariants of fp8_checkpoint.h.
 void check(const absl::StatusOr<flux2::TransformerCheckpoint>& checkpoint) {
@@ -54,7 +40,7 @@ void check(const absl::StatusOr<flux2::TransformerCheckpoint>& checkpoint) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const nlohmann::json config = flux2::flux2_config_json(tiny_config());
+  static const nlohmann::json config = flux2::flux2_config_json(flux2::fuzzing::fp8_fuzz_config());
   const std::string& dir = flux2::fuzz::scratch_dir();
   const std::string file = dir + "/input.safetensors";
   flux2::fuzz::write_file(file, data, size);

@@ -8,26 +8,10 @@
 
 #include "model/lora_adapter.h"
 #include "model/lora_targets.h"
-
-namespace {
-
-flux2::Flux2Config tiny_config() {
-  flux2::Flux2Config c;
-  c.num_attention_heads = 2;
-  c.attention_head_dim = 4;
-  c.num_layers = 1;
-  c.num_single_layers = 1;
-  c.joint_attention_dim = 8;
-  c.in_channels = 8;
-  c.out_channels = 8;
-  c.guidance_embeds = true;
-  return c;
-}
-
-}  // namespace
+#include "tests/fuzz/fuzz_configs.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const flux2::Flux2Config config = tiny_config();
+  static const flux2::Flux2Config config = flux2::fuzzing::lora_fuzz_config();
   static const auto targets = flux2::flux2_lora_targets(config);
   const absl::StatusOr<flux2::LoraAdapter> adapter =
       flux2::parse_lora_adapter(std::span<const uint8_t>(data, size), config, {.max_rank = 16});

@@ -21,6 +21,7 @@
 #include "model/pipeline.h"
 #include "model/safetensors.h"
 #include "model/transformer_checkpoint.h"
+#include "tests/fuzz/fuzz_configs.h"
 #include "tests/host/test_util.h"
 
 namespace flux2 {
@@ -394,20 +395,10 @@ TEST(Fp8RefusalTest, ParallelDequantizationNamesTheFirstBadRow) {
 }
 
 // The fuzz target's seeds (tests/fuzz/corpus/fp8_checkpoint, the tiny config of
-// tests/fuzz/fuzz_fp8_checkpoint.cc) open with their formats, so the fuzzer starts from valid
+// tests/fuzz/fuzz_configs.h) open with their formats, so the fuzzer starts from valid
 // files.
 TEST(Fp8CheckpointTest, FuzzSeedsOpenWithTheirFormats) {
-  Flux2Config tiny;
-  tiny.num_attention_heads = 1;
-  tiny.attention_head_dim = 8;
-  tiny.axes_dims_rope = {2, 2, 2, 2};
-  tiny.num_layers = 1;
-  tiny.num_single_layers = 1;
-  tiny.joint_attention_dim = 8;
-  tiny.in_channels = 8;
-  tiny.out_channels = 8;
-  tiny.timestep_guidance_channels = 16;
-  tiny.guidance_embeds = false;
+  const Flux2Config tiny = fuzzing::fp8_fuzz_config();
   const std::string dir = testing::test_data_dir() + "/../fuzz/corpus/fp8_checkpoint/";
   for (const auto& [file, format, fp8_tensors] :
        std::vector<std::tuple<std::string, std::string, int64_t>>{
