@@ -3,13 +3,11 @@
 // server reports the format and stored bytes in GetModelInfo and returns diffusers' image for
 // fp8_cases.json's pipeline case (fp8_pipeline.safetensors case0.image_u8); the ModelOpt folder
 // loads the same way. Run: ctest --test-dir build-cpu -R Fp8E2E
-#include <stb_image.h>
 
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "model/safetensors.h"
 #include "tests/server/test_support.h"
 
 namespace flux2::server::testing {
@@ -19,35 +17,9 @@ namespace v1 = flux2::v1;
 
 const std::string kKlein = std::string(FLUX2_TEST_DATA_DIR) + "/tiny-klein";
 
-// Fails unless `png` is fp8_pipeline.safetensors case0.image_u8 (CHW) up to one level on <= 0.5%
-// of values (tests/data/README.md).
+// Fails unless `png` is the golden case0.image_u8 (expect_golden_png).
 void expect_golden(const std::string& png) {
-  int width = 0, height = 0, channels = 0;
-  stbi_uc* pixels =
-      stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(png.data()),
-                            static_cast<int>(png.size()), &width, &height, &channels, 3);
-  ASSERT_NE(pixels, nullptr);
-  const std::vector<uint8_t> rgb(pixels, pixels + width * height * 3);
-  stbi_image_free(pixels);
-  ASSERT_EQ(width, 64);
-  ASSERT_EQ(height, 64);
-  auto file = SafetensorsFile::open(kKlein + "/fp8_pipeline.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status();
-  absl::StatusOr<std::vector<float>> golden = read_f32(**file, "case0.image_u8");
-  ASSERT_TRUE(golden.ok()) << golden.status();
-  ASSERT_EQ(golden->size(), rgb.size());
-  int64_t off_by_one = 0, worse = 0;
-  for (int c = 0; c < 3; ++c) {
-    for (int i = 0; i < width * height; ++i) {
-      const int diff =
-          std::abs(static_cast<int>(rgb[static_cast<size_t>(i) * 3 + c]) -
-                   static_cast<int>((*golden)[static_cast<size_t>(c) * width * height + i]));
-      off_by_one += diff == 1;
-      worse += diff > 1;
-    }
-  }
-  EXPECT_EQ(worse, 0);
-  EXPECT_LE(static_cast<double>(off_by_one) / static_cast<double>(rgb.size()), 0.005);
+  expect_golden_png(png, kKlein + "/fp8_pipeline.safetensors", "case0.image_u8", 64, 64);
 }
 
 class Fp8E2E : public ::testing::Test {

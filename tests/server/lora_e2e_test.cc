@@ -4,7 +4,6 @@
 // adapters is unchanged, concurrent requests with different adapters, refusals, ListLoras,
 // GET /v1/loras, --lora-preload and the metrics. Run: ctest --test-dir build -R LoraE2E
 #include <httplib.h>
-#include <stb_image.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -15,7 +14,6 @@
 
 #include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
-#include "model/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "tests/server/test_support.h"
 
@@ -29,40 +27,9 @@ using nlohmann::json;
 const std::string kData = FLUX2_TEST_DATA_DIR;
 const char* const kPrompt = "a red fox in the snow, in the adapter's style";  // lora_cases case 0
 
-std::vector<uint8_t> decode_rgb(const std::string& png, int* width, int* height) {
-  int channels = 0;
-  stbi_uc* pixels =
-      stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(png.data()),
-                            static_cast<int>(png.size()), width, height, &channels, 3);
-  if (pixels == nullptr) return {};
-  std::vector<uint8_t> out(pixels, pixels + *width * *height * 3);
-  stbi_image_free(pixels);
-  return out;
-}
-
-// Fails unless `png` is case0.image_u8 (CHW floats) up to one level on <= 0.5% of values.
+// Fails unless `png` is the golden case0.image_u8 (expect_golden_png).
 void expect_golden(const std::string& png) {
-  int width = 0, height = 0;
-  const std::vector<uint8_t> rgb = decode_rgb(png, &width, &height);
-  ASSERT_EQ(width, 64);
-  ASSERT_EQ(height, 64);
-  auto file = SafetensorsFile::open(kData + "/tiny-klein/lora_pipeline.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status();
-  absl::StatusOr<std::vector<float>> golden = read_f32(**file, "case0.image_u8");
-  ASSERT_TRUE(golden.ok()) << golden.status();
-  ASSERT_EQ(golden->size(), rgb.size());
-  int64_t off_by_one = 0, worse = 0;
-  for (int c = 0; c < 3; ++c) {
-    for (int i = 0; i < width * height; ++i) {
-      const int diff =
-          std::abs(static_cast<int>(rgb[static_cast<size_t>(i) * 3 + c]) -
-                   static_cast<int>((*golden)[static_cast<size_t>(c) * width * height + i]));
-      off_by_one += diff == 1;
-      worse += diff > 1;
-    }
-  }
-  EXPECT_EQ(worse, 0);
-  EXPECT_LE(static_cast<double>(off_by_one) / static_cast<double>(rgb.size()), 0.005);
+  expect_golden_png(png, kData + "/tiny-klein/lora_pipeline.safetensors", "case0.image_u8", 64, 64);
 }
 
 class LoraE2E : public ::testing::Test {

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stb_image.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "model/image_encode.h"
+#include "model/safetensors.h"
 
 extern char** environ;
 
@@ -187,6 +189,36 @@ std::string noise_png(int64_t width, int64_t height) {
     value = static_cast<uint8_t>(state >> 56);
   }
   return bytes_or_fail(encode_png(rgb, width, height));
+}
+
+void expect_golden_png(const std::string& png, const std::string& golden, const std::string& tensor,
+                       int width, int height) {
+  int decoded_width = 0, decoded_height = 0, channels = 0;
+  stbi_uc* pixels = stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(png.data()),
+                                          static_cast<int>(png.size()), &decoded_width,
+                                          &decoded_height, &channels, 3);
+  ASSERT_NE(pixels, nullptr) << "not an image";
+  const std::vector<uint8_t> rgb(pixels, pixels + decoded_width * decoded_height * 3);
+  stbi_image_free(pixels);
+  ASSERT_EQ(decoded_width, width);
+  ASSERT_EQ(decoded_height, height);
+  auto file = SafetensorsFile::open(golden);
+  ASSERT_TRUE(file.ok()) << file.status();
+  absl::StatusOr<std::vector<float>> reference = read_f32(**file, tensor);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ(reference->size(), rgb.size());
+  const size_t plane = static_cast<size_t>(width) * height;
+  int64_t off_by_one = 0, worse = 0;
+  for (size_t c = 0; c < 3; ++c) {
+    for (size_t i = 0; i < plane; ++i) {
+      const int diff = std::abs(static_cast<int>(rgb[i * 3 + c]) -
+                                static_cast<int>((*reference)[c * plane + i]));
+      off_by_one += diff == 1;
+      worse += diff > 1;
+    }
+  }
+  EXPECT_EQ(worse, 0) << tensor;
+  EXPECT_LE(static_cast<double>(off_by_one) / static_cast<double>(rgb.size()), 0.005) << tensor;
 }
 
 flux2::v1::GenerateImageRequest small_request(uint64_t seed, int steps) {

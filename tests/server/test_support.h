@@ -65,6 +65,11 @@ std::string gradient_png(int64_t width, int64_t height);
 std::string gradient_jpeg(int64_t width, int64_t height);
 // Incompressible pixels (a fixed pseudo-random sequence) as PNG: about width x height x 3 bytes.
 std::string noise_png(int64_t width, int64_t height);
+// Fails the current test unless `png` decodes to width x height RGB equal to the golden `tensor`
+// of the safetensors file `golden` (CHW values, e.g. "case0.image_u8") up to one level on at most
+// 0.5% of values (the image_u8 bar of tests/data/README.md).
+void expect_golden_png(const std::string& png, const std::string& golden, const std::string& tensor,
+                       int width, int height);
 
 // A GenerateImage call running on its own thread.
 class UnaryCall {
