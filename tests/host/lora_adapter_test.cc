@@ -20,6 +20,7 @@
 #include "model/lora_targets.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "tests/fuzz/fuzz_configs.h"
 #include "tests/host/test_util.h"
 
 namespace flux2 {
@@ -709,17 +710,9 @@ TEST(LoraAdapterRefusals, NotASafetensorsFile) {
 }
 
 // The fuzz target's seeds (tests/fuzz/corpus/lora_adapter, the tiny config of
-// tests/fuzz/fuzz_lora_adapter.cc) parse, so the fuzzer starts from valid files of each family.
+// tests/fuzz/fuzz_configs.h) parse, so the fuzzer starts from valid files of each family.
 TEST(LoraAdapterTest, FuzzSeedsParse) {
-  Flux2Config c;
-  c.num_attention_heads = 2;
-  c.attention_head_dim = 4;
-  c.num_layers = 1;
-  c.num_single_layers = 1;
-  c.joint_attention_dim = 8;
-  c.in_channels = 8;
-  c.out_channels = 8;
-  c.guidance_embeds = true;
+  const Flux2Config c = fuzzing::lora_fuzz_config();
   const std::string dir = testing::test_data_dir() + "/../fuzz/corpus/lora_adapter/";
   for (const char* name : {"diffusers", "bfl", "kohya"}) {
     std::ifstream file(dir + name + ".safetensors", std::ios::binary);
