@@ -124,6 +124,18 @@ def panels() -> list:
             [target(f'sum by (instance) (rate(flux2_prompt_cache_requests_total{{result="hit", {SEL}}}{RATE}))'
                     f" / sum by (instance) (rate(flux2_prompt_cache_requests_total{{{SEL}}}{RATE}))",
                     "hit ratio {{instance}}", "A")]),
+        timeseries(
+            "Step caching: cached share of forwards by block list", "Share of block-list forwards that "
+            "reused the cached residual (requests with `cache`; DBCache or a fixed schedule), per list; "
+            "each CFG branch counts its own forwards.", "percentunit",
+            [target(f'sum by (list) (rate(flux2_step_cache_forwards_total{{decision="cached", {SEL}}}{RATE}))'
+                    f" / sum by (list) (rate(flux2_step_cache_forwards_total{{{SEL}}}{RATE}))",
+                    "{{list}}", "A")]),
+        timeseries(
+            "Step caching: relative diff p50 / p95", "DBCache's mean|F_prev - F| / mean|F_prev| where it "
+            "was computed: a step is cached while it stays below the request's threshold.", "none",
+            [target(quantile(q, "flux2_step_cache_relative_diff", "le"), f"p{int(q * 100)}", ref)
+             for q, ref in ((0.5, "A"), (0.95, "B"))]),
         row("Queue"),
         timeseries(
             "Queue depth and requests in flight", "Requests waiting in the admission queue and requests "
