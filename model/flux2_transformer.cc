@@ -193,10 +193,6 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(
 
 namespace {
 
-// Stream rows [begin, end) and the modulation row each reads (flux2_kv_row_modulation: one
-// segment, two in klein-KV's extract forward). Each modulated op runs once per segment, with the
-// chunk of the segment's modulation row [1, 17D] at the column the caller names
-// (Flux2ModulationLayout); `normed` [S, D] is the norms' scratch.
 // The LoRA terms around a SwiGLU MLP (ModulatedRows::swiglu_linear): those of the projection whose
 // output holds the SwiGLU's input [gate | up] from column `in_begin` (their products already in
 // the LoRA scratch, their B sides deferred by norm_linear), and those of the down projection.
@@ -206,6 +202,10 @@ struct MlpLora {
   const Flux2LoraTerms* out = nullptr;
 };
 
+// Stream rows [begin, end) and the modulation row each reads (flux2_kv_row_modulation: one
+// segment, two in klein-KV's extract forward). Each modulated op runs once per segment, with the
+// chunk of the segment's modulation row [1, 17D] at the column the caller names
+// (Flux2ModulationLayout); `normed` [S, D] is the norms' scratch.
 class ModulatedRows {
  public:
   ModulatedRows() = default;
