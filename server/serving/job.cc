@@ -70,6 +70,7 @@ bool Job::finish(const absl::Status& status, JobResult&& result) {
   }
   // Outside the lock: the front end's wake-up may hand the outcome to gRPC, which may call back
   // into cancel(). No progress or image event can follow: they are pushed only while kRunning.
+  if (before_done_) before_done_();
   if (events_) {
     JobEvent done;
     done.kind = JobEvent::Kind::kDone;

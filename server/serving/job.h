@@ -131,6 +131,10 @@ class Job {
   // Called after the done event by finish() (the server counts outstanding jobs with it). Set
   // before the job is shared with other threads.
   void set_on_finished(std::function<void()> on_finished) { on_finished_ = std::move(on_finished); }
+  // Called by finish() just before the done event: the server brings the metrics that depend on
+  // the outcome up to date, so a client that saw the response sees them too. Set before the job
+  // is shared with other threads.
+  void set_before_done(std::function<void()> before_done) { before_done_ = std::move(before_done); }
   // Pushes a progress event when the front end wants them, unless the job already finished.
   void report_progress(const ProgressEvent& event);
   // A freshly encoded image: when the front end wants images one by one, its bytes move into an
@@ -147,6 +151,7 @@ class Job {
   const Clock::time_point deadline_;
   const std::shared_ptr<JobEvents> events_;
   std::function<void()> on_finished_;
+  std::function<void()> before_done_;
 
   mutable std::mutex mu_;
   JobState state_ = JobState::kQueued;  // guarded by mu_

@@ -265,8 +265,10 @@ absl::Status ServingCore::admit(const std::shared_ptr<Job>& job) {
     }
     ++outstanding_jobs_;
   }
-  job->set_on_finished([this, lora = !job->spec().params.loras.empty()] {
-    if (lora) update_lora_device_metrics();
+  // The device cache's hits and uploads are counted before the client sees the response.
+  if (!job->spec().params.loras.empty())
+    job->set_before_done([this] { update_lora_device_metrics(); });
+  job->set_on_finished([this] {
     std::lock_guard<std::mutex> lock(mu_);
     --outstanding_jobs_;
     cv_.notify_all();
