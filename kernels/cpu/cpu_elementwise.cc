@@ -43,30 +43,32 @@ absl::Status CpuBackend::silu(const Tensor& x, const Tensor& out) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
-  FLUX_RETURN_IF_ERROR(cpu::check_f32("add", "a", a));
-  FLUX_RETURN_IF_ERROR(check_same("add", a, "b", b));
-  FLUX_RETURN_IF_ERROR(check_same("add", a, "out", out));
+namespace {
+
+// out = op(a, b) element by element, after the checks both add and sub make.
+template <typename Op>
+absl::Status binary_rows(const char* name, const Tensor& a, const Tensor& b, const Tensor& out,
+                         Op op) {
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(name, "a", a));
+  FLUX_RETURN_IF_ERROR(check_same(name, a, "b", b));
+  FLUX_RETURN_IF_ERROR(check_same(name, a, "out", out));
   for_each_row(a, [&](int64_t r) {
     const float* x = cpu::row(a, r);
     const float* y = cpu::row(b, r);
     float* o = cpu::row(out, r);
-    for (int64_t c = 0; c < a.cols(); ++c) o[c] = x[c] + y[c];
+    for (int64_t c = 0; c < a.cols(); ++c) o[c] = op(x[c], y[c]);
   });
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status CpuBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  return binary_rows("add", a, b, out, [](float x, float y) { return x + y; });
+}
+
 absl::Status CpuBackend::sub(const Tensor& a, const Tensor& b, const Tensor& out) {
-  FLUX_RETURN_IF_ERROR(cpu::check_f32("sub", "a", a));
-  FLUX_RETURN_IF_ERROR(check_same("sub", a, "b", b));
-  FLUX_RETURN_IF_ERROR(check_same("sub", a, "out", out));
-  for_each_row(a, [&](int64_t r) {
-    const float* x = cpu::row(a, r);
-    const float* y = cpu::row(b, r);
-    float* o = cpu::row(out, r);
-    for (int64_t c = 0; c < a.cols(); ++c) o[c] = x[c] - y[c];
-  });
-  return absl::OkStatus();
+  return binary_rows("sub", a, b, out, [](float x, float y) { return x - y; });
 }
 
 absl::StatusOr<float> CpuBackend::mean_abs_diff_ratio(const Tensor& a, const Tensor& b) {
