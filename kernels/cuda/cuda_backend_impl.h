@@ -89,6 +89,9 @@ class CudaBackend final : public Backend {
                               const Tensor& out) override;
   absl::Status lora_up_gate_residual(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                                      const Tensor& x, const Tensor& gate) override;
+  absl::Status lora_up_qk_norm_rope(const Tensor& x, const std::vector<LoraUpTerm>& terms,
+                                    int64_t head_dim, const Tensor& norm_weight, float eps,
+                                    const Tensor& cos, const Tensor& sin, RopeStyle style) override;
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   absl::Status sub(const Tensor& a, const Tensor& b, const Tensor& out) override;
