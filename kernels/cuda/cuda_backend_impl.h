@@ -229,6 +229,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CudnnConv> conv_;
   void* staging_[2] = {nullptr, nullptr};  // pinned host buffers for transfers
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};
+  // The staging buffer the next upload chunk fills: alternating across calls too, so converting
+  // one small tensor overlaps the previous one's copy (a LoRA adapter is hundreds of them).
+  int staging_next_ = 0;
   int64_t total_bytes_ = 0;
   std::string device_name_;            // cudaDeviceProp::name: the GEMM table's section
   bool fail_next_allocation_ = false;  // inject_fault(kDeviceOutOfMemory) armed
