@@ -123,12 +123,7 @@ absl::Status CudaBackend::lora_up_qk_norm_rope(const Tensor& x,
                                                RopeStyle style) {
   constexpr absl::string_view kOp = "lora_up_qk_norm_rope";
   FLUX_RETURN_IF_ERROR(check_lora_up(kOp, x, terms));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "norm_weight", norm_weight));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "norm_weight", norm_weight, head_dim));
-  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "cos", cos, Device::kCuda, DType::kF32));
-  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "sin", sin, Device::kCuda, DType::kF32));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "cos", cos, x.rows(), head_dim));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "sin", sin, x.rows(), head_dim));
+  FLUX_RETURN_IF_ERROR(cuda::check_qk_norm_rope_operands(kOp, x, head_dim, norm_weight, cos, sin));
   return run_path(
       CudaPath::kLoraUpQkNormRope,
       cuda::lora_up_qk_norm_rope_unsupported(mat(x), head_dim, mat(cos), mat(sin)),
