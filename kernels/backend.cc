@@ -80,6 +80,15 @@ absl::Status Backend::layer_norm_modulate_linear(const Tensor& x, const Tensor& 
   return linear(normed, w, {}, y);
 }
 
+absl::Status Backend::layer_norm_modulate_linear_keeping_normed(const Tensor& x,
+                                                                const Tensor& shift,
+                                                                const Tensor& scale, float eps,
+                                                                const Tensor& normed,
+                                                                const Weight& w, const Tensor& y) {
+  FLUX_RETURN_IF_ERROR(layer_norm_modulate(x, shift, scale, eps, normed));
+  return linear(normed, w, {}, y);
+}
+
 absl::Status Backend::lora_up_qk_norm_rope(const Tensor& x, const std::vector<LoraUpTerm>& terms,
                                            int64_t head_dim, const Tensor& norm_weight, float eps,
                                            const Tensor& cos, const Tensor& sin, RopeStyle style) {

@@ -230,8 +230,8 @@ class ModulatedRows {
   Tensor rows(const Tensor& t) const { return t.row_slice(begin_, end_ - begin_); }
 
   // out = ((1 + scale) ⊙ LayerNorm(x) + shift) · wᵀ (Backend::layer_norm_modulate_linear);
-  // shift, scale: the chunks at those columns. With LoRA terms, the eager chain (norm, linear),
-  // the terms' products into the LoRA scratch, and their B sides added now to out's columns
+  // shift, scale: the chunks at those columns. With LoRA terms, normed kept for the terms'
+  // products into the LoRA scratch, and their B sides added now to out's columns
   // `now` only: the others are added fused with their consumer (q and k with their QK-norm in
   // attend, a SwiGLU's input with it in swiglu_linear).
   absl::Status norm_linear(const Tensor& x, int64_t shift, int64_t scale, const Weight& w,
@@ -243,9 +243,8 @@ class ModulatedRows {
             of(x, g), chunk(g, shift), chunk(g, scale), eps_, of(normed_, g), w, of(out, g)));
         continue;
       }
-      FLUX_RETURN_IF_ERROR(be_->layer_norm_modulate(of(x, g), chunk(g, shift), chunk(g, scale),
-                                                    eps_, of(normed_, g)));
-      FLUX_RETURN_IF_ERROR(be_->linear(of(normed_, g), w, {}, of(out, g)));
+      FLUX_RETURN_IF_ERROR(be_->layer_norm_modulate_linear_keeping_normed(
+          of(x, g), chunk(g, shift), chunk(g, scale), eps_, of(normed_, g), w, of(out, g)));
       const Tensor t = of(ws_->lora.t, g);
       FLUX_RETURN_IF_ERROR(lora_down(*be_, *lora, of(normed_, g), t));
       const int64_t cols = now.count < 0 ? out.cols() - now.first : now.count;
@@ -560,8 +559,8 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
     return be.layer_norm_modulate_linear(final_rows, shift, scale, eps, final_normed,
                                          weights_.proj_out, out);  // [N, out_channels]
   }
-  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate(final_rows, shift, scale, eps, final_normed));
-  FLUX_RETURN_IF_ERROR(be.linear(final_normed, weights_.proj_out, {}, out));
+  FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear_keeping_normed(
+      final_rows, shift, scale, eps, final_normed, weights_.proj_out, out));
   return add_lora(be, &lora->proj_out, final_normed, out, *cond.workspace);
 }
 

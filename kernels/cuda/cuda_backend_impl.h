@@ -105,6 +105,10 @@ class CudaBackend final : public Backend {
   absl::Status layer_norm_modulate_linear(const Tensor& x, const Tensor& shift, const Tensor& scale,
                                           float eps, const Tensor& normed, const Weight& w,
                                           const Tensor& y) override;
+  absl::Status layer_norm_modulate_linear_keeping_normed(const Tensor& x, const Tensor& shift,
+                                                         const Tensor& scale, float eps,
+                                                         const Tensor& normed, const Weight& w,
+                                                         const Tensor& y) override;
   absl::Status rms_norm(const Tensor& x, const Tensor& weight, float eps,
                         const Tensor& out) override;
   absl::Status qk_norm_rope(const Tensor& x, int64_t head_dim, const Tensor& norm_weight, float eps,
@@ -183,9 +187,14 @@ class CudaBackend final : public Backend {
   // The GEMM of linear_low_precision on x's quantized copy xq.
   absl::Status gemm_low_precision(const Tensor& x, const CudaLowPrecision& xq,
                                   const CudaLowPrecision& w, const Tensor& y);
-  // layer_norm_modulate_linear with rowwise FP8: the norm writes only x's E4M3 rows, then the GEMM.
+  // layer_norm_modulate_linear with rowwise FP8: the norm writes x's E4M3 rows (and with `normed`
+  // its bf16 rows too, in the same pass), then the GEMM.
   absl::Status layer_norm_linear_fp8(const Tensor& x, const Tensor& shift, const Tensor& scale,
-                                     float eps, const CudaLowPrecision& w, const Tensor& y);
+                                     float eps, const CudaLowPrecision& w, const Tensor& y,
+                                     const Tensor* normed = nullptr);
+  // layer_norm_modulate_linear(_keeping_normed): `keep` says whether normed must be written.
+  absl::Status norm_linear(const Tensor& x, const Tensor& shift, const Tensor& scale, float eps,
+                           const Tensor& normed, const Weight& w, const Tensor& y, bool keep);
   // swiglu_linear with rowwise FP8: one kernel writes x's E4M3 rows ([prefix | swiglu(gate, up)],
   // a scale per row) without the bf16 activation, then the GEMM; with `residual` the GEMM adds
   // gate ⊙ (x · wᵀ) into the stream itself (the gate folded into the per-channel scales, beta = 1).

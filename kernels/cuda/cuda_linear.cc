@@ -171,19 +171,36 @@ absl::Status CudaBackend::layer_norm_modulate_linear(const Tensor& x, const Tens
                                                      const Tensor& scale, float eps,
                                                      const Tensor& normed, const Weight& w,
                                                      const Tensor& y) {
-  // quality=high with rowwise FP8: the norm writes only the GEMM's E4M3 rows.
+  return norm_linear(x, shift, scale, eps, normed, w, y, /*keep=*/false);
+}
+
+absl::Status CudaBackend::layer_norm_modulate_linear_keeping_normed(
+    const Tensor& x, const Tensor& shift, const Tensor& scale, float eps, const Tensor& normed,
+    const Weight& w, const Tensor& y) {
+  return norm_linear(x, shift, scale, eps, normed, w, y, /*keep=*/true);
+}
+
+absl::Status CudaBackend::norm_linear(const Tensor& x, const Tensor& shift, const Tensor& scale,
+                                      float eps, const Tensor& normed, const Weight& w,
+                                      const Tensor& y, bool keep) {
+  auto eager = [&] {
+    return keep ? Backend::layer_norm_modulate_linear_keeping_normed(x, shift, scale, eps, normed,
+                                                                     w, y)
+                : Backend::layer_norm_modulate_linear(x, shift, scale, eps, normed, w, y);
+  };
+  // quality=high with rowwise FP8: the norm writes the GEMM's E4M3 rows (and normed if kept).
   const CudaLowPrecision* low = fp8_rows_wanted() ? low_precision_of(w) : nullptr;
-  if (low == nullptr) {
-    return Backend::layer_norm_modulate_linear(x, shift, scale, eps, normed, w, y);
-  }
+  if (low == nullptr) return eager();
   constexpr absl::string_view kOp = "layer_norm_modulate_linear";
   FLUX_RETURN_IF_ERROR(cuda::check_layer_norm_operands(kOp, x, shift, scale));
   FLUX_RETURN_IF_ERROR(cuda::check_same_bf16(kOp, x, "normed", normed));
   FLUX_RETURN_IF_ERROR(cuda::check_projection(kOp, x, w.tensor, y));
   return run_path(
       CudaPath::kLayerNormFp8, cuda::layer_norm_fp8_unsupported(mat(x)),
-      [&] { return layer_norm_linear_fp8(x, shift, scale, eps, *low, y); },
-      [&] { return Backend::layer_norm_modulate_linear(x, shift, scale, eps, normed, w, y); });
+      [&] {
+        return layer_norm_linear_fp8(x, shift, scale, eps, *low, y, keep ? &normed : nullptr);
+      },
+      eager);
 }
 
 absl::StatusOr<CudaLowPrecision> CudaBackend::quantize_low_precision(const Tensor& x) {
@@ -296,7 +313,8 @@ absl::Status CudaBackend::swiglu_linear_fp8(const Tensor& gate, const Tensor& up
 
 absl::Status CudaBackend::layer_norm_linear_fp8(const Tensor& x, const Tensor& shift,
                                                 const Tensor& scale, float eps,
-                                                const CudaLowPrecision& w, const Tensor& y) {
+                                                const CudaLowPrecision& w, const Tensor& y,
+                                                const Tensor* normed) {
   const int64_t m = x.rows(), k = x.cols();
   CudaLowPrecision xq;
   {
@@ -305,7 +323,8 @@ absl::Status CudaBackend::layer_norm_linear_fp8(const Tensor& x, const Tensor& s
     FLUX_ASSIGN_OR_RETURN(xq.scale, scratch({m, 1}, DType::kF32));
     const cuda::Mat sh{shift.data(), 1, k, k}, sc{scale.data(), 1, k, k};
     FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(
-        mat(x), sh, sc, m, eps, cuda::Mat{nullptr, m, k, k}, stream(),
+        mat(x), sh, sc, m, eps, normed != nullptr ? mat(*normed) : cuda::Mat{nullptr, m, k, k},
+        stream(),
         cuda::Fp8Rows{static_cast<uint8_t*>(xq.values.data()), xq.scale.data_as<float>()}));
   }
   return gemm_low_precision(x, xq, w, y);

@@ -1,10 +1,10 @@
 // quality=high's rowwise FP8 producers: SwiGLU writing [prefix | swiglu(gate, up)] as E4M3 rows
 // (swiglu_fp8.h) and LayerNorm+modulate writing its E4M3 rows under their own scales equal
 // fp8_quantize_rows of the materialized bf16 output byte for byte; through the backend,
-// swiglu_linear and layer_norm_modulate_linear give the GEMM outputs of the ops in turn bit for
-// bit, their fast paths counted; swiglu_linear's gated residual in the GEMM is within a bound
-// derived from the roundings it saves.
-// Run: build/bin/gpu_fp8_rows_test (skips without a GPU, or without rowwise FP8 in cuBLASLt).
+// swiglu_linear and layer_norm_modulate_linear (and _keeping_normed) give the GEMM outputs of the
+// ops in turn bit for bit, their fast paths counted; swiglu_linear's gated residual in the GEMM is
+// within a bound derived from the roundings it saves. Run: build/bin/gpu_fp8_rows_test (skips
+// without a GPU, or without rowwise FP8 in cuBLASLt).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -248,6 +248,26 @@ TEST_F(Fp8RowsTest, LayerNormLinearEqualsTheOpsInTurn) {
       be_->layer_norm_modulate_linear(x, shift, scale.col_slice(0, d - 8), 1e-6f, normed, w, fused);
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("scale"), std::string::npos) << status;
+}
+
+TEST_F(Fp8RowsTest, LayerNormLinearKeepingNormedWritesBothInOnePass) {
+  // LoRA's A products read normed after the projection: the norm writes its bf16 rows beside the
+  // GEMM's E4M3 rows, each equal to the ops in turn.
+  if (!rowwise_high()) GTEST_SKIP() << "cuBLASLt offers no rowwise FP8 GEMM here";
+  const int64_t s = 300, d = 3072, n = 256;
+  Tensor x = random_bf16(*be_, s, d, 91, 3.0f);
+  Tensor kept = empty(DType::kBF16, {s, d}), normed = empty(DType::kBF16, {s, d});
+  Tensor shift = random_bf16(*be_, 1, d, 92), scale = random_bf16(*be_, 1, d, 93);
+  Weight w = fp8_weight(n, d, 94);
+  Tensor fused = empty(DType::kBF16, {s, n}), eager = empty(DType::kBF16, {s, n});
+  const int64_t before = testing::fast_path_counters("layer_norm_fp8").invocations;
+  ASSERT_TRUE(
+      be_->layer_norm_modulate_linear_keeping_normed(x, shift, scale, 1e-6f, kept, w, fused).ok());
+  EXPECT_EQ(testing::fast_path_counters("layer_norm_fp8").invocations, before + 1);
+  ASSERT_TRUE(be_->layer_norm_modulate(x, shift, scale, 1e-6f, normed).ok());
+  ASSERT_TRUE(be_->linear(normed, w, {}, eager).ok());
+  EXPECT_EQ(bits(*be_, kept), bits(*be_, normed));
+  EXPECT_EQ(bits(*be_, fused), bits(*be_, eager));
 }
 
 }  // namespace
