@@ -196,12 +196,12 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
       [&]() -> absl::StatusOr<int64_t> {
         // An FP8 checkpoint's projections go up as stored (1 byte a value); finish_load makes
         // their values on the device for --fp8-lossless=resident.
-        FLUX_ASSIGN_OR_RETURN(p.transformer_,
-                              Flux2Transformer::load(backend, transformer_weights,
-                                                     transformer_checkpoint.fp8_layout ==
-                                                             Fp8Layout::kNone
-                                                         ? Fp8Placement::kDequantized
-                                                         : Fp8Placement::kStored));
+        FLUX_ASSIGN_OR_RETURN(
+            p.transformer_,
+            Flux2Transformer::load(backend, transformer_weights,
+                                   transformer_checkpoint.fp8_layout == Fp8Layout::kNone
+                                       ? Fp8Placement::kDequantized
+                                       : Fp8Placement::kStored));
         return p.transformer_->load_report().device_bytes;
       },
       transformer_checkpoint.describe()));
@@ -398,8 +398,8 @@ absl::string_view fp8_lossless_name(Fp8Lossless mode) {
 absl::StatusOr<Fp8Lossless> parse_fp8_lossless(absl::string_view text) {
   if (text == "resident") return Fp8Lossless::kResident;
   if (text == "per_layer") return Fp8Lossless::kPerLayer;
-  return absl::InvalidArgumentError(absl::StrCat("--fp8-lossless \"", text,
-                                                 "\": expected resident or per_layer"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--fp8-lossless \"", text, "\": expected resident or per_layer"));
 }
 
 }  // namespace flux2

@@ -100,7 +100,7 @@ struct PipelineInfo {
   int64_t prompt_cache_bytes = 0;       // capacity of the prompt-embedding cache (0: off)
   bool quality_high = false;            // quality=high requests are served
   Fp8Lossless fp8_lossless = Fp8Lossless::kResident;  // --fp8-lossless (FP8 checkpoints only)
-  std::vector<ComponentInfo> components;             // each component's format and bytes
+  std::vector<ComponentInfo> components;              // each component's format and bytes
   double load_seconds = 0.0;
 
   // One log line: model, backend, bytes per component and load time.

@@ -216,8 +216,8 @@ absl::Status upload_stored(Backend& backend, const WeightSpec& spec, const Tenso
   FLUX_RETURN_IF_ERROR(check_fp8_codes(ref));
   const int64_t rows = spec.shape[0];
   const std::vector<float> scales = fp8_row_scales(ref);
-  FLUX_RETURN_IF_ERROR(
-      backend.upload(ref.data(), DType::kF8E4M3, spec.fp8->tensor.row_slice(spec.target_row, rows)));
+  FLUX_RETURN_IF_ERROR(backend.upload(ref.data(), DType::kF8E4M3,
+                                      spec.fp8->tensor.row_slice(spec.target_row, rows)));
   const Tensor scale_column = spec.fp8->row_scales.reshape(Shape{spec.fp8->row_scales.numel(), 1});
   return backend.upload(scales.data(), DType::kF32, scale_column.row_slice(spec.target_row, rows));
 }

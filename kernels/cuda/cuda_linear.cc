@@ -248,9 +248,9 @@ absl::Status CudaBackend::dequantize_e4m3_rows(const Tensor& values, const Tenso
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "out", out));
   FLUX_RETURN_IF_ERROR(check_matrix(kOp, "out", out, values.rows(), values.cols()));
   if (!values.contiguous() || row_scales.numel() != values.rows()) {
-    return op_error(kOp, absl::StrCat("values ", values.describe(), " must be contiguous with ",
-                                      "one row scale per row (row_scales ",
-                                      row_scales.describe(), ")"));
+    return op_error(kOp,
+                    absl::StrCat("values ", values.describe(), " must be contiguous with ",
+                                 "one row scale per row (row_scales ", row_scales.describe(), ")"));
   }
   OpProfileScope profile(*this, op_category("quantize", "dequantize_e4m3_rows"));
   cuda::DequantizeE4m3Args args;
