@@ -5,7 +5,7 @@
 # status is non-zero when any test, golden check or bench failed (every failure is a failure on a
 # machine with a GPU; tests skip only where no CUDA device exists).
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
-#                              [ab] [ab-e2e] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
+#                              [ab] [ab-e2e] [fp8] [fp8-files] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
 #                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile] [e2e-shapes]
 #                              [lora] [cache] [cache-high]
@@ -109,7 +109,7 @@ if want tests; then
   all_tests="gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test
     gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_fp8_accumulation_test
     gpu_flash_attention_fp8_test gpu_fp8_rows_test gpu_text_encoder_streaming_test
-    gpu_gemm_algorithm_table_test gpu_step_cache_test"
+    gpu_gemm_algorithm_table_test gpu_step_cache_test gpu_fp8_stored_weight_test"
   # gpu_server_test needs the server binary's path: it runs below, not among the plain tests.
   selected=" ${GPU_TESTS:-$all_tests} "
   run_gtests ${selected// gpu_server_test / }
@@ -227,6 +227,40 @@ if want fp8; then  # quality=high only: its tests, and the klein-4B step with ea
   bench "$bin/flux2" profile.jsonl "profile klein-4b high" --model klein-4b --quality high --profile
   bench "$bin/flux2" profile.jsonl "profile klein-4b high, bf16 attention (--fp8-attention off)" \
     --model klein-4b --quality high --profile --fp8-attention off
+fi
+if want fp8-files; then  # FP8 checkpoints (issue 31): stored weights, both qualities, the targets
+  want tests || run_gtests gpu_fp8_stored_weight_test
+  for quality in lossless high; do
+    "$bin/flux2" check-golden --golden tests/data/tiny-klein --backend cuda --quality $quality \
+      --only fp8,fp8_pipeline >"$out/golden-fp8-$quality.log" 2>&1
+    record $? "check-golden fp8 $quality: $(tail -n1 "$out/golden-fp8-$quality.log")"
+  done
+  # klein-4B at quality=high: bf16 weights + FP8 copies (today) against an FP8 file's stored
+  # weights (per_layer: nothing else resident), alternately; step and peak memory.
+  for i in 1 2; do
+    bench "$bin/flux2" fp8-files.jsonl "klein-4b high, bf16 weights" --model klein-4b --quality high
+    bench "$bin/flux2" fp8-files.jsonl "klein-4b high, fp8 file per_layer" --model klein-4b \
+      --quality high --weights fp8 --fp8-lossless per_layer
+  done
+  bench "$bin/flux2" fp8-files.jsonl "klein-4b high, fp8 file resident" --model klein-4b \
+    --quality high --weights fp8 --fp8-lossless resident
+  # Lossless on an FP8 file: resident bf16 values against a dequantization per GEMM.
+  for plan in resident per_layer; do
+    bench "$bin/flux2" fp8-files.jsonl "klein-4b lossless, fp8 file $plan" --model klein-4b \
+      --weights fp8 --fp8-lossless $plan
+    bench "$bin/flux2" fp8-files.jsonl "dev lossless, fp8 file $plan" --model dev --weights fp8 \
+      --fp8-lossless $plan
+  done
+  bench "$bin/flux2" fp8-files.jsonl "e2e klein-4b high, fp8 file per_layer" --e2e \
+    --model klein-4b --quality high --weights fp8 --fp8-lossless per_layer --tokenizer "$tokenizer"
+  # dev: FP8 transformer at quality=high under an 80 GB cap (the text encoder bf16 and streamed:
+  # the FP8 text encoder is not done yet), and the step against today's high step.
+  bench "$bin/flux2" fp8-files.jsonl "bench dev high, fp8 file per_layer" --model dev \
+    --quality high --weights fp8 --fp8-lossless per_layer
+  bench "$bin/flux2" fp8-files.jsonl "bench dev high, bf16 weights" --model dev --quality high
+  bench "$bin/flux2" fp8-files.jsonl "e2e dev high, fp8 file per_layer, 80 GB cap, TE streamed" \
+    --e2e --model dev --repeats 1 --quality high --weights fp8 --fp8-lossless per_layer \
+    --text-encoder-offload --device-memory-cap-gb 80
 fi
 if want gemm-shapes; then
   for quality in lossless high; do
