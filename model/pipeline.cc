@@ -16,6 +16,7 @@
 #include "model/checkpoint.h"
 #include "model/flux2_presets.h"
 #include "model/json_util.h"
+#include "model/text_encoder_checkpoint.h"
 #include "model/transformer_checkpoint.h"
 #include "model/weight_loader.h"
 
@@ -82,6 +83,17 @@ absl::StatusOr<TransformerCheckpoint> open_transformer(const std::string& model_
     config_path = "the published FLUX.2-dev transformer config (flux2_preset dev)";
   }
   return open_transformer_file(options.transformer_file, std::move(config), config_path);
+}
+
+// text_encoder/, or options.text_encoder_file (one safetensors file, bf16 or FP8) with
+// text_encoder/config.json.
+absl::StatusOr<TextEncoderCheckpoint> open_text_encoder(const std::string& model_dir,
+                                                        const PipelineOptions& options) {
+  if (options.text_encoder_file.empty())
+    return open_text_encoder_folder(model_dir + "/text_encoder");
+  const std::string config_path = model_dir + "/text_encoder/config.json";
+  FLUX_ASSIGN_OR_RETURN(nlohmann::json config, read_json_file(config_path));
+  return open_text_encoder_file(options.text_encoder_file, std::move(config), config_path);
 }
 
 // Every tensor of `weights` at `value_bytes` bytes per value (all of them are loaded).
@@ -158,15 +170,17 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
   }));
 
   // The memory plan, from the tensor shapes, before anything is allocated.
-  FLUX_ASSIGN_OR_RETURN(ComponentWeights text_weights,
-                        ComponentWeights::open(model_dir + "/text_encoder"));
+  FLUX_ASSIGN_OR_RETURN(const TextEncoderCheckpoint text_checkpoint,
+                        open_text_encoder(model_dir, options));
+  const ComponentWeights& text_weights = text_checkpoint.weights;
   FLUX_ASSIGN_OR_RETURN(TransformerCheckpoint transformer_checkpoint,
                         open_transformer(model_dir, options, dev));
   const ComponentWeights& transformer_weights = transformer_checkpoint.weights;
   pipeline->info_.transformer_format = transformer_checkpoint.format;
   pipeline->info_.transformer_checkpoint_bytes = transformer_checkpoint.checkpoint_bytes;
   pipeline->info_.fp8_lossless = options.fp8_lossless;
-  pipeline->info_.text_encoder_format = "diffusers";
+  pipeline->info_.text_encoder_format = text_checkpoint.format;
+  pipeline->info_.text_encoder_checkpoint_bytes = text_checkpoint.checkpoint_bytes;
   FLUX_ASSIGN_OR_RETURN(ComponentWeights vae_weights, ComponentWeights::open(model_dir + "/vae"));
   const std::vector<int64_t> taps = text_encoder_taps(dev);
   const int64_t value_bytes = dtype_size(backend.weight_dtype());
@@ -190,7 +204,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
         FLUX_ASSIGN_OR_RETURN(p.text_encoder_, TextEncoder::load(backend, text_weights, taps,
                                                                  options.text_encoder_residency));
         return p.text_encoder_->device_bytes() + p.text_encoder_->host_bytes();
-      }));
+      },
+      text_checkpoint.describe()));
   FLUX_RETURN_IF_ERROR(load_component(
       options.on_progress, "transformer", plan.transformer,
       [&]() -> absl::StatusOr<int64_t> {

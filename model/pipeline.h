@@ -89,7 +89,8 @@ struct PipelineInfo {
   // the bytes of its weights as stored.
   std::string transformer_format = "random";
   int64_t transformer_checkpoint_bytes = 0;
-  // The same for the text encoder: "diffusers" (a text_encoder/ folder) or "random".
+  // The same for the text encoder (TextEncoderCheckpoint::format): "diffusers" (a text_encoder/
+  // folder), "file" (a bf16 --text-encoder-file), an FP8 layout's name, or "random".
   std::string text_encoder_format = "random";
   int64_t text_encoder_checkpoint_bytes = 0;
   // The text encoder's weights stay in page-locked host memory and stream onto the device layer by
@@ -168,6 +169,11 @@ struct PipelineOptions {
   // is refused (its place is transformer/); a folder is opened as a transformer/ folder (a
   // ModelOpt FP8 export).
   std::string transformer_file;
+  // One safetensors file holding the text encoder under HF names (ComfyUI's text-encoder files),
+  // bf16 or FP8 (model/text_encoder_checkpoint.h), instead of text_encoder/'s weights; its config
+  // is still text_encoder/config.json. An FP8 file's projections stay FP8 on the device, each
+  // dequantized as its GEMM runs (lossless numerics on the dequantized weights).
+  std::string text_encoder_file;
   // Told as each component starts loading and when it is in place (the server logs it, the CLI
   // prints it): loading FLUX.2-dev takes minutes.
   LoadProgressFn on_progress;

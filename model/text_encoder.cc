@@ -89,11 +89,9 @@ absl::StatusOr<CopyTicket> TextEncoderImpl::stream_layer(size_t layer, int buffe
   const TextEncoderLayerWeights& from = weights_.layers[layer];
   const TextEncoderLayerWeights& to = layer_buffers_[buffer];
   std::vector<CopyPair> copies;
-  for (auto member : {&TextEncoderLayerWeights::input_norm, &TextEncoderLayerWeights::qkv,
-                      &TextEncoderLayerWeights::q_norm, &TextEncoderLayerWeights::k_norm,
-                      &TextEncoderLayerWeights::o_proj, &TextEncoderLayerWeights::post_norm,
-                      &TextEncoderLayerWeights::gate_up, &TextEncoderLayerWeights::down_proj}) {
-    if ((from.*member).data() != nullptr) copies.push_back(CopyPair{from.*member, to.*member});
+  const std::vector<const Tensor*> sources = from.tensors(), targets = to.tensors();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (sources[i]->data() != nullptr) copies.push_back(CopyPair{*sources[i], *targets[i]});
   }
   return backend_.start_copies(copies);
 }
@@ -263,9 +261,18 @@ absl::StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::load(Backend& backend,
   auto model = std::make_unique<TextEncoderImpl>(backend, config, std::move(taps), residency);
   const std::vector<WeightSpec> table =
       model->weights().table(config, num_layers, prefix, residency);
-  FLUX_ASSIGN_OR_RETURN(LoadReport report,
-                        load_weights(backend, checkpoint, table,
-                                     text_encoder_unused_tensors(config, num_layers, prefix)));
+  // An FP8 file's projections stay FP8 on the device, each dequantized as its GEMM runs.
+  const bool fp8 = !stored_fp8_weights(checkpoint, table).empty();
+  if (fp8 && residency == WeightResidency::kStreamed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        checkpoint.dir(), ": an FP8 text encoder stays FP8 on the device (half the bf16 bytes) and ",
+        "is not streamed from host memory; drop --text-encoder-offload"));
+  }
+  FLUX_ASSIGN_OR_RETURN(
+      LoadReport report,
+      load_weights(backend, checkpoint, table,
+                   text_encoder_unused_tensors(config, num_layers, prefix),
+                   fp8 ? Fp8Placement::kStored : Fp8Placement::kDequantized));
   model->set_load_report(report);
   FLUX_RETURN_IF_ERROR(model->allocate_layer_buffers());
   return std::unique_ptr<TextEncoder>(std::move(model));
@@ -278,10 +285,13 @@ absl::StatusOr<std::pair<int64_t, int64_t>> TextEncoder::planned_bytes(
       TextEncoderConfig config,
       TextEncoderConfig::from_json(checkpoint.config(), checkpoint.config_path()));
   FLUX_RETURN_IF_ERROR(check_taps(taps, config, checkpoint.config_path()));
+  FLUX_ASSIGN_OR_RETURN(const std::string prefix, text_encoder_prefix(config, checkpoint));
   TextEncoderWeights weights;
-  const WeightBytes bytes = planned_weight_bytes(
-      weights.table(config, *std::max_element(taps.begin(), taps.end()), "", residency),
-      weight_dtype_size);
+  const std::vector<WeightSpec> table =
+      weights.table(config, *std::max_element(taps.begin(), taps.end()), prefix, residency);
+  // An FP8 file's projections at 1 byte a value (plus a scale per row), as load() keeps them.
+  const WeightBytes bytes =
+      planned_weight_bytes(table, stored_fp8_weights(checkpoint, table), weight_dtype_size);
   int64_t device = bytes.device;
   if (residency == WeightResidency::kStreamed) {  // the two device layer buffers
     TextEncoderLayerWeights layer;

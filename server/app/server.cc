@@ -40,6 +40,7 @@ EngineFactory pipeline_factory(const ServerOptions& options) {
         options.text_encoder_offload ? WeightResidency::kStreamed : WeightResidency::kDevice;
     pipeline.prompt_cache_bytes = options.prompt_cache_bytes;
     pipeline.transformer_file = options.transformer_file;
+    pipeline.text_encoder_file = options.text_encoder_file;
     // Checked when the flags were parsed.
     pipeline.fp8_lossless =
         parse_fp8_lossless(options.fp8_lossless).value_or(Fp8Lossless::kResident);

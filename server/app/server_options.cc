@@ -128,6 +128,7 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   option("--prompt-cache-bytes", o.prompt_cache_bytes);
   option("--transformer-file", o.transformer_file);
   option("--fp8-lossless", o.fp8_lossless);
+  option("--text-encoder-file", o.text_encoder_file);
   option("--lora-dir", o.lora_dir);
   option("--lora-cache-bytes", o.lora_cache_bytes);
   option("--lora-host-cache-bytes", o.lora_host_cache_bytes);
@@ -428,6 +429,14 @@ std::string server_help_text() {
       "                           ModelOpt FP8 export) instead of <model-dir>/transformer/'s\n"
       "                           (whose config.json is still read for a file); the format\n"
       "                           detected is logged and reported by GetModelInfo\n"
+      "  --text-encoder-file FILE load the text encoder from this single safetensors file (HF\n"
+      "                           names as in ComfyUI's text-encoder files; bf16, or FP8: e.g.\n"
+      "                           mistral_3_small_flux2_fp8.safetensors) instead of\n"
+      "                           <model-dir>/text_encoder/'s (whose config.json is still read);\n"
+      "                           an FP8 file stays FP8 on the GPU and each layer is dequantized as\n"
+      "                           it runs (same numerics as the dequantized weights; not with\n"
+      "                           --text-encoder-offload); the format detected is logged and\n"
+      "                           reported by GetModelInfo.components\n"
       "  --fp8-lossless MODE      how an FP8 transformer file serves quality=lossless: "
       "resident\n"
       "                           (default: its dequantized bf16 values stay on the GPU, bf16\n"

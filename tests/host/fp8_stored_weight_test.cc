@@ -4,6 +4,7 @@
 // fp8) runs both plans to the same bits; every new refusal names what it refuses.
 //   build-cpu/bin/host_tests --gtest_filter='Fp8Stored*'
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -12,8 +13,12 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/flux2_transformer.h"
+#include "model/flux2_weights.h"
 #include "model/fp8_checkpoint.h"
+#include "model/json_util.h"
 #include "model/pipeline.h"
+#include "model/transformer_checkpoint.h"
+#include "model/weight_loader.h"
 #include "tests/fuzz/fuzz_configs.h"
 #include "tests/host/test_util.h"
 
@@ -138,6 +143,36 @@ TEST(Fp8StoredTest, RandomFp8TransformerRunsBothPlansToTheSameBits) {
   double norm = 0.0;
   for (float v : outputs[0]) norm += double{v} * v;
   EXPECT_GT(norm, 0.0);  // not trivially zero
+}
+
+// A mixed file's bf16 layers stay bf16: ComfyUI's fp8mixed golden keeps double block 0 in bf16,
+// so its projections are not stored; the memory plan counts the stored ones at 1 byte a value
+// plus a 4-byte scale per row.
+TEST(Fp8StoredTest, MixedFilesKeepTheirBf16LayersAndThePlanCountsFp8Bytes) {
+  auto config_json = read_json_file(klein() + "/checkpoint/transformer/config.json");
+  ASSERT_TRUE(config_json.ok());
+  auto checkpoint =
+      open_transformer_file(klein() + "/fp8/comfy_fp8mixed.safetensors", *config_json, "config");
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  auto config = Flux2Config::from_json(*config_json, "config");
+  ASSERT_TRUE(config.ok());
+  Flux2Weights weights;
+  const std::vector<WeightSpec> table = weights.table(*config);
+  const std::set<const Weight*> stored = stored_fp8_weights(checkpoint->weights, table);
+  ASSERT_GE(weights.double_blocks.size(), 2u);
+  EXPECT_EQ(stored.count(&weights.double_blocks[0].img_qkv), 0u);
+  EXPECT_EQ(stored.count(&weights.double_blocks[0].txt_ff_out), 0u);
+  EXPECT_EQ(stored.count(&weights.double_blocks[1].img_qkv), 1u);
+  EXPECT_EQ(stored.count(&weights.single_blocks[0].qkv_mlp), 1u);
+  int64_t expected_fp8 = 0, values = 0;
+  for (const WeightSpec& spec : table) {
+    const bool fp8 = spec.fp8 != nullptr && stored.count(spec.fp8) != 0;
+    (fp8 ? expected_fp8 : values) +=
+        fp8 ? shape_numel(spec.shape) + 4 * spec.shape[0] : 2 * shape_numel(spec.shape);
+  }
+  EXPECT_GT(expected_fp8, 0);
+  EXPECT_EQ(planned_weight_bytes(table, stored, 2).device, expected_fp8 + values);
+  EXPECT_EQ(planned_weight_bytes(table, {}, 2).device, planned_weight_bytes(table, 2).device);
 }
 
 TEST(Fp8StoredTest, RefusalsNameWhatTheyRefuse) {
