@@ -172,7 +172,8 @@ struct PipelineOptions {
   // One safetensors file holding the text encoder under HF names (ComfyUI's text-encoder files),
   // bf16 or FP8 (model/text_encoder_checkpoint.h), instead of text_encoder/'s weights; its config
   // is still text_encoder/config.json. An FP8 file's projections stay FP8 on the device, each
-  // dequantized as its GEMM runs (lossless numerics on the dequantized weights).
+  // dequantized as its GEMM runs (lossless numerics on the dequantized weights); streamed
+  // (kStreamed), they are dequantized into host memory at load and stream as bf16.
   std::string text_encoder_file;
   // Told as each component starts loading and when it is in place (the server logs it, the CLI
   // prints it): loading FLUX.2-dev takes minutes.

@@ -261,18 +261,13 @@ absl::StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::load(Backend& backend,
   auto model = std::make_unique<TextEncoderImpl>(backend, config, std::move(taps), residency);
   const std::vector<WeightSpec> table =
       model->weights().table(config, num_layers, prefix, residency);
-  // An FP8 file's projections stay FP8 on the device, each dequantized as its GEMM runs.
+  // An FP8 file's projections stay FP8 on the device, each dequantized as its GEMM runs; streamed
+  // layers (host targets) are dequantized into host memory at load and stream as bf16.
   const bool fp8 = !stored_fp8_weights(checkpoint, table).empty();
-  if (fp8 && residency == WeightResidency::kStreamed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        checkpoint.dir(), ": an FP8 text encoder stays FP8 on the device (half the bf16 bytes) and ",
-        "is not streamed from host memory; drop --text-encoder-offload"));
-  }
-  FLUX_ASSIGN_OR_RETURN(
-      LoadReport report,
-      load_weights(backend, checkpoint, table,
-                   text_encoder_unused_tensors(config, num_layers, prefix),
-                   fp8 ? Fp8Placement::kStored : Fp8Placement::kDequantized));
+  FLUX_ASSIGN_OR_RETURN(LoadReport report,
+                        load_weights(backend, checkpoint, table,
+                                     text_encoder_unused_tensors(config, num_layers, prefix),
+                                     fp8 ? Fp8Placement::kStored : Fp8Placement::kDequantized));
   model->set_load_report(report);
   FLUX_RETURN_IF_ERROR(model->allocate_layer_buffers());
   return std::unique_ptr<TextEncoder>(std::move(model));
