@@ -304,16 +304,20 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
   pipeline->describe("(random weights)", spec.name, spec.pipeline_class,
                      spec.is_distilled || spec.kv_cache, spec.kv_cache);
   pipeline->info_.fp8_lossless = spec.fp8_lossless;
-  if (spec.fp8_weights) pipeline->info_.transformer_format = "random_fp8";
+  if (spec.fp8_weights) {
+    pipeline->info_.transformer_format = "random_fp8";
+    if (spec.text_encoder_residency == WeightResidency::kDevice)
+      pipeline->info_.text_encoder_format = "random_fp8";
+  }
   FLUX_RETURN_IF_ERROR(load_component(spec.on_progress, "tokenizer", 0, [&] {
     return load_tokenizer(spec.tokenizer_dir, pipeline->tokenizer_);
   }));
   Pipeline& p = *pipeline;
   FLUX_RETURN_IF_ERROR(
       load_component(spec.on_progress, "text_encoder", 0, [&]() -> absl::StatusOr<int64_t> {
-        FLUX_ASSIGN_OR_RETURN(p.text_encoder_,
-                              TextEncoder::create_random(backend, spec.text_encoder, spec.taps,
-                                                         spec.seed, spec.text_encoder_residency));
+        FLUX_ASSIGN_OR_RETURN(p.text_encoder_, TextEncoder::create_random(
+                                                   backend, spec.text_encoder, spec.taps, spec.seed,
+                                                   spec.text_encoder_residency, spec.fp8_weights));
         return p.text_encoder_->device_bytes() + p.text_encoder_->host_bytes();
       }));
   pipeline->prompt_cache_ = PromptCache(spec.prompt_cache_bytes);
@@ -398,7 +402,7 @@ absl::Status Pipeline::finish_load(const std::string& source, bool enable_qualit
        per_layer_fp8 ? absl::StrCat(info_.transformer_format, " (stored fp8)")
                      : info_.transformer_format,
        info_.transformer_bytes, 0, info_.transformer_checkpoint_bytes},
-      {"vae", info_.text_encoder_format == "random" ? "random" : "diffusers", info_.vae_bytes, 0,
+      {"vae", info_.model_dir == "(random weights)" ? "random" : "diffusers", info_.vae_bytes, 0,
        0},
   };
   if (info_.quality_high) info_.components.push_back({"fp8_weights", "fp8", info_.fp8_bytes, 0, 0});

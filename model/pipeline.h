@@ -139,7 +139,8 @@ struct RandomPipelineSpec {
   bool kv_cache = false;  // run as klein-KV (Flux2KleinKVPipeline)
   bool enable_quality_high = false;
   // The transformer's block projections as an FP8 checkpoint's stored weights (random E4M3 codes
-  // and row scales; `flux2 bench --weights fp8`), run as fp8_lossless says at quality=lossless.
+  // and row scales; `flux2 bench --weights fp8`), run as fp8_lossless says at quality=lossless;
+  // the text encoder's projections too when it is resident (an FP8 text-encoder file).
   bool fp8_weights = false;
   Fp8Lossless fp8_lossless = Fp8Lossless::kResident;
   uint64_t seed = 1;

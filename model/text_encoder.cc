@@ -297,21 +297,25 @@ absl::StatusOr<std::pair<int64_t, int64_t>> TextEncoder::planned_bytes(
   return std::pair<int64_t, int64_t>{device, bytes.host};
 }
 
-absl::StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::create_random(Backend& backend,
-                                                                        TextEncoderConfig config,
-                                                                        std::vector<int64_t> taps,
-                                                                        uint64_t seed,
-                                                                        WeightResidency residency) {
+absl::StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::create_random(
+    Backend& backend, TextEncoderConfig config, std::vector<int64_t> taps, uint64_t seed,
+    WeightResidency residency, bool stored_fp8) {
   FLUX_RETURN_IF_ERROR(check_taps(taps, config, "random text encoder"));
   const int64_t num_layers = *std::max_element(taps.begin(), taps.end());
   auto model = std::make_unique<TextEncoderImpl>(backend, config, std::move(taps), residency);
   const std::vector<WeightSpec> table =
       model->weights().table(config, num_layers, "model.", residency);
   LoadReport report;
-  FLUX_ASSIGN_OR_RETURN(const WeightBytes bytes, allocate_weights(backend, table));
-  report.device_bytes = bytes.device;
-  report.host_bytes = bytes.host;
-  FLUX_RETURN_IF_ERROR(fill_random_weights(backend, table, seed));
+  if (stored_fp8 && residency == WeightResidency::kDevice) {  // the embedding stays on the host
+    FLUX_ASSIGN_OR_RETURN(const int64_t bytes, allocate_random_stored_fp8(backend, table, seed));
+    report.host_bytes = model->weights().embed_tokens.bytes();
+    report.device_bytes = bytes - report.host_bytes;
+  } else {
+    FLUX_ASSIGN_OR_RETURN(const WeightBytes bytes, allocate_weights(backend, table));
+    report.device_bytes = bytes.device;
+    report.host_bytes = bytes.host;
+    FLUX_RETURN_IF_ERROR(fill_random_weights(backend, table, seed));
+  }
   report.tensors = static_cast<int64_t>(table.size());
   model->set_load_report(report);
   FLUX_RETURN_IF_ERROR(model->allocate_layer_buffers());

@@ -85,7 +85,8 @@ struct BenchOptions {
   int64_t loras = 1;
   // --weights bf16|fp8: the transformer's block projections as bf16 values or as an FP8
   // checkpoint's stored weights (random E4M3 codes and row scales), served as --fp8-lossless
-  // resident|per_layer says (model/pipeline.h Fp8Lossless; the server's flag).
+  // resident|per_layer says (model/pipeline.h Fp8Lossless; the server's flag); with --e2e the
+  // text encoder's too (an FP8 text-encoder file, unless --text-encoder-offload).
   std::string weights = "bf16";
   std::string fp8_lossless = "resident";
   bool fp8_weights() const { return weights == "fp8"; }
