@@ -10,6 +10,10 @@
 #                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile] [e2e-shapes]
 #                              [lora] [cache] [cache-high]
 #                              (default: tests golden bench bench-dev)
+# `fp8-files` (issue 31): gpu_fp8_stored_weight_test, check-golden fp8 at both qualities, and the
+# FP8-checkpoint benches (--weights fp8): klein-4B high (bf16 + copies vs the file's codes, step
+# and peak), lossless resident vs per_layer, dev high step and an FP8 transformer + FP8 text
+# encoder whole request under an 80 GB cap; FP8_FILES_PARTS="tests golden klein dev" picks some.
 # `ab-e2e` alternates the base's and this tree's klein-4B whole requests (both qualities, twice;
 # one with a reference image).
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
@@ -228,13 +232,17 @@ if want fp8; then  # quality=high only: its tests, and the klein-4B step with ea
   bench "$bin/flux2" profile.jsonl "profile klein-4b high, bf16 attention (--fp8-attention off)" \
     --model klein-4b --quality high --profile --fp8-attention off
 fi
+fp8_part() { [[ " ${FP8_FILES_PARTS:-tests golden klein dev} " == *" $1 "* ]]; }
 if want fp8-files; then  # FP8 checkpoints (issue 31): stored weights, both qualities, the targets
-  want tests || run_gtests gpu_fp8_stored_weight_test
+  if fp8_part tests; then want tests || run_gtests gpu_fp8_stored_weight_test; fi
   for quality in lossless high; do
+    fp8_part golden || break
     "$bin/flux2" check-golden --golden tests/data/tiny-klein --backend cuda --quality $quality \
       --only fp8,fp8_pipeline >"$out/golden-fp8-$quality.log" 2>&1
     record $? "check-golden fp8 $quality: $(tail -n1 "$out/golden-fp8-$quality.log")"
   done
+fi
+if want fp8-files && fp8_part klein; then
   # klein-4B at quality=high: bf16 weights + FP8 copies (today) against an FP8 file's stored
   # weights (per_layer: nothing else resident), alternately; step and peak memory.
   for i in 1 2; do
@@ -248,11 +256,15 @@ if want fp8-files; then  # FP8 checkpoints (issue 31): stored weights, both qual
   for plan in resident per_layer; do
     bench "$bin/flux2" fp8-files.jsonl "klein-4b lossless, fp8 file $plan" --model klein-4b \
       --weights fp8 --fp8-lossless $plan
-    bench "$bin/flux2" fp8-files.jsonl "dev lossless, fp8 file $plan" --model dev --weights fp8 \
-      --fp8-lossless $plan
   done
   bench "$bin/flux2" fp8-files.jsonl "e2e klein-4b high, fp8 file per_layer" --e2e \
     --model klein-4b --quality high --weights fp8 --fp8-lossless per_layer --tokenizer "$tokenizer"
+fi
+if want fp8-files && fp8_part dev; then
+  for plan in resident per_layer; do
+    bench "$bin/flux2" fp8-files.jsonl "dev lossless, fp8 file $plan" --model dev --weights fp8 \
+      --fp8-lossless $plan
+  done
   # dev: FP8 transformer and FP8 text encoder (resident, dequantized per layer) at quality=high
   # under an 80 GB cap without streaming (the issue's target: peak <= 60 GB, request <= 13.5 s),
   # and the step against today's high step.
