@@ -141,6 +141,7 @@ if want golden; then
     high_parts=transformer; [[ -f tests/data/$dir/vae_decode.safetensors ]] && high_parts=transformer,vae
     [[ -f tests/data/$dir/vae_encode_cases.json ]] && high_parts=$high_parts,vae_encode
     [[ -f tests/data/$dir/lora_transformer.safetensors ]] && high_parts=$high_parts,lora
+    [[ -f tests/data/$dir/fp8_cases.json ]] && high_parts=$high_parts,fp8  # the file's FP8 codes
     "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda --only $high_parts --quality high \
       >"$out/golden-high-$dir.log" 2>&1
     record $? "golden $dir (cuda, quality=high): $(tail -n1 "$out/golden-high-$dir.log")"
