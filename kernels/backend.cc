@@ -34,6 +34,20 @@ absl::StatusOr<CopyTicket> Backend::start_copies(const std::vector<CopyPair>& co
   return CopyTicket{};
 }
 
+absl::StatusOr<Tensor> Backend::weight_values(const Weight& w) {
+  if (!w.stored_fp8()) return w.tensor;
+  const Tensor& values = w.tensor;
+  if (values.rank() != 2 || !values.contiguous() || w.row_scales.dtype() != DType::kF32 ||
+      w.row_scales.numel() != values.rows()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight_values: a stored FP8 weight needs contiguous E4M3 values [N, K] and ",
+        "f32 row scales [N]; got ", values.describe(), " and ", w.row_scales.describe()));
+  }
+  FLUX_ASSIGN_OR_RETURN(Tensor out, empty(weight_dtype(), {values.rows(), values.cols()}));
+  FLUX_RETURN_IF_ERROR(dequantize_e4m3_rows(values, w.row_scales, out));
+  return out;
+}
+
 absl::StatusOr<double> Backend::time_ms(const std::function<absl::Status()>& work) {
   FLUX_RETURN_IF_ERROR(synchronize());
   FLUX_ASSIGN_OR_RETURN(std::vector<double> times,

@@ -74,6 +74,7 @@ class GemmCandidates {
 class LowPrecisionWeight {
  public:
   virtual ~LowPrecisionWeight() = default;
+  // Device bytes the copy adds (0 where it shares a stored FP8 weight's tensors).
   virtual int64_t device_bytes() const = 0;
 };
 
@@ -81,11 +82,18 @@ class LowPrecisionWeight {
 // for quality=high, the backend's low-precision copy, which linear, layer_norm_modulate_linear and
 // swiglu_linear use instead while a request runs at Quality::kHigh. A plain tensor converts to a
 // weight without a copy (and then always runs at the activation precision).
+//
+// An FP8 checkpoint's weight may instead stay as the file stored it (a stored FP8 weight, the
+// --fp8-lossless=per_layer plan): `tensor` holds its E4M3 codes [N, K] and `row_scales` its
+// scales, W[r, :] = float(tensor[r, :]) * row_scales[r]; ops that need the values in the weight
+// dtype dequantize them into a scratch buffer as they run (Backend::weight_values).
 struct Weight {
   Weight() = default;
   Weight(Tensor values) : tensor(std::move(values)) {}  // NOLINT(google-explicit-constructor)
   Tensor tensor;
+  Tensor row_scales;  // f32 [N] for a stored FP8 weight; undefined otherwise
   std::shared_ptr<const LowPrecisionWeight> low_precision;  // null: not registered
+  bool stored_fp8() const { return tensor.dtype() == DType::kF8E4M3; }
 };
 
 // How `flux2 bench --profile` groups the device time of ops (Backend::set_op_profiling).
@@ -185,6 +193,23 @@ class Backend {
     return absl::UnimplementedError(std::string(name()) +
                                     " backend has no FP8 path for quality=high");
   }
+  // quality=high on an FP8 checkpoint: the low-precision weight made from the file's own E4M3
+  // codes `values` [N, K] and f32 `row_scales` [N] (a stored FP8 weight), without quantizing
+  // again where the backend's GEMM takes per-channel scales (the CUDA backend then shares both
+  // tensors: no extra bytes). Unimplemented without a low-precision path.
+  virtual absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_stored_fp8_weight(
+      const Tensor& values, const Tensor& row_scales) {
+    return absl::UnimplementedError(std::string(name()) +
+                                    " backend has no FP8 path for quality=high");
+  }
+  // out[N, K] (the weight dtype, contiguous) = float(values[r, c]) * row_scales[r] in f32, rounded
+  // once to out's dtype: the value the loader's host dequantization (dequantize_fp8 + upload)
+  // gives, bit for bit. `values` E4M3 [N, K] contiguous, `row_scales` f32 [N].
+  virtual absl::Status dequantize_e4m3_rows(const Tensor& values, const Tensor& row_scales,
+                                            const Tensor& out) = 0;
+  // The values of `w` in the weight dtype: w.tensor itself, or for a stored FP8 weight a scratch
+  // copy dequantized now (stream-ordered; freed when the returned tensor dies).
+  absl::StatusOr<Tensor> weight_values(const Weight& w);
   // ---- host-resident weights (a memory plan for GPUs smaller than the model) ----------------
   // An uninitialised contiguous tensor in host memory that upload() fills and start_copies()
   // reads asynchronously: page-locked on CUDA (Device::kCpu there, so no other op takes it); on the

@@ -14,23 +14,34 @@
 namespace flux2 {
 
 absl::StatusOr<std::unique_ptr<Flux2Transformer>> Flux2Transformer::load(
-    Backend& backend, const ComponentWeights& checkpoint) {
+    Backend& backend, const ComponentWeights& checkpoint, Fp8Placement placement) {
   FLUX_ASSIGN_OR_RETURN(Flux2Config config,
                         Flux2Config::from_json(checkpoint.config(), checkpoint.config_path()));
   std::unique_ptr<Flux2Transformer> model(new Flux2Transformer(backend, std::move(config)));
   const std::vector<WeightSpec> table = model->weights_.table(model->config_);
-  FLUX_ASSIGN_OR_RETURN(model->load_report_, load_weights(backend, checkpoint, table, nullptr));
+  FLUX_ASSIGN_OR_RETURN(model->load_report_,
+                        load_weights(backend, checkpoint, table, nullptr, placement));
   return model;
 }
 
 absl::StatusOr<std::unique_ptr<Flux2Transformer>> Flux2Transformer::create_random(
-    Backend& backend, Flux2Config config, uint64_t seed) {
+    Backend& backend, Flux2Config config, uint64_t seed, bool stored_fp8) {
   std::unique_ptr<Flux2Transformer> model(new Flux2Transformer(backend, std::move(config)));
   const std::vector<WeightSpec> table = model->weights_.table(model->config_);
-  FLUX_ASSIGN_OR_RETURN(model->load_report_.device_bytes, allocate_device_weights(backend, table));
-  FLUX_RETURN_IF_ERROR(fill_random_weights(backend, table, seed));
+  if (stored_fp8) {
+    FLUX_ASSIGN_OR_RETURN(model->load_report_.device_bytes,
+                          allocate_random_stored_fp8(backend, table, seed));
+  } else {
+    FLUX_ASSIGN_OR_RETURN(model->load_report_.device_bytes,
+                          allocate_device_weights(backend, table));
+    FLUX_RETURN_IF_ERROR(fill_random_weights(backend, table, seed));
+  }
   model->load_report_.tensors = static_cast<int64_t>(table.size());
   return model;
+}
+
+absl::StatusOr<DequantizedBytes> Flux2Transformer::dequantize_stored_weights() {
+  return flux2::dequantize_stored_weights(backend_, weights_.table(config_));
 }
 
 absl::StatusOr<std::pair<Tensor, Tensor>> Flux2Transformer::rope_tables(

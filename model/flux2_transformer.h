@@ -67,19 +67,28 @@ struct Flux2Conditioning {
 
 class Flux2Transformer {
  public:
-  // Reads transformer/config.json and the weights of `checkpoint` onto `backend`.
-  static absl::StatusOr<std::unique_ptr<Flux2Transformer>> load(Backend& backend,
-                                                                const ComponentWeights& checkpoint);
+  // Reads transformer/config.json and the weights of `checkpoint` onto `backend`; an FP8
+  // checkpoint's block projections as `placement` says (weight_loader.h).
+  static absl::StatusOr<std::unique_ptr<Flux2Transformer>> load(
+      Backend& backend, const ComponentWeights& checkpoint,
+      Fp8Placement placement = Fp8Placement::kDequantized);
 
   // A transformer of `config` with reproducible random weights (fill_random_weights): the real
-  // shapes without a checkpoint, for `flux2 bench` and GPU tests.
+  // shapes without a checkpoint, for `flux2 bench` and GPU tests. With `stored_fp8` the block
+  // projections are stored FP8 weights instead (random E4M3 codes and row scales, as an FP8
+  // checkpoint loaded with Fp8Placement::kStored: `flux2 bench --weights fp8`).
   static absl::StatusOr<std::unique_ptr<Flux2Transformer>> create_random(Backend& backend,
                                                                          Flux2Config config,
-                                                                         uint64_t seed);
+                                                                         uint64_t seed,
+                                                                         bool stored_fp8 = false);
 
   // quality=high: the backend's low-precision copies of the FP8-eligible weights of the tensor
-  // table (the blocks' projections), kept in the weights; returns the device bytes added.
+  // table (the blocks' projections), kept in the weights; a stored FP8 weight's copy is made from
+  // its own codes and scales (Backend::add_stored_fp8_weight). Returns the device bytes added.
   absl::StatusOr<int64_t> enable_quality_high();
+  // --fp8-lossless=resident: the stored FP8 weights given resident values in the weight dtype
+  // (dequantize_stored_weights).
+  absl::StatusOr<DequantizedBytes> dequantize_stored_weights();
 
   const Flux2Config& config() const { return config_; }
   const LoadReport& load_report() const { return load_report_; }

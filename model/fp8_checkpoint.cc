@@ -472,4 +472,38 @@ absl::StatusOr<std::vector<float>> dequantize_fp8(const TensorRef& ref) {
   return values;
 }
 
+absl::Status check_fp8_codes(const TensorRef& ref) {
+  const SafetensorsEntry& entry = *ref.entry;
+  FLUX_CHECK(ref.fp8 != nullptr && entry.dtype == DType::kF8E4M3 && !entry.shape.empty());
+  const int64_t rows = entry.shape[0], cols = shape_numel(entry.shape) / std::max<int64_t>(rows, 1);
+  const std::vector<float>& scale = ref.fp8->weight;
+  FLUX_CHECK(scale.size() == 1 || static_cast<int64_t>(scale.size()) == rows);
+  const auto* codes = static_cast<const uint8_t*>(ref.data());
+  // Rows on the host's threads; the first bad row in row order is reported.
+  std::atomic<int64_t> first_bad{rows};
+  const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
+  parallel_for(rows, min_rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end && r < first_bad.load(); ++r) {
+      const float s = scale.size() == 1 ? scale[0] : scale[static_cast<size_t>(r)];
+      const uint8_t* row = codes + r * cols;
+      if (std::isfinite(kE4M3Max * s) && std::none_of(row, row + cols, nan_code)) continue;
+      int64_t seen = first_bad.load();
+      while (r < seen && !first_bad.compare_exchange_weak(seen, r)) {
+      }
+      return;
+    }
+  });
+  const int64_t bad = first_bad.load();
+  if (bad == rows) return absl::OkStatus();
+  const float s = scale.size() == 1 ? scale[0] : scale[static_cast<size_t>(bad)];
+  return check_row(entry, bad, codes + bad * cols, cols, s);
+}
+
+std::vector<float> fp8_row_scales(const TensorRef& ref) {
+  FLUX_CHECK(ref.fp8 != nullptr && !ref.entry->shape.empty());
+  const std::vector<float>& scale = ref.fp8->weight;
+  if (scale.size() != 1) return scale;
+  return std::vector<float>(static_cast<size_t>(ref.entry->shape[0]), scale[0]);
+}
+
 }  // namespace flux2

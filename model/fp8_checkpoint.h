@@ -75,4 +75,12 @@ ComponentWeights apply_fp8_layers(const ComponentWeights& folder, const Fp8Layer
 // non-finite product is refused naming the tensor.
 absl::StatusOr<std::vector<float>> dequantize_fp8(const TensorRef& ref);
 
+// The checks dequantize_fp8 makes, without dequantizing: for a weight kept as stored (E4M3 codes
+// on the device, Weight::stored_fp8). A NaN code or a row whose scale times 448 overflows is
+// refused naming the tensor and the element.
+absl::Status check_fp8_codes(const TensorRef& ref);
+
+// The scale of each of ref's rows (a per-tensor scale repeated), for a stored FP8 weight.
+std::vector<float> fp8_row_scales(const TensorRef& ref);
+
 }  // namespace flux2

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +16,9 @@
 #include "model/checkpoint.h"
 #include "model/flux2_presets.h"
 #include "model/json_util.h"
+#include "model/text_encoder_checkpoint.h"
 #include "model/transformer_checkpoint.h"
+#include "model/weight_loader.h"
 
 namespace flux2 {
 namespace {
@@ -82,11 +85,53 @@ absl::StatusOr<TransformerCheckpoint> open_transformer(const std::string& model_
   return open_transformer_file(options.transformer_file, std::move(config), config_path);
 }
 
+// text_encoder/, or options.text_encoder_file (one safetensors file, bf16 or FP8) with
+// text_encoder/config.json.
+absl::StatusOr<TextEncoderCheckpoint> open_text_encoder(const std::string& model_dir,
+                                                        const PipelineOptions& options) {
+  if (options.text_encoder_file.empty())
+    return open_text_encoder_folder(model_dir + "/text_encoder");
+  const std::string config_path = model_dir + "/text_encoder/config.json";
+  FLUX_ASSIGN_OR_RETURN(nlohmann::json config, read_json_file(config_path));
+  return open_text_encoder_file(options.text_encoder_file, std::move(config), config_path);
+}
+
 // Every tensor of `weights` at `value_bytes` bytes per value (all of them are loaded).
 int64_t component_bytes(const ComponentWeights& weights, int64_t value_bytes) {
   int64_t values = 0;
   for (const auto& [name, ref] : weights.tensors()) values += shape_numel(ref.entry->shape);
   return values * value_bytes;
+}
+
+// The memory plan's transformer and FP8 bytes: a bf16 checkpoint's values, plus an estimated half
+// for quality=high's copies; an FP8 checkpoint's projections as stored (FP8 bytes and row scales)
+// with --fp8-lossless=per_layer, else their values plus, at quality=high, their stored bytes.
+absl::Status plan_transformer(const TransformerCheckpoint& checkpoint,
+                              const PipelineOptions& options, int64_t value_bytes,
+                              MemoryPlan& plan) {
+  const ComponentWeights& weights = checkpoint.weights;
+  if (checkpoint.fp8_layout == Fp8Layout::kNone) {
+    plan.transformer = component_bytes(weights, value_bytes);
+    plan.fp8 = options.enable_quality_high ? plan.transformer / 2 : 0;
+    return absl::OkStatus();
+  }
+  FLUX_ASSIGN_OR_RETURN(const Flux2Config config,
+                        Flux2Config::from_json(weights.config(), weights.config_path()));
+  Flux2Weights shapes;
+  const std::vector<WeightSpec> table = shapes.table(config);
+  const std::set<const Weight*> stored = stored_fp8_weights(weights, table);
+  const int64_t as_stored = planned_weight_bytes(table, stored, value_bytes).device;
+  const int64_t as_values = planned_weight_bytes(table, {}, value_bytes).device;
+  int64_t codes = 0;  // the stored projections' FP8 bytes and row scales
+  for (const WeightSpec& spec : table) {
+    if (spec.fp8 != nullptr && stored.count(spec.fp8) != 0)
+      codes += shape_numel(spec.shape) + spec.shape[0] * int64_t{4};
+  }
+  const bool per_layer = options.fp8_lossless == Fp8Lossless::kPerLayer;
+  plan.transformer = per_layer ? as_stored : as_values;
+  // quality=high runs on the stored codes: kept beside the values (resident), or the weights.
+  plan.fp8 = options.enable_quality_high && !per_layer ? codes : 0;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -125,13 +170,17 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
   }));
 
   // The memory plan, from the tensor shapes, before anything is allocated.
-  FLUX_ASSIGN_OR_RETURN(ComponentWeights text_weights,
-                        ComponentWeights::open(model_dir + "/text_encoder"));
+  FLUX_ASSIGN_OR_RETURN(const TextEncoderCheckpoint text_checkpoint,
+                        open_text_encoder(model_dir, options));
+  const ComponentWeights& text_weights = text_checkpoint.weights;
   FLUX_ASSIGN_OR_RETURN(TransformerCheckpoint transformer_checkpoint,
                         open_transformer(model_dir, options, dev));
   const ComponentWeights& transformer_weights = transformer_checkpoint.weights;
   pipeline->info_.transformer_format = transformer_checkpoint.format;
   pipeline->info_.transformer_checkpoint_bytes = transformer_checkpoint.checkpoint_bytes;
+  pipeline->info_.fp8_lossless = options.fp8_lossless;
+  pipeline->info_.text_encoder_format = text_checkpoint.format;
+  pipeline->info_.text_encoder_checkpoint_bytes = text_checkpoint.checkpoint_bytes;
   FLUX_ASSIGN_OR_RETURN(ComponentWeights vae_weights, ComponentWeights::open(model_dir + "/vae"));
   const std::vector<int64_t> taps = text_encoder_taps(dev);
   const int64_t value_bytes = dtype_size(backend.weight_dtype());
@@ -139,9 +188,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
   FLUX_ASSIGN_OR_RETURN(
       std::tie(plan.text_encoder_device, plan.text_encoder_host),
       TextEncoder::planned_bytes(text_weights, taps, options.text_encoder_residency, value_bytes));
-  plan.transformer = component_bytes(transformer_weights, value_bytes);
+  FLUX_RETURN_IF_ERROR(plan_transformer(transformer_checkpoint, options, value_bytes, plan));
   plan.vae = component_bytes(vae_weights, value_bytes);
-  plan.fp8 = options.enable_quality_high ? plan.transformer / 2 : 0;
   plan.prompt_cache = options.prompt_cache_bytes;
   plan.lora_cache = options.lora_cache_bytes;
   plan.working = kWorkingBytes;
@@ -156,11 +204,19 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
         FLUX_ASSIGN_OR_RETURN(p.text_encoder_, TextEncoder::load(backend, text_weights, taps,
                                                                  options.text_encoder_residency));
         return p.text_encoder_->device_bytes() + p.text_encoder_->host_bytes();
-      }));
+      },
+      text_checkpoint.describe()));
   FLUX_RETURN_IF_ERROR(load_component(
       options.on_progress, "transformer", plan.transformer,
       [&]() -> absl::StatusOr<int64_t> {
-        FLUX_ASSIGN_OR_RETURN(p.transformer_, Flux2Transformer::load(backend, transformer_weights));
+        // An FP8 checkpoint's projections go up as stored (1 byte a value); finish_load makes
+        // their values on the device for --fp8-lossless=resident.
+        FLUX_ASSIGN_OR_RETURN(
+            p.transformer_,
+            Flux2Transformer::load(backend, transformer_weights,
+                                   transformer_checkpoint.fp8_layout == Fp8Layout::kNone
+                                       ? Fp8Placement::kDequantized
+                                       : Fp8Placement::kStored));
         return p.transformer_->load_report().device_bytes;
       },
       transformer_checkpoint.describe()));
@@ -247,22 +303,29 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
   pipeline->describe("(random weights)", spec.name, spec.pipeline_class,
                      spec.is_distilled || spec.kv_cache, spec.kv_cache);
+  pipeline->info_.fp8_lossless = spec.fp8_lossless;
+  if (spec.fp8_weights) {
+    pipeline->info_.transformer_format = "random_fp8";
+    if (spec.text_encoder_residency == WeightResidency::kDevice)
+      pipeline->info_.text_encoder_format = "random_fp8";
+  }
   FLUX_RETURN_IF_ERROR(load_component(spec.on_progress, "tokenizer", 0, [&] {
     return load_tokenizer(spec.tokenizer_dir, pipeline->tokenizer_);
   }));
   Pipeline& p = *pipeline;
   FLUX_RETURN_IF_ERROR(
       load_component(spec.on_progress, "text_encoder", 0, [&]() -> absl::StatusOr<int64_t> {
-        FLUX_ASSIGN_OR_RETURN(p.text_encoder_,
-                              TextEncoder::create_random(backend, spec.text_encoder, spec.taps,
-                                                         spec.seed, spec.text_encoder_residency));
+        FLUX_ASSIGN_OR_RETURN(p.text_encoder_, TextEncoder::create_random(
+                                                   backend, spec.text_encoder, spec.taps, spec.seed,
+                                                   spec.text_encoder_residency, spec.fp8_weights));
         return p.text_encoder_->device_bytes() + p.text_encoder_->host_bytes();
       }));
   pipeline->prompt_cache_ = PromptCache(spec.prompt_cache_bytes);
   FLUX_RETURN_IF_ERROR(
       load_component(spec.on_progress, "transformer", 0, [&]() -> absl::StatusOr<int64_t> {
-        FLUX_ASSIGN_OR_RETURN(p.transformer_, Flux2Transformer::create_random(
-                                                  backend, spec.transformer, spec.seed + 1));
+        FLUX_ASSIGN_OR_RETURN(p.transformer_,
+                              Flux2Transformer::create_random(backend, spec.transformer,
+                                                              spec.seed + 1, spec.fp8_weights));
         return p.transformer_->load_report().device_bytes;
       }));
   FLUX_RETURN_IF_ERROR(load_component(spec.on_progress, "vae", 0, [&]() -> absl::StatusOr<int64_t> {
@@ -299,6 +362,21 @@ void Pipeline::describe(const std::string& model_dir, const std::string& model_n
   prompt_format_ = prompt_format_for_pipeline(pipeline_class).value_or(PromptFormat::kQwen3Chat);
 }
 
+absl::Status Pipeline::dequantize_stored_fp8(const LoadProgressFn& progress) {
+  return load_component(
+      progress, "fp8_dequantized", 0,
+      [&]() -> absl::StatusOr<int64_t> {
+        FLUX_ASSIGN_OR_RETURN(const DequantizedBytes bytes,
+                              transformer_->dequantize_stored_weights());
+        // The codes stay with quality=high's copies (which share them), else they are freed.
+        info_.transformer_bytes += bytes.values - bytes.stored;
+        if (info_.quality_high) info_.fp8_bytes += bytes.stored;
+        info_.device_bytes += bytes.values - (info_.quality_high ? 0 : bytes.stored);
+        return bytes.values;
+      },
+      "--fp8-lossless=resident");
+}
+
 absl::Status Pipeline::finish_load(const std::string& source, bool enable_quality_high,
                                    std::chrono::steady_clock::time_point start,
                                    const LoadProgressFn& progress) {
@@ -311,8 +389,36 @@ absl::Status Pipeline::finish_load(const std::string& source, bool enable_qualit
         }));
     info_.quality_high = true;
   }
+  // An FP8 checkpoint (or bench's random one): its projections were loaded as stored.
+  const std::string& format = info_.transformer_format;
+  const bool stored_fp8 = format != "diffusers" && format != "bfl" && format != "random";
+  if (stored_fp8 && info_.fp8_lossless == Fp8Lossless::kResident)
+    FLUX_RETURN_IF_ERROR(dequantize_stored_fp8(progress));
+  const bool per_layer_fp8 = stored_fp8 && info_.fp8_lossless == Fp8Lossless::kPerLayer;
+  info_.components = {
+      {"text_encoder", info_.text_encoder_format, info_.text_encoder_bytes,
+       info_.text_encoder_host_bytes, info_.text_encoder_checkpoint_bytes},
+      {"transformer",
+       per_layer_fp8 ? absl::StrCat(info_.transformer_format, " (stored fp8)")
+                     : info_.transformer_format,
+       info_.transformer_bytes, 0, info_.transformer_checkpoint_bytes},
+      {"vae", info_.model_dir == "(random weights)" ? "random" : "diffusers", info_.vae_bytes, 0,
+       0},
+  };
+  if (info_.quality_high) info_.components.push_back({"fp8_weights", "fp8", info_.fp8_bytes, 0, 0});
   info_.load_seconds = seconds_since(start);
   return absl::OkStatus();
+}
+
+absl::string_view fp8_lossless_name(Fp8Lossless mode) {
+  return mode == Fp8Lossless::kPerLayer ? "per_layer" : "resident";
+}
+
+absl::StatusOr<Fp8Lossless> parse_fp8_lossless(absl::string_view text) {
+  if (text == "resident") return Fp8Lossless::kResident;
+  if (text == "per_layer") return Fp8Lossless::kPerLayer;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--fp8-lossless \"", text, "\": expected resident or per_layer"));
 }
 
 }  // namespace flux2

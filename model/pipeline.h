@@ -34,6 +34,29 @@
 
 namespace flux2 {
 
+// How quality=lossless runs an FP8 checkpoint's quantized block projections (--fp8-lossless; a
+// bf16 checkpoint is unaffected). Both give the same bits: the bf16 (CPU: f32) values
+// float(W8) * scale, as diffusers on the dequantized weights.
+enum class Fp8Lossless : uint8_t {
+  kResident,  // "resident": their dequantized values stay on the device beside nothing else
+              // (quality=high adds the file's FP8 codes): lossless runs at bf16 speed
+  kPerLayer,  // "per_layer": only the file's FP8 codes and scales stay on the device (quality=high
+              // runs on them directly); each lossless GEMM dequantizes its weight into a
+              // scratch buffer first: about half the transformer's bytes, a dequantization per GEMM
+};
+// "resident" / "per_layer"; parse_fp8_lossless reads them back (InvalidArgument naming the flag).
+absl::string_view fp8_lossless_name(Fp8Lossless mode);
+absl::StatusOr<Fp8Lossless> parse_fp8_lossless(absl::string_view text);
+
+// One component's weights as loaded, for GetModelInfo and the start-up log.
+struct ComponentInfo {
+  std::string name;    // "text_encoder", "transformer", "vae", "fp8_weights"
+  std::string format;  // how its checkpoint stores it (TransformerCheckpoint::format, ...)
+  int64_t device_bytes = 0;
+  int64_t host_bytes = 0;        // page-locked host memory (the text encoder's embedding, ...)
+  int64_t checkpoint_bytes = 0;  // its weights as the checkpoint stores them (0: not from a file)
+};
+
 // Everything about the loaded model that callers (GetModelInfo, validation) need.
 struct PipelineInfo {
   std::string model_dir;
@@ -66,6 +89,10 @@ struct PipelineInfo {
   // the bytes of its weights as stored.
   std::string transformer_format = "random";
   int64_t transformer_checkpoint_bytes = 0;
+  // The same for the text encoder (TextEncoderCheckpoint::format): "diffusers" (a text_encoder/
+  // folder), "file" (a bf16 --text-encoder-file), an FP8 layout's name, or "random".
+  std::string text_encoder_format = "random";
+  int64_t text_encoder_checkpoint_bytes = 0;
   // The text encoder's weights stay in page-locked host memory and stream onto the device layer by
   // layer for each encode (the memory plan of GPUs smaller than the model); text_encoder_bytes is
   // then its two device layer buffers.
@@ -73,6 +100,8 @@ struct PipelineInfo {
   int64_t text_encoder_host_bytes = 0;  // the embedding table (always), the streamed layers
   int64_t prompt_cache_bytes = 0;       // capacity of the prompt-embedding cache (0: off)
   bool quality_high = false;            // quality=high requests are served
+  Fp8Lossless fp8_lossless = Fp8Lossless::kResident;  // --fp8-lossless (FP8 checkpoints only)
+  std::vector<ComponentInfo> components;              // each component's format and bytes
   double load_seconds = 0.0;
 
   // One log line: model, backend, bytes per component and load time.
@@ -109,6 +138,11 @@ struct RandomPipelineSpec {
   bool is_distilled = true;
   bool kv_cache = false;  // run as klein-KV (Flux2KleinKVPipeline)
   bool enable_quality_high = false;
+  // The transformer's block projections as an FP8 checkpoint's stored weights (random E4M3 codes
+  // and row scales; `flux2 bench --weights fp8`), run as fp8_lossless says at quality=lossless;
+  // the text encoder's projections too when it is resident (an FP8 text-encoder file).
+  bool fp8_weights = false;
+  Fp8Lossless fp8_lossless = Fp8Lossless::kResident;
   uint64_t seed = 1;
   LoadProgressFn on_progress;  // per component, as PipelineOptions::on_progress
 };
@@ -122,6 +156,9 @@ struct PipelineOptions {
   // Keep FP8 copies of the transformer's block weights so requests may ask for Quality::kHigh
   // (costs about half the transformer's bf16 bytes; reported in PipelineInfo::fp8_bytes).
   bool enable_quality_high = false;
+  // How an FP8 transformer checkpoint's quantized projections serve quality=lossless (and what
+  // stays on the device): Fp8Lossless.
+  Fp8Lossless fp8_lossless = Fp8Lossless::kResident;
   // kStreamed: the text encoder's weights in pinned host memory, streamed per encode (the 80 GB
   // memory plan for FLUX.2-dev).
   WeightResidency text_encoder_residency = WeightResidency::kDevice;
@@ -133,6 +170,12 @@ struct PipelineOptions {
   // is refused (its place is transformer/); a folder is opened as a transformer/ folder (a
   // ModelOpt FP8 export).
   std::string transformer_file;
+  // One safetensors file holding the text encoder under HF names (ComfyUI's text-encoder files),
+  // bf16 or FP8 (model/text_encoder_checkpoint.h), instead of text_encoder/'s weights; its config
+  // is still text_encoder/config.json. An FP8 file's projections stay FP8 on the device, each
+  // dequantized as its GEMM runs (lossless numerics on the dequantized weights); streamed
+  // (kStreamed), they are dequantized into host memory at load and stream as bf16.
+  std::string text_encoder_file;
   // Told as each component starts loading and when it is in place (the server logs it, the CLI
   // prints it): loading FLUX.2-dev takes minutes.
   LoadProgressFn on_progress;
@@ -296,6 +339,9 @@ class Pipeline {
   absl::Status connect_components(const std::string& source);
   // The end of load() and create_random(): connect_components, quality=high's low-precision
   // weights when asked for, and the load time since `start`.
+  // --fp8-lossless=resident: the transformer's stored FP8 weights dequantized on the device,
+  // their bytes moved in info_ (a bf16 checkpoint has none).
+  absl::Status dequantize_stored_fp8(const LoadProgressFn& progress);
   absl::Status finish_load(const std::string& source, bool enable_quality_high,
                            std::chrono::steady_clock::time_point start,
                            const LoadProgressFn& progress);

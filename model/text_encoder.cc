@@ -89,11 +89,9 @@ absl::StatusOr<CopyTicket> TextEncoderImpl::stream_layer(size_t layer, int buffe
   const TextEncoderLayerWeights& from = weights_.layers[layer];
   const TextEncoderLayerWeights& to = layer_buffers_[buffer];
   std::vector<CopyPair> copies;
-  for (auto member : {&TextEncoderLayerWeights::input_norm, &TextEncoderLayerWeights::qkv,
-                      &TextEncoderLayerWeights::q_norm, &TextEncoderLayerWeights::k_norm,
-                      &TextEncoderLayerWeights::o_proj, &TextEncoderLayerWeights::post_norm,
-                      &TextEncoderLayerWeights::gate_up, &TextEncoderLayerWeights::down_proj}) {
-    if ((from.*member).data() != nullptr) copies.push_back(CopyPair{from.*member, to.*member});
+  const std::vector<const Tensor*> sources = from.tensors(), targets = to.tensors();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (sources[i]->data() != nullptr) copies.push_back(CopyPair{*sources[i], *targets[i]});
   }
   return backend_.start_copies(copies);
 }
@@ -263,9 +261,13 @@ absl::StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::load(Backend& backend,
   auto model = std::make_unique<TextEncoderImpl>(backend, config, std::move(taps), residency);
   const std::vector<WeightSpec> table =
       model->weights().table(config, num_layers, prefix, residency);
+  // An FP8 file's projections stay FP8 on the device, each dequantized as its GEMM runs; streamed
+  // layers (host targets) are dequantized into host memory at load and stream as bf16.
+  const bool fp8 = !stored_fp8_weights(checkpoint, table).empty();
   FLUX_ASSIGN_OR_RETURN(LoadReport report,
                         load_weights(backend, checkpoint, table,
-                                     text_encoder_unused_tensors(config, num_layers, prefix)));
+                                     text_encoder_unused_tensors(config, num_layers, prefix),
+                                     fp8 ? Fp8Placement::kStored : Fp8Placement::kDequantized));
   model->set_load_report(report);
   FLUX_RETURN_IF_ERROR(model->allocate_layer_buffers());
   return std::unique_ptr<TextEncoder>(std::move(model));
@@ -278,10 +280,13 @@ absl::StatusOr<std::pair<int64_t, int64_t>> TextEncoder::planned_bytes(
       TextEncoderConfig config,
       TextEncoderConfig::from_json(checkpoint.config(), checkpoint.config_path()));
   FLUX_RETURN_IF_ERROR(check_taps(taps, config, checkpoint.config_path()));
+  FLUX_ASSIGN_OR_RETURN(const std::string prefix, text_encoder_prefix(config, checkpoint));
   TextEncoderWeights weights;
-  const WeightBytes bytes = planned_weight_bytes(
-      weights.table(config, *std::max_element(taps.begin(), taps.end()), "", residency),
-      weight_dtype_size);
+  const std::vector<WeightSpec> table =
+      weights.table(config, *std::max_element(taps.begin(), taps.end()), prefix, residency);
+  // An FP8 file's projections at 1 byte a value (plus a scale per row), as load() keeps them.
+  const WeightBytes bytes =
+      planned_weight_bytes(table, stored_fp8_weights(checkpoint, table), weight_dtype_size);
   int64_t device = bytes.device;
   if (residency == WeightResidency::kStreamed) {  // the two device layer buffers
     TextEncoderLayerWeights layer;
@@ -292,21 +297,25 @@ absl::StatusOr<std::pair<int64_t, int64_t>> TextEncoder::planned_bytes(
   return std::pair<int64_t, int64_t>{device, bytes.host};
 }
 
-absl::StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::create_random(Backend& backend,
-                                                                        TextEncoderConfig config,
-                                                                        std::vector<int64_t> taps,
-                                                                        uint64_t seed,
-                                                                        WeightResidency residency) {
+absl::StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::create_random(
+    Backend& backend, TextEncoderConfig config, std::vector<int64_t> taps, uint64_t seed,
+    WeightResidency residency, bool stored_fp8) {
   FLUX_RETURN_IF_ERROR(check_taps(taps, config, "random text encoder"));
   const int64_t num_layers = *std::max_element(taps.begin(), taps.end());
   auto model = std::make_unique<TextEncoderImpl>(backend, config, std::move(taps), residency);
   const std::vector<WeightSpec> table =
       model->weights().table(config, num_layers, "model.", residency);
   LoadReport report;
-  FLUX_ASSIGN_OR_RETURN(const WeightBytes bytes, allocate_weights(backend, table));
-  report.device_bytes = bytes.device;
-  report.host_bytes = bytes.host;
-  FLUX_RETURN_IF_ERROR(fill_random_weights(backend, table, seed));
+  if (stored_fp8 && residency == WeightResidency::kDevice) {  // the embedding stays on the host
+    FLUX_ASSIGN_OR_RETURN(const int64_t bytes, allocate_random_stored_fp8(backend, table, seed));
+    report.host_bytes = model->weights().embed_tokens.bytes();
+    report.device_bytes = bytes - report.host_bytes;
+  } else {
+    FLUX_ASSIGN_OR_RETURN(const WeightBytes bytes, allocate_weights(backend, table));
+    report.device_bytes = bytes.device;
+    report.host_bytes = bytes.host;
+    FLUX_RETURN_IF_ERROR(fill_random_weights(backend, table, seed));
+  }
   report.tensors = static_cast<int64_t>(table.size());
   model->set_load_report(report);
   FLUX_RETURN_IF_ERROR(model->allocate_layer_buffers());

@@ -65,10 +65,12 @@ class TextEncoder {
       Backend& backend, const ComponentWeights& checkpoint, std::vector<int64_t> taps = {9, 18, 27},
       WeightResidency residency = WeightResidency::kDevice);
   // The encoder of `config` with reproducible random weights (fill_random_weights) and the same
-  // tap rules: real shapes without a checkpoint, for `flux2 bench --e2e`.
+  // tap rules: real shapes without a checkpoint, for `flux2 bench --e2e`. With `stored_fp8` (and
+  // kDevice) the projections are stored FP8 weights, as an FP8 text-encoder file loads
+  // (`flux2 bench --e2e --weights fp8`).
   static absl::StatusOr<std::unique_ptr<TextEncoder>> create_random(
       Backend& backend, TextEncoderConfig config, std::vector<int64_t> taps, uint64_t seed,
-      WeightResidency residency = WeightResidency::kDevice);
+      WeightResidency residency = WeightResidency::kDevice, bool stored_fp8 = false);
   // The bytes load() would allocate, {on the device, in pinned host memory}, from the checkpoint's
   // config alone (weights of `weight_dtype_size` bytes per value), for the memory plan.
   static absl::StatusOr<std::pair<int64_t, int64_t>> planned_bytes(

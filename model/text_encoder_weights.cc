@@ -43,19 +43,25 @@ std::vector<WeightSpec> text_encoder_layer_table(const TextEncoderConfig& config
   auto add = [&](absl::string_view name, Shape shape, Tensor* target, int64_t row = 0) {
     specs.push_back(WeightSpec{absl::StrCat(p, name), std::move(shape), target, row});
   };
+  // A projection: an FP8 file's may stay stored (Fp8Placement::kStored); the text encoder never
+  // registers quality=high copies (it always runs lossless).
+  auto add_projection = [&](absl::string_view name, Shape shape, Weight* target, int64_t row) {
+    add(name, std::move(shape), &target->tensor, row);
+    specs.back().fp8 = target;
+  };
   add("input_layernorm.weight", {d}, &l.input_norm);
-  add("self_attn.q_proj.weight", {q_width, d}, &l.qkv, 0);
-  add("self_attn.k_proj.weight", {kv_width, d}, &l.qkv, q_width);
-  add("self_attn.v_proj.weight", {kv_width, d}, &l.qkv, q_width + kv_width);
+  add_projection("self_attn.q_proj.weight", {q_width, d}, &l.qkv, 0);
+  add_projection("self_attn.k_proj.weight", {kv_width, d}, &l.qkv, q_width);
+  add_projection("self_attn.v_proj.weight", {kv_width, d}, &l.qkv, q_width + kv_width);
   if (has_qk_norm(config)) {
     add("self_attn.q_norm.weight", {dh}, &l.q_norm);
     add("self_attn.k_norm.weight", {dh}, &l.k_norm);
   }
-  add("self_attn.o_proj.weight", {d, q_width}, &l.o_proj);
+  add_projection("self_attn.o_proj.weight", {d, q_width}, &l.o_proj, 0);
   add("post_attention_layernorm.weight", {d}, &l.post_norm);
-  add("mlp.gate_proj.weight", {i_size, d}, &l.gate_up, 0);
-  add("mlp.up_proj.weight", {i_size, d}, &l.gate_up, i_size);
-  add("mlp.down_proj.weight", {d, i_size}, &l.down_proj);
+  add_projection("mlp.gate_proj.weight", {i_size, d}, &l.gate_up, 0);
+  add_projection("mlp.up_proj.weight", {i_size, d}, &l.gate_up, i_size);
+  add_projection("mlp.down_proj.weight", {d, i_size}, &l.down_proj, 0);
   return specs;
 }
 

@@ -15,15 +15,23 @@
 
 namespace flux2 {
 
+// The projections are Weights: an FP8 text-encoder file's (model/text_encoder_checkpoint.h) stay
+// stored FP8 on the device (Fp8Placement::kStored), each dequantized as its GEMM runs.
 struct TextEncoderLayerWeights {  // <prefix>layers.{i}
   Tensor input_norm;              // [hidden]               input_layernorm
-  Tensor qkv;                     // [(H + 2 Hkv) Dh, hidden]  self_attn.q_proj | k_proj | v_proj
+  Weight qkv;                     // [(H + 2 Hkv) Dh, hidden]  self_attn.q_proj | k_proj | v_proj
   Tensor q_norm;                  // [Dh]                   self_attn.q_norm (Qwen3 only)
   Tensor k_norm;                  // [Dh]                   self_attn.k_norm (Qwen3 only)
-  Tensor o_proj;                  // [hidden, H Dh]         self_attn.o_proj
+  Weight o_proj;                  // [hidden, H Dh]         self_attn.o_proj
   Tensor post_norm;               // [hidden]               post_attention_layernorm
-  Tensor gate_up;                 // [2I, hidden]           mlp.gate_proj | up_proj
-  Tensor down_proj;               // [hidden, I]            mlp.down_proj
+  Weight gate_up;                 // [2I, hidden]           mlp.gate_proj | up_proj
+  Weight down_proj;               // [hidden, I]            mlp.down_proj
+
+  // Every tensor of the layer, projections' values first (streamed copies pair them up).
+  std::vector<const Tensor*> tensors() const {
+    return {&qkv.tensor, &o_proj.tensor, &gate_up.tensor, &down_proj.tensor,
+            &input_norm, &q_norm,        &k_norm,         &post_norm};
+  }
 };
 
 // The per-layer table of one layer: its specs (names after "<prefix>layers.{i}.") point into `l`.

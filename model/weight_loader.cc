@@ -11,7 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/status.h"
+#include "kernels/base/uniform_hash.h"
 #include "model/fp8_checkpoint.h"
 
 namespace flux2 {
@@ -92,7 +94,12 @@ absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
   std::set<Weight*> registered;  // fused targets (q | k | v) appear once per part
   for (const WeightSpec& spec : table) {
     if (spec.fp8 == nullptr || !registered.insert(spec.fp8).second) continue;
-    FLUX_ASSIGN_OR_RETURN(spec.fp8->low_precision, backend.add_fp8_weight(spec.fp8->tensor));
+    Weight& w = *spec.fp8;
+    if (w.stored_fp8()) {  // an FP8 checkpoint's codes and scales, as they are
+      FLUX_ASSIGN_OR_RETURN(w.low_precision, backend.add_stored_fp8_weight(w.tensor, w.row_scales));
+    } else {
+      FLUX_ASSIGN_OR_RETURN(w.low_precision, backend.add_fp8_weight(w.tensor));
+    }
     bytes += spec.fp8->low_precision->device_bytes();
   }
   FLUX_RETURN_IF_ERROR(backend.synchronize());
@@ -152,19 +159,159 @@ absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>
   return backend.synchronize();
 }
 
+std::set<const Weight*> stored_fp8_weights(const ComponentWeights& checkpoint,
+                                           const std::vector<WeightSpec>& table) {
+  std::set<const Weight*> stored, dequantized;
+  for (const WeightSpec& spec : table) {
+    if (spec.fp8 == nullptr) continue;
+    const TensorRef* ref = checkpoint.find(spec.name);
+    const bool keep = ref != nullptr && ref->fp8 != nullptr &&
+                      ref->entry->dtype == DType::kF8E4M3 && !ref->fp8->full_precision &&
+                      spec.layout == WeightLayout::kAsIs && !spec.host && spec.shape.size() == 2;
+    (keep ? stored : dequantized).insert(spec.fp8);
+  }
+  for (const Weight* w : dequantized) stored.erase(w);  // every part of a fused target, or none
+  return stored;
+}
+
+WeightBytes planned_weight_bytes(const std::vector<WeightSpec>& table,
+                                 const std::set<const Weight*>& stored, int64_t value_bytes) {
+  WeightBytes bytes;
+  for (const WeightSpec& spec : table) {
+    const bool fp8 = spec.fp8 != nullptr && stored.count(spec.fp8) != 0;
+    const int64_t values = shape_numel(spec.shape);
+    (spec.host ? bytes.host : bytes.device) +=
+        fp8 ? values * dtype_size(DType::kF8E4M3) + spec.shape[0] * dtype_size(DType::kF32)
+            : values * value_bytes;
+  }
+  return bytes;
+}
+
+namespace {
+
+// Allocates each stored weight's E4M3 codes and f32 row scales (rows = the rows its specs fill).
+absl::StatusOr<int64_t> allocate_stored_weights(Backend& backend,
+                                                const std::vector<WeightSpec>& table,
+                                                const std::set<const Weight*>& stored) {
+  std::map<Weight*, Shape> shapes;
+  for (const WeightSpec& spec : table) {
+    if (spec.fp8 == nullptr || stored.count(spec.fp8) == 0) continue;
+    auto [it, inserted] = shapes.emplace(spec.fp8, spec.shape);
+    if (!inserted) {
+      FLUX_CHECK(it->second[1] == spec.shape[1]);
+      it->second[0] += spec.shape[0];
+    }
+  }
+  int64_t bytes = 0;
+  for (auto& [w, shape] : shapes) {
+    FLUX_ASSIGN_OR_RETURN(w->tensor, backend.empty(DType::kF8E4M3, shape));
+    FLUX_ASSIGN_OR_RETURN(w->row_scales, backend.empty(DType::kF32, {shape[0]}));
+    bytes += w->tensor.bytes() + w->row_scales.bytes();
+  }
+  return bytes;
+}
+
+// Uploads one spec's stored codes and row scales into rows [target_row, ...) of its weight.
+absl::Status upload_stored(Backend& backend, const WeightSpec& spec, const TensorRef& ref) {
+  FLUX_RETURN_IF_ERROR(check_fp8_codes(ref));
+  const int64_t rows = spec.shape[0];
+  const std::vector<float> scales = fp8_row_scales(ref);
+  FLUX_RETURN_IF_ERROR(backend.upload(ref.data(), DType::kF8E4M3,
+                                      spec.fp8->tensor.row_slice(spec.target_row, rows)));
+  const Tensor scale_column = spec.fp8->row_scales.reshape(Shape{spec.fp8->row_scales.numel(), 1});
+  return backend.upload(scales.data(), DType::kF32, scale_column.row_slice(spec.target_row, rows));
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> allocate_random_stored_fp8(Backend& backend,
+                                                   const std::vector<WeightSpec>& table,
+                                                   uint64_t seed) {
+  std::vector<WeightSpec> dense;
+  std::set<const Weight*> stored;
+  for (const WeightSpec& spec : table) {
+    if (spec.fp8 != nullptr && spec.shape.size() == 2 && !spec.host) {
+      stored.insert(spec.fp8);
+    } else {
+      dense.push_back(spec);
+    }
+  }
+  FLUX_ASSIGN_OR_RETURN(const int64_t dense_bytes, allocate_device_weights(backend, dense));
+  FLUX_RETURN_IF_ERROR(fill_random_weights(backend, dense, seed));
+  FLUX_ASSIGN_OR_RETURN(const int64_t stored_bytes,
+                        allocate_stored_weights(backend, table, stored));
+  // Codes drawn once per weight for a block of rows (at most kBlockBytes) and repeated down the
+  // rows: the shapes and bytes matter to a benchmark, not the values. Scales give every weight
+  // fill_random_weights' range, ±1/sqrt(K).
+  constexpr int64_t kBlockBytes = int64_t{16} << 20;
+  std::set<const Weight*> filled;
+  for (const WeightSpec& spec : table) {
+    if (stored.count(spec.fp8) == 0 || !filled.insert(spec.fp8).second) continue;
+    const Weight& w = *spec.fp8;
+    const int64_t rows = w.tensor.rows(), cols = w.tensor.cols();
+    const int64_t block_rows = std::clamp<int64_t>(kBlockBytes / cols, 1, rows);
+    std::vector<uint8_t> codes(static_cast<size_t>(block_rows * cols));
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const uint8_t code = static_cast<uint8_t>(uniform_hash(seed + filled.size(), i) * 256.0f);
+      codes[i] = (code & 0x7f) == 0x7f ? code & 0xfe : code;  // no NaN codes
+    }
+    for (int64_t r = 0; r < rows; r += block_rows) {
+      const int64_t n = std::min(block_rows, rows - r);
+      FLUX_RETURN_IF_ERROR(backend.upload(codes.data(), DType::kF8E4M3, w.tensor.row_slice(r, n)));
+    }
+    const std::vector<float> scales(static_cast<size_t>(rows),
+                                    1.0f / (kE4M3Max * std::sqrt(static_cast<float>(cols))));
+    FLUX_RETURN_IF_ERROR(backend.upload(scales.data(), DType::kF32, w.row_scales));
+  }
+  FLUX_RETURN_IF_ERROR(backend.synchronize());
+  return dense_bytes + stored_bytes;
+}
+
+absl::StatusOr<DequantizedBytes> dequantize_stored_weights(Backend& backend,
+                                                           const std::vector<WeightSpec>& table) {
+  DequantizedBytes bytes;
+  std::set<Weight*> done;
+  for (const WeightSpec& spec : table) {
+    if (spec.fp8 == nullptr || !spec.fp8->stored_fp8() || !done.insert(spec.fp8).second) continue;
+    Weight& w = *spec.fp8;
+    FLUX_ASSIGN_OR_RETURN(Tensor values, backend.weight_values(w));
+    bytes.values += values.bytes();
+    bytes.stored += w.tensor.bytes() + w.row_scales.bytes();
+    w.tensor = std::move(values);
+    static const Tensor kNoScales;  // a plain weight from now on
+    w.row_scales = kNoScales;
+    FLUX_RETURN_IF_ERROR(backend.synchronize());  // one layer's codes and values at a time
+  }
+  return bytes;
+}
+
 absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
                                         const std::vector<WeightSpec>& table,
-                                        const UnusedTensorFilter& unused) {
+                                        const UnusedTensorFilter& unused, Fp8Placement placement) {
   const auto start = std::chrono::steady_clock::now();
   FLUX_RETURN_IF_ERROR(validate_weights(checkpoint, table, unused));
 
   LoadReport report;
-  FLUX_ASSIGN_OR_RETURN(const WeightBytes bytes, allocate_weights(backend, table));
-  report.device_bytes = bytes.device;
+  const std::set<const Weight*> stored = placement == Fp8Placement::kStored
+                                             ? stored_fp8_weights(checkpoint, table)
+                                             : std::set<const Weight*>{};
+  std::vector<WeightSpec> dense;  // the specs allocated in the weight dtype
+  for (const WeightSpec& spec : table) {
+    if (spec.fp8 == nullptr || stored.count(spec.fp8) == 0) dense.push_back(spec);
+  }
+  FLUX_ASSIGN_OR_RETURN(const WeightBytes bytes, allocate_weights(backend, dense));
+  FLUX_ASSIGN_OR_RETURN(const int64_t stored_bytes,
+                        allocate_stored_weights(backend, table, stored));
+  report.device_bytes = bytes.device + stored_bytes;
   report.host_bytes = bytes.host;
 
   for (const WeightSpec& spec : table) {
     const TensorRef& ref = *checkpoint.find(spec.name);
+    if (spec.fp8 != nullptr && stored.count(spec.fp8) != 0) {
+      FLUX_RETURN_IF_ERROR(upload_stored(backend, spec, ref));
+      ++report.tensors;
+      continue;
+    }
     const Shape piece = target_shape(spec);
     const int64_t rows = piece.empty() ? 1 : piece[0];
     FLUX_CHECK(spec.target->rank() > 0 && spec.target_row + rows <= spec.target->dim(0));

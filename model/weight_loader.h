@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 #include "absl/strings/string_view.h"
@@ -83,11 +84,50 @@ absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>
 absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
                                                        const std::vector<WeightSpec>& table);
 
+// Where load_weights puts an FP8 checkpoint's FP8-eligible projections (WeightSpec::fp8).
+enum class Fp8Placement : uint8_t {
+  kDequantized,  // the weight dtype, dequantized on the host at load (every other tensor too)
+  kStored,       // as the file stores them: E4M3 codes and f32 row scales (Weight::stored_fp8)
+};
+
+// The Weights of `table` that load_weights keeps stored under Fp8Placement::kStored: FP8-eligible
+// targets every part of which the checkpoint stores as F8_E4M3 with scales and without
+// full_precision_matrix_mult (a fused q | k | v with one bf16 part is dequantized).
+std::set<const Weight*> stored_fp8_weights(const ComponentWeights& checkpoint,
+                                           const std::vector<WeightSpec>& table);
+
+// The device bytes load_weights allocates for `table` with `stored` kept as E4M3 (1 byte per
+// value plus a 4-byte scale per row) and the rest at `value_bytes` per value (the memory plan).
+WeightBytes planned_weight_bytes(const std::vector<WeightSpec>& table,
+                                 const std::set<const Weight*>& stored, int64_t value_bytes);
+
 // Validates, allocates each target (rows = the rows its specs fill), and uploads with dtype
 // conversion to backend.weight_dtype(). An FP8 checkpoint tensor (TensorRef::fp8) is dequantized
-// to f32 first (dequantize_fp8, model/fp8_checkpoint.h), one tensor at a time.
+// to f32 first (dequantize_fp8, model/fp8_checkpoint.h), one tensor at a time; with
+// Fp8Placement::kStored the stored_fp8_weights keep their codes (checked by check_fp8_codes) and
+// row scales instead.
 absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
                                         const std::vector<WeightSpec>& table,
-                                        const UnusedTensorFilter& unused);
+                                        const UnusedTensorFilter& unused,
+                                        Fp8Placement placement = Fp8Placement::kDequantized);
+
+// create_random for an FP8 checkpoint's form: the FP8-eligible targets of `table` as stored FP8
+// weights (random E4M3 codes, row scales giving fill_random_weights' range), the rest allocated
+// and filled as fill_random_weights does. Returns the device bytes allocated.
+absl::StatusOr<int64_t> allocate_random_stored_fp8(Backend& backend,
+                                                   const std::vector<WeightSpec>& table,
+                                                   uint64_t seed);
+
+// What dequantize_stored_weights changed.
+struct DequantizedBytes {
+  int64_t values = 0;  // the weight-dtype values it allocated
+  int64_t stored = 0;  // the codes and row scales the weights no longer hold
+};
+
+// The stored FP8 weights of `table` (Weight::stored_fp8) given their values in the weight dtype,
+// dequantized on the backend one at a time (Backend::weight_values: the bits host dequantization
+// gives); the codes are freed unless a low-precision copy shares them: --fp8-lossless=resident.
+absl::StatusOr<DequantizedBytes> dequantize_stored_weights(Backend& backend,
+                                                           const std::vector<WeightSpec>& table);
 
 }  // namespace flux2

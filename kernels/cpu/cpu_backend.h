@@ -27,6 +27,12 @@ class CpuBackend final : public Backend {
   // x per token the same way: a float32 emulation of the CUDA backend's rowwise FP8 GEMMs.
   absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_fp8_weight(
       const Tensor& w) override;
+  // quality=high on an FP8 checkpoint: the stored weight's values (float(W8) * s_r, exact in
+  // f32) as the FP8 GEMM's weight, x quantized per token as above.
+  absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_stored_fp8_weight(
+      const Tensor& values, const Tensor& row_scales) override;
+  absl::Status dequantize_e4m3_rows(const Tensor& values, const Tensor& row_scales,
+                                    const Tensor& out) override;
   absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                       const Tensor& y) override;
   absl::Status lora_up_add(const Tensor& y, const std::vector<LoraUpTerm>& terms) override;

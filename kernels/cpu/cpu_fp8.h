@@ -14,7 +14,7 @@ namespace flux2::cpu {
 
 // A weight's E4M3 copy under a scale per row (output channel), dequantized to float32.
 struct CpuLowPrecision final : LowPrecisionWeight {
-  Tensor values;  // f32 [N, K]: e4m3(w · 1/s_r) · s_r
+  Tensor values;  // f32 [N, K]: e4m3(w · 1/s_r) · s_r (a stored FP8 weight's: float(W8) · s_r)
   int64_t device_bytes() const override { return values.bytes(); }
 };
 

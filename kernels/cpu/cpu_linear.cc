@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/parallel.h"
 #include "kernels/cpu/cpu_access.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -44,8 +45,12 @@ absl::Status CpuBackend::linear(const Tensor& x, const Weight& weight, const Ten
   // weight's E4M3 copy and x quantized per token.
   const bool fp8 = request().quality == Quality::kHigh && weight.low_precision != nullptr &&
                    bias.data() == nullptr;
-  const Tensor& w =
-      fp8 ? static_cast<const cpu::CpuLowPrecision&>(*weight.low_precision).values : weight.tensor;
+  Tensor w;  // a stored FP8 weight's values are dequantized for this product (weight_values)
+  if (fp8) {
+    w = static_cast<const cpu::CpuLowPrecision&>(*weight.low_precision).values;
+  } else {
+    FLUX_ASSIGN_OR_RETURN(w, weight_values(weight));
+  }
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "x", x));
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "w", w));
   FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "y", y));
@@ -86,6 +91,43 @@ absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> CpuBackend::add_fp8_we
   auto low = std::make_shared<cpu::CpuLowPrecision>();
   FLUX_ASSIGN_OR_RETURN(low->values, empty(DType::kF32, {w.rows(), w.cols()}));
   cpu::quantize_rows_e4m3(w, low->values);
+  return std::shared_ptr<const LowPrecisionWeight>(std::move(low));
+}
+
+absl::Status CpuBackend::dequantize_e4m3_rows(const Tensor& values, const Tensor& row_scales,
+                                              const Tensor& out) {
+  constexpr absl::string_view kOp = "dequantize_e4m3_rows";
+  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "values", values, Device::kCpu, DType::kF8E4M3));
+  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "row_scales", row_scales, Device::kCpu, DType::kF32));
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "out", out));
+  const int64_t n = values.rows(), k = values.cols();
+  if (!values.contiguous() || !out.contiguous() || row_scales.numel() != n) {
+    return op_error(kOp, absl::StrCat("values ", values.describe(), ", row_scales ",
+                                      row_scales.describe(), " and out ", out.describe(),
+                                      " must be contiguous [N, K], [N] and [N, K]"));
+  }
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "out", out, n, k));
+  const auto* codes = static_cast<const uint8_t*>(values.data());
+  const float* scales = row_scales.data_as<float>();
+  parallel_for(n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* o = cpu::row(out, r);
+      // The product rounded once, as dequantize_fp8 (model/fp8_checkpoint.h) computes it.
+      for (int64_t c = 0; c < k; ++c) o[c] = e4m3_to_f32(codes[r * k + c]) * scales[r];
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> CpuBackend::add_stored_fp8_weight(
+    const Tensor& values, const Tensor& row_scales) {
+  if (values.rank() != 2 || values.cols() % 16 != 0) {  // as add_fp8_weight
+    return op_error("add_stored_fp8_weight", absl::StrCat("values ", values.describe(),
+                                                          " is not an [N, K] with K % 16 == 0"));
+  }
+  auto low = std::make_shared<cpu::CpuLowPrecision>();
+  FLUX_ASSIGN_OR_RETURN(low->values, empty(DType::kF32, {values.rows(), values.cols()}));
+  FLUX_RETURN_IF_ERROR(dequantize_e4m3_rows(values, row_scales, low->values));
   return std::shared_ptr<const LowPrecisionWeight>(std::move(low));
 }
 

@@ -41,7 +41,11 @@ struct CudaLowPrecision final : LowPrecisionWeight {
   Tensor scale;   // FP8: f32 [N] per output channel (rowwise) or [1] per tensor (amax / 448);
                   // NVFP4: UE4M3 block scales, 128x4 swizzled
   Tensor global;  // NVFP4 only: f32 [1] global encode scale
-  int64_t device_bytes() const override { return values.bytes() + scale.bytes() + global.bytes(); }
+  // values and scale are a stored FP8 weight's own tensors (add_stored_fp8_weight): no bytes added
+  bool shares_stored = false;
+  int64_t device_bytes() const override {
+    return shares_stored ? 0 : values.bytes() + scale.bytes() + global.bytes();
+  }
 };
 
 class CudaBackend final : public Backend {
@@ -81,6 +85,10 @@ class CudaBackend final : public Backend {
   GemmCandidates* gemm_candidates() override { return gemm_.get(); }
   absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_fp8_weight(
       const Tensor& w) override;
+  absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_stored_fp8_weight(
+      const Tensor& values, const Tensor& row_scales) override;
+  absl::Status dequantize_e4m3_rows(const Tensor& values, const Tensor& row_scales,
+                                    const Tensor& out) override;
 
   absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                       const Tensor& y) override;

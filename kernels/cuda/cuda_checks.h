@@ -33,7 +33,10 @@ inline absl::Status check_layer_norm_operands(absl::string_view op, const Tensor
 // The weight and output of a projection of x: w bf16 [N, x.cols], y bf16 [x.rows, N].
 inline absl::Status check_projection(absl::string_view op, const Tensor& x, const Tensor& w,
                                      const Tensor& y) {
-  FLUX_RETURN_IF_ERROR(check_bf16(op, "w", w));
+  // bf16 values, or a stored FP8 weight's E4M3 codes (Weight::stored_fp8)
+  FLUX_RETURN_IF_ERROR(w.dtype() == DType::kF8E4M3
+                           ? check_tensor(op, "w", w, Device::kCuda, DType::kF8E4M3)
+                           : check_bf16(op, "w", w));
   FLUX_RETURN_IF_ERROR(check_matrix(op, "w", w, w.rows(), x.cols()));
   FLUX_RETURN_IF_ERROR(check_bf16(op, "y", y));
   return check_matrix(op, "y", y, x.rows(), w.rows());

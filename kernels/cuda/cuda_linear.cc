@@ -13,6 +13,7 @@
 #include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/cuda_checks.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/dequantize_e4m3.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/lora_up.h"
 #include "kernels/cuda/norms.h"
@@ -34,17 +35,16 @@ absl::Status CudaBackend::linear(const Tensor& x, const Weight& weight, const Te
                                  const Tensor& y) {
   const Tensor& w = weight.tensor;
   FLUX_RETURN_IF_ERROR(check_bf16("linear", "x", x));
-  FLUX_RETURN_IF_ERROR(check_bf16("linear", "w", w));
-  FLUX_RETURN_IF_ERROR(check_bf16("linear", "y", y));
-  FLUX_RETURN_IF_ERROR(check_matrix("linear", "w", w, y.cols(), x.cols()));
-  FLUX_RETURN_IF_ERROR(check_matrix("linear", "y", y, x.rows(), w.rows()));
+  FLUX_RETURN_IF_ERROR(cuda::check_projection("linear", x, w, y));
   if (bias.data() != nullptr) {
     FLUX_RETURN_IF_ERROR(check_bf16("linear", "bias", bias));
     FLUX_RETURN_IF_ERROR(check_vector("linear", "bias", bias, w.rows()));
   }
-  auto bf16 = [&] {
+  auto bf16 = [&]() -> absl::Status {
+    // A stored FP8 weight: dequantized into a scratch buffer for this GEMM (weight_values).
+    FLUX_ASSIGN_OR_RETURN(const Tensor values, weight_values(weight));
     OpProfileScope profile(*this, profile_category("gemm", x, w.rows()));
-    return gemm_->linear(mat(x), mat(w), bias.data(), mat(y));
+    return gemm_->linear(mat(x), mat(values), bias.data(), mat(y));
   };
   const CudaLowPrecision* low = low_precision_of(weight);
   if (low == nullptr) return bf16();
@@ -277,6 +277,54 @@ absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> CudaBackend::add_fp8_w
   FLUX_ASSIGN_OR_RETURN(CudaLowPrecision low, quantize_low_precision(w));
   return std::shared_ptr<const LowPrecisionWeight>(
       std::make_shared<CudaLowPrecision>(std::move(low)));
+}
+
+absl::Status CudaBackend::dequantize_e4m3_rows(const Tensor& values, const Tensor& row_scales,
+                                               const Tensor& out) {
+  constexpr absl::string_view kOp = "dequantize_e4m3_rows";
+  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "values", values, Device::kCuda, DType::kF8E4M3));
+  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "row_scales", row_scales, Device::kCuda, DType::kF32));
+  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "out", out));
+  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "out", out, values.rows(), values.cols()));
+  if (!values.contiguous() || row_scales.numel() != values.rows()) {
+    return op_error(kOp,
+                    absl::StrCat("values ", values.describe(), " must be contiguous with ",
+                                 "one row scale per row (row_scales ", row_scales.describe(), ")"));
+  }
+  OpProfileScope profile(*this, op_category("quantize", "dequantize_e4m3_rows"));
+  cuda::DequantizeE4m3Args args;
+  args.values = values.data();
+  args.row_scales = row_scales.data_as<float>();
+  args.out = out.data();
+  args.rows = values.rows();
+  args.cols = values.cols();
+  args.out_stride = out.row_stride();
+  return cuda::dequantize_e4m3_rows_bf16(args, stream());
+}
+
+absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> CudaBackend::add_stored_fp8_weight(
+    const Tensor& values, const Tensor& row_scales) {
+  constexpr absl::string_view kOp = "add_stored_fp8_weight";
+  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "values", values, Device::kCuda, DType::kF8E4M3));
+  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "row_scales", row_scales, Device::kCuda, DType::kF32));
+  if (values.rank() != 2 || !values.contiguous() || values.cols() % 16 != 0 ||
+      row_scales.numel() != values.rows()) {
+    return op_error(kOp, absl::StrCat("values ", values.describe(), " is not a contiguous [N, K] ",
+                                      "with K % 16 == 0 and one row scale per row"));
+  }
+  if (fp8_rowwise_ && !nvfp4_) {
+    // The GEMM scales each output channel: the file's codes and scales are the weight as they are.
+    auto low = std::make_shared<CudaLowPrecision>();
+    low->values = values;
+    low->scale = row_scales;
+    low->shares_stored = true;
+    return std::shared_ptr<const LowPrecisionWeight>(std::move(low));
+  }
+  // Per-tensor FP8 (one scale for the whole weight, which a fused q | k | v of separately scaled
+  // parts does not have) or NVFP4: the dequantized values, quantized the backend's way.
+  FLUX_ASSIGN_OR_RETURN(Tensor bf16, empty(DType::kBF16, {values.rows(), values.cols()}));
+  FLUX_RETURN_IF_ERROR(dequantize_e4m3_rows(values, row_scales, bf16));
+  return add_fp8_weight(bf16);
 }
 
 absl::Status CudaBackend::swiglu_linear_fp8(const Tensor& gate, const Tensor& up, const Tensor& x,

@@ -40,6 +40,10 @@ EngineFactory pipeline_factory(const ServerOptions& options) {
         options.text_encoder_offload ? WeightResidency::kStreamed : WeightResidency::kDevice;
     pipeline.prompt_cache_bytes = options.prompt_cache_bytes;
     pipeline.transformer_file = options.transformer_file;
+    pipeline.text_encoder_file = options.text_encoder_file;
+    // Checked when the flags were parsed.
+    pipeline.fp8_lossless =
+        parse_fp8_lossless(options.fp8_lossless).value_or(Fp8Lossless::kResident);
     // Without --lora-dir no adapter is ever uploaded: the memory plan holds no LoRA cache.
     pipeline.lora_cache_bytes = options.lora_dir.empty() ? 0 : options.lora_cache_bytes;
     pipeline.on_progress = [](const LoadProgress& progress) {

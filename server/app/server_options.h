@@ -77,6 +77,12 @@ struct ServerOptions {
   // A single-file transformer (Black Forest Labs flux2-dev.safetensors naming) loaded instead of
   // <model-dir>/transformer's weights; empty: those.
   std::string transformer_file;
+  // --text-encoder-file: one safetensors file holding the text encoder (bf16 or FP8, HF names)
+  // instead of <model-dir>/text_encoder's weights; empty: those.
+  std::string text_encoder_file;
+  // --fp8-lossless resident|per_layer: how an FP8 transformer checkpoint serves quality=lossless
+  // (model/pipeline.h Fp8Lossless; checked at parse).
+  std::string fp8_lossless = "resident";
   // LoRA adapters (README "LoRA adapters"): requests name files under lora_dir (empty: LoRA is
   // off); parsed adapters stay in a host LRU of lora_host_cache_bytes and uploaded ones in a
   // device LRU of lora_cache_bytes (part of the memory plan); lora_preload's are loaded and pinned

@@ -210,6 +210,15 @@ void fill_model_info(const ServingModel& model, v1::GetModelInfoResponse* respon
   response->set_transformer_file(model.facts.transformer_file);
   response->set_transformer_format(info.transformer_format);
   response->set_transformer_checkpoint_bytes(info.transformer_checkpoint_bytes);
+  response->set_fp8_lossless(std::string(fp8_lossless_name(info.fp8_lossless)));
+  for (const ComponentInfo& component : info.components) {
+    v1::ComponentWeightsInfo* out = response->add_components();
+    out->set_name(component.name);
+    out->set_format(component.format);
+    out->set_device_bytes(component.device_bytes);
+    out->set_host_bytes(component.host_bytes);
+    out->set_checkpoint_bytes(component.checkpoint_bytes);
+  }
   response->set_http_port(model.facts.http_port);
   for (const auto& [flag, value] : model.facts.http_options) {
     (*response->mutable_http_options())[flag] = value;

@@ -5,11 +5,15 @@
 # status is non-zero when any test, golden check or bench failed (every failure is a failure on a
 # machine with a GPU; tests skip only where no CUDA device exists).
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
-#                              [ab] [ab-e2e] [fp8] [attention] [profile] [gemm-shapes] [perf] [references]
+#                              [ab] [ab-e2e] [fp8] [fp8-files] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
 #                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile] [e2e-shapes]
 #                              [lora] [cache] [cache-high]
 #                              (default: tests golden bench bench-dev)
+# `fp8-files` (issue 31): gpu_fp8_stored_weight_test, check-golden fp8 at both qualities, and the
+# FP8-checkpoint benches (--weights fp8): klein-4B high (bf16 + copies vs the file's codes, step
+# and peak), lossless resident vs per_layer, dev high step and an FP8 transformer + FP8 text
+# encoder whole request under an 80 GB cap; FP8_FILES_PARTS="tests golden klein dev" picks some.
 # `ab-e2e` alternates the base's and this tree's klein-4B whole requests (both qualities, twice;
 # one with a reference image).
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
@@ -109,7 +113,7 @@ if want tests; then
   all_tests="gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test
     gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_fp8_accumulation_test
     gpu_flash_attention_fp8_test gpu_fp8_rows_test gpu_text_encoder_streaming_test
-    gpu_gemm_algorithm_table_test gpu_step_cache_test"
+    gpu_gemm_algorithm_table_test gpu_step_cache_test gpu_fp8_stored_weight_test"
   # gpu_server_test needs the server binary's path: it runs below, not among the plain tests.
   selected=" ${GPU_TESTS:-$all_tests} "
   run_gtests ${selected// gpu_server_test / }
@@ -137,6 +141,7 @@ if want golden; then
     high_parts=transformer; [[ -f tests/data/$dir/vae_decode.safetensors ]] && high_parts=transformer,vae
     [[ -f tests/data/$dir/vae_encode_cases.json ]] && high_parts=$high_parts,vae_encode
     [[ -f tests/data/$dir/lora_transformer.safetensors ]] && high_parts=$high_parts,lora
+    [[ -f tests/data/$dir/fp8_cases.json ]] && high_parts=$high_parts,fp8  # the file's FP8 codes
     "$bin/flux2" check-golden --golden "tests/data/$dir" --backend cuda --only $high_parts --quality high \
       >"$out/golden-high-$dir.log" 2>&1
     record $? "golden $dir (cuda, quality=high): $(tail -n1 "$out/golden-high-$dir.log")"
@@ -227,6 +232,49 @@ if want fp8; then  # quality=high only: its tests, and the klein-4B step with ea
   bench "$bin/flux2" profile.jsonl "profile klein-4b high" --model klein-4b --quality high --profile
   bench "$bin/flux2" profile.jsonl "profile klein-4b high, bf16 attention (--fp8-attention off)" \
     --model klein-4b --quality high --profile --fp8-attention off
+fi
+fp8_part() { [[ " ${FP8_FILES_PARTS:-tests golden klein dev} " == *" $1 "* ]]; }
+if want fp8-files; then  # FP8 checkpoints (issue 31): stored weights, both qualities, the targets
+  if fp8_part tests; then want tests || run_gtests gpu_fp8_stored_weight_test; fi
+  for quality in lossless high; do
+    fp8_part golden || break
+    "$bin/flux2" check-golden --golden tests/data/tiny-klein --backend cuda --quality $quality \
+      --only fp8,fp8_pipeline >"$out/golden-fp8-$quality.log" 2>&1
+    record $? "check-golden fp8 $quality: $(tail -n1 "$out/golden-fp8-$quality.log")"
+  done
+fi
+if want fp8-files && fp8_part klein; then
+  # klein-4B at quality=high: bf16 weights + FP8 copies (today) against an FP8 file's stored
+  # weights (per_layer: nothing else resident), alternately; step and peak memory.
+  for i in 1 2; do
+    bench "$bin/flux2" fp8-files.jsonl "klein-4b high, bf16 weights" --model klein-4b --quality high
+    bench "$bin/flux2" fp8-files.jsonl "klein-4b high, fp8 file per_layer" --model klein-4b \
+      --quality high --weights fp8 --fp8-lossless per_layer
+  done
+  bench "$bin/flux2" fp8-files.jsonl "klein-4b high, fp8 file resident" --model klein-4b \
+    --quality high --weights fp8 --fp8-lossless resident
+  # Lossless on an FP8 file: resident bf16 values against a dequantization per GEMM.
+  for plan in resident per_layer; do
+    bench "$bin/flux2" fp8-files.jsonl "klein-4b lossless, fp8 file $plan" --model klein-4b \
+      --weights fp8 --fp8-lossless $plan
+  done
+  bench "$bin/flux2" fp8-files.jsonl "e2e klein-4b high, fp8 file per_layer" --e2e \
+    --model klein-4b --quality high --weights fp8 --fp8-lossless per_layer --tokenizer "$tokenizer"
+fi
+if want fp8-files && fp8_part dev; then
+  for plan in resident per_layer; do
+    bench "$bin/flux2" fp8-files.jsonl "dev lossless, fp8 file $plan" --model dev --weights fp8 \
+      --fp8-lossless $plan
+  done
+  # dev: FP8 transformer and FP8 text encoder (resident, dequantized per layer) at quality=high
+  # under an 80 GB cap without streaming (the issue's target: peak <= 60 GB, request <= 13.5 s),
+  # and the step against today's high step.
+  bench "$bin/flux2" fp8-files.jsonl "bench dev high, fp8 file per_layer" --model dev \
+    --quality high --weights fp8 --fp8-lossless per_layer
+  bench "$bin/flux2" fp8-files.jsonl "bench dev high, bf16 weights" --model dev --quality high
+  bench "$bin/flux2" fp8-files.jsonl "e2e dev high, fp8 transformer + fp8 TE, 80 GB cap" \
+    --e2e --model dev --repeats 2 --quality high --weights fp8 --fp8-lossless per_layer \
+    --device-memory-cap-gb 80
 fi
 if want gemm-shapes; then
   for quality in lossless high; do

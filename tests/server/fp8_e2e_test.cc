@@ -2,7 +2,8 @@
 // --transformer-file naming BFL's FP8 layout (tests/data/tiny-klein/fp8/bfl_fp8.safetensors) the
 // server reports the format and stored bytes in GetModelInfo and returns diffusers' image for
 // fp8_cases.json's pipeline case (fp8_pipeline.safetensors case0.image_u8); the ModelOpt folder
-// loads the same way. Run: ctest --test-dir build-cpu -R Fp8E2E
+// loads the same way; --fp8-lossless per_layer with --text-encoder-file gives the same pixels.
+// Run: ctest --test-dir build-cpu -R Fp8E2E
 
 #include <string>
 #include <vector>
@@ -24,11 +25,13 @@ void expect_golden(const std::string& png) {
 
 class Fp8E2E : public ::testing::Test {
  protected:
-  void start(const std::string& transformer_file) {
-    server_ = ServerProcess::start(
-        FLUX2_SERVER_BINARY,
-        {"--model-dir", kKlein + "/checkpoint", "--transformer-file", transformer_file,
-         "--max-sequence-length", "64", "--warmup-steps", "0"});
+  void start(const std::string& transformer_file, std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {"--model-dir",           kKlein + "/checkpoint",
+                                     "--transformer-file",    transformer_file,
+                                     "--max-sequence-length", "64",
+                                     "--warmup-steps",        "0"};
+    args.insert(args.end(), more.begin(), more.end());
+    server_ = ServerProcess::start(FLUX2_SERVER_BINARY, args);
     ASSERT_NE(server_, nullptr);
     channel_ = local_channel(server_->grpc_port());
     stub_ = v1::ImageGeneration::NewStub(channel_);
@@ -54,6 +57,40 @@ TEST_F(Fp8E2E, BflFp8FileServesDiffusersPixelsAndIsReported) {
   // Stored FP8 (one byte per block weight), less than the bf16 checkpoint's ~1.9 MB of weights.
   EXPECT_GT(model.transformer_checkpoint_bytes(), 500000);
   EXPECT_LT(model.transformer_checkpoint_bytes(), 1300000);
+
+  v1::GenerateImageRequest request;  // fp8_cases.json pipeline case 0
+  request.set_prompt("a red fox in the snow, from an FP8 file");
+  request.set_width(64);
+  request.set_height(64);
+  request.set_num_inference_steps(4);
+  request.set_seed(700);
+  request.set_guidance_scale(4.0);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kTestWaitLimit);
+  v1::GenerateImageResponse response;
+  const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.images_size(), 1);
+  expect_golden(response.images(0).data());
+  EXPECT_EQ(model.fp8_lossless(), "resident");
+}
+
+// --fp8-lossless per_layer (only the file's FP8 bytes resident, each weight dequantized as its
+// GEMM runs) and the text encoder from a single file (--text-encoder-file, here the checkpoint's
+// own bf16 file): the same golden pixels; GetModelInfo names each component's format and bytes.
+TEST_F(Fp8E2E, PerLayerPlanAndTextEncoderFileServeTheGoldenPixels) {
+  start(kKlein + "/fp8/bfl_fp8.safetensors",
+        {"--fp8-lossless", "per_layer", "--text-encoder-file",
+         kKlein + "/checkpoint/text_encoder/model.safetensors"});
+  const v1::GetModelInfoResponse model = info();
+  EXPECT_EQ(model.fp8_lossless(), "per_layer");
+  ASSERT_GE(model.components_size(), 3);
+  EXPECT_EQ(model.components(0).name(), "text_encoder");
+  EXPECT_EQ(model.components(0).format(), "file");
+  EXPECT_EQ(model.components(1).name(), "transformer");
+  EXPECT_EQ(model.components(1).format(), "bfl_fp8 (stored fp8)");
+  EXPECT_GT(model.components(1).device_bytes(), 0);
+  EXPECT_EQ(model.components(1).checkpoint_bytes(), model.transformer_checkpoint_bytes());
 
   v1::GenerateImageRequest request;  // fp8_cases.json pipeline case 0
   request.set_prompt("a red fox in the snow, from an FP8 file");

@@ -113,7 +113,11 @@ TEST(ServerOptions, ParsesEveryFlag) {
                                               "--prompt-cache-bytes",
                                               "1048576",
                                               "--transformer-file",
-                                              "/w/flux2-dev.safetensors"});
+                                              "/w/flux2-dev.safetensors",
+                                              "--text-encoder-file",
+                                              "/w/mistral_3_small_flux2_fp8.safetensors",
+                                              "--fp8-lossless",
+                                              "per_layer"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ServerOptions& o = parsed->options;
   EXPECT_EQ(o.port, 1234);
@@ -148,6 +152,8 @@ TEST(ServerOptions, ParsesEveryFlag) {
   EXPECT_EQ(o.max_sequence_length, 64);
   EXPECT_TRUE(o.text_encoder_offload);
   EXPECT_EQ(o.prompt_cache_bytes, 1048576);
+  EXPECT_EQ(o.text_encoder_file, "/w/mistral_3_small_flux2_fp8.safetensors");
+  EXPECT_EQ(o.fp8_lossless, "per_layer");
   EXPECT_EQ(o.transformer_file, "/w/flux2-dev.safetensors");
   EXPECT_TRUE(validate_server_options(o).ok());
 }
@@ -246,6 +252,7 @@ TEST(ServerOptions, ParseErrorsNameTheFlag) {
       {{"--queue-depth"}, "--queue-depth"},
       {{"--drain-timeout-s", "soon"}, "--drain-timeout-s"},
       {{"--prompt-cache-bytes", "lots"}, "--prompt-cache-bytes"},
+      {{"--fp8-lossless", "lazy"}, "--fp8-lossless \"lazy\": expected resident or per_layer"},
       {{"extra"}, "extra"},
   };
   for (const Case& c : cases) {

@@ -83,6 +83,13 @@ struct BenchOptions {
   // them timed in the same run for the ratio.
   int64_t lora_rank = 0;
   int64_t loras = 1;
+  // --weights bf16|fp8: the transformer's block projections as bf16 values or as an FP8
+  // checkpoint's stored weights (random E4M3 codes and row scales), served as --fp8-lossless
+  // resident|per_layer says (model/pipeline.h Fp8Lossless; the server's flag); with --e2e the
+  // text encoder's too (an FP8 text-encoder file, unless --text-encoder-offload).
+  std::string weights = "bf16";
+  std::string fp8_lossless = "resident";
+  bool fp8_weights() const { return weights == "fp8"; }
 };
 
 // Fallbacks counted since `before` (fast_path_snapshot), by path and reason: a healthy run at the
@@ -208,12 +215,18 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
     return absl::InvalidArgumentError("--height/--width must be positive multiples of 16");
   }
-  progress(absl::StrCat("creating the ", o.model, " transformer with random weights"));
+  progress(
+      absl::StrCat("creating the ", o.model, " transformer with random ", o.weights, " weights"));
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Transformer> model,
-                        Flux2Transformer::create_random(be, config, 1));
-  int64_t fp8_bytes = 0;
+                        Flux2Transformer::create_random(be, config, 1, o.fp8_weights()));
+  int64_t fp8_bytes = 0, weight_bytes = model->load_report().device_bytes;
   if (o.request.quality == Quality::kHigh) {
     FLUX_ASSIGN_OR_RETURN(fp8_bytes, model->enable_quality_high());
+  }
+  if (o.fp8_weights() && o.fp8_lossless == "resident") {  // as the server's finish_load
+    FLUX_ASSIGN_OR_RETURN(const DequantizedBytes moved, model->dequantize_stored_weights());
+    weight_bytes += moved.values - moved.stored;
+    if (o.request.quality == Quality::kHigh) fp8_bytes += moved.stored;
   }
   const std::vector<FastPathCounters> before = fast_path_snapshot();
   const RequestScope request(be, o.request);
@@ -314,8 +327,10 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
                            {"floor_ms", floor},
                            {"floor_fraction", floor / median},
                            {"peak_device_bytes", memory.peak_bytes},
-                           {"weight_bytes", model->load_report().device_bytes},
-                           {"fp8_weight_bytes", fp8_bytes}};
+                           {"weight_bytes", weight_bytes},
+                           {"fp8_weight_bytes", fp8_bytes},
+                           {"weights", o.weights},
+                           {"fp8_lossless", o.fp8_weights() ? o.fp8_lossless : ""}};
   add_clock_power(clock_power, result);
   if (without_lora) {
     result["lora_rank"] = o.lora_rank;
@@ -401,6 +416,8 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                                          const std::string& tokenizer_dir, int repeats) {
   FLUX_ASSIGN_OR_RETURN(RandomPipelineSpec spec, random_pipeline_spec(o.model, tokenizer_dir));
   spec.enable_quality_high = o.request.quality == Quality::kHigh;
+  spec.fp8_weights = o.fp8_weights();
+  FLUX_ASSIGN_OR_RETURN(spec.fp8_lossless, parse_fp8_lossless(o.fp8_lossless));
   spec.kv_cache = o.kv_cache;
   spec.is_distilled = !o.base;
   if (o.text_encoder_offload) spec.text_encoder_residency = WeightResidency::kStreamed;
@@ -500,6 +517,8 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"fast_path_fallbacks", fallbacks},
                         {"gemm_plans", plans},
                         {"e2e", true},
+                        {"weights", o.weights},
+                        {"fp8_lossless", o.fp8_weights() ? o.fp8_lossless : ""},
                         {"request_steps", params.num_inference_steps},
                         {"references", o.references},
                         {"kv_cache", o.kv_cache},
@@ -588,6 +607,8 @@ void add_bench_flags(CLI::App& app, BenchFlags& f) {
   app.add_option("--lora-rank", o.lora_rank);
   app.add_option("--loras", o.loras);
   app.add_option("--lora-load-mb", f.lora_load_mb);
+  app.add_option("--weights", o.weights);
+  app.add_option("--fp8-lossless", o.fp8_lossless);
   add_backend_flags(app, f.backend_options);
 }
 
@@ -614,6 +635,15 @@ absl::Status check_bench_flags(const CLI::App& app, BenchFlags& f) {
   }
   if ((o.base || o.cache != "off") && !f.e2e) {
     return absl::InvalidArgumentError("--base and --cache time whole requests: add --e2e");
+  }
+  if (o.weights != "bf16" && o.weights != "fp8") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weights ", o.weights, ": expected bf16 or fp8"));
+  }
+  FLUX_RETURN_IF_ERROR(parse_fp8_lossless(o.fp8_lossless).status());
+  if (app.count("--fp8-lossless") && !o.fp8_weights()) {
+    return absl::InvalidArgumentError(
+        "--fp8-lossless says how FP8 checkpoint weights serve lossless: add --weights fp8");
   }
   if (o.base && o.model == "dev") {
     return absl::InvalidArgumentError("--base runs klein as its base model; dev has no base");

@@ -2,11 +2,16 @@
 // fp8_cases.json (BFL, ComfyUI mixed, ComfyUI legacy scaled fp8, ModelOpt folder), its detected
 // format, the layers a mixed file keeps bf16, and one forward per transformer.safetensors input
 // case against diffusers on the dequantized weights (fp8_transformer.safetensors) at the
-// transformer's bars. "fp8_pipeline" (a whole generation) runs in golden_pipeline.cc. Run by
-// ctest golden.tiny_klein.all; alone: flux2 check-golden --golden tests/data/tiny-klein --only fp8
+// transformer's bars; at lossless the --fp8-lossless plans (codes kept, dequantized per GEMM or
+// after load) give the same bits, at quality=high the file's codes feed the FP8 GEMMs.
+// "fp8_pipeline" (a whole generation) runs in golden_pipeline.cc. Run by ctest
+// golden.tiny_klein.all; alone: flux2 check-golden --golden tests/data/tiny-klein --only fp8
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -86,23 +91,62 @@ absl::StatusOr<std::vector<float>> forward(Backend& be, const Flux2Transformer& 
   return download_values(be, out);
 }
 
-// The model on the backend under test and, at quality=high, on the CPU's FP8 emulation.
+// The model on the backend under test and, at quality=high, on the CPU's FP8 emulation. At
+// quality=high both keep the file's FP8 codes (Fp8Placement::kStored), which the FP8 GEMMs take
+// as they are. At lossless `model` is dequantized on the host at load and `same_bits` holds the
+// server's two --fp8-lossless plans, which must give its output bit for bit: the codes kept and
+// dequantized per GEMM (per_layer), and the codes dequantized on the backend after load
+// (resident).
 struct Models {
   std::unique_ptr<Flux2Transformer> model, fp8_reference;
+  std::vector<std::pair<std::string, std::unique_ptr<Flux2Transformer>>> same_bits;
 };
 
 absl::StatusOr<Models> load_models(const GoldenContext& context,
                                    const TransformerCheckpoint& checkpoint) {
   Models models;
-  FLUX_ASSIGN_OR_RETURN(models.model, Flux2Transformer::load(*context.backend, checkpoint.weights));
-  if (context.quality != Quality::kHigh) return models;
+  const bool high = context.quality == Quality::kHigh;
+  FLUX_ASSIGN_OR_RETURN(models.model, Flux2Transformer::load(*context.backend, checkpoint.weights,
+                                                             high ? Fp8Placement::kStored
+                                                                  : Fp8Placement::kDequantized));
+  if (!high) {
+    for (const char* plan : {"per_layer", "resident"}) {
+      FLUX_ASSIGN_OR_RETURN(
+          auto stored,
+          Flux2Transformer::load(*context.backend, checkpoint.weights, Fp8Placement::kStored));
+      if (std::string(plan) == "resident")
+        FLUX_RETURN_IF_ERROR(stored->dequantize_stored_weights().status());
+      models.same_bits.emplace_back(plan, std::move(stored));
+    }
+    return models;
+  }
   FLUX_RETURN_IF_ERROR(models.model->enable_quality_high().status());
   if (context.fp8_backend != nullptr) {
-    FLUX_ASSIGN_OR_RETURN(models.fp8_reference,
-                          Flux2Transformer::load(*context.fp8_backend, checkpoint.weights));
+    FLUX_ASSIGN_OR_RETURN(
+        models.fp8_reference,
+        Flux2Transformer::load(*context.fp8_backend, checkpoint.weights, Fp8Placement::kStored));
     FLUX_RETURN_IF_ERROR(models.fp8_reference->enable_quality_high().status());
   }
   return models;
+}
+
+// --fp8-lossless plans against the host-dequantized model's output `ours`: the same bits.
+absl::Status check_same_bits(const GoldenContext& context, const Models& models,
+                             const SafetensorsFile& inputs, const std::string& name,
+                             const std::string& key, const std::vector<float>& ours,
+                             GoldenReport& report) {
+  for (const auto& [plan, model] : models.same_bits) {
+    FLUX_ASSIGN_OR_RETURN(std::vector<float> theirs,
+                          forward(*context.backend, *model, inputs, name));
+    size_t differ = 0;
+    for (size_t i = 0; i < ours.size() && i < theirs.size(); ++i)
+      differ += std::memcmp(&ours[i], &theirs[i], sizeof(float)) != 0;
+    report.record(theirs.size() == ours.size() && differ == 0, kFile, key,
+                  absl::StrCat("output --fp8-lossless=", plan),
+                  absl::StrCat(differ, " of ", ours.size(),
+                               " values differ from the host-dequantized weights' output"));
+  }
+  return absl::OkStatus();
 }
 
 // Every check of one layout: format, kept layers, one forward per input case.
@@ -134,6 +178,7 @@ absl::Status run_layout(const GoldenContext& context, const nlohmann::json& case
     }
     report.compare(kFile, key, "output", ours, reference,
                    context.tolerance(absl::StrCat("fp8_transformer.", key, ".output"), fp8_error));
+    FLUX_RETURN_IF_ERROR(check_same_bits(context, models, inputs, name, key, ours, report));
   }
   if (outputs.find(absl::StrCat(layout, ".case0.output")) == nullptr)
     report.fail(kFile, layout, "no cases (" + layout + ".case0.output missing)");
