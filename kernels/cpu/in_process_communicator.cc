@@ -1,0 +1,144 @@
+// Ranks as threads: a generation-counting barrier and memcpy between the ranks' host tensors; see
+// in_process_communicator.h. Tested by tests/host/sequence_parallel_test.cc.
+#include "kernels/cpu/in_process_communicator.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+
+namespace flux2 {
+namespace {
+
+// What the ranks of a group share: the barrier, each rank's posted tensors and the first abort.
+class InProcessGroup {
+ public:
+  explicit InProcessGroup(int size) : size_(size), send_lists_(size), send_ones_(size) {}
+  int size() const { return size_; }
+
+  // Publishes rank `rank`'s tensors of the collective about to run (read by the others after the
+  // next barrier, until the one after it).
+  void post(int rank, const std::vector<Tensor>* list, const Tensor* one) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    send_lists_[rank] = list;
+    send_ones_[rank] = one;
+  }
+  const std::vector<Tensor>& list_of(int rank) const { return *send_lists_[rank]; }
+  const Tensor& one_of(int rank) const { return *send_ones_[rank]; }
+
+  // Returns once every rank has arrived (OK), or with the group's failure once a rank aborted.
+  absl::Status barrier() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!failure_.ok()) return failure_;
+    const uint64_t generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      changed_.notify_all();
+      return absl::OkStatus();
+    }
+    changed_.wait(lock, [&] { return generation_ != generation || !failure_.ok(); });
+    return generation_ != generation ? absl::OkStatus() : failure_;
+  }
+
+  void abort(int rank, const absl::Status& why) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failure_.ok()) {
+      failure_ = absl::AbortedError(
+          absl::StrCat("rank ", rank, " of ", size_, " ended the group: ", why.message()));
+    }
+    changed_.notify_all();
+  }
+
+ private:
+  const int size_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  absl::Status failure_;
+  std::vector<const std::vector<Tensor>*> send_lists_;
+  std::vector<const Tensor*> send_ones_;
+};
+
+// dst = src for two contiguous host tensors of one shape and dtype.
+absl::Status copy_exact(const char* collective, int from, const Tensor& src, const Tensor& dst) {
+  if (src.shape() != dst.shape() || src.dtype() != dst.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat(collective, ": rank ", from, " sends ",
+                                                   src.describe(), " where ", dst.describe(),
+                                                   " is expected"));
+  }
+  if (src.numel() > 0 && src.data() != dst.data()) {
+    std::memcpy(dst.data(), src.data(), static_cast<size_t>(src.bytes()));
+  }
+  return absl::OkStatus();
+}
+
+class InProcessCommunicator final : public Communicator {
+ public:
+  InProcessCommunicator(std::shared_ptr<InProcessGroup> group, int rank)
+      : group_(std::move(group)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+
+  absl::Status all_to_all(const std::vector<Tensor>& send,
+                          const std::vector<Tensor>& recv) override {
+    constexpr const char* kOp = "all_to_all";
+    const DType dtype = send.empty() ? DType::kF32 : send[0].dtype();
+    absl::Status status = check_collective_tensors(kOp, "send", send, size(), dtype, Device::kCpu);
+    if (status.ok()) {
+      status = check_collective_tensors(kOp, "recv", recv, size(), dtype, Device::kCpu);
+    }
+    return run(status, &send, nullptr,
+               [&](int j) { return copy_exact(kOp, j, group_->list_of(j)[rank_], recv[j]); });
+  }
+
+  absl::Status all_gather(const Tensor& send, const std::vector<Tensor>& recv) override {
+    constexpr const char* kOp = "all_gather";
+    absl::Status status =
+        check_collective_tensors(kOp, "send", {send}, 1, send.dtype(), Device::kCpu);
+    if (status.ok()) {
+      status = check_collective_tensors(kOp, "recv", recv, size(), send.dtype(), Device::kCpu);
+    }
+    return run(status, nullptr, &send,
+               [&](int j) { return copy_exact(kOp, j, group_->one_of(j), recv[j]); });
+  }
+
+  void abort(const absl::Status& why) override { group_->abort(rank_, why); }
+
+ private:
+  // A collective: this rank's checks (`checked`), post, barrier, receive from every rank j with
+  // receive(j), barrier (no rank reuses its tensors before the others read them). Any failure
+  // here aborts the group, so no rank waits for this one in vain.
+  template <typename Receive>
+  absl::Status run(absl::Status checked, const std::vector<Tensor>* list, const Tensor* one,
+                   const Receive& receive) {
+    absl::Status status = std::move(checked);
+    if (status.ok()) {
+      group_->post(rank_, list, one);
+      status = group_->barrier();
+    }
+    for (int j = 0; status.ok() && j < size(); ++j) status = receive(j);
+    if (status.ok()) status = group_->barrier();
+    if (!status.ok()) group_->abort(rank_, status);
+    return status;
+  }
+
+  std::shared_ptr<InProcessGroup> group_;
+  const int rank_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> create_in_process_group(int size) {
+  auto group = std::make_shared<InProcessGroup>(size);
+  std::vector<std::unique_ptr<Communicator>> ranks;
+  for (int rank = 0; rank < size; ++rank) {
+    ranks.push_back(std::make_unique<InProcessCommunicator>(group, rank));
+  }
+  return ranks;
+}
+
+}  // namespace flux2
