@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/status.h"
 
 namespace flux2 {
 namespace {
@@ -27,8 +28,9 @@ class InProcessGroup {
   const std::vector<Tensor>& list_of(int rank) const { return *send_lists_[rank]; }
   const Tensor& one_of(int rank) const { return *send_ones_[rank]; }
 
-  // Returns once every rank has arrived (OK), or with the group's failure once a rank aborted.
-  absl::Status barrier() {
+  // The barrier a collective starts with: OK once every rank has arrived, or the group's failure
+  // once a rank aborted before they all did (then no rank reads another's tensors).
+  absl::Status enter() {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!failure_.ok()) return failure_;
     const uint64_t generation = generation_;
@@ -40,6 +42,27 @@ class InProcessGroup {
     }
     changed_.wait(lock, [&] { return generation_ != generation || !failure_.ok(); });
     return generation_ != generation ? absl::OkStatus() : failure_;
+  }
+
+  // The barrier a collective ends with, after enter() let every rank in: it waits for all of them
+  // whatever happens (between the two they only copy, so they all come), so no rank's tensors go
+  // away while another still reads them. `mine`: how this rank's part went (a failing rank aborts
+  // the group first); the others then return the group's failure.
+  absl::Status leave(const absl::Status& mine) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    round_failed_ = round_failed_ || !mine.ok();
+    const uint64_t generation = generation_;
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      ++generation_;
+      last_round_failed_ = round_failed_;
+      round_failed_ = false;
+      changed_.notify_all();
+    } else {
+      changed_.wait(lock, [&] { return generation_ != generation; });
+    }
+    if (!mine.ok()) return mine;
+    return last_round_failed_ ? failure_ : absl::OkStatus();
   }
 
   void abort(int rank, const absl::Status& why) {
@@ -57,6 +80,8 @@ class InProcessGroup {
   std::condition_variable changed_;
   int arrived_ = 0;
   uint64_t generation_ = 0;
+  bool round_failed_ = false;       // a rank's part of the collective now ending failed
+  bool last_round_failed_ = false;  // the same for the last one that ended
   absl::Status failure_;
   std::vector<const std::vector<Tensor>*> send_lists_;
   std::vector<const Tensor*> send_ones_;
@@ -109,21 +134,21 @@ class InProcessCommunicator final : public Communicator {
   void abort(const absl::Status& why) override { group_->abort(rank_, why); }
 
  private:
-  // A collective: this rank's checks (`checked`), post, barrier, receive from every rank j with
-  // receive(j), barrier (no rank reuses its tensors before the others read them). Any failure
-  // here aborts the group, so no rank waits for this one in vain.
+  // A collective: this rank's checks (`checked`), post, enter, receive from every rank j with
+  // receive(j), leave. Any failure here aborts the group, so no rank waits for this one in vain.
   template <typename Receive>
   absl::Status run(absl::Status checked, const std::vector<Tensor>* list, const Tensor* one,
                    const Receive& receive) {
-    absl::Status status = std::move(checked);
-    if (status.ok()) {
-      group_->post(rank_, list, one);
-      status = group_->barrier();
+    if (!checked.ok()) {
+      group_->abort(rank_, checked);
+      return checked;
     }
+    group_->post(rank_, list, one);
+    FLUX_RETURN_IF_ERROR(group_->enter());
+    absl::Status status;
     for (int j = 0; status.ok() && j < size(); ++j) status = receive(j);
-    if (status.ok()) status = group_->barrier();
     if (!status.ok()) group_->abort(rank_, status);
-    return status;
+    return group_->leave(status);
   }
 
   std::shared_ptr<InProcessGroup> group_;

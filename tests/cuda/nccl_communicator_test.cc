@@ -79,7 +79,9 @@ TEST(NcclCommunicatorTest, TinyKleinOverOneRankMatchesThePlainForward) {
   auto run = [&](bool parallel) -> std::vector<uint16_t> {
     auto cond = (*model)->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w), timesteps, {});
     EXPECT_TRUE(cond.ok()) << cond.status();
-    if (parallel) EXPECT_TRUE((*model)->enable_sequence_parallel(*cond, *comm).ok());
+    if (parallel) {
+      EXPECT_TRUE((*model)->enable_sequence_parallel(*cond, *comm).ok());
+    }
     Tensor out = be->empty(DType::kBF16, {n, config.out_channels}).value();
     EXPECT_TRUE((*model)->forward(*cond, 0, x, out).ok());
     return bits(*be, out);

@@ -8,11 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <thread>
 
+#include "kernels/base/status.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/in_process_communicator.h"
 #include "model/cfg_parallel.h"
@@ -295,7 +297,10 @@ std::vector<absl::StatusOr<std::vector<float>>> parallel_ranks(const ModelFactor
 }
 
 // Every rank of `layout` ends with the single-rank velocity within the float32 bar; the ranks
-// agree bit for bit with each other; returns whether they equal one rank bit for bit too.
+// agree bit for bit with each other; returns whether they equal one rank bit for bit too. They do
+// where no GEMM runs on fewer rows than on one rank: OpenBLAS's sgemm gives a row other bits when
+// the call has another row count (its tail kernels), so sequence shards differ in the last bits
+// (model/README.md, "Several GPUs").
 bool expect_matches_single_rank(const ModelFactory& factory, const TinyRequest& q,
                                 const ParallelLayout& layout) {
   const std::vector<float> reference = single_rank(factory, q, layout.cfg == 2);
@@ -305,7 +310,12 @@ bool expect_matches_single_rank(const ModelFactory& factory, const TinyRequest& 
     EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
     if (!results[r].ok()) return false;
     EXPECT_EQ(results[r]->size(), reference.size());
-    EXPECT_LE(relative_error(*results[r], reference), kFloat32Bar) << "rank " << r;
+    const double error = relative_error(*results[r], reference);
+    EXPECT_LE(error, kFloat32Bar) << "rank " << r;
+    if (r == 0) {
+      std::printf("%d x %d ranks: relative error %.3g against one rank\n", layout.cfg,
+                  layout.sequence, error);
+    }
     EXPECT_TRUE(same_bits(*results[r], *results[0])) << "rank " << r << " differs from rank 0";
     bitwise = bitwise && same_bits(*results[r], reference);
   }
@@ -323,7 +333,8 @@ TEST(SequenceParallelTest, TinyKleinOverThreeRanksEqualsOneRank) {
   const ModelFactory klein = checkpoint_model("tiny-klein");  // 3 heads
   CpuBackend be;
   const Flux2Config config = klein(be)->config();
-  EXPECT_TRUE(expect_matches_single_rank(klein, make_request(config), sequence_only(3)));
+  expect_matches_single_rank(klein, make_request(config), sequence_only(3));
+  // One rank through the exchange path (a group of one) is today's forward bit for bit.
   EXPECT_TRUE(expect_matches_single_rank(klein, make_request(config), sequence_only(1)));
 }
 
@@ -331,23 +342,22 @@ TEST(SequenceParallelTest, TinyDevOverTwoRanksEqualsOneRank) {
   const ModelFactory dev = checkpoint_model("tiny-flux2-dev");  // 2 heads, guidance embedder
   CpuBackend be;
   const Flux2Config config = dev(be)->config();
-  EXPECT_TRUE(expect_matches_single_rank(dev, make_request(config), sequence_only(2)));
+  expect_matches_single_rank(dev, make_request(config), sequence_only(2));
 }
 
 TEST(SequenceParallelTest, TwelveHeadsOverTwoThreeFourAndSixRanksEqualOneRank) {
   const Flux2Config config = twelve_head_config();
   const ModelFactory model = random_model(config);
   for (int ranks : {2, 3, 4, 6}) {
-    SCOPED_TRACE(testing::Message() << ranks << " ranks");
-    EXPECT_TRUE(expect_matches_single_rank(model, make_request(config), sequence_only(ranks)));
+    SCOPED_TRACE(::testing::Message() << ranks << " ranks");
+    expect_matches_single_rank(model, make_request(config), sequence_only(ranks));
   }
 }
 
 TEST(SequenceParallelTest, ReferenceTokensRideInTheShards) {
   const Flux2Config config = twelve_head_config();
   // S = 5 + 6 + 4 = 15 over 4 ranks: 4, 4, 4, 3 rows; the last rank holds references only.
-  EXPECT_TRUE(
-      expect_matches_single_rank(random_model(config), make_request(config, 4), sequence_only(4)));
+  expect_matches_single_rank(random_model(config), make_request(config, 4), sequence_only(4));
 }
 
 TEST(SequenceParallelTest, RepeatedRunsGiveTheSameBits) {
@@ -367,11 +377,11 @@ TEST(SequenceParallelTest, CfgOnTwoGroupsEqualsSingleRankCfg) {
   const ModelFactory klein = checkpoint_model("tiny-klein");
   CpuBackend be;
   const Flux2Config config = klein(be)->config();
-  EXPECT_TRUE(expect_matches_single_rank(klein, make_request(config), ParallelLayout{2, 3}));
+  expect_matches_single_rank(klein, make_request(config), ParallelLayout{2, 3});
+  // Branches on two ranks, each whole: the same GEMMs as one rank, so the same bits.
   EXPECT_TRUE(expect_matches_single_rank(klein, make_request(config), ParallelLayout{2, 1}));
   const Flux2Config twelve = twelve_head_config();
-  EXPECT_TRUE(
-      expect_matches_single_rank(random_model(twelve), make_request(twelve), ParallelLayout{2, 2}));
+  expect_matches_single_rank(random_model(twelve), make_request(twelve), ParallelLayout{2, 2});
 }
 
 TEST(SequenceParallelTest, RefusesRankCountsThatDoNotDivideTheHeads) {
