@@ -50,6 +50,15 @@ absl::StatusOr<std::vector<RankCommunicators>> make_rank_communicators(
     const std::function<absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>(
         const std::vector<int>& ranks)>& make_group);
 
+// One rank's place in a multi-rank engine: the layout, its rank number and its communicators
+// (make_rank_communicators; not owned, they outlive whoever holds this).
+struct ParallelRank {
+  ParallelLayout layout;
+  int rank = 0;
+  Communicator* sequence = nullptr;  // size layout.sequence
+  Communicator* cfg = nullptr;       // size layout.cfg
+};
+
 // CFG-parallel guidance on one rank of a CFG pair (pair.size() == 2; pair.rank() 0 holds the
 // conditional branch, 1 the unconditional): `own` [N, C] is this rank's branch's velocity,
 // `other` [N, C] receives the other branch's, and out = uncond + scale · (cond − uncond)

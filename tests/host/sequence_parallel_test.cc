@@ -20,6 +20,7 @@
 #include "model/cfg_parallel.h"
 #include "model/checkpoint.h"
 #include "model/flux2_transformer.h"
+#include "model/pipeline.h"
 #include "model/rope.h"
 #include "model/sequence_parallel.h"
 #include "tests/host/test_util.h"
@@ -440,6 +441,142 @@ TEST(SequenceParallelTest, AFailingRankEndsEveryRanksForward) {
     EXPECT_EQ(statuses[r].code(), absl::StatusCode::kAborted) << statuses[r];
     EXPECT_THAT(std::string(statuses[r].message()), HasSubstr("rank 1 of 3 ended the group"));
   }
+}
+
+// Whole generations on tiny-klein (3 heads, 48 x 32 pixels: 6 image tokens after 32 text tokens),
+// each rank's pipeline on its own backend: the image every rank returns and its final latents.
+struct RankGeneration {
+  absl::StatusOr<GeneratedImage> image = absl::UnknownError("not run");
+  std::vector<float> latents;
+};
+
+GenerateParams small_request(bool cfg) {
+  GenerateParams p;
+  p.prompt = "a lighthouse at dusk";
+  p.width = 48;
+  p.height = 32;
+  p.num_inference_steps = 2;
+  p.max_sequence_length = 32;
+  p.seed = 5;
+  if (cfg) p.negative_prompt = "fog";
+  return p;
+}
+
+// `layout` null: one rank, today's pipeline.
+std::vector<RankGeneration> generate_on_ranks(bool distilled, const GenerateParams& params,
+                                              std::optional<ParallelLayout> layout) {
+  const int ranks = layout ? layout->ranks() : 1;
+  std::vector<std::unique_ptr<CpuBackend>> backends;
+  std::vector<std::unique_ptr<Pipeline>> pipelines;
+  PipelineOptions options;
+  options.is_distilled = distilled;
+  for (int r = 0; r < ranks; ++r) {
+    backends.push_back(std::make_unique<CpuBackend>());
+    auto pipeline =
+        Pipeline::load(*backends.back(), test_data_dir() + "/tiny-klein/checkpoint", options);
+    EXPECT_TRUE(pipeline.ok()) << pipeline.status();
+    if (!pipeline.ok()) return {};
+    pipelines.push_back(std::move(*pipeline));
+  }
+  absl::StatusOr<std::vector<RankCommunicators>> comms = std::vector<RankCommunicators>();
+  if (layout) {
+    comms = make_rank_communicators(*layout, [](const std::vector<int>& members) {
+      return absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>(
+          create_in_process_group(static_cast<int>(members.size())));
+    });
+    EXPECT_TRUE(comms.ok()) << comms.status();
+    for (int r = 0; r < ranks; ++r) {
+      const ParallelRank rank{*layout, r, (*comms)[r].sequence.get(), (*comms)[r].cfg.get()};
+      const absl::Status joined = pipelines[r]->join_parallel(rank);
+      EXPECT_TRUE(joined.ok()) << joined;
+      if (!joined.ok()) return {};
+    }
+  }
+  return on_threads<RankGeneration>(ranks, [&](int r) {
+    RankGeneration out;
+    GenerateHooks hooks;
+    hooks.on_latents = [&](int64_t step, const Tensor& latents) {
+      if (step == params.num_inference_steps - 1) out.latents = download(*backends[r], latents);
+    };
+    out.image = pipelines[r]->generate(params, hooks);
+    return out;
+  });
+}
+
+// Every rank's image and latents against one rank's: the float32 bars of the golden README
+// (latents within 1e-4 relative, image_u8 within one level on at most 0.5% of values); the ranks
+// agree bit for bit. Returns whether the images equal one rank's byte for byte.
+bool expect_generation_matches(bool distilled, const GenerateParams& params,
+                               const ParallelLayout& layout) {
+  const std::vector<RankGeneration> one = generate_on_ranks(distilled, params, std::nullopt);
+  const std::vector<RankGeneration> many = generate_on_ranks(distilled, params, layout);
+  if (one.size() != 1 || !one[0].image.ok() || many.size() != static_cast<size_t>(layout.ranks())) {
+    ADD_FAILURE() << "a generation did not run";
+    return false;
+  }
+  const std::vector<uint8_t>& ref = one[0].image->rgb;
+  bool bitwise = true;
+  for (size_t r = 0; r < many.size(); ++r) {
+    if (!many[r].image.ok()) {
+      ADD_FAILURE() << "rank " << r << ": " << many[r].image.status();
+      return false;
+    }
+    const std::vector<uint8_t>& rgb = many[r].image->rgb;
+    EXPECT_EQ(rgb, many[0].image->rgb) << "rank " << r << " differs from rank 0";
+    EXPECT_LE(relative_error(many[r].latents, one[0].latents), kFloat32Bar) << "rank " << r;
+    if (rgb.size() != ref.size()) {
+      ADD_FAILURE() << "rank " << r << ": " << rgb.size() << " bytes, not " << ref.size();
+      return false;
+    }
+    size_t off_by_one = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_LE(std::abs(int{rgb[i]} - int{ref[i]}), 1) << "rank " << r << " value " << i;
+      off_by_one += rgb[i] != ref[i];
+    }
+    EXPECT_LE(static_cast<double>(off_by_one), 0.005 * static_cast<double>(ref.size()));
+    bitwise = bitwise && rgb == ref;
+    if (r == 0) {
+      std::printf("%d x %d ranks: latents %.3g from one rank, %zu of %zu image bytes differ\n",
+                  layout.cfg, layout.sequence, relative_error(many[r].latents, one[0].latents),
+                  off_by_one, ref.size());
+    }
+  }
+  return bitwise;
+}
+
+TEST(SequenceParallelPipelineTest, TinyKleinOverThreeRanksGivesTheSingleRankImage) {
+  expect_generation_matches(true, small_request(false), ParallelLayout{1, 3});
+}
+
+TEST(SequenceParallelPipelineTest, KleinBaseCfgOverTwoGroupsGivesTheSingleRankImage) {
+  // 2 CFG groups x 3 sequence ranks, and 2 x 1 (whole forwards per branch: the same bytes).
+  expect_generation_matches(false, small_request(true), ParallelLayout{2, 3});
+  EXPECT_TRUE(expect_generation_matches(false, small_request(true), ParallelLayout{2, 1}));
+}
+
+TEST(SequenceParallelPipelineTest, RefusesLayoutsThatDoNotFitAndStepCaching) {
+  CpuBackend be;
+  PipelineOptions options;
+  options.is_distilled = true;
+  auto pipeline = Pipeline::load(be, test_data_dir() + "/tiny-klein/checkpoint", options);
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+  auto two = create_in_process_group(2);
+  auto one = create_in_process_group(1);
+  const absl::Status heads =
+      (*pipeline)->join_parallel({ParallelLayout{1, 2}, 0, two[0].get(), one[0].get()});
+  EXPECT_EQ(heads.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(heads.message()), HasSubstr("has 3 heads"));
+  const absl::Status no_cfg =
+      (*pipeline)->join_parallel({ParallelLayout{2, 1}, 0, one[0].get(), two[0].get()});
+  EXPECT_THAT(std::string(no_cfg.message()), HasSubstr("runs without CFG"));
+  auto three = create_in_process_group(3);
+  ASSERT_TRUE(
+      (*pipeline)->join_parallel({ParallelLayout{1, 3}, 0, three[0].get(), one[0].get()}).ok());
+  GenerateParams cached = small_request(false);
+  cached.num_inference_steps = 12;
+  cached.cache.mode = StepCacheOptions::Mode::kDbCache;
+  EXPECT_THAT(std::string((*pipeline)->validate(cached).message()),
+              HasSubstr("does not run over several ranks"));
 }
 
 }  // namespace
