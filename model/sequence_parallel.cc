@@ -76,9 +76,12 @@ absl::Status ulysses_attention(Backend& be, const Flux2SequenceParallel& sp, con
   std::vector<Tensor> send, recv;
   for (int j = 0; j < ranks; ++j) {
     const Tensor block = sp.qkv_send.row_slice(j * s, s);  // [s, 3D/P]
-    FLUX_RETURN_IF_ERROR(be.copy(q.col_slice(j * width, width), block.col_slice(0, width)));
-    FLUX_RETURN_IF_ERROR(be.copy(k.col_slice(j * width, width), block.col_slice(width, width)));
-    FLUX_RETURN_IF_ERROR(be.copy(v.col_slice(j * width, width), block.col_slice(2 * width, width)));
+    if (s > 0) {  // a rank may hold no rows (S < P): nothing to launch
+      FLUX_RETURN_IF_ERROR(be.copy(q.col_slice(j * width, width), block.col_slice(0, width)));
+      FLUX_RETURN_IF_ERROR(be.copy(k.col_slice(j * width, width), block.col_slice(width, width)));
+      FLUX_RETURN_IF_ERROR(
+          be.copy(v.col_slice(j * width, width), block.col_slice(2 * width, width)));
+    }
     send.push_back(block);
     recv.push_back(sp.qkv_recv.row_slice(sp.shards.begin[j], sp.shards.count[j]));
   }
@@ -98,7 +101,7 @@ absl::Status ulysses_attention(Backend& be, const Flux2SequenceParallel& sp, con
     recv.push_back(sp.out_recv.row_slice(j * s, s));
   }
   FLUX_RETURN_IF_ERROR(group.all_to_all(send, recv));  // P x [s, D/P]
-  for (int j = 0; j < ranks; ++j) {
+  for (int j = 0; j < ranks && s > 0; ++j) {
     FLUX_RETURN_IF_ERROR(be.copy(recv[j], out.col_slice(j * width, width)));  // [s, D]
   }
   return absl::OkStatus();

@@ -1,9 +1,9 @@
 // Sequence (Ulysses) and CFG parallelism on the CPU backend, P ranks as threads of this process
-// (in_process_communicator.h), each with its own backend and its own copy of the weights: the
-// in-process collectives, the uneven shards, the refusals, and the transformer's output on P = 2,
-// 3, 4 and 6 ranks against one rank (tiny-klein, tiny-flux2-dev, a 12-head random config; CFG on
-// two rank groups against the single-rank CFG velocity). Run: host_tests
-// --gtest_filter='SequenceParallel*:InProcessCommunicator*'.
+// (in_process_communicator.h), each with its own backend and weights: the in-process collectives,
+// uneven shards, refusals, and the transformer's output on P = 2, 3, 4, 6 and 12 ranks against one
+// rank (tiny-klein, tiny-flux2-dev, a 12-head random config; CFG on two rank groups against the
+// single-rank CFG velocity), then whole tiny-klein generations (Pipeline::join_parallel). Run:
+// host_tests --gtest_filter='SequenceParallel*:InProcessCommunicator*'.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -192,7 +192,7 @@ ModelFactory checkpoint_model(const std::string& name) {
   };
 }
 
-// 12 heads of 8: sequence parallelism over 2, 3, 4 and 6 ranks.
+// 12 heads of 8: sequence parallelism over 2, 3, 4, 6 and 12 ranks.
 Flux2Config twelve_head_config() {
   Flux2Config c;
   c.num_attention_heads = 12;
@@ -346,10 +346,10 @@ TEST(SequenceParallelTest, TinyDevOverTwoRanksEqualsOneRank) {
   expect_matches_single_rank(dev, make_request(config), sequence_only(2));
 }
 
-TEST(SequenceParallelTest, TwelveHeadsOverTwoThreeFourAndSixRanksEqualOneRank) {
+TEST(SequenceParallelTest, TwelveHeadsOverTwoToTwelveRanksEqualOneRank) {
   const Flux2Config config = twelve_head_config();
   const ModelFactory model = random_model(config);
-  for (int ranks : {2, 3, 4, 6}) {
+  for (int ranks : {2, 3, 4, 6, 12}) {  // 12: S = 11 rows, one rank holds none
     SCOPED_TRACE(::testing::Message() << ranks << " ranks");
     expect_matches_single_rank(model, make_request(config), sequence_only(ranks));
   }
