@@ -272,7 +272,7 @@ class Pipeline {
   Pipeline(Backend& backend) : backend_(backend) {}
   // One generate() call: its settings, then what each stage hands the next (pipeline_generate.cc).
   struct Generation;
-  // generate() on this rank (pipeline_generate.cc).
+  // generate() on this rank once validate() took the params (pipeline_generate.cc).
   absl::StatusOr<GeneratedImage> run_stages(const GenerateParams& params,
                                             const GenerateHooks& hooks) const;
   // The stages of generate(), in order. Each that says so starts with hooks.check_continue.
@@ -292,7 +292,10 @@ class Pipeline {
                               const std::function<absl::Status()>& between_blocks) const;
   // Checks, then the VAE decode to RGB8.
   absl::Status decode(Generation& g) const;
-  // Multi-rank engines (join_parallel; pipeline_parallel.cc). Whether a step's two CFG branches
+  // Multi-rank engines (join_parallel; pipeline_parallel.cc). Ends this rank's communicators after
+  // a failure (nothing on one rank).
+  void end_parallel_group(const absl::Status& why) const;
+  // Whether a step's two CFG branches
   // (`cfg`: the request runs CFG) run on two rank groups, and whether this rank's is the negative.
   bool cfg_parallel(bool cfg) const;
   bool runs_negative_branch(bool cfg) const;

@@ -302,9 +302,18 @@ absl::Status Pipeline::Generation::allocate_model_input(Backend& be) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
+                                                  const GenerateHooks& hooks) const {
+  // Refused requests are refused on every rank alike, before any collective: a multi-rank group
+  // lives on. A later failure ends it, so the other ranks stop too instead of waiting.
+  FLUX_RETURN_IF_ERROR(validate(params));
+  absl::StatusOr<GeneratedImage> image = run_stages(params, hooks);
+  if (!image.ok()) end_parallel_group(image.status());
+  return image;
+}
+
 absl::StatusOr<GeneratedImage> Pipeline::run_stages(const GenerateParams& params,
                                                     const GenerateHooks& hooks) const {
-  FLUX_RETURN_IF_ERROR(validate(params));
   // Every op of this request runs under its options (the text encoder's under lossless ones).
   const RequestScope request_scope(backend_, RequestOptions{params.quality, params.fast_paths});
   Generation g(info_, transformer_->config(), params, hooks);

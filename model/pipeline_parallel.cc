@@ -33,14 +33,10 @@ absl::Status Pipeline::join_parallel(const ParallelRank& rank) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
-                                                  const GenerateHooks& hooks) const {
-  absl::StatusOr<GeneratedImage> image = run_stages(params, hooks);
-  if (!image.ok() && parallel_.has_value()) {
-    parallel_->sequence->abort(image.status());
-    parallel_->cfg->abort(image.status());
-  }
-  return image;
+void Pipeline::end_parallel_group(const absl::Status& why) const {
+  if (!parallel_.has_value()) return;
+  parallel_->sequence->abort(why);
+  parallel_->cfg->abort(why);
 }
 
 bool Pipeline::cfg_parallel(bool cfg) const {
