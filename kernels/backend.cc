@@ -80,23 +80,38 @@ absl::Status Backend::layer_norm_modulate_linear(const Tensor& x, const Tensor& 
   return linear(normed, w, {}, y);
 }
 
+absl::Status Backend::lora_up_qk_norm_rope(const Tensor& x, const std::vector<LoraUpTerm>& terms,
+                                           int64_t head_dim, const Tensor& norm_weight, float eps,
+                                           const Tensor& cos, const Tensor& sin, RopeStyle style) {
+  FLUX_RETURN_IF_ERROR(lora_up_add(x, terms));
+  return qk_norm_rope(x, head_dim, norm_weight, eps, cos, sin, style);
+}
+
 absl::Status Backend::normed_qk(const Tensor& q, const Tensor& k, const QkNormRope& norm,
-                                int64_t head_dim) {
+                                int64_t head_dim, const QkLoraTerms* lora) {
   const int64_t rows = q.rows();
   if (norm.split < 0 || norm.split > rows || k.rows() != rows || norm.cos.rows() != rows) {
     return absl::InvalidArgumentError(absl::StrCat("normed_qk: split ", norm.split, " outside [0, ",
                                                    rows,
                                                    "] or q, k and the RoPE tables differ in rows"));
   }
+  // One head matrix's part: its LoRA terms added with the norm when it has any.
+  auto norm_part = [&](const Tensor& x, const std::vector<LoraUpTerm>* terms, const Tensor& weight,
+                       const Tensor& cos, const Tensor& sin) {
+    if (terms == nullptr || terms->empty()) {
+      return qk_norm_rope(x, head_dim, weight, norm.eps, cos, sin, norm.style);
+    }
+    return lora_up_qk_norm_rope(x, *terms, head_dim, weight, norm.eps, cos, sin, norm.style);
+  };
   for (int part = 0; part < 2; ++part) {
     const int64_t first = part == 0 ? 0 : norm.split,
                   count = part == 0 ? norm.split : rows - norm.split;
     if (count == 0) continue;
     const Tensor cos = norm.cos.row_slice(first, count), sin = norm.sin.row_slice(first, count);
-    FLUX_RETURN_IF_ERROR(qk_norm_rope(q.row_slice(first, count), head_dim, norm.q_weight[part],
-                                      norm.eps, cos, sin, norm.style));
-    FLUX_RETURN_IF_ERROR(qk_norm_rope(k.row_slice(first, count), head_dim, norm.k_weight[part],
-                                      norm.eps, cos, sin, norm.style));
+    FLUX_RETURN_IF_ERROR(norm_part(q.row_slice(first, count), lora ? &lora->q[part] : nullptr,
+                                   norm.q_weight[part], cos, sin));
+    FLUX_RETURN_IF_ERROR(norm_part(k.row_slice(first, count), lora ? &lora->k[part] : nullptr,
+                                   norm.k_weight[part], cos, sin));
   }
   return absl::OkStatus();
 }

@@ -49,6 +49,12 @@ struct QkNormRope {
   RopeStyle style = RopeStyle::kInterleaved;
 };
 
+// LoRA terms on q's and k's columns for Backend::normed_qk, per part of QkNormRope's split: the
+// terms' t rows are the part's rows.
+struct QkLoraTerms {
+  std::vector<LoraUpTerm> q[2], k[2];
+};
+
 // `flux2 bench --tune-gemm`: the GEMM plans built so far and the algorithm candidates of each (the
 // heuristic's order, 0 its first), so a tuner can time whole steps with each choice in turn.
 class GemmCandidates {
@@ -233,6 +239,12 @@ class Backend {
   // writing y', so callers must not read y after.
   virtual absl::Status lora_up_gate_residual(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                                              const Tensor& x, const Tensor& gate);
+  // The LoRA terms on q's or k's columns, then their QK-norm and RoPE: in place on x [S, H·Dh],
+  // lora_up_add(x, terms) then qk_norm_rope(x, ...). The default runs the two ops; a backend may do
+  // both in one pass (x read and written once).
+  virtual absl::Status lora_up_qk_norm_rope(const Tensor& x, const std::vector<LoraUpTerm>& terms,
+                                            int64_t head_dim, const Tensor& norm_weight, float eps,
+                                            const Tensor& cos, const Tensor& sin, RopeStyle style);
 
   // ---- element-wise -------------------------------------------------------------------------
   virtual absl::Status silu(const Tensor& x, const Tensor& out) = 0;                  // x·σ(x)
@@ -295,8 +307,9 @@ class Backend {
   // In place: QkNormRope's per-head RMSNorm and RoPE on q and k (rows [0, split) with the first
   // weights, the rest with the second); normed_attention's first half, for callers that attend
   // to other keys too (klein-KV's cached reference keys).
-  absl::Status normed_qk(const Tensor& q, const Tensor& k, const QkNormRope& norm,
-                         int64_t head_dim);
+  // With `lora`, each part's LoRA terms are added first (lora_up_qk_norm_rope).
+  absl::Status normed_qk(const Tensor& q, const Tensor& k, const QkNormRope& norm, int64_t head_dim,
+                         const QkLoraTerms* lora = nullptr);
   // FLUX.2's attention with its QK-norm and RoPE in front: qk_norm_rope on q and on k (rows
   // [0, split) with the first weights, the rest with the second: the text and image streams of a
   // double block), then attention. The default is those ops in turn; a backend may fuse the norms

@@ -227,6 +227,20 @@ std::vector<LoraUpTerm> lora_columns(const std::vector<LoraUpTerm>& ups, int64_t
   return part;
 }
 
+QkLoraTerms lora_qk_terms(const Flux2LoraTerms* part0, const Flux2LoraTerms* part1, int64_t split,
+                          int64_t rows, const Tensor& t, int64_t d) {
+  QkLoraTerms qk;
+  const Flux2LoraTerms* parts[2] = {part0, part1};
+  for (int part = 0; part < 2; ++part) {
+    const int64_t first = part == 0 ? 0 : split, count = part == 0 ? split : rows - split;
+    if (parts[part] == nullptr || parts[part]->empty() || count == 0) continue;
+    const std::vector<LoraUpTerm> ups = lora_ups(*parts[part], t.row_slice(first, count));
+    qk.q[part] = lora_columns(ups, 0, d);
+    qk.k[part] = lora_columns(ups, d, d);
+  }
+  return qk;
+}
+
 absl::Status apply_lora(Backend& backend, const Flux2LoraTerms& terms, const Tensor& x,
                         const Tensor& y, const Flux2LoraScratch& scratch) {
   if (terms.empty()) return absl::OkStatus();

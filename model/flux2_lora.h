@@ -110,6 +110,12 @@ std::vector<LoraUpTerm> lora_ups(const Flux2LoraTerms& terms, const Tensor& t);
 std::vector<LoraUpTerm> lora_columns(const std::vector<LoraUpTerm>& ups, int64_t begin,
                                      int64_t cols);
 
+// The B sides of q's and k's columns (the first 2·d of a fused [q | k | v ...] output), for
+// Backend::normed_qk: part 0's terms on rows [0, split), part 1's on rows [split, rows) (either may
+// be null), their products in those rows of `t`.
+QkLoraTerms lora_qk_terms(const Flux2LoraTerms* part0, const Flux2LoraTerms* part1, int64_t split,
+                          int64_t rows, const Tensor& t, int64_t d);
+
 // y += every term of `terms` applied to x [M, in] (a no-op without terms), in order: lora_down into
 // the scratch, then Backend::lora_up_add.
 absl::Status apply_lora(Backend& backend, const Flux2LoraTerms& terms, const Tensor& x,

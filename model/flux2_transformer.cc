@@ -194,6 +194,12 @@ absl::StatusOr<Flux2Conditioning> Flux2Transformer::prepare(
 
 namespace {
 
+// A column range [first, first + count) of a projection's output (count -1: to its end).
+struct Columns {
+  int64_t first = 0, count = -1;
+};
+constexpr Columns kAllColumns{};
+
 // The LoRA terms around a SwiGLU MLP (ModulatedRows::swiglu_linear): those of the projection whose
 // output holds the SwiGLU's input [gate | up] from column `in_begin` (their products already in
 // the LoRA scratch, their B sides deferred by norm_linear), and those of the down projection.
@@ -229,11 +235,12 @@ class ModulatedRows {
 
   // out = ((1 + scale) ⊙ LayerNorm(x) + shift) · wᵀ (Backend::layer_norm_modulate_linear);
   // shift, scale: the chunks at those columns. With LoRA terms, the eager chain (norm, linear),
-  // the terms' products into the LoRA scratch, and their B sides added to out's columns before
-  // `deferred`: those from there on feed a SwiGLU, and swiglu_linear adds them fused with it.
+  // the terms' products into the LoRA scratch, and their B sides added now to out's columns
+  // `now` only: the others are added fused with their consumer (q and k with their QK-norm in
+  // attend, a SwiGLU's input with it in swiglu_linear).
   absl::Status norm_linear(const Tensor& x, int64_t shift, int64_t scale, const Weight& w,
                            const Tensor& out, const Flux2LoraTerms* lora = nullptr,
-                           int64_t deferred = -1) const {
+                           Columns now = kAllColumns) const {
     for (const Flux2RowModulation& g : segments_) {
       if (lora == nullptr || lora->empty()) {
         FLUX_RETURN_IF_ERROR(be_->layer_norm_modulate_linear(
@@ -245,10 +252,10 @@ class ModulatedRows {
       FLUX_RETURN_IF_ERROR(be_->linear(of(normed_, g), w, {}, of(out, g)));
       const Tensor t = of(ws_->lora.t, g);
       FLUX_RETURN_IF_ERROR(lora_down(*be_, *lora, of(normed_, g), t));
-      const int64_t now = deferred < 0 ? out.cols() : deferred;
-      if (now == 0) continue;
-      FLUX_RETURN_IF_ERROR(
-          be_->lora_up_add(of(out, g).col_slice(0, now), lora_columns(lora_ups(*lora, t), 0, now)));
+      const int64_t cols = now.count < 0 ? out.cols() - now.first : now.count;
+      if (cols == 0) continue;
+      FLUX_RETURN_IF_ERROR(be_->lora_up_add(of(out, g).col_slice(now.first, cols),
+                                            lora_columns(lora_ups(*lora, t), now.first, cols)));
     }
     return absl::OkStatus();
   }
@@ -355,17 +362,28 @@ struct Flux2Transformer::Pass {
 
 absl::Status Flux2Transformer::attend(const Pass& p, const QkNormRope& norm, const Tensor& q,
                                       const Tensor& k, const Tensor& v, const Tensor& out,
-                                      size_t layer) const {
+                                      size_t layer,
+                                      std::array<const Flux2LoraTerms*, 2> lora) const {
   Backend& be = backend_;
   const int64_t dh = config_.attention_head_dim, d = config_.hidden();
   const AttentionParams params{config_.num_attention_heads, config_.num_attention_heads, dh,
                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
-  if (p.cond.sequence_parallel != nullptr) {  // QK-norm and RoPE per token, then the exchange
-    if (p.s() > 0) FLUX_RETURN_IF_ERROR(be.normed_qk(q, k, norm, dh));
-    return ulysses_attention(be, *p.cond.sequence_parallel, q, k, v, params, out);  // [S, D]
+  const bool with_lora =
+      (lora[0] != nullptr && !lora[0]->empty()) || (lora[1] != nullptr && !lora[1]->empty());
+  const Flux2SequenceParallel* sp = p.cond.sequence_parallel.get();
+  if (p.kv == Flux2KvMode::kOff && !with_lora && sp == nullptr) {
+    return be.normed_attention(q, k, v, norm, params, out);
   }
-  if (p.kv == Flux2KvMode::kOff) return be.normed_attention(q, k, v, norm, params, out);
-  FLUX_RETURN_IF_ERROR(be.normed_qk(q, k, norm, dh));  // post-RoPE q and k in place
+  // q's and k's LoRA terms, added with their norm (their products are in the LoRA scratch).
+  QkLoraTerms qk_lora;
+  if (with_lora) {
+    qk_lora = lora_qk_terms(lora[0], lora[1], norm.split, q.rows(), p.cond.workspace->lora.t, d);
+  }
+  // Post-RoPE q and k in place (a sequence-parallel rank may hold no rows: nothing to launch).
+  if (p.s() > 0) FLUX_RETURN_IF_ERROR(be.normed_qk(q, k, norm, dh, with_lora ? &qk_lora : nullptr));
+  // Sequence-parallel: QK-norm and RoPE ran per token on this rank's rows; now the exchange.
+  if (sp != nullptr) return ulysses_attention(be, *sp, q, k, v, params, out);  // [S, D]
+  if (p.kv == Flux2KvMode::kOff) return be.attention(q, k, v, params, out);
   Flux2KvCache& cache = *p.cond.kv;
   if (p.kv == Flux2KvMode::kExtract) {
     return cache.extract(be, layer, params, p.l + p.n, q, k, v, out);  // [S, D]
@@ -402,11 +420,14 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
 
   // Attention: both streams attend jointly over [text ; image]. Each projection is fused with
   // the norm that feeds it: at quality=high the CUDA backend's norm writes the FP8 GEMM's input.
+  // LoRA's terms on v are added now, those on q and k with their norm in attend.
+  const Columns v_columns{2 * d, d};
+  FLUX_RETURN_IF_ERROR(img.norm_linear(x, m.img(0), m.img(1), w.img_qkv, qkv, &lora.img_qkv,
+                                       v_columns));  // [N (+R), 3D]
+  FLUX_RETURN_IF_ERROR(txt.norm_linear(x, m.txt(0), m.txt(1), w.txt_qkv, qkv, &lora.txt_qkv,
+                                       v_columns));  // [L, 3D]
   FLUX_RETURN_IF_ERROR(
-      img.norm_linear(x, m.img(0), m.img(1), w.img_qkv, qkv, &lora.img_qkv));  // [N (+R), 3D]
-  FLUX_RETURN_IF_ERROR(
-      txt.norm_linear(x, m.txt(0), m.txt(1), w.txt_qkv, qkv, &lora.txt_qkv));  // [L, 3D]
-  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn, layer));                 // [S, D]
+      attend(p, norm, q, k, v, attn, layer, {&lora.txt_qkv, &lora.img_qkv}));  // [S, D]
   // Output projections and gated residuals: [N, D], then [L, D].
   FLUX_RETURN_IF_ERROR(img.linear_gate_residual(attn, w.img_out, lora.img_out, proj, x, m.img(2)));
   FLUX_RETURN_IF_ERROR(txt.linear_gate_residual(attn, w.txt_out, lora.txt_out, proj, x, m.txt(2)));
@@ -414,9 +435,9 @@ absl::Status Flux2Transformer::double_block(const Flux2DoubleBlockWeights& w, co
   // Feed-forward (SwiGLU), separate weights per stream; LoRA on its input projection is added
   // with the SwiGLU.
   FLUX_RETURN_IF_ERROR(img.norm_linear(x, m.img(3), m.img(4), w.img_ff_in, ff_in, &lora.img_ff_in,
-                                       0));  // [N, 2F]
+                                       {0, 0}));  // [N, 2F]
   FLUX_RETURN_IF_ERROR(txt.norm_linear(x, m.txt(3), m.txt(4), w.txt_ff_in, ff_in, &lora.txt_ff_in,
-                                       0));  // [L, 2F]
+                                       {0, 0}));  // [L, 2F]
   // SwiGLU, its down projection and the gated residual: [N, D], then [L, D].
   FLUX_RETURN_IF_ERROR(img.swiglu_linear(ff_in, ff_act, w.img_ff_out, proj, x, m.img(5),
                                          {&lora.img_ff_in, 0, &lora.img_ff_out}));
@@ -443,10 +464,12 @@ absl::Status Flux2Transformer::single_block(const Flux2SingleBlockWeights& w, co
 
   // One fused projection [q | k | v | mlp gate | mlp up] of the modulated norm, attention beside
   // the SwiGLU, and to_out over [attn | swiglu(mlp)] with the gated residual.
-  // LoRA's terms on the MLP columns are added with the SwiGLU.
-  FLUX_RETURN_IF_ERROR(all.norm_linear(x, shift, scale, w.qkv_mlp, wide, &lora.qkv_mlp,
-                                       3 * d));                                     // [S, 3D+2F]
-  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn_mlp.col_slice(0, d), layer));  // [S, D]
+  // LoRA's terms on v are added now, on q and k with their norm in attend, on the MLP columns
+  // with the SwiGLU.
+  FLUX_RETURN_IF_ERROR(
+      all.norm_linear(x, shift, scale, w.qkv_mlp, wide, &lora.qkv_mlp, {2 * d, d}));  // [S, 3D+2F]
+  FLUX_RETURN_IF_ERROR(attend(p, norm, q, k, v, attn_mlp.col_slice(0, d), layer,
+                              {&lora.qkv_mlp, nullptr}));  // [S, D]
   FLUX_RETURN_IF_ERROR(all.swiglu_linear(mlp_in, attn_mlp, w.out, proj, x, gate,
                                          {&lora.qkv_mlp, 3 * d, &lora.out}));  // [S, D]
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 // transformer` and `--only edit` / `edit_kv` (tests/golden).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -139,9 +140,12 @@ class Flux2Transformer {
   absl::Status double_block(const Flux2DoubleBlockWeights& w, const Pass& pass, size_t layer) const;
   absl::Status single_block(const Flux2SingleBlockWeights& w, const Pass& pass, size_t layer) const;
   // The attention of one block: q, k, v [S, D] views of the pass's fused projections; QK-norm
-  // and RoPE, then joint attention into out [S, D] (klein-KV's through Flux2KvCache).
+  // and RoPE, then joint attention into out [S, D] (klein-KV's through Flux2KvCache). `lora`: the
+  // LoRA terms of the projection's rows [0, norm.split) and [norm.split, S) (null: none), whose
+  // q and k columns norm_linear left to be added here with the norm.
   absl::Status attend(const Pass& pass, const QkNormRope& norm, const Tensor& q, const Tensor& k,
-                      const Tensor& v, const Tensor& out, size_t layer) const;
+                      const Tensor& v, const Tensor& out, size_t layer,
+                      std::array<const Flux2LoraTerms*, 2> lora) const;
   // The shared modulation [steps, 17D] of timesteps (+ guidance): silu(temb) · modulationᵀ.
   // With `lora`, its adapters act on the embedders and the modulation.
   absl::StatusOr<Tensor> modulation_rows(std::span<const float> timesteps,

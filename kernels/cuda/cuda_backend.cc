@@ -211,8 +211,9 @@ absl::Status CudaBackend::upload(const void* host, DType host_dtype, const Tenso
   FLUX_CHECK(row_bytes <= static_cast<int64_t>(kStagingBytes));
   const int64_t chunk_rows =
       std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes) / std::max<int64_t>(row_bytes, 1));
-  int buffer = 0;
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows, buffer ^= 1) {
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int buffer = staging_next_;
+    staging_next_ ^= 1;
     const int64_t n = std::min(chunk_rows, rows - r0);
     FLUX_RETURN_IF_ERROR(cuda_status(cudaEventSynchronize(staging_done_[buffer]), "staging wait"));
     FLUX_RETURN_IF_ERROR(convert_host(static_cast<const char*>(host) + r0 * cols * host_elem,

@@ -89,6 +89,9 @@ class CudaBackend final : public Backend {
                               const Tensor& out) override;
   absl::Status lora_up_gate_residual(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                                      const Tensor& x, const Tensor& gate) override;
+  absl::Status lora_up_qk_norm_rope(const Tensor& x, const std::vector<LoraUpTerm>& terms,
+                                    int64_t head_dim, const Tensor& norm_weight, float eps,
+                                    const Tensor& cos, const Tensor& sin, RopeStyle style) override;
   absl::Status silu(const Tensor& x, const Tensor& out) override;
   absl::Status add(const Tensor& a, const Tensor& b, const Tensor& out) override;
   absl::Status sub(const Tensor& a, const Tensor& b, const Tensor& out) override;
@@ -226,6 +229,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CudnnConv> conv_;
   void* staging_[2] = {nullptr, nullptr};  // pinned host buffers for transfers
   cudaEvent_t staging_done_[2] = {nullptr, nullptr};
+  // The staging buffer the next upload chunk fills: alternating across calls too, so converting
+  // one small tensor overlaps the previous one's copy (a LoRA adapter is hundreds of them).
+  int staging_next_ = 0;
   int64_t total_bytes_ = 0;
   std::string device_name_;            // cudaDeviceProp::name: the GEMM table's section
   bool fail_next_allocation_ = false;  // inject_fault(kDeviceOutOfMemory) armed

@@ -39,4 +39,16 @@ inline absl::Status check_projection(absl::string_view op, const Tensor& x, cons
   return check_matrix(op, "y", y, x.rows(), w.rows());
 }
 
+// QK-norm + RoPE's head weights (bf16 [head_dim]) and its f32 tables cos, sin [x.rows, head_dim].
+inline absl::Status check_qk_norm_rope_operands(absl::string_view op, const Tensor& x,
+                                                int64_t head_dim, const Tensor& norm_weight,
+                                                const Tensor& cos, const Tensor& sin) {
+  FLUX_RETURN_IF_ERROR(check_bf16(op, "norm_weight", norm_weight));
+  FLUX_RETURN_IF_ERROR(check_vector(op, "norm_weight", norm_weight, head_dim));
+  FLUX_RETURN_IF_ERROR(check_tensor(op, "cos", cos, Device::kCuda, DType::kF32));
+  FLUX_RETURN_IF_ERROR(check_tensor(op, "sin", sin, Device::kCuda, DType::kF32));
+  FLUX_RETURN_IF_ERROR(check_matrix(op, "cos", cos, x.rows(), head_dim));
+  return check_matrix(op, "sin", sin, x.rows(), head_dim);
+}
+
 }  // namespace flux2::cuda

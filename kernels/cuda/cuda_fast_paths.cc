@@ -49,6 +49,9 @@ constexpr std::array<FastPathSpec, static_cast<size_t>(CudaPath::kCount)> kTable
     {"lora_up_gate_residual", kFused, Quality::kLossless,
      "LoRA's B products added to a block's output and its gated residual in one pass; any bf16 "
      "shape"},
+    {"lora_up_qk_norm_rope", kFused, Quality::kLossless,
+     "LoRA's B products added to q or k and their per-head RMSNorm + RoPE in one pass: head_dim "
+     "128, 8-byte aligned rows, 16-byte aligned RoPE table rows"},
 }};
 
 constexpr absl::string_view kUnsupportedShape = "unsupported_shape";

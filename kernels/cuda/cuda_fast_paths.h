@@ -29,6 +29,7 @@ enum class CudaPath : uint8_t {
   kConvBiasResidual,
   kLoraUpSwiglu,
   kLoraUpGateResidual,
+  kLoraUpQkNormRope,
   kCount,
 };
 

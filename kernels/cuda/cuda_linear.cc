@@ -1,8 +1,9 @@
 // CudaBackend's projections: linear through cuBLASLt (bf16), LoRA's B products with their adds,
-// alone or fused with the SwiGLU or gated residual after them (our own kernel, lora_up.h), and at
-// quality=high the low-precision GEMMs of registered weights (add_fp8_weight: FP8, NVFP4 on
-// Blackwell), with the activation quantized just before the GEMM or written in E4M3 by the op
-// that produces it: LayerNorm+modulate and SwiGLU (layer_norm_modulate_linear, swiglu_linear).
+// alone or fused with the SwiGLU, the gated residual or q/k's QK-norm + RoPE after them (our own
+// kernel, lora_up.h), and at quality=high the low-precision GEMMs of registered weights
+// (add_fp8_weight: FP8, NVFP4 on Blackwell), with the activation quantized just before the GEMM or
+// written in E4M3 by the op that produces it: LayerNorm+modulate and SwiGLU
+// (layer_norm_modulate_linear, swiglu_linear).
 // Tested by tests/cuda/op_cases.cc (gpu_op_test), fp8_rows_test.cc and quality_high_test.cc.
 #include <cstdint>
 #include <vector>
@@ -113,6 +114,27 @@ absl::Status CudaBackend::lora_up_gate_residual(const Tensor& y,
         return cuda::lora_up_gate_residual_bf16(mat(y), lora_ups(terms), mat(x), g, stream());
       },
       [&] { return Backend::lora_up_gate_residual(y, terms, x, gate); });
+}
+
+absl::Status CudaBackend::lora_up_qk_norm_rope(const Tensor& x,
+                                               const std::vector<LoraUpTerm>& terms,
+                                               int64_t head_dim, const Tensor& norm_weight,
+                                               float eps, const Tensor& cos, const Tensor& sin,
+                                               RopeStyle style) {
+  constexpr absl::string_view kOp = "lora_up_qk_norm_rope";
+  FLUX_RETURN_IF_ERROR(check_lora_up(kOp, x, terms));
+  FLUX_RETURN_IF_ERROR(cuda::check_qk_norm_rope_operands(kOp, x, head_dim, norm_weight, cos, sin));
+  return run_path(
+      CudaPath::kLoraUpQkNormRope,
+      cuda::lora_up_qk_norm_rope_unsupported(mat(x), head_dim, mat(cos), mat(sin)),
+      [&] {
+        OpProfileScope profile(*this, op_category("lora", "lora_up_qk_norm_rope"));
+        return cuda::lora_up_qk_norm_rope_bf16(mat(x), lora_ups(terms), norm_weight.data(), eps,
+                                               mat(cos), mat(sin), style, stream());
+      },
+      [&] {
+        return Backend::lora_up_qk_norm_rope(x, terms, head_dim, norm_weight, eps, cos, sin, style);
+      });
 }
 
 absl::Status CudaBackend::swiglu_linear(const Tensor& gate, const Tensor& up, const Tensor& x,

@@ -150,12 +150,7 @@ absl::Status CudaBackend::qk_norm_rope(const Tensor& x, int64_t head_dim, const 
   OpProfileScope profile(*this, op_category("norm", "qk_norm_rope"));
   constexpr absl::string_view kOp = "qk_norm_rope";
   FLUX_RETURN_IF_ERROR(check_bf16(kOp, "x", x));
-  FLUX_RETURN_IF_ERROR(check_bf16(kOp, "norm_weight", norm_weight));
-  FLUX_RETURN_IF_ERROR(check_vector(kOp, "norm_weight", norm_weight, head_dim));
-  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "cos", cos, Device::kCuda, DType::kF32));
-  FLUX_RETURN_IF_ERROR(check_tensor(kOp, "sin", sin, Device::kCuda, DType::kF32));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "cos", cos, x.rows(), head_dim));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "sin", sin, x.rows(), head_dim));
+  FLUX_RETURN_IF_ERROR(cuda::check_qk_norm_rope_operands(kOp, x, head_dim, norm_weight, cos, sin));
   return run_path(
       CudaPath::kQkNormRope, "",
       [&] {

@@ -4,7 +4,8 @@
 // shared memory in 32-wide chunks of r into mma.sync m16n8k16 (bf16 in, fp32 out; 8 warps as
 // 2 x 4, each 32 x 32), and each thread adds its rounded scaled products to its elements of the
 // shared y tile (the same elements for every term, so terms need no barrier between them). The
-// epilogue then stores y, or the SwiGLU, or the gated residual, in 16-byte rows. Holding the tiles
+// epilogue then stores y, or the SwiGLU, or the gated residual, in 16-byte rows, or (a tile being
+// one head of q or k) the head's RMSNorm and RoPE as qk_norm_rope computes them. Holding the tiles
 // in shared memory instead of registers keeps 4 CTAs on an SM (tests/cuda/op_cases.cc; --perf).
 #include <cuda_bf16.h>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/head_norm.cuh"
 #include "kernels/cuda/lora_up.h"
 
 namespace flux2::cuda {
@@ -51,12 +53,16 @@ struct Views {
   View v[2];  // [0] only, or the SwiGLU's gate and up columns
 };
 
-enum class Epilogue { kStore, kSwiglu, kGateResidual };
+enum class Epilogue { kStore, kSwiglu, kGateResidual, kQkNormRope };
 struct EpilogueArgs {
   Mat out;   // kSwiglu: [M, F]; kGateResidual: the stream x [M, N]
   Mat gate;  // kGateResidual: [1, N]
   SiluMath silu = SiluMath::kExact;
   bool out_vectors = false, gate_vectors = false;
+  const bf16* norm_weight = nullptr;  // kQkNormRope: [128]
+  float eps = 0.0f;
+  Mat cos, sin;  // kQkNormRope: f32 [M, 128]
+  RopeStyle style = RopeStyle::kInterleaved;
 };
 
 using Tile = bf16[kTileM][kTileStride];
@@ -271,6 +277,26 @@ __device__ void finish(const Views& views, const EpilogueArgs& e, int64_t m0, in
   }
 }
 
+// kQkNormRope: the tile is one head of kTileM rows; each warp normalises, rotates and stores its
+// rows as qk_norm_rope's vectorised kernel does (lane l: elements 4l..4l+3, the same reduction).
+__device__ void finish_heads(const View& v, const EpilogueArgs& e, int64_t m0, int64_t n0,
+                             const Tile& tile) {
+  static_assert(kTileN == kVecHeadDim, "a tile's columns are one head");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float w[4];
+  load4(e.norm_weight + 4 * lane, w);
+  for (int row = warp; row < kTileM && m0 + row < v.y.rows; row += kThreads / 32) {
+    const int64_t r = m0 + row;
+    float x[4];
+    load4(&tile[row][4 * lane], x);
+    const Rope4 table = load_rope4(static_cast<const float*>(e.cos.data) + r * e.cos.stride,
+                                   static_cast<const float*>(e.sin.data) + r * e.sin.stride);
+    norm4(x, w, e.eps, e.style);
+    rope4(x, table, e.style);
+    store4(mut_at(v.y, r, n0 + 4 * lane), x);
+  }
+}
+
 template <Epilogue kEpilogue>
 constexpr int kTilesOf = kEpilogue == Epilogue::kStore ? 1 : 2;
 
@@ -294,7 +320,11 @@ __global__ void __launch_bounds__(kThreads, 4) lora_up_kernel(Views views, Epilo
   }
   cp_async_wait();  // where no term covered the tile
   __syncthreads();  // every thread's products are in the tiles
-  finish<kEpilogue, kTiles>(views, e, m0, n0, shared);
+  if constexpr (kEpilogue == Epilogue::kQkNormRope) {
+    finish_heads(views.v[0], e, m0, n0, shared.tile[0]);
+  } else {
+    finish<kEpilogue, kTiles>(views, e, m0, n0, shared);
+  }
 }
 
 // View [begin, begin + cols) of y with the terms that reach it (at most kMaxTerms).
@@ -366,6 +396,33 @@ absl::Status launch(const char* op, const Mat& y, int64_t width, const std::vect
 }
 
 }  // namespace
+
+absl::string_view lora_up_qk_norm_rope_unsupported(const Mat& y, int64_t head_dim, const Mat& cos,
+                                                   const Mat& sin) {
+  const bool heads = head_dim == kVecHeadDim && y.cols % kVecHeadDim == 0 &&
+                     reinterpret_cast<uintptr_t>(y.data) % 8 == 0 && (y.stride * 2) % 8 == 0;
+  const bool tables = rows_aligned16(cos, 4) && rows_aligned16(sin, 4);
+  return heads && tables ? "" : "unsupported_shape";
+}
+
+absl::Status lora_up_qk_norm_rope_bf16(const Mat& y, const std::vector<LoraUp>& terms,
+                                       const void* norm_weight, float eps, const Mat& cos,
+                                       const Mat& sin, RopeStyle style, cudaStream_t stream) {
+  if (!lora_up_qk_norm_rope_unsupported(y, kVecHeadDim, cos, sin).empty() || cos.rows != y.rows ||
+      sin.rows != y.rows || cos.cols != kVecHeadDim || sin.cols != kVecHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora_up_qk_norm_rope: y [", y.rows, ", ", y.cols, "] is not whole 128-wide heads on ",
+        "8-byte aligned rows, or the RoPE tables [", cos.rows, ", ", cos.cols,
+        "] are not 16-byte aligned rows of 128"));
+  }
+  EpilogueArgs e;
+  e.norm_weight = static_cast<const bf16*>(norm_weight);
+  e.eps = eps;
+  e.cos = cos;
+  e.sin = sin;
+  e.style = style;
+  return launch<Epilogue::kQkNormRope, 1>("lora_up_qk_norm_rope", y, y.cols, terms, e, stream);
+}
 
 absl::Status lora_up_add_bf16(const Mat& y, const std::vector<LoraUp>& terms, cudaStream_t stream) {
   return launch<Epilogue::kStore, 1>("lora_up_add", y, y.cols, terms, {}, stream);

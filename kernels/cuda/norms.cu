@@ -340,85 +340,9 @@ __global__ void qk_norm_rope_kernel(Mat x, int64_t head_dim, const bf16* weight,
 
 // ---- head_dim 128: lane l holds elements 4l..4l+3 (8-byte loads); used by both the eager norm
 // kernel and the fused kernel whenever heads_vectorized() holds (same reduction order) ----
-constexpr int kVecHeadDim = 128;
-
 bool heads_vectorized(const Mat& x, int64_t head_dim) {
   return head_dim == kVecHeadDim && reinterpret_cast<uintptr_t>(x.data) % 8 == 0 &&
          (x.stride * 2) % 8 == 0;
-}
-
-struct Bf16x4 {
-  __nv_bfloat162 lo, hi;
-};
-
-__device__ __forceinline__ void load4(const bf16* p, float v[4]) {
-  const Bf16x4 pack = *reinterpret_cast<const Bf16x4*>(p);
-  v[0] = __low2float(pack.lo);
-  v[1] = __high2float(pack.lo);
-  v[2] = __low2float(pack.hi);
-  v[3] = __high2float(pack.hi);
-}
-
-__device__ __forceinline__ void store4(bf16* p, const float v[4]) {
-  Bf16x4 pack;
-  pack.lo = __floats2bfloat162_rn(v[0], v[1]);
-  pack.hi = __floats2bfloat162_rn(v[2], v[3]);
-  *reinterpret_cast<Bf16x4*>(p) = pack;
-}
-
-// Normalises (and rounds) this lane's four elements v of a head, w the lane's norm weights.
-__device__ __forceinline__ void norm4(float v[4], const float w[4], float eps, RopeStyle style) {
-  float squares = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) squares = __fadd_rn(squares, __fmul_rn(v[i], v[i]));
-  const float rstd = head_rstd_of(warp_sum(squares), static_cast<float>(kVecHeadDim), eps);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = head_norm_value(v[i], rstd, w[i], style);
-}
-
-// Normalised (and rounded) values of this lane's four elements.
-__device__ __forceinline__ void head_norm4(const bf16* head, const bf16* weight, float eps,
-                                           RopeStyle style, float v[4]) {
-  const int lane = threadIdx.x & 31;
-  load4(head + 4 * lane, v);
-  float w[4];
-  load4(weight + 4 * lane, w);
-  norm4(v, w, eps, style);
-}
-
-// This lane's four cos and sin values of a table row.
-struct Rope4 {
-  float cs[4], sn[4];
-};
-
-__device__ __forceinline__ Rope4 load_rope4(const float* cos_row, const float* sin_row) {
-  const int lane = threadIdx.x & 31;
-  const float4 c = reinterpret_cast<const float4*>(cos_row)[lane];
-  const float4 s = reinterpret_cast<const float4*>(sin_row)[lane];
-  return Rope4{{c.x, c.y, c.z, c.w}, {s.x, s.y, s.z, s.w}};
-}
-
-// RoPE of this lane's four (already rounded) values.
-__device__ __forceinline__ void rope4(float v[4], const Rope4& t, RopeStyle style) {
-  const int lane = threadIdx.x & 31;
-  float partner[4], sign[4];
-  if (style == RopeStyle::kInterleaved) {
-    partner[0] = v[1], partner[1] = v[0], partner[2] = v[3], partner[3] = v[2];
-    sign[0] = sign[2] = -1.0f, sign[1] = sign[3] = 1.0f;
-  } else {
-    // Half split: element d pairs with d ± 64, four elements per lane -> lane ^ 16.
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      partner[i] = __shfl_xor_sync(0xffffffffu, v[i], 16);
-      sign[i] = lane < 16 ? -1.0f : 1.0f;
-    }
-  }
-  float result[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    result[i] = rope_value(v[i], partner[i], sign[i], t.cs[i], t.sn[i], style);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = result[i];
 }
 
 __global__ void qk_rms_norm_vec_kernel(Mat x, const bf16* weight, float eps, RopeStyle style) {

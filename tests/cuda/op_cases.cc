@@ -33,9 +33,9 @@ cuda::Mat mat(const Tensor& t) {
   return cuda::Mat{t.data(), t.rows(), t.cols(), t.row_stride()};
 }
 
-// RoPE-like f32 tables [rows, 128].
-std::vector<float> table(int64_t rows, bool sine) {
-  std::vector<float> values(static_cast<size_t>(rows * 128));
+// RoPE-like f32 tables [rows, width].
+std::vector<float> table(int64_t rows, bool sine, int64_t width = 128) {
+  std::vector<float> values(static_cast<size_t>(rows * width));
   for (size_t i = 0; i < values.size(); ++i) {
     values[i] = sine ? std::sin(0.001f * i) : std::cos(0.001f * i);
   }
@@ -86,6 +86,42 @@ void add_lora_consumer_cases(std::vector<OpCase>& cases) {
            });
          },
          "lora_up_swiglu"});
+  }
+  // q's LoRA terms with its QK-norm and RoPE, q inside the fused [q|k|v] output: a term over all
+  // three (cut to q's columns as lora_columns does) and a second one straddling a head boundary;
+  // a ragged row count; head_dim 64, which the fused kernel does not take (the eager chain runs).
+  struct Qk {
+    int64_t s, d, head_dim;
+    RopeStyle style;
+  };
+  for (const Qk c :
+       {Qk{4608, 3072, 128, RopeStyle::kInterleaved}, Qk{131, 256, 128, RopeStyle::kHalfSplit},
+        Qk{40, 256, 64, RopeStyle::kInterleaved}}) {
+    OpCase qk_case(
+        "lora_up_qk_norm_rope",
+        absl::StrCat("S=", c.s, ",D=", c.d, ",Dh=", c.head_dim,
+                     c.style == RopeStyle::kInterleaved ? ",interleaved" : ",half_split"),
+        [c](OpEnv& e) {
+          Tensor qkv = e.in_place(c.s, 3 * c.d, 3.0f), weight = e.input(1, c.head_dim);
+          Tensor cos = e.input_values(c.s, c.head_dim, table(c.s, false, c.head_dim), true);
+          Tensor sin = e.input_values(c.s, c.head_dim, table(c.s, true, c.head_dim), true);
+          Tensor t = e.input(c.s, 48), b1 = e.input(3 * c.d, 32), b2 = e.input(96, 16);
+          Tensor q = qkv.col_slice(0, c.d);
+          e.set_bytes(2 * c.s * c.d * 2 + 2 * c.s * c.head_dim * 4);  // q twice, the tables
+          return e.call(q, [&be = e.backend(), c, q, weight, cos, sin, t, b1, b2] {
+            const std::vector<LoraUpTerm> terms = {
+                {t.col_slice(0, 32), b1.row_slice(0, c.d), 0.5f, 0},
+                {t.col_slice(32, 16), b2, -1.25f, c.head_dim - 40}};
+            return be.lora_up_qk_norm_rope(q, terms, c.head_dim, weight.reshape({c.head_dim}),
+                                           1e-6f, cos, sin, c.style);
+          });
+        },
+        "lora_up_qk_norm_rope");
+    if (c.head_dim != 128) {
+      qk_case.path = "";
+      qk_case.expected_fallback = "lora_up_qk_norm_rope:unsupported_shape";
+    }
+    cases.push_back(std::move(qk_case));
   }
   // Ten adapters on one output: two launches, the first storing y.
   cases.push_back({"lora_up_add", "S=70,N=300,terms=10", [](OpEnv& e) {

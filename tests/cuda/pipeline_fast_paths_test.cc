@@ -12,15 +12,12 @@
 #include "kernels/base/fast_path_registry.h"
 #include "model/pipeline.h"
 #include "model/pipeline_presets.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/cuda/generation_record.h"
 
 namespace flux2 {
 namespace {
 
-struct GenerationRecord {
-  std::vector<std::vector<uint16_t>> latents;
-  std::vector<uint8_t> rgb;
-};
+using testing::GenerationRecord;
 
 GenerationRecord generate(Backend& be, Pipeline& pipeline, bool fast_paths,
                           Quality quality = Quality::kLossless, double guidance = -1.0,
@@ -35,15 +32,7 @@ GenerationRecord generate(Backend& be, Pipeline& pipeline, bool fast_paths,
   params.num_inference_steps = 4;
   params.seed = 7;
   params.fast_paths = fast_paths;
-  GenerationRecord run;
-  GenerateHooks hooks;
-  hooks.on_latents = [&](int64_t, const Tensor& latents) {
-    run.latents.push_back(testing::bits(be, latents));
-  };
-  auto image = pipeline.generate(params, hooks);
-  EXPECT_TRUE(image.ok()) << image.status();
-  if (image.ok()) run.rgb = image->rgb;
-  return run;
+  return testing::record_generation(be, pipeline, params);
 }
 
 TEST(PipelineFastPathsTest, TinyCheckpointLatentsIdenticalWithFastPathsOnAndOff) {

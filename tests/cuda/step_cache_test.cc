@@ -13,18 +13,15 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "model/json_util.h"
 #include "model/pipeline.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/cuda/generation_record.h"
 
 namespace flux2 {
 namespace {
 
-struct CacheRun {
-  std::vector<std::vector<uint16_t>> latents;
-  std::vector<uint8_t> rgb;
-  StepCacheReport cache;
-};
+using testing::GenerationRecord;
 
-CacheRun generate(Backend& be, Pipeline& pipeline, const StepCacheOptions& cache, int64_t steps) {
+GenerationRecord generate(Backend& be, Pipeline& pipeline, const StepCacheOptions& cache,
+                          int64_t steps) {
   GenerateParams params;
   params.prompt = "a red fox in the snow, watercolor";
   params.width = 64;
@@ -33,18 +30,7 @@ CacheRun generate(Backend& be, Pipeline& pipeline, const StepCacheOptions& cache
   params.max_sequence_length = 64;
   params.seed = 11;
   params.cache = cache;
-  CacheRun run;
-  GenerateHooks hooks;
-  hooks.on_latents = [&](int64_t, const Tensor& latents) {
-    run.latents.push_back(testing::bits(be, latents));
-  };
-  auto image = pipeline.generate(params, hooks);
-  EXPECT_TRUE(image.ok()) << image.status();
-  if (image.ok()) {
-    run.rgb = image->rgb;
-    run.cache = image->cache;
-  }
-  return run;
+  return testing::record_generation(be, pipeline, params);
 }
 
 TEST(StepCacheGpuTest, ThresholdZeroIsTheUncachedBytes) {
@@ -58,8 +44,8 @@ TEST(StepCacheGpuTest, ThresholdZeroIsTheUncachedBytes) {
     options.is_distilled = distilled;
     auto pipeline = Pipeline::load(*be, testing::test_data_dir() + dir + "/checkpoint", options);
     ASSERT_TRUE(pipeline.ok()) << pipeline.status();
-    const CacheRun plain = generate(*be, **pipeline, StepCacheOptions{}, 12);
-    const CacheRun cached = generate(*be, **pipeline, r0, 12);
+    const GenerationRecord plain = generate(*be, **pipeline, StepCacheOptions{}, 12);
+    const GenerationRecord cached = generate(*be, **pipeline, r0, 12);
     ASSERT_EQ(plain.latents.size(), 13u) << dir;
     EXPECT_EQ(plain.latents, cached.latents) << dir;
     EXPECT_EQ(plain.rgb, cached.rgb) << dir;

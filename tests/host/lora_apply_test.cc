@@ -93,6 +93,48 @@ TEST_F(LoraApplyTest, LoraColumnsCutTermsToAColumnRange) {
   EXPECT_TRUE(lora_columns(ups, 6, 2).empty());
 }
 
+TEST_F(LoraApplyTest, QkTermsTakeQAndKColumnsOfEachPartsRows) {
+  // Rows [0, 1) carry the first list's products, rows [1, 3) the second's; d = 2, so q is
+  // columns [0, 2) and k [2, 4) of a fused [q | k | v] output of 6 columns.
+  Tensor t = tensor({3, 1}, {1, 2, 3});
+  Tensor whole = tensor({6, 1}, {0, 1, 2, 3, 4, 5}), only_k = tensor({2, 1}, {7, 8});
+  Tensor a = tensor({1, 1}, {1});  // rank 1: the products are t's one column
+  Flux2LoraTerms txt, img;
+  txt.push_back({a, whole, 1.0f, 0, a, 0});
+  img.push_back({a, only_k, 2.0f, 2, a, 0});
+  const QkLoraTerms qk = lora_qk_terms(&txt, &img, 1, 3, t, 2);
+  ASSERT_EQ(qk.q[0].size(), 1u);
+  ASSERT_EQ(qk.k[0].size(), 1u);
+  EXPECT_EQ(download(be_, qk.q[0][0].b), (std::vector<float>{0, 1}));
+  EXPECT_EQ(download(be_, qk.k[0][0].b), (std::vector<float>{2, 3}));
+  EXPECT_EQ(download(be_, qk.k[0][0].t), (std::vector<float>{1}));  // part 0's row
+  EXPECT_TRUE(qk.q[1].empty());                                     // img has no q term
+  ASSERT_EQ(qk.k[1].size(), 1u);
+  EXPECT_EQ(download(be_, qk.k[1][0].t), (std::vector<float>{2, 3}));  // part 1's rows
+  EXPECT_EQ(qk.k[1][0].out_offset, 0);
+  EXPECT_EQ(qk.k[1][0].scale, 2.0f);
+  const QkLoraTerms none = lora_qk_terms(&txt, nullptr, 3, 3, t, 2);  // one part, all rows
+  EXPECT_EQ(none.q[0].size(), 1u);
+  EXPECT_TRUE(none.q[1].empty() && none.k[1].empty());
+}
+
+TEST_F(LoraApplyTest, LoraUpQkNormRopeIsTheAddThenTheNorm) {
+  // The default op against lora_up_add then qk_norm_rope (one head of 4, interleaved RoPE).
+  const std::vector<float> x_values = {0.5f, -1, 2, 0.25f, 1, 3, -2, 0.5f};
+  Tensor t = tensor({2, 1}, {1, -2}), b = tensor({4, 1}, {1, 2, 3, 4});
+  Tensor weight = tensor({4}, {1, 0.5f, 2, -1});
+  Tensor cos = tensor({2, 4}, {1, 1, 0.5f, 0.5f, 0, 0, 1, 1});
+  Tensor sin = tensor({2, 4}, {0, 0, 0.5f, 0.5f, 1, 1, 0, 0});
+  const LoraUpTerm term{t, b, 0.5f, 0};
+  Tensor x = tensor({2, 4}, x_values), x2 = tensor({2, 4}, x_values);
+  ASSERT_TRUE(
+      be_.lora_up_qk_norm_rope(x, {term}, 4, weight, 1e-6f, cos, sin, RopeStyle::kInterleaved)
+          .ok());
+  ASSERT_TRUE(be_.lora_up_add(x2, {term}).ok());
+  ASSERT_TRUE(be_.qk_norm_rope(x2, 4, weight, 1e-6f, cos, sin, RopeStyle::kInterleaved).ok());
+  EXPECT_EQ(download(be_, x), download(be_, x2));
+}
+
 TEST_F(LoraApplyTest, FusedConsumersEqualTheAddThenTheirOp) {
   // swiglu(y') and x + gate ⊙ y' with y' = y after the terms, against the two ops run apart.
   const std::vector<float> y_values = {0.5f, -1, 2, 0.25f, 1, 3, -2, 0.5f};
