@@ -14,12 +14,16 @@
 #include <optional>
 #include <thread>
 
+#include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/in_process_communicator.h"
 #include "model/cfg_parallel.h"
 #include "model/checkpoint.h"
+#include "model/flux2_lora.h"
 #include "model/flux2_transformer.h"
+#include "model/lora_adapter.h"
+#include "model/lora_device_cache.h"
 #include "model/pipeline.h"
 #include "model/rope.h"
 #include "model/sequence_parallel.h"
@@ -159,7 +163,8 @@ struct TinyRequest {
   int64_t references = 0;  // R reference tokens (a 2 x (R / 2) reference image), 0: none
   std::vector<float> prompt, negative, latents;
   std::vector<float> timesteps = {0.9f, 0.5f};
-  std::vector<float> guidance;  // per step, for models with the guidance embedder
+  std::vector<float> guidance;              // per step, for models with the guidance embedder
+  std::shared_ptr<const LoraAdapter> lora;  // applied with weight 1 (null: none)
   int64_t n() const { return h * w; }
 };
 
@@ -235,10 +240,17 @@ absl::StatusOr<std::vector<float>> velocities(const RankRun& run, const TinyRequ
   Tensor x = host_tensor(be, {q.n() + q.references, config.in_channels}, q.latents);
   Flux2References refs;
   for (int64_t i = 0; i < q.references; ++i) refs.ids.insert(refs.ids.end(), {10, i % 2, i / 2, 0});
+  LoraDeviceCache uploads;  // the adapter on this rank's backend, for this request
+  std::shared_ptr<const Flux2Lora> lora;
+  if (q.lora != nullptr) {
+    const std::vector<LoraRequest> requests = {{"style", q.lora, 1.0}};
+    FLUX_ASSIGN_OR_RETURN(auto uses, uploads.acquire(be, config, requests));
+    lora = std::make_shared<const Flux2Lora>(flux2_lora(config, uses));
+  }
   FLUX_ASSIGN_OR_RETURN(
       Flux2Conditioning cond,
       run.model->prepare(prompt, flux2_text_ids(q.l), flux2_image_ids(q.h, q.w), q.timesteps,
-                         q.guidance, q.references > 0 ? &refs : nullptr));
+                         q.guidance, q.references > 0 ? &refs : nullptr, lora));
   if (run.sequence != nullptr) {
     FLUX_RETURN_IF_ERROR(run.model->enable_sequence_parallel(cond, *run.sequence));
   }
@@ -337,6 +349,22 @@ TEST(SequenceParallelTest, TinyKleinOverThreeRanksEqualsOneRank) {
   expect_matches_single_rank(klein, make_request(config), sequence_only(3));
   // One rank through the exchange path (a group of one) is today's forward bit for bit.
   EXPECT_TRUE(expect_matches_single_rank(klein, make_request(config), sequence_only(1)));
+}
+
+TEST(SequenceParallelTest, LoraAdaptersActOnEveryRanksRows) {
+  const ModelFactory klein = checkpoint_model("tiny-klein");
+  CpuBackend be;
+  const Flux2Config config = klein(be)->config();
+  auto bytes = read_file(test_data_dir() + "/tiny-klein/loras/style_diffusers.safetensors", "lora");
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto parsed = parse_lora_adapter(
+      std::span(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size()), config);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  TinyRequest q = make_request(config);
+  q.lora = std::make_shared<const LoraAdapter>(std::move(*parsed));
+  // q's and k's terms ride inside QK-norm + RoPE, before the exchange.
+  expect_matches_single_rank(klein, q, sequence_only(3));
+  EXPECT_NE(single_rank(klein, q, false), single_rank(klein, make_request(config), false));
 }
 
 TEST(SequenceParallelTest, TinyDevOverTwoRanksEqualsOneRank) {
