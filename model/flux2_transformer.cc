@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 #include "model/rope.h"
+#include "model/sequence_parallel.h"
 #include "model/timestep_embedding.h"
 
 namespace flux2 {
@@ -235,7 +236,10 @@ class ModulatedRows {
         begin_(begin),
         end_(end),
         segments_(std::move(segments)),
-        ws_(&ws) {}
+        ws_(&ws) {
+    // A rank's shard may hold no rows of a stream (sequence parallelism): nothing to launch.
+    std::erase_if(segments_, [](const Flux2RowModulation& g) { return g.count == 0; });
+  }
 
   // These rows of `t`.
   Tensor rows(const Tensor& t) const { return t.row_slice(begin_, end_ - begin_); }
@@ -344,9 +348,12 @@ class ModulatedRows {
 
 // One forward's view of the joint stream: S = L + N + R rows (text, image, references), with
 // R = 0 in klein-KV's cached forwards, whose keys also include the R cached reference rows.
+// Sequence-parallel, the stream is the rank's shard: rows [first, first + S) of the joint
+// sequence, of which L text, N image and R reference rows.
 struct Flux2Transformer::Pass {
   explicit Pass(const Flux2Conditioning& conditioning) : cond(conditioning) {}
   const Flux2Conditioning& cond;
+  int64_t first = 0;                   // the joint sequence's row of this stream's row 0
   int64_t l = 0, n = 0, r = 0;         // text, image and reference rows in this stream
   Flux2KvMode kv = Flux2KvMode::kOff;  // klein-KV: extract (step 0), cached (later), or off
   Tensor mod;                          // [1, 17D] this step's modulation
@@ -373,7 +380,8 @@ absl::Status Flux2Transformer::attend(const Pass& p, const QkNormRope& norm, con
                                static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
   const bool with_lora =
       (lora[0] != nullptr && !lora[0]->empty()) || (lora[1] != nullptr && !lora[1]->empty());
-  if (p.kv == Flux2KvMode::kOff && !with_lora) {
+  const Flux2SequenceParallel* sp = p.cond.sequence_parallel.get();
+  if (p.kv == Flux2KvMode::kOff && !with_lora && sp == nullptr) {
     return be.normed_attention(q, k, v, norm, params, out);
   }
   // q's and k's LoRA terms, added with their norm (their products are in the LoRA scratch).
@@ -381,7 +389,10 @@ absl::Status Flux2Transformer::attend(const Pass& p, const QkNormRope& norm, con
   if (with_lora) {
     qk_lora = lora_qk_terms(lora[0], lora[1], norm.split, q.rows(), p.cond.workspace->lora.t, d);
   }
-  FLUX_RETURN_IF_ERROR(be.normed_qk(q, k, norm, dh, with_lora ? &qk_lora : nullptr));
+  // Post-RoPE q and k in place (a sequence-parallel rank may hold no rows: nothing to launch).
+  if (p.s() > 0) FLUX_RETURN_IF_ERROR(be.normed_qk(q, k, norm, dh, with_lora ? &qk_lora : nullptr));
+  // Sequence-parallel: QK-norm and RoPE ran per token on this rank's rows; now the exchange.
+  if (sp != nullptr) return ulysses_attention(be, *sp, q, k, v, params, out);  // [S, D]
   if (p.kv == Flux2KvMode::kOff) return be.attention(q, k, v, params, out);
   Flux2KvCache& cache = *p.cond.kv;
   if (p.kv == Flux2KvMode::kExtract) {
@@ -486,13 +497,14 @@ absl::Status Flux2Transformer::set_up(Pass& p, int64_t step, const Tensor& x,
   p.l = cond.text_len;
   p.n = cond.image_len;
   p.r = p.kv == Flux2KvMode::kCached ? 0 : cond.reference_len;
-  const int64_t l = p.l, n = p.n, s = p.s();
-  if (x.rows() != n + p.r || x.cols() != config_.in_channels || out.rows() != n ||
+  if (x.rows() != p.n + p.r || x.cols() != config_.in_channels || out.rows() != p.n ||
       out.cols() != config_.out_channels) {
     return absl::InvalidArgumentError(absl::StrCat("latents ", x.describe(), " / output ",
-                                                   out.describe(), " do not match ", n,
+                                                   out.describe(), " do not match ", p.n,
                                                    " image and ", p.r, " reference tokens"));
   }
+  if (cond.sequence_parallel != nullptr) FLUX_RETURN_IF_ERROR(take_shard(p));
+  const int64_t l = p.l, n = p.n, s = p.s();
   p.mod = cond.modulation.row_slice(step, 1);  // [1, 17D]
   // Rows by the modulation they read: this step's (klein-KV's extract forward: the references,
   // from row L + N on, timestep 0's).
@@ -509,27 +521,61 @@ absl::Status Flux2Transformer::set_up(Pass& p, int64_t step, const Tensor& x,
   p.wide = ws.wide.row_slice(0, s);
   p.attn_mlp = ws.attn_mlp.row_slice(0, s);
   p.proj = ws.proj.row_slice(0, s);
-  p.rope_cos = cond.rope_cos.row_slice(0, s);
-  p.rope_sin = cond.rope_sin.row_slice(0, s);
+  p.rope_cos = cond.rope_cos.row_slice(p.first, s);
+  p.rope_sin = cond.rope_sin.row_slice(p.first, s);
+  return absl::OkStatus();
+}
+
+absl::Status Flux2Transformer::take_shard(Pass& p) const {
+  const Flux2SequenceParallel& sp = *p.cond.sequence_parallel;
+  if (p.cond.step_cache != nullptr) {
+    return absl::InvalidArgumentError(
+        "cache: step caching compares whole-sequence residuals and does not run "
+        "sequence-parallel");
+  }
+  const int rank = sp.group->rank();
+  const int64_t text = p.l, image = p.n;
+  p.first = sp.first_row();
+  p.l = sp.shards.part_in(rank, 0, text).second;
+  p.n = sp.shards.part_in(rank, text, image).second;
+  p.r = sp.shards.part_in(rank, text + image, p.r).second;
   return absl::OkStatus();
 }
 
 absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t step, const Tensor& x,
                                        const Tensor& out, const ActivationTap& tap,
                                        const std::function<absl::Status()>& between_blocks) const {
+  Pass p(cond);
+  absl::Status status = set_up(p, step, x, out);
+  if (status.ok()) status = forward_rows(p, x, out, tap, between_blocks);
+  const Flux2SequenceParallel* sp = cond.sequence_parallel.get();
+  if (sp == nullptr) return status;
+  // Sequence-parallel: every rank wrote its rows of out; gather the others'. A failure here ends
+  // the group, so no rank waits for this one.
+  if (status.ok()) status = gather_image_rows(*sp, cond.text_len, out);  // [N, out_channels]
+  if (!status.ok()) sp->group->abort(status);
+  return status;
+}
+
+absl::Status Flux2Transformer::forward_rows(
+    Pass& p, const Tensor& x, const Tensor& out, const ActivationTap& tap,
+    const std::function<absl::Status()>& between_blocks) const {
   Backend& be = backend_;
+  const Flux2Conditioning& cond = p.cond;
   const int64_t d = config_.hidden();
   const float eps = static_cast<float>(config_.eps);
-  Pass p(cond);
-  FLUX_RETURN_IF_ERROR(set_up(p, step, x, out));
   const int64_t l = p.l, n = p.n, s = p.s();
 
+  // The stream's text rows, then its image (and reference) rows embedded from their rows of x
+  // (one rank: all of them).
+  const int64_t x_first = std::max<int64_t>(0, p.first + l - cond.text_len);
   const Tensor txt = p.stream.row_slice(0, l), img = p.stream.row_slice(l, s - l);
-  FLUX_RETURN_IF_ERROR(be.copy(cond.txt, txt));                      // [L, D]
-  FLUX_RETURN_IF_ERROR(be.linear(x, weights_.x_embedder, {}, img));  // [N (+R), D]
+  if (l > 0) FLUX_RETURN_IF_ERROR(be.copy(cond.txt.row_slice(p.first, l), txt));  // [L, D]
+  const Tensor x_rows = s > l ? x.row_slice(x_first, s - l) : Tensor();
+  if (s > l) FLUX_RETURN_IF_ERROR(be.linear(x_rows, weights_.x_embedder, {}, img));  // [N (+R), D]
   const Flux2Lora* lora = cond.lora.get();
-  if (lora != nullptr)
-    FLUX_RETURN_IF_ERROR(add_lora(be, &lora->x_embedder, x, img, *cond.workspace));
+  if (lora != nullptr && s > l)
+    FLUX_RETURN_IF_ERROR(add_lora(be, &lora->x_embedder, x_rows, img, *cond.workspace));
 
   // Double blocks, then single blocks (layer: their index in that order); `between_blocks`
   // before every block but the first.
@@ -564,15 +610,17 @@ absl::Status Flux2Transformer::forward(const Flux2Conditioning& cond, int64_t st
   // Final modulated norm on the generated image's tokens (scale first, then shift), then the
   // projection; the reference rows are dropped.
   const Flux2ModulationLayout m(d);
+  if (n == 0) return absl::OkStatus();  // a rank whose shard holds no image rows
   const Tensor final_rows = p.stream.row_slice(l, n), final_normed = p.normed.row_slice(l, n);
   const Tensor shift = p.mod.col_slice(m.out_shift(), d), scale = p.mod.col_slice(m.out_scale(), d);
+  const Tensor out_rows = out.row_slice(x_first, n);  // one rank: all of out
   if (lora == nullptr || lora->proj_out.empty()) {
     return be.layer_norm_modulate_linear(final_rows, shift, scale, eps, final_normed,
-                                         weights_.proj_out, out);  // [N, out_channels]
+                                         weights_.proj_out, out_rows);  // [N, out_channels]
   }
   FLUX_RETURN_IF_ERROR(be.layer_norm_modulate_linear_keeping_normed(
-      final_rows, shift, scale, eps, final_normed, weights_.proj_out, out));
-  return add_lora(be, &lora->proj_out, final_normed, out, *cond.workspace);
+      final_rows, shift, scale, eps, final_normed, weights_.proj_out, out_rows));
+  return add_lora(be, &lora->proj_out, final_normed, out_rows, *cond.workspace);
 }
 
 }  // namespace flux2

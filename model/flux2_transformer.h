@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/base/communicator.h"
 #include "model/activation_tap.h"
 #include "model/checkpoint.h"
 #include "model/flux2_config.h"
@@ -27,6 +28,8 @@
 #include "model/step_cache.h"
 
 namespace flux2 {
+
+struct Flux2SequenceParallel;  // model/sequence_parallel.h
 
 // Activation buffers for one (text, image, reference) length, reused by every step of a request.
 struct Flux2Workspace {
@@ -63,6 +66,9 @@ struct Flux2Conditioning {
   std::shared_ptr<Flux2Workspace> workspace;
   // Step caching of this branch's forwards (model/step_cache.h; null: every block runs).
   std::shared_ptr<Flux2StepCache> step_cache;
+  // Sequence parallelism (Flux2Transformer::enable_sequence_parallel): this rank's shard of the
+  // joint sequence and its exchange buffers; null: this forward runs the whole sequence.
+  std::shared_ptr<const Flux2SequenceParallel> sequence_parallel;
 };
 
 class Flux2Transformer {
@@ -106,13 +112,23 @@ class Flux2Transformer {
                                             const Flux2References* references = nullptr,
                                             std::shared_ptr<const Flux2Lora> lora = nullptr) const;
 
+  // Makes `cond`'s forwards run sequence-parallel as rank group.rank() of group.size()
+  // (model/sequence_parallel.h): this rank's shard of the [text ; image ; references] rows, its
+  // workspace cut to them. Every rank of the group prepares the same request, calls this with its
+  // communicator (which must outlive cond) and then runs the same forwards; each ends with the
+  // whole velocity. InvalidArgument when the heads do not divide among the ranks, for klein-KV
+  // and (at forward) with step caching. A group of one runs the exchange path with one rank.
+  absl::Status enable_sequence_parallel(Flux2Conditioning& cond, Communicator& group) const;
+
   // out [N, out_channels] = the velocity at `step` for x [N + R, in_channels]: the latent tokens,
   // then the R reference tokens (R = 0 for text-to-image; klein-KV: x is [N + R] at step 0, which
   // fills the cache, and [N] at later steps, which read it: step 0 runs first).
   // `between_blocks`, when set, runs on the host before every block but the first; a non-OK
   // status stops the forward and is returned (out is then undefined, and a klein-KV cache
   // incomplete: the request must end). On an asynchronous backend it runs as the ops are
-  // enqueued, ahead of the device.
+  // enqueued, ahead of the device. Sequence-parallel (cond.sequence_parallel): x and out are the
+  // whole request's on every rank, `tap` sees this rank's rows, and a failure on this rank ends
+  // the group (Communicator::abort), so the other ranks' forwards fail too instead of waiting.
   absl::Status forward(const Flux2Conditioning& cond, int64_t step, const Tensor& x,
                        const Tensor& out, const ActivationTap& tap = nullptr,
                        const std::function<absl::Status()>& between_blocks = nullptr) const;
@@ -124,6 +140,12 @@ class Flux2Transformer {
   struct Pass;  // one forward's row layout and modulations (flux2_transformer.cc)
   // Lays out the forward at `step` for x and out (forward's shapes), or InvalidArgument.
   absl::Status set_up(Pass& pass, int64_t step, const Tensor& x, const Tensor& out) const;
+  // Sequence parallelism: narrows the pass to this rank's rows of the joint sequence.
+  absl::Status take_shard(Pass& pass) const;
+  // The forward after set_up, up to the output rows this pass holds (forward's contract).
+  absl::Status forward_rows(Pass& pass, const Tensor& x, const Tensor& out,
+                            const ActivationTap& tap,
+                            const std::function<absl::Status()>& between_blocks) const;
   absl::Status double_block(const Flux2DoubleBlockWeights& w, const Pass& pass, size_t layer) const;
   absl::Status single_block(const Flux2SingleBlockWeights& w, const Pass& pass, size_t layer) const;
   // The attention of one block: q, k, v [S, D] views of the pass's fused projections; QK-norm

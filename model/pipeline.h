@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "model/cfg_parallel.h"
 #include "model/field_violation.h"
 #include "model/flux2_transformer.h"
 #include "model/lora_device_cache.h"
@@ -292,10 +293,21 @@ class Pipeline {
   // (describe_violations()).
   absl::Status validate(const GenerateParams& params) const;
 
+  // Makes this pipeline rank `rank.rank` of an engine that splits each request over
+  // rank.layout.ranks() ranks (model/cfg_parallel.h): CFG branches on two rank groups, each
+  // group's transformer forwards sequence-parallel. Every rank's pipeline loads the same
+  // checkpoint on its own backend, and generate() runs with the same params on every rank, each on
+  // its own thread; each rank runs the text encoder, the Euler steps and the VAE itself, and every
+  // rank returns the same image (model/README.md, "Several GPUs"). InvalidArgument when the layout
+  // does not fit the model (heads, klein-KV, CFG on a model without it) or the communicators.
+  absl::Status join_parallel(const ParallelRank& rank);
+
   // One image for `params` (refused as validate() refuses), in stages: the prompts (tokenized,
   // text-encoded), the reference images (VAE-encoded), the latents (noise, schedule,
   // conditioning), the denoising steps, the VAE decode; each timed into GeneratedImage::timings.
   // Synchronous: returns when the pixels are on the host.
+  // Multi-rank (join_parallel): a failure on this rank ends its communicators, so the other
+  // ranks' generations fail too instead of waiting for it (and the engine must start again).
   absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                           const GenerateHooks& hooks = {}) const;
 
@@ -303,6 +315,9 @@ class Pipeline {
   Pipeline(Backend& backend) : backend_(backend) {}
   // One generate() call: its settings, then what each stage hands the next (pipeline_generate.cc).
   struct Generation;
+  // generate() on this rank once validate() took the params (pipeline_generate.cc).
+  absl::StatusOr<GeneratedImage> run_stages(const GenerateParams& params,
+                                            const GenerateHooks& hooks) const;
   // The stages of generate(), in order. Each that says so starts with hooks.check_continue.
   absl::Status tokenize_prompts(Generation& g) const;  // the prompt (and CFG's negative prompt)
   // Checks, then the prompt embeddings [L, J] under lossless numerics; waits for the noise.
@@ -320,6 +335,19 @@ class Pipeline {
                               const std::function<absl::Status()>& between_blocks) const;
   // Checks, then the VAE decode to RGB8.
   absl::Status decode(Generation& g) const;
+  // Multi-rank engines (join_parallel; pipeline_parallel.cc). Ends this rank's communicators after
+  // a failure (nothing on one rank).
+  void end_parallel_group(const absl::Status& why) const;
+  // Whether a step's two CFG branches
+  // (`cfg`: the request runs CFG) run on two rank groups, and whether this rank's is the negative.
+  bool cfg_parallel(bool cfg) const;
+  bool runs_negative_branch(bool cfg) const;
+  // Makes `cond`'s forwards sequence-parallel over this rank's group (nothing on one rank).
+  absl::Status shard(Flux2Conditioning& cond) const;
+  // CFG-parallel: exchanges this rank's branch velocity `own` for the other's (into `other`) and
+  // returns the tensor holding the guided velocity (the conditional branch's, overwritten).
+  absl::StatusOr<Tensor> combine_cfg_branches(const Tensor& own, const Tensor& other,
+                                              float guidance) const;
 
   // The PipelineInfo fields every klein pipeline derives from its name and variant.
   void describe(const std::string& model_dir, const std::string& model_name,
@@ -359,6 +387,7 @@ class Pipeline {
   std::unique_ptr<VaeEncoder> vae_encoder_;
   mutable PromptCache prompt_cache_;
   mutable LoraDeviceCache lora_cache_;
+  std::optional<ParallelRank> parallel_;  // join_parallel's; none: one rank runs it all
 };
 
 }  // namespace flux2

@@ -193,6 +193,11 @@ std::vector<FieldViolation> Pipeline::check(const GenerateParams& params) const 
     }
   }
   check_step_cache(params.cache, resolved_steps(params, info_.default_steps), &violations);
+  if (params.cache.enabled() && parallel_.has_value()) {
+    violations.push_back({"cache", absl::StrCat("step caching compares whole-sequence residuals "
+                                                "and does not run over several ranks (",
+                                                parallel_->layout.ranks(), " here)")});
+  }
   if (params.cache.enabled() && info_.uses_kv_cache) {
     violations.push_back({"cache", absl::StrCat(info_.model_name,
                                                 " (klein-kv) runs distilled few-step generations: "
@@ -299,7 +304,16 @@ absl::Status Pipeline::Generation::allocate_model_input(Backend& be) {
 
 absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
                                                   const GenerateHooks& hooks) const {
+  // Refused requests are refused on every rank alike, before any collective: a multi-rank group
+  // lives on. A later failure ends it, so the other ranks stop too instead of waiting.
   FLUX_RETURN_IF_ERROR(validate(params));
+  absl::StatusOr<GeneratedImage> image = run_stages(params, hooks);
+  if (!image.ok()) end_parallel_group(image.status());
+  return image;
+}
+
+absl::StatusOr<GeneratedImage> Pipeline::run_stages(const GenerateParams& params,
+                                                    const GenerateHooks& hooks) const {
   // Every op of this request runs under its options (the text encoder's under lossless ones).
   const RequestScope request_scope(backend_, RequestOptions{params.quality, params.fast_paths});
   Generation g(info_, transformer_->config(), params, hooks);
@@ -389,13 +403,16 @@ absl::Status Pipeline::prepare_latents(Generation& g) const {
     lora = std::make_shared<const Flux2Lora>(flux2_lora(transformer_->config(), g.loras));
   }
   Generation::StepBuffers& b = g.step_buffers.emplace();
-  FLUX_ASSIGN_OR_RETURN(b.cond,
-                        transformer_->prepare(g.prompt_embeds, txt_ids, img_ids, model_timesteps,
-                                              guidance_values, refs, lora));
-  if (g.cfg) {  // the references ride in both branches
+  // CFG-parallel (join_parallel), this rank's branch only: the prompt's or the negative prompt's.
+  const Tensor& embeds = runs_negative_branch(g.cfg) ? g.negative_embeds : g.prompt_embeds;
+  FLUX_ASSIGN_OR_RETURN(b.cond, transformer_->prepare(embeds, txt_ids, img_ids, model_timesteps,
+                                                      guidance_values, refs, lora));
+  FLUX_RETURN_IF_ERROR(shard(b.cond));
+  if (g.cfg && !cfg_parallel(g.cfg)) {  // the references ride in both branches
     FLUX_ASSIGN_OR_RETURN(
         b.negative_cond, transformer_->prepare(g.negative_embeds, txt_ids, img_ids, model_timesteps,
                                                guidance_values, refs, lora));
+    FLUX_RETURN_IF_ERROR(shard(b.negative_cond));
   }
   if (g.params.cache.enabled()) {  // each branch keeps its own state
     b.cond.step_cache = std::make_shared<Flux2StepCache>(g.params.cache, 0);
@@ -448,6 +465,13 @@ absl::Status Pipeline::denoising_step(Generation& g, int64_t step,
   const Tensor& x = b.cond.kv != nullptr && step > 0 ? g.latents : g.model_input;
   FLUX_RETURN_IF_ERROR(
       transformer_->forward(b.cond, step, x, b.velocity, nullptr, between_blocks));  // [N, 128]
+  if (cfg_parallel(g.cfg)) {  // the other branch's velocity from the other rank group
+    FLUX_ASSIGN_OR_RETURN(const Tensor guided,
+                          combine_cfg_branches(b.velocity, b.negative_velocity,
+                                               static_cast<float>(g.guidance)));  // [N, 128]
+    FLUX_RETURN_IF_ERROR(be.euler_step(g.latents, guided, g.schedule.dt(step)));
+    return be.synchronize();
+  }
   if (g.cfg) {
     FLUX_RETURN_IF_ERROR(transformer_->forward(b.negative_cond, step, x, b.negative_velocity,
                                                nullptr, between_blocks));

@@ -33,7 +33,7 @@ absl::StatusOr<std::string> first_line(const std::string& path, const char* flag
 }
 
 EngineFactory pipeline_factory(const ServerOptions& options) {
-  return [options]() {
+  return [options]() -> absl::StatusOr<std::unique_ptr<Engine>> {
     PipelineOptions pipeline;
     pipeline.enable_quality_high = options.enable_quality_high;
     pipeline.text_encoder_residency =
@@ -49,8 +49,14 @@ EngineFactory pipeline_factory(const ServerOptions& options) {
     pipeline.on_progress = [](const LoadProgress& progress) {
       log_line(LogLevel::kInfo, describe(progress));
     };
-    return load_pipeline_engine(options.backend, options.backend_options,
-                                !options.model_dir.empty(), resolved_model_dir(options), pipeline);
+    FLUX_ASSIGN_OR_RETURN(
+        std::unique_ptr<Engine> engine,
+        load_pipeline_engine(options.backend, options.backend_options, !options.model_dir.empty(),
+                             resolved_model_dir(options), pipeline));
+    if (const Flux2Config* config = engine->transformer_config()) {
+      FLUX_RETURN_IF_ERROR(check_gpus_for_model(options.gpus, *config, engine->info().uses_cfg));
+    }
+    return engine;
   };
 }
 
@@ -67,6 +73,7 @@ CoreOptions core_options(const ServerOptions& options) {
   worker.test_fault = options.test_fault;
   ServingFacts& facts = core.facts;
   facts.backend_options = options.backend_options;
+  facts.gpus = options.gpus;
   facts.transformer_file = std::filesystem::path(options.transformer_file).filename().string();
   facts.stall = options.stall;
   if (options.test_fault) facts.test_inject_fault = options.test_fault->flag;

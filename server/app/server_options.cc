@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
+#include "model/cfg_parallel.h"
 #include "model/pipeline.h"
 #include "server/common/backend_flags.h"
 #include "server/common/embedded_checkpoint.h"
@@ -101,6 +102,7 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   option("--http-max-connections-per-client", o.http_max_connections_per_client);
   option("--model-dir", o.model_dir);
   option("--backend", o.backend);
+  option("--gpus", o.gpus);
   option("--queue-depth", o.queue_depth);
   option("--max-pixels", o.max_pixels);
   option("--max-images", o.max_images);
@@ -212,6 +214,8 @@ absl::Status validate_server_options(const ServerOptions& o) {
   }
   if (o.host.empty()) return absl::InvalidArgumentError("--host: empty address");
   FLUX_RETURN_IF_ERROR(check_range("--port", o.port, 0, 65535));
+  // The GPUs of one host: a bound against typos; the model's heads decide at load.
+  FLUX_RETURN_IF_ERROR(check_range("--gpus", o.gpus, 1, 64));
   FLUX_RETURN_IF_ERROR(check_range("--metrics-port", o.metrics_port, 0, 65535));
   if (o.port != 0 && o.port == o.metrics_port) {
     return absl::InvalidArgumentError(
@@ -326,6 +330,17 @@ int64_t min_request_bytes(const ServerOptions& options) {
          2 * int64_t{options.max_prompt_bytes} + kRequestOverheadBytes;
 }
 
+absl::Status check_gpus_for_model(int gpus, const Flux2Config& config, bool uses_cfg) {
+  FLUX_ASSIGN_OR_RETURN(const ParallelLayout layout,
+                        plan_parallel_layout(config, gpus, uses_cfg, "--gpus"));
+  if (gpus == 1) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "--gpus ", gpus, ": the model fits ", layout.cfg, " CFG group(s) x ", layout.sequence,
+      " sequence-parallel GPUs, but serving a request over several GPUs is not implemented yet "
+      "(the transformer's sequence and CFG parallelism and the NCCL communicator are; the "
+      "engine over N GPUs is not); run with --gpus 1"));
+}
+
 LimitFlags limit_flags(const ServerOptions& o) {
   LimitFlags flags;
   flags.max_pixels = o.max_pixels;
@@ -404,6 +419,9 @@ std::string server_help_text() {
       "  --backend auto|cpu|cuda  (default auto: cuda when --model-dir is given and a GPU is "
       "usable,\n"
       "                           else cpu)\n"
+      "  --gpus N                 GPUs of this host one request is split over (sequence x CFG\n"
+      "                           parallelism); must fit the model's attention heads; only 1 is\n"
+      "                           served for now (default 1)\n"
       "  --warmup-steps N         steps of the warm-up generation run before readiness (default "
       "1;\n"
       "                           0 skips it)\n"

@@ -202,6 +202,7 @@ void fill_model_info(const ServingModel& model, v1::GetModelInfoResponse* respon
   for (const auto& [flag, value] : model.facts.backend_options.describe()) {
     (*response->mutable_backend_options())[flag] = value;
   }
+  (*response->mutable_backend_options())["gpus"] = absl::StrCat(model.facts.gpus);
   response->set_server_version(FLUX2_VERSION);
   response->set_weight_bytes(info.device_bytes);
   response->set_text_encoder_streamed(info.text_encoder_streamed);

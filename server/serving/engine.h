@@ -40,6 +40,8 @@ class Engine {
   // TEST ONLY (--test-inject-fault): Backend::inject_fault. Worker thread only.
   virtual absl::Status inject_fault(InjectedFault fault, double hang_seconds) = 0;
 
+  // The transformer's shapes (its heads decide --gpus); null for engines without one (fakes).
+  virtual const Flux2Config* transformer_config() const { return nullptr; }
   // LoRA adapters (GenerateParams::loras): the transformer shapes they are parsed against; null
   // when this engine takes none. Thread-safe.
   virtual const Flux2Config* lora_config() const { return nullptr; }

@@ -33,6 +33,9 @@ class PipelineEngine final : public Engine {
   absl::Status inject_fault(InjectedFault fault, double hang_seconds) override {
     return backend_->inject_fault(fault, hang_seconds);
   }
+  const Flux2Config* transformer_config() const override {
+    return &pipeline_->transformer_config();
+  }
   const Flux2Config* lora_config() const override { return &pipeline_->transformer_config(); }
   absl::Status pin_lora(const LoraRequest& lora) const override {
     return pipeline_->lora_cache().pin(*backend_, pipeline_->transformer_config(), lora);

@@ -113,7 +113,8 @@ if want tests; then
   all_tests="gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test
     gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_fp8_accumulation_test
     gpu_flash_attention_fp8_test gpu_fp8_rows_test gpu_text_encoder_streaming_test
-    gpu_gemm_algorithm_table_test gpu_step_cache_test gpu_fp8_stored_weight_test"
+    gpu_gemm_algorithm_table_test gpu_step_cache_test gpu_fp8_stored_weight_test
+    gpu_nccl_communicator_test"
   # gpu_server_test needs the server binary's path: it runs below, not among the plain tests.
   selected=" ${GPU_TESTS:-$all_tests} "
   run_gtests ${selected// gpu_server_test / }

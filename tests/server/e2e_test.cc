@@ -102,6 +102,7 @@ TEST_F(E2E, GetModelInfoReportsTheBackendOptionsTheFlagsSet) {
   EXPECT_EQ(info.backend_options().at("cpu-threads"), "2");
   EXPECT_EQ(info.backend_options().at("gemm-autotune"), "on");
   EXPECT_EQ(info.backend_options().at("fp8-attention"), "on");
+  EXPECT_EQ(info.backend_options().at("gpus"), "1");  // --gpus' default
   EXPECT_TRUE(info.text_encoder_streamed());
   EXPECT_GT(info.text_encoder_host_bytes(), 0);
   EXPECT_EQ(info.prompt_cache_bytes(), 0);
