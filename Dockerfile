@@ -34,10 +34,11 @@ FROM nvidia/cuda:13.0.2-cudnn-runtime-ubuntu24.04@sha256:14d94b039cb94bbd5da559f
 # cuDNN 9 (all sub-libraries: the shim loads them on demand) and NVRTC, which cuDNN's runtime-compiled
 # engines (fused attention) use; the set was read from /proc/PID/maps of the server on an H200.
 # nvJitLink was not loaded there; it is kept because cuDNN can link runtime-compiled kernels with it.
+# NCCL (dlopen) is the sequence-parallel exchange between the GPUs of --gpus.
 RUN set -eux; \
     mkdir -p /opt/cuda-runtime/lib; \
     for soname in libcudart.so.13 libcublasLt.so.13 libnvrtc.so.13 libnvrtc-builtins.so.13.0 \
-                  libnvJitLink.so.13 'libcudnn*.so.9'; do \
+                  libnvJitLink.so.13 'libcudnn*.so.9' libnccl.so.2; do \
       found="$(find /usr/local/cuda-13.0/ /usr/lib -name "$soname")"; \
       test -n "$found"; \
       for f in $found; do cp -L "$f" /opt/cuda-runtime/lib/; done; \
@@ -81,12 +82,13 @@ RUN echo /opt/flux2/lib/cuda > /etc/ld.so.conf.d/flux2-cuda.conf && ldconfig
 COPY --from=build /opt/flux2/bin /opt/flux2/bin
 COPY --from=build /opt/flux2/share /opt/flux2/share
 # Fail the build if the binary needs a library this stage lacks: what it links (ldd) and what it dlopens
-# (cuBLASLt; cuDNN loads its sub-libraries and NVRTC on demand). libcuda.so.1 and NVML's libnvidia-ml.so.1
+# (cuBLASLt, NCCL; cuDNN loads its sub-libraries and NVRTC on demand). libcuda.so.1 and NVML's libnvidia-ml.so.1
 # come from the host driver through the NVIDIA container toolkit at run time (NVIDIA_DRIVER_CAPABILITIES).
 RUN if ldd /opt/flux2/bin/flux2_server | grep -v 'libcuda.so.1' | grep 'not found'; then exit 1; fi \
  && for soname in libcublasLt.so.13 libcudnn_graph.so.9 libcudnn_ops.so.9 libcudnn_cnn.so.9 \
                   libcudnn_heuristic.so.9 libcudnn_engines_precompiled.so.9 \
-                  libcudnn_engines_runtime_compiled.so.9 libnvrtc.so.13 libnvrtc-builtins.so.13.0; do \
+                  libcudnn_engines_runtime_compiled.so.9 libnvrtc.so.13 libnvrtc-builtins.so.13.0 \
+                  libnccl.so.2; do \
       ldconfig -p | awk -v s="$soname" '$1 == s { found = 1 } END { exit !found }' \
         || { echo "missing dlopen-ed $soname" >&2; exit 1; }; \
     done \
