@@ -37,6 +37,23 @@ class Fp8E2E : public ::testing::Test {
     stub_ = v1::ImageGeneration::NewStub(channel_);
     ASSERT_TRUE(wait_for_health(channel_, "readiness", "SERVING"));
   }
+  // Generates fp8_cases.json's pipeline case 0 and fails unless it returns the golden pixels.
+  void expect_golden_case() {
+    v1::GenerateImageRequest request;
+    request.set_prompt("a red fox in the snow, from an FP8 file");
+    request.set_width(64);
+    request.set_height(64);
+    request.set_num_inference_steps(4);
+    request.set_seed(700);
+    request.set_guidance_scale(4.0);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + kTestWaitLimit);
+    v1::GenerateImageResponse response;
+    const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.images_size(), 1);
+    expect_golden(response.images(0).data());
+  }
   v1::GetModelInfoResponse info() {
     grpc::ClientContext context;
     v1::GetModelInfoResponse response;
@@ -58,20 +75,7 @@ TEST_F(Fp8E2E, BflFp8FileServesDiffusersPixelsAndIsReported) {
   EXPECT_GT(model.transformer_checkpoint_bytes(), 500000);
   EXPECT_LT(model.transformer_checkpoint_bytes(), 1300000);
 
-  v1::GenerateImageRequest request;  // fp8_cases.json pipeline case 0
-  request.set_prompt("a red fox in the snow, from an FP8 file");
-  request.set_width(64);
-  request.set_height(64);
-  request.set_num_inference_steps(4);
-  request.set_seed(700);
-  request.set_guidance_scale(4.0);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + kTestWaitLimit);
-  v1::GenerateImageResponse response;
-  const grpc::Status status = stub_->GenerateImage(&context, request, &response);
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  ASSERT_EQ(response.images_size(), 1);
-  expect_golden(response.images(0).data());
+  expect_golden_case();
   EXPECT_EQ(model.fp8_lossless(), "resident");
 }
 
@@ -92,20 +96,7 @@ TEST_F(Fp8E2E, PerLayerPlanAndTextEncoderFileServeTheGoldenPixels) {
   EXPECT_GT(model.components(1).device_bytes(), 0);
   EXPECT_EQ(model.components(1).checkpoint_bytes(), model.transformer_checkpoint_bytes());
 
-  v1::GenerateImageRequest request;  // fp8_cases.json pipeline case 0
-  request.set_prompt("a red fox in the snow, from an FP8 file");
-  request.set_width(64);
-  request.set_height(64);
-  request.set_num_inference_steps(4);
-  request.set_seed(700);
-  request.set_guidance_scale(4.0);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + kTestWaitLimit);
-  v1::GenerateImageResponse response;
-  const grpc::Status status = stub_->GenerateImage(&context, request, &response);
-  ASSERT_TRUE(status.ok()) << status.error_message();
-  ASSERT_EQ(response.images_size(), 1);
-  expect_golden(response.images(0).data());
+  expect_golden_case();
 }
 
 TEST_F(Fp8E2E, ModelOptFolderLoadsAsTransformerFile) {
