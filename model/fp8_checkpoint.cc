@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/parallel.h"
@@ -504,6 +505,17 @@ std::vector<float> fp8_row_scales(const TensorRef& ref) {
   const std::vector<float>& scale = ref.fp8->weight;
   if (scale.size() != 1) return scale;
   return std::vector<float>(static_cast<size_t>(ref.entry->shape[0]), scale[0]);
+}
+
+std::string describe_stored(const std::string& format, Fp8Layout layout, int64_t fp8_tensors,
+                            int64_t checkpoint_bytes) {
+  std::string text = format;
+  if (layout != Fp8Layout::kNone) absl::StrAppend(&text, " (", fp8_tensors, " FP8 tensors");
+  absl::StrAppend(&text, layout != Fp8Layout::kNone ? ", " : " (",
+                  checkpoint_bytes >= 1e9
+                      ? absl::StrFormat("%.3f GB as stored", checkpoint_bytes / 1e9)
+                      : absl::StrFormat("%.1f MB as stored", checkpoint_bytes / 1e6));
+  return text;
 }
 
 }  // namespace flux2

@@ -83,4 +83,9 @@ absl::Status check_fp8_codes(const TensorRef& ref);
 // The scale of each of ref's rows (a per-tensor scale repeated), for a stored FP8 weight.
 std::vector<float> fp8_row_scales(const TensorRef& ref);
 
+// A checkpoint file's start-up description without its closing parenthesis: "bfl_fp8 (120 FP8
+// tensors, 3.870 GB as stored" (no FP8 count for a bf16 file), for the format's describe().
+std::string describe_stored(const std::string& format, Fp8Layout layout, int64_t fp8_tensors,
+                            int64_t checkpoint_bytes);
+
 }  // namespace flux2

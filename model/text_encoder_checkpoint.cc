@@ -36,12 +36,7 @@ absl::StatusOr<TextEncoderCheckpoint> with_fp8_layers(
 }  // namespace
 
 std::string TextEncoderCheckpoint::describe() const {
-  std::string text = format;
-  if (fp8_layout != Fp8Layout::kNone) absl::StrAppend(&text, " (", fp8_tensors, " FP8 tensors");
-  absl::StrAppend(&text, fp8_layout != Fp8Layout::kNone ? ", " : " (",
-                  checkpoint_bytes >= 1e9
-                      ? absl::StrFormat("%.3f GB as stored", checkpoint_bytes / 1e9)
-                      : absl::StrFormat("%.1f MB as stored", checkpoint_bytes / 1e6));
+  std::string text = describe_stored(format, fp8_layout, fp8_tensors, checkpoint_bytes);
   return text + ")";
 }
 

@@ -24,12 +24,7 @@ void count_weights(TransformerCheckpoint& checkpoint) {
 }  // namespace
 
 std::string TransformerCheckpoint::describe() const {
-  std::string text = format;
-  if (fp8_layout != Fp8Layout::kNone) absl::StrAppend(&text, " (", fp8_tensors, " FP8 tensors");
-  absl::StrAppend(&text, fp8_layout != Fp8Layout::kNone ? ", " : " (",
-                  checkpoint_bytes >= 1e9
-                      ? absl::StrFormat("%.3f GB as stored", checkpoint_bytes / 1e9)
-                      : absl::StrFormat("%.1f MB as stored", checkpoint_bytes / 1e6));
+  std::string text = describe_stored(format, fp8_layout, fp8_tensors, checkpoint_bytes);
   if (ignored_scales > 0)
     absl::StrAppend(&text, ", ", ignored_scales, " scales of bf16 layers ignored");
   return text + ")";
