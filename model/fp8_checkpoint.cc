@@ -415,25 +415,54 @@ absl::Status check_row(const SafetensorsEntry& entry, int64_t r, const uint8_t* 
       absl::StrCat(entry.name, ": element [", r, ", ", c, "] is an E4M3 NaN code"));
 }
 
+// An FP8 tensor as rows: its codes and each row's dequantization scale.
+struct Fp8RowView {
+  explicit Fp8RowView(const TensorRef& ref)
+      : entry(*checked(ref).entry),
+        scales(ref.fp8->weight),
+        codes(static_cast<const uint8_t*>(ref.data())),
+        rows(entry.shape[0]),
+        cols(shape_numel(entry.shape) / std::max<int64_t>(rows, 1)) {
+    FLUX_CHECK(scales.size() == 1 || static_cast<int64_t>(scales.size()) == rows);
+  }
+  static const TensorRef& checked(const TensorRef& ref) {
+    FLUX_CHECK(ref.fp8 != nullptr && ref.entry->dtype == DType::kF8E4M3 &&
+               !ref.entry->shape.empty());
+    return ref;
+  }
+  float scale(int64_t r) const { return scales.size() == 1 ? scales[0] : scales[size_t(r)]; }
+  const uint8_t* row(int64_t r) const { return codes + r * cols; }
+  // Row r's error (check_row).
+  absl::Status error(int64_t r) const { return check_row(entry, r, row(r), cols, scale(r)); }
+  // Rows per parallel_for chunk: about 64 K codes.
+  int64_t min_chunk_rows() const {
+    return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
+  }
+
+  const SafetensorsEntry& entry;
+  const std::vector<float>& scales;
+  const uint8_t* codes;
+  int64_t rows, cols;
+};
+
+// first = min(first, r), atomically (the first bad row whatever the chunks' timing).
+void lower_to(std::atomic<int64_t>& first, int64_t r) {
+  int64_t seen = first.load();
+  while (r < seen && !first.compare_exchange_weak(seen, r)) {
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<float>> dequantize_fp8(const TensorRef& ref) {
-  const SafetensorsEntry& entry = *ref.entry;
-  FLUX_CHECK(ref.fp8 != nullptr && entry.dtype == DType::kF8E4M3 && !entry.shape.empty());
-  const int64_t rows = entry.shape[0], cols = shape_numel(entry.shape) / std::max<int64_t>(rows, 1);
-  const std::vector<float>& scale = ref.fp8->weight;
-  FLUX_CHECK(scale.size() == 1 || static_cast<int64_t>(scale.size()) == rows);
-  const auto* codes = static_cast<const uint8_t*>(ref.data());
-  auto scale_of = [&](int64_t r) {
-    return scale.size() == 1 ? scale[0] : scale[static_cast<size_t>(r)];
-  };
-  std::vector<float> values(static_cast<size_t>(rows * cols));
+  const Fp8RowView v(ref);
+  std::vector<float> values(static_cast<size_t>(v.rows * v.cols));
   // The rows of [begin, end), each chunk with its own code table; false at a bad row.
   auto dequantize_rows = [&](int64_t begin, int64_t end, int64_t* bad_row) {
     std::array<float, 256> table;  // code -> e4m3(code) * s, computed once per scale
     float table_scale = std::numeric_limits<float>::quiet_NaN();  // no table yet
     for (int64_t r = begin; r < end; ++r) {
-      const float s = scale_of(r);
+      const float s = v.scale(r);
       if (!std::isfinite(kE4M3Max * s)) {
         *bad_row = r;
         return false;
@@ -443,10 +472,10 @@ absl::StatusOr<std::vector<float>> dequantize_fp8(const TensorRef& ref) {
           table[static_cast<size_t>(code)] = e4m3_to_f32(static_cast<uint8_t>(code)) * s;
         table_scale = s;
       }
-      const uint8_t* row = codes + r * cols;
-      float* out = values.data() + r * cols;
+      const uint8_t* row = v.row(r);
+      float* out = values.data() + r * v.cols;
       bool nan = false;
-      for (int64_t c = 0; c < cols; ++c) {
+      for (int64_t c = 0; c < v.cols; ++c) {
         nan |= nan_code(row[c]);
         out[c] = table[row[c]];
       }
@@ -459,45 +488,32 @@ absl::StatusOr<std::vector<float>> dequantize_fp8(const TensorRef& ref) {
   };
   // Rows on the host's threads; the first bad row in row order is reported whatever the chunks'
   // timing.
-  std::atomic<int64_t> first_bad{rows};
-  const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
-  parallel_for(rows, min_rows, [&](int64_t begin, int64_t end) {
-    int64_t r = rows;
-    if (dequantize_rows(begin, end, &r)) return;
-    int64_t seen = first_bad.load();
-    while (r < seen && !first_bad.compare_exchange_weak(seen, r)) {
-    }
+  std::atomic<int64_t> first_bad{v.rows};
+  parallel_for(v.rows, v.min_chunk_rows(), [&](int64_t begin, int64_t end) {
+    int64_t r = v.rows;
+    if (!dequantize_rows(begin, end, &r)) lower_to(first_bad, r);
   });
   const int64_t bad = first_bad.load();
-  if (bad < rows) return check_row(entry, bad, codes + bad * cols, cols, scale_of(bad));
+  if (bad < v.rows) return v.error(bad);
   return values;
 }
 
 absl::Status check_fp8_codes(const TensorRef& ref) {
-  const SafetensorsEntry& entry = *ref.entry;
-  FLUX_CHECK(ref.fp8 != nullptr && entry.dtype == DType::kF8E4M3 && !entry.shape.empty());
-  const int64_t rows = entry.shape[0], cols = shape_numel(entry.shape) / std::max<int64_t>(rows, 1);
-  const std::vector<float>& scale = ref.fp8->weight;
-  FLUX_CHECK(scale.size() == 1 || static_cast<int64_t>(scale.size()) == rows);
-  const auto* codes = static_cast<const uint8_t*>(ref.data());
+  const Fp8RowView v(ref);
   // Rows on the host's threads; the first bad row in row order is reported.
-  std::atomic<int64_t> first_bad{rows};
-  const int64_t min_rows = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(cols, 1));
-  parallel_for(rows, min_rows, [&](int64_t begin, int64_t end) {
+  std::atomic<int64_t> first_bad{v.rows};
+  parallel_for(v.rows, v.min_chunk_rows(), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end && r < first_bad.load(); ++r) {
-      const float s = scale.size() == 1 ? scale[0] : scale[static_cast<size_t>(r)];
-      const uint8_t* row = codes + r * cols;
-      if (std::isfinite(kE4M3Max * s) && std::none_of(row, row + cols, nan_code)) continue;
-      int64_t seen = first_bad.load();
-      while (r < seen && !first_bad.compare_exchange_weak(seen, r)) {
+      const uint8_t* row = v.row(r);
+      if (std::isfinite(kE4M3Max * v.scale(r)) && std::none_of(row, row + v.cols, nan_code)) {
+        continue;
       }
+      lower_to(first_bad, r);
       return;
     }
   });
   const int64_t bad = first_bad.load();
-  if (bad == rows) return absl::OkStatus();
-  const float s = scale.size() == 1 ? scale[0] : scale[static_cast<size_t>(bad)];
-  return check_row(entry, bad, codes + bad * cols, cols, s);
+  return bad == v.rows ? absl::OkStatus() : v.error(bad);
 }
 
 std::vector<float> fp8_row_scales(const TensorRef& ref) {
