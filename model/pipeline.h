@@ -262,6 +262,13 @@ struct GenerateHooks {
   // Called with the latent tokens [N, 128]: step -1 is the initial noise, then after each step
   // (for golden checks).
   std::function<void(int64_t step, const Tensor& latents)> on_latents;
+  // Golden checks only (teacher forcing): called before each step with the latent tokens
+  // [N, 128] it starts from, which the hook may overwrite (each step then starts from a
+  // reference's latents; tests/data/README.md, "Step caching").
+  std::function<absl::Status(int64_t step, const Tensor& latents)> before_step;
+  // Called in each step with the velocity [N, 128] the Euler step takes (after the CFG
+  // combination), for golden checks.
+  std::function<void(int64_t step, const Tensor& velocity)> on_velocity;
   // Called once with the reference tokens [R, 128] and their position ids [R, 4] (editing only).
   std::function<void(const Tensor& tokens, std::span<const int64_t> ids)> on_references;
   // Called with the decoded image [H, W, 3] in about [-1, 1], before post-processing.

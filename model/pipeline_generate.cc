@@ -436,6 +436,7 @@ absl::Status Pipeline::denoise(Generation& g) const {
       backend_.device() == Device::kCpu ? g.hooks.check_between_blocks : nullptr;
   for (int64_t i = 0; i < g.steps; ++i) {
     FLUX_RETURN_IF_ERROR(g.check_continue());
+    if (g.hooks.before_step) FLUX_RETURN_IF_ERROR(g.hooks.before_step(i, g.latents));
     double seconds = 0.0;
     FLUX_RETURN_IF_ERROR(timed(seconds, [&] { return denoising_step(g, i, between_blocks); }));
     g.image.timings.steps.push_back(seconds);
@@ -469,6 +470,7 @@ absl::Status Pipeline::denoising_step(Generation& g, int64_t step,
     FLUX_ASSIGN_OR_RETURN(const Tensor guided,
                           combine_cfg_branches(b.velocity, b.negative_velocity,
                                                static_cast<float>(g.guidance)));  // [N, 128]
+    if (g.hooks.on_velocity) g.hooks.on_velocity(step, guided);
     FLUX_RETURN_IF_ERROR(be.euler_step(g.latents, guided, g.schedule.dt(step)));
     return be.synchronize();
   }
@@ -478,6 +480,7 @@ absl::Status Pipeline::denoising_step(Generation& g, int64_t step,
     FLUX_RETURN_IF_ERROR(be.cfg_combine(b.negative_velocity, b.velocity,
                                         static_cast<float>(g.guidance), b.velocity));
   }
+  if (g.hooks.on_velocity) g.hooks.on_velocity(step, b.velocity);
   FLUX_RETURN_IF_ERROR(be.euler_step(g.latents, b.velocity, g.schedule.dt(step)));  // [N, 128]
   return be.synchronize();
 }

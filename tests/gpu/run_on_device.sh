@@ -8,7 +8,7 @@
 #                              [ab] [ab-e2e] [fp8] [fp8-files] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
 #                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile] [e2e-shapes]
-#                              [lora] [cache] [cache-high]
+#                              [lora] [cache] [cache-high] [cache-references]
 #                              (default: tests golden bench bench-dev)
 # `fp8-files` (issue 31): gpu_fp8_stored_weight_test, check-golden fp8 at both qualities, and the
 # FP8-checkpoint benches (--weights fp8): klein-4B high (bf16 + copies vs the file's codes, step
@@ -16,6 +16,9 @@
 # encoder whole request under an 80 GB cap; FP8_FILES_PARTS="tests golden klein dev" picks some.
 # `ab-e2e` alternates the base's and this tree's klein-4B whole requests (both qualities, twice;
 # one with a reference image).
+# `cache-references` (needs .device-bin/diffusers-src.tar.xz too) makes diffusers' bf16 error per step
+# of the step-cache goldens (tests/data/cache/bf16_reference_cache.json, used by `golden` in the same
+# run; tests/gpu/make_cache_references.py).
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
 # resize with PIL's; `edit` times editing requests (one 1024x1024 reference, klein-KV, 4 references);
@@ -108,6 +111,16 @@ if want references; then
     cp "$results/bf16_reference_vae_encode.json" tests/data/tiny-klein/
   fi
 fi
+if want cache-references; then
+  [[ -d /tmp/diffusers-src/src ]] || { mkdir -p /tmp/diffusers-src &&
+    tar -C /tmp/diffusers-src -xJf .device-bin/diffusers-src.tar.xz; }
+  PYTHONUNBUFFERED=1 python3 tests/gpu/make_cache_references.py --diffusers /tmp/diffusers-src/src \
+    --data tests/data --out "$results/bf16_reference_cache.json" >"$out/cache-references.log" 2>&1
+  record $? "cache-references: $(tr '\n' ' ' <"$out/cache-references.log" | tail -c 1500)"
+  if [[ -f $results/bf16_reference_cache.json ]]; then
+    cp "$results/bf16_reference_cache.json" tests/data/cache/
+  fi
+fi
 if want tests; then
   # $GPU_TESTS (space-separated) runs a subset: a bundle of only some binaries (BUNDLE_TARGETS).
   all_tests="gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test
@@ -147,6 +160,10 @@ if want golden; then
       >"$out/golden-high-$dir.log" 2>&1
     record $? "golden $dir (cuda, quality=high): $(tail -n1 "$out/golden-high-$dir.log")"
   done
+  # The step-cache goldens step by step, decisions forced (e_ref: part cache-references).
+  "$bin/flux2" check-golden --golden tests/data/cache --backend cuda --only cache_steps \
+    >"$out/golden-cache.log" 2>&1
+  record $? "golden cache steps (cuda): $(tail -n1 "$out/golden-cache.log")"
 fi
 if want server; then
   # The server on a klein-4B-shaped checkpoint directory with random weights.

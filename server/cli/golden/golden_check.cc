@@ -44,6 +44,7 @@ const GoldenPart kParts[] = {
     {"pipeline", "pipeline_cases.json", check_golden_pipeline},
     {"sigmas", "sigmas_cases.json", check_golden_sigmas},
     {"cache", "cache_cases.json", check_golden_cache},
+    {"cache_steps", "cache_cases.json", check_golden_cache_steps},
     {"edit", "edit_cases.json", check_golden_edit},
     {"edit_kv", "edit_kv_cases.json", check_golden_edit_kv},
     {"lora", "lora_transformer.safetensors", check_golden_lora},
@@ -223,10 +224,12 @@ int run_check_golden(int argc, char** argv, int first) {
     fp8_backend = std::move(*cpu);
     context.fp8_backend = fp8_backend.get();
   }
-  // diffusers' bf16 errors: the golden's file, and ours for what it lacks (the VAE encoder's,
-  // made by tests/gpu/make_editing_references.py; tests/data/README.md).
-  for (const char* name : {"/bf16_reference.json", "/bf16_reference_vae_encode.json",
-                           "/bf16_reference_lora.json", "/bf16_reference_fp8.json"}) {
+  // diffusers' bf16 errors: the golden's file, and ours for what it lacks (the VAE encoder's and
+  // the step-cache velocities', made by tests/gpu/make_editing_references.py and
+  // make_cache_references.py; tests/data/README.md).
+  for (const char* name :
+       {"/bf16_reference.json", "/bf16_reference_vae_encode.json", "/bf16_reference_lora.json",
+        "/bf16_reference_fp8.json", "/bf16_reference_cache.json"}) {
     const std::string bf16_path = context.dir + name;
     if (!std::filesystem::exists(bf16_path)) continue;
     auto json = read_json_file(bf16_path);

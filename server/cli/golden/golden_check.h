@@ -110,6 +110,7 @@ void check_golden_vae_encode(const GoldenContext& context, GoldenReport& report)
 void check_golden_pipeline(const GoldenContext& context, GoldenReport& report);
 void check_golden_sigmas(const GoldenContext& context, GoldenReport& report);
 void check_golden_cache(const GoldenContext& context, GoldenReport& report);
+void check_golden_cache_steps(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit(const GoldenContext& context, GoldenReport& report);
 void check_golden_edit_kv(const GoldenContext& context, GoldenReport& report);
 void check_golden_lora(const GoldenContext& context, GoldenReport& report);
@@ -125,6 +126,9 @@ absl::StatusOr<std::vector<LoraRequest>> golden_loras(const GoldenContext& conte
 
 // A cache_cases.json case's DBCache options (W, MC, R) (golden_cache.cc).
 StepCacheOptions golden_step_cache_options(const nlohmann::json& item);
+// The same case's recorded decisions as a forced schedule per list and branch (cached where the
+// code is 4), for backends whose diffs may straddle R (bf16).
+StepCacheOptions golden_forced_step_cache_options(const nlohmann::json& item);
 // Checks a generation's step-cache decisions against the case's, per "<list>.<branch>": codes
 // equal, the diffs computed where the case has them (-1 where not) within the float32 bar.
 void check_golden_step_cache(absl::string_view file, absl::string_view case_name,
