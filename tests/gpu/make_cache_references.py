@@ -35,6 +35,8 @@ def read_safetensors(path):
     for name, meta in header.items():
         if name == "__metadata__":
             continue
+        if meta["dtype"] != "F32":
+            continue  # image_u8: not needed here
         begin, end = meta["data_offsets"]
         out[name] = np.frombuffer(data[begin:end], dtype=np.float32).reshape(meta["shape"])
     return out
