@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/cudnn_sdpa.h"
 #include "kernels/cuda/flash_attention_fp8.h"
+#include "kernels/cuda/group_norm_one_pass.h"
 #include "kernels/cuda/norms.h"
 #include "kernels/cuda/swiglu_fp8.h"
 
@@ -52,6 +53,9 @@ constexpr std::array<FastPathSpec, static_cast<size_t>(CudaPath::kCount)> kTable
     {"lora_up_qk_norm_rope", kFused, Quality::kLossless,
      "LoRA's B products added to q or k and their per-head RMSNorm + RoPE in one pass: head_dim "
      "128, 8-byte aligned rows, 16-byte aligned RoPE table rows"},
+    {"group_norm_one_pass", kFused, Quality::kHigh,
+     "GroupNorm's statistics in one pass over x (Welford, fixed merge tree): C % 8 == 0, C <= "
+     "2048, 16-byte aligned rows"},
 }};
 
 constexpr absl::string_view kUnsupportedShape = "unsupported_shape";
@@ -101,6 +105,10 @@ absl::string_view layer_norm_fp8_unsupported(const Mat& x) {
 
 absl::string_view conv_fused_bias_unsupported(bool algorithm_fuses) {
   return algorithm_fuses ? "" : "algorithm_cannot_fuse";
+}
+
+absl::string_view group_norm_one_pass_unsupported(const Mat& x) {
+  return group_norm_one_pass_supported(x) ? "" : kUnsupportedShape;
 }
 
 }  // namespace flux2::cuda

@@ -30,6 +30,7 @@ enum class CudaPath : uint8_t {
   kLoraUpSwiglu,
   kLoraUpGateResidual,
   kLoraUpQkNormRope,
+  kGroupNormOnePass,
   kCount,
 };
 
@@ -61,5 +62,8 @@ absl::string_view swiglu_fp8_unsupported(int64_t k, const Mat& prefix, const Mat
 absl::string_view layer_norm_fp8_unsupported(const Mat& x);
 // The convolution's bias (and residual) in cuDNN's epilogue: only the algorithm that fuses it.
 absl::string_view conv_fused_bias_unsupported(bool algorithm_fuses);
+// GroupNorm's statistics in one pass (quality=high): the vectorized layout (C % 8, C <= 2048,
+// 16-byte aligned rows).
+absl::string_view group_norm_one_pass_unsupported(const Mat& x);
 
 }  // namespace flux2::cuda

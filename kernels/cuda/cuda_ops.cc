@@ -173,8 +173,14 @@ absl::Status CudaBackend::group_norm(const Tensor& x, int64_t groups, const Tens
   FLUX_RETURN_IF_ERROR(check_vector("group_norm", "gamma", gamma, x.cols()));
   FLUX_RETURN_IF_ERROR(check_bf16("group_norm", "beta", beta));
   FLUX_RETURN_IF_ERROR(check_vector("group_norm", "beta", beta, x.cols()));
-  return cuda::group_norm_bf16(mat(x), groups, gamma.data(), beta.data(), eps, silu, silu_math(),
-                               mat(out), stream());
+  auto run = [&](bool one_pass) {
+    return cuda::group_norm_bf16(mat(x), groups, gamma.data(), beta.data(), eps, silu, silu_math(),
+                                 one_pass, mat(out), stream());
+  };
+  if (request().quality != Quality::kHigh) return run(false);
+  return run_path(
+      cuda::CudaPath::kGroupNormOnePass, cuda::group_norm_one_pass_unsupported(mat(x)),
+      [&] { return run(true); }, [&] { return run(false); });
 }
 
 absl::Status CudaBackend::upsample_nearest_2x(const Tensor& x, const Tensor& out) {

@@ -3,6 +3,7 @@
 #include "kernels/base/postprocess.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/group_norm_one_pass.h"
 #include "kernels/cuda/image_ops.h"
 #include "kernels/cuda/launch.cuh"
 
@@ -192,8 +193,8 @@ absl::Status group_norm_statistics_bf16(const Mat& x, int64_t groups, float eps,
 }
 
 absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta,
-                             float eps, bool silu, SiluMath silu_math, const Mat& out,
-                             cudaStream_t stream) {
+                             float eps, bool silu, SiluMath silu_math, bool one_pass,
+                             const Mat& out, cudaStream_t stream) {
   if (groups <= 0 || x.cols % groups != 0 || out.rows != x.rows || out.cols != x.cols) {
     return absl::InvalidArgumentError(
         absl::StrCat("group_norm: ", x.cols, " channels, ", groups, " groups"));
@@ -213,8 +214,10 @@ absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, co
   auto* rstd = reinterpret_cast<float*>(base + group_bytes);
   auto* channel_mean = reinterpret_cast<float*>(base + 2 * group_bytes);
   auto* channel_rstd = reinterpret_cast<float*>(base + 2 * group_bytes + channel_bytes);
-  if (absl::Status status = group_norm_statistics_bf16(x, groups, eps, mean, rstd, stream);
-      !status.ok()) {
+  absl::Status status =
+      one_pass ? group_norm_statistics_one_pass_bf16(x, groups, eps, mean, rstd, stream)
+               : group_norm_statistics_bf16(x, groups, eps, mean, rstd, stream);
+  if (!status.ok()) {
     cudaFreeAsync(scratch, stream);
     return status;
   }

@@ -17,10 +17,11 @@ absl::Status group_norm_statistics_bf16(const Mat& x, int64_t groups, float eps,
                                         float* rstd, cudaStream_t stream);
 // out = GroupNorm(x [P, C]) with gamma/beta [C] (bf16): bf16((x − mean)·rstd·gamma + beta), then,
 // when `silu`, bf16(silu(·)) — PyTorch's GroupNorm followed by a separate SiLU (silu_math
-// kExact; kFast at quality=high).
+// kExact; kFast at quality=high). `one_pass`: the statistics of group_norm_one_pass.h (x read
+// twice in all instead of three times; quality=high), else the two-pass ones above.
 absl::Status group_norm_bf16(const Mat& x, int64_t groups, const void* gamma, const void* beta,
-                             float eps, bool silu, SiluMath silu_math, const Mat& out,
-                             cudaStream_t stream);
+                             float eps, bool silu, SiluMath silu_math, bool one_pass,
+                             const Mat& out, cudaStream_t stream);
 // out [2H, 2W, C] = nearest ×2 of x [H, W, C] (contiguous bf16).
 absl::Status upsample_nearest_2x_bf16(const void* x, int64_t h, int64_t w, int64_t c, void* out,
                                       cudaStream_t stream);

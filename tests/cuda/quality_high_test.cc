@@ -206,7 +206,10 @@ TEST(QualityHighTest, SwigluFastSiluWithinTwoBf16UlpsOfExact) {
 }
 
 // The VAE's GroupNorm + SiLU at quality=high: one rounding after the fast silu, so at most one bf16
-// ulp (<= 2^-7 relative) from lossless; 2^-100 absolute for the flushed silu below -87.
+// ulp (<= 2^-7 relative) from lossless; 2^-100 absolute for the flushed silu below -87. The fused
+// paths are switched off for it: the one-pass statistics (group_norm_one_pass, checked against
+// double sums by backend_ops_test.cc) would move a few normalised values by an ulp before the
+// silu, which this bound on the silu alone does not cover.
 TEST(QualityHighTest, GroupNormFastSiluWithinOneBf16UlpOfExact) {
   FLUX2_REQUIRE_GPU(be);
   const int64_t pixels = 64 * 64, channels = 512, groups = 32;  // a decoder mid-block shape
@@ -219,7 +222,7 @@ TEST(QualityHighTest, GroupNormFastSiluWithinOneBf16UlpOfExact) {
   Tensor fast = be->empty(DType::kBF16, {pixels, channels}).value();
   ASSERT_TRUE(be->group_norm(x, groups, gamma, beta, 1e-6f, /*silu=*/true, exact).ok());
   {
-    const RequestScope high(*be, {Quality::kHigh});
+    const RequestScope high(*be, {Quality::kHigh, /*fast_paths=*/false});
     ASSERT_TRUE(be->group_norm(x, groups, gamma, beta, 1e-6f, /*silu=*/true, fast).ok());
   }
   EXPECT_GT(differing_within_bound(*be, exact, fast, 7, "GroupNorm + SiLU"), 0)
