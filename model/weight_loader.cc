@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -96,7 +97,8 @@ absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
     if (spec.fp8 == nullptr || !registered.insert(spec.fp8).second) continue;
     Weight& w = *spec.fp8;
     if (w.stored_fp8()) {  // an FP8 checkpoint's codes and scales, as they are
-      FLUX_ASSIGN_OR_RETURN(w.low_precision, backend.add_stored_fp8_weight(w.tensor, w.row_scales));
+      FLUX_ASSIGN_OR_RETURN(w.low_precision,
+                            backend.add_stored_fp8_weight(w.tensor, w.row_scales, std::nullopt));
     } else {
       FLUX_ASSIGN_OR_RETURN(w.low_precision, backend.add_fp8_weight(w.tensor));
     }
