@@ -221,7 +221,8 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
                         Flux2Transformer::create_random(be, config, 1, o.fp8_weights()));
   int64_t fp8_bytes = 0, weight_bytes = model->load_report().device_bytes;
   if (o.request.quality == Quality::kHigh) {
-    FLUX_ASSIGN_OR_RETURN(fp8_bytes, model->enable_quality_high());
+    FLUX_ASSIGN_OR_RETURN(const LowPrecisionReport fp8, model->enable_quality_high());
+    fp8_bytes = fp8.device_bytes;
   }
   if (o.fp8_weights() && o.fp8_lossless == "resident") {  // as the server's finish_load
     FLUX_ASSIGN_OR_RETURN(const DequantizedBytes moved, model->dequantize_stored_weights());
