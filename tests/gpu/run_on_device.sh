@@ -12,8 +12,9 @@
 #                              (default: tests golden bench bench-dev)
 # `fp8-files` (issue 31): gpu_fp8_stored_weight_test, check-golden fp8 at both qualities, and the
 # FP8-checkpoint benches (--weights fp8): klein-4B high (bf16 + copies vs the file's codes, step
-# and peak; per-token vs static input scales), lossless resident vs per_layer, dev high step and an FP8 transformer + FP8 text
-# encoder whole request under an 80 GB cap; FP8_FILES_PARTS="tests golden klein dev" picks some.
+# and peak; per-token vs static input scales), lossless resident vs per_layer, dev high step and
+# an FP8 transformer + FP8 text encoder whole request under an 80 GB cap;
+# FP8_FILES_PARTS="tests golden klein dev" picks some.
 # `ab-e2e` alternates the base's and this tree's klein-4B whole requests (both qualities, twice;
 # one with a reference image).
 # `references` (needs .device-bin/diffusers-src.tar.xz: `git archive` of diffusers' src/) makes
