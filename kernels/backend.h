@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,6 +93,10 @@ struct Weight {
   Weight(Tensor values) : tensor(std::move(values)) {}  // NOLINT(google-explicit-constructor)
   Tensor tensor;
   Tensor row_scales;  // f32 [N] for a stored FP8 weight; undefined otherwise
+  // A stored FP8 weight's static activation scale from its checkpoint (input_scale /
+  // scale_input, the largest of a fused target's parts'), if every part has one; what
+  // --fp8-input-scale static hands add_stored_fp8_weight.
+  std::optional<float> input_scale;
   std::shared_ptr<const LowPrecisionWeight> low_precision;  // null: not registered
   bool stored_fp8() const { return tensor.dtype() == DType::kF8E4M3; }
 };
@@ -196,9 +201,14 @@ class Backend {
   // quality=high on an FP8 checkpoint: the low-precision weight made from the file's own E4M3
   // codes `values` [N, K] and f32 `row_scales` [N] (a stored FP8 weight), without quantizing
   // again where the backend's GEMM takes per-channel scales (the CUDA backend then shares both
-  // tensors: no extra bytes). Unimplemented without a low-precision path.
+  // tensors: no extra bytes). With `input_scale` (finite, > 0; --fp8-input-scale static) every
+  // GEMM of the weight quantizes its activation per tensor under that static scale, codes
+  // fp8_quantize_static_value(x, input_scale) (kernels/base/fp8_nvfp4.h) and the GEMM's activation
+  // scale input_scale, in every op that feeds it (linear and the fused producers); without it,
+  // per token as for any registered weight. InvalidArgument where the backend's low-precision GEMM
+  // takes no such scale (NVFP4); Unimplemented without a low-precision path.
   virtual absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_stored_fp8_weight(
-      const Tensor& values, const Tensor& row_scales) {
+      const Tensor& values, const Tensor& row_scales, std::optional<float> input_scale) {
     return absl::UnimplementedError(std::string(name()) +
                                     " backend has no FP8 path for quality=high");
   }

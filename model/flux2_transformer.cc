@@ -62,8 +62,9 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Flux2Transformer::rope_tables(
   return std::make_pair(cos, sin);
 }
 
-absl::StatusOr<int64_t> Flux2Transformer::enable_quality_high() {
-  return register_low_precision_weights(backend_, weights_.table(config_));
+absl::StatusOr<LowPrecisionReport> Flux2Transformer::enable_quality_high(
+    Fp8InputScale input_scale) {
+  return register_low_precision_weights(backend_, weights_.table(config_), input_scale);
 }
 
 namespace {

@@ -25,7 +25,9 @@
 #include "model/flux2_kv_cache.h"
 #include "model/flux2_lora.h"
 #include "model/flux2_weights.h"
+#include "model/fp8_input_scale.h"
 #include "model/step_cache.h"
+#include "model/weight_loader.h"
 
 namespace flux2 {
 
@@ -90,8 +92,11 @@ class Flux2Transformer {
 
   // quality=high: the backend's low-precision copies of the FP8-eligible weights of the tensor
   // table (the blocks' projections), kept in the weights; a stored FP8 weight's copy is made from
-  // its own codes and scales (Backend::add_stored_fp8_weight). Returns the device bytes added.
-  absl::StatusOr<int64_t> enable_quality_high();
+  // its own codes and scales (Backend::add_stored_fp8_weight), with Fp8InputScale::kStatic and
+  // its checkpoint's input scale (Weight::input_scale) under that static activation scale.
+  // Returns the device bytes added and the GEMMs registered (register_low_precision_weights).
+  absl::StatusOr<LowPrecisionReport> enable_quality_high(
+      Fp8InputScale input_scale = Fp8InputScale::kDynamic);
   // --fp8-lossless=resident: the stored FP8 weights given resident values in the weight dtype
   // (dequantize_stored_weights).
   absl::StatusOr<DequantizedBytes> dequantize_stored_weights();

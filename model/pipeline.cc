@@ -176,6 +176,10 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
   FLUX_ASSIGN_OR_RETURN(TransformerCheckpoint transformer_checkpoint,
                         open_transformer(model_dir, options, dev));
   const ComponentWeights& transformer_weights = transformer_checkpoint.weights;
+  FLUX_RETURN_IF_ERROR(check_fp8_input_scale(options.fp8_input_scale, options.enable_quality_high,
+                                             transformer_checkpoint.fp8_layout != Fp8Layout::kNone,
+                                             transformer_checkpoint.format,
+                                             count_input_scales(transformer_weights)));
   pipeline->info_.transformer_format = transformer_checkpoint.format;
   pipeline->info_.transformer_checkpoint_bytes = transformer_checkpoint.checkpoint_bytes;
   pipeline->info_.fp8_lossless = options.fp8_lossless;
@@ -228,8 +232,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::load(Backend& backend,
       }));
 
   pipeline->prompt_cache_ = PromptCache(options.prompt_cache_bytes);
-  FLUX_RETURN_IF_ERROR(
-      pipeline->finish_load(model_dir, options.enable_quality_high, start, options.on_progress));
+  FLUX_RETURN_IF_ERROR(pipeline->finish_load(model_dir, options.enable_quality_high,
+                                             options.fp8_input_scale, start, options.on_progress));
   return pipeline;
 }
 
@@ -260,9 +264,19 @@ std::string PipelineInfo::load_summary() const {
       absl::StrCat(absl::StrFormat(", text encoder %s %.3f GB of host memory",
                                    text_encoder_streamed ? "streamed from" : "embedding in",
                                    text_encoder_host_bytes / 1e9),
-                   quality_high
-                       ? absl::StrFormat(", fp8 copies for quality=high %.3f GB", fp8_bytes / 1e9)
-                       : ""));
+                   quality_high ? absl::StrFormat(", fp8 copies for quality=high %.3f GB (%s)",
+                                                  fp8_bytes / 1e9, fp8_gemms_summary())
+                                : ""));
+}
+
+std::string PipelineInfo::fp8_gemms_summary() const {
+  if (fp8_input_scale == Fp8InputScale::kDynamic) {
+    return absl::StrFormat("%d FP8 GEMMs, activations per token", fp8_gemms);
+  }
+  return absl::StrFormat(
+      "%d FP8 GEMMs, --fp8-input-scale static: %d under the checkpoint's input_scale, %d per "
+      "token",
+      fp8_gemms, fp8_static_scale_gemms, fp8_gemms - fp8_static_scale_gemms);
 }
 
 absl::Status Pipeline::connect_components(const std::string& source) {
@@ -300,6 +314,10 @@ absl::Status Pipeline::connect_components(const std::string& source) {
 absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backend,
                                                                   const RandomPipelineSpec& spec) {
   const Clock::time_point start = Clock::now();
+  // The random FP8 weights all carry an input scale (allocate_random_stored_fp8).
+  FLUX_RETURN_IF_ERROR(
+      check_fp8_input_scale(spec.fp8_input_scale, spec.enable_quality_high, spec.fp8_weights,
+                            spec.fp8_weights ? "random_fp8" : "random", spec.fp8_weights ? 1 : 0));
   std::unique_ptr<Pipeline> pipeline(new Pipeline(backend));
   pipeline->describe("(random weights)", spec.name, spec.pipeline_class,
                      spec.is_distilled || spec.kv_cache, spec.kv_cache);
@@ -334,8 +352,8 @@ absl::StatusOr<std::unique_ptr<Pipeline>> Pipeline::create_random(Backend& backe
                           VaeEncoder::create_random(backend, spec.vae, spec.seed + 3));
     return p.vae_->device_bytes() + p.vae_encoder_->device_bytes();
   }));
-  FLUX_RETURN_IF_ERROR(
-      pipeline->finish_load(spec.name, spec.enable_quality_high, start, spec.on_progress));
+  FLUX_RETURN_IF_ERROR(pipeline->finish_load(spec.name, spec.enable_quality_high,
+                                             spec.fp8_input_scale, start, spec.on_progress));
   return pipeline;
 }
 
@@ -377,18 +395,28 @@ absl::Status Pipeline::dequantize_stored_fp8(const LoadProgressFn& progress) {
       "--fp8-lossless=resident");
 }
 
+absl::Status Pipeline::register_fp8_weights(Fp8InputScale input_scale,
+                                            const LoadProgressFn& progress) {
+  info_.fp8_input_scale = input_scale;
+  LowPrecisionReport report;
+  FLUX_RETURN_IF_ERROR(load_component(
+      progress, "fp8_weights", info_.transformer_bytes / 2, [&]() -> absl::StatusOr<int64_t> {
+        FLUX_ASSIGN_OR_RETURN(report, transformer_->enable_quality_high(input_scale));
+        return report.device_bytes;
+      }));
+  info_.fp8_bytes = report.device_bytes;
+  info_.fp8_gemms = report.gemms;
+  info_.fp8_static_scale_gemms = report.static_scaled;
+  info_.quality_high = true;
+  return absl::OkStatus();
+}
+
 absl::Status Pipeline::finish_load(const std::string& source, bool enable_quality_high,
+                                   Fp8InputScale input_scale,
                                    std::chrono::steady_clock::time_point start,
                                    const LoadProgressFn& progress) {
   FLUX_RETURN_IF_ERROR(connect_components(source));
-  if (enable_quality_high) {
-    FLUX_RETURN_IF_ERROR(load_component(
-        progress, "fp8_weights", info_.transformer_bytes / 2, [&]() -> absl::StatusOr<int64_t> {
-          FLUX_ASSIGN_OR_RETURN(info_.fp8_bytes, transformer_->enable_quality_high());
-          return info_.fp8_bytes;
-        }));
-    info_.quality_high = true;
-  }
+  if (enable_quality_high) FLUX_RETURN_IF_ERROR(register_fp8_weights(input_scale, progress));
   // An FP8 checkpoint (or bench's random one): its projections were loaded as stored.
   const std::string& format = info_.transformer_format;
   const bool stored_fp8 = format != "diffusers" && format != "bfl" && format != "random";

@@ -21,6 +21,7 @@
 #include "model/cfg_parallel.h"
 #include "model/field_violation.h"
 #include "model/flux2_transformer.h"
+#include "model/fp8_input_scale.h"
 #include "model/lora_device_cache.h"
 #include "model/memory_plan.h"
 #include "model/model_limits.h"
@@ -101,12 +102,21 @@ struct PipelineInfo {
   int64_t text_encoder_host_bytes = 0;  // the embedding table (always), the streamed layers
   int64_t prompt_cache_bytes = 0;       // capacity of the prompt-embedding cache (0: off)
   bool quality_high = false;            // quality=high requests are served
-  Fp8Lossless fp8_lossless = Fp8Lossless::kResident;  // --fp8-lossless (FP8 checkpoints only)
-  std::vector<ComponentInfo> components;              // each component's format and bytes
+  Fp8Lossless fp8_lossless = Fp8Lossless::kResident;        // --fp8-lossless (FP8 checkpoints only)
+  Fp8InputScale fp8_input_scale = Fp8InputScale::kDynamic;  // --fp8-input-scale
+  // quality=high's FP8 GEMMs (registered transformer weights; 0 without quality=high), and how many
+  // of them quantize their activation under the checkpoint's static input_scale (--fp8-input-scale
+  // static; the rest per token).
+  int64_t fp8_gemms = 0;
+  int64_t fp8_static_scale_gemms = 0;
+  std::vector<ComponentInfo> components;  // each component's format and bytes
   double load_seconds = 0.0;
 
   // One log line: model, backend, bytes per component and load time.
   std::string load_summary() const;
+  // "22 FP8 GEMMs, --fp8-input-scale static: 22 under the checkpoint's input_scale, 0 per token"
+  // (or "..., activations per token"), for load_summary.
+  std::string fp8_gemms_summary() const;
 };
 
 // Progress of a load, one component at a time: reported when the component starts (seconds < 0,
@@ -144,6 +154,9 @@ struct RandomPipelineSpec {
   // the text encoder's projections too when it is resident (an FP8 text-encoder file).
   bool fp8_weights = false;
   Fp8Lossless fp8_lossless = Fp8Lossless::kResident;
+  // With fp8_weights at quality=high: static runs the transformer's FP8 GEMMs under the random
+  // weights' input scale (kRandomActivationAmax / 448, weight_loader.h), as --fp8-input-scale.
+  Fp8InputScale fp8_input_scale = Fp8InputScale::kDynamic;
   uint64_t seed = 1;
   LoadProgressFn on_progress;  // per component, as PipelineOptions::on_progress
 };
@@ -160,6 +173,10 @@ struct PipelineOptions {
   // How an FP8 transformer checkpoint's quantized projections serve quality=lossless (and what
   // stays on the device): Fp8Lossless.
   Fp8Lossless fp8_lossless = Fp8Lossless::kResident;
+  // Which activation scales quality=high's FP8 GEMMs use on an FP8 transformer checkpoint
+  // (Fp8InputScale); static is refused without enable_quality_high, for a bf16 transformer and
+  // for a checkpoint without any input_scale (check_fp8_input_scale), before anything loads.
+  Fp8InputScale fp8_input_scale = Fp8InputScale::kDynamic;
   // kStreamed: the text encoder's weights in pinned host memory, streamed per encode (the 80 GB
   // memory plan for FLUX.2-dev).
   WeightResidency text_encoder_residency = WeightResidency::kDevice;
@@ -378,8 +395,10 @@ class Pipeline {
   // their bytes moved in info_ (a bf16 checkpoint has none).
   absl::Status dequantize_stored_fp8(const LoadProgressFn& progress);
   absl::Status finish_load(const std::string& source, bool enable_quality_high,
-                           std::chrono::steady_clock::time_point start,
+                           Fp8InputScale input_scale, std::chrono::steady_clock::time_point start,
                            const LoadProgressFn& progress);
+  // quality=high's low-precision weights (enable_quality_high), counted into info_.
+  absl::Status register_fp8_weights(Fp8InputScale input_scale, const LoadProgressFn& progress);
   // The prompt embeddings of `tokens`: from the cache, else encoded (and cached). `hit` says which.
   absl::StatusOr<Tensor> prompt_embeddings(const TokenizedPrompt& tokens, bool* hit) const;
 

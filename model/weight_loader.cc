@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -88,22 +89,27 @@ absl::Status validate_weights(const ComponentWeights& checkpoint,
   return absl::InvalidArgumentError(message);
 }
 
-absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
-                                                       const std::vector<WeightSpec>& table) {
-  int64_t bytes = 0;
+absl::StatusOr<LowPrecisionReport> register_low_precision_weights(
+    Backend& backend, const std::vector<WeightSpec>& table, Fp8InputScale input_scale) {
+  LowPrecisionReport report;
   std::set<Weight*> registered;  // fused targets (q | k | v) appear once per part
   for (const WeightSpec& spec : table) {
     if (spec.fp8 == nullptr || !registered.insert(spec.fp8).second) continue;
     Weight& w = *spec.fp8;
     if (w.stored_fp8()) {  // an FP8 checkpoint's codes and scales, as they are
-      FLUX_ASSIGN_OR_RETURN(w.low_precision, backend.add_stored_fp8_weight(w.tensor, w.row_scales));
+      const std::optional<float> scale =
+          input_scale == Fp8InputScale::kStatic ? w.input_scale : std::nullopt;
+      FLUX_ASSIGN_OR_RETURN(w.low_precision,
+                            backend.add_stored_fp8_weight(w.tensor, w.row_scales, scale));
+      report.static_scaled += scale.has_value();
     } else {
       FLUX_ASSIGN_OR_RETURN(w.low_precision, backend.add_fp8_weight(w.tensor));
     }
-    bytes += spec.fp8->low_precision->device_bytes();
+    report.device_bytes += w.low_precision->device_bytes();
+    ++report.gemms;
   }
   FLUX_RETURN_IF_ERROR(backend.synchronize());
-  return bytes;
+  return report;
 }
 
 WeightBytes planned_weight_bytes(const std::vector<WeightSpec>& table, int64_t value_bytes) {
@@ -222,6 +228,21 @@ absl::Status upload_stored(Backend& backend, const WeightSpec& spec, const Tenso
   return backend.upload(scales.data(), DType::kF32, scale_column.row_slice(spec.target_row, rows));
 }
 
+// Each stored weight's Weight::input_scale: the largest of its parts' input scales, none when a
+// part has none (load_weights).
+void assign_input_scales(const ComponentWeights& checkpoint, const std::vector<WeightSpec>& table,
+                         const std::set<const Weight*>& stored) {
+  std::set<Weight*> without;  // a part has no input scale
+  for (const WeightSpec& spec : table) {
+    if (spec.fp8 == nullptr || stored.count(spec.fp8) == 0) continue;
+    const std::optional<float> part = checkpoint.find(spec.name)->fp8->input;
+    std::optional<float>& scale = spec.fp8->input_scale;
+    if (!part) without.insert(spec.fp8);
+    if (part) scale = std::max(scale.value_or(*part), *part);
+  }
+  for (Weight* w : without) w->input_scale.reset();
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> allocate_random_stored_fp8(Backend& backend,
@@ -262,6 +283,7 @@ absl::StatusOr<int64_t> allocate_random_stored_fp8(Backend& backend,
     const std::vector<float> scales(static_cast<size_t>(rows),
                                     1.0f / (kE4M3Max * std::sqrt(static_cast<float>(cols))));
     FLUX_RETURN_IF_ERROR(backend.upload(scales.data(), DType::kF32, w.row_scales));
+    spec.fp8->input_scale = kRandomActivationAmax / kE4M3Max;
   }
   FLUX_RETURN_IF_ERROR(backend.synchronize());
   return dense_bytes + stored_bytes;
@@ -304,6 +326,7 @@ absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights
                         allocate_stored_weights(backend, table, stored));
   report.device_bytes = bytes.device + stored_bytes;
   report.host_bytes = bytes.host;
+  assign_input_scales(checkpoint, table, stored);
 
   for (const WeightSpec& spec : table) {
     const TensorRef& ref = *checkpoint.find(spec.name);

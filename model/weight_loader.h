@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "model/checkpoint.h"
+#include "model/fp8_input_scale.h"
 
 namespace flux2 {
 
@@ -79,10 +80,20 @@ WeightBytes planned_weight_bytes(const std::vector<WeightSpec>& table, int64_t v
 absl::Status fill_random_weights(Backend& backend, const std::vector<WeightSpec>& table,
                                  uint64_t seed);
 
+// What register_low_precision_weights registered.
+struct LowPrecisionReport {
+  int64_t device_bytes = 0;   // the low-precision copies' bytes on the device
+  int64_t gemms = 0;          // weights registered: one FP8 GEMM each (a fused target once)
+  int64_t static_scaled = 0;  // of them, with the checkpoint's static activation scale
+};
+
 // quality=high: registers a low-precision copy of every FP8-eligible weight of `table` (one per
-// fused target) with `backend`, stored in the spec's Weight; returns the device bytes added.
-absl::StatusOr<int64_t> register_low_precision_weights(Backend& backend,
-                                                       const std::vector<WeightSpec>& table);
+// fused target) with `backend`, stored in the spec's Weight. With Fp8InputScale::kStatic, a
+// stored FP8 weight with an input_scale (Weight::input_scale) is registered with it (its GEMMs
+// quantize their activation per tensor under it); every other weight is per token.
+absl::StatusOr<LowPrecisionReport> register_low_precision_weights(
+    Backend& backend, const std::vector<WeightSpec>& table,
+    Fp8InputScale input_scale = Fp8InputScale::kDynamic);
 
 // Where load_weights puts an FP8 checkpoint's FP8-eligible projections (WeightSpec::fp8).
 enum class Fp8Placement : uint8_t {
@@ -105,15 +116,24 @@ WeightBytes planned_weight_bytes(const std::vector<WeightSpec>& table,
 // conversion to backend.weight_dtype(). An FP8 checkpoint tensor (TensorRef::fp8) is dequantized
 // to f32 first (dequantize_fp8, model/fp8_checkpoint.h), one tensor at a time; with
 // Fp8Placement::kStored the stored_fp8_weights keep their codes (checked by check_fp8_codes) and
-// row scales instead.
+// row scales instead, and their Weight::input_scale: the largest of their parts' input scales (a
+// fused q | k | v quantizes one activation; ModelOpt's separately calibrated q, k and v see the
+// same input, and vLLM takes the max too), none when a part has none.
 absl::StatusOr<LoadReport> load_weights(Backend& backend, const ComponentWeights& checkpoint,
                                         const std::vector<WeightSpec>& table,
                                         const UnusedTensorFilter& unused,
                                         Fp8Placement placement = Fp8Placement::kDequantized);
 
+// The static activation scale allocate_random_stored_fp8 gives every stored weight: an
+// activation amax of 8 (kRandomActivationAmax / 448, ModelOpt's calibration formula), about what
+// the random transformer's normalized activations reach; larger values saturate at ±448, which
+// `flux2 bench --fp8-input-scale static` times the same.
+constexpr float kRandomActivationAmax = 8.0f;
+
 // create_random for an FP8 checkpoint's form: the FP8-eligible targets of `table` as stored FP8
-// weights (random E4M3 codes, row scales giving fill_random_weights' range), the rest allocated
-// and filled as fill_random_weights does. Returns the device bytes allocated.
+// weights (random E4M3 codes, row scales giving fill_random_weights' range, and the input scale
+// kRandomActivationAmax / 448, as BFL's files carry one per layer), the rest allocated and filled
+// as fill_random_weights does. Returns the device bytes allocated.
 absl::StatusOr<int64_t> allocate_random_stored_fp8(Backend& backend,
                                                    const std::vector<WeightSpec>& table,
                                                    uint64_t seed);

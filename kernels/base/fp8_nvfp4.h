@@ -190,6 +190,16 @@ FLUX_HOST_DEVICE inline uint8_t fp8_quantize_value(float x, float scale) {
   return Cvt::e4m3(mul_rn(x, fp8_encode_factor(scale)));
 }
 
+// FP8 value for `x` under a static activation scale (a checkpoint's input_scale, a dequantization
+// scale: value = code x scale): e4m3(x / scale) with one IEEE division, round-to-nearest-even and
+// saturation to ±448, as ONNX/TensorRT QuantizeLinear defines static FP8 quantization. A division
+// per element (not fp8_quantize_value's product with the reciprocal, which can differ by an ulp
+// before the conversion): the checkpoint's scale is applied exactly as its calibration meant.
+template <typename Cvt = SoftwareCvt>
+FLUX_HOST_DEVICE inline uint8_t fp8_quantize_static_value(float x, float scale) {
+  return Cvt::e4m3(div_rn(x, scale));
+}
+
 // NVFP4 global (encode) scale gs = 448 * 6 / amax (FlashInfer's make_nvfp4_global_scale), so the
 // block holding the tensor's amax gets the scale byte 448; FLT_MAX for an all-zero tensor or when
 // the quotient overflows; NaN stays NaN. Dequantization: x = e2m1 * sf / gs.
@@ -306,6 +316,17 @@ inline void reference_fp8_quantize(const Bf16HostView& first, const Bf16HostView
   for (int64_t r = 0; r < first.rows; ++r) {
     for (int64_t c = 0; c < cols; ++c)
       out[r * cols + c] = fp8_quantize_value(concat_value(first, second, r, c), scale);
+  }
+}
+
+// FP8 static quantization of [first | second] under a given activation scale:
+// out[r, c] = fp8_quantize_static_value(x[r, c], scale), E4M3 [rows, cols] contiguous.
+inline void reference_fp8_quantize_static(const Bf16HostView& first, const Bf16HostView& second,
+                                          float scale, uint8_t* out) {
+  const int64_t cols = first.cols + second.cols;
+  for (int64_t r = 0; r < first.rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c)
+      out[r * cols + c] = fp8_quantize_static_value(concat_value(first, second, r, c), scale);
   }
 }
 

@@ -28,9 +28,10 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_fp8_weight(
       const Tensor& w) override;
   // quality=high on an FP8 checkpoint: the stored weight's values (float(W8) * s_r, exact in
-  // f32) as the FP8 GEMM's weight, x quantized per token as above.
+  // f32) as the FP8 GEMM's weight, x quantized per token as above, or with `input_scale` per
+  // tensor under it (cpu_fp8.h quantize_static_e4m3).
   absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_stored_fp8_weight(
-      const Tensor& values, const Tensor& row_scales) override;
+      const Tensor& values, const Tensor& row_scales, std::optional<float> input_scale) override;
   absl::Status dequantize_e4m3_rows(const Tensor& values, const Tensor& row_scales,
                                     const Tensor& out) override;
   absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,

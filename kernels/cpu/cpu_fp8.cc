@@ -38,6 +38,17 @@ void quantize_rows_e4m3(const Tensor& src, const Tensor& dst) {
   });
 }
 
+void quantize_static_e4m3(const Tensor& src, float scale, const Tensor& dst) {
+  parallel_for(src.rows(), rows_per_chunk(src), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* in = row(src, r);
+      float* out = row(dst, r);
+      for (int64_t c = 0; c < src.cols(); ++c)
+        out[c] = e4m3_to_f32(fp8_quantize_static_value(in[c], scale)) * scale;
+    }
+  });
+}
+
 void quantize_head_blocks_e4m3(const Tensor& src, int64_t head_dim, bool power_of_two,
                                const Tensor& dst) {
   const int64_t heads = src.cols() / head_dim;

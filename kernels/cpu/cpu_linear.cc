@@ -1,9 +1,12 @@
 // CpuBackend dense ops: linear through OpenBLAS sgemm (at quality=high on FP8-emulated operands
-// for registered weights), LoRA's B products with their adds (lora_up_add), and embedding lookup.
-// Tested by tests/host/cpu_ops_test.cc against naive loops.
+// for registered weights, x per token or under a stored weight's static scale), LoRA's B products
+// with their adds (lora_up_add), and embedding lookup. Tested by tests/host/cpu_ops_test.cc against
+// naive loops.
 #include <cblas.h>
 
+#include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/parallel.h"
@@ -42,12 +45,15 @@ absl::Status CpuBackend::linear(const Tensor& x, const Weight& weight, const Ten
                                 const Tensor& y) {
   constexpr absl::string_view kOp = "linear";
   // quality=high with a registered weight and no bias (as the CUDA backend's FP8 GEMMs): the
-  // weight's E4M3 copy and x quantized per token.
+  // weight's E4M3 copy and x quantized per token, or per tensor under the weight's static scale.
   const bool fp8 = request().quality == Quality::kHigh && weight.low_precision != nullptr &&
                    bias.data() == nullptr;
   Tensor w;  // a stored FP8 weight's values are dequantized for this product (weight_values)
+  std::optional<float> input_scale;
   if (fp8) {
-    w = static_cast<const cpu::CpuLowPrecision&>(*weight.low_precision).values;
+    const auto& low = static_cast<const cpu::CpuLowPrecision&>(*weight.low_precision);
+    w = low.values;
+    input_scale = low.input_scale;
   } else {
     FLUX_ASSIGN_OR_RETURN(w, weight_values(weight));
   }
@@ -65,7 +71,11 @@ absl::Status CpuBackend::linear(const Tensor& x, const Weight& weight, const Ten
   Tensor xq = x;
   if (fp8) {
     FLUX_ASSIGN_OR_RETURN(xq, empty(DType::kF32, {m, k}));
-    cpu::quantize_rows_e4m3(x, xq);
+    if (input_scale) {
+      cpu::quantize_static_e4m3(x, *input_scale, xq);
+    } else {
+      cpu::quantize_rows_e4m3(x, xq);
+    }
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), 1.0f, xq.data_as<float>(), static_cast<int>(xq.row_stride()),
@@ -120,12 +130,17 @@ absl::Status CpuBackend::dequantize_e4m3_rows(const Tensor& values, const Tensor
 }
 
 absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> CpuBackend::add_stored_fp8_weight(
-    const Tensor& values, const Tensor& row_scales) {
+    const Tensor& values, const Tensor& row_scales, std::optional<float> input_scale) {
+  constexpr absl::string_view kOp = "add_stored_fp8_weight";
   if (values.rank() != 2 || values.cols() % 16 != 0) {  // as add_fp8_weight
-    return op_error("add_stored_fp8_weight", absl::StrCat("values ", values.describe(),
-                                                          " is not an [N, K] with K % 16 == 0"));
+    return op_error(
+        kOp, absl::StrCat("values ", values.describe(), " is not an [N, K] with K % 16 == 0"));
+  }
+  if (input_scale && !(std::isfinite(*input_scale) && *input_scale > 0.0f)) {
+    return op_error(kOp, absl::StrCat("input_scale ", *input_scale, " is not finite and > 0"));
   }
   auto low = std::make_shared<cpu::CpuLowPrecision>();
+  low->input_scale = input_scale;
   FLUX_ASSIGN_OR_RETURN(low->values, empty(DType::kF32, {values.rows(), values.cols()}));
   FLUX_RETURN_IF_ERROR(dequantize_e4m3_rows(values, row_scales, low->values));
   return std::shared_ptr<const LowPrecisionWeight>(std::move(low));

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,10 +42,18 @@ struct CudaLowPrecision final : LowPrecisionWeight {
   Tensor scale;   // FP8: f32 [N] per output channel (rowwise) or [1] per tensor (amax / 448);
                   // NVFP4: UE4M3 block scales, 128x4 swizzled
   Tensor global;  // NVFP4 only: f32 [1] global encode scale
+  // A weight's static activation scale, f32 [1] (add_stored_fp8_weight's input_scale): its GEMMs'
+  // activations are quantized per tensor under it. Undefined: per token (or tensor), dynamically.
+  Tensor input_scale;
   // values and scale are a stored FP8 weight's own tensors (add_stored_fp8_weight): no bytes added
   bool shares_stored = false;
   int64_t device_bytes() const override {
-    return shares_stored ? 0 : values.bytes() + scale.bytes() + global.bytes();
+    return (shares_stored ? 0 : values.bytes() + scale.bytes() + global.bytes()) +
+           input_scale.bytes();
+  }
+  // The static activation scale as a device pointer, null when there is none.
+  const float* static_scale() const {
+    return input_scale.data() != nullptr ? input_scale.data_as<float>() : nullptr;
   }
 };
 
@@ -86,7 +95,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_fp8_weight(
       const Tensor& w) override;
   absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> add_stored_fp8_weight(
-      const Tensor& values, const Tensor& row_scales) override;
+      const Tensor& values, const Tensor& row_scales, std::optional<float> input_scale) override;
   absl::Status dequantize_e4m3_rows(const Tensor& values, const Tensor& row_scales,
                                     const Tensor& out) override;
 
@@ -190,6 +199,9 @@ class CudaBackend final : public Backend {
   const CudaLowPrecision* low_precision_of(const Weight& w) const;
   // The activation (or, at registration, the weight) in the backend's low-precision format.
   absl::StatusOr<CudaLowPrecision> quantize_low_precision(const Tensor& x);
+  // The activation x of a GEMM with weight w: under w's static activation scale (FP8 E4M3 per
+  // tensor; rowwise: that scale repeated for every row), else quantize_low_precision(x).
+  absl::StatusOr<CudaLowPrecision> quantize_activation(const Tensor& x, const CudaLowPrecision& w);
   // y = x · wᵀ through the FP8 (or, on Blackwell, NVFP4) GEMM, x quantized first.
   absl::Status linear_low_precision(const Tensor& x, const CudaLowPrecision& w, const Tensor& y);
   // The GEMM of linear_low_precision on x's quantized copy xq.

@@ -38,9 +38,11 @@ constexpr std::array<FastPathSpec, static_cast<size_t>(CudaPath::kCount)> kTable
     {"fp8_linear", kImplementation, Quality::kHigh,
      "FP8 GEMM (NVFP4 on Blackwell) of a registered weight: no bias, K % 16 == 0 (NVFP4: 32)"},
     {"swiglu_fp8", kFused, Quality::kHigh,
-     "SwiGLU writing its GEMM's E4M3 rows (rowwise FP8): K % 16 == 0, 16-byte aligned rows"},
+     "SwiGLU writing its GEMM's E4M3 rows (rowwise FP8; a scale per row, or the weight's static "
+     "input scale): K % 16 == 0, 16-byte aligned rows"},
     {"layer_norm_fp8", kFused, Quality::kHigh,
-     "LayerNorm + modulation writing only its GEMM's E4M3 rows (rowwise FP8): K % 16 == 0"},
+     "LayerNorm + modulation writing only its GEMM's E4M3 rows (rowwise FP8; a scale per row, or "
+     "the weight's static input scale): K % 16 == 0"},
     {"conv_fused_bias", kImplementation, Quality::kHigh,
      "bias (and the resnet shortcut) in cuDNN's epilogue: when the algorithm can fuse it"},
     {"conv_bias_residual", kFused, Quality::kLossless,

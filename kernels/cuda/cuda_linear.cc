@@ -3,9 +3,12 @@
 // kernel, lora_up.h), and at quality=high the low-precision GEMMs of registered weights
 // (add_fp8_weight: FP8, NVFP4 on Blackwell), with the activation quantized just before the GEMM or
 // written in E4M3 by the op that produces it: LayerNorm+modulate and SwiGLU
-// (layer_norm_modulate_linear, swiglu_linear).
+// (layer_norm_modulate_linear, swiglu_linear), per token or, for a stored FP8 weight with a static
+// activation scale (--fp8-input-scale static), per tensor under that scale in every one of them.
 // Tested by tests/cuda/op_cases.cc (gpu_op_test), fp8_rows_test.cc and quality_high_test.cc.
+#include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -240,12 +243,34 @@ absl::StatusOr<CudaLowPrecision> CudaBackend::quantize_low_precision(const Tenso
   return low;
 }
 
+absl::StatusOr<CudaLowPrecision> CudaBackend::quantize_activation(const Tensor& x,
+                                                                  const CudaLowPrecision& w) {
+  if (w.static_scale() == nullptr) return quantize_low_precision(x);
+  // add_stored_fp8_weight refuses a static scale on the NVFP4 path: this is FP8.
+  const int64_t m = x.rows(), k = x.cols();
+  CudaLowPrecision xq;
+  FLUX_ASSIGN_OR_RETURN(xq.values, empty(DType::kF8E4M3, {m, k}));
+  cuda::Fp8QuantizeArgs args;
+  args.in.first = mat(x);
+  args.out = xq.values.data();
+  args.out_bytes = xq.values.bytes();
+  args.scale = const_cast<float*>(w.static_scale());  // read only by fp8_quantize_static
+  if (fp8_rowwise_) {  // the rowwise GEMM takes one activation scale per row: the static one
+    FLUX_ASSIGN_OR_RETURN(xq.scale, empty(DType::kF32, {m}));
+    args.row_scales = xq.scale.data_as<float>();
+  } else {
+    xq.scale = w.input_scale;
+  }
+  FLUX_RETURN_IF_ERROR(cuda::fp8_quantize_static(args, stream()));
+  return xq;
+}
+
 absl::Status CudaBackend::linear_low_precision(const Tensor& x, const CudaLowPrecision& w,
                                                const Tensor& y) {
   CudaLowPrecision xq;
   {
     OpProfileScope profile(*this, profile_category("quantize", x, w.values.rows()));
-    FLUX_ASSIGN_OR_RETURN(xq, quantize_low_precision(x));
+    FLUX_ASSIGN_OR_RETURN(xq, quantize_activation(x, w));
   }
   return gemm_low_precision(x, xq, w, y);
 }
@@ -303,7 +328,7 @@ absl::Status CudaBackend::dequantize_e4m3_rows(const Tensor& values, const Tenso
 }
 
 absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> CudaBackend::add_stored_fp8_weight(
-    const Tensor& values, const Tensor& row_scales) {
+    const Tensor& values, const Tensor& row_scales, std::optional<float> input_scale) {
   constexpr absl::string_view kOp = "add_stored_fp8_weight";
   FLUX_RETURN_IF_ERROR(check_tensor(kOp, "values", values, Device::kCuda, DType::kF8E4M3));
   FLUX_RETURN_IF_ERROR(check_tensor(kOp, "row_scales", row_scales, Device::kCuda, DType::kF32));
@@ -312,19 +337,32 @@ absl::StatusOr<std::shared_ptr<const LowPrecisionWeight>> CudaBackend::add_store
     return op_error(kOp, absl::StrCat("values ", values.describe(), " is not a contiguous [N, K] ",
                                       "with K % 16 == 0 and one row scale per row"));
   }
+  if (input_scale && !(std::isfinite(*input_scale) && *input_scale > 0.0f)) {
+    return op_error(kOp, absl::StrCat("input_scale ", *input_scale, " is not finite and > 0"));
+  }
+  if (input_scale && nvfp4_) {
+    return op_error(kOp,
+                    "a static FP8 activation scale (input_scale) needs the FP8 GEMM, and this "
+                    "device runs quality=high in NVFP4");
+  }
+  auto low = std::make_shared<CudaLowPrecision>();
   if (fp8_rowwise_ && !nvfp4_) {
     // The GEMM scales each output channel: the file's codes and scales are the weight as they are.
-    auto low = std::make_shared<CudaLowPrecision>();
     low->values = values;
     low->scale = row_scales;
     low->shares_stored = true;
-    return std::shared_ptr<const LowPrecisionWeight>(std::move(low));
+  } else {
+    // Per-tensor FP8 (one scale for the whole weight, which a fused q | k | v of separately
+    // scaled parts does not have) or NVFP4: the dequantized values, quantized the backend's way.
+    FLUX_ASSIGN_OR_RETURN(Tensor bf16, empty(DType::kBF16, {values.rows(), values.cols()}));
+    FLUX_RETURN_IF_ERROR(dequantize_e4m3_rows(values, row_scales, bf16));
+    FLUX_ASSIGN_OR_RETURN(*low, quantize_low_precision(bf16));
   }
-  // Per-tensor FP8 (one scale for the whole weight, which a fused q | k | v of separately scaled
-  // parts does not have) or NVFP4: the dequantized values, quantized the backend's way.
-  FLUX_ASSIGN_OR_RETURN(Tensor bf16, empty(DType::kBF16, {values.rows(), values.cols()}));
-  FLUX_RETURN_IF_ERROR(dequantize_e4m3_rows(values, row_scales, bf16));
-  return add_fp8_weight(bf16);
+  if (input_scale) {
+    FLUX_ASSIGN_OR_RETURN(low->input_scale, empty(DType::kF32, {1}));
+    FLUX_RETURN_IF_ERROR(upload(&*input_scale, DType::kF32, low->input_scale));
+  }
+  return std::shared_ptr<const LowPrecisionWeight>(std::move(low));
 }
 
 absl::Status CudaBackend::swiglu_linear_fp8(const Tensor& gate, const Tensor& up, const Tensor& x,
@@ -344,6 +382,7 @@ absl::Status CudaBackend::swiglu_linear_fp8(const Tensor& gate, const Tensor& up
     args.out = xq.values.data();
     args.out_bytes = xq.values.bytes();
     args.row_scales = xq.scale.data_as<float>();
+    args.static_scale = w.static_scale();  // null: each row's own scale
     FLUX_RETURN_IF_ERROR(cuda::swiglu_fp8_rows(args, stream()));
   }
   if (residual == nullptr) return gemm_low_precision(x, xq, w, y);
@@ -373,7 +412,8 @@ absl::Status CudaBackend::layer_norm_linear_fp8(const Tensor& x, const Tensor& s
     FLUX_RETURN_IF_ERROR(cuda::layer_norm_modulate_fused(
         mat(x), sh, sc, m, eps, normed != nullptr ? mat(*normed) : cuda::Mat{nullptr, m, k, k},
         stream(),
-        cuda::Fp8Rows{static_cast<uint8_t*>(xq.values.data()), xq.scale.data_as<float>()}));
+        cuda::Fp8Rows{static_cast<uint8_t*>(xq.values.data()), xq.scale.data_as<float>(),
+                      w.static_scale()}));
   }
   return gemm_low_precision(x, xq, w, y);
 }

@@ -86,4 +86,27 @@ __device__ __forceinline__ uint4 fp8_pack16(const float x[16], float encode) {
   return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 
+// 8 values -> 8 E4M3 bytes under a static activation scale: each byte equals
+// fp8_quantize_static_value(x, scale), e4m3(x / scale) with an IEEE division per element.
+template <bool kHw>
+__device__ __forceinline__ uint2 fp8_pack8_static(const float x[8], float scale) {
+  uint32_t w[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t lo =
+        DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i], scale), div_rn(x[4 * i + 1], scale));
+    const uint32_t hi =
+        DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i + 2], scale), div_rn(x[4 * i + 3], scale));
+    w[i] = lo | (hi << 16);
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// 16 values -> 16 E4M3 bytes, the same conversion.
+template <bool kHw>
+__device__ __forceinline__ uint4 fp8_pack16_static(const float x[16], float scale) {
+  const uint2 lo = fp8_pack8_static<kHw>(x, scale), hi = fp8_pack8_static<kHw>(x + 8, scale);
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
 }  // namespace flux2::cuda

@@ -101,7 +101,7 @@ struct ModulateLn {
 };
 
 // fp8 (optional): also E4M3 [rows, cols] of the rounded outputs, each row under the scale of its
-// own max |out| (written to fp8.row_scales[r]).
+// own max |out|, or fp8.static_scale when set (written to fp8.row_scales[r]).
 // kPacks: packs held per thread, at least ceil(cols / 8 / kVecThreads) (registers scale with it;
 // the reduction order does not depend on it, so every instantiation gives the same bits).
 template <int kPacks, typename Epilogue>
@@ -167,9 +167,12 @@ __global__ void __launch_bounds__(kVecThreads)
     if (quantize) held[j] = result;  // the input is spent: keep what to quantize
   }
   if (!quantize) return;
+  // A static scale is the same for the whole block (no reduction); else the row's own.
   __shared__ uint32_t max_scratch[32];
-  magnitude = block_max_bits(magnitude, max_scratch);
-  const float scale = fp8_dequant_scale(__uint_as_float(magnitude));
+  const bool fixed = fp8.static_scale != nullptr;
+  const float scale =
+      fixed ? *fp8.static_scale
+            : fp8_dequant_scale(__uint_as_float(block_max_bits(magnitude, max_scratch)));
   if (threadIdx.x == 0) fp8.row_scales[r] = scale;
   const float encode = fp8_encode_factor(scale);
 #pragma unroll
@@ -179,7 +182,8 @@ __global__ void __launch_bounds__(kVecThreads)
     float rounded[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) rounded[i] = to_f32(held[j].v[i]);
-    *reinterpret_cast<uint2*>(fp8.values + r * x.cols + p * 8) = fp8_pack8<true>(rounded, encode);
+    *reinterpret_cast<uint2*>(fp8.values + r * x.cols + p * 8) =
+        fixed ? fp8_pack8_static<true>(rounded, scale) : fp8_pack8<true>(rounded, encode);
   }
 }
 

@@ -20,10 +20,13 @@ absl::Status layer_norm_bf16(const Mat& x, float eps, const Mat& out, cudaStream
 // one_plus_bf16, gate_mul_bf16 and add_row_bf16. fp8 (optional, quality=high): also writes
 // E4M3 [rows, cols] of the rounded outputs, each row quantized under the scale of its own max
 // |out| (written to row_scales[r]): bit for bit fp8_quantize_rows of `out`, for the FP8 GEMM that
-// reads it next; needs layer_norm_writes_fp8(x). out.data may then be null (the E4M3 rows alone).
+// reads it next; or, with static_scale, every row under that one scale (a checkpoint's
+// input_scale: bit for bit fp8_quantize_static of `out`, the scale written to every row_scales[r]).
+// Needs layer_norm_writes_fp8(x). out.data may then be null (the E4M3 rows alone).
 struct Fp8Rows {
-  uint8_t* values = nullptr;    // contiguous [rows, cols] E4M3, 8-byte aligned
-  float* row_scales = nullptr;  // [rows]: receives each row's dequantization scale
+  uint8_t* values = nullptr;            // contiguous [rows, cols] E4M3, 8-byte aligned
+  float* row_scales = nullptr;          // [rows]: receives each row's dequantization scale
+  const float* static_scale = nullptr;  // device f32: the static activation scale; null: per row
 };
 absl::Status layer_norm_modulate_fused(const Mat& x, const Mat& shift, const Mat& scale,
                                        int64_t rows_per_mod, float eps, const Mat& out,

@@ -95,9 +95,10 @@ __global__ void amax_finalize_kernel(const uint32_t* partials, int64_t count, Sc
   }
 }
 
-// out[r, c] = fp8_quantize_value(x[r, c], scale) for the 16-element items first, first + step,
-// ... Index: 32-bit where the item count allows (64-bit division costs dozens of instructions).
-template <bool kHw, typename Index>
+// out[r, c] = fp8_quantize_value(x[r, c], scale) (kStatic: fp8_quantize_static_value) for the
+// 16-element items first, first + step, ... Index: 32-bit where the item count allows (64-bit
+// division costs dozens of instructions).
+template <bool kHw, typename Index, bool kStatic = false>
 __device__ __forceinline__ void quantize_items(const CatSource& s, Index first, Index step,
                                                float scale, uint8_t* out) {
   const Index per_row = static_cast<Index>(s.cols / 16),
@@ -109,15 +110,21 @@ __device__ __forceinline__ void quantize_items(const CatSource& s, Index first, 
     load8(s, r, c, x);
     load8(s, r, c + 8, x + 8);
     *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * s.cols + c) =
-        fp8_pack16<kHw>(x, encode);
+        kStatic ? fp8_pack16_static<kHw>(x, scale) : fp8_pack16<kHw>(x, encode);
   }
 }
 
-// Pass 3 (or the static quantizer): every item with the scale in device memory.
+// The static quantizer: every item under the given scale (x / scale); row_scales (optional)
+// receives the scale once per row, the activation scales of a rowwise GEMM.
 template <bool kHw, typename Index>
-__global__ void fp8_quantize_kernel(CatSource s, const float* scale_ptr, uint8_t* out) {
-  quantize_items<kHw, Index>(s, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x,
-                             *scale_ptr, out);
+__global__ void fp8_quantize_static_kernel(CatSource s, const float* scale_ptr, float* row_scales,
+                                           uint8_t* out) {
+  const float scale = *scale_ptr;
+  const Index first = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  if (row_scales != nullptr) {
+    for (Index r = first; r < static_cast<Index>(s.rows); r += step) row_scales[r] = scale;
+  }
+  quantize_items<kHw, Index, true>(s, first, step, scale, out);
 }
 
 // The whole dynamic FP8 quantizer in one cooperative launch (every block resident): each block
@@ -333,23 +340,29 @@ absl::Status validate_fp8(const char* op, const Fp8QuantizeArgs& args, CatSource
   if (auto st = make_source(op, args.in, s); !st.ok()) return st;
   if (auto st = check_output(op, "out", args.out, args.out_bytes, s->rows * s->cols); !st.ok())
     return st;
+  if (args.row_scales != nullptr && !aligned(args.row_scales, 4)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": row_scales is not 4-byte aligned"));
+  }
   return check_scalar(op, "scale", args.scale, false);
 }
 
-absl::Status launch_fp8_quantize(const char* op, const Fp8QuantizeArgs& args, const CatSource& s,
-                                 cudaStream_t stream) {
+absl::Status launch_fp8_quantize_static(const char* op, const Fp8QuantizeArgs& args,
+                                        const CatSource& s, cudaStream_t stream) {
   const int grid = grid_for(s.rows * (s.cols / 16), kThreads);
   uint8_t* out = static_cast<uint8_t*>(args.out);
   const bool hw = args.conversion != QuantizeConversion::kSoftware;
+  // Both loops' indices (items, and rows for row_scales) fit: rows <= items.
   const bool narrow = fits_32bit(s.rows * (s.cols / 16) + int64_t{grid} * kThreads);
+  const float* scale = args.scale;
+  float* rows = args.row_scales;
   if (hw && narrow) {
-    fp8_quantize_kernel<true, uint32_t><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
+    fp8_quantize_static_kernel<true, uint32_t><<<grid, kThreads, 0, stream>>>(s, scale, rows, out);
   } else if (hw) {
-    fp8_quantize_kernel<true, int64_t><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
+    fp8_quantize_static_kernel<true, int64_t><<<grid, kThreads, 0, stream>>>(s, scale, rows, out);
   } else if (narrow) {
-    fp8_quantize_kernel<false, uint32_t><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
+    fp8_quantize_static_kernel<false, uint32_t><<<grid, kThreads, 0, stream>>>(s, scale, rows, out);
   } else {
-    fp8_quantize_kernel<false, int64_t><<<grid, kThreads, 0, stream>>>(s, args.scale, out);
+    fp8_quantize_static_kernel<false, int64_t><<<grid, kThreads, 0, stream>>>(s, scale, rows, out);
   }
   FLUX_RETURN_IF_LAUNCH_FAILED(op);
   return absl::OkStatus();
@@ -478,7 +491,8 @@ absl::Status fp8_quantize_static(const Fp8QuantizeArgs& args, cudaStream_t strea
   constexpr const char* kOp = "fp8_quantize_static";
   CatSource s;
   if (auto st = validate_fp8(kOp, args, &s); !st.ok()) return st;
-  return launch_fp8_quantize(kOp, args, s, stream);
+  if (s.rows == 0) return absl::OkStatus();
+  return launch_fp8_quantize_static(kOp, args, s, stream);
 }
 
 absl::Status fp8_quantize_rows(const Fp8QuantizeArgs& args, cudaStream_t stream) {

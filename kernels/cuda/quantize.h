@@ -1,8 +1,8 @@
 // FP8 (E4M3) and NVFP4 quantizer launchers for the quality=high path: per-tensor FP8 activations
-// (dynamic amax or a given scale), per-row / per-tensor FP8 weights, NVFP4 with the 128x4 swizzled
-// UE4M3 scales, and the fused "token concat + quantize" of the single block's to_out input. Bit for
-// bit equal to the CPU references in kernels/base/fp8_nvfp4.h; tested by
-// tests/cuda/quantize_test.cc (GPU) and tests/host/quantize_reference_test.cc (references).
+// (dynamic amax, or a checkpoint's static input_scale), per-row / per-tensor FP8 weights, NVFP4
+// with the 128x4 swizzled UE4M3 scales, and the fused "token concat + quantize" of the single
+// block's to_out input. Bit for bit equal to the CPU references in kernels/base/fp8_nvfp4.h; tested
+// by tests/cuda/quantize_test.cc (GPU) and tests/host/quantize_reference_test.cc (references).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -44,6 +44,9 @@ struct Fp8QuantizeArgs {
   // one value (per tensor) or M values (fp8_quantize_rows). Written by the dynamic launchers,
   // read by fp8_quantize_static.
   float* scale = nullptr;
+  // Optional (fp8_quantize_static only): receives *scale in each of its M entries, the activation
+  // scales of a rowwise GEMM (cuBLASLt OUTER_VEC_32F) under one static scale. 4-byte aligned.
+  float* row_scales = nullptr;
   float* amax = nullptr;      // optional (dynamic only): receives max |x| as fp32
   void* workspace = nullptr;  // dynamic only: kQuantizeWorkspaceBytes, 4-byte aligned
   int64_t workspace_bytes = 0;
@@ -57,7 +60,10 @@ struct Fp8QuantizeArgs {
 // synchronization. Also the per-tensor weight quantizer (run once at load). Non-finite inputs give
 // a non-finite scale.
 absl::Status fp8_quantize_dynamic(const Fp8QuantizeArgs& args, cudaStream_t stream);
-// Static scaling: out = fp8_quantize_value(x, *scale) with a given device scale; one kernel.
+// Static scaling (a checkpoint's input_scale, --fp8-input-scale static): out =
+// fp8_quantize_static_value(x, *scale) = e4m3(x / *scale) (one IEEE division per element, RNE,
+// saturating at ±448) with a given device scale, and *scale into each of row_scales' M entries
+// when set; one kernel, no synchronization.
 absl::Status fp8_quantize_static(const Fp8QuantizeArgs& args, cudaStream_t stream);
 // Per-row (per output channel) weight quantization: scale[r] = amax(row r) / 448 (1 for a zero
 // row), out[r, :] = fp8_quantize_value(x[r, :], scale[r]); `scale` holds M floats;

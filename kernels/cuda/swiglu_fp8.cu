@@ -1,6 +1,6 @@
-// swiglu_fp8.h: one block per row holds the row's packs in registers, finds its max |value|, then
-// writes the row in E4M3 under that scale. Tested by tests/cuda/quantize_test.cc (bit for bit
-// against fp8_quantize_rows of the concatenation).
+// swiglu_fp8.h: one block per row holds the row's packs in registers, finds its max |value| (or
+// takes the static scale), then writes the row in E4M3 under that scale. Tested by
+// tests/cuda/quantize_test.cc (bit for bit against fp8_quantize_rows of the concatenation).
 #include "kernels/cuda/swiglu_fp8.h"
 
 #include "absl/strings/str_cat.h"
@@ -18,7 +18,8 @@ constexpr int kThreads = 256;
 // packs t, t + 256, ... (kPacks of them at most).
 template <int kPacks, SiluMath kMath>
 __global__ void __launch_bounds__(kThreads)
-    swiglu_fp8_rows_kernel(Mat prefix, Mat gate, Mat up, uint8_t* out, float* row_scales) {
+    swiglu_fp8_rows_kernel(Mat prefix, Mat gate, Mat up, uint8_t* out, float* row_scales,
+                           const float* static_scale) {
   __shared__ uint32_t scratch[32];
   const int64_t r = blockIdx.x;
   const int prefix_packs = static_cast<int>(prefix.cols / 8);
@@ -45,8 +46,11 @@ __global__ void __launch_bounds__(kThreads)
     }
     magnitudes = max_magnitudes_bf16x8(magnitudes, held[j]);
   }
-  const uint32_t amax = block_max_bits(magnitude_bits_of(magnitudes), scratch);
-  const float scale = fp8_dequant_scale(__uint_as_float(amax));
+  // A static scale is the same for the whole block (no reduction); else the row's own.
+  const bool fixed = static_scale != nullptr;
+  const float scale = fixed ? *static_scale
+                            : fp8_dequant_scale(__uint_as_float(
+                                  block_max_bits(magnitude_bits_of(magnitudes), scratch)));
   if (threadIdx.x == 0) row_scales[r] = scale;
   const float encode = fp8_encode_factor(scale);
   uint8_t* out_row = out + r * packs * 8;
@@ -56,7 +60,8 @@ __global__ void __launch_bounds__(kThreads)
     if (p >= packs) break;
     float x[8];
     unpack_bf16x8(held[j], x);
-    reinterpret_cast<uint2*>(out_row)[p] = fp8_pack8<true>(x, encode);
+    reinterpret_cast<uint2*>(out_row)[p] =
+        fixed ? fp8_pack8_static<true>(x, scale) : fp8_pack8<true>(x, encode);
   }
 }
 
@@ -66,10 +71,10 @@ void launch(const SwigluFp8Rows& a, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(a.gate.rows);
   if (a.math == SiluMath::kExact) {
     swiglu_fp8_rows_kernel<kPacks, SiluMath::kExact>
-        <<<grid, kThreads, 0, stream>>>(a.prefix, a.gate, a.up, out, a.row_scales);
+        <<<grid, kThreads, 0, stream>>>(a.prefix, a.gate, a.up, out, a.row_scales, a.static_scale);
   } else {
     swiglu_fp8_rows_kernel<kPacks, SiluMath::kFast>
-        <<<grid, kThreads, 0, stream>>>(a.prefix, a.gate, a.up, out, a.row_scales);
+        <<<grid, kThreads, 0, stream>>>(a.prefix, a.gate, a.up, out, a.row_scales, a.static_scale);
   }
 }
 

@@ -1,6 +1,7 @@
 // quality=high's SwiGLU that writes E4M3 rows for the GEMM after it: [prefix | swiglu(gate, up)]
-// quantized with one scale per row, without the bf16 activation. Tested bit for bit against
-// fp8_quantize_rows of the materialized concatenation by tests/cuda/quantize_test.cc.
+// quantized with one scale per row (or one static scale), without the bf16 activation. Tested bit
+// for bit against fp8_quantize_rows / fp8_quantize_static of the materialized concatenation by
+// tests/cuda/quantize_test.cc.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,6 +20,9 @@ struct SwigluFp8Rows {
   void* out = nullptr;          // E4M3 [M, P + F] contiguous, 16-byte aligned
   int64_t out_bytes = 0;        // capacity of `out`
   float* row_scales = nullptr;  // [M]: fp8_dequant_scale(max |row|), as fp8_quantize_rows
+  // Device f32: a static activation scale (a checkpoint's input_scale): every row quantized under
+  // it as fp8_quantize_static does, and written to each row_scales[r]. Null: per row as above.
+  const float* static_scale = nullptr;
 };
 
 // Whether swiglu_fp8_rows serves these operands (16-byte aligned rows, widths multiples of 8, at
@@ -26,8 +30,9 @@ struct SwigluFp8Rows {
 bool swiglu_fp8_rows_supported(const Mat& prefix, const Mat& gate, const Mat& up);
 constexpr int64_t kSwigluFp8MaxColumns = 24576;  // FLUX.2-dev's [attn | mlp]: 6144 + 18432
 
-// out = fp8_quantize_rows([prefix | bf16(swiglu(gate, up))]) (values and row scales), the SwiGLU
-// values rounded to bf16 exactly as swiglu_fused rounds them. One kernel, one block per row.
+// out = fp8_quantize_rows([prefix | bf16(swiglu(gate, up))]) (values and row scales), or with
+// static_scale fp8_quantize_static of it, the SwiGLU values rounded to bf16 exactly as
+// swiglu_fused rounds them. One kernel, one block per row.
 absl::Status swiglu_fp8_rows(const SwigluFp8Rows& args, cudaStream_t stream);
 
 }  // namespace flux2::cuda

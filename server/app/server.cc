@@ -39,11 +39,7 @@ EngineFactory pipeline_factory(const ServerOptions& options) {
     pipeline.text_encoder_residency =
         options.text_encoder_offload ? WeightResidency::kStreamed : WeightResidency::kDevice;
     pipeline.prompt_cache_bytes = options.prompt_cache_bytes;
-    pipeline.transformer_file = options.transformer_file;
-    pipeline.text_encoder_file = options.text_encoder_file;
-    // Checked when the flags were parsed.
-    pipeline.fp8_lossless =
-        parse_fp8_lossless(options.fp8_lossless).value_or(Fp8Lossless::kResident);
+    FLUX_RETURN_IF_ERROR(apply_checkpoint_flags(options.checkpoint, pipeline));
     // Without --lora-dir no adapter is ever uploaded: the memory plan holds no LoRA cache.
     pipeline.lora_cache_bytes = options.lora_dir.empty() ? 0 : options.lora_cache_bytes;
     pipeline.on_progress = [](const LoadProgress& progress) {
@@ -74,7 +70,8 @@ CoreOptions core_options(const ServerOptions& options) {
   ServingFacts& facts = core.facts;
   facts.backend_options = options.backend_options;
   facts.gpus = options.gpus;
-  facts.transformer_file = std::filesystem::path(options.transformer_file).filename().string();
+  facts.transformer_file =
+      std::filesystem::path(options.checkpoint.transformer_file).filename().string();
   facts.stall = options.stall;
   if (options.test_fault) facts.test_inject_fault = options.test_fault->flag;
   if (!options.lora_dir.empty()) {

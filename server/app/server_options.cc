@@ -128,9 +128,9 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   flag("--enable-quality-high", o.enable_quality_high);
   flag("--text-encoder-offload", o.text_encoder_offload);
   option("--prompt-cache-bytes", o.prompt_cache_bytes);
-  option("--transformer-file", o.transformer_file);
-  option("--fp8-lossless", o.fp8_lossless);
-  option("--text-encoder-file", o.text_encoder_file);
+  for (CLI::Option* checkpoint_flag : add_checkpoint_flags(app, o.checkpoint)) {
+    checkpoint_flag->envname(env_name(checkpoint_flag->get_name()));
+  }
   option("--lora-dir", o.lora_dir);
   option("--lora-cache-bytes", o.lora_cache_bytes);
   option("--lora-host-cache-bytes", o.lora_host_cache_bytes);
@@ -179,7 +179,7 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
   if (!raw.test_inject_fault.empty()) {
     FLUX_ASSIGN_OR_RETURN(o.test_fault, parse_test_fault(raw.test_inject_fault));
   }
-  FLUX_RETURN_IF_ERROR(parse_fp8_lossless(o.fp8_lossless).status());
+  FLUX_RETURN_IF_ERROR(check_checkpoint_flags(o.checkpoint));
   return parsed;
 }
 
@@ -439,33 +439,8 @@ std::string server_help_text() {
       "  --prompt-cache-bytes N   device bytes of the LRU prompt-embedding cache: a repeated "
       "prompt\n"
       "                           skips the text encoder (default 268435456 = 256 MiB; 0 "
-      "disables it)\n"
-      "  --transformer-file FILE  load the transformer's weights from this single file (Black "
-      "Forest\n"
-      "                           Labs naming: flux2-dev.safetensors, or FP8: BFL's klein-*-fp8,\n"
-      "                           ComfyUI's fp8mixed and scaled fp8) or transformer folder (a\n"
-      "                           ModelOpt FP8 export) instead of <model-dir>/transformer/'s\n"
-      "                           (whose config.json is still read for a file); the format\n"
-      "                           detected is logged and reported by GetModelInfo\n"
-      "  --text-encoder-file FILE load the text encoder from this single safetensors file (HF\n"
-      "                           names as in ComfyUI's text-encoder files; bf16, or FP8: e.g.\n"
-      "                           mistral_3_small_flux2_fp8.safetensors) instead of\n"
-      "                           <model-dir>/text_encoder/'s (whose config.json is still read);\n"
-      "                           an FP8 file stays FP8 on the GPU and each layer is dequantized "
-      "as\n"
-      "                           it runs (same numerics as the dequantized weights; with\n"
-      "                           --text-encoder-offload it is dequantized into host memory and\n"
-      "                           streamed as bf16); the format detected is logged and reported\n"
-      "                           by GetModelInfo.components\n"
-      "  --fp8-lossless MODE      how an FP8 transformer file serves quality=lossless: "
-      "resident\n"
-      "                           (default: its dequantized bf16 values stay on the GPU, bf16\n"
-      "                           speed; with --enable-quality-high the file's FP8 bytes stay\n"
-      "                           too) or per_layer (only the file's FP8 bytes stay: about half\n"
-      "                           the memory, quality=high runs on them directly, and each\n"
-      "                           lossless GEMM first dequantizes its weight into a scratch\n"
-      "                           buffer). Both give the same lossless bits; GetModelInfo reports\n"
-      "                           it\n"
+      "disables it)\n",
+      checkpoint_flags_help(),
       "  --enable-quality-high    accept QUALITY_HIGH requests (numerically different fast paths,\n"
       "                           FP8 weight copies made at load; needs the cuda backend, else "
       "the\n"

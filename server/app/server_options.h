@@ -13,6 +13,7 @@
 #include "kernels/backend_options.h"
 #include "model/flux2_config.h"
 #include "model/prompt_cache.h"
+#include "server/common/checkpoint_flags.h"
 #include "server/serving/engine.h"
 #include "server/serving/limits.h"
 #include "server/serving/stall_watchdog.h"
@@ -79,15 +80,11 @@ struct ServerOptions {
   bool text_encoder_offload = false;
   // Device bytes of the prompt-embedding cache (repeated prompts skip the text encoder); 0: off.
   int64_t prompt_cache_bytes = kDefaultPromptCacheBytes;
-  // A single-file transformer (Black Forest Labs flux2-dev.safetensors naming) loaded instead of
-  // <model-dir>/transformer's weights; empty: those.
-  std::string transformer_file;
-  // --text-encoder-file: one safetensors file holding the text encoder (bf16 or FP8, HF names)
-  // instead of <model-dir>/text_encoder's weights; empty: those.
-  std::string text_encoder_file;
-  // --fp8-lossless resident|per_layer: how an FP8 transformer checkpoint serves quality=lossless
-  // (model/pipeline.h Fp8Lossless; checked at parse).
-  std::string fp8_lossless = "resident";
+  // --transformer-file, --text-encoder-file, --fp8-lossless resident|per_layer and
+  // --fp8-input-scale dynamic|static: where the transformer and text encoder come from and how an
+  // FP8 transformer checkpoint is served (server/common/checkpoint_flags.h, shared with `flux2
+  // generate`; the words checked at parse).
+  CheckpointFlags checkpoint;
   // LoRA adapters (README "LoRA adapters"): requests name files under lora_dir (empty: LoRA is
   // off); parsed adapters stay in a host LRU of lora_host_cache_bytes and uploaded ones in a
   // device LRU of lora_cache_bytes (part of the memory plan); lora_preload's are loaded and pinned

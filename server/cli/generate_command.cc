@@ -1,7 +1,8 @@
 // `flux2 generate`: offline text-to-image and editing (--reference, repeatable) without the server,
-// optionally with the transformer from --transformer-file (BFL bf16 or FP8, ModelOpt FP8 folder);
-// writes a PNG and prints the stage timings. Tested by tests/host/generate_command_test.cc (tiny
-// checkpoint, bad inputs, references).
+// at --quality lossless|high, optionally with the transformer and text encoder from single files
+// and an FP8 checkpoint served as the server serves it (the checkpoint flags flux2_server shares,
+// server/common/checkpoint_flags.h); writes a PNG and prints the stage timings. Tested by
+// tests/host/generate_command_test.cc (tiny checkpoint, bad inputs, references, FP8 files).
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -19,6 +20,7 @@
 #include "model/reference_image.h"
 #include "server/cli/commands.h"
 #include "server/common/backend_flags.h"
+#include "server/common/checkpoint_flags.h"
 #include "server/common/command_line.h"
 #include "server/common/embedded_checkpoint.h"
 
@@ -78,9 +80,11 @@ struct GenerateFlags {
   int64_t seed = 0;                     // params.seed (a negative seed wraps around)
   std::vector<std::string> references;  // --reference, repeatable: the files in order
   std::vector<std::string> loras;       // --lora FILE[:SCALE], repeatable: applied in order
-  // --transformer-file: a BFL single file (bf16 or FP8) or a transformer folder (ModelOpt FP8)
-  // instead of <model-dir>/transformer/ (PipelineOptions::transformer_file).
-  std::string transformer_file;
+  // --quality lossless|high: the request's quality (high: the FP8 weights are made at load, as
+  // flux2_server's --enable-quality-high).
+  std::string quality = "lossless";
+  // --transformer-file, --text-encoder-file, --fp8-lossless, --fp8-input-scale: as flux2_server's.
+  CheckpointFlags checkpoint;
   bool no_fast_paths = false;
   BackendOptions backend_options;
 };
@@ -103,7 +107,8 @@ void add_generate_flags(CLI::App& app, GenerateFlags& f) {
   app.add_option("--backend", f.backend);
   app.add_option("--reference", f.references)->allow_extra_args(false);
   app.add_option("--lora", f.loras)->allow_extra_args(false);
-  app.add_option("--transformer-file", f.transformer_file);
+  app.add_option("--quality", f.quality);
+  add_checkpoint_flags(app, f.checkpoint);
   app.add_flag("--no-fast-paths", f.no_fast_paths);
   add_backend_flags(app, f.backend_options);
 }
@@ -121,15 +126,23 @@ int run_generate(int argc, char** argv, int first) {
   if (app.count("--steps") && params.num_inference_steps < 1) {
     return fail(absl::StrCat("--steps: ", params.num_inference_steps, " must be at least 1"));
   }
+  if (flags.quality != "lossless" && flags.quality != "high") {
+    return fail(absl::StrCat("--quality \"", flags.quality, "\": expected lossless or high"));
+  }
+  params.quality = flags.quality == "high" ? Quality::kHigh : Quality::kLossless;
   params.seed = static_cast<uint64_t>(flags.seed);
   params.fast_paths = !flags.no_fast_paths;
+  PipelineOptions load_options;
+  load_options.enable_quality_high = params.quality == Quality::kHigh;
+  if (absl::Status applied = apply_checkpoint_flags(flags.checkpoint, load_options);
+      !applied.ok()) {
+    return fail(applied.message());
+  }
   auto reference_files = read_references(flags.references);
   if (!reference_files.ok()) return fail(reference_files.status().message());
 
   auto backend = create_backend(flags.backend, flags.backend_options);
   if (!backend.ok()) return fail(backend.status().message());
-  PipelineOptions load_options;
-  load_options.transformer_file = flags.transformer_file;
   load_options.on_progress = [](const LoadProgress& progress) {
     std::fprintf(stderr, "flux2 generate: %s\n", describe(progress).c_str());
   };

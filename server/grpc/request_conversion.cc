@@ -212,6 +212,9 @@ void fill_model_info(const ServingModel& model, v1::GetModelInfoResponse* respon
   response->set_transformer_format(info.transformer_format);
   response->set_transformer_checkpoint_bytes(info.transformer_checkpoint_bytes);
   response->set_fp8_lossless(std::string(fp8_lossless_name(info.fp8_lossless)));
+  response->set_fp8_input_scale(std::string(fp8_input_scale_name(info.fp8_input_scale)));
+  response->set_fp8_gemms(static_cast<int32_t>(info.fp8_gemms));
+  response->set_fp8_static_scale_gemms(static_cast<int32_t>(info.fp8_static_scale_gemms));
   for (const ComponentInfo& component : info.components) {
     v1::ComponentWeightsInfo* out = response->add_components();
     out->set_name(component.name);

@@ -3,8 +3,9 @@
 // fp8_quantize_rows of the materialized bf16 output byte for byte; through the backend,
 // swiglu_linear and layer_norm_modulate_linear (and _keeping_normed) give the GEMM outputs of the
 // ops in turn bit for bit, their fast paths counted; swiglu_linear's gated residual in the GEMM is
-// within a bound derived from the roundings it saves. Run: build/bin/gpu_fp8_rows_test (skips
-// without a GPU, or without rowwise FP8 in cuBLASLt).
+// within a bound derived from the roundings it saves; under a static activation scale
+// (--fp8-input-scale static) both producers equal fp8_quantize_static and keep their fast paths.
+// Run: build/bin/gpu_fp8_rows_test (skips without a GPU, or without rowwise FP8 in cuBLASLt).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,6 +66,43 @@ class Fp8RowsTest : public ::testing::Test {
     ASSERT_EQ(got.codes.size(), want.codes.size());
     for (size_t i = 0; i < want.codes.size(); ++i)
       ASSERT_EQ(got.codes[i], want.codes[i]) << "byte " << i;
+  }
+  // The reference under a static activation scale: fp8_quantize_static of a bf16 matrix, the
+  // scale written once per row.
+  Fp8Matrix quantize_static(const Tensor& x, float scale) {
+    Tensor codes = empty(DType::kU8, {x.rows(), x.cols()}), scales = empty(DType::kF32, {x.rows()});
+    Tensor given = device_scale(scale);
+    cuda::Fp8QuantizeArgs args;
+    args.in.first = mat(x);
+    args.out = codes.data();
+    args.out_bytes = codes.bytes();
+    args.scale = given.data_as<float>();
+    args.row_scales = scales.data_as<float>();
+    EXPECT_TRUE(cuda::fp8_quantize_static(args, cuda_->stream()).ok());
+    return download(codes, scales);
+  }
+  Tensor device_scale(float scale) {
+    Tensor t = empty(DType::kF32, {1});
+    EXPECT_TRUE(be_->upload(&scale, DType::kF32, t).ok());
+    return t;
+  }
+  // A stored FP8 weight [n, k] (E4M3 codes and a scale per row, as an FP8 checkpoint holds them)
+  // registered for quality=high with `input_scale` (none: activations per token).
+  Weight stored_weight(int64_t n, int64_t k, uint64_t seed, std::optional<float> input_scale) {
+    const Tensor values = random_bf16(*be_, n, k, seed, 0.05f);
+    Weight w;
+    w.tensor = empty(DType::kF8E4M3, {n, k});
+    w.row_scales = empty(DType::kF32, {n});
+    cuda::Fp8QuantizeArgs args;
+    args.in.first = mat(values);
+    args.out = w.tensor.data();
+    args.out_bytes = w.tensor.bytes();
+    args.scale = w.row_scales.data_as<float>();
+    EXPECT_TRUE(cuda::fp8_quantize_rows(args, cuda_->stream()).ok());
+    auto low = be_->add_stored_fp8_weight(w.tensor, w.row_scales, input_scale);
+    EXPECT_TRUE(low.ok()) << low.status();
+    if (low.ok()) w.low_precision = *low;
+    return w;
   }
   // quality=high with rowwise FP8 for the backend-level tests; false (and a skip) without it.
   bool rowwise_high() {
@@ -267,6 +305,83 @@ TEST_F(Fp8RowsTest, LayerNormLinearKeepingNormedWritesBothInOnePass) {
   ASSERT_TRUE(be_->layer_norm_modulate(x, shift, scale, 1e-6f, normed).ok());
   ASSERT_TRUE(be_->linear(normed, w, {}, eager).ok());
   EXPECT_EQ(bits(*be_, kept), bits(*be_, normed));
+  EXPECT_EQ(bits(*be_, fused), bits(*be_, eager));
+}
+
+// --fp8-input-scale static: both producers write every row under the one given scale, bit for bit
+// fp8_quantize_static of their bf16 output (codes e4m3(x / scale)), the scale in each row's
+// entry. The scale (an amax of 2) saturates the larger values (up to 3-6 here) at ±448.
+TEST_F(Fp8RowsTest, StaticScaleRowsEqualTheStaticQuantizer) {
+  const float scale = 2.0f / 448.0f;
+  const Tensor given = device_scale(scale);
+  {
+    const int64_t rows = 77, prefix = 256, f = 384;
+    Tensor mlp = random_bf16(*be_, rows, 2 * f, 101, 6.0f);
+    Tensor concat = random_bf16(*be_, rows, prefix + f, 102, 3.0f);
+    const Tensor gate = mlp.col_slice(0, f), up = mlp.col_slice(f, f);
+    Tensor codes = empty(DType::kU8, {rows, prefix + f}), scales = empty(DType::kF32, {rows});
+    cuda::SwigluFp8Rows args;
+    args.prefix = mat(concat.col_slice(0, prefix));
+    args.gate = mat(gate);
+    args.up = mat(up);
+    args.math = SiluMath::kFast;
+    args.out = codes.data();
+    args.out_bytes = codes.bytes();
+    args.row_scales = scales.data_as<float>();
+    args.static_scale = given.data_as<float>();
+    ASSERT_TRUE(cuda::swiglu_fp8_rows(args, cuda_->stream()).ok());
+    const Fp8Matrix got = download(codes, scales);
+    ASSERT_TRUE(cuda::swiglu_fused(mat(gate), mat(up), mat(concat.col_slice(prefix, f)),
+                                   SiluMath::kFast, cuda_->stream())
+                    .ok());
+    expect_equal(got, quantize_static(concat, scale));
+  }
+  const int64_t rows = 300, d = 3072;
+  Tensor x = random_bf16(*be_, rows, d, 103, 4.0f);
+  Tensor shift = random_bf16(*be_, 1, d, 104, 2.0f), mod = random_bf16(*be_, 1, d, 105, 3.0f);
+  Tensor out = empty(DType::kBF16, {rows, d});
+  Tensor codes = empty(DType::kU8, {rows, d}), scales = empty(DType::kF32, {rows});
+  ASSERT_TRUE(cuda::layer_norm_modulate_fused(
+                  mat(x), mat(shift), mat(mod), rows, 1e-6f, mat(out), cuda_->stream(),
+                  cuda::Fp8Rows{static_cast<uint8_t*>(codes.data()), scales.data_as<float>(),
+                                given.data_as<float>()})
+                  .ok());
+  const Fp8Matrix got = download(codes, scales);
+  EXPECT_EQ(got.scales.front(), scale);
+  expect_equal(got, quantize_static(out, scale));
+}
+
+// A stored weight registered with a static scale: swiglu_linear and layer_norm_modulate_linear
+// still run their fused paths (counted, no fallback) and equal the ops in turn (linear quantizing
+// under the static scale) bit for bit, and differ from the same weight per token.
+TEST_F(Fp8RowsTest, StaticScaleReachesTheFusedProducers) {
+  if (!rowwise_high()) GTEST_SKIP() << "cuBLASLt offers no rowwise FP8 GEMM here";
+  const int64_t s = 300, prefix = 256, f = 384, d = 3072, n = 256;
+  const float input_scale = 3.0f / 448.0f;
+  Tensor mlp = random_bf16(*be_, s, 2 * f, 111, 4.0f);
+  const Tensor gate = mlp.col_slice(0, f), up = mlp.col_slice(f, f);
+  Tensor fused_in = random_bf16(*be_, s, prefix + f, 112),
+         eager_in = testing::clone(*be_, fused_in);
+  const Weight w = stored_weight(n, prefix + f, 113, input_scale);
+  const Weight per_token = stored_weight(n, prefix + f, 113, std::nullopt);
+  Tensor fused = empty(DType::kBF16, {s, n}), eager = empty(DType::kBF16, {s, n});
+  const int64_t swiglu_before = testing::fast_path_counters("swiglu_fp8").invocations;
+  ASSERT_TRUE(be_->swiglu_linear(gate, up, fused_in, w, fused, nullptr).ok());
+  EXPECT_EQ(testing::fast_path_counters("swiglu_fp8").invocations, swiglu_before + 1);
+  ASSERT_TRUE(be_->swiglu(gate, up, eager_in.col_slice(prefix, f)).ok());
+  ASSERT_TRUE(be_->linear(eager_in, w, {}, eager).ok());
+  EXPECT_EQ(bits(*be_, fused), bits(*be_, eager));
+  ASSERT_TRUE(be_->linear(eager_in, per_token, {}, eager).ok());
+  EXPECT_NE(bits(*be_, fused), bits(*be_, eager)) << "the static scale was not used";
+
+  Tensor x = random_bf16(*be_, s, d, 114, 3.0f), normed = empty(DType::kBF16, {s, d});
+  Tensor shift = random_bf16(*be_, 1, d, 115), scale = random_bf16(*be_, 1, d, 116);
+  const Weight wd = stored_weight(n, d, 117, input_scale);
+  const int64_t norm_before = testing::fast_path_counters("layer_norm_fp8").invocations;
+  ASSERT_TRUE(be_->layer_norm_modulate_linear(x, shift, scale, 1e-6f, normed, wd, fused).ok());
+  EXPECT_EQ(testing::fast_path_counters("layer_norm_fp8").invocations, norm_before + 1);
+  ASSERT_TRUE(be_->layer_norm_modulate(x, shift, scale, 1e-6f, normed).ok());
+  ASSERT_TRUE(be_->linear(normed, wd, {}, eager).ok());
   EXPECT_EQ(bits(*be_, fused), bits(*be_, eager));
 }
 

@@ -2,10 +2,12 @@
 // dequantization gives the host loader's bits for every code and scale, a lossless linear on the
 // stored codes (--fp8-lossless=per_layer) equals the one on the host-dequantized upload bit for
 // bit, and quality=high runs the file's codes in the FP8 GEMM without a copy, within twice the
-// CPU backend's same-precision emulation error. Run:
+// CPU backend's same-precision emulation error, its activations per token or under a static
+// input_scale (--fp8-input-scale static). Run:
 // build-gpu/tests/cuda/gpu_fp8_stored_weight_test
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -124,38 +126,45 @@ TEST(Fp8StoredWeight, LosslessLinearEqualsHostDequantizedUpload_m77_n96_k512) {
   }
 }
 
-TEST(Fp8StoredWeight, QualityHighRunsTheFileCodes_m256_n192_k1024) {
-  FLUX2_REQUIRE_GPU(be);
-  constexpr int64_t m = 256, n = 192, k = 1024;
-  const std::vector<uint8_t> codes = test_codes(n, k);
-  std::vector<float> scales(static_cast<size_t>(n));
-  for (int64_t r = 0; r < n; ++r)  // q | k | v of a ModelOpt file: three scales in one weight
-    scales[static_cast<size_t>(r)] = r < n / 3 ? 1.0e-4f : r < 2 * n / 3 ? 2.5e-4f : 6.0e-5f;
-  Weight w = stored_weight(*be, codes, scales, n, k);
-  auto low = be->add_stored_fp8_weight(w.tensor, w.row_scales);
-  ASSERT_TRUE(low.ok()) << low.status();
+// quality=high's relative errors against the exact product on the dequantized weights (in
+// double): the CUDA backend's and the CPU backend's same-precision emulation's.
+struct QualityHighErrors {
+  double cuda = 0.0, emulation = 0.0;
+};
+
+// y = x · wᵀ at quality=high, w the stored weight of `codes` and `scales` registered on the GPU
+// and on the CPU emulation with `input_scale` (none: activations per token), x [m, k] random.
+QualityHighErrors quality_high_errors(Backend& be, const std::vector<uint8_t>& codes,
+                                      const std::vector<float>& scales, int64_t m, int64_t n,
+                                      int64_t k, std::optional<float> input_scale) {
+  Weight w = stored_weight(be, codes, scales, n, k);
+  auto low = be.add_stored_fp8_weight(w.tensor, w.row_scales, input_scale);
+  EXPECT_TRUE(low.ok()) << low.status();
+  if (!low.ok()) return {};
   w.low_precision = *low;
-  // Per-channel FP8 GEMMs (H100/H200) share the stored tensors; per-tensor ones quantize again.
-  const int64_t copy_bytes = (*low)->device_bytes();
+  // Per-channel FP8 GEMMs (H100/H200) share the stored tensors; per-tensor ones quantize again
+  // (a static scale adds its 4 bytes).
+  const int64_t copy_bytes = (*low)->device_bytes() - (input_scale ? 4 : 0);
   EXPECT_TRUE(copy_bytes == 0 || copy_bytes >= n * k) << copy_bytes;
 
   CpuBackend cpu;
   Weight cpu_w = stored_weight(cpu, codes, scales, n, k);
-  auto cpu_low = cpu.add_stored_fp8_weight(cpu_w.tensor, cpu_w.row_scales);
-  ASSERT_TRUE(cpu_low.ok()) << cpu_low.status();
+  auto cpu_low = cpu.add_stored_fp8_weight(cpu_w.tensor, cpu_w.row_scales, input_scale);
+  EXPECT_TRUE(cpu_low.ok()) << cpu_low.status();
+  if (!cpu_low.ok()) return {};
   cpu_w.low_precision = *cpu_low;
-  const Tensor x = random_bf16(*be, m, k, 12);
-  const std::vector<float> x_host = values(*be, x);
+  const Tensor x = random_bf16(be, m, k, 12);
+  const std::vector<float> x_host = values(be, x);
   Tensor cpu_x = cpu.empty(DType::kF32, {m, k}).value();
-  ASSERT_TRUE(cpu.upload(x_host.data(), DType::kF32, cpu_x).ok());
+  EXPECT_TRUE(cpu.upload(x_host.data(), DType::kF32, cpu_x).ok());
 
-  Tensor y = be->empty(DType::kBF16, {m, n}).value();
+  Tensor y = be.empty(DType::kBF16, {m, n}).value();
   Tensor cpu_y = cpu.empty(DType::kF32, {m, n}).value();
   {
-    const RequestScope request(*be, {Quality::kHigh});
+    const RequestScope request(be, {Quality::kHigh});
     const RequestScope cpu_request(cpu, {Quality::kHigh});
-    ASSERT_TRUE(be->linear(x, w, {}, y).ok());
-    ASSERT_TRUE(cpu.linear(cpu_x, cpu_w, {}, cpu_y).ok());
+    EXPECT_TRUE(be.linear(x, w, {}, y).ok());
+    EXPECT_TRUE(cpu.linear(cpu_x, cpu_w, {}, cpu_y).ok());
   }
   // The exact product on the dequantized weights, in double.
   const std::vector<float> deq = host_dequantized(codes, scales, n, k);
@@ -168,13 +177,54 @@ TEST(Fp8StoredWeight, QualityHighRunsTheFileCodes_m256_n192_k1024) {
       exact[static_cast<size_t>(i * n + j)] = static_cast<float>(sum);
     }
   std::vector<float> emulated(static_cast<size_t>(m * n));
-  ASSERT_TRUE(cpu.download(cpu_y, emulated.data()).ok());
-  const double e_fp8 = relative_l2_error(emulated, exact);
-  const double e_cuda = relative_l2_error(values(*be, y), exact);
+  EXPECT_TRUE(cpu.download(cpu_y, emulated.data()).ok());
+  return {relative_l2_error(values(be, y), exact), relative_l2_error(emulated, exact)};
+}
+
+// Row scales of q | k | v of a ModelOpt file: three scales in one weight.
+std::vector<float> qkv_scales(int64_t n) {
+  std::vector<float> scales(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r)
+    scales[static_cast<size_t>(r)] = r < n / 3 ? 1.0e-4f : r < 2 * n / 3 ? 2.5e-4f : 6.0e-5f;
+  return scales;
+}
+
+TEST(Fp8StoredWeight, QualityHighRunsTheFileCodes_m256_n192_k1024) {
+  FLUX2_REQUIRE_GPU(be);
+  constexpr int64_t m = 256, n = 192, k = 1024;
+  const QualityHighErrors e =
+      quality_high_errors(*be, test_codes(n, k), qkv_scales(n), m, n, k, std::nullopt);
   // P4 (c): twice the same-precision (E4M3 activations per token, the file's weight codes)
   // emulation's error, plus 2^-8 for the bf16 output's rounding (2^-9 relative) twice over.
-  EXPECT_GT(e_fp8, 0.0);
-  EXPECT_LE(e_cuda, 2.0 * e_fp8 + 1.0 / 256) << "fp8 emulation error " << e_fp8;
+  EXPECT_GT(e.emulation, 0.0);
+  EXPECT_LE(e.cuda, 2.0 * e.emulation + 1.0 / 256) << "fp8 emulation error " << e.emulation;
+}
+
+// --fp8-input-scale static: the activation quantized per tensor under the checkpoint's
+// input_scale (codes e4m3(x / input_scale)) on both backends; x is uniform in [-1, 1], so a
+// calibrated amax of 1.25 leaves headroom and one of 0.5 saturates the larger half at ±448.
+TEST(Fp8StoredWeight, QualityHighStaticInputScaleWithinTheEmulationBound_m256_n192_k1024) {
+  FLUX2_REQUIRE_GPU(be);
+  constexpr int64_t m = 256, n = 192, k = 1024;
+  for (const float amax : {1.25f, 0.5f}) {
+    SCOPED_TRACE(::testing::Message() << "input_scale = " << amax << " / 448");
+    const QualityHighErrors e =
+        quality_high_errors(*be, test_codes(n, k), qkv_scales(n), m, n, k, amax / kE4M3Max);
+    // The same bound as per token: twice the same-precision emulation's error (E4M3 activations
+    // under the static scale, the file's weight codes) plus 2^-8 for the bf16 output.
+    EXPECT_GT(e.emulation, 0.0);
+    EXPECT_LE(e.cuda, 2.0 * e.emulation + 1.0 / 256) << "fp8 emulation error " << e.emulation;
+  }
+}
+
+TEST(Fp8StoredWeight, StaticInputScaleMustBeFiniteAndPositive) {
+  FLUX2_REQUIRE_GPU(be);
+  const Weight w = stored_weight(*be, test_codes(16, 32), test_scales(16), 16, 32);
+  for (const float bad : {0.0f, -1.0f, std::nanf("")}) {
+    auto low = be->add_stored_fp8_weight(w.tensor, w.row_scales, bad);
+    ASSERT_FALSE(low.ok());
+    EXPECT_NE(low.status().message().find("input_scale"), std::string::npos) << low.status();
+  }
 }
 
 }  // namespace

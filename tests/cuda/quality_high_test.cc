@@ -73,7 +73,7 @@ TEST(QualityHighTest, Klein4bShapesLosslessUnchangedAndEveryFp8PathRuns) {
       testing::bits(*be, forward(*be, **model, *cond, x, Quality::kLossless));
   auto fp8_bytes = (*model)->enable_quality_high();
   ASSERT_TRUE(fp8_bytes.ok()) << fp8_bytes.status();
-  EXPECT_GT(*fp8_bytes, 0);
+  EXPECT_GT(fp8_bytes->device_bytes, 0);
   const Tensor lossless = forward(*be, **model, *cond, x, Quality::kLossless);
   EXPECT_EQ(testing::bits(*be, lossless), lossless_before)
       << "enabling quality=high changed a lossless result";
@@ -91,7 +91,7 @@ TEST(QualityHighTest, Klein4bShapesLosslessUnchangedAndEveryFp8PathRuns) {
   std::printf(
       "klein-4B transformer output, high vs lossless: relative L2 %.4e, FP8 weights %.2f GB\n",
       relative_l2_error(testing::values(*be, high), testing::values(*be, lossless)),
-      *fp8_bytes / 1e9);
+      fp8_bytes->device_bytes / 1e9);
 }
 
 // quality=high against a same-precision reference (a bound of k times the error of a naive

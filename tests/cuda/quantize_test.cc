@@ -216,23 +216,32 @@ TEST_P(QuantizeGpuTest, Fp8StaticEqualsReference) {
   (void)be;
   make_inputs();
   // A calibrated scale below the tensor's amax / 448, so the largest values saturate at ±448.
+  // Codes e4m3(x / scale) (a checkpoint's input_scale), the scale repeated into row_scales.
   const float static_scale = 0.75f * fp8_dequant_scale(reference_amax(a_.view(), b_.view()));
   std::vector<uint8_t> ref(static_cast<size_t>(rows() * cols()));
-  reference_fp8_quantize(a_.view(), b_.view(), static_scale, ref.data());
-  DeviceBuffer out(ref.size()), scale(4);
+  reference_fp8_quantize_static(a_.view(), b_.view(), static_scale, ref.data());
+  DeviceBuffer out(ref.size()), scale(4), row_scales(static_cast<size_t>(rows()) * 4);
   scale.upload(&static_scale, 4);
   for (QuantizeConversion conversion : kConversions) {
     out.fill(kSentinel);
+    row_scales.fill(kSentinel);
     Fp8QuantizeArgs args;
     args.in = fused_input();
     args.out = out.data();
     args.out_bytes = static_cast<int64_t>(out.bytes());
     args.scale = reinterpret_cast<float*>(scale.data());
+    args.row_scales = reinterpret_cast<float*>(row_scales.data());
     args.conversion = conversion;
     ASSERT_TRUE(cuda::fp8_quantize_static(args, nullptr).ok());
     expect_bytes_equal(out.download(), ref,
                        absl::StrCat("fp8 static ", conversion_name(conversion)));
-    EXPECT_TRUE(out.guards_intact());
+    const std::vector<uint8_t> written = row_scales.download();
+    for (int64_t r = 0; r < rows(); ++r) {
+      float value;
+      std::memcpy(&value, written.data() + 4 * r, 4);
+      ASSERT_EQ(bits_of(value), bits_of(static_scale)) << "row " << r;
+    }
+    EXPECT_TRUE(out.guards_intact() && row_scales.guards_intact());
   }
 }
 

@@ -12,8 +12,9 @@
 #                              (default: tests golden bench bench-dev)
 # `fp8-files` (issue 31): gpu_fp8_stored_weight_test, check-golden fp8 at both qualities, and the
 # FP8-checkpoint benches (--weights fp8): klein-4B high (bf16 + copies vs the file's codes, step
-# and peak), lossless resident vs per_layer, dev high step and an FP8 transformer + FP8 text
-# encoder whole request under an 80 GB cap; FP8_FILES_PARTS="tests golden klein dev" picks some.
+# and peak; per-token vs static input scales), lossless resident vs per_layer, dev high step and
+# an FP8 transformer + FP8 text encoder whole request under an 80 GB cap;
+# FP8_FILES_PARTS="tests golden klein dev" picks some.
 # `ab-e2e` alternates the base's and this tree's klein-4B whole requests (both qualities, twice;
 # one with a reference image).
 # `cache-references` (needs .device-bin/diffusers-src.tar.xz too) makes diffusers' bf16 error per step
@@ -268,6 +269,9 @@ if want fp8-files && fp8_part klein; then
     bench "$bin/flux2" fp8-files.jsonl "klein-4b high, bf16 weights" --model klein-4b --quality high
     bench "$bin/flux2" fp8-files.jsonl "klein-4b high, fp8 file per_layer" --model klein-4b \
       --quality high --weights fp8 --fp8-lossless per_layer
+    # The file's static input scales (--fp8-input-scale static) against per-token scales.
+    bench "$bin/flux2" fp8-files.jsonl "klein-4b high, fp8 file per_layer, static input scales" \
+      --model klein-4b --quality high --weights fp8 --fp8-lossless per_layer --fp8-input-scale static
   done
   bench "$bin/flux2" fp8-files.jsonl "klein-4b high, fp8 file resident" --model klein-4b \
     --quality high --weights fp8 --fp8-lossless resident

@@ -1,9 +1,14 @@
 // `flux2 generate` on the tiny checkpoint: writes a PNG of the requested size, or of the first
 // --reference's prepared size; bad inputs (size not a multiple of 16, zero steps, a missing model
 // directory, a missing or bad reference file, named by the flag) fail with exit status 1;
-// progress (components loading, steps) goes to stderr; --transformer-file takes FP8 files.
+// progress (components loading, steps) goes to stderr; --transformer-file takes FP8 files, and the
+// other checkpoint flags of flux2_server (--text-encoder-file, --fp8-lossless, --fp8-input-scale)
+// with --quality work as the server's.
 #include <fstream>
 #include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -77,6 +82,63 @@ TEST(GenerateCommandTest, TransformerFileTakesFp8Files) {
   const std::string error = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(error.find("single_blocks.0.linear1.scale_weight[0] is -1"), std::string::npos)
       << error;
+}
+
+// The checkpoint flags flux2_server has (shared parsing, server/common/checkpoint_flags.h): the
+// text encoder from a single file, --fp8-lossless per_layer (no dequantization after load),
+// --quality high with --fp8-input-scale static (every GEMM of BFL's file under its input scale);
+// bad words and static without quality=high fail naming the flag.
+TEST(GenerateCommandTest, TakesTheServersCheckpointFlags) {
+  testing::TempDir dir;
+  const std::string klein = testing::test_data_dir() + "/tiny-klein";
+  const std::vector<std::string> common = {"--model-dir",
+                                           klein + "/checkpoint",
+                                           "--transformer-file",
+                                           klein + "/fp8/bfl_fp8.safetensors",
+                                           "--prompt",
+                                           "a red fox",
+                                           "--height",
+                                           "32",
+                                           "--width",
+                                           "32",
+                                           "--steps",
+                                           "1",
+                                           "--out",
+                                           dir.path() + "/fox.png"};
+  const auto run = [&](std::vector<std::string> more, std::string* log) {
+    std::vector<std::string> words = common;
+    words.insert(words.end(), more.begin(), more.end());
+    ::testing::internal::CaptureStderr();
+    const int status = generate(words);
+    *log = ::testing::internal::GetCapturedStderr();
+    return status;
+  };
+  std::string log;
+  ASSERT_EQ(run({"--text-encoder-file", klein + "/checkpoint/text_encoder/model.safetensors",
+                 "--fp8-lossless", "per_layer", "--quality", "high", "--fp8-input-scale", "static"},
+                &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("loaded text_encoder: "), std::string::npos) << log;
+  EXPECT_NE(log.find(" from file ("), std::string::npos) << log;
+  EXPECT_EQ(log.find("--fp8-lossless=resident"), std::string::npos) << log;  // per_layer
+  EXPECT_NE(log.find("--fp8-input-scale static: 22 under the checkpoint's input_scale"),
+            std::string::npos)
+      << log;
+  ASSERT_EQ(run({}, &log), 0) << log;  // the defaults: resident, lossless, dynamic
+  EXPECT_NE(log.find("--fp8-lossless=resident"), std::string::npos) << log;
+
+  const std::pair<std::vector<std::string>, std::string> refused[] = {
+      {{"--fp8-input-scale", "calibrated"},
+       "--fp8-input-scale \"calibrated\": expected dynamic or static"},
+      {{"--fp8-lossless", "lazy"}, "--fp8-lossless \"lazy\": expected resident or per_layer"},
+      {{"--quality", "best"}, "--quality \"best\": expected lossless or high"},
+      {{"--fp8-input-scale", "static"}, "--fp8-input-scale static: quality=high is not enabled"},
+  };
+  for (const auto& [more, message] : refused) {
+    EXPECT_EQ(run(more, &log), 1) << message;
+    EXPECT_NE(log.find(message), std::string::npos) << log;
+  }
 }
 
 std::vector<unsigned char> read_file(const std::string& path) {

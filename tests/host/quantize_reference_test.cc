@@ -1,7 +1,8 @@
 // The FP8 / NVFP4 software conversions and CPU quantizer references of kernels/base/fp8_nvfp4.h
 // against slow definition-based references (exhaustive over bf16), the 128x4 scale layout, the
-// recipe's test vectors, and the fused-concat comparisons tests/cuda/quantize_test.cc makes on the
-// GPU. Run: build/bin/host_tests --gtest_filter='Quantize*'
+// recipe's test vectors (the static input-scale recipe's hand-computed codes among them), and the
+// fused-concat comparisons tests/cuda/quantize_test.cc makes on the GPU. Run: build/bin/host_tests
+// --gtest_filter='Quantize*'
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -387,6 +388,54 @@ TEST_P(QuantizeMatrixTest, Fp8PerTensorMatchesSlowReferenceAndConcat) {
   }
   EXPECT_GE(saturated, 1);
   EXPECT_GE(std::set<uint8_t>(plain.begin(), plain.end()).size(), 10u);  // non-trivial output
+}
+
+// A checkpoint's static input_scale (--fp8-input-scale static): codes e4m3(x / scale) with one
+// correctly rounded division (in double: exact before the f32 rounding), saturating at ±448; the
+// concatenation quantizes as the materialized matrix does.
+TEST_P(QuantizeMatrixTest, Fp8StaticMatchesSlowReferenceAndConcat) {
+  const auto [rows, d, f] = GetParam();
+  const HostMatrix a = make_matrix(14, rows, d, 8), b = make_matrix(15, rows, f, 24),
+                   cat = concat(a, b);
+  const int64_t k = d + f;
+  const float scale = 0.6f * fp8_dequant_scale(reference_amax(a.view(), b.view()));  // saturates
+  std::vector<uint8_t> fused(static_cast<size_t>(rows * k)), plain(fused.size());
+  reference_fp8_quantize_static(a.view(), b.view(), scale, fused.data());
+  reference_fp8_quantize_static(cat.view(), Bf16HostView{}, scale, plain.data());
+  EXPECT_EQ(fused, plain);
+  int64_t saturated = 0;
+  for (int64_t i = 0; i < rows * k; ++i) {
+    const double quotient = static_cast<double>(from_bf16(cat.bits[i])) / scale;
+    ASSERT_EQ(plain[i], slow_e4m3(static_cast<float>(quotient))) << i;
+    saturated += (plain[i] & 0x7f) == 0x7e;
+  }
+  EXPECT_GE(saturated, 1);
+  EXPECT_GE(std::set<uint8_t>(plain.begin(), plain.end()).size(), 10u);  // non-trivial output
+}
+
+// Hand-computed static codes: x / scale then E4M3 (RNE, satfinite); and the division differs
+// from fp8_quantize_value's product with the rounded reciprocal where that product rounds the
+// other way at an E4M3 tie.
+TEST(QuantizeStaticValueTest, HandComputedCodes) {
+  EXPECT_EQ(fp8_quantize_static_value(1.0f, 0.5f), 0x40);     // 2 = 2^1 x 1.000
+  EXPECT_EQ(fp8_quantize_static_value(-3.25f, 0.25f), 0xD5);  // -13 = -2^3 x 1.625
+  EXPECT_EQ(fp8_quantize_static_value(0.1f, 0.01f), 0x52);    // ~10 = 2^3 x 1.25
+  EXPECT_EQ(fp8_quantize_static_value(1000.0f, 1.0f), 0x7E);  // saturates at 448
+  EXPECT_EQ(fp8_quantize_static_value(-5.0f, 0.01f), 0xFE);   // -500: -448
+  EXPECT_EQ(fp8_quantize_static_value(17.0f, 1.0f), 0x58);    // tie 17 between 16 and 18: even 16
+  EXPECT_EQ(fp8_quantize_static_value(std::nanf(""), 1.0f), 0x7F);
+  // x = the E4M3 ties 8.5, 9.5, ..., 15.5 times many scales, rounded to f32: the quotient lands
+  // within an ulp of the tie; the division equals the slow reference everywhere, and somewhere
+  // the reciprocal product falls on the other side of the tie.
+  int64_t differ = 0;
+  for (uint32_t i = 0; i < (1u << 19); ++i) {
+    const float scale = 0.0123f + static_cast<float>(i % 65536) * 1e-7f;
+    const float x = (8.5f + static_cast<float>(i >> 16)) * scale;
+    const uint8_t code = fp8_quantize_static_value(x, scale);
+    ASSERT_EQ(code, slow_e4m3(static_cast<float>(static_cast<double>(x) / scale))) << i;
+    differ += code != fp8_quantize_value(x, scale);
+  }
+  EXPECT_GT(differ, 0) << "no input tells the division from the reciprocal product";
 }
 
 TEST_P(QuantizeMatrixTest, Fp8PerRowMatchesSlowReference) {

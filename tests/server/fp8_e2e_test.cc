@@ -2,7 +2,8 @@
 // --transformer-file naming BFL's FP8 layout (tests/data/tiny-klein/fp8/bfl_fp8.safetensors) the
 // server reports the format and stored bytes in GetModelInfo and returns diffusers' image for
 // fp8_cases.json's pipeline case (fp8_pipeline.safetensors case0.image_u8); the ModelOpt folder
-// loads the same way; --fp8-lossless per_layer with --text-encoder-file gives the same pixels.
+// loads the same way; --fp8-lossless per_layer with --text-encoder-file gives the same pixels;
+// --fp8-input-scale static is reported (22 of 22 GEMMs) and refused without quality=high.
 // Run: ctest --test-dir build-cpu -R Fp8E2E
 
 #include <string>
@@ -77,6 +78,43 @@ TEST_F(Fp8E2E, BflFp8FileServesDiffusersPixelsAndIsReported) {
 
   expect_golden_case();
   EXPECT_EQ(model.fp8_lossless(), "resident");
+  EXPECT_EQ(model.fp8_input_scale(), "dynamic");
+  EXPECT_EQ(model.fp8_gemms(), 0);  // quality=high is not enabled
+  EXPECT_EQ(model.fp8_static_scale_gemms(), 0);
+}
+
+// --fp8-input-scale static: BFL's file has an input_scale on every quantized layer, so all 22 FP8
+// GEMMs use it (GetModelInfo); lossless requests keep the golden pixels and quality=high ones run.
+TEST_F(Fp8E2E, StaticInputScalesAreReportedAndServeQualityHigh) {
+  start(kKlein + "/fp8/bfl_fp8.safetensors",
+        {"--enable-quality-high", "--fp8-input-scale", "static"});
+  const v1::GetModelInfoResponse model = info();
+  EXPECT_EQ(model.fp8_input_scale(), "static");
+  EXPECT_EQ(model.fp8_gemms(), 22);  // 2 double blocks x 8 + 3 single blocks x 2
+  EXPECT_EQ(model.fp8_static_scale_gemms(), 22);
+  expect_golden_case();
+  v1::GenerateImageRequest request;
+  request.set_prompt("a red fox in the snow, from an FP8 file");
+  request.set_width(64);
+  request.set_height(64);
+  request.set_num_inference_steps(2);
+  request.set_quality(v1::QUALITY_HIGH);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + kTestWaitLimit);
+  v1::GenerateImageResponse response;
+  const grpc::Status status = stub_->GenerateImage(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.images_size(), 1);
+}
+
+// static without quality=high has nothing to scale: start-up fails (exit 1) naming the flag.
+TEST_F(Fp8E2E, StaticInputScaleWithoutQualityHighRefusesStartUp) {
+  server_ = ServerProcess::start(
+      FLUX2_SERVER_BINARY,
+      {"--model-dir", kKlein + "/checkpoint", "--transformer-file",
+       kKlein + "/fp8/bfl_fp8.safetensors", "--fp8-input-scale", "static", "--warmup-steps", "0"});
+  if (server_ == nullptr) return;  // it may exit before it listens: refused either way
+  EXPECT_EQ(server_->wait_exit(std::chrono::seconds(120)), 1);
 }
 
 // --fp8-lossless per_layer (only the file's FP8 bytes resident, each weight dequantized as its

@@ -47,7 +47,8 @@ TEST(ServerOptions, DefaultsFollowTheServerContract) {
   EXPECT_FALSE(o.enable_quality_high);
   EXPECT_FALSE(o.text_encoder_offload);                 // the text encoder lives on the device
   EXPECT_EQ(o.prompt_cache_bytes, int64_t{256} << 20);  // model/prompt_cache.h's default
-  EXPECT_EQ(o.transformer_file, "");
+  EXPECT_EQ(o.checkpoint.transformer_file, "");
+  EXPECT_EQ(o.checkpoint.fp8_input_scale, "dynamic");
   EXPECT_EQ(o.test_step_delay_s, 0.0);
   EXPECT_TRUE(o.probe.empty());
   EXPECT_FALSE(parsed->help);
@@ -117,7 +118,9 @@ TEST(ServerOptions, ParsesEveryFlag) {
                                               "--text-encoder-file",
                                               "/w/mistral_3_small_flux2_fp8.safetensors",
                                               "--fp8-lossless",
-                                              "per_layer"});
+                                              "per_layer",
+                                              "--fp8-input-scale",
+                                              "static"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ServerOptions& o = parsed->options;
   EXPECT_EQ(o.port, 1234);
@@ -152,9 +155,10 @@ TEST(ServerOptions, ParsesEveryFlag) {
   EXPECT_EQ(o.max_sequence_length, 64);
   EXPECT_TRUE(o.text_encoder_offload);
   EXPECT_EQ(o.prompt_cache_bytes, 1048576);
-  EXPECT_EQ(o.text_encoder_file, "/w/mistral_3_small_flux2_fp8.safetensors");
-  EXPECT_EQ(o.fp8_lossless, "per_layer");
-  EXPECT_EQ(o.transformer_file, "/w/flux2-dev.safetensors");
+  EXPECT_EQ(o.checkpoint.text_encoder_file, "/w/mistral_3_small_flux2_fp8.safetensors");
+  EXPECT_EQ(o.checkpoint.fp8_lossless, "per_layer");
+  EXPECT_EQ(o.checkpoint.fp8_input_scale, "static");
+  EXPECT_EQ(o.checkpoint.transformer_file, "/w/flux2-dev.safetensors");
   EXPECT_TRUE(validate_server_options(o).ok());
 }
 
@@ -276,6 +280,8 @@ TEST(ServerOptions, ParseErrorsNameTheFlag) {
       {{"--drain-timeout-s", "soon"}, "--drain-timeout-s"},
       {{"--prompt-cache-bytes", "lots"}, "--prompt-cache-bytes"},
       {{"--fp8-lossless", "lazy"}, "--fp8-lossless \"lazy\": expected resident or per_layer"},
+      {{"--fp8-input-scale", "calibrated"},
+       "--fp8-input-scale \"calibrated\": expected dynamic or static"},
       {{"extra"}, "extra"},
   };
   for (const Case& c : cases) {

@@ -378,7 +378,7 @@ TEST_F(ServerTest, GetModelInfoDescribesDevAndItsRequests) {
   control_->dev = true;
   control_->text_encoder_streamed = true;
   control_->prompt_cache_bytes = 12345;
-  options_.transformer_file = "/weights/flux2-dev.safetensors";
+  options_.checkpoint.transformer_file = "/weights/flux2-dev.safetensors";
   start();
   grpc::ClientContext context;
   v1::GetModelInfoResponse info;

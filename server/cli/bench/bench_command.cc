@@ -89,6 +89,10 @@ struct BenchOptions {
   // text encoder's too (an FP8 text-encoder file, unless --text-encoder-offload).
   std::string weights = "bf16";
   std::string fp8_lossless = "resident";
+  // --fp8-input-scale dynamic|static (with --weights fp8 at --quality high): static quantizes the
+  // FP8 GEMMs' activations per tensor under the random weights' input scale (model/
+  // weight_loader.h kRandomActivationAmax), as the server's flag on a checkpoint with them.
+  std::string fp8_input_scale = "dynamic";
   bool fp8_weights() const { return weights == "fp8"; }
 };
 
@@ -220,8 +224,12 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Transformer> model,
                         Flux2Transformer::create_random(be, config, 1, o.fp8_weights()));
   int64_t fp8_bytes = 0, weight_bytes = model->load_report().device_bytes;
+  LowPrecisionReport fp8;
   if (o.request.quality == Quality::kHigh) {
-    FLUX_ASSIGN_OR_RETURN(fp8_bytes, model->enable_quality_high());
+    FLUX_ASSIGN_OR_RETURN(const Fp8InputScale input_scale,
+                          parse_fp8_input_scale(o.fp8_input_scale));
+    FLUX_ASSIGN_OR_RETURN(fp8, model->enable_quality_high(input_scale));
+    fp8_bytes = fp8.device_bytes;
   }
   if (o.fp8_weights() && o.fp8_lossless == "resident") {  // as the server's finish_load
     FLUX_ASSIGN_OR_RETURN(const DequantizedBytes moved, model->dequantize_stored_weights());
@@ -330,7 +338,10 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
                            {"weight_bytes", weight_bytes},
                            {"fp8_weight_bytes", fp8_bytes},
                            {"weights", o.weights},
-                           {"fp8_lossless", o.fp8_weights() ? o.fp8_lossless : ""}};
+                           {"fp8_lossless", o.fp8_weights() ? o.fp8_lossless : ""},
+                           {"fp8_input_scale", o.fp8_weights() ? o.fp8_input_scale : ""},
+                           {"fp8_gemms", fp8.gemms},
+                           {"fp8_static_scale_gemms", fp8.static_scaled}};
   add_clock_power(clock_power, result);
   if (without_lora) {
     result["lora_rank"] = o.lora_rank;
@@ -418,6 +429,7 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
   spec.enable_quality_high = o.request.quality == Quality::kHigh;
   spec.fp8_weights = o.fp8_weights();
   FLUX_ASSIGN_OR_RETURN(spec.fp8_lossless, parse_fp8_lossless(o.fp8_lossless));
+  FLUX_ASSIGN_OR_RETURN(spec.fp8_input_scale, parse_fp8_input_scale(o.fp8_input_scale));
   spec.kv_cache = o.kv_cache;
   spec.is_distilled = !o.base;
   if (o.text_encoder_offload) spec.text_encoder_residency = WeightResidency::kStreamed;
@@ -519,6 +531,9 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
                         {"e2e", true},
                         {"weights", o.weights},
                         {"fp8_lossless", o.fp8_weights() ? o.fp8_lossless : ""},
+                        {"fp8_input_scale", o.fp8_weights() ? o.fp8_input_scale : ""},
+                        {"fp8_gemms", pipeline->info().fp8_gemms},
+                        {"fp8_static_scale_gemms", pipeline->info().fp8_static_scale_gemms},
                         {"request_steps", params.num_inference_steps},
                         {"references", o.references},
                         {"kv_cache", o.kv_cache},
@@ -609,7 +624,33 @@ void add_bench_flags(CLI::App& app, BenchFlags& f) {
   app.add_option("--lora-load-mb", f.lora_load_mb);
   app.add_option("--weights", o.weights);
   app.add_option("--fp8-lossless", o.fp8_lossless);
+  app.add_option("--fp8-input-scale", o.fp8_input_scale);
   add_backend_flags(app, f.backend_options);
+}
+
+// --weights and the FP8 checkpoint flags that need --weights fp8 (--fp8-lossless,
+// --fp8-input-scale; static only at --quality high).
+absl::Status check_weights_flags(const CLI::App& app, const BenchOptions& o) {
+  if (o.weights != "bf16" && o.weights != "fp8") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weights ", o.weights, ": expected bf16 or fp8"));
+  }
+  FLUX_RETURN_IF_ERROR(parse_fp8_lossless(o.fp8_lossless).status());
+  if (app.count("--fp8-lossless") && !o.fp8_weights()) {
+    return absl::InvalidArgumentError(
+        "--fp8-lossless says how FP8 checkpoint weights serve lossless: add --weights fp8");
+  }
+  FLUX_ASSIGN_OR_RETURN(const Fp8InputScale input_scale, parse_fp8_input_scale(o.fp8_input_scale));
+  if (app.count("--fp8-input-scale") && !o.fp8_weights()) {
+    return absl::InvalidArgumentError(
+        "--fp8-input-scale says how quality=high scales FP8 checkpoint weights' activations: add "
+        "--weights fp8");
+  }
+  if (input_scale == Fp8InputScale::kStatic && o.quality != "high") {
+    return absl::InvalidArgumentError(
+        "--fp8-input-scale static sets quality=high's activation scales: add --quality high");
+  }
+  return absl::OkStatus();
 }
 
 // Checks the flags against each other and fills in what they imply (the request's options, the
@@ -636,15 +677,7 @@ absl::Status check_bench_flags(const CLI::App& app, BenchFlags& f) {
   if ((o.base || o.cache != "off") && !f.e2e) {
     return absl::InvalidArgumentError("--base and --cache time whole requests: add --e2e");
   }
-  if (o.weights != "bf16" && o.weights != "fp8") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--weights ", o.weights, ": expected bf16 or fp8"));
-  }
-  FLUX_RETURN_IF_ERROR(parse_fp8_lossless(o.fp8_lossless).status());
-  if (app.count("--fp8-lossless") && !o.fp8_weights()) {
-    return absl::InvalidArgumentError(
-        "--fp8-lossless says how FP8 checkpoint weights serve lossless: add --weights fp8");
-  }
+  FLUX_RETURN_IF_ERROR(check_weights_flags(app, o));
   if (o.base && o.model == "dev") {
     return absl::InvalidArgumentError("--base runs klein as its base model; dev has no base");
   }

@@ -3,7 +3,9 @@
 // format, the layers a mixed file keeps bf16, and one forward per transformer.safetensors input
 // case against diffusers on the dequantized weights (fp8_transformer.safetensors) at the
 // transformer's bars; at lossless the --fp8-lossless plans (codes kept, dequantized per GEMM or
-// after load) give the same bits, at quality=high the file's codes feed the FP8 GEMMs.
+// after load) give the same bits, at quality=high the file's codes feed the FP8 GEMMs, and a
+// layout with input scales runs again under them (--fp8-input-scale static) at the bar of their
+// CPU emulation.
 // "fp8_pipeline" (a whole generation) runs in golden_pipeline.cc. Run by ctest
 // golden.tiny_klein.all; alone: flux2 check-golden --golden tests/data/tiny-klein --only fp8
 #include <cstring>
@@ -20,6 +22,7 @@
 #include "kernels/base/numerics.h"
 #include "kernels/base/status.h"
 #include "model/flux2_transformer.h"
+#include "model/fp8_input_scale.h"
 #include "model/json_util.h"
 #include "model/safetensors.h"
 #include "model/transformer_checkpoint.h"
@@ -100,7 +103,20 @@ absl::StatusOr<std::vector<float>> forward(Backend& be, const Flux2Transformer& 
 struct Models {
   std::unique_ptr<Flux2Transformer> model, fp8_reference;
   std::vector<std::pair<std::string, std::unique_ptr<Flux2Transformer>>> same_bits;
+  // quality=high with --fp8-input-scale static, for a layout with input scales: the model under
+  // test and its CPU emulation (null otherwise).
+  std::unique_ptr<Flux2Transformer> static_model, static_reference;
 };
+
+// `checkpoint` loaded as stored on `be` with quality=high's weights under `input_scale`.
+absl::StatusOr<std::unique_ptr<Flux2Transformer>> load_high(Backend& be,
+                                                            const TransformerCheckpoint& checkpoint,
+                                                            Fp8InputScale input_scale) {
+  FLUX_ASSIGN_OR_RETURN(auto model,
+                        Flux2Transformer::load(be, checkpoint.weights, Fp8Placement::kStored));
+  FLUX_RETURN_IF_ERROR(model->enable_quality_high(input_scale).status());
+  return model;
+}
 
 absl::StatusOr<Models> load_models(const GoldenContext& context,
                                    const TransformerCheckpoint& checkpoint) {
@@ -122,10 +138,14 @@ absl::StatusOr<Models> load_models(const GoldenContext& context,
   }
   FLUX_RETURN_IF_ERROR(models.model->enable_quality_high().status());
   if (context.fp8_backend != nullptr) {
-    FLUX_ASSIGN_OR_RETURN(
-        models.fp8_reference,
-        Flux2Transformer::load(*context.fp8_backend, checkpoint.weights, Fp8Placement::kStored));
-    FLUX_RETURN_IF_ERROR(models.fp8_reference->enable_quality_high().status());
+    FLUX_ASSIGN_OR_RETURN(models.fp8_reference,
+                          load_high(*context.fp8_backend, checkpoint, Fp8InputScale::kDynamic));
+  }
+  if (context.fp8_backend != nullptr && count_input_scales(checkpoint.weights) > 0) {
+    FLUX_ASSIGN_OR_RETURN(models.static_model,
+                          load_high(*context.backend, checkpoint, Fp8InputScale::kStatic));
+    FLUX_ASSIGN_OR_RETURN(models.static_reference,
+                          load_high(*context.fp8_backend, checkpoint, Fp8InputScale::kStatic));
   }
   return models;
 }
@@ -146,6 +166,23 @@ absl::Status check_same_bits(const GoldenContext& context, const Models& models,
                   absl::StrCat(differ, " of ", ours.size(),
                                " values differ from the host-dequantized weights' output"));
   }
+  return absl::OkStatus();
+}
+
+// quality=high under the file's static input scales against diffusers on the dequantized
+// weights, at the bar the CPU emulation of the same static scales sets.
+absl::Status check_static(const GoldenContext& context, const Models& models,
+                          const SafetensorsFile& inputs, const std::string& name,
+                          const std::string& key, const std::vector<float>& reference,
+                          GoldenReport& report) {
+  if (models.static_model == nullptr) return absl::OkStatus();
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> ours,
+                        forward(*context.backend, *models.static_model, inputs, name));
+  FLUX_ASSIGN_OR_RETURN(std::vector<float> emulated,
+                        forward(*context.fp8_backend, *models.static_reference, inputs, name));
+  report.compare(kFile, key, "output --fp8-input-scale=static", ours, reference,
+                 context.tolerance(absl::StrCat("fp8_transformer.", key, ".output"),
+                                   relative_l2_error(emulated, reference)));
   return absl::OkStatus();
 }
 
@@ -179,6 +216,7 @@ absl::Status run_layout(const GoldenContext& context, const nlohmann::json& case
     report.compare(kFile, key, "output", ours, reference,
                    context.tolerance(absl::StrCat("fp8_transformer.", key, ".output"), fp8_error));
     FLUX_RETURN_IF_ERROR(check_same_bits(context, models, inputs, name, key, ours, report));
+    FLUX_RETURN_IF_ERROR(check_static(context, models, inputs, name, key, reference, report));
   }
   if (outputs.find(absl::StrCat(layout, ".case0.output")) == nullptr)
     report.fail(kFile, layout, "no cases (" + layout + ".case0.output missing)");
