@@ -61,9 +61,58 @@ float block_amax(const std::vector<uint16_t>& bits, int64_t stride, int64_t rows
   return f32_from_bits(amax);
 }
 
+// What the quantizer made for S_q query and S_kv key rows of `heads` heads, and its inputs' bits:
+// q [S_q, width], k and v the two column halves of kv [S_kv, 2·width].
+struct QuantizerRun {
+  int64_t sq = 0, skv = 0, heads = 0, width = 0, q_tiles = 0, kv_tiles = 0, padded = 0;
+  std::vector<uint16_t> q_bits, kv_bits;
+  std::vector<uint8_t> q8, k8, vt;
+  std::vector<float> scales;
+};
+
+// Differences from the CPU recipe (counted; scales checked as they go) for head h: Q's blocks and
+// K's counted from their own first rows, the scales [Q: H x tiles(S_q)][K][V: H x tiles(S_kv)].
+int64_t mismatches_of_head(const QuantizerRun& g, int64_t h) {
+  int64_t mismatches = 0;
+  for (int64_t tile = 0; tile < g.q_tiles; ++tile) {
+    const float scale = fp8_dequant_scale(block_amax(g.q_bits, g.width, g.sq, h, tile * 128));
+    EXPECT_EQ(f32_bits(g.scales[h * g.q_tiles + tile]), f32_bits(scale)) << "q block " << tile;
+    for (int64_t r = tile * 128; r < std::min(g.sq, (tile + 1) * 128); ++r) {
+      for (int64_t i = h * 128; i < (h + 1) * 128; ++i)
+        mismatches += g.q8[r * g.width + i] !=
+                      fp8_quantize_value(bf16_bits_value(g.q_bits[r * g.width + i]), scale);
+    }
+  }
+  const int64_t k_scales = g.heads * g.q_tiles, v_scales = g.heads * (g.q_tiles + g.kv_tiles);
+  for (int64_t tile = 0; tile < g.kv_tiles; ++tile) {
+    const float k_scale =
+        fp8_dequant_scale(block_amax(g.kv_bits, 2 * g.width, g.skv, h, tile * 128));
+    const float v_scale = cuda::flash_fp8_value_scale(
+        block_amax(g.kv_bits, 2 * g.width, g.skv, h + g.heads, tile * 128));
+    EXPECT_EQ(f32_bits(g.scales[k_scales + h * g.kv_tiles + tile]), f32_bits(k_scale))
+        << "k block " << tile;
+    EXPECT_EQ(f32_bits(g.scales[v_scales + h * g.kv_tiles + tile]), f32_bits(v_scale))
+        << "v block " << tile;
+    for (int64_t row = tile * 128; row < (tile + 1) * 128; ++row) {  // row: also V's position
+      const int64_t key = cuda::flash_fp8_key_at(row);
+      for (int64_t i = h * 128; i < (h + 1) * 128; ++i) {
+        const int64_t at = row * 2 * g.width + i;
+        if (row < g.skv) {
+          mismatches += g.k8[row * g.width + i] !=
+                        fp8_quantize_value(bf16_bits_value(g.kv_bits[at]), k_scale);
+        }
+        const int64_t v_at = key * 2 * g.width + g.width + i;
+        const uint8_t want =
+            key < g.skv ? fp8_quantize_value(bf16_bits_value(g.kv_bits[v_at]), v_scale) : 0;
+        mismatches += g.vt[i * g.padded + row] != want;
+      }
+    }
+  }
+  return mismatches;
+}
+
 // The quantizer with S_q != S_kv (and S_q = 0: the keys alone, as klein-KV's cache) against the
-// CPU: Q's blocks and K's blocks each count from their own first row, the scales laid out
-// [Q: H x tiles(S_q)][K: H x tiles(S_kv)][V: H x tiles(S_kv)].
+// CPU, bit for bit (mismatches_of_head).
 TEST(FlashAttentionFp8KeysTest, QuantizerWithOtherKeyCountsEqualsCpuBitForBit) {
   FLUX2_REQUIRE_GPU(be);
   struct Shape {
@@ -72,15 +121,17 @@ TEST(FlashAttentionFp8KeysTest, QuantizerWithOtherKeyCountsEqualsCpuBitForBit) {
   for (const Shape c : {Shape{300, 1000, 3}, Shape{0, 300, 2}, Shape{1000, 77, 2}}) {
     SCOPED_TRACE(::testing::Message() << c.q_tokens << " q x " << c.kv_tokens << " kv rows");
     const int64_t width = c.heads * 128, sq = c.q_tokens, skv = c.kv_tokens;
-    const int64_t q_tiles = cuda::flash_fp8_tiles(sq), kv_tiles = cuda::flash_fp8_tiles(skv);
-    const int64_t padded = cuda::flash_fp8_padded_keys(skv);
-    // q [S_q, width] on its own; k and v adjacent column ranges of one [S_kv, 2·width] buffer.
+    QuantizerRun g;
+    g.sq = sq, g.skv = skv, g.heads = c.heads, g.width = width;
+    g.q_tiles = cuda::flash_fp8_tiles(sq), g.kv_tiles = cuda::flash_fp8_tiles(skv);
+    g.padded = cuda::flash_fp8_padded_keys(skv);
     Tensor q = testing::random_bf16(*be, std::max<int64_t>(sq, 1), width, 61, 3.0f);
     Tensor kv = testing::random_bf16(*be, skv, 2 * width, 62, 3.0f);
-    const std::vector<uint16_t> q_bits = testing::bits(*be, q), kv_bits = testing::bits(*be, kv);
+    g.q_bits = testing::bits(*be, q);
+    g.kv_bits = testing::bits(*be, kv);
     const int64_t scale_count = cuda::flash_fp8_scale_count(c.heads, sq, skv);
-    ASSERT_EQ(scale_count, c.heads * (q_tiles + 2 * kv_tiles));
-    DeviceBytes q8(std::max<int64_t>(sq, 1) * width), k8(skv * width), vt(width * padded),
+    ASSERT_EQ(scale_count, c.heads * (g.q_tiles + 2 * g.kv_tiles));
+    DeviceBytes q8(std::max<int64_t>(sq, 1) * width), k8(skv * width), vt(width * g.padded),
         scales(scale_count * sizeof(float));
     const cuda::FlashFp8Operands operands{q8.data, k8.data, vt.data,
                                           static_cast<float*>(scales.data)};
@@ -90,46 +141,12 @@ TEST(FlashAttentionFp8KeysTest, QuantizerWithOtherKeyCountsEqualsCpuBitForBit) {
                                                       v_mat, c.heads, operands, nullptr)
                     .ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto got_q = q8.get<uint8_t>(sq * width), got_k = k8.get<uint8_t>(skv * width),
-               got_vt = vt.get<uint8_t>(width * padded);
-    const auto got_scales = scales.get<float>(scale_count);
+    g.q8 = q8.get<uint8_t>(sq * width);
+    g.k8 = k8.get<uint8_t>(skv * width);
+    g.vt = vt.get<uint8_t>(width * g.padded);
+    g.scales = scales.get<float>(scale_count);
     int64_t mismatches = 0;
-    for (int64_t h = 0; h < c.heads; ++h) {
-      for (int64_t tile = 0; tile < q_tiles; ++tile) {
-        const float scale = fp8_dequant_scale(block_amax(q_bits, width, sq, h, tile * 128));
-        EXPECT_EQ(f32_bits(got_scales[h * q_tiles + tile]), f32_bits(scale)) << "q block " << tile;
-        for (int64_t r = tile * 128; r < std::min(sq, (tile + 1) * 128); ++r) {
-          for (int64_t i = h * 128; i < (h + 1) * 128; ++i)
-            mismatches += got_q[r * width + i] !=
-                          fp8_quantize_value(bf16_bits_value(q_bits[r * width + i]), scale);
-        }
-      }
-      for (int64_t tile = 0; tile < kv_tiles; ++tile) {
-        const float k_scale = fp8_dequant_scale(block_amax(kv_bits, 2 * width, skv, h, tile * 128));
-        const float v_scale = cuda::flash_fp8_value_scale(
-            block_amax(kv_bits, 2 * width, skv, h + c.heads, tile * 128));
-        EXPECT_EQ(f32_bits(got_scales[c.heads * q_tiles + h * kv_tiles + tile]), f32_bits(k_scale))
-            << "k block " << tile;
-        EXPECT_EQ(f32_bits(got_scales[c.heads * (q_tiles + kv_tiles) + h * kv_tiles + tile]),
-                  f32_bits(v_scale))
-            << "v block " << tile;
-        for (int64_t position = tile * 128; position < (tile + 1) * 128; ++position) {
-          const int64_t key = cuda::flash_fp8_key_at(position), row = position;
-          for (int64_t i = h * 128; i < (h + 1) * 128; ++i) {
-            if (row < skv) {
-              mismatches +=
-                  got_k[row * width + i] !=
-                  fp8_quantize_value(bf16_bits_value(kv_bits[row * 2 * width + i]), k_scale);
-            }
-            const uint8_t want =
-                key < skv ? fp8_quantize_value(
-                                bf16_bits_value(kv_bits[key * 2 * width + width + i]), v_scale)
-                          : 0;
-            mismatches += got_vt[i * padded + position] != want;
-          }
-        }
-      }
-    }
+    for (int64_t h = 0; h < c.heads; ++h) mismatches += mismatches_of_head(g, h);
     EXPECT_EQ(mismatches, 0);
   }
 }

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/numerics.h"
 #include "kernels/cuda/attention_fp8_operands.h"
@@ -131,6 +132,85 @@ std::vector<uint16_t> run_kernel(const std::vector<uint8_t>& q, const std::vecto
   return out;
 }
 
+// The whole key sequence of a case: segment 0's keys, then segment 1's.
+struct KeySequence {
+  const HostSegment* seg[2];
+  int64_t count() const { return seg[0]->keys + seg[1]->keys; }
+  // Key `key`: its segment, its row there, and that row's scale (block) index for head h.
+  struct Key {
+    const HostSegment* seg;
+    int64_t row, scale;
+  };
+  Key at(int64_t key, int64_t h) const {
+    const HostSegment* in = key < seg[0]->keys ? seg[0] : seg[1];
+    const int64_t row = key - (in == seg[0] ? 0 : seg[0]->keys);
+    return Key{in, row, h * in->tiles + row / 128};
+  }
+};
+
+// Float64 logits of query `row`, head h, over every key (the kernel's softmax scale).
+std::vector<double> reference_logits(const std::vector<uint8_t>& q, double q_scale,
+                                     const KeySequence& keys, int64_t width, int64_t h,
+                                     int64_t row) {
+  const float softmax_scale = 1.0f / std::sqrt(128.0f);  // run_kernel's
+  std::vector<double> logits(static_cast<size_t>(keys.count()));
+  for (int64_t key = 0; key < keys.count(); ++key) {
+    const KeySequence::Key at = keys.at(key, h);
+    double dot = 0.0;
+    for (int64_t i = 0; i < 128; ++i) {
+      dot += static_cast<double>(e4m3_to_f32(q[row * width + h * 128 + i])) * q_scale *
+             e4m3_to_f32(at.seg->k[at.row * width + h * 128 + i]) * at.seg->k_scales[at.scale];
+    }
+    logits[key] = dot * softmax_scale;
+  }
+  return logits;
+}
+
+// Errors against the reference over the checked rows: sums for the relative L2 and the largest
+// error / bound.
+struct ErrorStats {
+  double err2 = 0.0, ref2 = 0.0, worst = 0.0;
+};
+
+// Checks head h of query `row` of the kernel's output against the float64 reference within the
+// derived bound (the test below), `relative` its relative term; "" or the first element outside.
+std::string check_row(const std::vector<uint16_t>& out, const std::vector<double>& logits,
+                      const KeySequence& keys, int64_t width, int64_t h, int64_t row,
+                      double relative, ErrorStats& stats) {
+  double max_logit = -INFINITY, total = 0.0, max_v_scale = 0.0;
+  for (int64_t key = 0; key < keys.count(); ++key) {
+    const KeySequence::Key at = keys.at(key, h);
+    max_logit = std::max(max_logit, logits[key]);
+    max_v_scale = std::max<double>(max_v_scale, at.seg->v_scales[at.scale]);
+  }
+  for (int64_t key = 0; key < keys.count(); ++key) total += std::exp(logits[key] - max_logit);
+  for (int64_t i = 0; i < 128; ++i) {
+    double ref = 0.0, weighted_abs = 0.0, plain_abs = 0.0;
+    for (int64_t key = 0; key < keys.count(); ++key) {
+      const KeySequence::Key at = keys.at(key, h);
+      const double stored = e4m3_to_f32(at.seg->v[at.row * width + h * 128 + i]);
+      const double value = stored * at.seg->v_scales[at.scale];
+      const double p = std::exp(logits[key] - max_logit);
+      ref += p * value;
+      weighted_abs += p * std::fabs(value);
+      plain_abs += std::fabs(stored) * max_v_scale;
+    }
+    ref /= total;
+    const double bound = relative * weighted_abs / total + std::ldexp(plain_abs, -18) / total +
+                         std::ldexp(std::fabs(ref), -8);
+    const double got = bf16_bits_value(out[row * width + h * 128 + i]);
+    const double err = std::fabs(got - ref);
+    stats.worst = std::max(stats.worst, err / bound);
+    stats.err2 += err * err;
+    stats.ref2 += ref * ref;
+    if (!(err <= bound)) {  // NaN included
+      return absl::StrCat("row ", row, " head ", h, " dim ", i, ": ", got, " vs ", ref, " (bound ",
+                          bound, ")");
+    }
+  }
+  return "";
+}
+
 class FlashAttentionFp8Test : public ::testing::TestWithParam<KernelCase> {};
 
 // The bound, per output element o_d of a row with probabilities p_i = exp(s_i - max) / L:
@@ -154,12 +234,12 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
     GTEST_SKIP() << "flash_attention_fp8 needs an sm_90a build on a compute capability 9.0 GPU";
   }
   const KernelCase c = GetParam();
-  const int64_t d = 128, width = c.heads * d, s_q = c.queries;
+  const int64_t width = c.heads * 128, s_q = c.queries, q_tiles = cuda::flash_fp8_tiles(s_q);
   // Q and K as after RMSNorm (unit scale, |x| up to ~4), V zero-mean: logits with a standard
   // deviation of about 1 after the 1/sqrt(d) softmax scale, and V where cancellation is largest.
   const std::vector<uint8_t> q = random_e4m3(s_q * width, 1.0f, 4.0f / 448, 1);
   std::vector<float> q_scales;
-  for (int64_t i = 0; i < c.heads * cuda::flash_fp8_tiles(s_q); ++i)
+  for (int64_t i = 0; i < c.heads * q_tiles; ++i)
     q_scales.push_back((3.0f + static_cast<float>(i % 5)) / 448);
   const HostSegment seg[2] = {host_segment(c.keys[0], c.heads, 2),
                               host_segment(c.keys[1], c.heads, 7)};
@@ -167,72 +247,27 @@ TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
   if (c.keys[1] > 0) segments.push_back(&seg[1]);
   const std::vector<uint16_t> out = run_kernel(q, q_scales, s_q, c.heads, segments);
   EXPECT_EQ(run_kernel(q, q_scales, s_q, c.heads, segments), out) << "two identical calls differ";
-  const int64_t keys = c.keys[0] + c.keys[1];
-  // Key `key` of the whole sequence: its segment, its row there, and that row's block.
-  struct Key {
-    const HostSegment* seg;
-    int64_t row, block;
-  };
-  auto key_at = [&](int64_t key) {
-    const int i = key < c.keys[0] ? 0 : 1;
-    const int64_t row = key - (i == 0 ? 0 : c.keys[0]);
-    return Key{&seg[i], row, row / 128};
-  };
   // Float64 reference on sampled rows: the first and last rows and random ones, every head.
+  const KeySequence keys{{&seg[0], &seg[1]}};
   std::vector<int64_t> rows = {0, s_q - 1};
   std::mt19937 rng(7);
   for (int i = 0; i < 14; ++i) rows.push_back(static_cast<int64_t>(rng() % s_q));
   const double steps = static_cast<double>((seg[0].padded + seg[1].padded) / 32);
   const double relative = std::ldexp(1.0, -4) + steps * std::ldexp(1.0, -13) + std::ldexp(1.0, -16);
-  const float softmax_scale = 1.0f / std::sqrt(128.0f);  // run_kernel's
-  double err2 = 0.0, ref2 = 0.0, worst = 0.0;            // worst: largest error / bound
-  std::vector<double> logits(static_cast<size_t>(keys));
+  ErrorStats stats;
   for (int64_t h = 0; h < c.heads; ++h) {
     for (int64_t row : rows) {
-      const double q_scale = q_scales[h * cuda::flash_fp8_tiles(s_q) + row / 128];
-      double max_logit = -INFINITY, total = 0.0, max_v_scale = 0.0;
-      for (int64_t key = 0; key < keys; ++key) {
-        const Key at = key_at(key);
-        const double k_scale = at.seg->k_scales[h * at.seg->tiles + at.block];
-        double dot = 0.0;
-        for (int64_t i = 0; i < d; ++i) {
-          dot += static_cast<double>(e4m3_to_f32(q[row * width + h * d + i])) * q_scale *
-                 e4m3_to_f32(at.seg->k[at.row * width + h * d + i]) * k_scale;
-        }
-        logits[key] = dot * softmax_scale;
-        max_logit = std::max(max_logit, logits[key]);
-        max_v_scale = std::max<double>(max_v_scale, at.seg->v_scales[h * at.seg->tiles + at.block]);
-      }
-      for (int64_t key = 0; key < keys; ++key) total += std::exp(logits[key] - max_logit);
-      for (int64_t i = 0; i < d; ++i) {
-        double ref = 0.0, weighted_abs = 0.0, plain_abs = 0.0;
-        for (int64_t key = 0; key < keys; ++key) {
-          const Key at = key_at(key);
-          const double stored = e4m3_to_f32(at.seg->v[at.row * width + h * d + i]);
-          const double value = stored * at.seg->v_scales[h * at.seg->tiles + at.block];
-          const double p = std::exp(logits[key] - max_logit);
-          ref += p * value;
-          weighted_abs += p * std::fabs(value);
-          plain_abs += std::fabs(stored) * max_v_scale;
-        }
-        ref /= total;
-        const double bound = relative * weighted_abs / total + std::ldexp(plain_abs, -18) / total +
-                             std::ldexp(std::fabs(ref), -8);
-        const double got = bf16_bits_value(out[row * width + h * d + i]);
-        const double err = std::fabs(got - ref);
-        worst = std::max(worst, err / bound);
-        err2 += err * err;
-        ref2 += ref * ref;
-        if (!(err <= bound)) {  // NaN included
-          ADD_FAILURE() << c.name << ": row " << row << " head " << h << " dim " << i << ": " << got
-                        << " vs " << ref << " (bound " << bound << ")";
-          return;
-        }
+      const std::vector<double> logits =
+          reference_logits(q, q_scales[h * q_tiles + row / 128], keys, width, h, row);
+      const std::string failure = check_row(out, logits, keys, width, h, row, relative, stats);
+      if (!failure.empty()) {
+        ADD_FAILURE() << c.name << ": " << failure;
+        return;
       }
     }
   }
   std::printf("%s: relative L2 vs float64 %.3e, worst error / bound %.3f\n", c.name,
-              std::sqrt(err2 / ref2), worst);
+              std::sqrt(stats.err2 / stats.ref2), stats.worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(
