@@ -2,6 +2,7 @@
 #include "kernels/backend.h"
 
 #include <chrono>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
@@ -144,6 +145,53 @@ absl::Status Backend::normed_attention(const Tensor& q, const Tensor& k, const T
                                        const Tensor& out) {
   FLUX_RETURN_IF_ERROR(normed_qk(q, k, norm, params.head_dim));
   return attention(q, k, v, params, out);
+}
+
+absl::Status check_cached_keys_layout(const Tensor& k, const Tensor& v, const CachedKeys& cached,
+                                      const Tensor& k_room, const Tensor& v_room) {
+  const int64_t s = k.rows(), r = cached.rows();
+  for (const auto& [mine, room, name] : {std::tuple{&k, &k_room, "k"}, {&v, &v_room, "v"}}) {
+    if (mine->rank() != 2 || room->rank() != 2 || mine->data() != room->data() ||
+        mine->row_stride() != room->row_stride() || mine->cols() != room->cols() ||
+        mine->rows() != s || room->rows() != s + r) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention_with_cached_keys: ", name, " ", mine->describe(),
+                       " must be the first rows of its room ", room->describe(), ", which holds ",
+                       r, " more rows for the cached keys"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const CachedKeys>> Backend::cache_keys(
+    const Tensor& k, const Tensor& v, const AttentionParams& params) {
+  if (k.rank() != 2 || v.rank() != 2 || k.rows() != v.rows() || k.rows() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cache_keys: k ", k.describe(), " and v ",
+                                                   v.describe(),
+                                                   " need the same rows, at least 1"));
+  }
+  auto cache = std::make_shared<PlainCachedKeys>();
+  FLUX_ASSIGN_OR_RETURN(cache->k, empty(activation_dtype(), {k.rows(), k.cols()}));
+  FLUX_ASSIGN_OR_RETURN(cache->v, empty(activation_dtype(), {v.rows(), v.cols()}));
+  FLUX_RETURN_IF_ERROR(copy(k, cache->k));  // [R, Hkv·Dh]
+  FLUX_RETURN_IF_ERROR(copy(v, cache->v));  // [R, Hkv·Dh]
+  return cache;
+}
+
+absl::Status Backend::attention_with_cached_keys(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const CachedKeys& cached, const Tensor& k_room,
+                                                 const Tensor& v_room,
+                                                 const AttentionParams& params, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_cached_keys_layout(k, v, cached, k_room, v_room));
+  const auto* plain = dynamic_cast<const PlainCachedKeys*>(&cached);
+  if (plain == nullptr) {
+    return absl::InvalidArgumentError(
+        "attention_with_cached_keys: the cache was not made by this backend's cache_keys");
+  }
+  const int64_t s = k.rows(), r = cached.rows();
+  FLUX_RETURN_IF_ERROR(copy(plain->k, k_room.row_slice(s, r)));  // [R, Hkv·Dh]
+  FLUX_RETURN_IF_ERROR(copy(plain->v, v_room.row_slice(s, r)));  // [R, Hkv·Dh]
+  return attention(q, k_room, v_room, params, out);              // [S_q, H·Dh]
 }
 
 }  // namespace flux2

@@ -79,6 +79,23 @@ class LowPrecisionWeight {
   virtual int64_t device_bytes() const = 0;
 };
 
+// Keys and values that later attention calls read after their own (klein-KV's cached reference
+// rows): made once by Backend::cache_keys, in the backend's layout for the quality of the request
+// that made them, and read by Backend::attention_with_cached_keys of that request.
+class CachedKeys {
+ public:
+  virtual ~CachedKeys() = default;
+  virtual int64_t rows() const = 0;          // R, the cached keys
+  virtual int64_t device_bytes() const = 0;  // bytes the cache holds
+};
+
+// The default cache (Backend::cache_keys): copies of the keys and values in the activation dtype.
+struct PlainCachedKeys final : CachedKeys {
+  Tensor k, v;  // [R, Hkv·Dh]
+  int64_t rows() const override { return k.rows(); }
+  int64_t device_bytes() const override { return k.bytes() + v.bytes(); }
+};
+
 // A projection weight [N, K] as the model holds it: its values and, once the model registered it
 // for quality=high, the backend's low-precision copy, which linear, layer_norm_modulate_linear and
 // swiglu_linear use instead while a request runs at Quality::kHigh. A plain tensor converts to a
@@ -347,6 +364,23 @@ class Backend {
   // Hkv·Dh].
   virtual absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                  const AttentionParams& params, const Tensor& out) = 0;
+  // A cache of k and v [R, Hkv·Dh] (post-RoPE keys and their values) for
+  // attention_with_cached_keys with `params` in this request: the default keeps copies in the
+  // activation dtype (PlainCachedKeys); the CUDA backend at quality=high keeps its FP8 attention's
+  // operands instead, quantized here once. Stream-ordered: k and v may be overwritten after.
+  virtual absl::StatusOr<std::shared_ptr<const CachedKeys>> cache_keys(
+      const Tensor& k, const Tensor& v, const AttentionParams& params);
+  // out [S_q, H·Dh] = attention of q over two key segments, the call's own k and v [S, Hkv·Dh]
+  // and then the R cached rows: softmax over [k ; cached k], weights on [v ; cached v]
+  // (klein-KV's cached forwards: the text and image keys, then the references'). k and v must be
+  // the first S rows of k_room and v_room [S + R, Hkv·Dh], whose last R rows are scratch: a
+  // backend that attends over one concatenated sequence (the default) copies the cache there, so
+  // the call's own rows are never copied. At quality=high each segment is quantized on its own,
+  // per head and 128 keys from its first row (kernels/base/fp8_attention_keys.h).
+  virtual absl::Status attention_with_cached_keys(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const CachedKeys& cached, const Tensor& k_room,
+                                                  const Tensor& v_room,
+                                                  const AttentionParams& params, const Tensor& out);
   // In place: QkNormRope's per-head RMSNorm and RoPE on q and k (rows [0, split) with the first
   // weights, the rest with the second); normed_attention's first half, for callers that attend
   // to other keys too (klein-KV's cached reference keys).
@@ -408,6 +442,11 @@ class Backend {
   friend class RequestScope;
   RequestOptions request_;
 };
+
+// attention_with_cached_keys' layout: k and v [S, ·] the first rows of k_room and v_room, which
+// are R = cached.rows() rows longer with the same columns. InvalidArgument naming what differs.
+absl::Status check_cached_keys_layout(const Tensor& k, const Tensor& v, const CachedKeys& cached,
+                                      const Tensor& k_room, const Tensor& v_room);
 
 // The options one request runs under: set on `backend` for the scope's lifetime, then the previous
 // ones come back (a nested scope, such as the text encoder's lossless one inside a quality=high

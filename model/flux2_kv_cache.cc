@@ -1,9 +1,10 @@
 // klein-KV's reference cache and its forward rules; see flux2_kv_cache.h. Tested by `flux2
-// check-golden --only edit_kv` (tests/golden).
+// check-golden --only edit_kv` (tests/golden) and tests/host/attention_cached_keys_test.cc.
 #include "model/flux2_kv_cache.h"
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 
 namespace flux2 {
@@ -27,13 +28,13 @@ std::vector<Flux2RowModulation> flux2_kv_row_modulation(Flux2KvMode mode, const 
 
 absl::StatusOr<std::shared_ptr<Flux2KvCache>> Flux2KvCache::allocate(Backend& be, size_t layers,
                                                                      int64_t rows, int64_t width) {
-  auto cache = std::make_shared<Flux2KvCache>();
-  for (size_t i = 0; i < layers; ++i) {
-    FLUX_ASSIGN_OR_RETURN(Tensor keys, be.empty(be.activation_dtype(), {rows, width}));
-    FLUX_ASSIGN_OR_RETURN(Tensor values, be.empty(be.activation_dtype(), {rows, width}));
-    cache->keys_.push_back(keys);
-    cache->values_.push_back(values);
+  if (rows <= 0 || width <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("klein-KV cache: ", rows, " reference rows of width ", width));
   }
+  auto cache = std::make_shared<Flux2KvCache>();
+  cache->rows_ = rows;
+  cache->layers_.resize(layers);
   return cache;
 }
 
@@ -41,10 +42,14 @@ absl::Status Flux2KvCache::extract(Backend& be, size_t layer, const AttentionPar
                                    int64_t joint, const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& out) {
   const int64_t r = q.rows() - joint;
+  if (layer >= layers_.size() || layers_[layer] != nullptr || r != rows_) {
+    return absl::InternalError(absl::StrCat("klein-KV cache: layer ", layer, " of ", layers_.size(),
+                                            " extracted twice, or ", r,
+                                            " reference rows where the cache has ", rows_));
+  }
   const Tensor ref_q = q.row_slice(joint, r), ref_k = k.row_slice(joint, r),
                ref_v = v.row_slice(joint, r);
-  FLUX_RETURN_IF_ERROR(be.copy(ref_k, keys_[layer]));    // [R, D]
-  FLUX_RETURN_IF_ERROR(be.copy(ref_v, values_[layer]));  // [R, D]
+  FLUX_ASSIGN_OR_RETURN(layers_[layer], be.cache_keys(ref_k, ref_v, params));  // R rows, once
   FLUX_RETURN_IF_ERROR(
       be.attention(q.row_slice(0, joint), k, v, params, out.row_slice(0, joint)));  // [L+N, D]
   return be.attention(ref_q, ref_k, ref_v, params, out.row_slice(joint, r));        // [R, D]
@@ -53,14 +58,24 @@ absl::Status Flux2KvCache::extract(Backend& be, size_t layer, const AttentionPar
 absl::Status Flux2KvCache::attend_cached(Backend& be, size_t layer, const AttentionParams& params,
                                          const Tensor& q, const Tensor& k, const Tensor& v,
                                          const Tensor& k_room, const Tensor& v_room,
-                                         const Tensor& out) {
-  const int64_t joint = k.rows(), refs = k_room.rows() - joint;
-  if (k_room.data() != k.data() || v_room.data() != v.data()) {
-    return absl::InternalError("klein-KV attention: k and v are not the first rows of their room");
+                                         const Tensor& out) const {
+  const CachedKeys* cached = this->layer(layer);
+  if (cached == nullptr) {
+    return absl::InternalError(absl::StrCat("klein-KV cache: layer ", layer,
+                                            " has no cached keys (step 0 must run first)"));
   }
-  FLUX_RETURN_IF_ERROR(be.copy(keys_[layer], k_room.row_slice(joint, refs)));    // [R, D]
-  FLUX_RETURN_IF_ERROR(be.copy(values_[layer], v_room.row_slice(joint, refs)));  // [R, D]
-  return be.attention(q, k_room, v_room, params, out);                           // [L+N, D]
+  return be.attention_with_cached_keys(q, k, v, *cached, k_room, v_room, params,
+                                       out);  // [L+N, D]
+}
+
+const CachedKeys* Flux2KvCache::layer(size_t layer) const {
+  return layer < layers_.size() ? layers_[layer].get() : nullptr;
+}
+
+int64_t Flux2KvCache::device_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& cached : layers_) bytes += cached != nullptr ? cached->device_bytes() : 0;
+  return bytes;
 }
 
 }  // namespace flux2

@@ -42,30 +42,39 @@ std::vector<Flux2RowModulation> flux2_kv_row_modulation(Flux2KvMode mode, const 
                                                         int64_t references_from, int64_t begin,
                                                         int64_t end);
 
-// Every layer's reference keys and values, post-RoPE (double blocks, then single blocks): written
-// by the extract forward, read by the cached ones. Held by the request's Flux2Conditioning.
+// Every layer's reference keys and values, post-RoPE (double blocks, then single blocks), as the
+// backend caches them (Backend::cache_keys: at quality=high on the CUDA backend the FP8
+// attention's operands, quantized once per request): made by the extract forward, read by the
+// cached ones. Held by the request's Flux2Conditioning.
 class Flux2KvCache {
  public:
-  // [rows, width] keys and values for each of `layers` layers (R rows of D columns).
+  // An empty cache for `layers` layers of `rows` (R) reference rows each.
   static absl::StatusOr<std::shared_ptr<Flux2KvCache>> allocate(Backend& be, size_t layers,
                                                                 int64_t rows, int64_t width);
 
   // The extract forward's attention of `layer`, after QK-norm and RoPE: q, k, v [L + N + R, D]
-  // with the references from row `joint` = L + N. Stores their k and v rows as the layer's cache,
-  // then the text and image rows attend to every key and the references only to themselves
-  // (diffusers' _flux2_kv_causal_attention), into out [L + N + R, D].
+  // with the references from row `joint` = L + N. Caches their k and v rows as the layer's (once:
+  // a second extract of the layer is an error), then the text and image rows attend to every key
+  // and the references only to themselves (diffusers' _flux2_kv_causal_attention), into
+  // out [L + N + R, D].
   absl::Status extract(Backend& be, size_t layer, const AttentionParams& params, int64_t joint,
                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out);
 
   // A cached forward's attention of `layer`, after QK-norm and RoPE: q, k, v [L + N, D], where k
-  // and v are the first rows of k_room and v_room [L + N + R, D]. Copies the cache into their last
-  // R rows, then one attention over [text; image; references] into out [L + N, D].
+  // and v are the first rows of k_room and v_room [L + N + R, D] (scratch past L + N). One
+  // attention over the keys [text; image; references] into out [L + N, D]
+  // (Backend::attention_with_cached_keys: the cache is a second key segment).
   absl::Status attend_cached(Backend& be, size_t layer, const AttentionParams& params,
                              const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& k_room, const Tensor& v_room, const Tensor& out);
+                             const Tensor& k_room, const Tensor& v_room, const Tensor& out) const;
+
+  // The cache of `layer` (null until its extract ran), and the bytes all layers hold.
+  const CachedKeys* layer(size_t layer) const;
+  int64_t device_bytes() const;
 
  private:
-  std::vector<Tensor> keys_, values_;  // per layer: [R, D]
+  int64_t rows_ = 0;                                       // R
+  std::vector<std::shared_ptr<const CachedKeys>> layers_;  // per layer, null until extracted
 };
 
 }  // namespace flux2

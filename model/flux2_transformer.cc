@@ -399,9 +399,10 @@ absl::Status Flux2Transformer::attend(const Pass& p, const QkNormRope& norm, con
   if (p.kv == Flux2KvMode::kExtract) {
     return cache.extract(be, layer, params, p.l + p.n, q, k, v, out);  // [S, D]
   }
-  // Cached: the R reference rows go after the stream's keys and values, in the workspace rows
-  // past S (it was sized for L + N + R); both blocks lay out q | k | v first in its fused
-  // projections.
+  // Cached: the R cached reference rows are a second key segment (Backend::
+  // attention_with_cached_keys); the workspace rows past S (it was sized for L + N + R) are the
+  // room where a backend that attends over one sequence copies them. Both blocks lay out
+  // q | k | v first in their fused projections.
   const Tensor& wide = p.cond.workspace->wide;
   const int64_t rows = p.l + p.n + p.cond.reference_len;
   const Tensor k_room = wide.col_slice(d, d).row_slice(0, rows);

@@ -2,7 +2,9 @@
 // optional causal mask and a key-length mask. Float32 values, double accumulation for the
 // softmax denominator. At quality=high the transformer's attention (non-causal, unmasked)
 // emulates the CUDA backend's FP8 attention: Q, K and V in E4M3 per head and 128 tokens, the
-// probabilities rounded to E4M3 (cpu_fp8.h). Tested by tests/host/cpu_ops_test.cc.
+// probabilities rounded to E4M3 (cpu_fp8.h); with cached keys (klein-KV) each key segment is
+// quantized on its own (kernels/base/fp8_attention_keys.h). Tested by tests/host/cpu_ops_test.cc
+// and tests/host/attention_cached_keys_test.cc.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -14,37 +16,76 @@
 
 namespace flux2 {
 
-absl::Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const AttentionParams& params, const Tensor& out) {
-  constexpr absl::string_view kOp = "attention";
+absl::Status CpuBackend::check_attention(absl::string_view op, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const AttentionParams& params,
+                                         const Tensor& out) {
   const int64_t heads = params.num_heads, kv_heads = params.num_kv_heads, dh = params.head_dim;
   if (heads <= 0 || kv_heads <= 0 || dh <= 0 || heads % kv_heads != 0) {
-    return op_error(kOp, absl::StrCat("bad head layout: ", heads, " query heads, ", kv_heads,
-                                      " kv heads, head dim ", dh));
+    return op_error(op, absl::StrCat("bad head layout: ", heads, " query heads, ", kv_heads,
+                                     " kv heads, head dim ", dh));
   }
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "q", q));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "k", k));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "v", v));
-  FLUX_RETURN_IF_ERROR(cpu::check_f32(kOp, "out", out));
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(op, "q", q));
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(op, "k", k));
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(op, "v", v));
+  FLUX_RETURN_IF_ERROR(cpu::check_f32(op, "out", out));
   const int64_t sq = q.rows(), sk = k.rows();
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "q", q, sq, heads * dh));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "k", k, sk, kv_heads * dh));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "v", v, sk, kv_heads * dh));
-  FLUX_RETURN_IF_ERROR(check_matrix(kOp, "out", out, sq, heads * dh));
+  FLUX_RETURN_IF_ERROR(check_matrix(op, "q", q, sq, heads * dh));
+  FLUX_RETURN_IF_ERROR(check_matrix(op, "k", k, sk, kv_heads * dh));
+  FLUX_RETURN_IF_ERROR(check_matrix(op, "v", v, sk, kv_heads * dh));
+  return check_matrix(op, "out", out, sq, heads * dh);
+}
+
+bool CpuBackend::emulates_fp8_attention(const AttentionParams& params) const {
+  return request().quality == Quality::kHigh && !params.causal && params.num_valid_keys < 0;
+}
+
+absl::StatusOr<Tensor> CpuBackend::fp8_attention_operand(const Tensor& t, int64_t head_dim,
+                                                         bool value) {
+  FLUX_ASSIGN_OR_RETURN(Tensor copy, empty(DType::kF32, {t.rows(), t.cols()}));
+  cpu::quantize_head_blocks_e4m3(t, head_dim, /*power_of_two=*/value, copy);
+  return copy;
+}
+
+absl::Status CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const AttentionParams& params, const Tensor& out) {
+  FLUX_RETURN_IF_ERROR(check_attention("attention", q, k, v, params, out));
+  const int64_t sk = k.rows();
   const int64_t valid_keys = params.num_valid_keys < 0 ? sk : std::min(sk, params.num_valid_keys);
-  // quality=high: the operands the FP8 kernel reads, then P rounded as it rounds P.
-  const bool fp8 =
-      request().quality == Quality::kHigh && !params.causal && params.num_valid_keys < 0;
-  if (fp8) {
-    std::vector<Tensor> copies;
-    for (const Tensor* t : {&q, &k, &v}) {
-      FLUX_ASSIGN_OR_RETURN(Tensor copy, empty(DType::kF32, {t->rows(), t->cols()}));
-      cpu::quantize_head_blocks_e4m3(*t, dh, /*power_of_two=*/t == &v, copy);
-      copies.push_back(std::move(copy));
-    }
-    return attention_rows(copies[0], copies[1], copies[2], params, out, valid_keys, true);
+  if (!emulates_fp8_attention(params)) {
+    return attention_rows(q, k, v, params, out, valid_keys, false);
   }
-  return attention_rows(q, k, v, params, out, valid_keys, false);
+  // quality=high: the operands the FP8 kernel reads, then P rounded as it rounds P.
+  const int64_t dh = params.head_dim;
+  FLUX_ASSIGN_OR_RETURN(Tensor q8, fp8_attention_operand(q, dh, false));
+  FLUX_ASSIGN_OR_RETURN(Tensor k8, fp8_attention_operand(k, dh, false));
+  FLUX_ASSIGN_OR_RETURN(Tensor v8, fp8_attention_operand(v, dh, true));
+  return attention_rows(q8, k8, v8, params, out, valid_keys, true);
+}
+
+absl::Status CpuBackend::attention_with_cached_keys(const Tensor& q, const Tensor& k,
+                                                    const Tensor& v, const CachedKeys& cached,
+                                                    const Tensor& k_room, const Tensor& v_room,
+                                                    const AttentionParams& params,
+                                                    const Tensor& out) {
+  if (!emulates_fp8_attention(params)) {
+    return Backend::attention_with_cached_keys(q, k, v, cached, k_room, v_room, params, out);
+  }
+  constexpr absl::string_view kOp = "attention_with_cached_keys";
+  FLUX_RETURN_IF_ERROR(check_cached_keys_layout(k, v, cached, k_room, v_room));
+  const auto* plain = dynamic_cast<const PlainCachedKeys*>(&cached);
+  if (plain == nullptr) return op_error(kOp, "the cache was not made by this backend's cache_keys");
+  FLUX_RETURN_IF_ERROR(check_attention(kOp, q, k_room, v_room, params, out));
+  // quality=high: [own keys ; cached keys], each segment quantized per head and 128 keys from its
+  // own first row, as the FP8 kernel reads them (the room's rows are not needed).
+  const int64_t dh = params.head_dim, s = k.rows(), r = cached.rows();
+  FLUX_ASSIGN_OR_RETURN(Tensor q8, fp8_attention_operand(q, dh, false));
+  FLUX_ASSIGN_OR_RETURN(Tensor k8, empty(DType::kF32, {s + r, k.cols()}));
+  FLUX_ASSIGN_OR_RETURN(Tensor v8, empty(DType::kF32, {s + r, v.cols()}));
+  cpu::quantize_head_blocks_e4m3(k, dh, false, k8.row_slice(0, s));
+  cpu::quantize_head_blocks_e4m3(plain->k, dh, false, k8.row_slice(s, r));
+  cpu::quantize_head_blocks_e4m3(v, dh, true, v8.row_slice(0, s));
+  cpu::quantize_head_blocks_e4m3(plain->v, dh, true, v8.row_slice(s, r));
+  return attention_rows(q8, k8, v8, params, out, s + r, true);
 }
 
 absl::Status CpuBackend::attention_rows(const Tensor& q, const Tensor& k, const Tensor& v,

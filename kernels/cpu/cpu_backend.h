@@ -58,6 +58,12 @@ class CpuBackend final : public Backend {
 
   absl::Status attention(const Tensor& q, const Tensor& k, const Tensor& v,
                          const AttentionParams& params, const Tensor& out) override;
+  // quality=high: the FP8 emulation with each key segment quantized on its own; otherwise the
+  // default (the cache copied after k and v, then attention).
+  absl::Status attention_with_cached_keys(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const CachedKeys& cached, const Tensor& k_room,
+                                          const Tensor& v_room, const AttentionParams& params,
+                                          const Tensor& out) override;
 
   absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                       const Tensor& out) override;
@@ -75,6 +81,13 @@ class CpuBackend final : public Backend {
                            const Tensor& out) override;
 
  private:
+  // attention's checks: the head layout, f32 q, k, v and out of matching shapes.
+  absl::Status check_attention(absl::string_view op, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const AttentionParams& params, const Tensor& out);
+  // Whether this attention emulates the CUDA backend's FP8 one: quality=high, non-causal, unmasked.
+  bool emulates_fp8_attention(const AttentionParams& params) const;
+  // An FP8 attention operand: t's E4M3 values per head and 128 rows (V's scales powers of two).
+  absl::StatusOr<Tensor> fp8_attention_operand(const Tensor& t, int64_t head_dim, bool value);
   // attention's loops over (head, query row), keys below valid_keys; `fp8_probabilities` rounds
   // each probability as the FP8 kernel does before it weights V.
   absl::Status attention_rows(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "kernels/base/fp8_attention_keys.h"
 #include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/parallel.h"
 #include "kernels/cpu/cpu_access.h"
@@ -10,7 +11,7 @@
 namespace flux2::cpu {
 namespace {
 
-constexpr int64_t kBlockRows = 128;  // the FP8 attention's token block
+constexpr int64_t kBlockRows = kFp8AttentionKeyBlock;  // the FP8 attention's token block
 
 float dequantized(float x, float scale) {
   return e4m3_to_f32(fp8_quantize_value(x, scale)) * scale;

@@ -1,8 +1,13 @@
 // The E4M3 operands of our FP8 flash attention (attention_fp8_operands.h): one kernel quantizes Q
-// and K block by block, one transposes and quantizes V block by block.
-// Tested bit for bit against a CPU reference by tests/cuda/flash_attention_fp8_test.cc.
+// and K block by block, one transposes and quantizes V block by block; one dequantizes a cached key
+// segment. Tested bit for bit against CPU references by tests/cuda/flash_attention_fp8_test.cc and
+// flash_attention_fp8_keys_test.cc.
 #include "kernels/cuda/attention_fp8_operands.h"
 
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fp8_nvfp4.h"
 #include "kernels/cuda/common.cuh"
@@ -71,8 +76,9 @@ __device__ __forceinline__ void load_f32x8(const float* p, float out[8]) {
   out[7] = b.w;
 }
 
-// Q and K block by block: item (tile, which, head), which = 0 (Q) or 1 (K), ordered tile-major;
-// each resident block takes a contiguous run of items. Per item: the scale from the block's amax,
+// Q and K block by block: item (tile, which, head), which = 0 (Q) or 1 (K), ordered tile-major
+// over the tiles both have, then the longer one's other tiles; each resident block takes a
+// contiguous run of items. Per item: the scale from the block's amax,
 // E4M3 out; kNorm: QK-norm + RoPE first (norm_rope8). A thread holds 4 rows x 8 channels. It keeps
 // the rows' cos/sin in registers while the tile stays the same, and the next item's loads are in
 // flight while it works on this one.
@@ -81,11 +87,12 @@ constexpr int kQkRowsPerThread = kTile / (kQkThreads / 16);  // 4
 
 template <bool kNorm>
 __global__ void __launch_bounds__(kQkThreads, 1)
-    quantize_qk_kernel(Bf16Matrix q, Bf16Matrix k, int tokens, int heads, uint8_t* q8, uint8_t* k8,
-                       float* scales, QkNormArgs norm) {
+    quantize_qk_kernel(Bf16Matrix q, Bf16Matrix k, int q_tokens, int kv_tokens, int heads,
+                       uint8_t* q8, uint8_t* k8, float* scales, QkNormArgs norm) {
   __shared__ uint32_t scratch[32];
   __shared__ __align__(16) float weights[2][2][128];  // [Q or K][before / from split]
-  const int tiles = (tokens + kTile - 1) / kTile, items = tiles * 2 * heads;
+  const int q_tiles = (q_tokens + kTile - 1) / kTile, kv_tiles = (kv_tokens + kTile - 1) / kTile;
+  const int common = min(q_tiles, kv_tiles), items = (q_tiles + kv_tiles) * heads;
   const int begin = static_cast<int>(int64_t{blockIdx.x} * items / gridDim.x);
   const int end = static_cast<int>(int64_t{blockIdx.x + 1} * items / gridDim.x);
   const int pack = threadIdx.x % 16, slot = threadIdx.x / 16;
@@ -103,18 +110,23 @@ __global__ void __launch_bounds__(kQkThreads, 1)
     int tile, which, head;
   };
   auto item_at = [&](int i) {
-    const int tile = i / (2 * heads), rest = i % (2 * heads);
-    return Item{tile, rest / heads, rest % heads};
+    if (i < common * 2 * heads) {
+      const int tile = i / (2 * heads), rest = i % (2 * heads);
+      return Item{tile, rest / heads, rest % heads};
+    }
+    const int j = i - common * 2 * heads;
+    return Item{common + j / heads, q_tiles > kv_tiles ? 0 : 1, j % heads};
   };
+  auto tokens_of = [&](int which) { return which == 0 ? q_tokens : kv_tokens; };
   auto row_of = [&](int tile, int i) { return tile * kTile + slot + (kQkThreads / 16) * i; };
   auto load_item = [&](const Item& it, uint4 raw[kQkRowsPerThread]) {
     const Bf16Matrix in = it.which == 0 ? q : k;
 #pragma unroll
     for (int i = 0; i < kQkRowsPerThread; ++i) {
       const int row = row_of(it.tile, i);
-      raw[i] = row < tokens ? *reinterpret_cast<const uint4*>(in.data + row * in.stride +
-                                                              it.head * 128 + pack * 8)
-                            : make_uint4(0, 0, 0, 0);
+      raw[i] = row < tokens_of(it.which) ? *reinterpret_cast<const uint4*>(
+                                               in.data + row * in.stride + it.head * 128 + pack * 8)
+                                         : make_uint4(0, 0, 0, 0);
     }
   };
   float c[kQkRowsPerThread][8], s[kQkRowsPerThread][8];
@@ -135,7 +147,7 @@ __global__ void __launch_bounds__(kQkThreads, 1)
           const int row = row_of(it.tile, r);
 #pragma unroll
           for (int e = 0; e < 8; ++e) c[r][e] = s[r][e] = 0.0f;
-          if (row < tokens) {
+          if (row < q_tokens) {  // the fused norm has as many q as k rows
             load_f32x8(norm.cos + row * norm.cos_stride + 8 * pack, c[r]);
             load_f32x8(norm.sin + row * norm.sin_stride + 8 * pack, s[r]);
           }
@@ -156,13 +168,16 @@ __global__ void __launch_bounds__(kQkThreads, 1)
     const uint32_t amax = block_max_bits(magnitude_bits_of(magnitudes), scratch);
     const float scale = fp8_dequant_scale(__uint_as_float(amax));
     const float encode = fp8_encode_factor(scale);
-    if (threadIdx.x == 0) scales[(it.which * heads + it.head) * tiles + it.tile] = scale;
+    if (threadIdx.x == 0) {
+      scales[it.which == 0 ? it.head * q_tiles + it.tile
+                           : heads * q_tiles + it.head * kv_tiles + it.tile] = scale;
+    }
     uint8_t* out = it.which == 0 ? q8 : k8;
     const int width = heads * 128;
 #pragma unroll
     for (int r = 0; r < kQkRowsPerThread; ++r) {
       const int row = row_of(it.tile, r);
-      if (row < tokens) {
+      if (row < tokens_of(it.which)) {
         float x[8];
         unpack_bf16x8(raw[r], x);
         *reinterpret_cast<uint2*>(out + static_cast<int64_t>(row) * width + it.head * 128 +
@@ -219,6 +234,31 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// A cached key segment back to bf16 (dequantize_attention_keys_fp8): one block per (block of 128
+// keys, head); K's rows read and written in key order, Vᵀ's channel rows read in position order
+// and written to their keys (flash_fp8_key_at). A fallback: simple, not fast.
+__global__ void __launch_bounds__(kThreads)
+    dequantize_keys_kernel(const uint8_t* k8, int64_t k_stride, const uint8_t* vt,
+                           int64_t vt_stride, const float* scale_k, const float* scale_v, int keys,
+                           __nv_bfloat16* k_out, int64_t k_out_stride, __nv_bfloat16* v_out,
+                           int64_t v_out_stride) {
+  const int tile = blockIdx.x, head = blockIdx.y, tiles = gridDim.x;
+  const float k_scale = scale_k[head * tiles + tile], v_scale = scale_v[head * tiles + tile];
+  for (int i = threadIdx.x; i < kTile * 128; i += kThreads) {
+    const int key = tile * kTile + i / 128, channel = head * 128 + i % 128;
+    if (key < keys) {
+      k_out[key * k_out_stride + channel] =
+          __float2bfloat16_rn(e4m3_to_f32(k8[key * k_stride + channel]) * k_scale);
+    }
+    const int position = tile * kTile + i % kTile, v_channel = head * 128 + i / kTile;
+    const int v_key = static_cast<int>(flash_fp8_key_at(position));
+    if (v_key < keys) {
+      v_out[v_key * v_out_stride + v_channel] =
+          __float2bfloat16_rn(e4m3_to_f32(vt[v_channel * vt_stride + position]) * v_scale);
+    }
+  }
+}
+
 absl::Status check_input(const Mat& m, int64_t tokens, int64_t width, const char* field) {
   if (m.rows != tokens || m.cols != width || !rows_aligned16(m, 2)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -228,77 +268,108 @@ absl::Status check_input(const Mat& m, int64_t tokens, int64_t width, const char
   return absl::OkStatus();
 }
 
-}  // namespace
-
-int64_t flash_fp8_scale_count(int64_t heads, int64_t tokens) {
-  return 3 * heads * flash_fp8_tiles(tokens);
-}
-
-FlashFp8Args flash_fp8_args(const FlashFp8Operands& operands, int64_t tokens, int64_t heads) {
-  const int64_t width = heads * kFlashFp8HeadDim, tiles = flash_fp8_tiles(tokens);
-  FlashFp8Args args;
-  args.q = Mat{operands.q, tokens, width, width};
-  args.k = Mat{operands.k, tokens, width, width};
-  args.vt = operands.vt;
-  args.heads = heads;
-  args.scale_q = operands.scales;
-  args.scale_k = operands.scales + heads * tiles;
-  args.scale_v = operands.scales + 2 * heads * tiles;
+// The fused QK-norm's kernel arguments for `tokens` rows of q and of k, or why they do not fit.
+absl::StatusOr<QkNormArgs> qk_norm_args(const FlashFp8QkNorm& norm, int64_t q_tokens,
+                                        int64_t kv_tokens) {
+  if (q_tokens != kv_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantize_attention_operands_fp8: the fused QK-norm needs as many q as k rows, got ",
+        q_tokens, " and ", kv_tokens));
+  }
+  QkNormArgs args{};
+  for (int i = 0; i < 2; ++i) {
+    for (const void* weight : {norm.q_weight[i], norm.k_weight[i]}) {
+      if (weight == nullptr || !aligned16(weight)) {
+        return absl::InvalidArgumentError(
+            "quantize_attention_operands_fp8: norm weights must be 16-byte aligned");
+      }
+    }
+    args.weight[0][i] = static_cast<const __nv_bfloat16*>(norm.q_weight[i]);
+    args.weight[1][i] = static_cast<const __nv_bfloat16*>(norm.k_weight[i]);
+  }
+  for (const Mat* table : {&norm.cos, &norm.sin}) {
+    if (table->rows != q_tokens || table->cols != 128 || !rows_aligned16(*table, 4)) {
+      return absl::InvalidArgumentError(
+          "quantize_attention_operands_fp8: cos and sin must be f32 [S, 128], rows 16-byte "
+          "aligned");
+    }
+  }
+  if (norm.split < 0 || norm.split > q_tokens) {
+    return absl::InvalidArgumentError("quantize_attention_operands_fp8: split outside [0, S]");
+  }
+  args.split = static_cast<int>(norm.split);
+  args.eps = norm.eps;
+  args.cos = static_cast<const float*>(norm.cos.data);
+  args.sin = static_cast<const float*>(norm.sin.data);
+  args.cos_stride = norm.cos.stride;
+  args.sin_stride = norm.sin.stride;
   return args;
 }
 
-absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const Mat& v,
-                                             int64_t heads, const FlashFp8Operands& out,
-                                             cudaStream_t stream, const FlashFp8QkNorm* norm) {
-  const int64_t tokens = q.rows, width = heads * kFlashFp8HeadDim;
-  if (heads <= 0 || heads > 65535 || tokens <= 0 || tokens > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(
-        "quantize_attention_operands_fp8: heads or tokens out of range");
+// Shapes and buffers of quantize_attention_operands_fp8, naming what does not fit.
+absl::Status check_operands(const Mat& q, const Mat& k, const Mat& v, int64_t heads,
+                            const FlashFp8Operands& out) {
+  const int64_t q_tokens = q.rows, kv_tokens = k.rows, width = heads * kFlashFp8HeadDim;
+  constexpr int64_t kMaxTokens = int64_t{1} << 30;
+  if (heads <= 0 || heads > 65535 || q_tokens < 0 || q_tokens > kMaxTokens || kv_tokens <= 0 ||
+      kv_tokens > kMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantize_attention_operands_fp8: ", heads, " heads, ", q_tokens, " q and ", kv_tokens,
+        " k rows out of range (1..65535 heads, 0..2^30 q and 1..2^30 k rows)"));
   }
-  FLUX_RETURN_IF_ERROR(check_input(q, tokens, width, "q"));
-  FLUX_RETURN_IF_ERROR(check_input(k, tokens, width, "k"));
-  FLUX_RETURN_IF_ERROR(check_input(v, tokens, width, "v"));
-  const void* buffers[] = {out.q, out.k, out.vt, out.scales};
+  if (q_tokens > 0) FLUX_RETURN_IF_ERROR(check_input(q, q_tokens, width, "q"));
+  FLUX_RETURN_IF_ERROR(check_input(k, kv_tokens, width, "k"));
+  FLUX_RETURN_IF_ERROR(check_input(v, kv_tokens, width, "v"));
+  const void* buffers[] = {q_tokens > 0 ? out.q : out.k, out.k, out.vt, out.scales};
   for (const void* p : buffers) {
     if (p == nullptr || !aligned16(p)) {
       return absl::InvalidArgumentError(
           "quantize_attention_operands_fp8: q, k, vt and scales must be 16-byte aligned buffers");
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t flash_fp8_scale_count(int64_t heads, int64_t q_tokens, int64_t kv_tokens) {
+  return heads * (flash_fp8_tiles(q_tokens) + 2 * flash_fp8_tiles(kv_tokens));
+}
+
+FlashFp8KeySegment flash_fp8_key_segment(const FlashFp8Operands& operands, int64_t q_tokens,
+                                         int64_t kv_tokens, int64_t heads) {
+  const int64_t width = heads * kFlashFp8HeadDim;
+  FlashFp8KeySegment keys;
+  keys.k = Mat{operands.k, kv_tokens, width, width};
+  keys.vt = operands.vt;
+  keys.scale_k = operands.scales + heads * flash_fp8_tiles(q_tokens);
+  keys.scale_v = keys.scale_k + heads * flash_fp8_tiles(kv_tokens);
+  return keys;
+}
+
+FlashFp8Args flash_fp8_args(const FlashFp8Operands& operands, int64_t q_tokens, int64_t kv_tokens,
+                            int64_t heads) {
+  const int64_t width = heads * kFlashFp8HeadDim;
+  FlashFp8Args args;
+  args.q = Mat{operands.q, q_tokens, width, width};
+  args.keys[0] = flash_fp8_key_segment(operands, q_tokens, kv_tokens, heads);
+  args.heads = heads;
+  args.scale_q = operands.scales;
+  return args;
+}
+
+absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const Mat& v,
+                                             int64_t heads, const FlashFp8Operands& out,
+                                             cudaStream_t stream, const FlashFp8QkNorm* norm) {
+  FLUX_RETURN_IF_ERROR(check_operands(q, k, v, heads, out));
+  const int64_t q_tokens = q.rows, kv_tokens = k.rows;
+  QkNormArgs norm_args{};
+  if (norm != nullptr) {
+    FLUX_ASSIGN_OR_RETURN(norm_args, qk_norm_args(*norm, q_tokens, kv_tokens));
+  }
   auto matrix = [](const Mat& m) {
     return Bf16Matrix{static_cast<const __nv_bfloat16*>(m.data), m.stride};
   };
-  const int64_t tiles = flash_fp8_tiles(tokens);
-  const dim3 blocks(static_cast<unsigned>(tiles), static_cast<unsigned>(heads));
-  QkNormArgs norm_args{};
-  if (norm != nullptr) {
-    for (int i = 0; i < 2; ++i) {
-      for (const void* weight : {norm->q_weight[i], norm->k_weight[i]}) {
-        if (weight == nullptr || !aligned16(weight)) {
-          return absl::InvalidArgumentError(
-              "quantize_attention_operands_fp8: norm weights must be 16-byte aligned");
-        }
-      }
-      norm_args.weight[0][i] = static_cast<const __nv_bfloat16*>(norm->q_weight[i]);
-      norm_args.weight[1][i] = static_cast<const __nv_bfloat16*>(norm->k_weight[i]);
-    }
-    for (const Mat* table : {&norm->cos, &norm->sin}) {
-      if (table->rows != tokens || table->cols != 128 || !rows_aligned16(*table, 4)) {
-        return absl::InvalidArgumentError(
-            "quantize_attention_operands_fp8: cos and sin must be f32 [S, 128], rows 16-byte "
-            "aligned");
-      }
-    }
-    if (norm->split < 0 || norm->split > tokens) {
-      return absl::InvalidArgumentError("quantize_attention_operands_fp8: split outside [0, S]");
-    }
-    norm_args.split = static_cast<int>(norm->split);
-    norm_args.eps = norm->eps;
-    norm_args.cos = static_cast<const float*>(norm->cos.data);
-    norm_args.sin = static_cast<const float*>(norm->sin.data);
-    norm_args.cos_stride = norm->cos.stride;
-    norm_args.sin_stride = norm->sin.stride;
-  }
   auto kernel = norm != nullptr ? quantize_qk_kernel<true> : quantize_qk_kernel<false>;
   static int resident[2] = {0, 0};  // per kernel: blocks resident on the whole device (its grid)
   int& capacity = resident[norm != nullptr];
@@ -306,15 +377,46 @@ absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const M
     FLUX_ASSIGN_OR_RETURN(capacity, resident_blocks(reinterpret_cast<const void*>(kernel),
                                                     kQkThreads, "quantize_attention_operands_fp8"));
   }
-  const int grid = static_cast<int>(std::min<int64_t>(capacity, tiles * 2 * heads));
-  kernel<<<grid, kQkThreads, 0, stream>>>(matrix(q), matrix(k), static_cast<int>(tokens),
-                                          static_cast<int>(heads), static_cast<uint8_t*>(out.q),
+  const int64_t q_tiles = flash_fp8_tiles(q_tokens), kv_tiles = flash_fp8_tiles(kv_tokens);
+  const int grid = static_cast<int>(std::min<int64_t>(capacity, (q_tiles + kv_tiles) * heads));
+  kernel<<<grid, kQkThreads, 0, stream>>>(matrix(q), matrix(k), static_cast<int>(q_tokens),
+                                          static_cast<int>(kv_tokens), static_cast<int>(heads),
+                                          static_cast<uint8_t*>(out.q),
                                           static_cast<uint8_t*>(out.k), out.scales, norm_args);
   FLUX_RETURN_IF_LAUNCH_FAILED("quantize_attention_operands_fp8 (Q, K)");
+  const dim3 blocks(static_cast<unsigned>(kv_tiles), static_cast<unsigned>(heads));
   transpose_values_kernel<<<blocks, kThreads, 0, stream>>>(
-      matrix(v), static_cast<int>(tokens), static_cast<uint8_t*>(out.vt),
-      flash_fp8_padded_keys(tokens), out.scales + 2 * heads * tiles);
+      matrix(v), static_cast<int>(kv_tokens), static_cast<uint8_t*>(out.vt),
+      flash_fp8_padded_keys(kv_tokens), out.scales + heads * (q_tiles + kv_tiles));
   FLUX_RETURN_IF_LAUNCH_FAILED("quantize_attention_operands_fp8 (V)");
+  return absl::OkStatus();
+}
+
+absl::Status dequantize_attention_keys_fp8(const FlashFp8KeySegment& keys, int64_t heads,
+                                           const Mat& k_out, const Mat& v_out,
+                                           cudaStream_t stream) {
+  const int64_t rows = keys.k.rows, width = heads * kFlashFp8HeadDim;
+  if (heads <= 0 || heads > 65535 || rows <= 0 || rows > (int64_t{1} << 30) ||
+      keys.k.cols != width || keys.vt == nullptr || keys.scale_k == nullptr ||
+      keys.scale_v == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dequantize_attention_keys_fp8: a key segment of ", rows, " x ", keys.k.cols,
+                     " for ", heads, " heads of 128, with its Vᵀ and scales"));
+  }
+  for (const auto& [m, name] : {std::pair{&k_out, "k_out"}, {&v_out, "v_out"}}) {
+    if (m->rows != rows || m->cols != width || !rows_aligned16(*m, 2)) {
+      return absl::InvalidArgumentError(absl::StrCat("dequantize_attention_keys_fp8: ", name,
+                                                     " must be bf16 [", rows, ", ", width,
+                                                     "] with 16-byte aligned rows"));
+    }
+  }
+  const dim3 blocks(static_cast<unsigned>(flash_fp8_tiles(rows)), static_cast<unsigned>(heads));
+  dequantize_keys_kernel<<<blocks, kThreads, 0, stream>>>(
+      static_cast<const uint8_t*>(keys.k.data), keys.k.stride, static_cast<const uint8_t*>(keys.vt),
+      flash_fp8_padded_keys(rows), keys.scale_k, keys.scale_v, static_cast<int>(rows),
+      static_cast<__nv_bfloat16*>(k_out.data), k_out.stride,
+      static_cast<__nv_bfloat16*>(v_out.data), v_out.stride);
+  FLUX_RETURN_IF_LAUNCH_FAILED("dequantize_attention_keys_fp8");
   return absl::OkStatus();
 }
 

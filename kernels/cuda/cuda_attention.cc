@@ -1,8 +1,9 @@
 // CudaBackend's attention strategy: cuDNN SDPA for the transformer's attention at lossless, our FP8
-// flash attention (with QK-norm and RoPE fused into its operand quantizer) at quality=high, the
-// plain kernel for what neither serves (the text encoder's causal attention: not applicable to
-// either, so not a fallback), and two GEMMs around a row softmax for the VAE's single wide head.
-// Tested by tests/cuda/op_cases.cc (gpu_op_test), flash_attention_fp8_test.cc and
+// flash attention (with QK-norm and RoPE fused into its operand quantizer; any number of keys) at
+// quality=high, the plain kernel for what neither serves (the text encoder's causal attention: not
+// applicable to either, so not a fallback), and two GEMMs around a row softmax for the VAE's single
+// wide head. klein-KV's cached keys: cuda_cached_keys.cc. Tested by tests/cuda/op_cases.cc
+// (gpu_op_test), flash_attention_fp8_test.cc, flash_attention_fp8_keys_test.cc and
 // fast_path_fallback_test.cc.
 #include <algorithm>
 #include <optional>
@@ -20,13 +21,11 @@ namespace flux2 {
 using cuda::check_bf16;
 using cuda::CudaPath;
 
-bool CudaBackend::wants_fp8_attention(const AttentionParams& params, int64_t query_rows,
-                                      int64_t key_rows) const {
-  // The FP8 kernel serves the transformer's joint self-attention (queries = keys). klein-KV's
-  // attention to cached reference keys (more keys than queries) runs bf16 cuDNN by design: not a
-  // fallback (kernels/README.md).
+bool CudaBackend::wants_fp8_attention(const AttentionParams& params) const {
+  // The FP8 kernel serves the transformer's attention: its joint self-attention and klein-KV's
+  // queries over more keys (their own, then the references'), as many keys as any of them has.
   return request().quality == Quality::kHigh && options_.fp8_attention &&
-         cuda::cudnn_attention_applies(params) && query_rows == key_rows;
+         cuda::cudnn_attention_applies(params);
 }
 
 absl::Status CudaBackend::attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -55,7 +54,7 @@ absl::Status CudaBackend::attention(const Tensor& q, const Tensor& k, const Tens
       OpProfileScope profile(*this, "attention");
       return attention_by_gemms(q, k, v, params.scale, target);
     }
-    if (!wants_fp8_attention(params, q.rows(), k.rows())) {
+    if (!wants_fp8_attention(params)) {
       return attention_bf16(q, k, v, params, target);
     }
     return run_path(
@@ -82,7 +81,7 @@ absl::Status CudaBackend::normed_attention(const Tensor& q, const Tensor& k, con
            cuda::rows_aligned16(mat(t), 4);
   };
   const bool fusable =
-      wants_fp8_attention(params, q.rows(), k.rows()) &&
+      wants_fp8_attention(params) && q.rows() == k.rows() &&
       !cuda::fast_path(CudaPath::kFlashAttentionFp8).disabled() &&
       check_bf16("normed_attention", "q", q).ok() && check_bf16("normed_attention", "k", k).ok() &&
       check_bf16("normed_attention", "v", v).ok() &&
@@ -106,19 +105,20 @@ absl::Status CudaBackend::normed_attention(const Tensor& q, const Tensor& k, con
 
 absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
                                               const AttentionParams& params, const QkNormRope* norm,
-                                              const cuda::Mat& out) {
-  const int64_t s = q.rows(), width = q.cols(), heads = params.num_heads;
+                                              const cuda::Mat& out,
+                                              const cuda::FlashFp8KeySegment* cached) {
+  const int64_t s_q = q.rows(), s_kv = k.rows(), width = q.cols(), heads = params.num_heads;
   std::optional<OpProfileScope> profile(std::in_place, *this, op_category("quantize", "attention"));
-  FLUX_ASSIGN_OR_RETURN(Tensor q8, scratch({s, width}, DType::kF8E4M3));
-  FLUX_ASSIGN_OR_RETURN(Tensor k8, scratch({s, width}, DType::kF8E4M3));
+  FLUX_ASSIGN_OR_RETURN(Tensor q8, scratch({s_q, width}, DType::kF8E4M3));
+  FLUX_ASSIGN_OR_RETURN(Tensor k8, scratch({s_kv, width}, DType::kF8E4M3));
   FLUX_ASSIGN_OR_RETURN(Tensor vt8,
-                        scratch({width, cuda::flash_fp8_padded_keys(s)}, DType::kF8E4M3));
+                        scratch({width, cuda::flash_fp8_padded_keys(s_kv)}, DType::kF8E4M3));
   FLUX_ASSIGN_OR_RETURN(Tensor scales,
-                        scratch({cuda::flash_fp8_scale_count(heads, s)}, DType::kF32));
+                        scratch({cuda::flash_fp8_scale_count(heads, s_q, s_kv)}, DType::kF32));
   cuda::FlashFp8Operands operands{q8.data(), k8.data(), vt8.data(), scales.data_as<float>()};
   std::optional<cuda::FlashFp8QkNorm> fused_norm;
   if (norm != nullptr) {
-    const int second = norm->split < s ? 1 : 0;  // the second weights exist when rows use them
+    const int second = norm->split < s_q ? 1 : 0;  // the second weights exist when rows use them
     fused_norm = cuda::FlashFp8QkNorm{{norm->q_weight[0].data(), norm->q_weight[second].data()},
                                       {norm->k_weight[0].data(), norm->k_weight[second].data()},
                                       norm->split,
@@ -128,7 +128,8 @@ absl::Status CudaBackend::attention_flash_fp8(const Tensor& q, const Tensor& k, 
   }
   FLUX_RETURN_IF_ERROR(cuda::quantize_attention_operands_fp8(
       mat(q), mat(k), mat(v), heads, operands, stream(), fused_norm ? &*fused_norm : nullptr));
-  cuda::FlashFp8Args a = cuda::flash_fp8_args(operands, s, heads);
+  cuda::FlashFp8Args a = cuda::flash_fp8_args(operands, s_q, s_kv, heads);
+  if (cached != nullptr) a.keys[1] = *cached;  // the second key segment, quantized once
   a.out = out;
   a.softmax_scale = params.scale;
   profile.emplace(*this, "attention");

@@ -1,7 +1,8 @@
 // CudaBackend's class declaration, shared by the files that implement it: cuda_backend.cc
 // (construction, memory, transfers), cuda_ops.cc (element-wise and norm ops), cuda_linear.cc (GEMMs
-// and the fused projections, FP8 at quality=high), cuda_attention.cc, cuda_conv.cc and
-// cuda_profile.cc. Internal to kernels/cuda; tested through the backend by tests/cuda/.
+// and the fused projections, FP8 at quality=high), cuda_attention.cc, cuda_cached_keys.cc,
+// cuda_conv.cc and cuda_profile.cc. Internal to kernels/cuda; tested through the backend by
+// tests/cuda/.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,6 +23,10 @@
 #include "kernels/cuda/kernel_args.h"
 
 namespace flux2 {
+
+namespace cuda {
+struct FlashFp8KeySegment;  // flash_attention_fp8.h
+}  // namespace cuda
 
 // A tensor as a launcher matrix.
 inline cuda::Mat mat(const Tensor& t) {
@@ -139,6 +144,14 @@ class CudaBackend final : public Backend {
   absl::Status normed_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const QkNormRope& norm, const AttentionParams& params,
                                 const Tensor& out) override;
+  // klein-KV's cache (cuda_cached_keys.cc): at quality=high with the FP8 attention, its operands
+  // quantized once and read as the kernel's second key segment.
+  absl::StatusOr<std::shared_ptr<const CachedKeys>> cache_keys(
+      const Tensor& k, const Tensor& v, const AttentionParams& params) override;
+  absl::Status attention_with_cached_keys(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const CachedKeys& cached, const Tensor& k_room,
+                                          const Tensor& v_room, const AttentionParams& params,
+                                          const Tensor& out) override;
   absl::Status conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                       const Tensor& out) override;
   absl::Status conv2d_add(const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -228,13 +241,14 @@ class CudaBackend final : public Backend {
   absl::Status attention_bf16(const Tensor& q, const Tensor& k, const Tensor& v,
                               const AttentionParams& params, const cuda::Mat& target);
   // quality=high: Q, K and V quantized to E4M3 per head and 128 tokens (V transposed; with `norm`,
-  // QK-norm and RoPE on the way), then our FP8 flash attention straight into the bf16 output.
+  // QK-norm and RoPE on the way), then our FP8 flash attention straight into the bf16 output; with
+  // `cached`, its keys are a second segment after k's (klein-KV's FP8 cache).
   absl::Status attention_flash_fp8(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const AttentionParams& params, const QkNormRope* norm,
-                                   const cuda::Mat& out);
+                                   const cuda::Mat& out,
+                                   const cuda::FlashFp8KeySegment* cached = nullptr);
   // Whether a quality=high request's attention runs through our FP8 kernel (when it can).
-  bool wants_fp8_attention(const AttentionParams& params, int64_t query_rows,
-                           int64_t key_rows) const;
+  bool wants_fp8_attention(const AttentionParams& params) const;
   // Attention for one wide head (the VAE mid block, head_dim 512): Q·Kᵀ, row softmax, P·V.
   absl::Status attention_by_gemms(const Tensor& q, const Tensor& k, const Tensor& v, float scale,
                                   const cuda::Mat& out);

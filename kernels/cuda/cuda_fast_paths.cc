@@ -34,7 +34,8 @@ constexpr std::array<FastPathSpec, static_cast<size_t>(CudaPath::kCount)> kTable
      "16-byte aligned rows"},
     {"flash_attention_fp8", kImplementation, Quality::kHigh,
      "our FP8 attention: sm_90a, non-causal, no key mask (else not applicable); head_dim 128, "
-     "as many kv heads as heads, 16-byte aligned rows; --fp8-attention on"},
+     "as many kv heads as heads, any number of keys (klein-KV's cached ones as a second "
+     "segment), 16-byte aligned rows; --fp8-attention on"},
     {"fp8_linear", kImplementation, Quality::kHigh,
      "FP8 GEMM (NVFP4 on Blackwell) of a registered weight: no bias, K % 16 == 0 (NVFP4: 32)"},
     {"swiglu_fp8", kFused, Quality::kHigh,

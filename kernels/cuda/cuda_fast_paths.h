@@ -49,7 +49,8 @@ bool cudnn_attention_applies(const AttentionParams& params);
 absl::string_view cudnn_attention_unsupported(const Mat& q, const Mat& k, const Mat& v,
                                               const AttentionParams& params, const Mat& out);
 // Our FP8 flash attention (quality=high, the transformer's attention; causal attention is not
-// applicable): an sm_90a device, head_dim 128, as many kv heads as heads, one sequence.
+// applicable): an sm_90a device, head_dim 128, as many kv heads as heads, k and v with the same
+// rows (any number: klein-KV's queries over more keys too).
 absl::string_view flash_attention_fp8_unsupported(const AttentionParams& params, const Mat& q,
                                                   const Mat& k, const Mat& v);
 // The FP8 GEMM (the NVFP4 one on Blackwell) of a registered weight: no bias, and K a multiple of

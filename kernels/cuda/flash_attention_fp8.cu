@@ -1,7 +1,8 @@
 // Our FP8 flash attention for Hopper (flash_attention_fp8.h): a producer warpgroup streams K and
-// Vᵀ tiles through TMA into a three-stage ring; two consumer warpgroups of 64 query rows each run
-// Q·Kᵀ (wgmma, both operands in shared memory), the online softmax, and P·V (P from registers),
-// taking turns on the tensor cores. Tested by tests/cuda/flash_attention_fp8_test.cc.
+// Vᵀ tiles through TMA into a three-stage ring (segment 0's tiles, then segment 1's); two consumer
+// warpgroups of 64 query rows each run Q·Kᵀ (wgmma, both operands in shared memory), the online
+// softmax, and P·V (P from registers), taking turns on the tensor cores. Tested by
+// tests/cuda/flash_attention_fp8_test.cc and flash_attention_fp8_keys_test.cc.
 #include "kernels/cuda/flash_attention_fp8.h"
 
 #include <cuda.h>
@@ -10,6 +11,7 @@
 
 #include <cmath>
 #include <mutex>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_status.h"
@@ -266,18 +268,21 @@ __device__ __forceinline__ void issue_values(float (&o)[64], const uint32_t (&p)
 // The A operand of a k32 step holds, per row, slots 4(l%4)..+3 and 16 + 4(l%4)..+3: packing the
 // accumulator columns {2t, 2t+1, 8+2t, 9+2t} and {16+2t, .., 25+2t} into them is the key
 // permutation of flash_fp8_key_at, which V's transposed layout carries.
-__global__ void __launch_bounds__(kThreads, 1)
-    flash_attention_fp8_kernel(const __grid_constant__ CUtensorMap q_map,
-                               const __grid_constant__ CUtensorMap k_map,
-                               const __grid_constant__ CUtensorMap vt_map, __nv_bfloat16* out,
-                               int64_t out_stride, int s_q, int s_kv, float scale_log2,
-                               const float* scale_q, const float* scale_k, const float* scale_v) {
+// Keys: `keys0` of segment 0 (k_map0, vt_map0, scale_k0, scale_v0), then `keys1` of segment 1
+// (keys1 0: none, its maps copies of segment 0's), walked tile by tile (fp8_attention_key_tile).
+__global__ void __launch_bounds__(kThreads, 1) flash_attention_fp8_kernel(
+    const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map0,
+    const __grid_constant__ CUtensorMap vt_map0, const __grid_constant__ CUtensorMap k_map1,
+    const __grid_constant__ CUtensorMap vt_map1, __nv_bfloat16* out, int64_t out_stride, int s_q,
+    int keys0, int keys1, float scale_log2, const float* scale_q, const float* scale_k0,
+    const float* scale_v0, const float* scale_k1, const float* scale_v1) {
 #ifdef FLUX2_FLASH_FP8_DEVICE  // elsewhere never launched: flash_attention_fp8_available()
   extern __shared__ uint8_t shared_raw[];
   auto& s = *reinterpret_cast<SharedTiles*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) &
                                             ~uintptr_t{1023});
   const int head = blockIdx.y, m_block = blockIdx.x;
-  const int tiles = (s_kv + kBlockN - 1) / kBlockN;
+  const int tiles0 = fp8_attention_tiles(keys0), tiles1 = fp8_attention_tiles(keys1);
+  const int tiles = tiles0 + tiles1;
   if (threadIdx.x == 0) {
     barrier_init(&s.q_full, 1);
     for (int i = 0; i < kStages; ++i) {
@@ -298,12 +303,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int j = 0; j < tiles; ++j) {
         const int stage = j % kStages;
         const uint32_t parity = ((j / kStages) & 1) ^ 1;
+        const Fp8KeyTile tile = fp8_attention_key_tile(keys0, keys1, j);
+        const bool first = tile.segment == 0;
         barrier_wait(&s.k_empty[stage], parity);
         barrier_expect_bytes(&s.k_full[stage], kTileBytes);
-        tma_load(s.k[stage], &k_map, &s.k_full[stage], head * 128, j * kBlockN);
+        tma_load(s.k[stage], first ? &k_map0 : &k_map1, &s.k_full[stage], head * 128,
+                 tile.tile * kBlockN);
         barrier_wait(&s.v_empty[stage], parity);
         barrier_expect_bytes(&s.v_full[stage], kTileBytes);
-        tma_load(s.v[stage], &vt_map, &s.v_full[stage], j * kBlockN, head * 128);
+        tma_load(s.v[stage], first ? &vt_map0 : &vt_map1, &s.v_full[stage], tile.tile * kBlockN,
+                 head * 128);
       }
     }
     return;
@@ -318,8 +327,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int my_turn = 1 + group, other_turn = 2 - group;
   // log2-domain logits per stored unit: Q's scale for this block of rows times K's for each tile.
   const float q_scale_log2 = scale_log2 * scale_q[head * gridDim.x + m_block];
-  const float* k_scales = scale_k + head * tiles;
-  const float* v_scales = scale_v + head * tiles;  // powers of two
+  const float *k_scales0 = scale_k0 + head * tiles0, *k_scales1 = scale_k1 + head * tiles1;
+  const float *v_scales0 = scale_v0 + head * tiles0, *v_scales1 = scale_v1 + head * tiles1;
+  // Tile j's keys that exist, and its K and V scales (V's powers of two).
+  auto valid_keys = [&](int j) { return fp8_attention_key_tile(keys0, keys1, j).valid; };
+  auto k_scale = [&](int j) {
+    const Fp8KeyTile tile = fp8_attention_key_tile(keys0, keys1, j);
+    return (tile.segment == 0 ? k_scales0 : k_scales1)[tile.tile];
+  };
+  auto v_scale_of = [&](int j) {
+    const Fp8KeyTile tile = fp8_attention_key_tile(keys0, keys1, j);
+    return (tile.segment == 0 ? v_scales0 : v_scales1)[tile.tile];
+  };
   const uint64_t q_desc = tile_descriptor(s.q + group * 64 * 128);
   float o[64], acc[64];
 #pragma unroll
@@ -341,17 +360,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
   fence_registers(acc);
   release(&s.k_empty[0]);
-  softmax_tile(acc, s_kv, t, q_scale_log2 * k_scales[0], power_of_two_log2(v_scales[0]),
-               __frcp_rn(v_scales[0]), stats, correction);
+  const float first_v_scale = v_scale_of(0);
+  softmax_tile(acc, valid_keys(0), t, q_scale_log2 * k_scale(0), power_of_two_log2(first_v_scale),
+               __frcp_rn(first_v_scale), stats, correction);
   pack_probabilities(acc, p);
-  float next_k_scale = tiles > 1 ? k_scales[1] : 0.0f,
-        next_v_scale = tiles > 1 ? v_scales[1] : 1.0f;
+  float next_k_scale = tiles > 1 ? k_scale(1) : 0.0f,
+        next_v_scale = tiles > 1 ? v_scale_of(1) : 1.0f;
   for (int j = 1; j < tiles; ++j) {
     const int k_stage = j % kStages, v_stage = (j - 1) % kStages;
     const float score_scale = q_scale_log2 * next_k_scale, v_scale = next_v_scale;
     if (j + 1 < tiles) {  // in flight during this tile
-      next_k_scale = k_scales[j + 1];
-      next_v_scale = v_scales[j + 1];
+      next_k_scale = k_scale(j + 1);
+      next_v_scale = v_scale_of(j + 1);
     }
     named_barrier_sync(my_turn);
     barrier_wait(&s.k_full[k_stage], (j / kStages) & 1);
@@ -362,8 +382,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<1>();
     fence_registers(acc);
     release(&s.k_empty[k_stage]);
-    softmax_tile(acc, s_kv - j * kBlockN, t, score_scale, power_of_two_log2(v_scale),
-                 __frcp_rn(v_scale), stats, correction);
+    softmax_tile(acc, valid_keys(j), t, score_scale, power_of_two_log2(v_scale), __frcp_rn(v_scale),
+                 stats, correction);
     wgmma_wait<0>();
     fence_registers(o);
     fence_registers(p);
@@ -451,6 +471,26 @@ absl::Status check_operand(const Mat& m, int64_t width, const char* field) {
   return absl::OkStatus();
 }
 
+// Segment `index`'s keys, Vᵀ and scales checked (naming the field), and its two tensor maps.
+absl::Status check_segment(const FlashFp8KeySegment& segment, int64_t width, int index,
+                           CUtensorMap* k_map, CUtensorMap* vt_map) {
+  const std::string k = absl::StrCat("keys[", index, "].k"),
+                    vt = absl::StrCat("keys[", index, "].vt");
+  FLUX_RETURN_IF_ERROR(check_operand(segment.k, width, k.c_str()));
+  if (reinterpret_cast<uintptr_t>(segment.vt) % 16 != 0 || segment.vt == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash_attention_fp8: ", vt, " must be a 16-byte aligned buffer"));
+  }
+  if (segment.scale_k == nullptr || segment.scale_v == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash_attention_fp8: keys[", index, "].scale_k and scale_v are required"));
+  }
+  const int64_t padded = flash_fp8_padded_keys(segment.k.rows);
+  FLUX_RETURN_IF_ERROR(
+      make_tile_map(k_map, segment.k.data, segment.k.rows, width, segment.k.stride, k.c_str()));
+  return make_tile_map(vt_map, segment.vt, width, padded, padded, vt.c_str());
+}
+
 }  // namespace
 
 bool flash_attention_fp8_available() {
@@ -476,41 +516,44 @@ bool flash_attention_fp8_available() {
 bool flash_attention_fp8_supports(const AttentionParams& params, const Mat& q, const Mat& k,
                                   const Mat& v) {
   return !params.causal && params.num_valid_keys < 0 && params.head_dim == kFlashFp8HeadDim &&
-         params.num_kv_heads == params.num_heads && q.rows == k.rows && k.rows == v.rows &&
-         q.rows <= (int64_t{1} << 30) && rows_aligned16(q, 2) && rows_aligned16(k, 2) &&
-         rows_aligned16(v, 2);
+         params.num_kv_heads == params.num_heads && k.rows == v.rows && k.rows > 0 &&
+         q.rows <= (int64_t{1} << 30) && k.rows <= (int64_t{1} << 30) && rows_aligned16(q, 2) &&
+         rows_aligned16(k, 2) && rows_aligned16(v, 2);
 }
 
 absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream) {
   if (!flash_attention_fp8_available()) {
     return absl::UnimplementedError("flash_attention_fp8: needs an sm_90a build on a 9.0 device");
   }
-  const int64_t width = args.heads * kFlashFp8HeadDim;
-  const int64_t s_q = args.q.rows, s_kv = args.k.rows;
-  if (args.heads <= 0 || s_q <= 0 || s_kv <= 0 || s_q > (int64_t{1} << 30) ||
-      s_kv > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(
-        "flash_attention_fp8: heads, q rows and k rows must be positive");
+  const int64_t width = args.heads * kFlashFp8HeadDim, s_q = args.q.rows;
+  const int64_t keys0 = args.keys[0].k.rows, keys1 = args.keys[1].k.rows;
+  constexpr int64_t kMaxRows = int64_t{1} << 30;
+  if (args.heads <= 0 || s_q <= 0 || keys0 <= 0 || keys1 < 0 || s_q > kMaxRows ||
+      keys0 + keys1 > kMaxRows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flash_attention_fp8: heads, q rows and segment 0's keys must be positive, at most 2^30 "
+        "queries and keys; got ",
+        args.heads, " heads, ", s_q, " queries, ", keys0, " + ", keys1, " keys"));
   }
   FLUX_RETURN_IF_ERROR(check_operand(args.q, width, "q"));
-  FLUX_RETURN_IF_ERROR(check_operand(args.k, width, "k"));
   if (args.out.cols != width || args.out.rows != s_q ||
       reinterpret_cast<uintptr_t>(args.out.data) % 4 != 0 || args.out.stride % 2 != 0) {
     return absl::InvalidArgumentError(
         "flash_attention_fp8: out must be bf16 [S_q, H·128], rows 4-byte aligned");
   }
-  if (reinterpret_cast<uintptr_t>(args.vt) % 16 != 0) {
-    return absl::InvalidArgumentError("flash_attention_fp8: vt must be 16-byte aligned");
+  if (args.scale_q == nullptr) {
+    return absl::InvalidArgumentError("flash_attention_fp8: scale_q is required");
   }
-  if (args.scale_q == nullptr || args.scale_k == nullptr || args.scale_v == nullptr) {
-    return absl::InvalidArgumentError(
-        "flash_attention_fp8: scale_q, scale_k and scale_v are required");
-  }
-  CUtensorMap q_map, k_map, vt_map;
-  const int64_t padded = flash_fp8_padded_keys(s_kv);
+  CUtensorMap q_map, k_maps[2], vt_maps[2];
   FLUX_RETURN_IF_ERROR(make_tile_map(&q_map, args.q.data, s_q, width, args.q.stride, "q"));
-  FLUX_RETURN_IF_ERROR(make_tile_map(&k_map, args.k.data, s_kv, width, args.k.stride, "k"));
-  FLUX_RETURN_IF_ERROR(make_tile_map(&vt_map, args.vt, width, padded, padded, "vt"));
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1 && keys1 == 0) {  // no second segment: never read, its maps segment 0's
+      k_maps[1] = k_maps[0];
+      vt_maps[1] = vt_maps[0];
+      continue;
+    }
+    FLUX_RETURN_IF_ERROR(check_segment(args.keys[i], width, i, &k_maps[i], &vt_maps[i]));
+  }
   static std::once_flag attribute_once;
   std::call_once(attribute_once, [] {
     cudaFuncSetAttribute(flash_attention_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -519,10 +562,12 @@ absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream) 
   const float scale_log2 = args.softmax_scale * static_cast<float>(M_LOG2E);
   const dim3 grid(static_cast<unsigned>((s_q + kBlockM - 1) / kBlockM),
                   static_cast<unsigned>(args.heads));
+  const FlashFp8KeySegment& second = keys1 > 0 ? args.keys[1] : args.keys[0];
   flash_attention_fp8_kernel<<<grid, kThreads, kSharedBytes, stream>>>(
-      q_map, k_map, vt_map, static_cast<__nv_bfloat16*>(args.out.data), args.out.stride,
-      static_cast<int>(s_q), static_cast<int>(s_kv), scale_log2, args.scale_q, args.scale_k,
-      args.scale_v);
+      q_map, k_maps[0], vt_maps[0], k_maps[1], vt_maps[1],
+      static_cast<__nv_bfloat16*>(args.out.data), args.out.stride, static_cast<int>(s_q),
+      static_cast<int>(keys0), static_cast<int>(keys1), scale_log2, args.scale_q,
+      args.keys[0].scale_k, args.keys[0].scale_v, second.scale_k, second.scale_v);
   FLUX_RETURN_IF_LAUNCH_FAILED("flash_attention_fp8");
   return absl::OkStatus();
 }

@@ -1,8 +1,10 @@
 // Our FP8 (E4M3) flash attention for Hopper (quality=high): Q·Kᵀ and P·V on the tensor
 // cores (wgmma, operands in shared memory through TMA), online softmax in fp32, P rounded to E4M3,
-// bf16 output. Deterministic: every output element is computed by one CTA in a fixed order.
-// Operands come from attention_fp8_operands.h. Tested against a float64 reference of the same
-// E4M3 operands by tests/cuda/flash_attention_fp8_test.cc.
+// bf16 output. Deterministic: every output element is computed by one CTA in a fixed order. Keys
+// may outnumber queries and come in two segments (a call's own keys, then cached ones:
+// kernels/base/fp8_attention_keys.h). Operands come from attention_fp8_operands.h. Tested against a
+// float64 reference of the same E4M3 operands by tests/cuda/flash_attention_fp8_test.cc and
+// flash_attention_fp8_keys_test.cc.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,14 +13,16 @@
 
 #include "absl/status/status.h"
 #include "kernels/backend.h"
+#include "kernels/base/fp8_attention_keys.h"
 #include "kernels/base/fp8_nvfp4.h"  // FLUX_HOST_DEVICE
 #include "kernels/cuda/kernel_args.h"
 
 namespace flux2::cuda {
 
 inline constexpr int64_t kFlashFp8HeadDim = 128;
-// V is stored transposed, [H · 128, keys], with the keys padded to a multiple of this.
-inline constexpr int64_t kFlashFp8KeyBlock = 128;
+// V is stored transposed, [H · 128, keys], with the keys padded to a multiple of this (per
+// segment).
+inline constexpr int64_t kFlashFp8KeyBlock = kFp8AttentionKeyBlock;
 
 // Keys of V's transposed layout: column `position` of a row holds key flash_fp8_key_at(position);
 // key k sits at column flash_fp8_position_of(k). Within each group of 32 the keys are permuted so
@@ -53,29 +57,40 @@ inline int64_t flash_fp8_tiles(int64_t tokens) {
   return (tokens + kFlashFp8KeyBlock - 1) / kFlashFp8KeyBlock;
 }
 
-struct FlashFp8Args {
-  // E4M3, token-major [S, H·128] with row strides in bytes (q.stride, k.stride; multiples of 16).
-  Mat q, k;
-  // E4M3 [H·128, flash_fp8_padded_keys(S_kv)] (row stride = that), keys permuted as above; the
+// One segment of keys with their values, in the kernel's layout; its blocks of 128 keys count from
+// its own first key.
+struct FlashFp8KeySegment {
+  // E4M3, token-major [S_seg, H·128], row stride in bytes (a multiple of 16). rows 0: no segment.
+  Mat k;
+  // E4M3 [H·128, flash_fp8_padded_keys(S_seg)] (row stride = that), keys permuted as above; the
   // padding keys hold zeros.
   const void* vt = nullptr;
+  // Device fp32 dequantization scales (value = stored · scale) per head and block of 128 keys
+  // ([H][flash_fp8_tiles(S_seg)], head-major); V's are powers of two (flash_fp8_value_scale).
+  const float* scale_k = nullptr;
+  const float* scale_v = nullptr;
+};
+
+struct FlashFp8Args {
+  Mat q;  // E4M3, token-major [S_q, H·128], row stride in bytes (a multiple of 16)
+  // The keys: segment 0 (at least one key), then segment 1 (k.rows 0: none). Softmax runs over
+  // both as one sequence; tiles never straddle them.
+  FlashFp8KeySegment keys[2];
   Mat out;  // bf16 [S_q, H·128]
   int64_t heads = 0;
   float softmax_scale = 0.0f;
-  // Device fp32 dequantization scales (value = stored · scale) per head and block of 128 tokens
-  // ([H][flash_fp8_tiles(S)], head-major); V's are powers of two (flash_fp8_value_scale).
-  const float* scale_q = nullptr;
-  const float* scale_k = nullptr;
-  const float* scale_v = nullptr;
+  const float* scale_q = nullptr;  // [H][flash_fp8_tiles(S_q)], as the keys' scales
 };
 
 // True when the kernel runs here: compiled for sm_90a and the device is compute capability 9.0.
 bool flash_attention_fp8_available();
 // Whether the kernel serves this attention: non-causal, unmasked, head_dim 128, as many kv heads
-// as heads, one sequence for q, k and v, bf16 rows 16-byte aligned (for the operand quantizer).
+// as heads, k and v with the same rows (any number of them, S_k > S_q included), bf16 rows 16-byte
+// aligned (for the operand quantizer).
 bool flash_attention_fp8_supports(const AttentionParams& params, const Mat& q, const Mat& k,
                                   const Mat& v);
-// Checks shapes, strides and alignment (naming the field) and launches on `stream`.
+// Checks shapes, strides and alignment (naming the field) and launches on `stream`. Bits depend
+// only on the operands and the segment layout, never on other launches.
 absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream);
 
 }  // namespace flux2::cuda

@@ -2,14 +2,18 @@
 // serves by design counts nothing; a failed precondition runs the fallback and is counted by
 // reason; the fast-path switch sends fused kernels to their eager chains and leaves implementations
 // alone; an injected kernel error disables the path for the process, counts "runtime_error" and
-// still returns the eager result; during CUDA graph capture the error propagates instead. Its own
-// binary, because disabling is process-wide.
+// still returns the eager result (klein-KV's FP8 cache: dequantized for bf16 attention); during
+// CUDA graph capture the error propagates instead. Its own binary, because disabling is
+// process-wide.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "kernels/base/fast_path_registry.h"
+#include "kernels/cuda/attention_fp8_operands.h"
+#include "kernels/cuda/flash_attention_fp8.h"
 #include "tests/cuda/gpu_test_util.h"
 
 namespace flux2 {
@@ -139,6 +143,67 @@ TEST(FastPathFallbackTest, InjectedKernelErrorDisablesPathAndFallsBack) {
   const int64_t disabled = fallbacks("gate_residual", "disabled_after_error");
   ASSERT_TRUE(be->gate_residual(x, gate.reshape({3072}), update).ok());
   EXPECT_EQ(fallbacks("gate_residual", "disabled_after_error"), disabled + 1);
+}
+
+// Last too: disables flash_attention_fp8 for the rest of this process. klein-KV's FP8 cache keeps
+// no bf16 copy, so after an injected kernel error the fallback dequantizes it into the room after
+// the step's own keys and runs bf16 attention: the bits of bf16 attention over the same room filled
+// by dequantize_attention_keys_fp8. Later calls fall back counted as disabled, and later caches are
+// bf16 copies.
+TEST(FastPathFallbackTest, InjectedFp8AttentionErrorDequantizesTheCachedKeys) {
+  FLUX2_REQUIRE_GPU(be);
+  if (!cuda::flash_attention_fp8_available()) GTEST_SKIP() << "no sm_90a FP8 attention here";
+  const int64_t s = 300, r = 200, heads = 2, width = heads * 128;
+  const AttentionParams params{heads, heads, 128, 1.0f / std::sqrt(128.0f)};
+  Tensor q = random_bf16(*be, s, width, 21), ref_k = random_bf16(*be, r, width, 23, 2.0f),
+         ref_v = random_bf16(*be, r, width, 24);
+  Tensor wide = random_bf16(*be, s + r, 2 * width, 22, 2.0f), expected_wide = clone(*be, wide);
+  auto room = [&](const Tensor& t, int which) { return t.col_slice(which * width, width); };
+  // The expected room: the cache's E4M3 operands made the same way, dequantized after k and v.
+  const cuda::Mat mk{ref_k.data(), r, width, width}, mv{ref_v.data(), r, width, width};
+  Tensor k8 = be->empty(DType::kF8E4M3, {r, width}).value();
+  Tensor vt8 = be->empty(DType::kF8E4M3, {width, cuda::flash_fp8_padded_keys(r)}).value();
+  Tensor scales = be->empty(DType::kF32, {cuda::flash_fp8_scale_count(heads, 0, r)}).value();
+  const cuda::FlashFp8Operands operands{nullptr, k8.data(), vt8.data(), scales.data_as<float>()};
+  cudaStream_t stream = cuda_stream_of(*be);
+  ASSERT_TRUE(cuda::quantize_attention_operands_fp8(cuda::Mat{nullptr, 0, width, width}, mk, mv,
+                                                    heads, operands, stream)
+                  .ok());
+  auto mat_of = [](const Tensor& t) {
+    return cuda::Mat{t.data(), t.rows(), t.cols(), t.row_stride()};
+  };
+  ASSERT_TRUE(
+      cuda::dequantize_attention_keys_fp8(cuda::flash_fp8_key_segment(operands, 0, r, heads), heads,
+                                          mat_of(room(expected_wide, 0).row_slice(s, r)),
+                                          mat_of(room(expected_wide, 1).row_slice(s, r)), stream)
+          .ok());
+  Tensor expected = be->empty(DType::kBF16, {s, width}).value();
+  ASSERT_TRUE(
+      be->attention(q, room(expected_wide, 0), room(expected_wide, 1), params, expected).ok());
+
+  const RequestScope high(*be, {Quality::kHigh});
+  auto cache = be->cache_keys(ref_k, ref_v, params);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const int64_t runtime_errors = fallbacks("flash_attention_fp8", "runtime_error");
+  inject_fast_path_failure("flash_attention_fp8");
+  Tensor out = be->empty(DType::kBF16, {s, width}).value();
+  const Tensor k_room = room(wide, 0), v_room = room(wide, 1);
+  ASSERT_TRUE(be->attention_with_cached_keys(q, k_room.row_slice(0, s), v_room.row_slice(0, s),
+                                             **cache, k_room, v_room, params, out)
+                  .ok())
+      << "the request must complete on the fallback";
+  EXPECT_TRUE(counters("flash_attention_fp8").disabled);
+  EXPECT_EQ(fallbacks("flash_attention_fp8", "runtime_error"), runtime_errors + 1);
+  EXPECT_EQ(bits(*be, out), bits(*be, expected));
+  const int64_t disabled = fallbacks("flash_attention_fp8", "disabled_after_error");
+  ASSERT_TRUE(be->attention_with_cached_keys(q, k_room.row_slice(0, s), v_room.row_slice(0, s),
+                                             **cache, k_room, v_room, params, out)
+                  .ok());
+  EXPECT_EQ(fallbacks("flash_attention_fp8", "disabled_after_error"), disabled + 1);
+  EXPECT_EQ(bits(*be, out), bits(*be, expected));
+  auto later = be->cache_keys(ref_k, ref_v, params);
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ((*later)->device_bytes(), 2 * r * width * 2) << "a cache after disabling is bf16";
 }
 
 }  // namespace

@@ -1,18 +1,23 @@
 // Our FP8 flash attention (kernels/cuda/flash_attention_fp8.cu) against a float64 reference of the
 // same E4M3 operands, within a per-element bound derived from the roundings the kernel makes, and
-// bit-identical on repeated calls (sampled query rows); its operand
-// quantizer bit for bit against a CPU reference. Skips without a GPU or an sm_90a build.
+// bit-identical on repeated calls (sampled query rows), at self-attention shapes, with more (and
+// fewer) keys than queries and with two key segments; its operand quantizer bit for bit against a
+// CPU reference. Skips without a GPU or an sm_90a build. Cached keys through the backend:
+// flash_attention_fp8_keys_test.cc.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/base/fp8_nvfp4.h"
 #include "kernels/base/numerics.h"
 #include "kernels/cuda/attention_fp8_operands.h"
@@ -42,7 +47,171 @@ std::vector<uint8_t> random_e4m3(size_t count, float sigma, float scale, uint32_
   return codes;
 }
 
-class FlashAttentionFp8Test : public ::testing::TestWithParam<Case> {};
+// Device copies of host arrays, freed together.
+class Uploads {
+ public:
+  template <typename T>
+  void* put(const std::vector<T>& host) {
+    buffers_.push_back(std::make_unique<DeviceBytes>(host.size() * sizeof(T)));
+    void* data = buffers_.back()->data;
+    EXPECT_EQ(cudaMemcpy(data, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return data;
+  }
+
+ private:
+  std::vector<std::unique_ptr<DeviceBytes>> buffers_;
+};
+
+// One key segment's E4M3 operands on the host as the operand quantizer lays them out: K and V
+// [n, width] (V's codes for the reference), Vᵀ with the keys permuted (flash_fp8_key_at) and zero
+// padding, scales per head and block of 128 keys counted from the segment's first key (varied per
+// block as the quantizer makes them; V's powers of two, 2^-7 .. 2^-5).
+struct HostSegment {
+  int64_t keys = 0, tiles = 0, padded = 0;
+  std::vector<uint8_t> k, v, vt;
+  std::vector<float> k_scales, v_scales;  // [H][tiles]
+};
+HostSegment host_segment(int64_t keys, int64_t heads, uint32_t seed) {
+  const int64_t width = heads * 128;
+  HostSegment seg;
+  seg.keys = keys;
+  seg.tiles = cuda::flash_fp8_tiles(keys);
+  seg.padded = cuda::flash_fp8_padded_keys(keys);
+  seg.k = random_e4m3(keys * width, 1.0f, 4.0f / 448, seed);
+  seg.v = random_e4m3(keys * width, 0.7f, 3.0f / 448, seed + 1);
+  seg.vt.assign(static_cast<size_t>(width * seg.padded), 0);
+  for (int64_t ch = 0; ch < width; ++ch) {
+    for (int64_t position = 0; position < seg.padded; ++position) {
+      const int64_t key = cuda::flash_fp8_key_at(position);
+      if (key < keys) seg.vt[ch * seg.padded + position] = seg.v[key * width + ch];
+    }
+  }
+  for (int64_t i = 0; i < heads * seg.tiles; ++i) {
+    seg.k_scales.push_back((3.0f + static_cast<float>((i + seed) % 5)) / 448);
+    seg.v_scales.push_back(std::ldexp(1.0f, -7 + static_cast<int>((i + seed) % 3)));
+  }
+  return seg;
+}
+
+// The kernel's view of a segment uploaded to the device.
+cuda::FlashFp8KeySegment upload_segment(const HostSegment& seg, int64_t width, Uploads& uploads) {
+  cuda::FlashFp8KeySegment view;
+  view.k = cuda::Mat{uploads.put(seg.k), seg.keys, width, width};
+  view.vt = uploads.put(seg.vt);
+  view.scale_k = static_cast<const float*>(uploads.put(seg.k_scales));
+  view.scale_v = static_cast<const float*>(uploads.put(seg.v_scales));
+  return view;
+}
+
+// Queries over keys in one or two segments (keys[1] 0: one).
+struct KernelCase {
+  const char* name;
+  int64_t queries, keys[2], heads;
+};
+
+// The kernel's bf16 output bits for Q codes `q` (scales `q_scales`, [H][tiles(S_q)]) over `keys`.
+std::vector<uint16_t> run_kernel(const std::vector<uint8_t>& q, const std::vector<float>& q_scales,
+                                 int64_t s_q, int64_t heads,
+                                 const std::vector<const HostSegment*>& keys) {
+  const int64_t width = heads * 128;
+  Uploads uploads;
+  cuda::FlashFp8Args args;
+  args.q = cuda::Mat{uploads.put(q), s_q, width, width};
+  args.scale_q = static_cast<const float*>(uploads.put(q_scales));
+  for (size_t i = 0; i < keys.size(); ++i) args.keys[i] = upload_segment(*keys[i], width, uploads);
+  args.heads = heads;
+  args.softmax_scale = 1.0f / std::sqrt(128.0f);
+  DeviceBytes out_dev(static_cast<size_t>(s_q * width * 2));
+  args.out = cuda::Mat{out_dev.data, s_q, width, width};
+  const absl::Status status = cuda::flash_attention_fp8(args, nullptr);
+  EXPECT_TRUE(status.ok()) << status;
+  std::vector<uint16_t> out(static_cast<size_t>(s_q * width));
+  EXPECT_EQ(cudaMemcpy(out.data(), out_dev.data, out.size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return out;
+}
+
+// The whole key sequence of a case: segment 0's keys, then segment 1's.
+struct KeySequence {
+  const HostSegment* seg[2];
+  int64_t count() const { return seg[0]->keys + seg[1]->keys; }
+  // Key `key`: its segment, its row there, and that row's scale (block) index for head h.
+  struct Key {
+    const HostSegment* seg;
+    int64_t row, scale;
+  };
+  Key at(int64_t key, int64_t h) const {
+    const HostSegment* in = key < seg[0]->keys ? seg[0] : seg[1];
+    const int64_t row = key - (in == seg[0] ? 0 : seg[0]->keys);
+    return Key{in, row, h * in->tiles + row / 128};
+  }
+};
+
+// Float64 logits of query `row`, head h, over every key (the kernel's softmax scale).
+std::vector<double> reference_logits(const std::vector<uint8_t>& q, double q_scale,
+                                     const KeySequence& keys, int64_t width, int64_t h,
+                                     int64_t row) {
+  const float softmax_scale = 1.0f / std::sqrt(128.0f);  // run_kernel's
+  std::vector<double> logits(static_cast<size_t>(keys.count()));
+  for (int64_t key = 0; key < keys.count(); ++key) {
+    const KeySequence::Key at = keys.at(key, h);
+    double dot = 0.0;
+    for (int64_t i = 0; i < 128; ++i) {
+      dot += static_cast<double>(e4m3_to_f32(q[row * width + h * 128 + i])) * q_scale *
+             e4m3_to_f32(at.seg->k[at.row * width + h * 128 + i]) * at.seg->k_scales[at.scale];
+    }
+    logits[key] = dot * softmax_scale;
+  }
+  return logits;
+}
+
+// Errors against the reference over the checked rows: sums for the relative L2 and the largest
+// error / bound.
+struct ErrorStats {
+  double err2 = 0.0, ref2 = 0.0, worst = 0.0;
+};
+
+// Checks head h of query `row` of the kernel's output against the float64 reference within the
+// derived bound (the test below), `relative` its relative term; "" or the first element outside.
+std::string check_row(const std::vector<uint16_t>& out, const std::vector<double>& logits,
+                      const KeySequence& keys, int64_t width, int64_t h, int64_t row,
+                      double relative, ErrorStats& stats) {
+  double max_logit = -INFINITY, total = 0.0, max_v_scale = 0.0;
+  for (int64_t key = 0; key < keys.count(); ++key) {
+    const KeySequence::Key at = keys.at(key, h);
+    max_logit = std::max(max_logit, logits[key]);
+    max_v_scale = std::max<double>(max_v_scale, at.seg->v_scales[at.scale]);
+  }
+  for (int64_t key = 0; key < keys.count(); ++key) total += std::exp(logits[key] - max_logit);
+  for (int64_t i = 0; i < 128; ++i) {
+    double ref = 0.0, weighted_abs = 0.0, plain_abs = 0.0;
+    for (int64_t key = 0; key < keys.count(); ++key) {
+      const KeySequence::Key at = keys.at(key, h);
+      const double stored = e4m3_to_f32(at.seg->v[at.row * width + h * 128 + i]);
+      const double value = stored * at.seg->v_scales[at.scale];
+      const double p = std::exp(logits[key] - max_logit);
+      ref += p * value;
+      weighted_abs += p * std::fabs(value);
+      plain_abs += std::fabs(stored) * max_v_scale;
+    }
+    ref /= total;
+    const double bound = relative * weighted_abs / total + std::ldexp(plain_abs, -18) / total +
+                         std::ldexp(std::fabs(ref), -8);
+    const double got = bf16_bits_value(out[row * width + h * 128 + i]);
+    const double err = std::fabs(got - ref);
+    stats.worst = std::max(stats.worst, err / bound);
+    stats.err2 += err * err;
+    stats.ref2 += ref * ref;
+    if (!(err <= bound)) {  // NaN included
+      return absl::StrCat("row ", row, " head ", h, " dim ", i, ": ", got, " vs ", ref, " (bound ",
+                          bound, ")");
+    }
+  }
+  return "";
+}
+
+class FlashAttentionFp8Test : public ::testing::TestWithParam<KernelCase> {};
 
 // The bound, per output element o_d of a row with probabilities p_i = exp(s_i - max) / L:
 // - P is stored as E4M3 of 256·exp(s_i - max) · sv_i / sv_max (V's per-block scale sv_i rides in
@@ -51,138 +220,116 @@ class FlashAttentionFp8Test : public ::testing::TestWithParam<Case> {};
 //   v_i / sv_i that is at most 2^-18 · sv_max in units of exp(s_i - max) <= 1;
 // - the tensor cores add each 32-key product into the fp32 accumulator keeping ~14 bits (the FP8
 //   "fast accumulation" of Hopper; measured in fp8_accumulation_test): <= 2^-13 of the running sum
-//   per step, at most (keys / 32) steps, each bounded by sum_i p_i |v_id|;
+//   per step, at most (keys / 32) steps, each bounded by sum_i p_i |v_id|; keys counts every
+//   tile's 128, the padding of a partial tile in each segment included (8704 keys: 272 steps,
+//   0.033, against 0.018 at 4608);
 // - the output is rounded to bf16: 2^-8 |o_d| (half an ulp with 8 significant bits).
 // So |o_d - ref_d| <= (2^-4 + steps 2^-13) sum_i p_i |v_id| + 2^-18 sv_max sum_i |v_id / sv_i| / L
 // + 2^-8 |ref_d|. The logits, the max and the sums are fp32 (2^-24) with ex2.approx (2^-22): a
-// 2^-16 slack on the same sum covers them for logits up to |s| ~ 2^6.
+// 2^-16 slack on the same sum covers them for logits up to |s| ~ 2^6. Segments change none of it:
+// each key carries its own block's scales, and the softmax runs over all keys as one sequence.
 TEST_P(FlashAttentionFp8Test, WithinRoundingBoundOfFloat64AndDeterministic) {
   FLUX2_REQUIRE_GPU(be);
   if (!cuda::flash_attention_fp8_available()) {
     GTEST_SKIP() << "flash_attention_fp8 needs an sm_90a build on a compute capability 9.0 GPU";
   }
-  const Case c = GetParam();
-  const int64_t d = 128, width = c.heads * d, s = c.tokens;
-  const int64_t padded = cuda::flash_fp8_padded_keys(s), tiles = cuda::flash_fp8_tiles(s);
+  const KernelCase c = GetParam();
+  const int64_t width = c.heads * 128, s_q = c.queries, q_tiles = cuda::flash_fp8_tiles(s_q);
   // Q and K as after RMSNorm (unit scale, |x| up to ~4), V zero-mean: logits with a standard
   // deviation of about 1 after the 1/sqrt(d) softmax scale, and V where cancellation is largest.
-  // The scales differ per head and block of 128 tokens, as the operand quantizer makes them (V's
-  // powers of two, 2^-7 .. 2^-5).
-  std::vector<float> scales(static_cast<size_t>(cuda::flash_fp8_scale_count(c.heads, s)));
-  for (int64_t i = 0; i < 2 * c.heads * tiles; ++i)
-    scales[i] = (3.0f + static_cast<float>(i % 5)) / 448;
-  for (int64_t i = 0; i < c.heads * tiles; ++i) {
-    scales[2 * c.heads * tiles + i] = std::ldexp(1.0f, -7 + static_cast<int>(i % 3));
-  }
-  auto q_scale = [&](int64_t row, int64_t h) { return scales[h * tiles + row / 128]; };
-  auto k_scale = [&](int64_t key, int64_t h) { return scales[(c.heads + h) * tiles + key / 128]; };
-  auto v_scale = [&](int64_t key, int64_t h) {
-    return scales[(2 * c.heads + h) * tiles + key / 128];
-  };
-  const std::vector<uint8_t> q = random_e4m3(s * width, 1.0f, 4.0f / 448, 1),
-                             k = random_e4m3(s * width, 1.0f, 4.0f / 448, 2),
-                             v = random_e4m3(s * width, 0.7f, 3.0f / 448, 3);
-  // Vᵀ with the keys permuted (flash_fp8_key_at), zeros for the padding keys.
-  std::vector<uint8_t> vt(static_cast<size_t>(width * padded), 0);
-  for (int64_t ch = 0; ch < width; ++ch) {
-    for (int64_t position = 0; position < padded; ++position) {
-      const int64_t key = cuda::flash_fp8_key_at(position);
-      if (key < s) vt[ch * padded + position] = v[key * width + ch];
-    }
-  }
-  DeviceBytes q_dev(q.size()), k_dev(k.size()), vt_dev(vt.size()),
-      out_dev(static_cast<size_t>(s * width * 2)), again_dev(static_cast<size_t>(s * width * 2)),
-      scales_dev(scales.size() * sizeof(float));
-  ASSERT_EQ(cudaMemcpy(q_dev.data, q.data(), q.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(k_dev.data, k.data(), k.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(vt_dev.data, vt.data(), vt.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(scales_dev.data, scales.data(), scales.size() * sizeof(float),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
-  cuda::FlashFp8Args args;
-  args.q = cuda::Mat{q_dev.data, s, width, width};
-  args.k = cuda::Mat{k_dev.data, s, width, width};
-  args.vt = vt_dev.data;
-  args.heads = c.heads;
-  args.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const auto* scale_dev = static_cast<const float*>(scales_dev.data);
-  args.scale_q = scale_dev;
-  args.scale_k = scale_dev + c.heads * tiles;
-  args.scale_v = scale_dev + 2 * c.heads * tiles;
-  args.out = cuda::Mat{out_dev.data, s, width, width};
-  ASSERT_TRUE(cuda::flash_attention_fp8(args, nullptr).ok());
-  args.out.data = again_dev.data;
-  ASSERT_TRUE(cuda::flash_attention_fp8(args, nullptr).ok());
-  std::vector<uint16_t> out(static_cast<size_t>(s * width)), again(out.size());
-  ASSERT_EQ(cudaMemcpy(out.data(), out_dev.data, out.size() * 2, cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(again.data(), again_dev.data, again.size() * 2, cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * 2), 0)
-      << "two identical calls differ";
+  const std::vector<uint8_t> q = random_e4m3(s_q * width, 1.0f, 4.0f / 448, 1);
+  std::vector<float> q_scales;
+  for (int64_t i = 0; i < c.heads * q_tiles; ++i)
+    q_scales.push_back((3.0f + static_cast<float>(i % 5)) / 448);
+  const HostSegment seg[2] = {host_segment(c.keys[0], c.heads, 2),
+                              host_segment(c.keys[1], c.heads, 7)};
+  std::vector<const HostSegment*> segments = {&seg[0]};
+  if (c.keys[1] > 0) segments.push_back(&seg[1]);
+  const std::vector<uint16_t> out = run_kernel(q, q_scales, s_q, c.heads, segments);
+  EXPECT_EQ(run_kernel(q, q_scales, s_q, c.heads, segments), out) << "two identical calls differ";
   // Float64 reference on sampled rows: the first and last rows and random ones, every head.
-  std::vector<int64_t> rows = {0, s - 1};
+  const KeySequence keys{{&seg[0], &seg[1]}};
+  std::vector<int64_t> rows = {0, s_q - 1};
   std::mt19937 rng(7);
-  for (int i = 0; i < 14; ++i) rows.push_back(static_cast<int64_t>(rng() % s));
-  const double steps = static_cast<double>(padded / 32);
+  for (int i = 0; i < 14; ++i) rows.push_back(static_cast<int64_t>(rng() % s_q));
+  const double steps = static_cast<double>((seg[0].padded + seg[1].padded) / 32);
   const double relative = std::ldexp(1.0, -4) + steps * std::ldexp(1.0, -13) + std::ldexp(1.0, -16);
-  double err2 = 0.0, ref2 = 0.0, worst = 0.0;  // worst: largest error / bound
-  std::vector<double> logits(static_cast<size_t>(s));
+  ErrorStats stats;
   for (int64_t h = 0; h < c.heads; ++h) {
     for (int64_t row : rows) {
-      double max_logit = -INFINITY;
-      for (int64_t key = 0; key < s; ++key) {
-        double dot = 0.0;
-        for (int64_t i = 0; i < d; ++i) {
-          dot += static_cast<double>(e4m3_to_f32(q[row * width + h * d + i])) * q_scale(row, h) *
-                 e4m3_to_f32(k[key * width + h * d + i]) * k_scale(key, h);
-        }
-        logits[key] = dot * args.softmax_scale;
-        max_logit = std::max(max_logit, logits[key]);
-      }
-      double total = 0.0, max_v_scale = 0.0;
-      for (int64_t key = 0; key < s; ++key) {
-        total += std::exp(logits[key] - max_logit);
-        max_v_scale = std::max<double>(max_v_scale, v_scale(key, h));
-      }
-      for (int64_t i = 0; i < d; ++i) {
-        double ref = 0.0, weighted_abs = 0.0, plain_abs = 0.0;
-        for (int64_t key = 0; key < s; ++key) {
-          const double stored = e4m3_to_f32(v[key * width + h * d + i]);
-          const double value = stored * v_scale(key, h);
-          const double p = std::exp(logits[key] - max_logit);
-          ref += p * value;
-          weighted_abs += p * std::fabs(value);
-          plain_abs += std::fabs(stored) * max_v_scale;
-        }
-        ref /= total;
-        const double bound = relative * weighted_abs / total + std::ldexp(plain_abs, -18) / total +
-                             std::ldexp(std::fabs(ref), -8);
-        const double got = bf16_bits_value(out[row * width + h * d + i]);
-        const double err = std::fabs(got - ref);
-        worst = std::max(worst, err / bound);
-        err2 += err * err;
-        ref2 += ref * ref;
-        if (!(err <= bound)) {  // NaN included
-          ADD_FAILURE() << c.name << ": row " << row << " head " << h << " dim " << i << ": " << got
-                        << " vs " << ref << " (bound " << bound << ")";
-          return;
-        }
+      const std::vector<double> logits =
+          reference_logits(q, q_scales[h * q_tiles + row / 128], keys, width, h, row);
+      const std::string failure = check_row(out, logits, keys, width, h, row, relative, stats);
+      if (!failure.empty()) {
+        ADD_FAILURE() << c.name << ": " << failure;
+        return;
       }
     }
   }
   std::printf("%s: relative L2 vs float64 %.3e, worst error / bound %.3f\n", c.name,
-              std::sqrt(err2 / ref2), worst);
+              std::sqrt(stats.err2 / stats.ref2), stats.worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, FlashAttentionFp8Test,
-    ::testing::Values(Case{"klein_1024", 4608,
-                           24},  // klein-4B at 1024²: 4096 image + 512 text tokens
-                      Case{"ragged_300", 300, 3},  // a partial query block and a masked key tile
-                      Case{"short_77", 77, 2},     // a single, mostly masked tile
-                      Case{"dev_heads_1536", 1536, 48}),
-    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+    ::testing::Values(
+        // Self-attention: klein-4B at 1024² (4096 image + 512 text tokens), a partial query block
+        // and a masked key tile, a single mostly masked tile, dev's 48 heads.
+        KernelCase{"klein_1024", 4608, {4608, 0}, 24}, KernelCase{"ragged_300", 300, {300, 0}, 3},
+        KernelCase{"short_77", 77, {77, 0}, 2}, KernelCase{"dev_heads_1536", 1536, {1536, 0}, 48},
+        // More keys than queries in one segment (klein-KV's extract step: the text and image rows
+        // over every key): ragged on both sides, and klein-9B-KV at 1024² with one 1024² reference.
+        KernelCase{"keys_300x1000", 300, {1000, 0}, 2},
+        KernelCase{"klein_kv_4608x8704", 4608, {8704, 0}, 32},
+        // Fewer keys than queries (nothing in FLUX.2 needs it; the kernel serves it).
+        KernelCase{"keys_300x77", 300, {77, 0}, 2},
+        // Two segments (klein-KV's cached steps: own keys, then the cached references'): partial
+        // tiles at the end of each; klein-9B-KV's cached step (4608 + 4096).
+        KernelCase{"segments_300+1000", 300, {300, 1000}, 2},
+        KernelCase{"segments_77+200", 77, {77, 200}, 3},
+        KernelCase{"klein_kv_cached_4608+4096", 4608, {4608, 4096}, 32}),
+    [](const ::testing::TestParamInfo<KernelCase>& info) {
+      std::string name = info.param.name;
+      std::replace(name.begin(), name.end(), '+', '_');
+      return name;
+    });
+
+// Keys split into two segments at a block boundary are the same key sequence, block for block:
+// the same bits as one segment holding both (every scale and code in the same place).
+TEST(FlashAttentionFp8SegmentsTest, SplitAtABlockEqualsOneSegmentBitForBit) {
+  FLUX2_REQUIRE_GPU(be);
+  if (!cuda::flash_attention_fp8_available()) {
+    GTEST_SKIP() << "flash_attention_fp8 needs an sm_90a build on a compute capability 9.0 GPU";
+  }
+  const int64_t heads = 3, width = heads * 128, s_q = 200;
+  const HostSegment first = host_segment(256, heads, 3), second = host_segment(300, heads, 5);
+  // The two as one segment of 556 keys: codes appended, Vᵀ rebuilt, scales per head in order.
+  HostSegment joined = host_segment(556, heads, 9);
+  joined.k = first.k;
+  joined.k.insert(joined.k.end(), second.k.begin(), second.k.end());
+  joined.v = first.v;
+  joined.v.insert(joined.v.end(), second.v.begin(), second.v.end());
+  for (int64_t ch = 0; ch < width; ++ch) {
+    for (int64_t position = 0; position < joined.padded; ++position) {
+      const int64_t key = cuda::flash_fp8_key_at(position);
+      joined.vt[ch * joined.padded + position] = key < 556 ? joined.v[key * width + ch] : 0;
+    }
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = 0; t < joined.tiles; ++t) {
+      const bool in_first = t < first.tiles;
+      const HostSegment& from = in_first ? first : second;
+      const int64_t i = h * from.tiles + (in_first ? t : t - first.tiles);
+      joined.k_scales[h * joined.tiles + t] = from.k_scales[i];
+      joined.v_scales[h * joined.tiles + t] = from.v_scales[i];
+    }
+  }
+  const std::vector<uint8_t> q = random_e4m3(s_q * width, 1.0f, 4.0f / 448, 11);
+  const std::vector<float> q_scales(static_cast<size_t>(heads * cuda::flash_fp8_tiles(s_q)),
+                                    5.0f / 448);
+  EXPECT_EQ(run_kernel(q, q_scales, s_q, heads, {&first, &second}),
+            run_kernel(q, q_scales, s_q, heads, {&joined}));
+}
 
 // The operand quantizer (attention_fp8_operands.cu) against the CPU: per head and block of 128
 // tokens (V's scales powers of two), V transposed with the keys permuted and zero padding.
@@ -198,7 +345,7 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
       return bf16_bits_value(bits[row * 3 * width + which * width + col]);
     };
     DeviceBytes q8(s * width), k8(s * width), vt(width * padded),
-        scales(cuda::flash_fp8_scale_count(c.heads, s) * sizeof(float));
+        scales(cuda::flash_fp8_scale_count(c.heads, s, s) * sizeof(float));
     cuda::FlashFp8Operands operands{q8.data, k8.data, vt.data, static_cast<float*>(scales.data)};
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const cuda::Mat m = cuda::Mat{fused.data(), s, width, 3 * width};
@@ -210,7 +357,7 @@ TEST(FlashAttentionFp8OperandsTest, EqualCpuReferenceBitForBit) {
                     .ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<uint8_t> got_q(s * width), got_k(s * width), got_vt(width * padded);
-    std::vector<float> got_scales(cuda::flash_fp8_scale_count(c.heads, s));
+    std::vector<float> got_scales(cuda::flash_fp8_scale_count(c.heads, s, s));
     cudaMemcpy(got_q.data(), q8.data, got_q.size(), cudaMemcpyDeviceToHost);
     cudaMemcpy(got_k.data(), k8.data, got_k.size(), cudaMemcpyDeviceToHost);
     cudaMemcpy(got_vt.data(), vt.data, got_vt.size(), cudaMemcpyDeviceToHost);
@@ -373,7 +520,7 @@ TEST(FlashAttentionFp8OperandsTest, FusedQkNormEqualsQkNormRopeThenQuantizer) {
     const NormedInputs in = normed_inputs(*be, s, c.heads, s == 300 ? 200 : 512, 41);
     const Tensor eager = testing::clone(*be, in.fused);
     norm_in_place(*be, eager, width, in.norm);
-    const int64_t scale_bytes = cuda::flash_fp8_scale_count(c.heads, s) * sizeof(float);
+    const int64_t scale_bytes = cuda::flash_fp8_scale_count(c.heads, s, s) * sizeof(float);
     std::vector<std::vector<uint8_t>> results;
     for (const Tensor* source : {&in.fused, &eager}) {
       DeviceBytes q8(s * width), k8(s * width), vt(width * padded), scales(scale_bytes);

@@ -11,8 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "kernels/base/status.h"
 #include "kernels/cuda/attention_fallback.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/flash_attention_fp8.h"
 #include "tests/cuda/op_harness.h"
 
 namespace flux2::testing {
@@ -57,6 +59,69 @@ std::string vars_of(const AttentionShape& a) {
   return absl::StrCat("S=", a.s, ",H=", a.heads, ",Hkv=", a.kv_heads, ",Dh=", a.head_dim,
                       a.causal ? ",causal" : "", a.valid_keys >= 0 ? ",valid=" : "",
                       a.valid_keys >= 0 ? absl::StrCat(a.valid_keys) : "");
+}
+
+// The request's options at quality=high, the harness's fast-path switch kept.
+RequestOptions at_high(const Backend& be) {
+  RequestOptions options = be.request();
+  options.quality = Quality::kHigh;
+  return options;
+}
+
+// Our FP8 attention against the CPU backend's emulation of it (cpu_fp8.h): the same E4M3 Q, K and V
+// (the operand quantizer is the CPU recipe bit for bit); each probability rounded to E4M3 within
+// 2^-4 relative of the exact one, the kernel's against a running maximum and the emulation's
+// against the final one, so the two at most 2 x 2^-4 apart through the convex sum over keys; plus
+// the kernel's fast accumulation ((padded keys / 32) steps of 2^-13) and its bf16 output (2^-8).
+double fp8_against_emulation(int64_t padded_keys) {
+  return 2 * std::ldexp(1.0, -4) + static_cast<double>(padded_keys / 32) * std::ldexp(1.0, -13) +
+         std::ldexp(1.0, -8);
+}
+constexpr char kFp8AgainstEmulationWhy[] =
+    "FP8 attention vs the CPU's emulation: the same E4M3 operands, P rounded against a running "
+    "vs the final maximum (2 x 2^-4), fast accumulation and the bf16 output";
+
+// klein-KV's attention over cached keys: the step's own k and v the first rows of rooms (column
+// ranges of one buffer, as the workspace's), the cache made by the backend first. At lossless
+// (cuDNN over the room the cache is copied into) and at quality=high (the cache quantized once,
+// our kernel's second key segment; the CPU emulates the two segments).
+void add_cached_keys_cases(std::vector<OpCase>& cases) {
+  struct Shape {
+    int64_t s_q, s, r, heads;
+    bool high;
+  };
+  for (const Shape a : {Shape{300, 300, 556, 4, false}, Shape{300, 300, 1000, 2, true}}) {
+    const int64_t w = a.heads * 128;
+    OpCase c{"attention_with_cached_keys",
+             absl::StrCat("Sq=", a.s_q, ",S=", a.s, ",R=", a.r, ",H=", a.heads, ",Dh=128",
+                          a.high ? ",high" : ""),
+             [a, w](OpEnv& e) -> absl::StatusOr<Tensor> {
+               Tensor q = e.input(a.s_q, w, 2.0f), room = e.input(a.s + a.r, 2 * w, 2.0f);
+               Tensor ref_k = e.input(a.r, w, 2.0f), ref_v = e.input(a.r, w);
+               Tensor out = e.output(a.s_q, w);
+               Backend& be = e.backend();
+               const AttentionParams p{a.heads, a.heads, 128, 1.0f / std::sqrt(128.0f)};
+               std::shared_ptr<const CachedKeys> cache;
+               {
+                 const RequestScope quality(be, a.high ? at_high(be) : be.request());
+                 FLUX_ASSIGN_OR_RETURN(cache, be.cache_keys(ref_k, ref_v, p));
+               }
+               return e.call(out, [&be, a, w, p, q, room, cache, out] {
+                 const RequestScope quality(be, a.high ? at_high(be) : be.request());
+                 const Tensor k_room = room.col_slice(0, w), v_room = room.col_slice(w, w);
+                 return be.attention_with_cached_keys(q, k_room.row_slice(0, a.s),
+                                                      v_room.row_slice(0, a.s), *cache, k_room,
+                                                      v_room, p, out);
+               });
+             },
+             a.high ? "flash_attention_fp8" : "cudnn_attention"};
+    if (a.high) {
+      c.bound = fp8_against_emulation(cuda::flash_fp8_padded_keys(a.s) +
+                                      cuda::flash_fp8_padded_keys(a.r));
+      c.bound_why = kFp8AgainstEmulationWhy;
+    }
+    cases.push_back(std::move(c));
+  }
 }
 
 // LoRA's B products fused with their consumers, and more terms than one launch takes. The SwiGLU
@@ -295,6 +360,23 @@ std::vector<OpCase> make_cases() {
          });
        },
        "cudnn_attention"});
+
+  // More keys than queries at quality=high (klein-KV's extract step: the text and image rows over
+  // every key, one sequence): our FP8 kernel against the CPU's emulation of it.
+  OpCase more_keys{"attention", "Sq=300,Sk=1000,H=2,Dh=128,high",
+                   [](OpEnv& e) {
+                     Tensor q = e.input(300, 256, 2.0f), k = e.input(1000, 256, 2.0f);
+                     Tensor v = e.input(1000, 256), out = e.output(300, 256);
+                     return e.call(out, [&be = e.backend(), q, k, v, out] {
+                       const RequestScope high(be, at_high(be));
+                       return be.attention(q, k, v, {2, 2, 128, 1.0f / std::sqrt(128.0f)}, out);
+                     });
+                   },
+                   "flash_attention_fp8"};
+  more_keys.bound = fp8_against_emulation(cuda::flash_fp8_padded_keys(1000));
+  more_keys.bound_why = kFp8AgainstEmulationWhy;
+  add(std::move(more_keys));
+  add_cached_keys_cases(cases);
 
   // FLUX.2's QK-norm + RoPE + attention as one op (at lossless: the ops in turn) on the double
   // block's joint rows: 40 text rows with the text weights, then image rows.

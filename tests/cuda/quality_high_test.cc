@@ -1,8 +1,8 @@
 // quality=high with random weights: at the real klein-4B shapes enabling it leaves lossless bytes
 // unchanged and a forward runs every FP8 path as often as the blocks call it, with no fallback; at
 // klein-4B's widths the output stays within twice the error of the CPU backend's FP8 emulation
-// (a same-precision reference) plus the bf16 error; the fast SiLU of SwiGLU and the VAE's
-// GroupNorm stays within derived bf16-ulp bounds of the exact one.
+// (a same-precision reference) plus the bf16 error, klein-KV's cached steps included; the fast
+// SiLU of SwiGLU and the VAE's GroupNorm stays within derived bf16-ulp bounds of the exact one.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -155,6 +155,89 @@ TEST(QualityHighTest, Klein4bWidthsWithinTwiceTheEmulatedFp8Error) {
   EXPECT_GT(relative_l2_error(emulated, reference), 1e-4) << "the emulation changed nothing";
   EXPECT_LE(e_high, 2 * (e_fp8 + e_bf16));
   EXPECT_GT(e_high, e_bf16) << "quality=high matched lossless: no FP8 path ran";
+}
+
+// A klein-KV request's first two forwards at `quality` on `be`: step 0 (the extract forward, x
+// [N + R]: the references cached) and step 1 (a cached forward, x's first N rows), their
+// velocities; `cache_bytes` gets the bytes the cache holds.
+std::vector<std::vector<float>> kv_steps(Backend& be, const Flux2Transformer& model,
+                                         const Tensor& prompt, const Tensor& x, int64_t h,
+                                         int64_t w, const Flux2References& refs, Quality quality,
+                                         int64_t* cache_bytes = nullptr) {
+  const RequestScope request(be, {quality});
+  const int64_t n = h * w;
+  const std::vector<float> timesteps = {1.0f, 0.75f};
+  auto cond = model.prepare(prompt, flux2_text_ids(prompt.rows()), flux2_image_ids(h, w), timesteps,
+                            {}, &refs);
+  EXPECT_TRUE(cond.ok()) << cond.status();
+  if (!cond.ok()) return {};
+  std::vector<std::vector<float>> steps;
+  for (int64_t step = 0; step < 2; ++step) {
+    Tensor out = be.empty(be.activation_dtype(), {n, model.config().out_channels}).value();
+    EXPECT_TRUE(model.forward(*cond, step, step == 0 ? x : x.row_slice(0, n), out).ok());
+    steps.push_back(testing::values(be, out));
+  }
+  if (cache_bytes != nullptr) *cache_bytes = cond->kv->device_bytes();
+  return steps;
+}
+
+// klein-KV at klein-4B's widths (one double and two single blocks; 64 text, 256 image and 64
+// reference tokens), the bound of the test above per step: the extract forward (step 0: the text
+// and image rows over all 384 keys as one sequence, the references over their own) and a cached
+// forward (step 1: 320 own keys, a block and a half, then the 64 cached ones as a second segment,
+// quantized once at step 0; the CPU emulates the same segments) run the FP8 attention at every
+// layer with no fallback, and each step's velocity stays within twice the emulated FP8 error plus
+// the bf16 error of the float32 lossless reference.
+TEST(QualityHighTest, KleinKvWidthsWithinTwiceTheEmulatedFp8Error) {
+  FLUX2_REQUIRE_GPU(gpu);
+  Flux2Config config = flux2_preset("klein-4b").value();
+  config.num_layers = 1;
+  config.num_single_layers = 2;
+  CpuBackend cpu;
+  auto gpu_model = Flux2Transformer::create_random(*gpu, config, 25);
+  auto cpu_model = Flux2Transformer::create_random(cpu, config, 25);
+  ASSERT_TRUE(gpu_model.ok() && cpu_model.ok());
+  ASSERT_TRUE((*gpu_model)->enable_quality_high().ok());
+  ASSERT_TRUE((*cpu_model)->enable_quality_high().ok());
+  const int64_t h = 16, w = 16, n = h * w, l = 64, r = 64;
+  Flux2References refs;
+  refs.kv_cache = true;
+  for (int64_t i = 0; i < r; ++i) refs.ids.insert(refs.ids.end(), {10, i / 8, i % 8, 0});
+  auto both = [&](int64_t rows, int64_t cols, uint64_t seed) {
+    Tensor g = testing::random_bf16(*gpu, rows, cols, seed);
+    const std::vector<float> host = testing::values(*gpu, g);
+    Tensor c = cpu.empty(DType::kF32, {rows, cols}).value();
+    EXPECT_TRUE(cpu.upload(host.data(), DType::kF32, c).ok());
+    return std::make_pair(g, c);
+  };
+  auto [prompt_g, prompt_c] = both(l, config.joint_attention_dim, 26);
+  auto [x_g, x_c] = both(n + r, config.in_channels, 27);
+  const auto reference = kv_steps(cpu, **cpu_model, prompt_c, x_c, h, w, refs, Quality::kLossless);
+  const auto emulated = kv_steps(cpu, **cpu_model, prompt_c, x_c, h, w, refs, Quality::kHigh);
+  const auto lossless = kv_steps(*gpu, **gpu_model, prompt_g, x_g, h, w, refs, Quality::kLossless);
+  const std::vector<FastPathCounters> before = fast_path_snapshot();
+  int64_t cache_bytes = 0;
+  const auto high =
+      kv_steps(*gpu, **gpu_model, prompt_g, x_g, h, w, refs, Quality::kHigh, &cache_bytes);
+  Activity ran = activity_since(before);
+  EXPECT_EQ(ran.invocations["flash_attention_fp8"], 3 * 2 + 3)
+      << "step 0: two attentions per layer, step 1: one over the cache";
+  EXPECT_TRUE(ran.fallbacks.empty()) << "fallbacks: " << ::testing::PrintToString(ran.fallbacks);
+  const int64_t d = config.hidden(), heads = config.num_attention_heads;
+  EXPECT_EQ(cache_bytes, 3 * (r * d + d * 128 + 2 * heads * 4)) << "not the FP8 cache";
+  ASSERT_EQ(high.size(), 2u);
+  for (size_t step = 0; step < 2; ++step) {
+    const double e_fp8 = relative_l2_error(emulated[step], reference[step]);
+    const double e_bf16 = relative_l2_error(lossless[step], reference[step]);
+    const double e_high = relative_l2_error(high[step], reference[step]);
+    std::printf(
+        "klein-KV at klein-4B widths, step %zu: relative L2 to float32: high %.4e, bound 2 x (FP8 "
+        "emulation %.4e + bf16 lossless %.4e) = %.4e\n",
+        step, e_high, e_fp8, e_bf16, 2 * (e_fp8 + e_bf16));
+    EXPECT_GT(e_fp8, 1e-4) << "the emulation changed nothing at step " << step;
+    EXPECT_LE(e_high, 2 * (e_fp8 + e_bf16)) << "step " << step;
+    EXPECT_GT(e_high, e_bf16) << "quality=high matched lossless at step " << step;
+  }
 }
 
 // Checks |high - lossless| <= 2^-ulp_exponent · max(|high|, |lossless|) + 2^-100 for every element

@@ -50,7 +50,8 @@ bundle() {
 default_targets="flux2 flux2_server flux2_make_random_checkpoint gpu_op_test gpu_backend_ops_test
   gpu_fast_path_fallback_test gpu_quantize_test gpu_quality_high_test gpu_server_test
   gpu_pipeline_fast_paths_test gpu_exposer_cublaslt_test gpu_fp8_accumulation_test
-  gpu_flash_attention_fp8_test gpu_fp8_rows_test gpu_text_encoder_streaming_test
+  gpu_flash_attention_fp8_test gpu_flash_attention_fp8_keys_test gpu_fp8_rows_test
+  gpu_text_encoder_streaming_test
   flux2_prepare_reference gpu_soak gpu_gemm_algorithm_table_test gpu_step_cache_test
   gpu_fp8_stored_weight_test gpu_nccl_communicator_test"
 read -r -a targets <<<"$(echo ${BUNDLE_TARGETS:-$default_targets})"

@@ -5,7 +5,7 @@
 # status is non-zero when any test, golden check or bench failed (every failure is a failure on a
 # machine with a GPU; tests skip only where no CUDA device exists).
 #   tests/gpu/run_on_device.sh [tests] [golden] [server] [bench] [bench-dev] [high] [e2e] [e2e-4b]
-#                              [ab] [ab-e2e] [fp8] [fp8-files] [attention] [profile] [gemm-shapes] [perf] [references]
+#                              [ab] [ab-e2e] [ab-kv] [fp8] [fp8-files] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
 #                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile] [e2e-shapes]
 #                              [lora] [cache] [cache-high] [cache-references]
@@ -16,7 +16,8 @@
 # an FP8 transformer + FP8 text encoder whole request under an 80 GB cap;
 # FP8_FILES_PARTS="tests golden klein dev" picks some.
 # `ab-e2e` alternates the base's and this tree's klein-4B whole requests (both qualities, twice;
-# one with a reference image).
+# one with a reference image); `ab-kv` the same for klein-9B-KV requests with one 1024x1024
+# reference (the JSON has the first step and the later steps apart).
 # `cache-references` (needs .device-bin/diffusers-src.tar.xz too) makes diffusers' bf16 error per step
 # of the step-cache goldens (tests/data/cache/bf16_reference_cache.json, used by `golden` in the same
 # run; tests/gpu/make_cache_references.py).
@@ -126,7 +127,8 @@ if want tests; then
   # $GPU_TESTS (space-separated) runs a subset: a bundle of only some binaries (BUNDLE_TARGETS).
   all_tests="gpu_exposer_cublaslt_test gpu_op_test gpu_backend_ops_test gpu_fast_path_fallback_test
     gpu_pipeline_fast_paths_test gpu_quantize_test gpu_quality_high_test gpu_fp8_accumulation_test
-    gpu_flash_attention_fp8_test gpu_fp8_rows_test gpu_text_encoder_streaming_test
+    gpu_flash_attention_fp8_test gpu_flash_attention_fp8_keys_test gpu_fp8_rows_test
+    gpu_text_encoder_streaming_test
     gpu_gemm_algorithm_table_test gpu_step_cache_test gpu_fp8_stored_weight_test
     gpu_nccl_communicator_test"
   # gpu_server_test needs the server binary's path: it runs below, not among the plain tests.
@@ -236,6 +238,14 @@ if want ab-e2e; then  # klein-4B whole requests only (a change outside the steps
   before_after "e2e klein-4b lossless, 1 reference" --e2e --model klein-4b --references 1 \
     --tokenizer "$tokenizer"
 fi
+if want ab-kv; then  # klein-9B-KV whole requests, one reference: FP8 attention over cached keys
+  for run in 1 2; do
+    for quality in high lossless; do
+      before_after "e2e klein-9b-kv $quality, 1 reference #$run" --e2e --model klein-9b --kv \
+        --quality $quality --references 1 --tokenizer "$tokenizer"
+    done
+  done
+fi
 if want attention; then
   for model in klein-4b dev; do
     for quality in lossless high; do
@@ -245,7 +255,8 @@ if want attention; then
   done
 fi
 if want fp8; then  # quality=high only: its tests, and the klein-4B step with each alternative
-  want tests || run_gtests gpu_flash_attention_fp8_test gpu_quality_high_test gpu_quantize_test \
+  want tests || run_gtests gpu_flash_attention_fp8_test gpu_flash_attention_fp8_keys_test \
+                           gpu_quality_high_test gpu_quantize_test \
                            gpu_fp8_accumulation_test gpu_fp8_rows_test
   for i in 1 2; do bench "$bin/flux2" bench.jsonl "bench klein-4b high" --model klein-4b --quality high; done
   bench "$bin/flux2" profile.jsonl "profile klein-4b high" --model klein-4b --quality high --profile
