@@ -331,7 +331,10 @@ class Pipeline {
   // conditioning), the denoising steps, the VAE decode; each timed into GeneratedImage::timings.
   // Synchronous: returns when the pixels are on the host.
   // Multi-rank (join_parallel): a failure on this rank ends its communicators, so the other
-  // ranks' generations fail too instead of waiting for it (and the engine must start again).
+  // ranks' generations fail too instead of waiting for it (and the engine must start again). A
+  // stop by hooks.check_continue at a stage boundary does not: no collective is pending there,
+  // so the group lives on, provided every rank got the same answers (the engine's duty:
+  // server/serving/parallel_engine.h).
   absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                           const GenerateHooks& hooks = {}) const;
 

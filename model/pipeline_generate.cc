@@ -307,8 +307,19 @@ absl::StatusOr<GeneratedImage> Pipeline::generate(const GenerateParams& params,
   // Refused requests are refused on every rank alike, before any collective: a multi-rank group
   // lives on. A later failure ends it, so the other ranks stop too instead of waiting.
   FLUX_RETURN_IF_ERROR(validate(params));
-  absl::StatusOr<GeneratedImage> image = run_stages(params, hooks);
-  if (!image.ok()) end_parallel_group(image.status());
+  // A stop at a stage boundary (check_continue's non-OK answer) leaves no collective pending, so
+  // it keeps the group when every rank stopped there alike (pipeline.h).
+  bool stopped_at_boundary = false;
+  GenerateHooks checked = hooks;
+  if (hooks.check_continue) {
+    checked.check_continue = [&] {
+      absl::Status status = hooks.check_continue();
+      stopped_at_boundary = !status.ok();
+      return status;
+    };
+  }
+  absl::StatusOr<GeneratedImage> image = run_stages(params, checked);
+  if (!image.ok() && !stopped_at_boundary) end_parallel_group(image.status());
   return image;
 }
 

@@ -40,7 +40,7 @@ sanitize="${SANITIZE_BUILD_DIR:-$repo/build-sanitize}"
 cmake -S "$repo" -B "$sanitize" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLUX2_CUDA=OFF \
   -DFLUX2_SANITIZE=ON -DFLUX2_WERROR=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
 cmake --build "$sanitize" -j "$(nproc)" --target host_tests server_unit_tests server_e2e_tests \
-  http_transport_tests flux2 flux2_server flux2_make_bfl_transformer
+  http_transport_tests parallel_engine_test flux2 flux2_server flux2_make_bfl_transformer
 # Leaks are reported too (LeakSanitizer); a UBSan finding fails its test. The hostile-client suite
 # runs in the plain build only: it bounds peak RSS and latency, which ASan's quarantine (freed
 # blocks kept resident) and its slowdown change by design; the transport's own raw-socket tests

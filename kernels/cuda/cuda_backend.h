@@ -33,4 +33,12 @@ absl::StatusOr<CudaDeviceInfo> cuda_device_info();
 // The backend's stream (for tests and benchmarks that time with CUDA events); null for others.
 cudaStream_t cuda_stream_of(Backend& backend);
 
+// The CUDA devices this process sees (cudaGetDeviceCount); 0 without a device or a driver.
+int cuda_device_count();
+
+// Makes device ordinal `device` current on the calling thread (cudaSetDevice): the CUDA calls the
+// thread makes afterwards, a backend's creation included, go to it. InvalidArgument naming the
+// ordinal and the device count when it does not exist.
+absl::Status cuda_set_device(int device);
+
 }  // namespace flux2

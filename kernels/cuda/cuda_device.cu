@@ -45,4 +45,27 @@ absl::StatusOr<CudaDeviceInfo> cuda_device_info() {
   return info;
 }
 
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: not an error of later calls
+    return 0;
+  }
+  return count;
+}
+
+absl::Status cuda_set_device(int device) {
+  const int count = cuda_device_count();
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", device, " does not exist (this process sees ", count, ")"));
+  }
+  const cudaError_t error = cudaSetDevice(device);
+  if (error != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("cudaSetDevice(", device, ") failed: ", cudaGetErrorString(error)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace flux2

@@ -12,6 +12,7 @@
 #include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
 #include "server/common/log.h"
+#include "server/serving/parallel_engine.h"
 #include "server/serving/pipeline_engine.h"
 
 namespace flux2::server {
@@ -45,14 +46,14 @@ EngineFactory pipeline_factory(const ServerOptions& options) {
     pipeline.on_progress = [](const LoadProgress& progress) {
       log_line(LogLevel::kInfo, describe(progress));
     };
-    FLUX_ASSIGN_OR_RETURN(
-        std::unique_ptr<Engine> engine,
-        load_pipeline_engine(options.backend, options.backend_options, !options.model_dir.empty(),
-                             resolved_model_dir(options), pipeline));
-    if (const Flux2Config* config = engine->transformer_config()) {
-      FLUX_RETURN_IF_ERROR(check_gpus_for_model(options.gpus, *config, engine->info().uses_cfg));
+    if (options.gpus > 1) {
+      // One engine over N ranks (server/serving/parallel_engine.h); it checks the layout.
+      return load_parallel_engine(options.gpus, options.backend, options.backend_options,
+                                  !options.model_dir.empty(), resolved_model_dir(options),
+                                  pipeline);
     }
-    return engine;
+    return load_pipeline_engine(options.backend, options.backend_options,
+                                !options.model_dir.empty(), resolved_model_dir(options), pipeline);
   };
 }
 

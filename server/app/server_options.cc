@@ -13,7 +13,6 @@
 #include "absl/strings/str_split.h"
 #include "kernels/base/decimal.h"
 #include "kernels/base/status.h"
-#include "model/cfg_parallel.h"
 #include "model/pipeline.h"
 #include "server/common/backend_flags.h"
 #include "server/common/embedded_checkpoint.h"
@@ -330,17 +329,6 @@ int64_t min_request_bytes(const ServerOptions& options) {
          2 * int64_t{options.max_prompt_bytes} + kRequestOverheadBytes;
 }
 
-absl::Status check_gpus_for_model(int gpus, const Flux2Config& config, bool uses_cfg) {
-  FLUX_ASSIGN_OR_RETURN(const ParallelLayout layout,
-                        plan_parallel_layout(config, gpus, uses_cfg, "--gpus"));
-  if (gpus == 1) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      "--gpus ", gpus, ": the model fits ", layout.cfg, " CFG group(s) x ", layout.sequence,
-      " sequence-parallel GPUs, but serving a request over several GPUs is not implemented yet "
-      "(the transformer's sequence and CFG parallelism and the NCCL communicator are; the "
-      "engine over N GPUs is not); run with --gpus 1"));
-}
-
 LimitFlags limit_flags(const ServerOptions& o) {
   LimitFlags flags;
   flags.max_pixels = o.max_pixels;
@@ -420,8 +408,9 @@ std::string server_help_text() {
       "usable,\n"
       "                           else cpu)\n"
       "  --gpus N                 GPUs of this host one request is split over (sequence x CFG\n"
-      "                           parallelism); must fit the model's attention heads; only 1 is\n"
-      "                           served for now (default 1)\n"
+      "                           parallelism; CUDA devices 0..N-1 over NCCL); must fit the\n"
+      "                           model's attention heads. With the CPU backend, N ranks as\n"
+      "                           threads (for tests; no faster than one) (default 1)\n"
       "  --warmup-steps N         steps of the warm-up generation run before readiness (default "
       "1;\n"
       "                           0 skips it)\n"

@@ -41,8 +41,8 @@ struct ServerOptions {
   std::string model_dir;         // empty: the embedded tiny checkpoint on the CPU backend
   std::string backend = "auto";  // auto | cpu | cuda
   // --gpus N: the GPUs of this host one request is split over (sequence x CFG parallelism,
-  // model/README.md "Several GPUs"), checked against the model's attention heads once it is
-  // loaded (check_gpus_for_model); only 1 is served for now.
+  // model/README.md "Several GPUs"; server/serving/parallel_engine.h), checked against the
+  // model's attention heads once it is loaded; CUDA devices 0 .. N-1, or N CPU ranks.
   int gpus = 1;
   int queue_depth = 8;           // requests that may wait behind the running one
   int64_t max_pixels = 4194304;  // width x height budget per image (2048 x 2048)
@@ -143,12 +143,6 @@ inline constexpr int64_t kRequestOverheadBytes = 64 << 10;
 // The largest --prompt-cache-bytes (1 TiB): a bound against typos, not a fit check (the memory
 // plan compares the cache with the device's free memory when the model loads).
 inline constexpr int64_t kMaxPromptCacheBytes = int64_t{1} << 40;
-
-// --gpus against the loaded transformer: InvalidArgument naming the flag and the head count when
-// no layout of `gpus` ranks fits its heads (plan_parallel_layout; `uses_cfg`: a klein base model,
-// whose CFG branches may take two groups of GPUs), Unimplemented for any layout of more than one
-// GPU (the engine over several GPUs does not exist yet), OK for 1.
-absl::Status check_gpus_for_model(int gpus, const Flux2Config& config, bool uses_cfg);
 
 // The limit flags, for the serving core to narrow the model's bounds with (resolve_limits).
 LimitFlags limit_flags(const ServerOptions& options);

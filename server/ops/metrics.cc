@@ -2,6 +2,8 @@
 // Tested by tests/server/metrics_test.cc and the end-to-end test.
 #include "server/ops/metrics.h"
 
+#include <map>
+
 #include "kernels/base/fast_path_registry.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
@@ -321,10 +323,13 @@ void Metrics::set_build_info(absl::string_view version, absl::string_view backen
       .Set(1.0);
 }
 
-void Metrics::set_gpu_memory(const BackendMemoryStats& stats) {
-  gpu_used_.Add({}).Set(static_cast<double>(stats.used_bytes));
-  gpu_peak_.Add({}).Set(static_cast<double>(stats.peak_bytes));
-  gpu_total_.Add({}).Set(static_cast<double>(stats.total_bytes));
+void Metrics::set_gpu_memory(const std::vector<BackendMemoryStats>& ranks) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::map<std::string, std::string> gpu = {{"gpu", std::to_string(r)}};
+    gpu_used_.Add(gpu).Set(static_cast<double>(ranks[r].used_bytes));
+    gpu_peak_.Add(gpu).Set(static_cast<double>(ranks[r].peak_bytes));
+    gpu_total_.Add(gpu).Set(static_cast<double>(ranks[r].total_bytes));
+  }
 }
 
 std::vector<std::shared_ptr<prometheus::Collectable>> Metrics::collectables() const {

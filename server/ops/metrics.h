@@ -61,8 +61,9 @@ class Metrics {
   void set_ready(bool ready);
   void set_build_info(absl::string_view version, absl::string_view backend,
                       absl::string_view model);
-  // Exported only once called (CUDA only).
-  void set_gpu_memory(const BackendMemoryStats& stats);
+  // Exported only once called (CUDA only): one series per rank of the engine, labelled
+  // gpu="0", "1", ... in rank order (Engine::memory_stats).
+  void set_gpu_memory(const std::vector<BackendMemoryStats>& ranks);
   // NVML telemetry of the serving GPU (server/ops/system_metrics.h); false when NVML is missing or
   // does not know the device (then no GPU utilisation families are exported).
   bool attach_gpu(const std::string& pci_bus_id);

@@ -32,8 +32,9 @@ class Engine {
   // Worker thread only.
   virtual absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                                   const GenerateHooks& hooks) = 0;
-  // Device memory held by the backend (zeros on the CPU). Worker thread only.
-  virtual BackendMemoryStats memory_stats() const = 0;
+  // Device memory held by each rank's backend, in rank order: one entry for an engine on one
+  // device, one per GPU for --gpus N (zeros on the CPU). Worker thread only.
+  virtual std::vector<BackendMemoryStats> memory_stats() const = 0;
   // After a failed generate(): non-OK when the device is broken for good (Backend::device_status;
   // the process must restart). Worker thread only.
   virtual absl::Status device_status() = 0;

@@ -28,7 +28,9 @@ class PipelineEngine final : public Engine {
                                           const GenerateHooks& hooks) override {
     return pipeline_->generate(params, hooks);
   }
-  BackendMemoryStats memory_stats() const override { return backend_->memory_stats(); }
+  std::vector<BackendMemoryStats> memory_stats() const override {
+    return {backend_->memory_stats()};
+  }
   absl::Status device_status() override { return backend_->device_status(); }
   absl::Status inject_fault(InjectedFault fault, double hang_seconds) override {
     return backend_->inject_fault(fault, hang_seconds);
@@ -82,6 +84,26 @@ absl::StatusOr<std::unique_ptr<Backend>> create_server_backend(absl::string_view
   return backend;
 }
 
+absl::StatusOr<std::unique_ptr<Pipeline>> load_server_pipeline(Backend& backend,
+                                                               const std::string& model_dir,
+                                                               const PipelineOptions& options) {
+  absl::StatusOr<std::unique_ptr<Pipeline>> pipeline = Pipeline::load(backend, model_dir, options);
+  if (pipeline.ok()) return pipeline;
+  const absl::Status& status = pipeline.status();
+  // quality=high needs backend support (FP8 GEMMs): say which flag asked for it.
+  const bool high_unsupported = options.enable_quality_high && absl::IsUnimplemented(status);
+  const bool transformer_file = !options.transformer_file.empty() &&
+                                absl::StrContains(status.message(), options.transformer_file);
+  // The loader's messages mostly start with the path they concern; do not say it twice.
+  const bool names_dir = absl::StartsWith(status.message(), model_dir);
+  return absl::Status(
+      status.code(),
+      absl::StrCat(high_unsupported ? "--enable-quality-high: " : "",
+                   transformer_file ? "--transformer-file: " : "",
+                   names_dir ? "loading " : absl::StrCat("loading ", model_dir, ": "),
+                   status.message()));
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view backend_name,
                                                              const BackendOptions& backend_options,
                                                              bool model_dir_given,
@@ -89,23 +111,9 @@ absl::StatusOr<std::unique_ptr<Engine>> load_pipeline_engine(absl::string_view b
                                                              const PipelineOptions& options) {
   FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                         create_server_backend(backend_name, backend_options, model_dir_given));
-  absl::StatusOr<std::unique_ptr<Pipeline>> pipeline = Pipeline::load(*backend, model_dir, options);
-  if (!pipeline.ok()) {
-    const absl::Status& status = pipeline.status();
-    // quality=high needs backend support (FP8 GEMMs): say which flag asked for it.
-    const bool high_unsupported = options.enable_quality_high && absl::IsUnimplemented(status);
-    const bool transformer_file = !options.transformer_file.empty() &&
-                                  absl::StrContains(status.message(), options.transformer_file);
-    // The loader's messages mostly start with the path they concern; do not say it twice.
-    const bool names_dir = absl::StartsWith(status.message(), model_dir);
-    return absl::Status(
-        status.code(),
-        absl::StrCat(high_unsupported ? "--enable-quality-high: " : "",
-                     transformer_file ? "--transformer-file: " : "",
-                     names_dir ? "loading " : absl::StrCat("loading ", model_dir, ": "),
-                     status.message()));
-  }
-  return std::unique_ptr<Engine>(new PipelineEngine(std::move(backend), std::move(*pipeline)));
+  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline,
+                        load_server_pipeline(*backend, model_dir, options));
+  return std::unique_ptr<Engine>(new PipelineEngine(std::move(backend), std::move(pipeline)));
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> random_pipeline_engine(std::unique_ptr<Backend> backend,

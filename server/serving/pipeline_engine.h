@@ -17,6 +17,12 @@ absl::StatusOr<std::unique_ptr<Backend>> create_server_backend(absl::string_view
                                                                const BackendOptions& options,
                                                                bool model_dir_given);
 
+// Loads `model_dir` onto `backend` with `options` (Pipeline::load), its errors naming the flag
+// behind them as load_pipeline_engine says.
+absl::StatusOr<std::unique_ptr<Pipeline>> load_server_pipeline(Backend& backend,
+                                                               const std::string& model_dir,
+                                                               const PipelineOptions& options);
+
 // Creates the backend (as create_server_backend) and loads `model_dir` onto it with `options`
 // (quality=high's FP8 copies, the text encoder's residency, the prompt cache, a single-file
 // transformer). Errors name the flag behind them where one is (--enable-quality-high,

@@ -102,7 +102,7 @@ class FakeEngine final : public Engine {
     return image;
   }
 
-  BackendMemoryStats memory_stats() const override { return {}; }
+  std::vector<BackendMemoryStats> memory_stats() const override { return {BackendMemoryStats{}}; }
   absl::Status device_status() override {
     if (!control_->device_broken()) return absl::OkStatus();
     return absl::InternalError("the CUDA context is broken (fake)");

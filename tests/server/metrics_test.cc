@@ -129,7 +129,7 @@ TEST(Metrics, EveryNameOfMetricsMdIsExportedWithItsType) {
   ASSERT_GE(names.size(), 15u) << "METRICS.md: no table of metric names";
   Metrics metrics;
   metrics.set_build_info("1.2.3", "cpu", "tiny");
-  metrics.set_gpu_memory({1, 2, 3});  // the CUDA-only gauges
+  metrics.set_gpu_memory({{1, 2, 3}});  // the CUDA-only gauges
   const std::string text = metrics.render();
   for (const auto& [name, type] : names) {
     EXPECT_TRUE(has_line(text, "# TYPE " + name + " " + type)) << name << " " << type;
@@ -288,11 +288,23 @@ TEST(Metrics, FastPathCountersComeFromTheRegistry) {
 
 TEST(Metrics, GpuGaugesOnceSet) {
   Metrics metrics;
-  metrics.set_gpu_memory({100, 200, 1000});
+  metrics.set_gpu_memory({{100, 200, 1000}});
   const std::string text = metrics.render();
-  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_used_bytes"), 100.0);
-  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_peak_bytes"), 200.0);
-  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_total_bytes"), 1000.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_used_bytes", {{"gpu", "0"}}), 100.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_peak_bytes", {{"gpu", "0"}}), 200.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_total_bytes", {{"gpu", "0"}}), 1000.0);
+}
+
+TEST(Metrics, GpuMemoryGaugesPerRank) {
+  // --gpus 2: one series per rank, labelled by its number.
+  Metrics metrics;
+  metrics.set_gpu_memory({{100, 200, 1000}, {150, 250, 2000}});
+  const std::string text = metrics.render();
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_used_bytes", {{"gpu", "0"}}), 100.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_used_bytes", {{"gpu", "1"}}), 150.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_peak_bytes", {{"gpu", "1"}}), 250.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_total_bytes", {{"gpu", "1"}}), 2000.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_total_bytes"), 3000.0);  // summed over ranks
 }
 
 TEST(Metrics, ExposerServesThemOverHttp) {
