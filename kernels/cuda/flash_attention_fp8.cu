@@ -10,7 +10,6 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -554,11 +553,15 @@ absl::Status flash_attention_fp8(const FlashFp8Args& args, cudaStream_t stream) 
     }
     FLUX_RETURN_IF_ERROR(check_segment(args.keys[i], width, i, &k_maps[i], &vt_maps[i]));
   }
-  static std::once_flag attribute_once;
-  std::call_once(attribute_once, [] {
-    cudaFuncSetAttribute(flash_attention_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kSharedBytes);
-  });
+  // At every launch, not once per process: the opt-in belongs to the current device's context,
+  // and a multi-GPU engine launches on several devices, one thread each (parallel_engine.h).
+  const cudaError_t opted_in = cudaFuncSetAttribute(
+      flash_attention_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes);
+  if (opted_in != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("flash_attention_fp8: ", kSharedBytes,
+                     " bytes of shared memory: ", cudaGetErrorString(opted_in)));
+  }
   const float scale_log2 = args.softmax_scale * static_cast<float>(M_LOG2E);
   const dim3 grid(static_cast<unsigned>((s_q + kBlockM - 1) / kBlockM),
                   static_cast<unsigned>(args.heads));

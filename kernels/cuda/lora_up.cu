@@ -363,7 +363,9 @@ absl::Status launch_once(const char* op, const Mat& y, int64_t width, const Lora
   Views views{};
   for (int v = 0; v < kViews; ++v) views.v[v] = view_of(y, v * width, width, first, count);
   constexpr int kBytes = sizeof(SharedTiles<kTilesOf<kEpilogue>>);
-  static const cudaError_t opted_in = cudaFuncSetAttribute(
+  // At every launch, not once per process: the opt-in belongs to the current device's context,
+  // and a multi-GPU engine launches on several devices, one thread each (parallel_engine.h).
+  const cudaError_t opted_in = cudaFuncSetAttribute(
       lora_up_kernel<kEpilogue>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
   if (opted_in != cudaSuccess) {
     return absl::InternalError(
