@@ -151,21 +151,22 @@ def panels() -> list:
                     f" / sum(rate(flux2_queue_duration_seconds_count{{{SEL}}}{RATE}))", "mean", "C")]),
         row("GPU and fast paths"),
         timeseries(
-            "GPU utilisation", "Fraction of time a kernel ran on each pod's GPU, and its memory busy time "
-            "(NVML; CUDA backend). Low utilisation with a queue means host-side stages dominate.",
+            "GPU utilisation", "Fraction of time a kernel ran on each GPU of each pod (--gpus N: one "
+            "series per GPU), and its memory busy time (NVML; CUDA backend). Low utilisation with a "
+            "queue means host-side stages dominate.",
             "percentunit",
-            [target(f"flux2_gpu_utilization_ratio{{{SEL}}}", "kernels {{instance}}", "A"),
-             target(f"flux2_gpu_memory_busy_ratio{{{SEL}}}", "memory {{instance}}", "B")]),
+            [target(f"flux2_gpu_utilization_ratio{{{SEL}}}", "kernels {{instance}} gpu {{gpu}}", "A"),
+             target(f"flux2_gpu_memory_busy_ratio{{{SEL}}}", "memory {{instance}} gpu {{gpu}}", "B")]),
         timeseries(
             "GPU power and SM clock", "Power draw (watts) and SM clock (Hz) per pod (NVML).", "watt",
-            [target(f"flux2_gpu_power_watts{{{SEL}}}", "power {{instance}}", "A"),
-             target(f"flux2_gpu_sm_clock_hertz{{{SEL}}} / 1e6", "SM MHz {{instance}}", "B")]),
+            [target(f"flux2_gpu_power_watts{{{SEL}}}", "power {{instance}} gpu {{gpu}}", "A"),
+             target(f"flux2_gpu_sm_clock_hertz{{{SEL}}} / 1e6", "SM MHz {{instance}} gpu {{gpu}}", "B")]),
         timeseries(
             "GPU memory", "Device memory held by the backend, its high-water mark and the device "
             "capacity, per pod (CUDA backend).", "bytes",
-            [target(f"flux2_gpu_memory_used_bytes{{{SEL}}}", "used {{instance}}", "A"),
-             target(f"flux2_gpu_memory_peak_bytes{{{SEL}}}", "peak {{instance}}", "B"),
-             target(f"flux2_gpu_memory_total_bytes{{{SEL}}}", "total {{instance}}", "C")]),
+            [target(f"flux2_gpu_memory_used_bytes{{{SEL}}}", "used {{instance}} gpu {{gpu}}", "A"),
+             target(f"flux2_gpu_memory_peak_bytes{{{SEL}}}", "peak {{instance}} gpu {{gpu}}", "B"),
+             target(f"flux2_gpu_memory_total_bytes{{{SEL}}}", "total {{instance}} gpu {{gpu}}", "C")]),
         timeseries(
             "Fast-path fallbacks/s by path and reason", "Eager-chain runs instead of the fused fast path. "
             "Correct results, lower speed.", "ops",

@@ -64,8 +64,8 @@ class Metrics {
   // Exported only once called (CUDA only): one series per rank of the engine, labelled
   // gpu="0", "1", ... in rank order (Engine::memory_stats).
   void set_gpu_memory(const std::vector<BackendMemoryStats>& ranks);
-  // NVML telemetry of the serving GPU (server/ops/system_metrics.h); false when NVML is missing or
-  // does not know the device (then no GPU utilisation families are exported).
+  // NVML telemetry of a serving GPU, one call per rank in rank order (server/ops/system_metrics.h:
+  // label gpu); false when NVML is missing or does not know the device (then it exports nothing).
   bool attach_gpu(const std::string& pci_bus_id);
   // A request refused or failed with RESOURCE_EXHAUSTED, by why (ResourceExhaustedReason).
   void count_resource_exhausted(absl::string_view reason);

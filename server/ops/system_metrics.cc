@@ -77,7 +77,8 @@ constexpr int kNvmlTemperatureGpu = 0;
 
 struct SystemMetrics::Nvml {
   void* library = nullptr;
-  NvmlDevice device = nullptr;
+  bool initialized = false;         // nvmlInit_v2 succeeded
+  std::vector<NvmlDevice> devices;  // attached, in order: label gpu="0", "1", ...
   int (*init)() = nullptr;
   int (*shutdown)() = nullptr;
   int (*by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
@@ -88,8 +89,61 @@ struct SystemMetrics::Nvml {
   std::mutex mu;  // NVML is thread-safe; this only orders attach against Collect
 
   ~Nvml() {
-    if (shutdown != nullptr && device != nullptr) shutdown();
+    if (initialized) shutdown();
     if (library != nullptr) dlclose(library);
+  }
+  // Loads and initialises NVML once; false when it is missing or fails.
+  bool load() {
+    if (initialized) return true;
+    if (library == nullptr) library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) return false;
+    const bool resolved = resolve(&init, "nvmlInit_v2") && resolve(&shutdown, "nvmlShutdown") &&
+                          resolve(&by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2") &&
+                          resolve(&utilization, "nvmlDeviceGetUtilizationRates") &&
+                          resolve(&power, "nvmlDeviceGetPowerUsage") &&
+                          resolve(&clock, "nvmlDeviceGetClockInfo") &&
+                          resolve(&temperature, "nvmlDeviceGetTemperature");
+    initialized = resolved && init() == 0;
+    return initialized;
+  }
+
+  // The attached GPUs' families, each with one series per GPU (label gpu: its attach order, the
+  // rank), after `families`.
+  void collect(std::vector<prometheus::MetricFamily>& families) const {
+    if (devices.empty()) return;
+    const auto family = [](const char* name, const char* help) {
+      return prometheus::MetricFamily{name, help, prometheus::MetricType::Gauge, {}};
+    };
+    std::vector<prometheus::MetricFamily> gpu = {
+        family("flux2_gpu_utilization_ratio",
+               "Fraction of the last sample period a kernel ran on the GPU (NVML)"),
+        family("flux2_gpu_memory_busy_ratio",
+               "Fraction of the last sample period device memory was read or written (NVML)"),
+        family("flux2_gpu_power_watts", "GPU power draw (NVML)"),
+        family("flux2_gpu_sm_clock_hertz", "SM clock (NVML)"),
+        family("flux2_gpu_memory_clock_hertz", "Memory clock (NVML)"),
+        family("flux2_gpu_temperature_celsius", "GPU core temperature (NVML)")};
+    for (size_t i = 0; i < devices.size(); ++i) {
+      const auto add = [&](size_t f, double value) {
+        prometheus::ClientMetric metric;
+        metric.label = {{"gpu", std::to_string(i)}};
+        metric.gauge.value = value;
+        gpu[f].metric.push_back(std::move(metric));
+      };
+      NvmlUtilization rates{};
+      if (utilization(devices[i], &rates) == 0) {
+        add(0, rates.gpu / 100.0);
+        add(1, rates.memory / 100.0);
+      }
+      unsigned int value = 0;
+      if (power(devices[i], &value) == 0) add(2, value / 1000.0);
+      if (clock(devices[i], kNvmlClockSm, &value) == 0) add(3, value * 1e6);
+      if (clock(devices[i], kNvmlClockMem, &value) == 0) add(4, value * 1e6);
+      if (temperature(devices[i], kNvmlTemperatureGpu, &value) == 0) add(5, value);
+    }
+    for (prometheus::MetricFamily& f : gpu) {
+      if (!f.metric.empty()) families.push_back(std::move(f));
+    }
   }
 
   template <typename F>
@@ -106,38 +160,25 @@ SystemMetrics::~SystemMetrics() = default;
 bool SystemMetrics::attach_gpu(const std::string& pci_bus_id) {
   if (pci_bus_id.empty()) return false;
   std::lock_guard<std::mutex> lock(nvml_->mu);
-  if (nvml_->device != nullptr) return true;
   Nvml& n = *nvml_;
-  n.library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (n.library == nullptr) return false;
-  const bool resolved = n.resolve(&n.init, "nvmlInit_v2") &&
-                        n.resolve(&n.shutdown, "nvmlShutdown") &&
-                        n.resolve(&n.by_pci_bus_id, "nvmlDeviceGetHandleByPciBusId_v2") &&
-                        n.resolve(&n.utilization, "nvmlDeviceGetUtilizationRates") &&
-                        n.resolve(&n.power, "nvmlDeviceGetPowerUsage") &&
-                        n.resolve(&n.clock, "nvmlDeviceGetClockInfo") &&
-                        n.resolve(&n.temperature, "nvmlDeviceGetTemperature");
-  if (!resolved || n.init() != 0) return false;
+  if (!n.load()) return false;
   NvmlDevice device = nullptr;
-  if (n.by_pci_bus_id(pci_bus_id.c_str(), &device) != 0) {
-    n.shutdown();
-    return false;
-  }
-  n.device = device;
+  if (n.by_pci_bus_id(pci_bus_id.c_str(), &device) != 0) return false;
+  n.devices.push_back(device);
   return true;
 }
 
 bool SystemMetrics::gpu_attached() const {
   std::lock_guard<std::mutex> lock(nvml_->mu);
-  return nvml_->device != nullptr;
+  return !nvml_->devices.empty();
 }
 
 std::optional<SystemMetrics::GpuReading> SystemMetrics::read_gpu() const {
   std::lock_guard<std::mutex> lock(nvml_->mu);
   const Nvml& n = *nvml_;
   unsigned int milliwatts = 0, mhz = 0;
-  if (n.device == nullptr || n.power(n.device, &milliwatts) != 0 ||
-      n.clock(n.device, kNvmlClockSm, &mhz) != 0) {
+  if (n.devices.empty() || n.power(n.devices[0], &milliwatts) != 0 ||
+      n.clock(n.devices[0], kNvmlClockSm, &mhz) != 0) {
     return std::nullopt;
   }
   return GpuReading{static_cast<double>(mhz), milliwatts / 1000.0};
@@ -168,34 +209,7 @@ std::vector<prometheus::MetricFamily> SystemMetrics::Collect() const {
   }
 
   std::lock_guard<std::mutex> lock(nvml_->mu);
-  const Nvml& n = *nvml_;
-  if (n.device == nullptr) return families;
-  NvmlUtilization utilization{};
-  if (n.utilization(n.device, &utilization) == 0) {
-    families.push_back(gauge("flux2_gpu_utilization_ratio",
-                             "Fraction of the last sample period a kernel ran on the GPU (NVML)",
-                             utilization.gpu / 100.0));
-    families.push_back(gauge("flux2_gpu_memory_busy_ratio",
-                             "Fraction of the last sample period device memory was read or "
-                             "written (NVML)",
-                             utilization.memory / 100.0));
-  }
-  unsigned int value = 0;
-  if (n.power(n.device, &value) == 0) {
-    families.push_back(gauge("flux2_gpu_power_watts", "GPU power draw (NVML)", value / 1000.0));
-  }
-  if (n.clock(n.device, kNvmlClockSm, &value) == 0) {
-    families.push_back(
-        gauge("flux2_gpu_sm_clock_hertz", "SM clock (NVML)", static_cast<double>(value) * 1e6));
-  }
-  if (n.clock(n.device, kNvmlClockMem, &value) == 0) {
-    families.push_back(gauge("flux2_gpu_memory_clock_hertz", "Memory clock (NVML)",
-                             static_cast<double>(value) * 1e6));
-  }
-  if (n.temperature(n.device, kNvmlTemperatureGpu, &value) == 0) {
-    families.push_back(gauge("flux2_gpu_temperature_celsius", "GPU core temperature (NVML)",
-                             static_cast<double>(value)));
-  }
+  nvml_->collect(families);
   return families;
 }
 

@@ -41,6 +41,8 @@ class Engine {
   // TEST ONLY (--test-inject-fault): Backend::inject_fault. Worker thread only.
   virtual absl::Status inject_fault(InjectedFault fault, double hang_seconds) = 0;
 
+  // Each rank's device (Backend::device_pci_bus_id, for NVML), in rank order; "" on the CPU.
+  virtual std::vector<std::string> device_pci_bus_ids() const { return {info().device_pci_bus_id}; }
   // The transformer's shapes (its heads decide --gpus); null for engines without one (fakes).
   virtual const Flux2Config* transformer_config() const { return nullptr; }
   // LoRA adapters (GenerateParams::loras): the transformer shapes they are parsed against; null

@@ -89,6 +89,11 @@ class ParallelEngine final : public Engine {
   std::vector<BackendMemoryStats> memory_stats() const override;
   absl::Status device_status() override;
   absl::Status inject_fault(InjectedFault fault, double hang_seconds) override;
+  std::vector<std::string> device_pci_bus_ids() const override {
+    std::vector<std::string> ids;
+    for (const RankParts& parts : parts_) ids.push_back(parts.pipeline->info().device_pci_bus_id);
+    return ids;
+  }
   const Flux2Config* transformer_config() const override { return &lead().transformer_config(); }
   const Flux2Config* lora_config() const override { return &lead().transformer_config(); }
   absl::Status pin_lora(const LoraRequest& lora) const override;

@@ -113,11 +113,12 @@ void ServingCore::publish_model() {
   }
   model->loras = loras_.get();
   metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
-  if (!model->info.device_pci_bus_id.empty() &&
-      !metrics_.attach_gpu(model->info.device_pci_bus_id)) {
-    log_line(LogLevel::kWarning, absl::StrCat("NVML (libnvidia-ml.so.1) cannot read GPU ",
-                                              model->info.device_pci_bus_id,
-                                              ": no GPU utilisation, power or clock metrics"));
+  for (const std::string& bus_id : engine->device_pci_bus_ids()) {  // one per rank
+    if (!bus_id.empty() && !metrics_.attach_gpu(bus_id)) {
+      log_line(LogLevel::kWarning, absl::StrCat("NVML (libnvidia-ml.so.1) cannot read GPU ", bus_id,
+                                                ": no GPU utilisation, power or clock metrics"));
+      break;  // the later ranks' series would carry the wrong gpu label
+    }
   }
   const std::string line = ready_line(*model);
   {
