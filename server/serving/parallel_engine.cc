@@ -250,44 +250,51 @@ absl::Status ParallelEngine::provoke_pending_fault(int rank) {
       absl::StrCat("the injected fault failed this rank (", status.message(), ")"));
 }
 
+// The failed rank to name (the first whose error is not a peer's abort), or -1 when every rank
+// that returned succeeded or made the common stop. Under request.mu.
+int failed_rank(const RankRequest& request) {
+  int cause = -1;
+  for (size_t r = 0; r < request.results.size(); ++r) {
+    const auto& result = request.results[r];
+    if (!result.has_value() || result->ok() || request.common_stop(result->status())) continue;
+    const bool peer_abort = absl::IsAborted(result->status());
+    if (cause < 0 ||
+        (!peer_abort && absl::IsAborted(request.results[static_cast<size_t>(cause)]->status()))) {
+      cause = static_cast<int>(r);
+    }
+  }
+  return cause;
+}
+
 absl::StatusOr<GeneratedImage> ParallelEngine::conclude(RankRequest& request) {
   std::lock_guard<std::mutex> lock(request.mu);
   const int ranks = size();
-  int cause = -1;  // the failed rank to name: the first whose error is not a peer's abort
-  bool all_stopped = true;
-  for (int r = 0; r < ranks; ++r) {
-    const auto& result = request.results[static_cast<size_t>(r)];
-    if (!result.has_value()) {
-      all_stopped = false;
-      continue;
-    }
-    if (result->ok() || request.common_stop(result->status())) {
-      all_stopped = all_stopped && !result->ok();
-      continue;
-    }
-    all_stopped = false;
-    const bool peer_abort = absl::IsAborted(result->status());
-    if (cause < 0 || (!peer_abort && absl::IsAborted(request.results[cause]->status()))) cause = r;
-  }
+  const int cause = failed_rank(request);
   if (cause >= 0 || request.returned < ranks) {
     std::string left_behind;
     for (int r = 0; r < ranks; ++r) {
-      if (!request.results[static_cast<size_t>(r)].has_value())
+      if (!request.results[static_cast<size_t>(r)].has_value()) {
         absl::StrAppend(&left_behind, " ", r);
+      }
     }
     const std::string why =
-        cause >= 0 ? absl::StrCat("rank ", cause, " of ", ranks,
-                                  " failed: ", request.results[cause]->status().message())
+        cause >= 0 ? absl::StrCat("rank ", cause, " of ", ranks, " failed: ",
+                                  request.results[static_cast<size_t>(cause)]->status().message())
                    : absl::StrCat("ranks of ", ranks, " did not return");
     return break_engine(absl::InternalError(absl::StrCat(
         why, left_behind.empty() ? "" : absl::StrCat("; ranks", left_behind, " never returned"),
         "; the ranks' communicators are ended, so this engine cannot serve again")));
   }
-  if (all_stopped) return request.results[0]->status();
+  // Every rank returned: all the common stop, or all the same image.
   absl::StatusOr<GeneratedImage>& image = *request.results[0];
   for (int r = 1; r < ranks; ++r) {
     const absl::StatusOr<GeneratedImage>& other = *request.results[static_cast<size_t>(r)];
-    if (!image.ok() || !other.ok() || other->rgb != image->rgb) {
+    if (image.ok() != other.ok()) {
+      return absl::InternalError(absl::StrCat("rank ", r, " and rank 0 ended differently (",
+                                              other.status().ToString(), "; ",
+                                              image.status().ToString(), ")"));
+    }
+    if (image.ok() && other->rgb != image->rgb) {
       return absl::InternalError(absl::StrCat("rank ", r, "'s image differs from rank 0's: the ",
                                               ranks, " ranks did not compute the same request"));
     }
