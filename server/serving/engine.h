@@ -28,7 +28,8 @@ class Engine {
   // the model takes them. Thread-safe: the front ends call it while the worker generates.
   virtual std::vector<FieldViolation> check(const GenerateParams& params) const = 0;
   // One image. Calls hooks.check_continue at every stage boundary (text encoder, each step, VAE
-  // decode) and hooks.on_step after each step.
+  // decode) and hooks.on_step after each step, one call at a time, possibly from a thread of the
+  // engine's own while the caller waits (the engine over several GPUs: its rank 0's thread).
   // Worker thread only.
   virtual absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                                   const GenerateHooks& hooks) = 0;
@@ -38,7 +39,8 @@ class Engine {
   // After a failed generate(): non-OK when the device is broken for good (Backend::device_status;
   // the process must restart). Worker thread only.
   virtual absl::Status device_status() = 0;
-  // TEST ONLY (--test-inject-fault): Backend::inject_fault. Worker thread only.
+  // TEST ONLY (--test-inject-fault): Backend::inject_fault. Worker thread only, or from a hook
+  // during generate().
   virtual absl::Status inject_fault(InjectedFault fault, double hang_seconds) = 0;
 
   // Each rank's device (Backend::device_pci_bus_id, for NVML), in rank order; "" on the CPU.
