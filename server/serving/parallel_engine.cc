@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <latch>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -135,24 +136,33 @@ class ParallelEngine final : public Engine {
 
 ParallelEngine::~ParallelEngine() {
   // Each rank's pipeline, communicators and backend end on its own thread, in that order (the
-  // pipeline holds the communicators, both hold the backend's memory). A rank still busy is
-  // blocked for good (a peer failed): its parts are left as they are, for the process to end.
+  // pipeline holds the communicators, both hold the backend's memory), every rank at once (NCCL
+  // may finalize a communicator collectively). A rank still busy is blocked for good (a peer
+  // failed): its parts are left as they are, for the process to end.
+  std::vector<int> idle;
   for (int r = 0; r < size(); ++r) {
     RankParts& parts = parts_[static_cast<size_t>(r)];
     RankCommunicators& comms = comms_[static_cast<size_t>(r)];
-    if (threads_.busy(r)) {
-      (void)parts.pipeline.release();
-      (void)parts.backend.release();
-      (void)comms.sequence.release();
-      (void)comms.cfg.release();
+    if (!threads_.busy(r)) {
+      idle.push_back(r);
       continue;
     }
-    threads_.run_on(r, [&] {
+    (void)parts.pipeline.release();
+    (void)parts.backend.release();
+    (void)comms.sequence.release();
+    (void)comms.cfg.release();
+  }
+  std::latch ended(static_cast<std::ptrdiff_t>(idle.size()));
+  for (int r : idle) {
+    threads_.post(r, [this, r, &ended] {
+      RankParts& parts = parts_[static_cast<size_t>(r)];
       parts.pipeline.reset();
-      comms = RankCommunicators{};
+      comms_[static_cast<size_t>(r)] = RankCommunicators{};
       parts.backend.reset();
+      ended.count_down();
     });
   }
+  ended.wait();
 }
 
 absl::Status ParallelEngine::load(const ParallelEngineOptions& options) {

@@ -81,27 +81,10 @@ void RankThreads::run_all(const std::function<void(int rank)>& work) {
   done.wait();
 }
 
-void RankThreads::run_on(int rank, const std::function<void()>& work) {
-  if (on_rank_thread(rank)) {
-    work();
-    return;
-  }
-  std::latch done(1);
-  post(rank, [&work, &done] {
-    work();
-    done.count_down();
-  });
-  done.wait();
-}
-
 bool RankThreads::busy(int rank) const {
   const Rank& r = *ranks_.at(static_cast<size_t>(rank));
   std::lock_guard<std::mutex> lock(r.mu);
   return r.running || !r.queue.empty();
-}
-
-bool RankThreads::on_rank_thread(int rank) const {
-  return ranks_.at(static_cast<size_t>(rank))->thread.get_id() == std::this_thread::get_id();
 }
 
 }  // namespace flux2::server

@@ -27,12 +27,8 @@ class RankThreads {
   void post(int rank, std::function<void()> work);
   // Runs work(r) on every rank's thread at once and returns when all have run.
   void run_all(const std::function<void(int rank)>& work);
-  // Runs `work` on rank `rank`'s thread and waits for it (in line when called from that thread).
-  void run_on(int rank, const std::function<void()>& work);
   // Whether rank `rank`'s thread has work queued or running now.
   bool busy(int rank) const;
-  // Whether the calling thread is rank `rank`'s.
-  bool on_rank_thread(int rank) const;
 
  private:
   struct Rank;
