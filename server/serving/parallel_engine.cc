@@ -137,13 +137,13 @@ class ParallelEngine final : public Engine {
 ParallelEngine::~ParallelEngine() {
   // Each rank's pipeline, communicators and backend end on its own thread, in that order (the
   // pipeline holds the communicators, both hold the backend's memory), every rank at once (NCCL
-  // may finalize a communicator collectively). A rank still busy is blocked for good (a peer
-  // failed): its parts are left as they are, for the process to end.
+  // may finalize a communicator collectively). A rank not idle within kPeerGraceSeconds is blocked
+  // for good (a peer failed): its parts are left as they are, for the process to end.
   std::vector<int> idle;
   for (int r = 0; r < size(); ++r) {
     RankParts& parts = parts_[static_cast<size_t>(r)];
     RankCommunicators& comms = comms_[static_cast<size_t>(r)];
-    if (!threads_.busy(r)) {
+    if (threads_.wait_idle(r, kPeerGraceSeconds)) {
       idle.push_back(r);
       continue;
     }

@@ -2,6 +2,7 @@
 // Tested by tests/server/parallel_engine_test.cc.
 #include "server/serving/rank_threads.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <latch>
@@ -32,6 +33,7 @@ struct RankThreads::Rank {
       work();
       lock.lock();
       running = false;
+      cv.notify_all();  // wait_idle
     }
   }
 };
@@ -81,10 +83,11 @@ void RankThreads::run_all(const std::function<void(int rank)>& work) {
   done.wait();
 }
 
-bool RankThreads::busy(int rank) const {
-  const Rank& r = *ranks_.at(static_cast<size_t>(rank));
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.running || !r.queue.empty();
+bool RankThreads::wait_idle(int rank, double seconds) const {
+  Rank& r = *ranks_.at(static_cast<size_t>(rank));
+  std::unique_lock<std::mutex> lock(r.mu);
+  return r.cv.wait_for(lock, std::chrono::duration<double>(seconds),
+                       [&] { return !r.running && r.queue.empty(); });
 }
 
 }  // namespace flux2::server

@@ -15,7 +15,7 @@ class RankThreads {
   explicit RankThreads(int ranks);
   // Ends and joins every idle thread. A thread still running its work (a rank blocked for good in
   // a collective on its device after a peer failed) is detached instead, with its queue: whatever
-  // that work references must then be leaked by the owner (busy() says which).
+  // that work references must then be leaked by the owner (wait_idle says which).
   ~RankThreads();
   RankThreads(const RankThreads&) = delete;
   RankThreads& operator=(const RankThreads&) = delete;
@@ -27,8 +27,9 @@ class RankThreads {
   void post(int rank, std::function<void()> work);
   // Runs work(r) on every rank's thread at once and returns when all have run.
   void run_all(const std::function<void(int rank)>& work);
-  // Whether rank `rank`'s thread has work queued or running now.
-  bool busy(int rank) const;
+  // Waits up to `seconds` for rank `rank`'s thread to have no work queued or running; returns
+  // whether it is idle. (A rank's work may signal its caller just before its thread is idle.)
+  bool wait_idle(int rank, double seconds) const;
 
  private:
   struct Rank;
