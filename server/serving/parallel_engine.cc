@@ -193,8 +193,12 @@ absl::Status ParallelEngine::load(const ParallelEngineOptions& options) {
   FLUX_ASSIGN_OR_RETURN(comms_, make_rank_communicators(layout_, make_group));
   for (int r = 0; r < size(); ++r) {
     RankCommunicators& comms = comms_[static_cast<size_t>(r)];
-    FLUX_RETURN_IF_ERROR(parts_[static_cast<size_t>(r)].pipeline->join_parallel(
-        ParallelRank{layout_, r, comms.sequence.get(), comms.cfg.get()}));
+    const absl::Status joined = parts_[static_cast<size_t>(r)].pipeline->join_parallel(
+        ParallelRank{layout_, r, comms.sequence.get(), comms.cfg.get()});
+    if (!joined.ok()) {  // klein-KV over sequence ranks, ...
+      return absl::Status(joined.code(),
+                          absl::StrCat(options.flag, " ", size(), ": ", joined.message()));
+    }
   }
   return absl::OkStatus();
 }

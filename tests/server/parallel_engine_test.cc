@@ -179,13 +179,20 @@ TEST(ParallelEngineTest, ARankThatFailsBreaksTheEngine) {
   EXPECT_EQ(after.status(), device);  // broken for good
 }
 
-TEST(ParallelEngineTest, RefusesLayoutsThatDoNotFitAndMissingDevices) {
+TEST(ParallelEngineTest, RefusesLayoutsThatDoNotFitKleinKvAndMissingDevices) {
   // tiny-klein has 3 heads: 2 sequence ranks do not divide them (distilled: no CFG groups).
   auto two = load_parallel_engine(2, "cpu", {}, true, tiny_klein(), pipeline_options(true));
   ASSERT_FALSE(two.ok());
   EXPECT_EQ(two.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(two.status().message()), HasSubstr("--gpus 2"));
   EXPECT_THAT(std::string(two.status().message()), HasSubstr("has 3 heads"));
+  // klein-KV's cached reference K/V is not sharded: refused naming the flag.
+  PipelineOptions kv = pipeline_options(true);
+  kv.kv_cache = true;
+  auto kv_three = load_parallel_engine(3, "cpu", {}, true, tiny_klein(), kv);
+  ASSERT_FALSE(kv_three.ok());
+  EXPECT_THAT(std::string(kv_three.status().message()), HasSubstr("--gpus 3: "));
+  EXPECT_THAT(std::string(kv_three.status().message()), HasSubstr("klein-kv"));
   // More CUDA devices than any CI machine has (or no CUDA backend at all in this build).
   auto cuda = load_parallel_engine(64, "cuda", {}, true, tiny_klein(), pipeline_options(true));
   ASSERT_FALSE(cuda.ok());
