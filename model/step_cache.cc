@@ -67,6 +67,22 @@ void check_step_cache(const StepCacheOptions& options, int64_t steps,
   }
 }
 
+StepCacheOptions step_cache_replaying(int64_t steps,
+                                      const std::map<std::string, std::vector<int>>& traces) {
+  StepCacheOptions options;
+  options.mode = StepCacheOptions::Mode::kSchedule;
+  options.schedule = std::vector<bool>(static_cast<size_t>(steps), true);
+  const char* names[4] = {"double.cond", "single.cond", "double.uncond", "single.uncond"};
+  for (int i = 0; i < 4; ++i) {
+    auto trace = traces.find(names[i]);
+    if (trace == traces.end()) continue;
+    for (int code : trace->second) {
+      options.forced[i].push_back(code != static_cast<int>(StepCacheDecision::kCached));
+    }
+  }
+  return options;
+}
+
 std::vector<bool> step_cache_default_schedule(int64_t steps) {
   std::vector<bool> schedule(static_cast<size_t>(std::max<int64_t>(steps, 0)));
   for (int64_t i = 0; i < steps; ++i) schedule[i] = i < 5 || i % 4 == 0;

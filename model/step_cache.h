@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,12 @@ struct StepCacheOptions {
 
   bool enabled() const { return mode != Mode::kOff; }
 };
+
+// A fixed schedule that replays recorded decision codes per "<list>.<branch>" trace
+// ("double.cond", "single.uncond", ...; cached where the code is kCached, as the goldens record
+// them) through StepCacheOptions::forced, for `steps` steps (tests and golden checks).
+StepCacheOptions step_cache_replaying(int64_t steps,
+                                      const std::map<std::string, std::vector<int>>& traces);
 
 // The fewest steps a cached request may run: distilled runs of 8 steps or fewer have nothing to
 // gain (with W = 4 they barely leave warm-up).

@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -92,17 +93,9 @@ TEST(StepCacheGpuTest, GoldenDecisionsForcedAreReplayed) {
     auto pipeline =
         Pipeline::load(*be, dir + "/" + item.at("checkpoint").get<std::string>(), options);
     ASSERT_TRUE(pipeline.ok()) << pipeline.status();
-    StepCacheOptions forced;
-    forced.mode = StepCacheOptions::Mode::kSchedule;
     const int64_t steps = item.at("steps").get<int64_t>();
-    forced.schedule = std::vector<bool>(static_cast<size_t>(steps), true);
-    const char* names[4] = {"double.cond", "single.cond", "double.uncond", "single.uncond"};
-    for (int i = 0; i < 4; ++i) {
-      if (!item.at("decisions").contains(names[i])) continue;
-      for (int code : item.at("decisions").at(names[i]).get<std::vector<int>>()) {
-        forced.forced[i].push_back(code != static_cast<int>(StepCacheDecision::kCached));
-      }
-    }
+    const StepCacheOptions forced = step_cache_replaying(
+        steps, item.at("decisions").get<std::map<std::string, std::vector<int>>>());
     GenerateParams params;
     params.prompt = item.at("prompt").get<std::string>();
     params.width = item.at("width").get<int64_t>();

@@ -4,6 +4,7 @@
 // bar (tests/data/README.md, "Step caching"). Run by `flux2 check-golden --golden
 // tests/data/cache`.
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,18 +58,8 @@ StepCacheOptions golden_step_cache_options(const nlohmann::json& item) {
 }
 
 StepCacheOptions golden_forced_step_cache_options(const nlohmann::json& item) {
-  StepCacheOptions options;
-  options.mode = StepCacheOptions::Mode::kSchedule;
-  const int64_t steps = item.at("steps").get<int64_t>();
-  options.schedule = std::vector<bool>(static_cast<size_t>(steps), true);
-  const char* traces[4] = {"double.cond", "single.cond", "double.uncond", "single.uncond"};
-  for (int i = 0; i < 4; ++i) {
-    if (!item.at("decisions").contains(traces[i])) continue;
-    for (int code : item.at("decisions").at(traces[i]).get<std::vector<int>>()) {
-      options.forced[i].push_back(code != static_cast<int>(StepCacheDecision::kCached));
-    }
-  }
-  return options;
+  return step_cache_replaying(item.at("steps").get<int64_t>(),
+                              item.at("decisions").get<std::map<std::string, std::vector<int>>>());
 }
 
 void check_golden_step_cache(absl::string_view file, absl::string_view case_name,
