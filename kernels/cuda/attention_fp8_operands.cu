@@ -371,7 +371,9 @@ absl::Status quantize_attention_operands_fp8(const Mat& q, const Mat& k, const M
     return Bf16Matrix{static_cast<const __nv_bfloat16*>(m.data), m.stride};
   };
   auto kernel = norm != nullptr ? quantize_qk_kernel<true> : quantize_qk_kernel<false>;
-  static int resident[2] = {0, 0};  // per kernel: blocks resident on the whole device (its grid)
+  // Per kernel: blocks resident on the whole device (its grid). Per thread: each thread launches
+  // on one device (a --gpus N rank's thread on its own), so no two threads share the counts.
+  static thread_local int resident[2] = {0, 0};
   int& capacity = resident[norm != nullptr];
   if (capacity == 0) {
     FLUX_ASSIGN_OR_RETURN(capacity, resident_blocks(reinterpret_cast<const void*>(kernel),

@@ -493,7 +493,8 @@ absl::Status check_segment(const FlashFp8KeySegment& segment, int64_t width, int
 }  // namespace
 
 bool flash_attention_fp8_available() {
-  static const bool available = [] {
+  // Per thread: the current device's answer (a --gpus N rank's thread launches on its own device).
+  static thread_local const bool available = [] {
     int device = 0, major = 0, minor = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||

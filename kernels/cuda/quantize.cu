@@ -460,7 +460,9 @@ absl::Status fp8_quantize_dynamic(const Fp8QuantizeArgs& args, cudaStream_t stre
       {reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<true, int64_t>),
        reinterpret_cast<const void*>(&fp8_quantize_dynamic_kernel<true, uint32_t>)}};
   const void* kernel = kernels[hw][narrow];
-  static int resident[2][2] = {{0, 0}, {0, 0}};  // per kernel: blocks resident on the whole device
+  // Per kernel: blocks resident on the whole device; per thread, as each thread launches on one
+  // device (a --gpus N rank's thread on its own), so no two threads share the counts.
+  static thread_local int resident[2][2] = {{0, 0}, {0, 0}};
   int& capacity = resident[hw][narrow];
   if (capacity == 0) {
     const absl::StatusOr<int> blocks = resident_blocks(kernel, kThreads, kOp);
