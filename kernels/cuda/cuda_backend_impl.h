@@ -53,8 +53,9 @@ struct CudaLowPrecision final : LowPrecisionWeight {
   // values and scale are a stored FP8 weight's own tensors (add_stored_fp8_weight): no bytes added
   bool shares_stored = false;
   int64_t device_bytes() const override {
-    return (shares_stored ? 0 : values.bytes() + scale.bytes() + global.bytes()) +
-           input_scale.bytes();
+    // An unset tensor holds nothing (its bytes() would count one element of an empty shape).
+    auto held = [](const Tensor& t) { return t.data() != nullptr ? t.bytes() : int64_t{0}; };
+    return (shares_stored ? 0 : held(values) + held(scale) + held(global)) + held(input_scale);
   }
   // The static activation scale as a device pointer, null when there is none.
   const float* static_scale() const {
