@@ -63,20 +63,24 @@ struct DeviceCvt {
   }
 };
 
-// 8 values -> 8 E4M3 bytes e4m3(x · encode), element order = memory order; encode =
-// fp8_encode_factor(scale), so each byte equals fp8_quantize_value(x, scale).
-template <bool kHw>
-__device__ __forceinline__ uint2 fp8_pack8(const float x[8], float encode) {
+// 8 values -> 8 E4M3 bytes e4m3(scaled(x)), element order = memory order.
+template <bool kHw, typename Scaled>
+__device__ __forceinline__ uint2 fp8_pack8_scaled(const float x[8], Scaled scaled) {
   uint32_t w[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const uint32_t lo =
-        DeviceCvt<kHw>::e4m3x2(mul_rn(x[4 * i], encode), mul_rn(x[4 * i + 1], encode));
-    const uint32_t hi =
-        DeviceCvt<kHw>::e4m3x2(mul_rn(x[4 * i + 2], encode), mul_rn(x[4 * i + 3], encode));
+    const uint32_t lo = DeviceCvt<kHw>::e4m3x2(scaled(x[4 * i]), scaled(x[4 * i + 1]));
+    const uint32_t hi = DeviceCvt<kHw>::e4m3x2(scaled(x[4 * i + 2]), scaled(x[4 * i + 3]));
     w[i] = lo | (hi << 16);
   }
   return make_uint2(w[0], w[1]);
+}
+
+// 8 values -> 8 E4M3 bytes e4m3(x · encode); encode = fp8_encode_factor(scale), so each byte
+// equals fp8_quantize_value(x, scale).
+template <bool kHw>
+__device__ __forceinline__ uint2 fp8_pack8(const float x[8], float encode) {
+  return fp8_pack8_scaled<kHw>(x, [encode](float v) { return mul_rn(v, encode); });
 }
 
 // 16 values -> 16 E4M3 bytes, the same conversion.
@@ -90,16 +94,7 @@ __device__ __forceinline__ uint4 fp8_pack16(const float x[16], float encode) {
 // fp8_quantize_static_value(x, scale), e4m3(x / scale) with an IEEE division per element.
 template <bool kHw>
 __device__ __forceinline__ uint2 fp8_pack8_static(const float x[8], float scale) {
-  uint32_t w[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const uint32_t lo =
-        DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i], scale), div_rn(x[4 * i + 1], scale));
-    const uint32_t hi =
-        DeviceCvt<kHw>::e4m3x2(div_rn(x[4 * i + 2], scale), div_rn(x[4 * i + 3], scale));
-    w[i] = lo | (hi << 16);
-  }
-  return make_uint2(w[0], w[1]);
+  return fp8_pack8_scaled<kHw>(x, [scale](float v) { return div_rn(v, scale); });
 }
 
 // 16 values -> 16 E4M3 bytes, the same conversion.
