@@ -94,6 +94,25 @@ TEST(QualityHighTest, Klein4bShapesLosslessUnchangedAndEveryFp8PathRuns) {
       fp8_bytes->device_bytes / 1e9);
 }
 
+// klein-4B's widths (D 3072, 24 heads of 128, F 9216) at reduced depth: one double and two single
+// blocks, so the CPU reference takes seconds.
+Flux2Config reduced_klein4b() {
+  Flux2Config config = flux2_preset("klein-4b").value();
+  config.num_layers = 1;
+  config.num_single_layers = 2;
+  return config;
+}
+
+// The same inputs on both backends: random bf16 values on the GPU, uploaded to the CPU as float32.
+std::pair<Tensor, Tensor> same_inputs(Backend& gpu, CpuBackend& cpu, int64_t rows, int64_t cols,
+                                      uint64_t seed) {
+  Tensor g = testing::random_bf16(gpu, rows, cols, seed);
+  const std::vector<float> host = testing::values(gpu, g);
+  Tensor c = cpu.empty(DType::kF32, {rows, cols}).value();
+  EXPECT_TRUE(cpu.upload(host.data(), DType::kF32, c).ok());
+  return {g, c};
+}
+
 // quality=high against a same-precision reference (a bound of k times the error of a naive
 // implementation in the same precision, as FA3's "2x the low-precision reference's error"): the CPU
 // backend's float32 emulation of the FP8 formats (cpu_fp8.h: the GEMM operands in E4M3 per token
@@ -107,9 +126,7 @@ TEST(QualityHighTest, Klein4bShapesLosslessUnchangedAndEveryFp8PathRuns) {
 // so the CPU reference takes seconds.
 TEST(QualityHighTest, Klein4bWidthsWithinTwiceTheEmulatedFp8Error) {
   FLUX2_REQUIRE_GPU(gpu);
-  Flux2Config config = flux2_preset("klein-4b").value();
-  config.num_layers = 1;
-  config.num_single_layers = 2;
+  const Flux2Config config = reduced_klein4b();
   CpuBackend cpu;
   auto gpu_model = Flux2Transformer::create_random(*gpu, config, 15);
   auto cpu_model = Flux2Transformer::create_random(cpu, config, 15);
@@ -117,16 +134,8 @@ TEST(QualityHighTest, Klein4bWidthsWithinTwiceTheEmulatedFp8Error) {
   ASSERT_TRUE((*gpu_model)->enable_quality_high().ok());
   ASSERT_TRUE((*cpu_model)->enable_quality_high().ok());
   const int64_t h = 16, w = 16, n = h * w, l = 64;
-  // The same inputs on both backends: bf16-rounded values, uploaded to each.
-  auto both = [&](int64_t rows, int64_t cols, uint64_t seed) {
-    Tensor g = testing::random_bf16(*gpu, rows, cols, seed);
-    const std::vector<float> host = testing::values(*gpu, g);
-    Tensor c = cpu.empty(DType::kF32, {rows, cols}).value();
-    EXPECT_TRUE(cpu.upload(host.data(), DType::kF32, c).ok());
-    return std::make_pair(g, c);
-  };
-  auto [prompt_g, prompt_c] = both(l, config.joint_attention_dim, 16);
-  auto [x_g, x_c] = both(n, config.in_channels, 17);
+  auto [prompt_g, prompt_c] = same_inputs(*gpu, cpu, l, config.joint_attention_dim, 16);
+  auto [x_g, x_c] = same_inputs(*gpu, cpu, n, config.in_channels, 17);
   const std::vector<float> timesteps = {0.75f};
   const std::vector<int64_t> txt = flux2_text_ids(l), img = flux2_image_ids(h, w);
   auto cond_g = (*gpu_model)->prepare(prompt_g, txt, img, timesteps, {});
@@ -190,9 +199,7 @@ std::vector<std::vector<float>> kv_steps(Backend& be, const Flux2Transformer& mo
 // the bf16 error of the float32 lossless reference.
 TEST(QualityHighTest, KleinKvWidthsWithinTwiceTheEmulatedFp8Error) {
   FLUX2_REQUIRE_GPU(gpu);
-  Flux2Config config = flux2_preset("klein-4b").value();
-  config.num_layers = 1;
-  config.num_single_layers = 2;
+  const Flux2Config config = reduced_klein4b();
   CpuBackend cpu;
   auto gpu_model = Flux2Transformer::create_random(*gpu, config, 25);
   auto cpu_model = Flux2Transformer::create_random(cpu, config, 25);
@@ -203,15 +210,8 @@ TEST(QualityHighTest, KleinKvWidthsWithinTwiceTheEmulatedFp8Error) {
   Flux2References refs;
   refs.kv_cache = true;
   for (int64_t i = 0; i < r; ++i) refs.ids.insert(refs.ids.end(), {10, i / 8, i % 8, 0});
-  auto both = [&](int64_t rows, int64_t cols, uint64_t seed) {
-    Tensor g = testing::random_bf16(*gpu, rows, cols, seed);
-    const std::vector<float> host = testing::values(*gpu, g);
-    Tensor c = cpu.empty(DType::kF32, {rows, cols}).value();
-    EXPECT_TRUE(cpu.upload(host.data(), DType::kF32, c).ok());
-    return std::make_pair(g, c);
-  };
-  auto [prompt_g, prompt_c] = both(l, config.joint_attention_dim, 26);
-  auto [x_g, x_c] = both(n + r, config.in_channels, 27);
+  auto [prompt_g, prompt_c] = same_inputs(*gpu, cpu, l, config.joint_attention_dim, 26);
+  auto [x_g, x_c] = same_inputs(*gpu, cpu, n + r, config.in_channels, 27);
   const auto reference = kv_steps(cpu, **cpu_model, prompt_c, x_c, h, w, refs, Quality::kLossless);
   const auto emulated = kv_steps(cpu, **cpu_model, prompt_c, x_c, h, w, refs, Quality::kHigh);
   const auto lossless = kv_steps(*gpu, **gpu_model, prompt_g, x_g, h, w, refs, Quality::kLossless);
