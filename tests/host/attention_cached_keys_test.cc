@@ -17,6 +17,7 @@
 #include "model/flux2_kv_cache.h"
 #include "model/flux2_transformer.h"
 #include "model/rope.h"
+#include "tests/host/test_util.h"
 
 namespace flux2 {
 namespace {
@@ -240,17 +241,7 @@ TEST_F(AttentionCachedKeysTest, KvCacheCachesEachLayerOnceAndRefusesReadsBeforeI
 // is refused.
 TEST(KleinKvRequestTest, CachesEveryLayerOnceAtStepZero) {
   CpuBackend be;
-  Flux2Config config;
-  config.num_attention_heads = 12;
-  config.attention_head_dim = 8;
-  config.axes_dims_rope = {2, 2, 2, 2};
-  config.num_layers = 2;
-  config.num_single_layers = 2;
-  config.joint_attention_dim = 16;
-  config.in_channels = 8;
-  config.out_channels = 8;
-  config.timestep_guidance_channels = 16;
-  config.guidance_embeds = false;
+  const Flux2Config config = testing::twelve_head_config();
   auto model = Flux2Transformer::create_random(be, config, 7);
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_TRUE((*model)->enable_quality_high().ok());

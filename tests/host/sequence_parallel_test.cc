@@ -197,21 +197,7 @@ ModelFactory checkpoint_model(const std::string& name) {
   };
 }
 
-// 12 heads of 8: sequence parallelism over 2, 3, 4, 6 and 12 ranks.
-Flux2Config twelve_head_config() {
-  Flux2Config c;
-  c.num_attention_heads = 12;
-  c.attention_head_dim = 8;
-  c.axes_dims_rope = {2, 2, 2, 2};
-  c.num_layers = 2;
-  c.num_single_layers = 2;
-  c.joint_attention_dim = 16;
-  c.in_channels = 8;
-  c.out_channels = 8;
-  c.timestep_guidance_channels = 16;
-  c.guidance_embeds = false;
-  return c;
-}
+using testing::twelve_head_config;
 
 ModelFactory random_model(const Flux2Config& config) {
   return [config](Backend& be) {

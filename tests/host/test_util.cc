@@ -89,4 +89,19 @@ std::vector<float> download(Backend& backend, const Tensor& tensor) {
   return values;
 }
 
+Flux2Config twelve_head_config() {
+  Flux2Config c;
+  c.num_attention_heads = 12;
+  c.attention_head_dim = 8;
+  c.axes_dims_rope = {2, 2, 2, 2};
+  c.num_layers = 2;
+  c.num_single_layers = 2;
+  c.joint_attention_dim = 16;
+  c.in_channels = 8;
+  c.out_channels = 8;
+  c.timestep_guidance_channels = 16;
+  c.guidance_embeds = false;
+  return c;
+}
+
 }  // namespace flux2::testing

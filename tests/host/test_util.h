@@ -1,5 +1,5 @@
-// Helpers shared by the host tests: temporary directories, copying a checkpoint, and writing
-// (possibly corrupt) safetensors files.
+// Helpers shared by the host tests: temporary directories, copying a checkpoint, writing
+// (possibly corrupt) safetensors files, and a small transformer config.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/base/tensor.h"
+#include "model/flux2_config.h"
 #include "model/safetensors.h"
 
 namespace flux2::testing {
@@ -51,5 +52,9 @@ std::vector<float> download(Backend& backend, const Tensor& tensor);
 
 // Reads every tensor of a safetensors file back as RawTensor (for edit-and-rewrite tests).
 std::map<std::string, RawTensor> read_all_tensors(const std::string& path);
+
+// A small transformer of 12 heads of 8 (sequence parallelism over 2, 3, 4, 6 and 12 ranks), two
+// double and two single blocks, no guidance embedding.
+Flux2Config twelve_head_config();
 
 }  // namespace flux2::testing
