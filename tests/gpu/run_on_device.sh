@@ -8,8 +8,10 @@
 #                              [ab] [ab-e2e] [ab-kv] [fp8] [fp8-files] [attention] [profile] [gemm-shapes] [perf] [references]
 #                              [edit] [edit-profile] [dev] [soak] [soak-start] [soak-wait]
 #                              [tune] [gemm-ab] [builtin-ab] [throughput] [e2e-profile] [e2e-shapes]
-#                              [lora] [cache] [cache-high] [cache-references]
+#                              [lora] [cache] [cache-high] [cache-references] [fp8-load]
 #                              (default: tests golden bench bench-dev)
+# `fp8-load` times the load of a dev FP8 file (BFL layout, ~33 GB, written first) from the page
+# cache with `flux2 bench --transformer-file`, and its steps.
 # `fp8-files` (issue 31): gpu_fp8_stored_weight_test, check-golden fp8 at both qualities, and the
 # FP8-checkpoint benches (--weights fp8): klein-4B high (bf16 + copies vs the file's codes, step
 # and peak; per-token vs static input scales), lossless resident vs per_layer, dev high step and
@@ -308,6 +310,22 @@ if want fp8-files && fp8_part dev; then
   bench "$bin/flux2" fp8-files.jsonl "e2e dev high, fp8 transformer + fp8 TE, 80 GB cap" \
     --e2e --model dev --repeats 2 --quality high --weights fp8 --fp8-lossless per_layer \
     --device-memory-cap-gb 80
+fi
+if want fp8-load; then
+  # The load of a real-size FP8 file from the page cache (issue 31): dev in BFL's FP8 layout
+  # (about 33 GB, tests/gpu/make_fp8_file.py), read once through the page cache, then loaded by
+  # `flux2 bench --transformer-file` (open, checks, upload; the JSON's transformer_file_load_*),
+  # at quality=high with --fp8-lossless per_layer (the codes stay as stored) and lossless
+  # resident (each projection also dequantized to bf16 on the device).
+  file=/tmp/flux2-dev-fp8.safetensors
+  python3 tests/gpu/make_fp8_file.py --model dev --out $file >"$out/fp8-load.log" 2>&1
+  record $? "make_fp8_file dev: $(tail -n1 "$out/fp8-load.log")"
+  record 0 "page-cache read: $(dd if=$file of=/dev/null bs=16M 2>&1 | tail -n1)"
+  bench "$bin/flux2" fp8-load.jsonl "dev high from the FP8 file (per_layer)" --model dev \
+    --quality high --fp8-lossless per_layer --transformer-file $file
+  bench "$bin/flux2" fp8-load.jsonl "dev lossless from the FP8 file (resident)" --model dev \
+    --fp8-lossless resident --transformer-file $file
+  rm -f $file
 fi
 if want gemm-shapes; then
   for quality in lossless high; do

@@ -30,6 +30,8 @@
 #include "model/rope.h"
 #include "model/scheduler.h"
 #include "nlohmann/json.hpp"
+#include "server/cli/bench/bench_attention.h"
+#include "server/cli/bench/bench_transformer.h"
 #include "server/cli/bench/gpu_sampler.h"
 #include "server/cli/bench/lora_load_bench.h"
 #include "server/cli/commands.h"
@@ -93,7 +95,12 @@ struct BenchOptions {
   // FP8 GEMMs' activations per tensor under the random weights' input scale (model/
   // weight_loader.h kRandomActivationAmax), as the server's flag on a checkpoint with them.
   std::string fp8_input_scale = "dynamic";
+  // --transformer-file FILE (steps only): the transformer from this checkpoint file (what the
+  // server's flag takes) instead of random weights, its load timed (bench_transformer.h).
+  std::string transformer_file;
   bool fp8_weights() const { return weights == "fp8"; }
+  // The FP8 checkpoint flags apply: random FP8 weights, or (possibly FP8) a file's.
+  bool fp8_flags_apply() const { return fp8_weights() || !transformer_file.empty(); }
 };
 
 // Fallbacks counted since `before` (fast_path_snapshot), by path and reason: a healthy run at the
@@ -215,14 +222,17 @@ absl::StatusOr<std::shared_ptr<const Flux2Lora>> bench_lora(Backend& be, const F
 }
 
 absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
-  FLUX_ASSIGN_OR_RETURN(Flux2Config config, flux2_preset(o.model));
+  FLUX_ASSIGN_OR_RETURN(const Flux2Config preset, flux2_preset(o.model));
   if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
     return absl::InvalidArgumentError("--height/--width must be positive multiples of 16");
   }
-  progress(
-      absl::StrCat("creating the ", o.model, " transformer with random ", o.weights, " weights"));
-  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Flux2Transformer> model,
-                        Flux2Transformer::create_random(be, config, 1, o.fp8_weights()));
+  progress(absl::StrCat(
+      "creating the ", o.model, " transformer from ",
+      o.transformer_file.empty() ? "random " + o.weights + " weights" : o.transformer_file));
+  FLUX_ASSIGN_OR_RETURN(BenchTransformer made,
+                        make_bench_transformer(be, preset, o.transformer_file, o.fp8_weights()));
+  const std::unique_ptr<Flux2Transformer>& model = made.model;
+  const Flux2Config& config = model->config();  // a transformer folder's own
   int64_t fp8_bytes = 0, weight_bytes = model->load_report().device_bytes;
   LowPrecisionReport fp8;
   if (o.request.quality == Quality::kHigh) {
@@ -231,7 +241,7 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
     FLUX_ASSIGN_OR_RETURN(fp8, model->enable_quality_high(input_scale));
     fp8_bytes = fp8.device_bytes;
   }
-  if (o.fp8_weights() && o.fp8_lossless == "resident") {  // as the server's finish_load
+  if (made.stored_fp8 && o.fp8_lossless == "resident") {  // as the server's finish_load
     FLUX_ASSIGN_OR_RETURN(const DequantizedBytes moved, model->dequantize_stored_weights());
     weight_bytes += moved.values - moved.stored;
     if (o.request.quality == Quality::kHigh) fp8_bytes += moved.stored;
@@ -337,12 +347,17 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
                            {"peak_device_bytes", memory.peak_bytes},
                            {"weight_bytes", weight_bytes},
                            {"fp8_weight_bytes", fp8_bytes},
-                           {"weights", o.weights},
-                           {"fp8_lossless", o.fp8_weights() ? o.fp8_lossless : ""},
-                           {"fp8_input_scale", o.fp8_weights() ? o.fp8_input_scale : ""},
+                           {"weights", made.source},
+                           {"fp8_lossless", made.stored_fp8 ? o.fp8_lossless : ""},
+                           {"fp8_input_scale", made.stored_fp8 ? o.fp8_input_scale : ""},
                            {"fp8_gemms", fp8.gemms},
                            {"fp8_static_scale_gemms", fp8.static_scaled}};
   add_clock_power(clock_power, result);
+  if (!o.transformer_file.empty()) {
+    result["transformer_file_load_seconds"] = made.load_seconds;
+    result["transformer_file_bytes"] = made.file_bytes;
+    result["transformer_file_load_gb_per_s"] = made.file_bytes / 1e9 / made.load_seconds;
+  }
   if (without_lora) {
     result["lora_rank"] = o.lora_rank;
     result["loras"] = o.loras;
@@ -367,46 +382,6 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
     result["attention_floor_ms"] = flops.attention / 655e9;
   }
   return result;
-}
-
-// Attention alone at the model's joint shape, reading q/k/v from the single block's fused
-// [S, 9D] projection buffer (strided) and from separate contiguous [S, D] buffers: what the
-// operand layout costs cuDNN.
-absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const BenchOptions& o) {
-  FLUX_ASSIGN_OR_RETURN(Flux2Config config, flux2_preset(o.model));
-  const int64_t s = (o.height / 16) * (o.width / 16) + o.text_len, d = config.hidden();
-  const int64_t dh = config.attention_head_dim, wide = 3 * d + 2 * config.mlp_hidden();
-  const DType act = be.activation_dtype();
-  FLUX_ASSIGN_OR_RETURN(Tensor fused, be.empty(act, {s, wide}));
-  FLUX_ASSIGN_OR_RETURN(Tensor q, be.empty(act, {s, d}));
-  FLUX_ASSIGN_OR_RETURN(Tensor k, be.empty(act, {s, d}));
-  FLUX_ASSIGN_OR_RETURN(Tensor v, be.empty(act, {s, d}));
-  FLUX_ASSIGN_OR_RETURN(Tensor out, be.empty(act, {s, d}));
-  for (const Tensor* t : {&fused, &q, &k, &v}) FLUX_RETURN_IF_ERROR(be.fill_uniform(*t, 3, 1.0f));
-  const RequestScope request(be, o.request);  // high: FP8 attention
-  const AttentionParams params{config.num_attention_heads, config.num_attention_heads, dh,
-                               static_cast<float>(1.0 / std::sqrt(static_cast<double>(dh)))};
-  auto time_layout = [&](const Tensor& qq, const Tensor& kk,
-                         const Tensor& vv) -> absl::StatusOr<double> {
-    std::vector<double> times;
-    for (int64_t i = 0; i < o.warmup + o.steps; ++i) {
-      FLUX_ASSIGN_OR_RETURN(double ms,
-                            be.time_ms([&] { return be.attention(qq, kk, vv, params, out); }));
-      if (i >= o.warmup) times.push_back(ms);
-    }
-    return median_of(times);
-  };
-  FLUX_ASSIGN_OR_RETURN(double strided, time_layout(fused.col_slice(0, d), fused.col_slice(d, d),
-                                                    fused.col_slice(2 * d, d)));
-  FLUX_ASSIGN_OR_RETURN(double contiguous, time_layout(q, k, v));
-  const double flops = 4.0 * static_cast<double>(s) * s * d;
-  return nlohmann::json{{"model", o.model},
-                        {"quality", o.quality},
-                        {"tokens", s},
-                        {"ms_strided", strided},
-                        {"ms_contiguous", contiguous},
-                        {"tflops_strided", flops / (strided * 1e9)},
-                        {"tflops_contiguous", flops / (contiguous * 1e9)}};
 }
 
 // The whole request (tokenize, text encode, denoise, decode, PNG encode) with random weights at
@@ -625,6 +600,7 @@ void add_bench_flags(CLI::App& app, BenchFlags& f) {
   app.add_option("--weights", o.weights);
   app.add_option("--fp8-lossless", o.fp8_lossless);
   app.add_option("--fp8-input-scale", o.fp8_input_scale);
+  app.add_option("--transformer-file", o.transformer_file);
   add_backend_flags(app, f.backend_options);
 }
 
@@ -635,13 +611,17 @@ absl::Status check_weights_flags(const CLI::App& app, const BenchOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--weights ", o.weights, ": expected bf16 or fp8"));
   }
+  if (!o.transformer_file.empty() && app.count("--weights")) {
+    return absl::InvalidArgumentError(
+        "--weights picks random weights' form; --transformer-file's weights are the file's");
+  }
   FLUX_RETURN_IF_ERROR(parse_fp8_lossless(o.fp8_lossless).status());
-  if (app.count("--fp8-lossless") && !o.fp8_weights()) {
+  if (app.count("--fp8-lossless") && !o.fp8_flags_apply()) {
     return absl::InvalidArgumentError(
         "--fp8-lossless says how FP8 checkpoint weights serve lossless: add --weights fp8");
   }
   FLUX_ASSIGN_OR_RETURN(const Fp8InputScale input_scale, parse_fp8_input_scale(o.fp8_input_scale));
-  if (app.count("--fp8-input-scale") && !o.fp8_weights()) {
+  if (app.count("--fp8-input-scale") && !o.fp8_flags_apply()) {
     return absl::InvalidArgumentError(
         "--fp8-input-scale says how quality=high scales FP8 checkpoint weights' activations: add "
         "--weights fp8");
@@ -678,6 +658,11 @@ absl::Status check_bench_flags(const CLI::App& app, BenchFlags& f) {
     return absl::InvalidArgumentError("--base and --cache time whole requests: add --e2e");
   }
   FLUX_RETURN_IF_ERROR(check_weights_flags(app, o));
+  if (!o.transformer_file.empty() && (f.e2e || f.attention_only || f.lora_load_mb > 0)) {
+    return absl::InvalidArgumentError(
+        "--transformer-file times steps: drop --e2e, "
+        "--attention-only and --lora-load-mb");
+  }
   if (o.base && o.model == "dev") {
     return absl::InvalidArgumentError("--base runs klein as its base model; dev has no base");
   }
@@ -749,10 +734,11 @@ int run_bench(int argc, char** argv, int first) {
     std::printf("%s\n", loads->dump().c_str());
     return 0;
   }
-  auto result = flags.attention_only ? bench_attention(**backend, o)
-                : flags.e2e
-                    ? bench_e2e(**backend, o, flags.tokenizer, static_cast<int>(flags.repeats))
-                    : bench_step(**backend, o);
+  auto result =
+      flags.attention_only ? bench_attention(**backend, {o.model, o.quality, o.height, o.width,
+                                                         o.text_len, o.warmup, o.steps, o.request})
+      : flags.e2e ? bench_e2e(**backend, o, flags.tokenizer, static_cast<int>(flags.repeats))
+                  : bench_step(**backend, o);
   if (!result.ok()) return fail(result.status().message());
   if (o.json || flags.attention_only) {
     std::printf("%s\n", result->dump().c_str());
