@@ -1,5 +1,5 @@
 // make_bench_transformer; see bench_transformer.h.
-// Tested by tests/host/bench_command_test.cc.
+// Tested by ctest flux2_bench_transformer_file (tests/server/CMakeLists.txt).
 #include "server/cli/bench/bench_transformer.h"
 
 #include <chrono>

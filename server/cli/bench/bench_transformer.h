@@ -1,6 +1,6 @@
 // The transformer a `flux2 bench` step run times: random weights at --model's shapes (bf16, or
 // stored FP8 with --weights fp8), or loaded from --transformer-file with the load timed. Tested by
-// tests/host/bench_command_test.cc (a tiny BFL FP8 file on the CPU backend).
+// ctest flux2_bench_transformer_file{,_refused} (tests/server/CMakeLists.txt, the CPU backend).
 #pragma once
 
 #include <memory>
