@@ -22,7 +22,7 @@ struct TextEncoderCheckpoint {
   int64_t checkpoint_bytes = 0;  // bytes of every tensor as stored
   int64_t fp8_tensors = 0;       // weights stored as F8_E4M3 (with their scales)
 
-  // "comfy_fp8 (280 FP8 tensors, 18.024 GB as stored)", for the start-up log.
+  // "bfl_fp8 (210 FP8 tensors, 18.030 GB as stored)", for the start-up log.
   std::string describe() const;
 };
 

@@ -101,12 +101,15 @@ absl::StatusOr<std::string> text_encoder_prefix(const TextEncoderConfig& config,
 UnusedTensorFilter text_encoder_unused_tensors(const TextEncoderConfig& config, int64_t num_layers,
                                                const std::string& prefix) {
   const int64_t total_layers = config.num_hidden_layers;
-  const bool multimodal = config.family == TextEncoderFamily::kMistral && prefix != "model.";
+  const bool mistral = config.family == TextEncoderFamily::kMistral;
   const bool qk_norm = has_qk_norm(config);
-  return [num_layers, total_layers, prefix, multimodal, qk_norm](absl::string_view name) {
+  return [num_layers, total_layers, prefix, mistral, qk_norm](absl::string_view name) {
     if (name == prefix + "norm.weight" || name == "lm_head.weight") return true;
-    if (multimodal) {
-      // Mistral3ForConditionalGeneration: its lm_head and the image path, in either layout.
+    if (mistral) {
+      // Mistral3ForConditionalGeneration: its lm_head and the image path, in either layout and in
+      // ComfyUI's single files (the language model under model.*, the image path at the top
+      // level), whose tokenizer rides along as a U8 tensor.
+      if (name == "tekken_model") return true;
       for (absl::string_view unused :
            {"language_model.lm_head.", "vision_tower.", "multi_modal_projector.",
             "model.vision_tower.", "model.multi_modal_projector."}) {

@@ -164,6 +164,28 @@ TEST_F(MistralEncoderTest, BothHubLayoutsAndShardsGiveTheSameEmbeddings) {
   EXPECT_EQ(*from_shards, *original);
 }
 
+TEST_F(MistralEncoderTest, ComfyUisSingleFileLayoutGivesTheSameEmbeddings) {
+  auto original = encode(source_);
+  ASSERT_TRUE(original.ok()) << original.status();
+  // ComfyUI's text-encoder files (mistral_3_small_flux2_*.safetensors): the language model under
+  // model.*, the image path (bf16 file) at the top level, and Mistral's tokenizer as a U8 tensor
+  // `tekken_model` (ComfyUI builds its tokenizer from it); only the language model is read.
+  const std::string dir = rewritten(
+      [](const std::string& name) {
+        const std::string lm = "language_model.";
+        return absl::StartsWith(name, lm) ? name.substr(lm.size()) : name;
+      },
+      1);
+  auto tensors = testing::read_all_tensors(dir + "/model.safetensors");
+  const std::string tekken = R"({"config": {"pattern": "..."}, "vocab": []})";
+  tensors["tekken_model"] = testing::RawTensor{
+      "U8", {static_cast<int64_t>(tekken.size())}, {tekken.begin(), tekken.end()}};
+  testing::write_safetensors(dir + "/model.safetensors", tensors);
+  auto comfy = encode(dir);
+  ASSERT_TRUE(comfy.ok()) << comfy.status();
+  EXPECT_EQ(*comfy, *original);
+}
+
 TEST_F(MistralEncoderTest, AQkNormTensorIsUnexpected) {
   // Mistral has no q/k norm: such a tensor in a used layer is a checkpoint of another model.
   const std::string dir = rewritten([](const std::string& name) { return name; }, 1);
