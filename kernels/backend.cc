@@ -70,6 +70,22 @@ absl::Status Backend::swiglu_linear(const Tensor& gate, const Tensor& up, const 
                              : absl::OkStatus();
 }
 
+absl::Status Backend::lora_down(const Tensor& x, const std::vector<Tensor>& stacks,
+                                const Tensor& t) {
+  int64_t column = 0;
+  for (const Tensor& a : stacks) column += a.rows();
+  if (t.rank() != 2 || t.rows() != x.rows() || t.cols() != column) {
+    return absl::InvalidArgumentError(absl::StrCat("lora_down: t ", t.describe(), " is not [",
+                                                   x.rows(), ", ", column, "] for these stacks"));
+  }
+  column = 0;
+  for (const Tensor& a : stacks) {
+    FLUX_RETURN_IF_ERROR(linear(x, a, {}, t.col_slice(column, a.rows())));
+    column += a.rows();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Backend::lora_up_swiglu(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                                      const Tensor& out) {
   if (y.rank() != 2 || out.rank() != 2 || y.cols() != 2 * out.cols()) {

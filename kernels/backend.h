@@ -275,6 +275,12 @@ class Backend {
   // y[M, N] = x[M, K] · w[N, K]ᵀ (+ bias[N] when bias is defined).
   virtual absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                               const Tensor& y) = 0;
+  // The LoRA A products of one input for several stacks at once (an adapter's A rows on one fused
+  // weight each): t[M, R] = x[M, K] · [a_0; a_1; ...]ᵀ, stack i [r_i, K] in the columns after
+  // stack i-1's, R = the sum of r_i; each product's fp32 sum rounded once to t's dtype, in the
+  // backend's order. The default runs one linear per stack into its columns.
+  virtual absl::Status lora_down(const Tensor& x, const std::vector<Tensor>& stacks,
+                                 const Tensor& t);
 
   // In place on y[M, N], each term in order: y = round(y + round(round(t · bᵀ) · scale)) on the
   // term's columns, round: to the activation dtype (PEFT's LoRA `result + lora_B(t) * scaling`,

@@ -186,6 +186,8 @@ absl::Status lora_down(Backend& backend, const Flux2LoraTerms& terms, const Tens
   if (t.rows() != x.rows() || total_rank(terms) > t.cols()) {
     return absl::InternalError("lora_down: the LoRA scratch is smaller than these terms");
   }
+  // Terms continuing one A stack (an adapter's modules on one fused weight) are one stack's rows.
+  std::vector<Tensor> stacks;
   int64_t column = 0;
   for (size_t first = 0; first < terms.size();) {
     size_t end = first + 1;
@@ -194,12 +196,11 @@ absl::Status lora_down(Backend& backend, const Flux2LoraTerms& terms, const Tens
       rank += terms[end].a.rows();
     }
     const Flux2LoraTerm& lead = terms[first];
-    FLUX_RETURN_IF_ERROR(backend.linear(x, lead.a_stack.row_slice(lead.a_row, rank), {},
-                                        t.col_slice(column, rank)));  // [M, sum of r]
+    stacks.push_back(lead.a_stack.row_slice(lead.a_row, rank));
     column += rank;
     first = end;
   }
-  return absl::OkStatus();
+  return backend.lora_down(x, stacks, t.col_slice(0, column));  // [M, sum of r]
 }
 
 std::vector<LoraUpTerm> lora_ups(const Flux2LoraTerms& terms, const Tensor& t) {

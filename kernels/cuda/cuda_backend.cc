@@ -118,6 +118,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOp
   FLUX_ASSIGN_OR_RETURN(CudaDeviceInfo info, cuda_device_info());
   std::unique_ptr<CudaBackend> backend(new CudaBackend(options));
   backend->total_bytes_ = info.total_bytes;
+  backend->multiprocessors_ = info.multiprocessors;
   backend->stream_ = std::make_shared<CudaStream>();
   FLUX_RETURN_IF_ERROR(cuda_status(
       cudaStreamCreateWithFlags(&backend->stream_->stream, cudaStreamNonBlocking), "stream"));

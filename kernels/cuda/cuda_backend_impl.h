@@ -107,6 +107,8 @@ class CudaBackend final : public Backend {
 
   absl::Status linear(const Tensor& x, const Weight& w, const Tensor& bias,
                       const Tensor& y) override;
+  absl::Status lora_down(const Tensor& x, const std::vector<Tensor>& stacks,
+                         const Tensor& t) override;
   absl::Status lora_up_add(const Tensor& y, const std::vector<LoraUpTerm>& terms) override;
   absl::Status lora_up_swiglu(const Tensor& y, const std::vector<LoraUpTerm>& terms,
                               const Tensor& out) override;
@@ -277,6 +279,7 @@ class CudaBackend final : public Backend {
   // one small tensor overlaps the previous one's copy (a LoRA adapter is hundreds of them).
   int staging_next_ = 0;
   int64_t total_bytes_ = 0;
+  int multiprocessors_ = 0;            // the device's SMs (how lora_down splits its work)
   std::string device_name_;            // cudaDeviceProp::name: the GEMM table's section
   bool fail_next_allocation_ = false;  // inject_fault(kDeviceOutOfMemory) armed
   // quality=high's FP8 GEMMs scale per token and per channel when cuBLASLt offers it on this

@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/dequantize_e4m3.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/lora_down.h"
 #include "kernels/cuda/lora_up.h"
 #include "kernels/cuda/norms.h"
 #include "kernels/cuda/quantize.h"
@@ -79,6 +80,32 @@ absl::Status check_lora_up(absl::string_view op, const Tensor& y,
 }
 
 }  // namespace
+
+// Not a fast path: the CUDA backend's A products in every mode (as a GEMM algorithm is), so
+// fast == eager bit for bit; operands the kernel does not take run one cuBLASLt GEMM per stack.
+absl::Status CudaBackend::lora_down(const Tensor& x, const std::vector<Tensor>& stacks,
+                                    const Tensor& t) {
+  std::vector<cuda::Mat> a;
+  for (const Tensor& stack : stacks) {
+    if (stack.dtype() != DType::kBF16 || stack.rank() != 2) return Backend::lora_down(x, stacks, t);
+    a.push_back(mat(stack));
+  }
+  if (x.dtype() != DType::kBF16 || t.dtype() != DType::kBF16 || x.rank() != 2 || t.rank() != 2 ||
+      !cuda::lora_down_unsupported(mat(x), a, mat(t)).empty()) {
+    return Backend::lora_down(x, stacks, t);
+  }
+  OpProfileScope profile(*this, op_category("lora", "lora_down"));
+  const int splits = cuda::lora_down_splits(x.rows(), x.cols(), multiprocessors_);
+  Tensor partials;  // stream-ordered: freed after the kernels that use it
+  if (splits > 1) {
+    FLUX_ASSIGN_OR_RETURN(
+        partials,
+        scratch({splits * x.rows(), cuda::lora_down_partial_cols(t.cols())}, DType::kF32));
+  }
+  return cuda::lora_down_bf16(mat(x), a, mat(t), splits,
+                              splits > 1 ? static_cast<float*>(partials.data()) : nullptr,
+                              stream());
+}
 
 absl::Status CudaBackend::lora_up_add(const Tensor& y, const std::vector<LoraUpTerm>& terms) {
   FLUX_RETURN_IF_ERROR(check_lora_up("lora_up_add", y, terms));

@@ -203,6 +203,44 @@ void add_lora_consumer_cases(std::vector<OpCase>& cases) {
                    }});
 }
 
+// LoRA's A products (Backend::lora_down): the klein-4B shapes whose cuBLASLt GEMMs were slow (the
+// single block's [attn | mlp] input at K = 12288, the text stream's 512 rows), one stack per
+// q, k, v module of one adapter, two adapters, ragged shapes, and operands the kernel does not
+// take (R > 128, K not a multiple of 8: one GEMM per stack). `--perf` also times the same shapes
+// through one cuBLASLt GEMM per stack (the base implementation), vars ending ",cublas".
+void add_lora_down_cases(std::vector<OpCase>& cases) {
+  struct LoraDown {
+    int64_t s, k;
+    std::vector<int64_t> ranks;
+  };
+  for (const LoraDown& l :
+       {LoraDown{4608, 12288, {32}}, LoraDown{512, 9216, {32}}, LoraDown{4096, 3072, {32, 32, 32}},
+        LoraDown{4608, 3072, {32, 16}}, LoraDown{70, 200, {8, 24}}, LoraDown{1, 64, {4}},
+        LoraDown{131, 104, {100, 30}}, LoraDown{33, 100, {16}}}) {
+    int64_t rank = 0;
+    std::string ranks;
+    for (const int64_t r : l.ranks) {
+      rank += r;
+      absl::StrAppend(&ranks, ranks.empty() ? "" : "_", r);
+    }
+    const std::string vars = absl::StrCat("S=", l.s, ",K=", l.k, ",r=", ranks);
+    auto run = [l, rank](bool cublas) {
+      return [l, rank, cublas](OpEnv& e) {
+        Tensor x = e.input(l.s, l.k, 2.0f), t = e.output(l.s, rank);
+        std::vector<Tensor> stacks;
+        for (const int64_t r : l.ranks) stacks.push_back(e.input(r, l.k, 0.05f));
+        return e.call(t, [&be = e.backend(), x, stacks, t, cublas] {
+          return cublas ? be.Backend::lora_down(x, stacks, t) : be.lora_down(x, stacks, t);
+        });
+      };
+    };
+    cases.push_back({"lora_down", vars, run(false)});
+    OpCase cublas("lora_down", vars + ",cublas", run(false));
+    cublas.run_gpu = run(true);
+    cases.push_back(std::move(cublas));
+  }
+}
+
 std::vector<OpCase> make_cases() {
   std::vector<OpCase> cases;
   auto add = [&](OpCase c) { cases.push_back(std::move(c)); };
@@ -526,6 +564,7 @@ std::vector<OpCase> make_cases() {
          }});
   }
   add_lora_consumer_cases(cases);
+  add_lora_down_cases(cases);
   return cases;
 }
 
