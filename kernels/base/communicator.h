@@ -1,6 +1,6 @@
 // Communicator: the collectives P ranks of one host use to split one request between them
 // (Ulysses sequence parallelism and CFG parallelism, model/sequence_parallel.h), and the time they
-// take (the all-to-all time per step). Implemented by
+// take (the all-to-all time per step of flux2_denoise_step_collective_seconds). Implemented by
 // kernels/cpu/in_process_communicator.h (ranks as threads, host tensors) and
 // kernels/cuda/nccl_communicator.h (one GPU per rank). Tested by
 // tests/host/sequence_parallel_test.cc and tests/cuda/nccl_communicator_test.cc.
