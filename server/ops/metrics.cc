@@ -294,6 +294,25 @@ void Metrics::observe_step_collectives(int gpu, const CollectiveSeconds& seconds
       .Observe(seconds.all_gather);
 }
 
+std::map<int, Metrics::StepCollectiveTotals> Metrics::step_collective_totals() const {
+  std::map<int, StepCollectiveTotals> totals;
+  for (const prometheus::MetricFamily& family : step_collectives_.Collect()) {
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      int gpu = -1;
+      bool all_to_all = false;
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        if (label.name == "gpu") gpu = std::stoi(label.value);
+        if (label.name == "collective") all_to_all = label.value == "all_to_all";
+      }
+      StepCollectiveTotals& total = totals[gpu];
+      (all_to_all ? total.seconds.all_to_all : total.seconds.all_gather) +=
+          metric.histogram.sample_sum;
+      total.steps = metric.histogram.sample_count;  // the same for both kinds
+    }
+  }
+  return totals;
+}
+
 void Metrics::set_queue_depth(int depth) {
   queue_depth_.Set(depth);
 }

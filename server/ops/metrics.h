@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,13 @@ class Metrics {
   // Multi-rank engines (--gpus with 2 or more): one denoising step's collective time on the rank
   // whose device ordinal is `gpu` (GenerateHooks::on_step_collectives), one observation per kind.
   void observe_step_collectives(int gpu, const CollectiveSeconds& seconds);
+  // What flux2_denoise_step_collective_seconds holds so far, by gpu: the steps observed and the
+  // seconds summed by kind (`flux2 bench --concurrency --gpus` reports a phase's difference).
+  struct StepCollectiveTotals {
+    uint64_t steps = 0;
+    CollectiveSeconds seconds;
+  };
+  std::map<int, StepCollectiveTotals> step_collective_totals() const;
   void set_queue_depth(int depth);
   void add_in_flight(int delta);
   void count_images(int64_t images, int64_t pixels);

@@ -469,4 +469,16 @@ absl::StatusOr<std::unique_ptr<Engine>> load_parallel_engine(
   });
 }
 
+absl::StatusOr<std::unique_ptr<Engine>> random_parallel_engine(
+    const std::vector<int>& gpus, absl::string_view backend, const BackendOptions& backend_options,
+    const RandomPipelineSpec& spec) {
+  FLUX_RETURN_IF_ERROR(check_gpus(gpus));
+  FLUX_ASSIGN_OR_RETURN(const std::string name, parallel_backend_name(backend, true));
+  return parallel_engine_over(gpus, name, backend_options, [spec](Backend& be, int rank) {
+    RandomPipelineSpec rank_spec = spec;  // the same seed: the same weights on every rank
+    if (rank != 0) rank_spec.on_progress = nullptr;
+    return Pipeline::create_random(be, rank_spec);
+  });
+}
+
 }  // namespace flux2::server

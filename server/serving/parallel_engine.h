@@ -82,4 +82,11 @@ absl::StatusOr<std::unique_ptr<Engine>> load_parallel_engine(
     const std::vector<int>& gpus, absl::string_view backend, const BackendOptions& backend_options,
     bool model_dir_given, const std::string& model_dir, const PipelineOptions& options);
 
+// The same engine over pipelines with random weights at `spec`'s shapes, every rank the same
+// weights (`flux2 bench --concurrency --gpus`): `backend` "cpu" or "cuda" ("auto": cuda when a
+// CUDA device exists); errors as load_parallel_engine's.
+absl::StatusOr<std::unique_ptr<Engine>> random_parallel_engine(
+    const std::vector<int>& gpus, absl::string_view backend, const BackendOptions& backend_options,
+    const RandomPipelineSpec& spec);
+
 }  // namespace flux2::server

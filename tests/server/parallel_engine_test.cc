@@ -2,7 +2,8 @@
 // communicator and the tiny checkpoints: its image is the single-rank engine's (float32 bar), a
 // cancelled or late request stops every rank at one stage boundary and the next request runs, a
 // rank that fails breaks the engine (device_status), memory is reported per rank, listed device
-// ordinals name the ranks, and every rank reports its collective time per step.
+// ordinals name the ranks, every rank reports its collective time per step, and the bench's engine
+// over random weights gives one rank's image.
 // Run: ctest --test-dir build-cpu -R ParallelEngine --output-on-failure
 #include "server/serving/parallel_engine.h"
 
@@ -17,6 +18,9 @@
 #include <mutex>
 #include <thread>
 
+#include "kernels/base/read_file.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "nlohmann/json.hpp"
 #include "server/serving/pipeline_engine.h"
 #include "server/serving/stage_decisions.h"
 
@@ -237,6 +241,41 @@ TEST(ParallelEngineTest, ListedDevicesNameTheRanksAndEveryRankReportsItsCollecti
     EXPECT_EQ(steps_by_rank[rank], (std::vector<int64_t>{0, 1, 2})) << "rank " << rank;
     EXPECT_GT(all_to_all_by_rank[rank], 0.0) << "rank " << rank;
   }
+}
+
+// Random weights at tiny-klein's shapes (its configs and tokenizer), as `flux2 bench --concurrency
+// --gpus` builds them at the published ones.
+RandomPipelineSpec tiny_random_spec() {
+  RandomPipelineSpec spec;
+  spec.name = "tiny-klein (random weights)";
+  const auto config = [](const std::string& component) {
+    absl::StatusOr<std::string> text =
+        read_file(tiny_klein() + "/" + component + "/config.json", component);
+    EXPECT_TRUE(text.ok()) << text.status();
+    return nlohmann::json::parse(text.value_or("{}"));
+  };
+  spec.transformer = Flux2Config::from_json(config("transformer"), "transformer").value();
+  spec.text_encoder = TextEncoderConfig::from_json(config("text_encoder"), "text_encoder").value();
+  spec.vae = VaeConfig::from_json(config("vae"), "vae").value();
+  spec.tokenizer_dir = tiny_klein() + "/tokenizer";
+  return spec;
+}
+
+TEST(ParallelEngineTest, RandomWeightsOverThreeRanksGiveTheSingleRankImage) {
+  const RandomPipelineSpec spec = tiny_random_spec();
+  auto one = random_pipeline_engine(std::make_unique<CpuBackend>(), spec);
+  ASSERT_TRUE(one.ok()) << one.status();
+  auto three = random_parallel_engine({0, 1, 2}, "cpu", {}, spec);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ((*three)->device_ordinals(), (std::vector<int>{0, 1, 2}));
+  const GenerateParams params = small_request(false);
+  absl::StatusOr<GeneratedImage> reference = (*one)->generate(params, {});
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::StatusOr<GeneratedImage> image = generate_within_limit(**three, params);
+  ASSERT_TRUE(image.ok()) << image.status();
+  expect_within_float32_bar(*image, *reference);  // every rank drew the same weights
+  auto twice = random_parallel_engine({2, 2}, "cpu", {}, spec);
+  EXPECT_EQ(twice.status().message(), "--gpus 2,2: device 2 is listed twice");
 }
 
 TEST(ParallelEngineTest, RefusesListedDevicesThatRepeatDoNotFitOrDoNotExist) {
