@@ -274,6 +274,11 @@ struct GenerateHooks {
   std::function<void(int64_t step, int64_t steps, double seconds)> on_step;
   // With step caching, called after each step (before on_step) with what it did so far.
   std::function<void(const StepCacheReport& so_far)> on_step_cache;
+  // Multi-rank pipelines (join_parallel) only: called after each step (before on_step) with this
+  // rank's number (ParallelRank::rank), the step's index and the time this rank's collectives
+  // took in it (Communicator::take_collective_seconds, read after the step's own synchronize).
+  // Each rank calls it from its own thread: calls of different ranks may overlap.
+  std::function<void(int rank, int64_t step, const CollectiveSeconds& seconds)> on_step_collectives;
   // Called once with the prompt embeddings [L, J] the transformer gets (for golden checks).
   std::function<void(const Tensor& prompt_embeds)> on_prompt_embeds;
   // Called with the latent tokens [N, 128]: step -1 is the initial noise, then after each step
@@ -371,6 +376,9 @@ class Pipeline {
   bool runs_negative_branch(bool cfg) const;
   // Makes `cond`'s forwards sequence-parallel over this rank's group (nothing on one rank).
   absl::Status shard(Flux2Conditioning& cond) const;
+  // After step `step` (synchronized): this rank's collective time in it, to
+  // hooks.on_step_collectives (nothing on one rank).
+  absl::Status report_step_collectives(const GenerateHooks& hooks, int64_t step) const;
   // CFG-parallel: exchanges this rank's branch velocity `own` for the other's (into `other`) and
   // returns the tensor holding the guided velocity (the conditional branch's, overwritten).
   absl::StatusOr<Tensor> combine_cfg_branches(const Tensor& own, const Tensor& other,

@@ -451,6 +451,7 @@ absl::Status Pipeline::denoise(Generation& g) const {
     double seconds = 0.0;
     FLUX_RETURN_IF_ERROR(timed(seconds, [&] { return denoising_step(g, i, between_blocks); }));
     g.image.timings.steps.push_back(seconds);
+    FLUX_RETURN_IF_ERROR(report_step_collectives(g.hooks, i));
     if (g.params.cache.enabled()) {
       g.image.cache = step_cache_report(g);
       if (g.hooks.on_step_cache) g.hooks.on_step_cache(g.image.cache);

@@ -1,7 +1,7 @@
 // The Pipeline's part of a multi-rank engine: joining a layout of sequence and CFG parallelism,
-// sharding a request's conditioning, and the CFG branches' exchange; see pipeline.h
-// (join_parallel) and model/cfg_parallel.h. Tested by tests/host/sequence_parallel_test.cc
-// (SequenceParallelPipeline*).
+// sharding a request's conditioning, the CFG branches' exchange and the collectives' time per
+// step; see pipeline.h (join_parallel) and model/cfg_parallel.h. Tested by
+// tests/host/sequence_parallel_test.cc (SequenceParallelPipeline*).
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 #include "model/pipeline.h"
@@ -50,6 +50,16 @@ bool Pipeline::runs_negative_branch(bool cfg) const {
 absl::Status Pipeline::shard(Flux2Conditioning& cond) const {
   if (!parallel_.has_value() || parallel_->layout.sequence == 1) return absl::OkStatus();
   return transformer_->enable_sequence_parallel(cond, *parallel_->sequence);
+}
+
+absl::Status Pipeline::report_step_collectives(const GenerateHooks& hooks, int64_t step) const {
+  if (!parallel_.has_value()) return absl::OkStatus();
+  // Taken after every step, hook or not, so the NCCL communicators' events are reused.
+  FLUX_ASSIGN_OR_RETURN(CollectiveSeconds seconds, parallel_->sequence->take_collective_seconds());
+  FLUX_ASSIGN_OR_RETURN(const CollectiveSeconds cfg, parallel_->cfg->take_collective_seconds());
+  seconds += cfg;
+  if (hooks.on_step_collectives) hooks.on_step_collectives(parallel_->rank, step, seconds);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> Pipeline::combine_cfg_branches(const Tensor& own, const Tensor& other,

@@ -109,6 +109,16 @@ def panels() -> list:
                     f"p{int(q * 100)} {{{{quality}}}}", ref)
              for q, ref in ((0.5, "A"), (0.95, "B"), (0.99, "C"))]),
         timeseries(
+            "Collective time per step by GPU (mean)", "Several GPUs per request (--gpus 2 or more): "
+            "the mean time each GPU's collectives took in one denoising step, all_to_all (Ulysses' "
+            "exchanges around attention) and all_gather (the velocity's gather, the CFG exchange), the "
+            "wait for slower GPUs included; compare with the step latency.", "s",
+            [target(f"sum by (instance, gpu, collective) "
+                    f"(rate(flux2_denoise_step_collective_seconds_sum{{{SEL}}}{RATE}))"
+                    f" / sum by (instance, gpu, collective) "
+                    f"(rate(flux2_denoise_step_collective_seconds_count{{{SEL}}}{RATE}))",
+                    "{{collective}} {{instance}} gpu {{gpu}}", "A")]),
+        timeseries(
             "Stage breakdown (mean seconds per request)", "Mean time per request in each stage: "
             "tokenize, text_encode, reference_encode (editing requests only), denoise, decode, encode.", "s",
             [target(f"sum by (stage) (rate(flux2_stage_duration_seconds_sum{{{SEL}}}{RATE}))"

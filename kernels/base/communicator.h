@@ -1,5 +1,6 @@
 // Communicator: the collectives P ranks of one host use to split one request between them
-// (Ulysses sequence parallelism and CFG parallelism, model/sequence_parallel.h). Implemented by
+// (Ulysses sequence parallelism and CFG parallelism, model/sequence_parallel.h), and the time they
+// take (the all-to-all time per step of flux2_denoise_step_collective_seconds). Implemented by
 // kernels/cpu/in_process_communicator.h (ranks as threads, host tensors) and
 // kernels/cuda/nccl_communicator.h (one GPU per rank). Tested by
 // tests/host/sequence_parallel_test.cc and tests/cuda/nccl_communicator_test.cc.
@@ -8,9 +9,24 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/base/tensor.h"
 
 namespace flux2 {
+
+// The time one rank's collectives took, by kind, in seconds
+// (Communicator::take_collective_seconds).
+struct CollectiveSeconds {
+  double all_to_all = 0.0;  // Ulysses' exchanges around attention
+  double all_gather = 0.0;  // the velocity's gather at the end of a forward, the CFG exchange
+
+  double total() const { return all_to_all + all_gather; }
+  CollectiveSeconds& operator+=(const CollectiveSeconds& other) {
+    all_to_all += other.all_to_all;
+    all_gather += other.all_gather;
+    return *this;
+  }
+};
 
 // One rank's handle on a group of `size()` ranks. Every rank of the group makes the same calls in
 // the same order (a collective returns on one rank only once every rank has entered it, or once
@@ -41,6 +57,16 @@ class Communicator {
   // ranks' pending and later collectives return an error naming `why` instead of waiting for this
   // rank forever. Later calls on this rank fail too.
   virtual void abort(const absl::Status& why) = 0;
+
+  // The time this rank's collectives that returned OK took since the last call (or since the
+  // group was made), by kind; the count starts anew at every call, whatever it returns. Each
+  // collective counts from its start on this rank to its end, the wait for slower peers included
+  // (so a rank whose peers compute longer shows it here). In-process: host wall time. NCCL:
+  // device time between CUDA events recorded on the stream around the collective's copy and NCCL
+  // calls, read here without waiting: call it once the backend synchronized after the
+  // collectives (a denoising step's end, which synchronizes anyway); FailedPrecondition when one
+  // has not run on the device yet. A collective of a group of 1 is timed too (its local copy).
+  virtual absl::StatusOr<CollectiveSeconds> take_collective_seconds() = 0;
 };
 
 // Checks a collective's arguments on one rank: `count` tensors per vector (the group size),

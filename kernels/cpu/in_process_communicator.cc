@@ -1,12 +1,16 @@
-// Ranks as threads: a generation-counting barrier and memcpy between the ranks' host tensors; see
-// in_process_communicator.h. Tested by tests/host/sequence_parallel_test.cc.
+// Ranks as threads: a generation-counting barrier and memcpy between the ranks' host tensors, each
+// collective timed on the steady clock; see in_process_communicator.h. Tested by
+// tests/host/sequence_parallel_test.cc.
 #include "kernels/cpu/in_process_communicator.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/elapsed.h"
 #include "kernels/base/status.h"
 
 namespace flux2 {
@@ -116,7 +120,7 @@ class InProcessCommunicator final : public Communicator {
     if (status.ok()) {
       status = check_collective_tensors(kOp, "recv", recv, size(), dtype, Device::kCpu);
     }
-    return run(status, &send, nullptr,
+    return run(status, &send, nullptr, &CollectiveSeconds::all_to_all,
                [&](int j) { return copy_exact(kOp, j, group_->list_of(j)[rank_], recv[j]); });
   }
 
@@ -127,32 +131,41 @@ class InProcessCommunicator final : public Communicator {
     if (status.ok()) {
       status = check_collective_tensors(kOp, "recv", recv, size(), send.dtype(), Device::kCpu);
     }
-    return run(status, nullptr, &send,
+    return run(status, nullptr, &send, &CollectiveSeconds::all_gather,
                [&](int j) { return copy_exact(kOp, j, group_->one_of(j), recv[j]); });
   }
 
   void abort(const absl::Status& why) override { group_->abort(rank_, why); }
 
+  absl::StatusOr<CollectiveSeconds> take_collective_seconds() override {
+    return std::exchange(seconds_, CollectiveSeconds{});
+  }
+
  private:
   // A collective: this rank's checks (`checked`), post, enter, receive from every rank j with
-  // receive(j), leave. Any failure here aborts the group, so no rank waits for this one in vain.
+  // receive(j), leave; its wall time, once it returned OK, adds to seconds_.*kind. Any failure
+  // here aborts the group, so no rank waits for this one in vain.
   template <typename Receive>
   absl::Status run(absl::Status checked, const std::vector<Tensor>* list, const Tensor* one,
-                   const Receive& receive) {
+                   double CollectiveSeconds::*kind, const Receive& receive) {
     if (!checked.ok()) {
       group_->abort(rank_, checked);
       return checked;
     }
+    const auto start = std::chrono::steady_clock::now();
     group_->post(rank_, list, one);
     FLUX_RETURN_IF_ERROR(group_->enter());
     absl::Status status;
     for (int j = 0; status.ok() && j < size(); ++j) status = receive(j);
     if (!status.ok()) group_->abort(rank_, status);
-    return group_->leave(status);
+    FLUX_RETURN_IF_ERROR(group_->leave(status));
+    seconds_.*kind += seconds_since(start);
+    return absl::OkStatus();
   }
 
   std::shared_ptr<InProcessGroup> group_;
   const int rank_;
+  CollectiveSeconds seconds_;  // since the last take_collective_seconds (this rank's thread only)
 };
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The in-process Communicator: the P ranks of a group are threads of one process whose tensors
-// live in host memory (the CPU backend's), so a collective is a barrier and memcpy. It runs the
-// parallel algorithms of model/sequence_parallel.h on the CPU, where CI tests them against one
-// rank. Tested by tests/host/sequence_parallel_test.cc.
+// live in host memory (the CPU backend's), so a collective is a barrier and memcpy (timed in wall
+// time, the barrier's wait included: take_collective_seconds). It runs the parallel algorithms of
+// model/sequence_parallel.h on the CPU, where CI tests them against one rank. Tested by
+// tests/host/sequence_parallel_test.cc.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
-// NCCL loaded with dlopen and the Communicator over it; see nccl_communicator.h.
-// Tested by tests/cuda/nccl_communicator_test.cc.
+// NCCL loaded with dlopen and the Communicator over it, each collective timed by CUDA events on
+// the rank's stream; see nccl_communicator.h. Tested by tests/cuda/nccl_communicator_test.cc.
 #include "kernels/cuda/nccl_communicator.h"
 
 #include <dlfcn.h>
@@ -7,6 +7,7 @@
 
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
@@ -78,6 +79,73 @@ absl::Status cuda_status(cudaError_t error, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
 }
 
+// The device time of a rank's collectives: a pair of CUDA events recorded on the stream around
+// each one, read (cudaEventElapsedTime) only at take(), once the caller synchronized; nothing here
+// waits for the device. Events are made on first use, on the rank's thread (its device current),
+// and reused after every take().
+class CollectiveTimer {
+ public:
+  CollectiveTimer() = default;
+  CollectiveTimer(const CollectiveTimer&) = delete;
+  CollectiveTimer& operator=(const CollectiveTimer&) = delete;
+  ~CollectiveTimer() {
+    for (const Timed& t : events_) {
+      cudaEventDestroy(t.start);
+      cudaEventDestroy(t.end);
+    }
+  }
+
+  // Records the start of the next collective on `stream`.
+  absl::Status start(cudaStream_t stream) {
+    if (used_ == events_.size()) {
+      Timed t;
+      FLUX_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&t.start), "cudaEventCreate"));
+      const absl::Status end = cuda_status(cudaEventCreate(&t.end), "cudaEventCreate");
+      if (!end.ok()) {
+        cudaEventDestroy(t.start);
+        return end;
+      }
+      events_.push_back(t);
+    }
+    return cuda_status(cudaEventRecord(events_[used_].start, stream), "cudaEventRecord");
+  }
+  // Records the end of the collective start() began, counted as `kind`.
+  absl::Status stop(cudaStream_t stream, double CollectiveSeconds::*kind) {
+    FLUX_RETURN_IF_ERROR(
+        cuda_status(cudaEventRecord(events_[used_].end, stream), "cudaEventRecord"));
+    events_[used_++].kind = kind;
+    return absl::OkStatus();
+  }
+  // The collectives' device time since the last take(); starts counting anew.
+  absl::StatusOr<CollectiveSeconds> take() {
+    const size_t used = std::exchange(used_, 0);
+    CollectiveSeconds seconds;
+    for (size_t i = 0; i < used; ++i) {
+      const cudaError_t done = cudaEventQuery(events_[i].end);
+      if (done == cudaErrorNotReady) {
+        return absl::FailedPreconditionError(
+            "take_collective_seconds: a collective has not run on the device yet (synchronize "
+            "first)");
+      }
+      FLUX_RETURN_IF_ERROR(cuda_status(done, "cudaEventQuery"));
+      float ms = 0.0f;
+      FLUX_RETURN_IF_ERROR(cuda_status(cudaEventElapsedTime(&ms, events_[i].start, events_[i].end),
+                                       "cudaEventElapsedTime"));
+      seconds.*events_[i].kind += ms / 1000.0;
+    }
+    return seconds;
+  }
+
+ private:
+  struct Timed {
+    cudaEvent_t start = nullptr;
+    cudaEvent_t end = nullptr;
+    double CollectiveSeconds::*kind = &CollectiveSeconds::all_to_all;
+  };
+  std::vector<Timed> events_;  // events_[0, used_): recorded since the last take()
+  size_t used_ = 0;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const NcclApi& api, ncclComm_t comm, int rank, int size, cudaStream_t stream)
@@ -92,6 +160,29 @@ class NcclCommunicator final : public Communicator {
   absl::Status all_to_all(const std::vector<Tensor>& send,
                           const std::vector<Tensor>& recv) override {
     FLUX_RETURN_IF_ERROR(check("all_to_all", send, recv));
+    FLUX_RETURN_IF_ERROR(timer_.start(stream_));
+    FLUX_RETURN_IF_ERROR(exchange(send, recv));
+    return timer_.stop(stream_, &CollectiveSeconds::all_to_all);
+  }
+
+  absl::Status all_gather(const Tensor& send, const std::vector<Tensor>& recv) override {
+    FLUX_RETURN_IF_ERROR(check("all_gather", {send}, recv, /*send_count=*/1));
+    FLUX_RETURN_IF_ERROR(timer_.start(stream_));
+    FLUX_RETURN_IF_ERROR(gather(send, recv));
+    return timer_.stop(stream_, &CollectiveSeconds::all_gather);
+  }
+
+  void abort(const absl::Status& why) override {
+    if (aborted_) return;
+    aborted_ = true;
+    api_.comm_abort(comm_);
+  }
+
+  absl::StatusOr<CollectiveSeconds> take_collective_seconds() override { return timer_.take(); }
+
+ private:
+  // all_to_all's copy and NCCL calls, enqueued on the stream.
+  absl::Status exchange(const std::vector<Tensor>& send, const std::vector<Tensor>& recv) {
     FLUX_RETURN_IF_ERROR(copy_local(send[rank_], recv[rank_]));
     if (size_ == 1) return absl::OkStatus();
     FLUX_RETURN_IF_ERROR(nccl_status(api_, api_.group_start(), "ncclGroupStart"));
@@ -115,8 +206,8 @@ class NcclCommunicator final : public Communicator {
     return status.ok() ? ended : status;
   }
 
-  absl::Status all_gather(const Tensor& send, const std::vector<Tensor>& recv) override {
-    FLUX_RETURN_IF_ERROR(check("all_gather", {send}, recv, /*send_count=*/1));
+  // all_gather's copy and NCCL calls, enqueued on the stream.
+  absl::Status gather(const Tensor& send, const std::vector<Tensor>& recv) {
     FLUX_RETURN_IF_ERROR(copy_local(send, recv[rank_]));
     if (size_ == 1) return absl::OkStatus();
     // Uneven parts: one broadcast per root, the root's own part sent from `send`.
@@ -134,13 +225,6 @@ class NcclCommunicator final : public Communicator {
     return status.ok() ? ended : status;
   }
 
-  void abort(const absl::Status& why) override {
-    if (aborted_) return;
-    aborted_ = true;
-    api_.comm_abort(comm_);
-  }
-
- private:
   absl::Status check(const char* collective, const std::vector<Tensor>& send,
                      const std::vector<Tensor>& recv, int send_count = -1) const {
     if (aborted_) {
@@ -169,6 +253,7 @@ class NcclCommunicator final : public Communicator {
   const int rank_, size_;
   cudaStream_t stream_;
   bool aborted_ = false;
+  CollectiveTimer timer_;
 };
 
 }  // namespace

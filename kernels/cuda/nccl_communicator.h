@@ -25,7 +25,9 @@ absl::StatusOr<int> nccl_version();
 // shapes must agree as Communicator says (the in-process group checks that; here a mismatch is
 // not detected). abort() aborts this rank's NCCL communicator only: peers blocked in a collective
 // on the device do not notice, so a failing rank must end the whole engine (the server exits, as
-// on a sticky CUDA error).
+// on a sticky CUDA error). Each collective is timed by two CUDA events on streams[i] (made on
+// first use, on the rank's thread), read by take_collective_seconds after the caller synchronized:
+// no host wait is added to a collective.
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> create_nccl_group(
     const std::vector<int>& devices, const std::vector<cudaStream_t>& streams);
 

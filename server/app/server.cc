@@ -46,7 +46,7 @@ EngineFactory pipeline_factory(const ServerOptions& options) {
     pipeline.on_progress = [](const LoadProgress& progress) {
       log_line(LogLevel::kInfo, describe(progress));
     };
-    if (options.gpus > 1) {
+    if (options.gpus.size() > 1) {
       // One engine over N ranks (server/serving/parallel_engine.h); it checks the layout.
       return load_parallel_engine(options.gpus, options.backend, options.backend_options,
                                   !options.model_dir.empty(), resolved_model_dir(options),

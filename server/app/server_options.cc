@@ -16,6 +16,7 @@
 #include "model/pipeline.h"
 #include "server/common/backend_flags.h"
 #include "server/common/embedded_checkpoint.h"
+#include "server/common/gpus_flag.h"
 #include "server/serving/validate.h"
 
 #ifndef FLUX2_VERSION
@@ -35,6 +36,7 @@ std::string env_name(absl::string_view flag) {
 
 // Flags converted after parsing (a unit conversion, a fault spec).
 struct RawFlags {
+  std::string gpus = "1";  // a count or a list of device ordinals (gpus_flag.h)
   double test_step_delay_ms = 0.0;
   std::string lora_preload;  // "a,b"
 
@@ -101,7 +103,7 @@ void add_flags(CLI::App& app, ServerOptions& o, RawFlags& raw, ParsedFlags& pars
   option("--http-max-connections-per-client", o.http_max_connections_per_client);
   option("--model-dir", o.model_dir);
   option("--backend", o.backend);
-  option("--gpus", o.gpus);
+  option("--gpus", raw.gpus);
   option("--queue-depth", o.queue_depth);
   option("--max-pixels", o.max_pixels);
   option("--max-images", o.max_images);
@@ -171,6 +173,7 @@ absl::StatusOr<ParsedFlags> parse_server_flags(int argc, char** argv) {
     return absl::InvalidArgumentError(absl::StrCat(
         error.what(), " (see --help; a flag's value may also come from its FLUX2_* variable)"));
   }
+  FLUX_ASSIGN_OR_RETURN(o.gpus, parse_gpus_flag(raw.gpus));
   o.test_step_delay_s = raw.test_step_delay_ms / 1000.0;
   for (absl::string_view name : absl::StrSplit(raw.lora_preload, ',', absl::SkipWhitespace())) {
     o.lora_preload.emplace_back(absl::StripAsciiWhitespace(name));
@@ -213,8 +216,8 @@ absl::Status validate_server_options(const ServerOptions& o) {
   }
   if (o.host.empty()) return absl::InvalidArgumentError("--host: empty address");
   FLUX_RETURN_IF_ERROR(check_range("--port", o.port, 0, 65535));
-  // The GPUs of one host: a bound against typos; the model's heads decide at load.
-  FLUX_RETURN_IF_ERROR(check_range("--gpus", o.gpus, 1, 64));
+  // The GPUs of one host (options built in code too): the model's heads decide at load.
+  FLUX_RETURN_IF_ERROR(check_gpus(o.gpus));
   FLUX_RETURN_IF_ERROR(check_range("--metrics-port", o.metrics_port, 0, 65535));
   if (o.port != 0 && o.port == o.metrics_port) {
     return absl::InvalidArgumentError(
@@ -407,10 +410,12 @@ std::string server_help_text() {
       "  --backend auto|cpu|cuda  (default auto: cuda when --model-dir is given and a GPU is "
       "usable,\n"
       "                           else cpu)\n"
-      "  --gpus N                 GPUs of this host one request is split over (sequence x CFG\n"
-      "                           parallelism; CUDA devices 0..N-1 over NCCL); must fit the\n"
-      "                           model's attention heads. With the CPU backend, N ranks as\n"
-      "                           threads (for tests; no faster than one) (default 1)\n"
+      "  --gpus N|A,B,...         GPUs of this host one request is split over (sequence x CFG\n"
+      "                           parallelism over NCCL): a count N (CUDA devices 0..N-1) or\n"
+      "                           distinct device ordinals (2,3: devices 2 and 3, the gpu label\n"
+      "                           of the per-GPU metrics); must fit the model's attention heads.\n"
+      "                           With the CPU backend, that many ranks as threads (for tests;\n"
+      "                           no faster than one) (default 1)\n"
       "  --warmup-steps N         steps of the warm-up generation run before readiness (default "
       "1;\n"
       "                           0 skips it)\n"

@@ -40,10 +40,11 @@ struct ServerOptions {
   int http_max_connections_per_client = 64;
   std::string model_dir;         // empty: the embedded tiny checkpoint on the CPU backend
   std::string backend = "auto";  // auto | cpu | cuda
-  // --gpus N: the GPUs of this host one request is split over (sequence x CFG parallelism,
-  // model/README.md "Several GPUs"; server/serving/parallel_engine.h), checked against the
-  // model's attention heads once it is loaded; CUDA devices 0 .. N-1, or N CPU ranks.
-  int gpus = 1;
+  // --gpus N or --gpus A,B,...: the device ordinals of the GPUs of this host one request is split
+  // over, rank r on gpus[r] (sequence x CFG parallelism, model/README.md "Several GPUs";
+  // server/serving/parallel_engine.h; parsed by server/common/gpus_flag.h), checked against the
+  // model's attention heads once it is loaded; N CPU ranks with --backend cpu.
+  std::vector<int> gpus = {0};
   int queue_depth = 8;           // requests that may wait behind the running one
   int64_t max_pixels = 4194304;  // width x height budget per image (2048 x 2048)
   int max_images = 4;            // num_images upper bound

@@ -35,8 +35,10 @@ void print_help() {
       "      [--tune-by steps|calls] times each GEMM plan's cuBLASLt candidates and merges the\n"
       "      choices into FILE (a --gemm-algorithms table)\n"
       "  bench --concurrency N [--requests R --model M | --model-dir DIR --height H --width W\n"
-      "        --quality lossless|high --steps S --text-len L --json]\n"
-      "      images/s and latency percentiles through an in-process server: one client, then N\n"
+      "        --quality lossless|high --steps S --text-len L --gpus N|A,B,... --json]\n"
+      "      images/s and latency percentiles through an in-process server: one client, then N;\n"
+      "      --gpus splits each request over GPUs as flux2_server's flag does and reports each\n"
+      "      GPU's all-to-all and all-gather time per step\n"
       "  help   this text\n");
 }
 

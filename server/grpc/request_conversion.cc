@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/fast_path_registry.h"
+#include "server/common/gpus_flag.h"
 #include "server/serving/field_violations.h"
 
 namespace flux2::server {
@@ -202,7 +203,8 @@ void fill_model_info(const ServingModel& model, v1::GetModelInfoResponse* respon
   for (const auto& [flag, value] : model.facts.backend_options.describe()) {
     (*response->mutable_backend_options())[flag] = value;
   }
-  (*response->mutable_backend_options())["gpus"] = absl::StrCat(model.facts.gpus);
+  (*response->mutable_backend_options())["gpus"] = absl::StrCat(model.facts.gpus.size());
+  (*response->mutable_backend_options())["gpu-ordinals"] = gpu_ordinals_text(model.facts.gpus);
   response->set_server_version(FLUX2_VERSION);
   response->set_weight_bytes(info.device_bytes);
   response->set_text_encoder_streamed(info.text_encoder_streamed);

@@ -3,6 +3,7 @@
 #include "server/ops/metrics.h"
 
 #include <map>
+#include <string>
 
 #include "kernels/base/fast_path_registry.h"
 #include "prometheus/metric_family.h"
@@ -25,6 +26,14 @@ const prometheus::Histogram::BucketBoundaries& request_buckets() {
 const prometheus::Histogram::BucketBoundaries& step_buckets() {
   static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
       0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  return *buckets;
+}
+
+// One rank's collectives in one step: tens of microseconds (tiny shapes, NVLink) to seconds
+// (FLUX.2-dev at 4 MP, or CPU ranks).
+const prometheus::Histogram::BucketBoundaries& collective_buckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
   return *buckets;
 }
 
@@ -133,6 +142,11 @@ Metrics::Metrics()
                          .Name("flux2_denoise_step_duration_seconds")
                          .Help("One denoising step (transformer forward(s) + Euler update)")
                          .Register(*registry_)),
+      step_collectives_(BuildHistogram()
+                            .Name("flux2_denoise_step_collective_seconds")
+                            .Help("One GPU's collectives (all-to-all, all-gather) in one "
+                                  "denoising step of a request split over several GPUs")
+                            .Register(*registry_)),
       queue_depth_(BuildGauge()
                        .Name("flux2_queue_depth")
                        .Help("Requests waiting in the admission queue")
@@ -233,8 +247,8 @@ Metrics::Metrics()
     engine_faults_.Add({{"kind", kind}});
 }
 
-bool Metrics::attach_gpu(const std::string& pci_bus_id) {
-  return system_->attach_gpu(pci_bus_id);
+bool Metrics::attach_gpu(const std::string& pci_bus_id, int gpu) {
+  return system_->attach_gpu(pci_bus_id, gpu);
 }
 
 void Metrics::count_resource_exhausted(absl::string_view reason) {
@@ -270,6 +284,33 @@ void Metrics::observe_stage(Stage stage, double seconds) {
 void Metrics::observe_step(Quality quality, double seconds) {
   step_duration_.Add({{"quality", std::string(quality_name(quality))}}, step_buckets())
       .Observe(seconds);
+}
+
+void Metrics::observe_step_collectives(int gpu, const CollectiveSeconds& seconds) {
+  const std::string label = std::to_string(gpu);
+  step_collectives_.Add({{"gpu", label}, {"collective", "all_to_all"}}, collective_buckets())
+      .Observe(seconds.all_to_all);
+  step_collectives_.Add({{"gpu", label}, {"collective", "all_gather"}}, collective_buckets())
+      .Observe(seconds.all_gather);
+}
+
+std::map<int, Metrics::StepCollectiveTotals> Metrics::step_collective_totals() const {
+  std::map<int, StepCollectiveTotals> totals;
+  for (const prometheus::MetricFamily& family : step_collectives_.Collect()) {
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      int gpu = -1;
+      bool all_to_all = false;
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        if (label.name == "gpu") gpu = std::stoi(label.value);
+        if (label.name == "collective") all_to_all = label.value == "all_to_all";
+      }
+      StepCollectiveTotals& total = totals[gpu];
+      (all_to_all ? total.seconds.all_to_all : total.seconds.all_gather) +=
+          metric.histogram.sample_sum;
+      total.steps = metric.histogram.sample_count;  // the same for both kinds
+    }
+  }
+  return totals;
 }
 
 void Metrics::set_queue_depth(int depth) {
@@ -323,9 +364,10 @@ void Metrics::set_build_info(absl::string_view version, absl::string_view backen
       .Set(1.0);
 }
 
-void Metrics::set_gpu_memory(const std::vector<BackendMemoryStats>& ranks) {
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const std::map<std::string, std::string> gpu = {{"gpu", std::to_string(r)}};
+void Metrics::set_gpu_memory(const std::vector<int>& gpus,
+                             const std::vector<BackendMemoryStats>& ranks) {
+  for (size_t r = 0; r < ranks.size() && r < gpus.size(); ++r) {
+    const std::map<std::string, std::string> gpu = {{"gpu", std::to_string(gpus[r])}};
     gpu_used_.Add(gpu).Set(static_cast<double>(ranks[r].used_bytes));
     gpu_peak_.Add(gpu).Set(static_cast<double>(ranks[r].peak_bytes));
     gpu_total_.Add(gpu).Set(static_cast<double>(ranks[r].total_bytes));

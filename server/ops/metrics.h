@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
+#include "kernels/base/communicator.h"
 #include "model/pipeline.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -44,6 +46,16 @@ class Metrics {
   void observe_queue(double seconds);
   void observe_stage(Stage stage, double seconds);
   void observe_step(Quality quality, double seconds);
+  // Multi-rank engines (--gpus with 2 or more): one denoising step's collective time on the rank
+  // whose device ordinal is `gpu` (GenerateHooks::on_step_collectives), one observation per kind.
+  void observe_step_collectives(int gpu, const CollectiveSeconds& seconds);
+  // What flux2_denoise_step_collective_seconds holds so far, by gpu: the steps observed and the
+  // seconds summed by kind (`flux2 bench --concurrency --gpus` reports a phase's difference).
+  struct StepCollectiveTotals {
+    uint64_t steps = 0;
+    CollectiveSeconds seconds;
+  };
+  std::map<int, StepCollectiveTotals> step_collective_totals() const;
   void set_queue_depth(int depth);
   void add_in_flight(int delta);
   void count_images(int64_t images, int64_t pixels);
@@ -61,12 +73,13 @@ class Metrics {
   void set_ready(bool ready);
   void set_build_info(absl::string_view version, absl::string_view backend,
                       absl::string_view model);
-  // Exported only once called (CUDA only): one series per rank of the engine, labelled
-  // gpu="0", "1", ... in rank order (Engine::memory_stats).
-  void set_gpu_memory(const std::vector<BackendMemoryStats>& ranks);
-  // NVML telemetry of a serving GPU, one call per rank in rank order (server/ops/system_metrics.h:
-  // label gpu); false when NVML is missing or does not know the device (then it exports nothing).
-  bool attach_gpu(const std::string& pci_bus_id);
+  // Exported only once called (CUDA only): one series per rank of the engine
+  // (Engine::memory_stats), labelled with its device ordinal, gpus[r] (Engine::device_ordinals).
+  void set_gpu_memory(const std::vector<int>& gpus, const std::vector<BackendMemoryStats>& ranks);
+  // NVML telemetry of a serving GPU, one call per rank (server/ops/system_metrics.h), labelled
+  // gpu="<gpu>" (its device ordinal); false when NVML is missing or does not know the device
+  // (then it exports nothing for it).
+  bool attach_gpu(const std::string& pci_bus_id, int gpu);
   // A request refused or failed with RESOURCE_EXHAUSTED, by why (ResourceExhaustedReason).
   void count_resource_exhausted(absl::string_view reason);
   // A device fault or a stall, by kind (EngineFaultKind), counted once where it is detected.
@@ -97,6 +110,7 @@ class Metrics {
   prometheus::Gauge& engine_stalled_;
   prometheus::Family<prometheus::Histogram>& stage_duration_;
   prometheus::Family<prometheus::Histogram>& step_duration_;
+  prometheus::Family<prometheus::Histogram>& step_collectives_;
   prometheus::Gauge& queue_depth_;
   prometheus::Gauge& in_flight_;
   prometheus::Counter& images_;

@@ -78,7 +78,8 @@ constexpr int kNvmlTemperatureGpu = 0;
 struct SystemMetrics::Nvml {
   void* library = nullptr;
   bool initialized = false;         // nvmlInit_v2 succeeded
-  std::vector<NvmlDevice> devices;  // attached, in order: label gpu="0", "1", ...
+  std::vector<NvmlDevice> devices;  // attached, in order
+  std::vector<int> labels;          // devices[i]'s label gpu: its device ordinal
   int (*init)() = nullptr;
   int (*shutdown)() = nullptr;
   int (*by_pci_bus_id)(const char*, NvmlDevice*) = nullptr;
@@ -107,8 +108,8 @@ struct SystemMetrics::Nvml {
     return initialized;
   }
 
-  // The attached GPUs' families, each with one series per GPU (label gpu: its attach order, the
-  // rank), after `families`.
+  // The attached GPUs' families, each with one series per GPU (label gpu: its device ordinal),
+  // after `families`.
   void collect(std::vector<prometheus::MetricFamily>& families) const {
     if (devices.empty()) return;
     const auto family = [](const char* name, const char* help) {
@@ -126,7 +127,7 @@ struct SystemMetrics::Nvml {
     for (size_t i = 0; i < devices.size(); ++i) {
       const auto add = [&](size_t f, double value) {
         prometheus::ClientMetric metric;
-        metric.label = {{"gpu", std::to_string(i)}};
+        metric.label = {{"gpu", std::to_string(labels[i])}};
         metric.gauge.value = value;
         gpu[f].metric.push_back(std::move(metric));
       };
@@ -157,7 +158,7 @@ SystemMetrics::SystemMetrics() : nvml_(std::make_unique<Nvml>()) {}
 
 SystemMetrics::~SystemMetrics() = default;
 
-bool SystemMetrics::attach_gpu(const std::string& pci_bus_id) {
+bool SystemMetrics::attach_gpu(const std::string& pci_bus_id, int gpu) {
   if (pci_bus_id.empty()) return false;
   std::lock_guard<std::mutex> lock(nvml_->mu);
   Nvml& n = *nvml_;
@@ -165,6 +166,7 @@ bool SystemMetrics::attach_gpu(const std::string& pci_bus_id) {
   NvmlDevice device = nullptr;
   if (n.by_pci_bus_id(pci_bus_id.c_str(), &device) != 0) return false;
   n.devices.push_back(device);
+  n.labels.push_back(gpu);
   return true;
 }
 

@@ -24,10 +24,10 @@ class SystemMetrics final : public prometheus::Collectable {
   ~SystemMetrics() override;
 
   // Attaches the GPU whose PCI bus id is `pci_bus_id` (PipelineInfo::device_pci_bus_id); each
-  // call attaches one more (--gpus N: one per rank, in rank order), whose series carry the label
-  // gpu="<attach order>". Returns whether NVML loaded and found it; "" (the CPU backend) attaches
+  // call attaches one more (--gpus: one per rank), whose series carry the label gpu="<gpu>" (its
+  // device ordinal). Returns whether NVML loaded and found it; "" (the CPU backend) attaches
   // nothing.
-  bool attach_gpu(const std::string& pci_bus_id);
+  bool attach_gpu(const std::string& pci_bus_id, int gpu);
   bool gpu_attached() const;
 
   // One reading of the first attached GPU's SM clock and board power (`flux2 bench` samples them

@@ -29,7 +29,8 @@ class Engine {
   virtual std::vector<FieldViolation> check(const GenerateParams& params) const = 0;
   // One image. Calls hooks.check_continue at every stage boundary (text encoder, each step, VAE
   // decode) and hooks.on_step after each step, one call at a time, possibly from a thread of the
-  // engine's own while the caller waits (the engine over several GPUs: its rank 0's thread).
+  // engine's own while the caller waits (the engine over several GPUs: its rank 0's thread); the
+  // engine over several GPUs also calls hooks.on_step_collectives from every rank's thread.
   // Worker thread only.
   virtual absl::StatusOr<GeneratedImage> generate(const GenerateParams& params,
                                                   const GenerateHooks& hooks) = 0;
@@ -45,6 +46,9 @@ class Engine {
 
   // Each rank's device (Backend::device_pci_bus_id, for NVML), in rank order; "" on the CPU.
   virtual std::vector<std::string> device_pci_bus_ids() const { return {info().device_pci_bus_id}; }
+  // Each rank's device ordinal, in rank order: the `gpu` label of the per-GPU metrics (--gpus'
+  // ordinals; {0} for an engine on one device).
+  virtual std::vector<int> device_ordinals() const { return {0}; }
   // The transformer's shapes (its heads decide --gpus); null for engines without one (fakes).
   virtual const Flux2Config* transformer_config() const { return nullptr; }
   // LoRA adapters (GenerateParams::loras): the transformer shapes they are parsed against; null

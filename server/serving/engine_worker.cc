@@ -180,7 +180,9 @@ absl::Status EngineWorker::load_and_warm_up() {
   }
   metrics_.set_model_load_seconds(seconds_since(start));
   metrics_.set_prompt_cache_capacity(info.prompt_cache_bytes);
-  if (info.backend == "cuda") metrics_.set_gpu_memory(engine_->memory_stats());
+  if (info.backend == "cuda") {
+    metrics_.set_gpu_memory(engine_->device_ordinals(), engine_->memory_stats());
+  }
   engine_ready_.store(true);
   return absl::OkStatus();
 }
@@ -229,6 +231,17 @@ absl::Status EngineWorker::device_failed(const Job& job, absl::Status& status) {
   return device;
 }
 
+std::function<void(int, int64_t, const CollectiveSeconds&)> EngineWorker::step_collectives_hook()
+    const {
+  // Called from the ranks' threads, possibly at once: Metrics is thread-safe, the ordinals a copy.
+  return [this, gpus = engine_->device_ordinals()](int rank, int64_t,
+                                                   const CollectiveSeconds& seconds) {
+    if (rank >= 0 && rank < static_cast<int>(gpus.size())) {
+      metrics_.observe_step_collectives(gpus[static_cast<size_t>(rank)], seconds);
+    }
+  };
+}
+
 absl::Status EngineWorker::run_job(const std::shared_ptr<Job>& job) {
   if (!job->start_running()) return absl::OkStatus();  // finished while queued (cancelled, drained)
   {
@@ -263,6 +276,7 @@ absl::Status EngineWorker::run_job(const std::shared_ptr<Job>& job) {
       image_cache = StepCacheCounts{};
       image_cache.add(so_far);
     };
+    hooks.on_step_collectives = step_collectives_hook();
     hooks.on_step = [&](int64_t step, int64_t steps, double seconds) {
       steps_done = step + 1;
       longest_step = std::max(longest_step, seconds);
@@ -317,7 +331,7 @@ absl::Status EngineWorker::run_job(const std::shared_ptr<Job>& job) {
     if (report.cache.enabled) metrics_.observe_step_cache(report.cache, report.cache_diffs);
   }
   if (engine_->info().backend == "cuda" && device.ok()) {
-    metrics_.set_gpu_memory(engine_->memory_stats());
+    metrics_.set_gpu_memory(engine_->device_ordinals(), engine_->memory_stats());
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -74,6 +74,9 @@ class EngineWorker {
   // request's steps so far; before any, the last step measured, scaled up quadratically by the
   // pixel count as attention is).
   void stage_started(const Job& job, double pixels, double longest_step_seconds);
+  // GenerateHooks::on_step_collectives of every request: each rank's collective time per step into
+  // flux2_denoise_step_collective_seconds, labelled with the rank's device ordinal.
+  std::function<void(int, int64_t, const CollectiveSeconds&)> step_collectives_hook() const;
   // Provokes options_.test_fault once, when `steps_done` steps of an image have run.
   void maybe_inject_fault(const Job& job, int64_t steps_done);
   // After a request: counts and logs a device fault (out of memory, a broken device) and returns

@@ -13,6 +13,7 @@
 #include "kernels/backend_factory.h"
 #include "kernels/base/status.h"
 #include "model/cfg_parallel.h"
+#include "server/common/gpus_flag.h"
 #include "server/serving/pipeline_engine.h"
 #include "server/serving/rank_threads.h"
 #include "server/serving/stage_decisions.h"
@@ -72,11 +73,12 @@ struct PendingFault {
 
 class ParallelEngine final : public Engine {
  public:
-  explicit ParallelEngine(int ranks)
-      : threads_(ranks),
-        parts_(static_cast<size_t>(ranks)),
-        comms_(static_cast<size_t>(ranks)),
-        last_memory_(static_cast<size_t>(ranks)) {}
+  explicit ParallelEngine(std::vector<int> devices)
+      : devices_(std::move(devices)),
+        threads_(static_cast<int>(devices_.size())),
+        parts_(devices_.size()),
+        comms_(devices_.size()),
+        last_memory_(devices_.size()) {}
   ~ParallelEngine() override;
 
   absl::Status load(const ParallelEngineOptions& options);
@@ -95,6 +97,7 @@ class ParallelEngine final : public Engine {
     for (const RankParts& parts : parts_) ids.push_back(parts.pipeline->info().device_pci_bus_id);
     return ids;
   }
+  std::vector<int> device_ordinals() const override { return devices_; }
   const Flux2Config* transformer_config() const override { return &lead().transformer_config(); }
   const Flux2Config* lora_config() const override { return &lead().transformer_config(); }
   absl::Status pin_lora(const LoraRequest& lora) const override;
@@ -123,6 +126,7 @@ class ParallelEngine final : public Engine {
   // Marks the engine broken by `why` (the first reason sticks) and returns the reason.
   absl::Status break_engine(const absl::Status& why);
 
+  const std::vector<int> devices_;        // by rank: its device ordinal
   mutable RankThreads threads_;           // run_all from const methods: the ranks' own work
   std::vector<RankParts> parts_;          // by rank, each used on its rank's thread only
   std::vector<RankCommunicators> comms_;  // by rank
@@ -175,16 +179,19 @@ absl::Status ParallelEngine::load(const ParallelEngineOptions& options) {
       loaded[static_cast<size_t>(r)] = parts.status();
     }
   });
+  const std::string flag = absl::StrCat(options.flag, " ", gpus_flag_text(devices_));
   for (int r = 0; r < size(); ++r) {
     const absl::Status& status = loaded[static_cast<size_t>(r)];
     if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat(options.flag, " ", size(), ": rank ", r, ": ",
-                                                      status.message()));
+      return absl::Status(status.code(), absl::StrCat(flag, ": rank ", r, " (device ", devices_[r],
+                                                      "): ", status.message()));
     }
   }
-  FLUX_ASSIGN_OR_RETURN(
-      layout_, plan_parallel_layout(lead().transformer_config(), size(), lead().info().uses_cfg,
-                                    options.flag.c_str()));
+  // Its errors read "--gpus 2 (...)", or "--gpus 2,3: rank count 2 (...)" for listed devices.
+  const bool listed = gpus_flag_text(devices_) != absl::StrCat(size());
+  const std::string what = listed ? absl::StrCat(flag, ": rank count") : options.flag;
+  FLUX_ASSIGN_OR_RETURN(layout_, plan_parallel_layout(lead().transformer_config(), size(),
+                                                      lead().info().uses_cfg, what.c_str()));
   auto make_group = [&](const std::vector<int>& ranks) {
     std::vector<Backend*> backends;
     for (int r : ranks) backends.push_back(parts_[static_cast<size_t>(r)].backend.get());
@@ -196,8 +203,7 @@ absl::Status ParallelEngine::load(const ParallelEngineOptions& options) {
     const absl::Status joined = parts_[static_cast<size_t>(r)].pipeline->join_parallel(
         ParallelRank{layout_, r, comms.sequence.get(), comms.cfg.get()});
     if (!joined.ok()) {  // klein-KV over sequence ranks, ...
-      return absl::Status(joined.code(),
-                          absl::StrCat(options.flag, " ", size(), ": ", joined.message()));
+      return absl::Status(joined.code(), absl::StrCat(flag, ": ", joined.message()));
     }
   }
   return absl::OkStatus();
@@ -230,6 +236,7 @@ GenerateHooks ParallelEngine::rank_hooks(RankRequest& request, int rank) {
       FLUX_RETURN_IF_ERROR(request.decisions.await(rank));
       return provoke_pending_fault(rank);
     };
+    hooks.on_step_collectives = request.hooks.on_step_collectives;  // every rank's own
   }
   return hooks;
 }
@@ -383,45 +390,95 @@ absl::StatusOr<std::string> parallel_backend_name(absl::string_view requested,
   return std::string(requested);
 }
 
+// FailedPrecondition naming --gpus when a device of `gpus` is not among the `devices` ordinals
+// this process sees of backend `name` (-1: any number, the CPU's threads).
+absl::Status check_devices_exist(const std::vector<int>& gpus, int devices,
+                                 const std::string& name) {
+  if (devices < 0) return absl::OkStatus();
+  const std::string flag = gpus_flag_text(gpus);
+  const std::string sees = absl::StrCat(": this process sees ", devices, " ", name,
+                                        " device(s) (CUDA_VISIBLE_DEVICES may hide some)");
+  if (flag == absl::StrCat(gpus.size())) {  // a count
+    if (devices >= static_cast<int>(gpus.size())) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("--gpus ", flag, sees, "; run with --gpus ", devices, " or fewer"));
+  }
+  if (devices == 0) return absl::FailedPreconditionError(absl::StrCat("--gpus ", flag, sees));
+  for (int gpu : gpus) {
+    if (gpu >= devices) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--gpus ", flag, sees, ": device ", gpu, " is not one of ordinals 0..", devices - 1));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> create_parallel_engine(ParallelEngineOptions options) {
-  if (options.ranks < 2 || !options.load_rank || !options.make_group) {
-    return absl::InvalidArgumentError(absl::StrCat(options.flag, " ", options.ranks,
+  if (options.devices.size() < 2 || !options.load_rank || !options.make_group) {
+    return absl::InvalidArgumentError(absl::StrCat(options.flag, " ",
+                                                   gpus_flag_text(options.devices),
                                                    ": a multi-rank engine needs 2 ranks or more"));
   }
-  auto engine = std::make_unique<ParallelEngine>(options.ranks);
+  FLUX_RETURN_IF_ERROR(check_gpus(options.devices));
+  auto engine = std::make_unique<ParallelEngine>(options.devices);
   FLUX_RETURN_IF_ERROR(engine->load(options));
   return std::unique_ptr<Engine>(std::move(engine));
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> load_parallel_engine(int gpus, absl::string_view backend,
-                                                             const BackendOptions& backend_options,
-                                                             bool model_dir_given,
-                                                             const std::string& model_dir,
-                                                             const PipelineOptions& options) {
-  FLUX_ASSIGN_OR_RETURN(const std::string name, parallel_backend_name(backend, model_dir_given));
-  const int devices = backend_device_count(name);
-  if (devices >= 0 && devices < gpus) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--gpus ", gpus, ": this process sees ", devices, " ", name,
-        " device(s) (CUDA_VISIBLE_DEVICES may hide some); run with --gpus ", devices, " or fewer"));
-  }
+namespace {
+
+// The engine over `gpus` (checked, and present here as check_devices_exist says) on backends
+// named `name`: rank r creates its backend on device gpus[r] and load(backend, rank) its pipeline.
+absl::StatusOr<std::unique_ptr<Engine>> parallel_engine_over(
+    const std::vector<int>& gpus, const std::string& name, const BackendOptions& backend_options,
+    std::function<absl::StatusOr<std::unique_ptr<Pipeline>>(Backend&, int rank)> load) {
+  FLUX_RETURN_IF_ERROR(check_gpus(gpus));
+  FLUX_RETURN_IF_ERROR(check_devices_exist(gpus, backend_device_count(name), name));
   ParallelEngineOptions parallel;
-  parallel.ranks = gpus;
+  parallel.devices = gpus;
   parallel.load_rank = [=](int rank) -> absl::StatusOr<RankParts> {
     RankParts parts;
-    FLUX_ASSIGN_OR_RETURN(parts.backend, create_backend_on_device(name, backend_options, rank));
-    PipelineOptions rank_options = options;
-    if (rank != 0) rank_options.on_progress = nullptr;  // one rank's progress says it all
-    FLUX_ASSIGN_OR_RETURN(parts.pipeline,
-                          load_server_pipeline(*parts.backend, model_dir, rank_options));
+    FLUX_ASSIGN_OR_RETURN(parts.backend,
+                          create_backend_on_device(name, backend_options, gpus[rank]));
+    FLUX_ASSIGN_OR_RETURN(parts.pipeline, load(*parts.backend, rank));
     return parts;
   };
-  parallel.make_group = [](const std::vector<int>& ranks, const std::vector<Backend*>& backends) {
-    return create_communicator_group(backends, ranks);
+  parallel.make_group = [gpus](const std::vector<int>& ranks,
+                               const std::vector<Backend*>& backends) {
+    std::vector<int> devices;
+    for (int rank : ranks) devices.push_back(gpus[static_cast<size_t>(rank)]);
+    return create_communicator_group(backends, devices);
   };
   return create_parallel_engine(std::move(parallel));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> load_parallel_engine(
+    const std::vector<int>& gpus, absl::string_view backend, const BackendOptions& backend_options,
+    bool model_dir_given, const std::string& model_dir, const PipelineOptions& options) {
+  FLUX_RETURN_IF_ERROR(check_gpus(gpus));
+  FLUX_ASSIGN_OR_RETURN(const std::string name, parallel_backend_name(backend, model_dir_given));
+  return parallel_engine_over(gpus, name, backend_options, [=](Backend& be, int rank) {
+    PipelineOptions rank_options = options;
+    // One rank's progress says it all.
+    if (rank != 0) rank_options.on_progress = nullptr;
+    return load_server_pipeline(be, model_dir, rank_options);
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> random_parallel_engine(
+    const std::vector<int>& gpus, absl::string_view backend, const BackendOptions& backend_options,
+    const RandomPipelineSpec& spec) {
+  FLUX_RETURN_IF_ERROR(check_gpus(gpus));
+  FLUX_ASSIGN_OR_RETURN(const std::string name, parallel_backend_name(backend, true));
+  return parallel_engine_over(gpus, name, backend_options, [spec](Backend& be, int rank) {
+    RandomPipelineSpec rank_spec = spec;  // the same seed: the same weights on every rank
+    if (rank != 0) rank_spec.on_progress = nullptr;
+    return Pipeline::create_random(be, rank_spec);
+  });
 }
 
 }  // namespace flux2::server

@@ -27,14 +27,16 @@ struct RankParts {
 };
 
 struct ParallelEngineOptions {
-  int ranks = 2;
-  // The flag errors name (the layout that does not fit the heads, ...).
+  // Rank r's device ordinal (distinct; the gpu label of its metrics: Engine::device_ordinals);
+  // one rank per entry, 2 or more.
+  std::vector<int> devices = {0, 1};
+  // The flag errors name (the layout that does not fit the heads, ...), with its value.
   std::string flag = "--gpus";
-  // Runs on rank r's own thread, on every rank at once: creates its backend (on device r) and
-  // loads its pipeline. Every rank must load the same model.
+  // Runs on rank r's own thread, on every rank at once: creates its backend (on device
+  // devices[r]) and loads its pipeline. Every rank must load the same model.
   std::function<absl::StatusOr<RankParts>(int rank)> load_rank;
   // The communicators of one group of ranks: `ranks` their numbers, `backends` theirs, in group
-  // order (create_communicator_group with devices = ranks, in production).
+  // order (create_communicator_group with the ranks' devices, in production).
   std::function<absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>(
       const std::vector<int>& ranks, const std::vector<Backend*>& backends)>
       make_group;
@@ -52,7 +54,10 @@ struct ParallelEngineOptions {
 //   late request stops every rank at the same boundary, with no collective pending, and the next
 //   request runs on the same communicators. hooks.check_between_blocks is not used: a stop inside
 //   a step would leave the other ranks in a collective (cancellation waits for the step's end).
-// - Progress: every other hook (on_step, on_latents, ...) is rank 0's only.
+// - Progress: every other hook (on_step, on_latents, ...) is rank 0's only, but
+//   hooks.on_step_collectives, which every rank calls with its rank number from its own thread
+//   (device_ordinals()[rank] is its GPU).
+// - device_ordinals() is options.devices; device_pci_bus_ids() and memory_stats() follow it.
 // - Failures: a rank whose generation fails otherwise (an error, not the common stop) ends the
 //   communicators; the engine is then broken for good: generate() returns Internal naming the
 //   rank, and device_status() returns it too, so the server exits (as on a sticky CUDA error).
@@ -67,14 +72,21 @@ absl::StatusOr<std::unique_ptr<Engine>> create_parallel_engine(ParallelEngineOpt
 // wakes them at once, NCCL peers blocked on the device never return.
 inline constexpr double kPeerGraceSeconds = 10.0;
 
-// The production engine of `--gpus N` (N > 1): N backends named `backend` ("cpu": ranks as
-// threads over the in-process communicator, for CI; "cuda": device ordinals 0 .. N-1 over NCCL;
-// "auto" as create_server_backend picks), each loading `model_dir` with `options` (load progress
-// is rank 0's). FailedPrecondition naming --gpus when fewer than N devices exist.
-absl::StatusOr<std::unique_ptr<Engine>> load_parallel_engine(int gpus, absl::string_view backend,
-                                                             const BackendOptions& backend_options,
-                                                             bool model_dir_given,
-                                                             const std::string& model_dir,
-                                                             const PipelineOptions& options);
+// The production engine of `--gpus` with 2 or more GPUs (server/common/gpus_flag.h): one rank per
+// entry of `gpus`, the backends named `backend` ("cpu": ranks as threads over the in-process
+// communicator, for CI, the ordinals only naming them; "cuda": rank r on CUDA device gpus[r], NCCL
+// between them; "auto" as create_server_backend picks), each loading `model_dir` with `options`
+// (load progress is rank 0's). FailedPrecondition naming --gpus when a listed device does not
+// exist here (fewer devices than the count, or an ordinal past the last).
+absl::StatusOr<std::unique_ptr<Engine>> load_parallel_engine(
+    const std::vector<int>& gpus, absl::string_view backend, const BackendOptions& backend_options,
+    bool model_dir_given, const std::string& model_dir, const PipelineOptions& options);
+
+// The same engine over pipelines with random weights at `spec`'s shapes, every rank the same
+// weights (`flux2 bench --concurrency --gpus`): `backend` "cpu" or "cuda" ("auto": cuda when a
+// CUDA device exists); errors as load_parallel_engine's.
+absl::StatusOr<std::unique_ptr<Engine>> random_parallel_engine(
+    const std::vector<int>& gpus, absl::string_view backend, const BackendOptions& backend_options,
+    const RandomPipelineSpec& spec);
 
 }  // namespace flux2::server

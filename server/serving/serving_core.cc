@@ -113,11 +113,13 @@ void ServingCore::publish_model() {
   }
   model->loras = loras_.get();
   metrics_.set_build_info(FLUX2_VERSION, model->info.backend, model->info.model_name);
-  for (const std::string& bus_id : engine->device_pci_bus_ids()) {  // one per rank
-    if (!bus_id.empty() && !metrics_.attach_gpu(bus_id)) {
-      log_line(LogLevel::kWarning, absl::StrCat("NVML (libnvidia-ml.so.1) cannot read GPU ", bus_id,
-                                                ": no GPU utilisation, power or clock metrics"));
-      break;  // the later ranks' series would carry the wrong gpu label
+  const std::vector<std::string> bus_ids = engine->device_pci_bus_ids();  // one per rank
+  const std::vector<int> gpus = engine->device_ordinals();
+  for (size_t r = 0; r < bus_ids.size() && r < gpus.size(); ++r) {
+    if (!bus_ids[r].empty() && !metrics_.attach_gpu(bus_ids[r], gpus[r])) {
+      log_line(LogLevel::kWarning,
+               absl::StrCat("NVML (libnvidia-ml.so.1) cannot read GPU ", gpus[r], " (", bus_ids[r],
+                            "): no GPU utilisation, power or clock metrics for it"));
     }
   }
   const std::string line = ready_line(*model);

@@ -37,7 +37,7 @@ namespace flux2::server {
 struct ServingFacts {
   int queue_depth = 8;
   BackendOptions backend_options;  // as the flags set them
-  int gpus = 1;                    // --gpus: GPUs one request is split over
+  std::vector<int> gpus = {0};     // --gpus: device ordinals one request is split over
   std::string transformer_file;    // --transformer-file's file name (no directory); "" when none
   int http_port = 0;               // the bound HTTP API port; 0 when it is off
   // The HTTP API's connection flags by name (http-head-timeout-s, ...); empty when it is off.

@@ -1,7 +1,8 @@
-// The NCCL communicator with one rank on one GPU (P = 1): its collectives move bytes exactly, and
-// the tiny-klein transformer run sequence-parallel over it (the Ulysses exchange path) matches the
-// plain single-GPU forward within the bf16 bar and repeats bit for bit. Skips without a CUDA
-// device. Run: build-gpu/tests/cuda/gpu_nccl_communicator_test.
+// The NCCL communicator with one rank on one GPU (P = 1): its collectives move bytes exactly and
+// are timed by CUDA events (take_collective_seconds after a synchronize), and the tiny-klein
+// transformer run sequence-parallel over it (the Ulysses exchange path) matches the plain
+// single-GPU forward within the bf16 bar and repeats bit for bit. Skips without a CUDA device.
+// Run: build-gpu/tests/cuda/gpu_nccl_communicator_test.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -50,6 +51,16 @@ TEST(NcclCommunicatorTest, OneRankCollectivesCopyExactly) {
   EXPECT_EQ(bits(*be, gathered), bits(*be, send));
   const absl::Status strided = comm->all_gather(send.col_slice(0, 8), {recv.col_slice(0, 8)});
   EXPECT_EQ(strided.code(), absl::StatusCode::kInvalidArgument);
+  // Each collective was timed by CUDA events on the stream (its local copy, with one rank), read
+  // once the stream synchronized; the count then starts anew.
+  ASSERT_TRUE(be->synchronize().ok());
+  absl::StatusOr<CollectiveSeconds> seconds = comm->take_collective_seconds();
+  ASSERT_TRUE(seconds.ok()) << seconds.status();
+  EXPECT_GT(seconds->all_to_all, 0.0);
+  EXPECT_GT(seconds->all_gather, 0.0);
+  absl::StatusOr<CollectiveSeconds> again = comm->take_collective_seconds();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->total(), 0.0);
 }
 
 // relative L2 error of `out` against `ref`.

@@ -65,7 +65,8 @@ def the_object(kind: str) -> dict:
 # ---- the metrics contract -------------------------------------------------------------------------
 
 def metrics_contract() -> dict[str, dict]:
-    """server/ops/METRICS.md table: name -> {"type", "labels" (set), "cuda_only" (bool)}."""
+    """server/ops/METRICS.md table: name -> {"type", "labels" (set), "cuda_only" (bool),
+    "several_gpus_only" (bool: exported only by a server that splits requests over --gpus 2 or more)}."""
     contract = {}
     row = re.compile(r"^\|\s*`(flux2_[a-z0-9_]+)`\s*\|\s*([^|]+)\|\s*([^|]*)\|\s*([^|]*)\|")
     for line in METRICS_MD.read_text().splitlines():
@@ -75,7 +76,8 @@ def metrics_contract() -> dict[str, dict]:
         name, mtype, labels, meaning = m.groups()
         mtype = mtype.strip().split()[0]
         contract[name] = {"type": mtype, "labels": set(re.findall(r"`([a-z_]+)`", labels)),
-                          "cuda_only": "CUDA only" in meaning}
+                          "cuda_only": "CUDA only" in meaning,
+                          "several_gpus_only": "several GPUs only" in meaning}
     assert contract, f"{METRICS_MD}: no metric table rows found"
     return contract
 

@@ -59,6 +59,10 @@ class DashboardTest(unittest.TestCase):
         self.assertTrue(all("flux2_request_duration_seconds_bucket" in e for e in lat))
         step = self.panel_exprs("Denoising step latency")
         self.assertTrue(all("flux2_denoise_step_duration_seconds_bucket" in e for e in step))
+        collectives = self.panel_exprs("Collective time per step")[0]
+        self.assertEqual(metric_names(collectives), {"flux2_denoise_step_collective_seconds_sum",
+                                                     "flux2_denoise_step_collective_seconds_count"})
+        self.assertIn("by (instance, gpu, collective)", collectives)
         self.assertIn("by (stage)", self.panel_exprs("Stage breakdown")[0])
         self.assertIn("flux2_images_generated_total", self.panel_exprs("images/s")[0])
         mp = self.panel_exprs("megapixels/s")[0]

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-# The real flux2_server's /metrics (tiny checkpoint, CPU; or a saved scrape in FLUX2_SCRAPE_FILE, e.g. from a CUDA
-# server): `promtool check metrics` is clean, METRICS.md metrics exported, every metric the dashboard/rules/adapter query exists.
+# The real flux2_server's /metrics (tiny checkpoint, CPU, --gpus 3: three ranks, so the several-GPU families are
+# exported too; or a saved scrape in FLUX2_SCRAPE_FILE, e.g. from a CUDA server): `promtool check metrics` is clean,
+# METRICS.md metrics exported, every metric the dashboard/rules/adapter query exists.
 import os
 import pathlib
 import re
@@ -22,10 +23,10 @@ TARGET_LABELS = {"instance", "job", "namespace", "pod", "service", "endpoint", "
 
 
 def contract_buckets() -> tuple[list[float], list[float]]:
-    """(request and stage buckets, step buckets) as METRICS.md states them."""
+    """(request and stage buckets, step buckets, collective buckets) as METRICS.md states them."""
     text = METRICS_MD.read_text()
     groups = re.findall(r"`((?:\d+(?:\.\d+)? )+\d+(?:\.\d+)?)`", text[text.index("Histogram buckets"):])
-    assert len(groups) == 2, f"{METRICS_MD}: expected two bucket lists, found {groups}"
+    assert len(groups) == 3, f"{METRICS_MD}: expected three bucket lists, found {groups}"
     return tuple([float(b) for b in g.split()] for g in groups)
 
 
@@ -39,7 +40,7 @@ class MetricsContractTest(unittest.TestCase):
         if scrape_file:
             cls.text = pathlib.Path(scrape_file).read_text()
         else:
-            cls.server = Flux2Server().__enter__()
+            cls.server = Flux2Server("--gpus", "3").__enter__()  # the tiny checkpoint's 3 heads
             try:
                 cls.ok_report = cls.server.loadgen(REQUEST, requests=2)
                 cls.bad_report = cls.server.loadgen(BAD_REQUEST, requests=1)
@@ -52,16 +53,24 @@ class MetricsContractTest(unittest.TestCase):
         cls.contract = metrics_contract()
         build = cls.families["flux2_build_info"].samples
         cls.backend = build[0][1].get("backend") if build else None
+        # Our own server splits requests over 3 ranks; a saved scrape may come from one GPU.
+        cls.several_gpus = cls.server is not None
 
     @classmethod
     def tearDownClass(cls):
         if cls.server:
             cls.server.__exit__(None, None, None)
 
-    def cuda_only_missing(self, name: str) -> bool:
-        """A CUDA-only family may be absent from a CPU-backend scrape (METRICS.md marks it so)."""
+    def may_be_missing(self, family: str) -> bool:
+        """A CUDA-only family may be absent from a CPU-backend scrape, a several-GPU family from a
+        one-GPU server's (METRICS.md marks them so)."""
+        c = self.contract[family]
+        return (c["cuda_only"] and self.backend == "cpu") or (c["several_gpus_only"] and not self.several_gpus)
+
+    def optional_missing(self, name: str) -> bool:
+        """`name` is a series of a family that may be absent here (may_be_missing)."""
         fam = next((f for f, c in self.contract.items() if name in series_names(f, c["type"])), None)
-        return fam is not None and self.contract[fam]["cuda_only"] and self.backend == "cpu"
+        return fam is not None and self.may_be_missing(fam)
 
     def test_requests_ran(self):
         if self.server is None:
@@ -71,6 +80,9 @@ class MetricsContractTest(unittest.TestCase):
         self.assertEqual(self.bad_report["status"], {"INVALID_ARGUMENT": 1})
         self.assertEqual(self.backend, "cpu")
         self.assertEqual(exposition.value(self.families, "flux2_ready"), 1)
+        # --gpus 3: each rank's collective time per step, labelled by its device ordinal.
+        collectives = self.families["flux2_denoise_step_collective_seconds"].samples
+        self.assertEqual({labels["gpu"] for _, labels, *_ in collectives}, {"0", "1", "2"})
 
     def test_promtool_check_metrics_is_clean(self):
         r = subprocess.run([tool("promtool"), "check", "metrics"], input=self.text, capture_output=True, text=True)
@@ -80,8 +92,8 @@ class MetricsContractTest(unittest.TestCase):
     def test_every_contract_metric_is_exported_with_its_type(self):
         for family, c in self.contract.items():
             with self.subTest(metric=family):
-                if family not in self.families and c["cuda_only"] and self.backend == "cpu":
-                    print(f"note: {family} (CUDA only) is not exported by the cpu backend", file=sys.stderr)
+                if family not in self.families and self.may_be_missing(family):
+                    print(f"note: {family} (CUDA or several GPUs only) is not in this scrape", file=sys.stderr)
                     continue
                 self.assertIn(family, self.families, f"{family} is in METRICS.md but not in /metrics")
                 self.assertEqual(self.families[family].type, c["type"])
@@ -96,8 +108,9 @@ class MetricsContractTest(unittest.TestCase):
                         self.assertIn(name, recorded, "a recording-rule name that no rule records")
                     elif name in PROMETHEUS_SERIES:
                         continue
-                    elif name not in self.names and self.cuda_only_missing(name):
-                        print(f"note: {where} queries {name} (CUDA only; absent on cpu)", file=sys.stderr)
+                    elif name not in self.names and self.optional_missing(name):
+                        print(f"note: {where} queries {name} (CUDA or several GPUs only; absent here)",
+                              file=sys.stderr)
                     else:
                         self.assertIn(name, self.names, f"{where}: {name} is not exported by flux2_server")
 
@@ -116,10 +129,13 @@ class MetricsContractTest(unittest.TestCase):
                         self.assertIn(label, allowed)
 
     def test_histogram_buckets(self):
-        request_buckets, step_buckets = contract_buckets()
+        request_buckets, step_buckets, collective_buckets = contract_buckets()
         for family, want in (("flux2_request_duration_seconds", request_buckets),
                              ("flux2_stage_duration_seconds", request_buckets),
-                             ("flux2_denoise_step_duration_seconds", step_buckets)):
+                             ("flux2_denoise_step_duration_seconds", step_buckets),
+                             ("flux2_denoise_step_collective_seconds", collective_buckets)):
+            if family not in self.families and self.may_be_missing(family):
+                continue
             with self.subTest(metric=family):
                 les = {s[1]["le"] for s in self.families[family].samples if s[0].endswith("_bucket")}
                 self.assertEqual(sorted(float(le) for le in les), want + [float("inf")])

@@ -45,7 +45,10 @@ MAY_BE_EMPTY_ON_CPU = {"flux2_gpu_memory_used_bytes", "flux2_gpu_memory_peak_byt
                        "flux2_fast_path_fallbacks_total", "flux2_fast_path_invocations_total",
                        # NVML (CUDA backend only)
                        "flux2_gpu_utilization_ratio", "flux2_gpu_memory_busy_ratio", "flux2_gpu_power_watts",
-                       "flux2_gpu_sm_clock_hertz"}
+                       "flux2_gpu_sm_clock_hertz",
+                       # a request split over several GPUs only (this server runs --gpus 1)
+                       "flux2_denoise_step_collective_seconds_sum",
+                       "flux2_denoise_step_collective_seconds_count"}
 DEADLINE_S = 90
 
 

@@ -2,17 +2,21 @@
 // (in_process_communicator.h), each with its own backend and weights: the in-process collectives,
 // uneven shards, refusals, and the transformer's output on P = 2, 3, 4, 6 and 12 ranks against one
 // rank (tiny-klein, tiny-flux2-dev, a 12-head random config; CFG on two rank groups against the
-// single-rank CFG velocity), then whole tiny-klein generations (Pipeline::join_parallel). Run:
+// single-rank CFG velocity), then whole tiny-klein generations (Pipeline::join_parallel) and the
+// collective time each rank reports per step. Run:
 // host_tests --gtest_filter='SequenceParallel*:InProcessCommunicator*'.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <latch>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
@@ -141,6 +145,35 @@ TEST(InProcessCommunicatorTest, AbortEndsTheOtherRanksWaits) {
     EXPECT_THAT(std::string(statuses[r].message()), HasSubstr("rank 1 of 3 ended the group"));
     EXPECT_THAT(std::string(statuses[r].message()), HasSubstr("request cancelled"));
   }
+}
+
+TEST(InProcessCommunicatorTest, CollectivesAreTimedByKindWaitsIncludedAndTakeStartsAnew) {
+  constexpr int kRanks = 2;
+  auto group = create_in_process_group(kRanks);
+  CpuBackend be;
+  std::latch started(kRanks);
+  auto taken = on_threads<CollectiveSeconds>(kRanks, [&](int r) {
+    Tensor t = be.empty(DType::kF32, {2, 3}).value();
+    std::vector<Tensor> send = {t.row_slice(0, 1), t.row_slice(1, 1)};
+    Tensor out = be.empty(DType::kF32, {2, 3}).value();
+    std::vector<Tensor> recv = {out.row_slice(0, 1), out.row_slice(1, 1)};
+    EXPECT_EQ(group[r]->take_collective_seconds()->total(), 0.0);  // nothing ran yet
+    started.arrive_and_wait();
+    // Rank 1 comes late: rank 0's all-to-all includes the wait for it.
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(group[r]->all_to_all(send, recv).ok());
+    EXPECT_TRUE(group[r]->all_gather(send[r], send).ok());
+    absl::StatusOr<CollectiveSeconds> seconds = group[r]->take_collective_seconds();
+    EXPECT_TRUE(seconds.ok()) << seconds.status();
+    EXPECT_EQ(group[r]->take_collective_seconds()->total(), 0.0);  // the count started anew
+    return seconds.value_or(CollectiveSeconds{});
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_GT(taken[r].all_to_all, 0.0) << "rank " << r;
+    EXPECT_GT(taken[r].all_gather, 0.0) << "rank " << r;
+    EXPECT_EQ(taken[r].total(), taken[r].all_to_all + taken[r].all_gather);
+  }
+  EXPECT_GT(taken[0].all_to_all, taken[1].all_to_all) << "rank 0 waited for rank 1";
 }
 
 TEST(SequenceParallelTest, ShardsAreContiguousAndUneven) {
@@ -462,6 +495,8 @@ TEST(SequenceParallelTest, AFailingRankEndsEveryRanksForward) {
 struct RankGeneration {
   absl::StatusOr<GeneratedImage> image = absl::UnknownError("not run");
   std::vector<float> latents;
+  // Each on_step_collectives call: the rank it named, the step, the seconds.
+  std::vector<std::tuple<int, int64_t, CollectiveSeconds>> collectives;
 };
 
 GenerateParams small_request(bool cfg) {
@@ -511,6 +546,9 @@ std::vector<RankGeneration> generate_on_ranks(bool distilled, const GeneratePara
     GenerateHooks hooks;
     hooks.on_latents = [&](int64_t step, const Tensor& latents) {
       if (step == params.num_inference_steps - 1) out.latents = download(*backends[r], latents);
+    };
+    hooks.on_step_collectives = [&](int rank, int64_t step, const CollectiveSeconds& seconds) {
+      out.collectives.emplace_back(rank, step, seconds);
     };
     out.image = pipelines[r]->generate(params, hooks);
     return out;
@@ -566,6 +604,34 @@ TEST(SequenceParallelPipelineTest, KleinBaseCfgOverTwoGroupsGivesTheSingleRankIm
   // 2 CFG groups x 3 sequence ranks, and 2 x 1 (whole forwards per branch: the same bytes).
   expect_generation_matches(false, small_request(true), ParallelLayout{2, 3});
   EXPECT_TRUE(expect_generation_matches(false, small_request(true), ParallelLayout{2, 1}));
+}
+
+TEST(SequenceParallelPipelineTest, EveryRankReportsItsCollectiveTimeOncePerStep) {
+  const GenerateParams params = small_request(true);
+  const std::vector<RankGeneration> one = generate_on_ranks(false, params, std::nullopt);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_TRUE(one[0].collectives.empty()) << "one rank has no collectives";
+  // 2 CFG groups x 3 sequence ranks: all-to-alls around attention, the velocity's gather and the
+  // CFG exchange (all-gathers); 2 x 1: whole forwards per branch, the CFG exchange alone.
+  for (const ParallelLayout layout : {ParallelLayout{2, 3}, ParallelLayout{2, 1}}) {
+    const std::vector<RankGeneration> many = generate_on_ranks(false, params, layout);
+    ASSERT_EQ(many.size(), static_cast<size_t>(layout.ranks()));
+    for (int r = 0; r < layout.ranks(); ++r) {
+      const auto& calls = many[r].collectives;
+      ASSERT_EQ(calls.size(), static_cast<size_t>(params.num_inference_steps)) << "rank " << r;
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const auto& [rank, step, seconds] = calls[i];
+        EXPECT_EQ(rank, r);
+        EXPECT_EQ(step, static_cast<int64_t>(i));
+        EXPECT_GT(seconds.all_gather, 0.0) << "rank " << r << " step " << i;
+        if (layout.sequence > 1) {
+          EXPECT_GT(seconds.all_to_all, 0.0) << "rank " << r << " step " << i;
+        } else {
+          EXPECT_EQ(seconds.all_to_all, 0.0) << "rank " << r << " step " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(SequenceParallelPipelineTest, RefusesLayoutsThatDoNotFitAndStepCaching) {

@@ -2,7 +2,8 @@
 // (CPU): both RPCs with PNG/JPEG decoding (size, same bytes for the same seed, different for
 // another), seed echo, timings, progress events and /metrics (prompt-cache hits included);
 // table-driven invalid requests; overload; a 50 ms deadline; a real request's deadline overrun;
-// cancellation; SIGTERM drain with exit code 0; probe mode; reflection; --gpus 3 on CPU ranks.
+// cancellation; SIGTERM drain with exit code 0; probe mode; reflection; --gpus 3 and --gpus 4,6,9
+// on CPU ranks (the collective time per step on /metrics by gpu label).
 // Slow requests come from the TEST-ONLY flag --test-step-delay-ms. Assertions are orderings and
 // counts, never absolute durations (the overrun bound is relative to stage times measured in the
 // same test). Run: ctest --test-dir build -R server_e2e --output-on-failure
@@ -449,22 +450,44 @@ TEST_F(E2E, SigtermDrainsInFlightWorkAndExitsZero) {
   EXPECT_EQ(server_->wait_exit(std::chrono::seconds(120)), 0);
 }
 
+// The steps each of `gpus` reported to flux2_denoise_step_collective_seconds, by kind.
+void expect_collectives_per_gpu(const std::string& metrics, const std::vector<std::string>& gpus,
+                                double steps) {
+  const std::string name = "flux2_denoise_step_collective_seconds";
+  for (const std::string& gpu : gpus) {
+    for (const char* kind : {"all_to_all", "all_gather"}) {
+      EXPECT_EQ(metric_value(metrics, name + "_count", {{"gpu", gpu}, {"collective", kind}}), steps)
+          << "gpu " << gpu << " " << kind;
+    }
+    // Sequence ranks exchange q, k, v and the attention output around every block.
+    EXPECT_GT(metric_value(metrics, name + "_sum", {{"gpu", gpu}, {"collective", "all_to_all"}})
+                  .value_or(0.0),
+              0.0)
+        << "gpu " << gpu;
+  }
+}
+
 // --gpus 3 on the CPU backend: one engine over three ranks (threads over the in-process
 // communicator; the tiny checkpoint's 3 heads, one per rank) serves through the real binary, the
-// same image as one rank; a fault that fails the last rank ends the server with exit 1.
+// same image as one rank, every rank's collective time per step on /metrics (label gpu); --gpus
+// 4,6,9 is three ranks named by those ordinals (GetModelInfo, the gpu label), the same bytes as
+// --gpus 3; a fault that fails the last rank ends the server with exit 1.
 TEST_F(E2E, GpusThreeServesOverThreeRanksAndARankFailureEndsTheServer) {
   start({"--warmup-steps", "0"});
   v1::GenerateImageResponse one;
   ASSERT_TRUE(generate(small_request(11, 2), &one).ok());
+  EXPECT_EQ(metrics().find("flux2_denoise_step_collective_seconds"), std::string::npos);
   start({"--gpus", "3", "--warmup-steps", "0"});
   grpc::ClientContext context;
   v1::GetModelInfoResponse info;
   ASSERT_TRUE(stub_->GetModelInfo(&context, {}, &info).ok());
   EXPECT_EQ(info.backend_options().at("gpus"), "3");
+  EXPECT_EQ(info.backend_options().at("gpu-ordinals"), "0,1,2");
   v1::GenerateImageResponse three;
   ASSERT_TRUE(generate(small_request(11, 2), &three).ok());
   ASSERT_EQ(three.images_size(), 1);
   EXPECT_EQ(three.images(0).width(), 64);
+  expect_collectives_per_gpu(metrics(), {"0", "1", "2"}, 2.0);
   // Sequence shards meet the float32 bar, not bits (model/README.md): every value within one
   // level of one rank's, at most 0.5% of them off by one.
   const std::vector<uint8_t> pixels = decode_rgb(three.images(0).data());
@@ -477,6 +500,20 @@ TEST_F(E2E, GpusThreeServesOverThreeRanksAndARankFailureEndsTheServer) {
     off_by_one += pixels[i] != reference[i];
   }
   EXPECT_LE(static_cast<double>(off_by_one), 0.005 * static_cast<double>(pixels.size()));
+  start({"--gpus", "4,6,9", "--warmup-steps", "0"});
+  grpc::ClientContext listed_context;
+  ASSERT_TRUE(stub_->GetModelInfo(&listed_context, {}, &info).ok());
+  EXPECT_EQ(info.backend_options().at("gpus"), "3");
+  EXPECT_EQ(info.backend_options().at("gpu-ordinals"), "4,6,9");
+  v1::GenerateImageResponse listed;
+  ASSERT_TRUE(generate(small_request(11, 2), &listed).ok());
+  ASSERT_EQ(listed.images_size(), 1);
+  EXPECT_EQ(decode_rgb(listed.images(0).data()), pixels) << "the same P gives the same bits";
+  const std::string listed_metrics = metrics();
+  expect_collectives_per_gpu(listed_metrics, {"4", "6", "9"}, 2.0);
+  EXPECT_EQ(
+      metric_value(listed_metrics, "flux2_denoise_step_collective_seconds_count", {{"gpu", "0"}}),
+      std::nullopt);
   start({"--gpus", "3", "--warmup-steps", "0", "--test-inject-fault", "illegal_address@1"});
   v1::GenerateImageResponse failed;
   const grpc::Status status = generate(small_request(11, 2), &failed);

@@ -50,6 +50,7 @@ TEST(LoadBench, PhasesReportWhatTheClientsSaw) {
     // One worker: the phase lasts at least all its requests' steps back to back.
     EXPECT_GE(phase.wall_seconds, 6 * kSteps * kStepDelay);
     EXPECT_DOUBLE_EQ(phase.images_per_second, phase.images / phase.wall_seconds);
+    EXPECT_TRUE(phase.collectives.empty()) << "one engine on one device: no collectives";
   }
   // The server's warm-ups (with and without a reference), the bench's warm-up request and the 12
   // timed requests, whose seeds are all distinct.

@@ -6,6 +6,7 @@
 #include "server/ops/metrics.h"
 
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -129,7 +130,8 @@ TEST(Metrics, EveryNameOfMetricsMdIsExportedWithItsType) {
   ASSERT_GE(names.size(), 15u) << "METRICS.md: no table of metric names";
   Metrics metrics;
   metrics.set_build_info("1.2.3", "cpu", "tiny");
-  metrics.set_gpu_memory({{1, 2, 3}});  // the CUDA-only gauges
+  metrics.set_gpu_memory({0}, {{1, 2, 3}});  // the CUDA-only gauges
+  metrics.observe_step_collectives(0, {});   // exported once a request ran over several GPUs
   const std::string text = metrics.render();
   for (const auto& [name, type] : names) {
     EXPECT_TRUE(has_line(text, "# TYPE " + name + " " + type)) << name << " " << type;
@@ -288,7 +290,7 @@ TEST(Metrics, FastPathCountersComeFromTheRegistry) {
 
 TEST(Metrics, GpuGaugesOnceSet) {
   Metrics metrics;
-  metrics.set_gpu_memory({{100, 200, 1000}});
+  metrics.set_gpu_memory({0}, {{100, 200, 1000}});
   const std::string text = metrics.render();
   EXPECT_EQ(metric_value(text, "flux2_gpu_memory_used_bytes", {{"gpu", "0"}}), 100.0);
   EXPECT_EQ(metric_value(text, "flux2_gpu_memory_peak_bytes", {{"gpu", "0"}}), 200.0);
@@ -296,15 +298,37 @@ TEST(Metrics, GpuGaugesOnceSet) {
 }
 
 TEST(Metrics, GpuMemoryGaugesPerRank) {
-  // --gpus 2: one series per rank, labelled by its number.
+  // --gpus 2,3: one series per rank, labelled by its device ordinal.
   Metrics metrics;
-  metrics.set_gpu_memory({{100, 200, 1000}, {150, 250, 2000}});
+  metrics.set_gpu_memory({2, 3}, {{100, 200, 1000}, {150, 250, 2000}});
   const std::string text = metrics.render();
-  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_used_bytes", {{"gpu", "0"}}), 100.0);
-  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_used_bytes", {{"gpu", "1"}}), 150.0);
-  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_peak_bytes", {{"gpu", "1"}}), 250.0);
-  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_total_bytes", {{"gpu", "1"}}), 2000.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_used_bytes", {{"gpu", "2"}}), 100.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_used_bytes", {{"gpu", "3"}}), 150.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_peak_bytes", {{"gpu", "3"}}), 250.0);
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_total_bytes", {{"gpu", "3"}}), 2000.0);
   EXPECT_EQ(metric_value(text, "flux2_gpu_memory_total_bytes"), 3000.0);  // summed over ranks
+  EXPECT_EQ(metric_value(text, "flux2_gpu_memory_used_bytes", {{"gpu", "0"}}), std::nullopt);
+}
+
+TEST(Metrics, CollectiveSecondsPerStepByGpuAndKind) {
+  std::vector<std::string> buckets = metrics_md_buckets("; collectives");
+  ASSERT_GE(buckets.size(), 5u) << "METRICS.md: no bucket list after \"collectives\"";
+  buckets.push_back("+Inf");
+  Metrics metrics;
+  EXPECT_EQ(metrics.render().find("flux2_denoise_step_collective_seconds"), std::string::npos)
+      << "no series before a request ran over several GPUs";
+  // Two steps on the ranks of --gpus 2,3.
+  for (int step = 0; step < 2; ++step) {
+    metrics.observe_step_collectives(2, {0.004, 0.001});
+    metrics.observe_step_collectives(3, {0.003, 0.0005});
+  }
+  const std::string text = metrics.render();
+  const std::string name = "flux2_denoise_step_collective_seconds";
+  EXPECT_EQ(metric_value(text, name + "_count", {{"gpu", "2"}, {"collective", "all_to_all"}}), 2.0);
+  EXPECT_EQ(metric_value(text, name + "_sum", {{"gpu", "2"}, {"collective", "all_to_all"}}), 0.008);
+  EXPECT_EQ(metric_value(text, name + "_sum", {{"gpu", "3"}, {"collective", "all_gather"}}), 0.001);
+  EXPECT_EQ(metric_value(text, name + "_count", {{"gpu", "0"}}), std::nullopt);
+  EXPECT_EQ(rendered_buckets(text, name, "collective=\"all_to_all\",gpu=\"3\""), buckets);
 }
 
 TEST(Metrics, ExposerServesThemOverHttp) {

@@ -1,7 +1,9 @@
 // The engine over P ranks (server/serving/parallel_engine.h) on CPU ranks with the in-process
 // communicator and the tiny checkpoints: its image is the single-rank engine's (float32 bar), a
 // cancelled or late request stops every rank at one stage boundary and the next request runs, a
-// rank that fails breaks the engine (device_status), and memory is reported per rank.
+// rank that fails breaks the engine (device_status), memory is reported per rank, listed device
+// ordinals name the ranks, every rank reports its collective time per step, and the bench's engine
+// over random weights gives one rank's image.
 // Run: ctest --test-dir build-cpu -R ParallelEngine --output-on-failure
 #include "server/serving/parallel_engine.h"
 
@@ -12,8 +14,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <future>
+#include <map>
+#include <mutex>
 #include <thread>
 
+#include "kernels/base/read_file.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "nlohmann/json.hpp"
 #include "server/serving/pipeline_engine.h"
 #include "server/serving/stage_decisions.h"
 
@@ -41,10 +48,17 @@ std::unique_ptr<Engine> single_engine(bool distilled) {
   return engine.ok() ? std::move(*engine) : nullptr;
 }
 
+// Devices 0 .. count-1, as --gpus N gives them.
+std::vector<int> first_devices(int count) {
+  std::vector<int> devices;
+  for (int i = 0; i < count; ++i) devices.push_back(i);
+  return devices;
+}
+
 // Through the server's own wiring: CPU backends on "devices" 0 .. ranks-1, in-process groups.
 std::unique_ptr<Engine> parallel_engine(int ranks, bool distilled) {
-  auto engine =
-      load_parallel_engine(ranks, "cpu", {}, true, tiny_klein(), pipeline_options(distilled));
+  auto engine = load_parallel_engine(first_devices(ranks), "cpu", {}, true, tiny_klein(),
+                                     pipeline_options(distilled));
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;
 }
@@ -181,7 +195,8 @@ TEST(ParallelEngineTest, ARankThatFailsBreaksTheEngine) {
 
 TEST(ParallelEngineTest, RefusesLayoutsThatDoNotFitKleinKvAndMissingDevices) {
   // tiny-klein has 3 heads: 2 sequence ranks do not divide them (distilled: no CFG groups).
-  auto two = load_parallel_engine(2, "cpu", {}, true, tiny_klein(), pipeline_options(true));
+  auto two =
+      load_parallel_engine(first_devices(2), "cpu", {}, true, tiny_klein(), pipeline_options(true));
   ASSERT_FALSE(two.ok());
   EXPECT_EQ(two.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(two.status().message()), HasSubstr("--gpus 2"));
@@ -189,15 +204,95 @@ TEST(ParallelEngineTest, RefusesLayoutsThatDoNotFitKleinKvAndMissingDevices) {
   // klein-KV's cached reference K/V is not sharded: refused naming the flag.
   PipelineOptions kv = pipeline_options(true);
   kv.kv_cache = true;
-  auto kv_three = load_parallel_engine(3, "cpu", {}, true, tiny_klein(), kv);
+  auto kv_three = load_parallel_engine(first_devices(3), "cpu", {}, true, tiny_klein(), kv);
   ASSERT_FALSE(kv_three.ok());
   EXPECT_THAT(std::string(kv_three.status().message()), HasSubstr("--gpus 3: "));
   EXPECT_THAT(std::string(kv_three.status().message()), HasSubstr("klein-kv"));
   // More CUDA devices than any CI machine has (or no CUDA backend at all in this build).
-  auto cuda = load_parallel_engine(64, "cuda", {}, true, tiny_klein(), pipeline_options(true));
+  auto cuda = load_parallel_engine(first_devices(64), "cuda", {}, true, tiny_klein(),
+                                   pipeline_options(true));
   ASSERT_FALSE(cuda.ok());
   EXPECT_THAT(std::string(cuda.status().message()),
               ::testing::AnyOf(HasSubstr("--gpus 64: this process sees"),
+                               HasSubstr("--backend cuda: this build has no CUDA backend")));
+}
+
+TEST(ParallelEngineTest, ListedDevicesNameTheRanksAndEveryRankReportsItsCollectives) {
+  // --gpus 2,5,7 on the CPU: three ranks (the ordinals only name them), labelled 2, 5 and 7.
+  auto engine =
+      load_parallel_engine({2, 5, 7}, "cpu", {}, true, tiny_klein(), pipeline_options(true));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->device_ordinals(), (std::vector<int>{2, 5, 7}));
+  EXPECT_EQ((*engine)->memory_stats().size(), 3u);
+  const GenerateParams params = small_request(false);
+  std::mutex mu;
+  std::map<int, std::vector<int64_t>> steps_by_rank;
+  std::map<int, double> all_to_all_by_rank;
+  GenerateHooks hooks;
+  hooks.on_step_collectives = [&](int rank, int64_t step, const CollectiveSeconds& seconds) {
+    std::lock_guard<std::mutex> lock(mu);  // from every rank's thread
+    steps_by_rank[rank].push_back(step);
+    all_to_all_by_rank[rank] += seconds.all_to_all;
+  };
+  absl::StatusOr<GeneratedImage> image = generate_within_limit(**engine, params, hooks);
+  ASSERT_TRUE(image.ok()) << image.status();
+  ASSERT_EQ(steps_by_rank.size(), 3u);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(steps_by_rank[rank], (std::vector<int64_t>{0, 1, 2})) << "rank " << rank;
+    EXPECT_GT(all_to_all_by_rank[rank], 0.0) << "rank " << rank;
+  }
+}
+
+// Random weights at tiny-klein's shapes (its configs and tokenizer), as `flux2 bench --concurrency
+// --gpus` builds them at the published ones.
+RandomPipelineSpec tiny_random_spec() {
+  RandomPipelineSpec spec;
+  spec.name = "tiny-klein (random weights)";
+  const auto config = [](const std::string& component) {
+    absl::StatusOr<std::string> text =
+        read_file(tiny_klein() + "/" + component + "/config.json", component);
+    EXPECT_TRUE(text.ok()) << text.status();
+    return nlohmann::json::parse(text.value_or("{}"));
+  };
+  spec.transformer = Flux2Config::from_json(config("transformer"), "transformer").value();
+  spec.text_encoder = TextEncoderConfig::from_json(config("text_encoder"), "text_encoder").value();
+  spec.vae = VaeConfig::from_json(config("vae"), "vae").value();
+  spec.tokenizer_dir = tiny_klein() + "/tokenizer";
+  return spec;
+}
+
+TEST(ParallelEngineTest, RandomWeightsOverThreeRanksGiveTheSingleRankImage) {
+  const RandomPipelineSpec spec = tiny_random_spec();
+  auto one = random_pipeline_engine(std::make_unique<CpuBackend>(), spec);
+  ASSERT_TRUE(one.ok()) << one.status();
+  auto three = random_parallel_engine({0, 1, 2}, "cpu", {}, spec);
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ((*three)->device_ordinals(), (std::vector<int>{0, 1, 2}));
+  const GenerateParams params = small_request(false);
+  absl::StatusOr<GeneratedImage> reference = (*one)->generate(params, {});
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::StatusOr<GeneratedImage> image = generate_within_limit(**three, params);
+  ASSERT_TRUE(image.ok()) << image.status();
+  expect_within_float32_bar(*image, *reference);  // every rank drew the same weights
+  auto twice = random_parallel_engine({2, 2}, "cpu", {}, spec);
+  EXPECT_EQ(twice.status().message(), "--gpus 2,2: device 2 is listed twice");
+}
+
+TEST(ParallelEngineTest, RefusesListedDevicesThatRepeatDoNotFitOrDoNotExist) {
+  auto twice = load_parallel_engine({1, 1}, "cpu", {}, true, tiny_klein(), pipeline_options(true));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(twice.status().message(), "--gpus 1,1: device 1 is listed twice");
+  // Two listed devices are two sequence ranks, which do not divide tiny-klein's 3 heads.
+  auto heads = load_parallel_engine({4, 6}, "cpu", {}, true, tiny_klein(), pipeline_options(true));
+  ASSERT_FALSE(heads.ok());
+  EXPECT_THAT(std::string(heads.status().message()), HasSubstr("--gpus 4,6: rank count 2"));
+  EXPECT_THAT(std::string(heads.status().message()), HasSubstr("has 3 heads"));
+  // An ordinal past any CI machine's devices (or no CUDA backend at all in this build).
+  auto cuda = load_parallel_engine({0, 63}, "cuda", {}, true, tiny_klein(), pipeline_options(true));
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_THAT(std::string(cuda.status().message()),
+              ::testing::AnyOf(HasSubstr("--gpus 0,63: this process sees"),
                                HasSubstr("--backend cuda: this build has no CUDA backend")));
 }
 

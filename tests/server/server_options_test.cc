@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/common/gpus_flag.h"
 
 namespace flux2::server {
 namespace {
@@ -175,14 +176,60 @@ TEST(ServerOptions, PromptCacheBytesZeroTurnsTheCacheOffAndIsRangeChecked) {
   EXPECT_FALSE(parsed->options.text_encoder_offload);
 }
 
-TEST(ServerOptions, GpusIsRangeChecked) {
+TEST(ServerOptions, GpusTakesACountOrDeviceOrdinals) {
   absl::StatusOr<ParsedFlags> parsed = parse({});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->options.gpus, 1);
-  parsed = parse({"--gpus", "0"});
+  EXPECT_EQ(parsed->options.gpus, (std::vector<int>{0}));
+  parsed = parse({"--gpus", "3"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(validate_server_options(parsed->options).message(), "--gpus: 0 is outside 1..64");
-  // Against the model's heads once it is loaded: tests/server/parallel_engine_test.cc.
+  EXPECT_EQ(parsed->options.gpus, (std::vector<int>{0, 1, 2}));
+  parsed = parse({"--gpus", "2,3"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.gpus, (std::vector<int>{2, 3}));
+  EXPECT_TRUE(validate_server_options(parsed->options).ok());
+  parsed = parse({"--gpus= 5, 1 ,0"});  // spaces around entries; any order (rank r on the r-th)
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->options.gpus, (std::vector<int>{5, 1, 0}));
+  // Against the devices and the model's heads once it loads: tests/server/parallel_engine_test.cc.
+}
+
+TEST(ServerOptions, GpusFlagErrorsNameTheFlag) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"0", "--gpus: 0 is outside 1..64"},
+      {"65", "--gpus: 65 is outside 1..64"},
+      {"",
+       "--gpus: empty; give a count (--gpus 2: devices 0 and 1) or device ordinals "
+       "(--gpus 2,3)"},
+      {"two", "--gpus: \"two\" is not a count N or a list of device ordinals such as 2,3"},
+      {"2,,3", "--gpus 2,,3: entry 2 is empty"},
+      {"2,3,", "--gpus 2,3,: entry 3 is empty"},
+      {"2,x", "--gpus 2,x: \"x\" is not a device ordinal"},
+      {"-1,2", "--gpus -1,2: -1 is not a device ordinal (they count from 0)"},
+      {"2,3,2", "--gpus 2,3,2: device 2 is listed twice"},
+  };
+  for (const auto& [value, message] : cases) {
+    absl::StatusOr<ParsedFlags> parsed = parse({"--gpus", value});
+    ASSERT_FALSE(parsed.ok()) << value;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << value;
+    EXPECT_EQ(parsed.status().message(), message) << value;
+  }
+  std::string many = "1";  // 1 .. 65
+  for (int i = 2; i <= kMaxGpus + 1; ++i) many += "," + std::to_string(i);
+  EXPECT_EQ(parse({"--gpus", many}).status().message(),
+            "--gpus " + many + ": 65 GPUs exceed the limit of 64");
+  // Options built in code are checked too.
+  ServerOptions options;
+  options.gpus = {};
+  EXPECT_EQ(validate_server_options(options).message(), "--gpus: no GPU given");
+  options.gpus = {3};
+  EXPECT_EQ(validate_server_options(options).message(),
+            "--gpus: one GPU runs on device 0, the process's first, not 3 "
+            "(CUDA_VISIBLE_DEVICES=3 makes device 3 that one)");
+  options.gpus = {1, 1};
+  EXPECT_EQ(validate_server_options(options).message(), "--gpus 1,1: device 1 is listed twice");
+  EXPECT_EQ(gpus_flag_text({0, 1, 2}), "3");
+  EXPECT_EQ(gpus_flag_text({1, 0}), "1,0");
+  EXPECT_EQ(gpu_ordinals_text({0, 1, 2}), "0,1,2");
 }
 
 TEST(ServerOptions, RequestLimitMustFitTheReferences) {

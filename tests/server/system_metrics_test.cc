@@ -51,8 +51,8 @@ TEST(SystemMetricsTest, ProcessFamiliesArePlausible) {
 
 TEST(SystemMetricsTest, AnUnknownDeviceAttachesNoGpuFamilies) {
   SystemMetrics metrics;
-  EXPECT_FALSE(metrics.attach_gpu(""));
-  EXPECT_FALSE(metrics.attach_gpu("ffff:ff:1f.7"));  // no such PCI device, or no NVML at all
+  EXPECT_FALSE(metrics.attach_gpu("", 0));
+  EXPECT_FALSE(metrics.attach_gpu("ffff:ff:1f.7", 0));  // no such PCI device, or no NVML at all
   EXPECT_FALSE(metrics.gpu_attached());
   for (const prometheus::MetricFamily& family : metrics.Collect()) {
     EXPECT_EQ(family.name.rfind("flux2_gpu_", 0), std::string::npos) << family.name;

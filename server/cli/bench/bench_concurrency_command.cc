@@ -1,9 +1,12 @@
 // `flux2 bench --concurrency N`: images/s and request latency percentiles through the server path
 // (server/cli/bench/load_bench.h) with one client, then N clients, on one loaded model: random
-// weights at a published model's shapes (--model, the GPU) or a checkpoint directory (--model-dir).
+// weights at a published model's shapes (--model, the GPU) or a checkpoint directory (--model-dir),
+// on one GPU or split over several (--gpus N or --gpus 2,3, as flux2_server's flag: each phase then
+// reports every GPU's collective time per step).
 // Part of the flux2 executable itself (it links the server library, which flux2_cli_lib must not).
 // Tested by the `flux2_bench_concurrency_tiny` ctest (tests/server/CMakeLists.txt); run on the GPU
 // by tests/gpu/run_on_device.sh (part `throughput`).
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -17,6 +20,8 @@
 #include "server/cli/commands.h"
 #include "server/common/backend_flags.h"
 #include "server/common/command_line.h"
+#include "server/common/gpus_flag.h"
+#include "server/serving/parallel_engine.h"
 #include "server/serving/pipeline_engine.h"
 
 namespace flux2 {
@@ -37,8 +42,10 @@ struct ConcurrencyFlags {
   int64_t height = 1024, width = 1024;
   std::string quality = "lossless";
   int64_t steps = 0, text_len = 512;
-  std::string tokenizer;  // empty: the tiny checkpoint's of the model's family
-  std::string backend;    // empty: cuda, or auto with --model-dir
+  std::string tokenizer;     // empty: the tiny checkpoint's of the model's family
+  std::string backend;       // empty: cuda, or auto with --model-dir
+  std::string gpus = "1";    // --gpus: a count or device ordinals (server/common/gpus_flag.h)
+  std::vector<int> devices;  // --gpus parsed
   bool json = false;
   BackendOptions backend_options;
 };
@@ -55,6 +62,7 @@ void add_concurrency_flags(CLI::App& app, ConcurrencyFlags& f) {
   app.add_option("--text-len", f.text_len);
   app.add_option("--tokenizer", f.tokenizer);
   app.add_option("--backend", f.backend);
+  app.add_option("--gpus", f.gpus);
   app.add_flag("--json", f.json);
   add_backend_flags(app, f.backend_options);
 }
@@ -71,6 +79,9 @@ absl::Status check_concurrency_flags(const CLI::App& app, ConcurrencyFlags& f) {
         absl::StrCat("--quality ", f.quality, ": expected lossless or high"));
   }
   if (f.backend.empty()) f.backend = f.model_dir.empty() ? "cuda" : "auto";
+  absl::StatusOr<std::vector<int>> devices = parse_gpus_flag(f.gpus);
+  if (!devices.ok()) return devices.status();
+  f.devices = *devices;
   if (f.tokenizer.empty()) {
     f.tokenizer =
         std::string(f.model == "dev" ? FLUX2_TINY_DEV_CHECKPOINT_DIR : FLUX2_TINY_CHECKPOINT_DIR) +
@@ -89,6 +100,7 @@ void print_results(const ConcurrencyFlags& f, const std::vector<server::LoadBenc
                            {"steps", f.steps},
                            {"text_len", f.text_len},
                            {"requests_per_phase", f.requests},
+                           {"gpus", f.devices},
                            {"phases", nlohmann::json::array()}};
   for (const server::LoadBenchPhase& phase : phases) result["phases"].push_back(phase.to_json());
   const double sequential = phases.front().images_per_second;
@@ -104,6 +116,12 @@ void print_results(const ConcurrencyFlags& f, const std::vector<server::LoadBenc
         phase.clients, phase.requests, static_cast<long long>(f.width),
         static_cast<long long>(f.height), f.quality.c_str(), phase.images_per_second, phase.p50_ms,
         phase.p90_ms, phase.p99_ms, phase.max_ms);
+    for (const auto& [gpu, total] : phase.collectives) {
+      const double steps = static_cast<double>(std::max<uint64_t>(total.steps, 1));
+      std::printf("  gpu %d: all-to-all %.3f ms, all-gather %.3f ms per step (%llu steps)\n", gpu,
+                  1e3 * total.seconds.all_to_all / steps, 1e3 * total.seconds.all_gather / steps,
+                  static_cast<unsigned long long>(total.steps));
+    }
   }
   std::printf("throughput ratio (last phase / one client): %.3f\n",
               result["throughput_ratio"].get<double>());
@@ -130,6 +148,7 @@ int run_bench_concurrency(int argc, char** argv, int first) {
 
   server::ServerOptions server_options;
   server_options.backend_options = flags.backend_options;
+  server_options.gpus = flags.devices;
   server_options.enable_quality_high = options.quality == Quality::kHigh;
   server_options.max_sequence_length = static_cast<int>(flags.text_len);
   server_options.max_response_bytes = int64_t{64} << 20;  // noisy random-weight PNGs are large
@@ -144,7 +163,11 @@ int run_bench_concurrency(int argc, char** argv, int first) {
     if (!spec.ok()) return fail(spec.status().message());
     spec->enable_quality_high = server_options.enable_quality_high;
     factory = [backend_name = flags.backend, backend_options = flags.backend_options,
+               devices = flags.devices,
                spec = *spec]() -> absl::StatusOr<std::unique_ptr<server::Engine>> {
+      if (devices.size() > 1) {
+        return server::random_parallel_engine(devices, backend_name, backend_options, spec);
+      }
       absl::StatusOr<std::unique_ptr<Backend>> backend =
           create_backend(backend_name, backend_options);
       if (!backend.ok()) return backend.status();

@@ -9,7 +9,7 @@
 namespace flux2 {
 
 GpuSampler::GpuSampler(const std::string& pci_bus_id) {
-  if (!nvml_.attach_gpu(pci_bus_id)) return;
+  if (!nvml_.attach_gpu(pci_bus_id, 0)) return;  // the one GPU it reads
   running_ = true;
   thread_ = std::thread([this] {
     while (running_) {

@@ -52,8 +52,23 @@ absl::Status wait_until_serving(Server& server) {
   }
 }
 
-absl::StatusOr<LoadBenchPhase> run_phase(v1::ImageGeneration::Stub& stub,
+// The difference of the server's collective totals from `before` to now, by gpu.
+std::map<int, Metrics::StepCollectiveTotals> collectives_since(
+    const Metrics& metrics, const std::map<int, Metrics::StepCollectiveTotals>& before) {
+  std::map<int, Metrics::StepCollectiveTotals> phase = metrics.step_collective_totals();
+  for (auto& [gpu, total] : phase) {
+    const auto it = before.find(gpu);
+    if (it == before.end()) continue;
+    total.steps -= it->second.steps;
+    total.seconds.all_to_all -= it->second.seconds.all_to_all;
+    total.seconds.all_gather -= it->second.seconds.all_gather;
+  }
+  return phase;
+}
+
+absl::StatusOr<LoadBenchPhase> run_phase(v1::ImageGeneration::Stub& stub, const Metrics& metrics,
                                          const LoadBenchOptions& options, int phase, int clients) {
+  const std::map<int, Metrics::StepCollectiveTotals> before = metrics.step_collective_totals();
   LoadBenchPhase result;
   result.clients = clients;
   result.requests = options.requests;
@@ -98,23 +113,33 @@ absl::StatusOr<LoadBenchPhase> run_phase(v1::ImageGeneration::Stub& stub,
   double sum = 0.0;
   for (double ms : latencies) sum += ms;
   result.mean_ms = latencies.empty() ? 0.0 : sum / static_cast<double>(latencies.size());
+  result.collectives = collectives_since(metrics, before);
   return result;
 }
 
 }  // namespace
 
 nlohmann::json LoadBenchPhase::to_json() const {
-  return nlohmann::json{{"clients", clients},
-                        {"requests", requests},
-                        {"codes", codes},
-                        {"images", images},
-                        {"wall_seconds", wall_seconds},
-                        {"images_per_second", images_per_second},
-                        {"latency_ms_p50", p50_ms},
-                        {"latency_ms_p90", p90_ms},
-                        {"latency_ms_p99", p99_ms},
-                        {"latency_ms_mean", mean_ms},
-                        {"latency_ms_max", max_ms}};
+  nlohmann::json out{{"clients", clients},
+                     {"requests", requests},
+                     {"codes", codes},
+                     {"images", images},
+                     {"wall_seconds", wall_seconds},
+                     {"images_per_second", images_per_second},
+                     {"latency_ms_p50", p50_ms},
+                     {"latency_ms_p90", p90_ms},
+                     {"latency_ms_p99", p99_ms},
+                     {"latency_ms_mean", mean_ms},
+                     {"latency_ms_max", max_ms}};
+  if (collectives.empty()) return out;
+  nlohmann::json& per_gpu = out["collective_ms_per_step"] = nlohmann::json::object();
+  for (const auto& [gpu, total] : collectives) {
+    const double steps = static_cast<double>(std::max<uint64_t>(total.steps, 1));
+    per_gpu[std::to_string(gpu)] = {{"all_to_all", 1e3 * total.seconds.all_to_all / steps},
+                                    {"all_gather", 1e3 * total.seconds.all_gather / steps},
+                                    {"steps", total.steps}};
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<LoadBenchPhase>> run_load_bench(ServerOptions server_options,
@@ -146,11 +171,12 @@ absl::StatusOr<std::vector<LoadBenchPhase>> run_load_bench(ServerOptions server_
     // One request at the bench size first: plans and allocations at this shape are in place.
     LoadBenchOptions warm_up_options = options;
     warm_up_options.requests = 1;
-    absl::StatusOr<LoadBenchPhase> warm_up = run_phase(*stub, warm_up_options, 0, 1);
+    const Metrics& metrics = server->core().metrics();
+    absl::StatusOr<LoadBenchPhase> warm_up = run_phase(*stub, metrics, warm_up_options, 0, 1);
     status = warm_up.status();
     for (size_t p = 0; status.ok() && p < options.clients.size(); ++p) {
       absl::StatusOr<LoadBenchPhase> phase =
-          run_phase(*stub, options, static_cast<int>(p) + 1, options.clients[p]);
+          run_phase(*stub, metrics, options, static_cast<int>(p) + 1, options.clients[p]);
       status = phase.status();
       if (phase.ok()) phases.push_back(*phase);
     }

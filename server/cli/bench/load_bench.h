@@ -3,7 +3,8 @@
 // engine worker, PNG encoding) over an engine factory; for each client count in turn, that many
 // threads send unary GenerateImage requests back to back (distinct prompts and seeds, so neither
 // the prompt cache nor anything else is shared) until the phase's requests are sent. Reports
-// what the clients saw: images/s over the phase's wall time and latency percentiles. Tested by
+// what the clients saw: images/s over the phase's wall time and latency percentiles, and with
+// several GPUs each GPU's collective time per step from the server's metrics. Tested by
 // tests/server/load_bench_test.cc (fake engine) and `flux2 bench --concurrency` on the tiny
 // checkpoint (tests/server/CMakeLists.txt); run on the GPU by tests/gpu/run_on_device.sh.
 #pragma once
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "server/app/server_options.h"
+#include "server/ops/metrics.h"
 #include "server/serving/engine.h"
 
 namespace flux2::server {
@@ -36,6 +38,11 @@ struct LoadBenchPhase {
   double images_per_second = 0.0;
   // Request latency as the client saw it (send -> response), OK requests, milliseconds.
   double p50_ms = 0.0, p90_ms = 0.0, p99_ms = 0.0, mean_ms = 0.0, max_ms = 0.0;
+  // An engine over several GPUs (--gpus): each GPU's steps in this phase and its collectives'
+  // seconds in them (flux2_denoise_step_collective_seconds), by device ordinal; empty otherwise.
+  std::map<int, Metrics::StepCollectiveTotals> collectives;
+  // JSON; with `collectives`, "collective_ms_per_step": {"<gpu>": {"all_to_all", "all_gather",
+  // "steps"}} (milliseconds per step, the mean over the phase's steps).
   nlohmann::json to_json() const;
 };
 
