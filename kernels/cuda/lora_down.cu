@@ -12,6 +12,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/lora_down.h"
+#include "kernels/cuda/mma_bf16.cuh"
 
 namespace flux2::cuda {
 namespace {
@@ -39,24 +40,6 @@ struct Args {
   int64_t slice;    // K per split (a multiple of kChunk)
   float* partials;  // [splits, x.rows, kR] when gridDim.y > 1
 };
-
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global));
-}
-
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pair_at(const bf16* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
 
 // 8 values at (row, k) of a row-major source into dst: one asynchronous copy where they are
 // inside (rows and K are whole groups: K % 8 == 0), zeros where not.

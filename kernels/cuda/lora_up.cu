@@ -17,6 +17,7 @@
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/head_norm.cuh"
 #include "kernels/cuda/lora_up.h"
+#include "kernels/cuda/mma_bf16.cuh"
 
 namespace flux2::cuda {
 namespace {
@@ -84,11 +85,7 @@ __device__ __forceinline__ bf16* mut_at(const Mat& m, int64_t r, int64_t c) {
   return static_cast<bf16*>(m.data) + r * m.stride + c;
 }
 
-// 16 bytes from global to shared memory without registers (completed by cp_async_wait).
-__device__ __forceinline__ void cp_async16(void* shared, const void* global) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global));
-}
+// Completes every cp.async copy this thread issued.
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
 }
@@ -132,19 +129,6 @@ __device__ void load_tile(const Mat& m, bool vectorized, int64_t m0, int64_t n0,
     group_of(i, &row, &col);
     load_group(m, vectorized, m0 + row, n0 + col, &tile[row][col]);
   }
-}
-
-__device__ __forceinline__ uint32_t pair_at(const bf16* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // acc += t-rows [wm·32, +32) · b-rows [wn·32, +32)ᵀ over one chunk (fragment layouts: PTX ISA,
