@@ -1,8 +1,8 @@
 // bench_attention; see bench_attention.h.
 // Run on the GPU machine by tests/gpu/run_on_device.sh `attention` (no CPU test: CUDA timings).
 #include "server/cli/bench/bench_attention.h"
+#include "server/cli/bench/median.h"
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -10,14 +10,6 @@
 #include "model/flux2_presets.h"
 
 namespace flux2 {
-namespace {
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0.0 : values[values.size() / 2];
-}
-
-}  // namespace
 
 // Attention alone at the model's joint shape, reading q/k/v from the single block's fused
 // [S, 9D] projection buffer (strided) and from separate contiguous [S, D] buffers: what the

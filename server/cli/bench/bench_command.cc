@@ -34,6 +34,7 @@
 #include "server/cli/bench/bench_transformer.h"
 #include "server/cli/bench/gpu_sampler.h"
 #include "server/cli/bench/lora_load_bench.h"
+#include "server/cli/bench/median.h"
 #include "server/cli/commands.h"
 #include "server/common/backend_flags.h"
 #include "server/common/command_line.h"
@@ -117,11 +118,6 @@ nlohmann::json fallbacks_since(const std::vector<FastPathCounters>& before) {
     }
   }
   return out;
-}
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values.empty() ? 0.0 : values[values.size() / 2];
 }
 
 // --tune-gemm: merges the backend's timed GEMM algorithms into the table at `path`.
