@@ -214,7 +214,7 @@ TEST(ServerOptions, GpusFlagErrorsNameTheFlag) {
     EXPECT_EQ(parsed.status().message(), message) << value;
   }
   std::string many = "1";  // 1 .. 65
-  for (int i = 2; i <= kMaxGpus + 1; ++i) many += "," + std::to_string(i);
+  for (int i = 2; i <= kMaxGpus + 1; ++i) many.append(",").append(std::to_string(i));
   EXPECT_EQ(parse({"--gpus", many}).status().message(),
             "--gpus " + many + ": 65 GPUs exceed the limit of 64");
   // Options built in code are checked too.
