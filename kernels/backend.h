@@ -240,7 +240,8 @@ class Backend {
   // ---- host-resident weights (a memory plan for GPUs smaller than the model) ----------------
   // An uninitialised contiguous tensor in host memory that upload() fills and start_copies()
   // reads asynchronously: page-locked on CUDA (Device::kCpu there, so no other op takes it); on the
-  // CPU backend an ordinary tensor. Out of memory is ResourceExhausted.
+  // CPU backend an ordinary tensor. Out of memory is ResourceExhausted. Thread-safe: it touches
+  // no state of the backend's (the LoRA registry calls it on request threads).
   virtual absl::StatusOr<Tensor> empty_host(DType dtype, Shape shape) {
     return empty(dtype, std::move(shape));
   }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
+#include "model/lora_host_image.h"
 
 namespace flux2 {
 
@@ -56,68 +57,57 @@ Flux2LoraTerms& Flux2Lora::terms(const LoraTarget& target) {
 }
 
 int64_t Flux2LoraWeights::device_bytes(const LoraAdapter& adapter, int64_t value_bytes) {
-  return adapter.values() * value_bytes;
+  return lora_packed_bytes_bound(adapter, value_bytes);
 }
 
 namespace {
 
-// The fused weight a target writes: its kind and block.
-std::pair<int, int64_t> fused_weight(const LoraTarget& target) {
-  return {static_cast<int>(target.kind), target.block};
+// `count` elements of `buffer` [n] from element `offset`, as a [rows, cols] matrix.
+Tensor packed(const Tensor& buffer, int64_t offset, int64_t rows, int64_t cols) {
+  return buffer.reshape({buffer.numel(), 1}).row_slice(offset, rows * cols).reshape({rows, cols});
 }
 
-// A module of the adapter and the target it writes.
-using TargetedModule = std::pair<LoraTarget, const LoraModule*>;
-
-// Each module with its target, those of one fused weight next to each other (adapter order
-// otherwise: modules of one adapter on one fused weight write disjoint columns).
-absl::StatusOr<std::vector<TargetedModule>> grouped_modules(const Flux2Config& config,
-                                                            const LoraAdapter& adapter) {
-  const std::map<std::string, LoraTarget> targets = flux2_lora_targets(config);
-  std::vector<TargetedModule> modules;
-  for (const LoraModule& m : adapter.modules) {
-    auto found = targets.find(m.module);
-    if (found == targets.end() || found->second.in_features != m.in_features ||
-        found->second.out_features != m.out_features) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LoRA module ", m.module, " does not fit this transformer"));
-    }
-    modules.emplace_back(found->second, &m);
+// Fills `buffer` with `image` when it holds this packing in the buffer's dtype: one copy, waited
+// for, so the image (page-locked host memory the registry may drop) is free again on return.
+// False when it does not fit.
+absl::StatusOr<bool> copy_image(Backend& backend, const LoraHostImage* image,
+                                const Tensor& buffer) {
+  if (image == nullptr || image->values().dtype() != buffer.dtype() ||
+      image->values().numel() != buffer.numel()) {
+    return false;
   }
-  std::stable_sort(modules.begin(), modules.end(), [](const auto& x, const auto& y) {
-    return fused_weight(x.first) < fused_weight(y.first);
-  });
-  return modules;
+  FLUX_ASSIGN_OR_RETURN(const CopyTicket ticket, backend.start_copies({{image->values(), buffer}}));
+  FLUX_RETURN_IF_ERROR(backend.await_copies(ticket));
+  FLUX_RETURN_IF_ERROR(backend.synchronize());
+  return true;
 }
 
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const Flux2LoraWeights>> Flux2LoraWeights::upload(
-    Backend& backend, const Flux2Config& config, std::shared_ptr<const LoraAdapter> adapter) {
+    Backend& backend, const Flux2Config& config, std::shared_ptr<const LoraAdapter> adapter,
+    const LoraHostImage* image) {
   auto weights = std::make_shared<Flux2LoraWeights>();
   weights->adapter_ = std::move(adapter);
-  FLUX_ASSIGN_OR_RETURN(const std::vector<TargetedModule> modules,
-                        grouped_modules(config, *weights->adapter_));
   const DType dtype = backend.weight_dtype();
-  for (size_t first = 0; first < modules.size();) {
-    size_t end = first;
-    int64_t stacked = 0;
-    for (; end < modules.size() &&
-           fused_weight(modules[end].first) == fused_weight(modules[first].first);
-         ++end) {
-      stacked += modules[end].second->rank;
-    }
-    FLUX_ASSIGN_OR_RETURN(Tensor stack,
-                          backend.empty(dtype, {stacked, modules[first].second->in_features}));
-    for (int64_t row = 0; first < end; ++first) {
-      const LoraModule& m = *modules[first].second;
-      FLUX_ASSIGN_OR_RETURN(Tensor b, backend.empty(dtype, {m.out_features, m.rank}));
-      Module module{modules[first].first, &m, stack.row_slice(row, m.rank), b, stack, row};
-      row += m.rank;
+  FLUX_ASSIGN_OR_RETURN(const LoraPacking packing,
+                        pack_lora_modules(config, *weights->adapter_, dtype_size(dtype)));
+  FLUX_ASSIGN_OR_RETURN(const Tensor buffer, backend.empty(dtype, {packing.values}));
+  FLUX_ASSIGN_OR_RETURN(const bool copied, copy_image(backend, image, buffer));
+  for (const PackedLoraModule& p : packing.modules) {
+    const LoraModule& m = *p.source;
+    const Tensor stack = packed(buffer, p.stack, p.stack_rows, m.in_features);
+    Module module{p.target,
+                  &m,
+                  stack.row_slice(p.a_row, m.rank),
+                  packed(buffer, p.b, m.out_features, m.rank),
+                  stack,
+                  p.a_row};
+    if (!copied) {  // converted from the adapter's f32 values, tensor by tensor
       FLUX_RETURN_IF_ERROR(backend.upload(m.a.data(), DType::kF32, module.a));
       FLUX_RETURN_IF_ERROR(backend.upload(m.b.data(), DType::kF32, module.b));
-      weights->modules_.push_back(std::move(module));
     }
+    weights->modules_.push_back(std::move(module));
   }
   weights->device_bytes_ = device_bytes(*weights->adapter_, dtype_size(dtype));
   return std::shared_ptr<const Flux2LoraWeights>(std::move(weights));

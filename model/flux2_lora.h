@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "model/flux2_config.h"
 #include "model/lora_adapter.h"
+#include "model/lora_host_image.h"
 #include "model/lora_targets.h"
 
 namespace flux2 {
@@ -56,11 +57,15 @@ struct Flux2Lora {
 // the base layer's dtype).
 class Flux2LoraWeights {
  public:
-  // Uploads every module of `adapter` (parsed for `config`: parse_lora_adapter), the modules of
-  // one fused weight next to each other with their A matrices in one stack.
+  // Uploads every module of `adapter` (parsed for `config`: parse_lora_adapter) into one buffer
+  // packed as pack_lora_modules says: the modules of one fused weight next to each other with
+  // their A matrices in one stack. With `image` (the adapter's LoraHostImage for this backend)
+  // that is one copy, finished on return; without, each matrix is converted from f32 on its way.
   static absl::StatusOr<std::shared_ptr<const Flux2LoraWeights>> upload(
-      Backend& backend, const Flux2Config& config, std::shared_ptr<const LoraAdapter> adapter);
-  // The device bytes of `adapter` once uploaded to a backend storing `value_bytes` per value.
+      Backend& backend, const Flux2Config& config, std::shared_ptr<const LoraAdapter> adapter,
+      const LoraHostImage* image = nullptr);
+  // The device bytes `adapter` is charged once uploaded to a backend storing `value_bytes` per
+  // value: lora_packed_bytes_bound (its buffer is at most that).
   static int64_t device_bytes(const LoraAdapter& adapter, int64_t value_bytes);
 
   struct Module {

@@ -521,6 +521,7 @@ absl::Status check_shapes(const KeyGroup& group, const Matrix& a, const Matrix& 
     return invalid(label, ": lora_A ", shape_string(a.shape), " / lora_B ", shape_string(b.shape),
                    " do not fit [", out, ", ", in, "] (an adapter for another FLUX.2 variant?)");
   }
+  if (a.rows() == 0) return invalid("rank 0 at ", label, ": an adapted module needs rank >= 1");
   if (a.rows() > options.max_rank) {
     return invalid("rank ", a.rows(), " at ", label, " exceeds --max-lora-rank ", options.max_rank);
   }

@@ -55,7 +55,7 @@ absl::StatusOr<std::vector<Flux2LoraUse>> LoraDeviceCache::acquire(
     }
     const auto start = std::chrono::steady_clock::now();
     FLUX_ASSIGN_OR_RETURN(std::shared_ptr<const Flux2LoraWeights> weights,
-                          Flux2LoraWeights::upload(backend, config, r.adapter));
+                          Flux2LoraWeights::upload(backend, config, r.adapter, r.image.get()));
     stats_.upload_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     ++stats_.misses;

@@ -23,6 +23,9 @@ struct LoraRequest {
   std::string key;  // the adapter's identity in the device cache (its content hash)
   std::shared_ptr<const LoraAdapter> adapter;
   double weight = 1.0;  // set_adapters' weight: PEFT scaling = weight * alpha / r
+  // Its packed values for this backend, made where it was loaded (the LoRA registry), if any: the
+  // upload is then one copy.
+  std::shared_ptr<const LoraHostImage> image{};
 };
 
 struct LoraCacheStats {

@@ -28,6 +28,25 @@ namespace {
 constexpr size_t kStagingBytes = size_t{32} << 20;
 constexpr int64_t kAllocationAlignment = 256;  // cuBLASLt's default alignment assumption
 
+// Makes `device` current on the calling thread for its lifetime, then restores the thread's own
+// (page-locked host memory is made and freed on request threads, which must not be left on
+// another device, nor a rank's thread moved off its GPU).
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    status_ = previous_ == device ? cudaSuccess : cudaSetDevice(device);
+  }
+  ~ScopedDevice() {
+    if (status_ == cudaSuccess && previous_ >= 0) cudaSetDevice(previous_);
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
 // Converts `count` host values of `from` into `to` at dst (host memory).
 absl::Status convert_host(const void* src, DType from, void* dst, DType to, int64_t count) {
   if (from == to) {
@@ -128,6 +147,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::create(const BackendOp
                   "copy stream"));
   int device = 0;
   FLUX_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&device), "device"));
+  backend->device_ = device;
   cudaMemPool_t pool;
   FLUX_RETURN_IF_ERROR(cuda_status(cudaDeviceGetDefaultMemPool(&pool, device), "memory pool"));
   uint64_t threshold = std::numeric_limits<uint64_t>::max();
@@ -309,16 +329,25 @@ absl::StatusOr<std::vector<double>> CudaBackend::time_each_ms(
 
 absl::StatusOr<Tensor> CudaBackend::empty_host(DType dtype, Shape shape) {
   const int64_t bytes = std::max<int64_t>(shape_numel(shape) * dtype_size(dtype), 1);
+  // Any thread may call this (the LoRA registry does, on request threads): the allocation goes
+  // to this backend's device, never to whichever a fresh thread would default to.
+  const ScopedDevice on_device(device_);
+  FLUX_RETURN_IF_ERROR(cuda_status(on_device.status(), "device"));
   void* memory = nullptr;
+  // Portable: every device's copies read it at full speed (the ranks of --gpus N share images).
   const cudaError_t error =
-      cudaHostAlloc(&memory, static_cast<size_t>(bytes), cudaHostAllocDefault);
+      cudaHostAlloc(&memory, static_cast<size_t>(bytes), cudaHostAllocPortable);
   if (error != cudaSuccess) {
     cudaGetLastError();
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda: cannot allocate ", bytes, " bytes of page-locked host memory for ",
                      shape_string(shape), ": ", cudaGetErrorString(error)));
   }
-  std::shared_ptr<void> storage(memory, [](void* p) { cudaFreeHost(p); });
+  // The last holder may be any thread (a request's, the registry's): free it on this device too.
+  std::shared_ptr<void> storage(memory, [device = device_](void* p) {
+    const ScopedDevice on_device(device);
+    cudaFreeHost(p);
+  });
   const int64_t cols = shape.empty() ? 1 : shape.back();
   return Tensor(std::move(storage), memory, dtype, Device::kCpu, std::move(shape), cols);
 }

@@ -94,6 +94,7 @@ absl::Status CudaBackend::lora_down(const Tensor& x, const std::vector<Tensor>& 
       !cuda::lora_down_unsupported(mat(x), a, mat(t)).empty()) {
     return Backend::lora_down(x, stacks, t);
   }
+  if (x.rows() == 0) return absl::OkStatus();  // an empty shard (sequence parallelism)
   OpProfileScope profile(*this, op_category("lora", "lora_down"));
   const int splits = cuda::lora_down_splits(x.rows(), x.cols(), multiprocessors_);
   Tensor partials;  // stream-ordered: freed after the kernels that use it

@@ -194,13 +194,14 @@ absl::string_view lora_down_unsupported(const Mat& x, const std::vector<Mat>& st
     if (a.cols != x.cols || !rows_aligned16(a, 2)) return "stack_layout";
     rank += a.rows;
   }
-  if (rank > kLoraDownMaxRank || t.rows != x.rows || t.cols != rank) return "rank";
-  if (x.cols % 8 != 0 || !rows_aligned16(x, 2)) return "x_layout";
+  if (rank == 0 || rank > kLoraDownMaxRank || t.rows != x.rows || t.cols != rank) return "rank";
+  if (x.cols == 0 || x.cols % 8 != 0 || !rows_aligned16(x, 2)) return "x_layout";
   if ((x.rows + kTileM - 1) / kTileM > 2147483647) return "rows";
   return "";
 }
 
 int lora_down_splits(int64_t rows, int64_t k, int sms) {
+  if (rows <= 0 || k <= 0) return 1;  // nothing to split (an empty shard of sequence parallelism)
   // About two CTAs per SM, each slice at least kMinSlice of K.
   const int64_t tiles = (rows + kTileM - 1) / kTileM;
   const int64_t wanted = (2 * static_cast<int64_t>(sms) + tiles - 1) / tiles;
@@ -242,8 +243,10 @@ absl::Status lora_down_bf16(const Mat& x, const std::vector<Mat>& stacks, const 
       return launch<64>(p, splits, stream);
     case 96:
       return launch<96>(p, splits, stream);
-    default:
+    case 128:
       return launch<128>(p, splits, stream);
+    default:  // unreachable: lora_down_unsupported bounds the rank
+      return absl::InternalError(absl::StrCat("lora_down: rank ", t.cols, " has no kernel"));
   }
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "model/field_violation.h"
+#include "model/lora_host_image.h"
 #include "model/pipeline.h"
 
 namespace flux2::server {
@@ -54,6 +55,9 @@ class Engine {
   // LoRA adapters (GenerateParams::loras): the transformer shapes they are parsed against; null
   // when this engine takes none. Thread-safe.
   virtual const Flux2Config* lora_config() const { return nullptr; }
+  // Packs adapters for this engine's device as they are loaded, so an upload is one copy
+  // (LoraRegistryOptions::make_host_image); null when it takes none. Thread-safe, as is the maker.
+  virtual LoraHostImageMaker lora_host_image_maker() const { return nullptr; }
   // Uploads `lora` and keeps it on the device for good (--lora-preload). Worker thread only.
   virtual absl::Status pin_lora(const LoraRequest& lora) const {
     return absl::UnimplementedError(

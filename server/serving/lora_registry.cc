@@ -34,8 +34,13 @@ std::string real_path(const std::string& path) {
 }
 
 // Host bytes of a parsed adapter: its float32 values and the module records.
-int64_t host_bytes(const LoraAdapter& adapter) {
+int64_t adapter_host_bytes(const LoraAdapter& adapter) {
   return adapter.values() * 4 + static_cast<int64_t>(adapter.modules.size()) * 256;
+}
+
+// Host bytes of a loaded adapter: the parsed adapter and its image.
+int64_t host_bytes(const ResolvedLora& lora) {
+  return adapter_host_bytes(*lora.adapter) + (lora.image != nullptr ? lora.image->bytes() : 0);
 }
 
 std::string describe_ranks(const LoraAdapter& adapter) {
@@ -213,25 +218,47 @@ absl::StatusOr<ResolvedLora> LoraRegistry::load(const std::string& name, const s
   lora.sha256 = sha256.get();
   lora.file_bytes = identity.size;
   lora.adapter = std::make_shared<const LoraAdapter>(std::move(*adapter));
+  std::string image;
+  // An adapter too large for the host cache is served, not kept: no image to pack each time it is
+  // loaded again (the bound of an f32 image: the most an image can take).
+  const bool kept =
+      adapter_host_bytes(*lora.adapter) + lora_packed_bytes_bound(*lora.adapter, sizeof(float)) <=
+      options_.host_cache_bytes;
+  if (options_.make_host_image && kept) {
+    absl::StatusOr<std::shared_ptr<const LoraHostImage>> made =
+        options_.make_host_image(*lora.adapter);
+    if (made.ok()) {
+      lora.image = *std::move(made);
+      image = absl::StrCat(", packed for upload in ", lora.image->bytes(), " bytes");
+    } else {  // served all the same: each upload converts the values instead
+      log_line(LogLevel::kWarning, absl::StrCat("LoRA adapter ", name, ": no upload image (",
+                                                made.status().message(), ")"));
+    }
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (metrics_) metrics_->lora().observe_load(seconds);
   const LoraAdapter& a = *lora.adapter;
-  log_line(LogLevel::kInfo,
-           absl::StrCat("loaded LoRA adapter ", name, ": sha256 ", lora.sha256.substr(0, 12),
-                        ", layout ", lora_layout_name(a.layout), ", max rank ", a.max_rank(), " (",
-                        describe_ranks(a), "), ", a.modules.size(), " modules, ", identity.size,
-                        " bytes in ", absl::StrFormat("%.3f", seconds), " s; deviations: ",
-                        a.deviations.empty() ? "none" : absl::StrJoin(a.deviations, "; ")));
+  log_line(
+      LogLevel::kInfo,
+      absl::StrCat("loaded LoRA adapter ", name, ": sha256 ", lora.sha256.substr(0, 12),
+                   ", layout ", lora_layout_name(a.layout), ", max rank ", a.max_rank(), " (",
+                   describe_ranks(a), "), ", a.modules.size(), " modules, ", identity.size,
+                   " bytes in ", absl::StrFormat("%.3f", seconds), " s", image, "; deviations: ",
+                   a.deviations.empty() ? "none" : absl::StrJoin(a.deviations, "; ")));
   return lora;
 }
 
 void LoraRegistry::insert(const std::string& name, const Identity& identity,
                           const ResolvedLora& lora) {
-  const int64_t bytes = host_bytes(*lora.adapter);
+  const int64_t bytes = host_bytes(lora);
+  // Dropped entries die after the lock is released: freeing an image's page-locked memory takes
+  // milliseconds that every resolve would wait for.
+  std::vector<Entry> dropped;
   std::lock_guard<std::mutex> lock(mu_);
   if (auto old = entries_.find(name); old != entries_.end()) {  // a changed file: replace it
     stats_.bytes -= old->second.bytes;
+    dropped.push_back(std::move(old->second));
     entries_.erase(old);
     lru_.remove(name);
   }
@@ -244,6 +271,7 @@ void LoraRegistry::insert(const std::string& name, const Identity& identity,
     const std::string victim = lru_.back();
     lru_.pop_back();
     stats_.bytes -= entries_[victim].bytes;
+    dropped.push_back(std::move(entries_[victim]));
     entries_.erase(victim);
     ++evicted;
   }

@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "model/flux2_config.h"
 #include "model/lora_adapter.h"
+#include "model/lora_host_image.h"
 
 namespace flux2::server {
 
@@ -28,6 +29,9 @@ struct LoraRegistryOptions {
   std::string dir;                              // --lora-dir
   int64_t host_cache_bytes = int64_t{8} << 30;  // --lora-host-cache-bytes
   int64_t max_rank = 256;                       // --max-lora-rank
+  // Packs each adapter for the engine's device as it is loaded (lora_host_image_maker), so its
+  // upload is one copy; null: none (uploads convert the f32 values on the engine's thread).
+  LoraHostImageMaker make_host_image{};
 };
 
 // An adapter ready for a request.
@@ -35,6 +39,7 @@ struct ResolvedLora {
   std::string name;
   std::string sha256;  // of the file's bytes, 64 hex digits: the device cache's key
   std::shared_ptr<const LoraAdapter> adapter;
+  std::shared_ptr<const LoraHostImage> image{};  // null without make_host_image or when it failed
   int64_t file_bytes = 0;
 };
 

@@ -100,6 +100,10 @@ class ParallelEngine final : public Engine {
   std::vector<int> device_ordinals() const override { return devices_; }
   const Flux2Config* transformer_config() const override { return &lead().transformer_config(); }
   const Flux2Config* lora_config() const override { return &lead().transformer_config(); }
+  // Rank 0's backend makes the images: page-locked host memory every rank's device copies from.
+  LoraHostImageMaker lora_host_image_maker() const override {
+    return flux2::lora_host_image_maker(*parts_.front().backend, lead().transformer_config());
+  }
   absl::Status pin_lora(const LoraRequest& lora) const override;
   std::optional<LoraCacheStats> lora_cache_stats() const override {
     return lead().lora_cache().stats();

@@ -39,6 +39,9 @@ class PipelineEngine final : public Engine {
     return &pipeline_->transformer_config();
   }
   const Flux2Config* lora_config() const override { return &pipeline_->transformer_config(); }
+  LoraHostImageMaker lora_host_image_maker() const override {
+    return flux2::lora_host_image_maker(*backend_, pipeline_->transformer_config());
+  }
   absl::Status pin_lora(const LoraRequest& lora) const override {
     return pipeline_->lora_cache().pin(*backend_, pipeline_->transformer_config(), lora);
   }

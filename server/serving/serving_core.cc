@@ -144,12 +144,14 @@ absl::Status ServingCore::open_loras(const Engine& engine) {
   registry.dir = lora.dir;
   registry.host_cache_bytes = lora.host_cache_bytes;
   registry.max_rank = options_.limits.max_lora_rank;
+  registry.make_host_image = engine.lora_host_image_maker();
   FLUX_ASSIGN_OR_RETURN(loras_, LoraRegistry::open(registry, *config, &metrics_));
   for (const std::string& name : lora.preload) {
     absl::StatusOr<ResolvedLora> resolved = loras_->resolve(name);
     absl::Status status = resolved.status();
     if (status.ok())
-      status = engine.pin_lora(LoraRequest{resolved->sha256, resolved->adapter, 1.0});
+      status =
+          engine.pin_lora(LoraRequest{resolved->sha256, resolved->adapter, 1.0, resolved->image});
     if (!status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("--lora-preload: ", name, ": ", status.message()));
@@ -180,7 +182,7 @@ absl::Status ServingCore::resolve_loras(const GenerateRequest& request, const Se
     }
     const double scale = wanted.scale.value_or(1.0);
     device_bytes += Flux2LoraWeights::device_bytes(*lora->adapter, model.info.weight_value_bytes);
-    spec.params.loras.push_back(LoraRequest{lora->sha256, lora->adapter, scale});
+    spec.params.loras.push_back(LoraRequest{lora->sha256, lora->adapter, scale, lora->image});
     spec.loras.push_back(AppliedLora{wanted.name, scale, lora_layout_name(lora->adapter->layout),
                                      lora->adapter->max_rank(), lora->sha256.substr(0, 12)});
   }

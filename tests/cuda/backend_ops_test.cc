@@ -1,8 +1,8 @@
 // CUDA backend checks with their own derived bounds, beyond the op registry of gpu_op_test
 // (op_cases.cc): the quality=high fused-bias convolution against the separate bias add element by
 // element, the lossless bias and shortcut adds bit for bit, GroupNorm's statistics against double
-// sums, the launcher's per-sample gates, and to_rgb8 within one level of the CPU. Other
-// comparisons use op_harness.h's kBf16ChainBound.
+// sums, the launcher's per-sample gates, to_rgb8 within one level of the CPU, and lora_down on no
+// rows. Other comparisons use op_harness.h's kBf16ChainBound.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -301,6 +301,17 @@ TEST_F(BackendOpsTest, ToRgb8MatchesCpuWithinOneLevel) {
   EXPECT_GT(equal, static_cast<int64_t>(g.size()) / 2);
   EXPECT_NE(std::count(g.begin(), g.end(), 0), 0);
   EXPECT_NE(std::count(g.begin(), g.end(), 255), 0);
+}
+
+// lora_down on a shard without rows (sequence parallelism gives later ranks no text rows when the
+// text is shorter than a shard): nothing to do, and no division by the zero tiles of its split.
+TEST(LoraDownTest, NoRowsIsANoOp) {
+  FLUX2_REQUIRE_GPU(be);
+  Tensor x = be->empty(DType::kBF16, {0, 3072}).value();
+  Tensor t = be->empty(DType::kBF16, {0, 32}).value();
+  const std::vector<Tensor> stacks = {testing::random_bf16(*be, 32, 3072, 31)};
+  ASSERT_TRUE(be->lora_down(x, stacks, t).ok());
+  ASSERT_TRUE(be->synchronize().ok());
 }
 
 // Per-sample gates [B, D] (B = 2, distinct gates): the launcher's batched form, bit for bit its

@@ -15,6 +15,7 @@
 #include "kernels/cuda/attention_fallback.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/flash_attention_fp8.h"
+#include "kernels/cuda/lora_down.h"
 #include "tests/cuda/op_harness.h"
 
 namespace flux2::testing {
@@ -203,6 +204,76 @@ void add_lora_consumer_cases(std::vector<OpCase>& cases) {
                    }});
 }
 
+cuda::Mat as_mat(const Tensor& t) {
+  return {t.data(), t.rows(), t.cols(), t.row_stride()};
+}
+
+// Values in {-1, 0, 1} (half of them 0) from a fixed hash of (seed, index).
+std::vector<float> ternary_values(int64_t count, uint64_t seed) {
+  std::vector<float> values(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t h =
+        (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ seed * 0xBF58476D1CE4E5B9ull;
+    const uint64_t q = (h ^ (h >> 31)) * 0x94D049BB133111EBull >> 62;  // 0..3
+    values[static_cast<size_t>(i)] = q == 0 ? -1.0f : q == 1 ? 1.0f : 0.0f;
+  }
+  return values;
+}
+
+// lora_down bit for bit: x and the A stacks in {-1, 0, 1}, so every fp32 sum is an exact integer
+// whatever the order or the K split, and |t| stays far below 256 (a sum of K terms of variance
+// 1/4: a standard deviation of 27 at K = 2992), where bf16 holds every integer; the kernel's one
+// rounding is then exact and its result must equal the CPU's exactly. Any slip of indexing,
+// fragment layout, slice bounds or of the partial sums shows as an integer off. The shapes: K split
+// over 10 slices with 131 ragged rows and ranks 20 + 13 (a stack boundary inside an 8-column
+// fragment), the 128-column kernel (ranks 1 + 7 + 120) with a partial last chunk of K, and x and t
+// as column slices of wider buffers, as the model passes them.
+void add_exact_lora_down_cases(std::vector<OpCase>& cases) {
+  struct Exact {
+    int64_t s, k;
+    std::vector<int64_t> ranks;
+    int64_t x_pad, t_pad;  // extra columns of the buffers x and t are column slices of
+  };
+  for (const Exact& l : {Exact{131, 2992, {20, 13}, 0, 0}, Exact{65, 1032, {1, 7, 120}, 0, 0},
+                         Exact{200, 3072, {32}, 64, 16}}) {
+    int64_t rank = 0;
+    std::string ranks;
+    for (const int64_t r : l.ranks) {
+      rank += r;
+      absl::StrAppend(&ranks, ranks.empty() ? "" : "_", r);
+    }
+    // On the GPU the case first makes sure the kernel takes these operands (a refusal would run
+    // cuBLASLt, exact here too, and test nothing of the kernel).
+    auto run = [l, rank](bool on_gpu) {
+      return [l, rank, on_gpu](OpEnv& e) -> absl::StatusOr<Tensor> {
+        const int64_t x_cols = l.k + l.x_pad;
+        Tensor x = e.input_values(l.s, x_cols, ternary_values(l.s * x_cols, 1)).col_slice(0, l.k);
+        Tensor t = e.output(l.s, rank + l.t_pad).col_slice(0, rank);
+        std::vector<Tensor> stacks;
+        std::vector<cuda::Mat> mats;
+        for (size_t i = 0; i < l.ranks.size(); ++i) {
+          stacks.push_back(
+              e.input_values(l.ranks[i], l.k, ternary_values(l.ranks[i] * l.k, 2 + i)));
+          mats.push_back(as_mat(stacks.back()));
+        }
+        const absl::string_view refused = cuda::lora_down_unsupported(as_mat(x), mats, as_mat(t));
+        if (on_gpu && !refused.empty()) {
+          return absl::FailedPreconditionError(absl::StrCat("the kernel refuses it: ", refused));
+        }
+        return e.call(t, [&be = e.backend(), x, stacks, t] { return be.lora_down(x, stacks, t); });
+      };
+    };
+    OpCase c(
+        "lora_down",
+        absl::StrCat("S=", l.s, ",K=", l.k, ",r=", ranks, ",exact", l.x_pad > 0 ? ",strided" : ""),
+        run(false));
+    c.run_gpu = run(true);
+    c.bound = 0.0;
+    c.bound_why = "integer sums below 256: exact in fp32 and bf16";
+    cases.push_back(std::move(c));
+  }
+}
+
 // LoRA's A products (Backend::lora_down): the klein-4B shapes whose cuBLASLt GEMMs were slow (the
 // single block's [attn | mlp] input at K = 12288, the text stream's 512 rows), one stack per
 // q, k, v module of one adapter, two adapters, ragged shapes, and operands the kernel does not
@@ -239,6 +310,7 @@ void add_lora_down_cases(std::vector<OpCase>& cases) {
     cublas.run_gpu = run(true);
     cases.push_back(std::move(cublas));
   }
+  add_exact_lora_down_cases(cases);
 }
 
 std::vector<OpCase> make_cases() {

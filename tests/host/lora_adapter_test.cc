@@ -609,6 +609,8 @@ std::vector<RefusalCase> refusal_cases() {
                        .bytes(),
                    "transformer_blocks.0.attn.to_q/to_k/to_v: lora_A [4, 192] / lora_B [576, 4] do "
                    "not fit [288, 96] (an adapter for another FLUX.2 variant?)"});
+  cases.push_back({"rank 0", x_embedder("transformer.", 0, 0).bytes(),
+                   "rank 0 at x_embedder: an adapted module needs rank >= 1"});
   cases.push_back({"rank above the limit", x_embedder("transformer.", 8, 8).bytes(),
                    "rank 8 at x_embedder exceeds --max-lora-rank 4", 4});
   std::vector<float> nan_values(kD * 4, 0.5f);

@@ -22,19 +22,7 @@ namespace {
 
 using testing::download;
 using testing::test_data_dir;
-
-Flux2Config tiny_config() {
-  Flux2Config c;
-  c.num_attention_heads = 2;
-  c.attention_head_dim = 8;
-  c.num_layers = 1;
-  c.num_single_layers = 1;
-  c.joint_attention_dim = 16;
-  c.in_channels = 8;
-  c.out_channels = 8;
-  c.guidance_embeds = false;
-  return c;
-}
+using testing::two_head_config;
 
 // An adapter of `rank` on the named modules of `config`, every A value `a`, every B value `b`.
 std::shared_ptr<const LoraAdapter> constant_adapter(const Flux2Config& config, int64_t rank,
@@ -159,7 +147,7 @@ TEST_F(LoraApplyTest, FusedConsumersEqualTheAddThenTheirOp) {
 }
 
 TEST_F(LoraApplyTest, TermsKeepRequestOrderSkipWeightZeroAndLandOnTheirFusedRows) {
-  const Flux2Config config = tiny_config();
+  const Flux2Config config = two_head_config();
   const int64_t d = config.hidden();
   LoraDeviceCache uploads;
   auto first = constant_adapter(config, 2, {"transformer_blocks.0.attn.to_k", "norm_out.linear"},
@@ -183,7 +171,7 @@ TEST_F(LoraApplyTest, TermsKeepRequestOrderSkipWeightZeroAndLandOnTheirFusedRows
 }
 
 TEST_F(LoraApplyTest, StackedATermsEqualTermsAppliedOneByOne) {
-  const Flux2Config config = tiny_config();
+  const Flux2Config config = two_head_config();
   LoraDeviceCache uploads;
   // q, k and v of one adapter (rows of one A stack), then k of another (a stack of its own).
   auto qkv = constant_adapter(config, 2,
@@ -218,7 +206,7 @@ TEST_F(LoraApplyTest, StackedATermsEqualTermsAppliedOneByOne) {
 }
 
 TEST_F(LoraApplyTest, ApplyLoraIsThePeftChain) {
-  const Flux2Config config = tiny_config();
+  const Flux2Config config = two_head_config();
   LoraDeviceCache uploads;
   auto adapter = constant_adapter(config, 1, {"proj_out"}, 1.0f, 2.0f);
   const std::vector<LoraRequest> requests = {{"a", adapter, 0.25}};
@@ -237,7 +225,7 @@ TEST_F(LoraApplyTest, ApplyLoraIsThePeftChain) {
 }
 
 TEST_F(LoraApplyTest, DeviceCacheEvictsTheLeastRecentlyUsedOutsideTheRequest) {
-  const Flux2Config config = tiny_config();
+  const Flux2Config config = two_head_config();
   auto make = [&](float v) { return constant_adapter(config, 2, {"proj_out"}, v, v); };
   const int64_t one = Flux2LoraWeights::device_bytes(*make(1), 4);
   LoraDeviceCache cache(2 * one);  // room for two

@@ -104,4 +104,17 @@ Flux2Config twelve_head_config() {
   return c;
 }
 
+Flux2Config two_head_config() {
+  Flux2Config c;
+  c.num_attention_heads = 2;
+  c.attention_head_dim = 8;
+  c.num_layers = 1;
+  c.num_single_layers = 1;
+  c.joint_attention_dim = 16;
+  c.in_channels = 8;
+  c.out_channels = 8;
+  c.guidance_embeds = false;
+  return c;
+}
+
 }  // namespace flux2::testing

@@ -56,5 +56,8 @@ std::map<std::string, RawTensor> read_all_tensors(const std::string& path);
 // A small transformer of 12 heads of 8 (sequence parallelism over 2, 3, 4, 6 and 12 ranks), two
 // double and two single blocks, no guidance embedding.
 Flux2Config twelve_head_config();
+// The smallest transformer: 2 heads of 8, one double and one single block, no guidance embedding
+// (the LoRA tests).
+Flux2Config two_head_config();
 
 }  // namespace flux2::testing

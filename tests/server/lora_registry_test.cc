@@ -1,6 +1,7 @@
 // The LoRA adapter registry (server/serving/lora_registry.h) on copies of the tiny-klein adapters
 // in a temp --lora-dir: names, traversal / absolute / symlink refusals, not found, caching, a
-// changed file reloading, the host LRU by bytes, the listing; and validate()'s loras checks.
+// changed file reloading, the host LRU by bytes, the upload images, the listing; and validate()'s
+// loras checks.
 // Run: build/bin/server_unit_tests --gtest_filter='Lora*'
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/json_util.h"
 #include "server/serving/lora_registry.h"
 #include "server/serving/validate.h"
@@ -184,6 +186,53 @@ TEST_F(LoraRegistryTest, TheHostCacheEvictsTheLeastRecentlyUsedByBytes) {
   EXPECT_EQ(registry->stats().hits, 1);
   ASSERT_TRUE(registry->resolve("style").ok());  // evicted: loaded again
   EXPECT_EQ(registry->stats().misses, 3);
+}
+
+// With make_host_image (the server's: lora_host_image_maker of the engine's backend), each load
+// also packs the adapter for its upload, and the host cache counts the image. A maker that fails
+// leaves the adapter served without one; one too large for the cache gets none.
+TEST_F(LoraRegistryTest, PacksAnUploadImageWithEachLoadAndCountsItsBytes) {
+  auto plain = open();
+  ASSERT_TRUE(plain->resolve("style").ok());
+  const int64_t without_image = plain->stats().bytes;
+  CpuBackend backend;  // as lora_host_image_maker does for a GPU, on the CPU's memory
+  LoraRegistryOptions options{dir(), int64_t{1} << 30, 256};
+  options.make_host_image = [&](const LoraAdapter& adapter) {
+    return LoraHostImage::make(config_, adapter, DType::kF32, [&](DType dtype, Shape shape) {
+      return backend.empty(dtype, std::move(shape));
+    });
+  };
+  EXPECT_EQ(lora_host_image_maker(backend, config_), nullptr);  // the CPU backend makes none
+  auto packing = LoraRegistry::open(options, config_, nullptr);
+  ASSERT_TRUE(packing.ok()) << packing.status();
+  absl::StatusOr<ResolvedLora> style = (*packing)->resolve("style");
+  ASSERT_TRUE(style.ok()) << style.status();
+  ASSERT_NE(style->image, nullptr);
+  const LoraPacking layout = pack_lora_modules(config_, *style->adapter, 4).value();
+  EXPECT_EQ(style->image->values().numel(), layout.values);
+  EXPECT_EQ((*packing)->stats().bytes, without_image + style->image->bytes());
+  EXPECT_EQ((*packing)->resolve("style")->image.get(), style->image.get());  // cached with it
+
+  options.make_host_image =
+      [](const LoraAdapter&) -> absl::StatusOr<std::shared_ptr<const LoraHostImage>> {
+    return absl::ResourceExhaustedError("no page-locked memory");
+  };
+  auto failing = LoraRegistry::open(options, config_, nullptr);
+  ASSERT_TRUE(failing.ok());
+  absl::StatusOr<ResolvedLora> served = (*failing)->resolve("style");
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->image, nullptr);
+  EXPECT_EQ((*failing)->stats().bytes, without_image);
+
+  options.make_host_image =
+      [](const LoraAdapter&) -> absl::StatusOr<std::shared_ptr<const LoraHostImage>> {
+    ADD_FAILURE() << "an image for an adapter the cache cannot keep";
+    return nullptr;
+  };
+  options.host_cache_bytes = without_image;  // the adapter fits, the adapter and an image do not
+  auto small = LoraRegistry::open(options, config_, nullptr);
+  ASSERT_TRUE(small.ok());
+  ASSERT_TRUE((*small)->resolve("style").ok());
 }
 
 TEST_F(LoraRegistryTest, ListsEveryAdapterFileWithWhatIsKnownOfTheLoadedOnes) {

@@ -84,7 +84,7 @@ absl::StatusOr<nlohmann::json> time_first_use(Backend& be, const Flux2Config& co
   FLUX_RETURN_IF_ERROR(registry.resolve("large").status());
   r["ms_host_load_cached"] = ms_since(start);
   LoraDeviceCache cache(kDeviceCacheBytes);
-  const std::vector<LoraRequest> requests = {{lora.sha256, lora.adapter, 1.0}};
+  const std::vector<LoraRequest> requests = {{lora.sha256, lora.adapter, 1.0, lora.image}};
   for (const char* key : {"ms_upload_first", "ms_upload_resident"}) {
     start = Clock::now();
     FLUX_RETURN_IF_ERROR(cache.acquire(be, config, requests).status());
@@ -92,6 +92,7 @@ absl::StatusOr<nlohmann::json> time_first_use(Backend& be, const Flux2Config& co
     r[key] = ms_since(start);
   }
   r["file_bytes"] = lora.file_bytes;
+  r["upload_image_bytes"] = lora.image != nullptr ? lora.image->bytes() : 0;
   r["device_bytes"] = cache.stats().bytes;
   return r;
 }
@@ -106,7 +107,7 @@ absl::StatusOr<nlohmann::json> time_switching(Backend& be, const Flux2Config& co
     for (int i = 0; i < count; ++i) {
       const Clock::time_point start = Clock::now();
       FLUX_ASSIGN_OR_RETURN(ResolvedLora lora, registry.resolve(absl::StrCat("switch", i)));
-      const std::vector<LoraRequest> requests = {{lora.sha256, lora.adapter, 1.0}};
+      const std::vector<LoraRequest> requests = {{lora.sha256, lora.adapter, 1.0, lora.image}};
       FLUX_RETURN_IF_ERROR(cache.acquire(be, config, requests).status());
       FLUX_RETURN_IF_ERROR(be.synchronize());
       ms.push_back(ms_since(start));
@@ -136,6 +137,7 @@ absl::StatusOr<nlohmann::json> bench_lora_load(Backend& backend, const Flux2Conf
   LoraRegistryOptions options;
   options.dir = dir;
   options.max_rank = std::max<int64_t>(rank, 32);
+  options.make_host_image = lora_host_image_maker(backend, config);  // as the server does
   FLUX_ASSIGN_OR_RETURN(auto registry, LoraRegistry::open(options, config, nullptr));
   nlohmann::json result;
   result["lora_load"] = true;
