@@ -433,6 +433,11 @@ class Backend {
   virtual absl::Status latent_pack(const Tensor& x, const Tensor& bn_mean, const Tensor& bn_var,
                                    float eps, const Tensor& tokens) = 0;
 
+  // diffusers' pre-processing of a reference image: image [H, W, 3] (the activation dtype,
+  // contiguous) = the H·W·3 host bytes `host` as 2·(v / 255) − 1, each op in f32 (numpy's float32
+  // division, then VaeImageProcessor.normalize), rounded once to the dtype. The bytes go to the
+  // device as they are (a quarter of the f32 values' transfer) and are scaled there.
+  virtual absl::Status from_rgb8(const uint8_t* host, const Tensor& image) = 0;
   // diffusers' post-processing of an image [H, W, 3] in about [-1, 1] into H·W·3 host bytes:
   // round(clamp(x / 2 + 0.5, 0, 1) · 255), the first two ops in the activation dtype (bf16 ops on
   // the CUDA backend, as a bf16 pipeline does them). Waits for pending work.

@@ -83,10 +83,9 @@ absl::StatusOr<std::vector<int64_t>> Pipeline::encode_references(
   int64_t row = 0;
   for (size_t k = 0; k < references.size(); ++k) {
     const RgbImage& reference = references[k];
-    const std::vector<float> unit = reference_to_unit_range(reference);  // [H, W, 3] in [-1, 1]
     FLUX_ASSIGN_OR_RETURN(Tensor pixels,
                           be.empty(be.activation_dtype(), {reference.height, reference.width, 3}));
-    FLUX_RETURN_IF_ERROR(be.upload(unit.data(), DType::kF32, pixels));
+    FLUX_RETURN_IF_ERROR(be.from_rgb8(reference.pixels.data(), pixels));  // [H, W, 3] in [-1, 1]
     FLUX_ASSIGN_OR_RETURN(Tensor encoded, vae_encoder_->encode_tokens(pixels));  // [h w, 128]
     if (row + encoded.rows() > tokens.rows()) {
       return absl::InternalError("reference tokens overflow their rows");

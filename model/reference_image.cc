@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/postprocess.h"
 #include "absl/strings/str_format.h"
 #include "kernels/base/read_file.h"
 
@@ -290,10 +291,7 @@ absl::StatusOr<RgbImage> load_reference(absl::string_view bytes, int64_t multipl
 
 std::vector<float> reference_to_unit_range(const RgbImage& image) {
   std::vector<float> out(image.pixels.size());
-  for (size_t i = 0; i < out.size(); ++i) {
-    const float unit = static_cast<float>(image.pixels[i]) / 255.0f;  // numpy float32 / 255
-    out[i] = 2.0f * unit - 1.0f;                                      // VaeImageProcessor.normalize
-  }
+  for (size_t i = 0; i < out.size(); ++i) out[i] = u8_to_unit(image.pixels[i]);
   return out;
 }
 

@@ -58,8 +58,9 @@ absl::StatusOr<RgbImage> load_reference_file(const std::string& path, int64_t mu
 absl::Status check_prepared_reference(const RgbImage& image, int64_t multiple,
                                       absl::string_view field);
 
-// The image as the VAE encoder reads it: [H, W, 3] floats x / 127.5 - 1 in [-1, 1], row-major
-// (diffusers: x / 255, then 2x - 1, in float32).
+// The image as the VAE encoder reads it: [H, W, 3] floats in [-1, 1], row-major (diffusers: x /
+// 255, then 2x - 1, in float32: u8_to_unit). The pipeline has Backend::from_rgb8 make them on the
+// device; the golden check and the tests use this.
 std::vector<float> reference_to_unit_range(const RgbImage& image);
 
 }  // namespace flux2

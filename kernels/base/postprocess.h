@@ -1,6 +1,7 @@
-// diffusers' image post-processing of one value in [-1, 1] to a uint8 level, shared by the model
-// (image_to_u8), the CPU backend and (as device code) the CUDA kernel. Tested by
-// tests/host/vae_test.cc (against a naive reference and the golden image_u8).
+// diffusers' image post-processing of one value in [-1, 1] to a uint8 level and the
+// pre-processing of a reference image's level to [-1, 1], shared by the model, the CPU backend and
+// (as device code) the CUDA kernels. Tested by tests/host/vae_test.cc (against a naive reference
+// and the golden image_u8), tests/host/reference_image_test.cc and gpu_backend_ops_test.
 #pragma once
 
 #include <cmath>
@@ -20,6 +21,16 @@ FLUX_POSTPROCESS_HD inline uint8_t unit_to_u8(float unit) {
   const float clamped = unit < 0.0f ? 0.0f : (unit > 1.0f ? 1.0f : unit);
   const float scaled = rintf(clamped * 255.0f);  // rint: round half to even in the default mode
   return scaled != scaled ? 0 : static_cast<uint8_t>(scaled);
+}
+
+// A reference image's level in [-1, 1] as diffusers makes it: numpy's float32 v / 255, then
+// VaeImageProcessor.normalize's 2x - 1, each rounded to f32.
+FLUX_POSTPROCESS_HD inline float u8_to_unit(uint8_t v) {
+#if defined(__CUDA_ARCH__)  // the same roundings whatever --prec-div and --fmad say
+  return __fsub_rn(__fmul_rn(2.0f, __fdiv_rn(static_cast<float>(v), 255.0f)), 1.0f);
+#else
+  return 2.0f * (static_cast<float>(v) / 255.0f) - 1.0f;
+#endif
 }
 
 }  // namespace flux2

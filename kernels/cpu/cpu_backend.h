@@ -75,6 +75,7 @@ class CpuBackend final : public Backend {
   absl::Status latent_pack(const Tensor& x, const Tensor& bn_mean, const Tensor& bn_var, float eps,
                            const Tensor& tokens) override;
 
+  absl::Status from_rgb8(const uint8_t* host, const Tensor& image) override;
   absl::Status to_rgb8(const Tensor& image, uint8_t* host) override;
   absl::Status euler_step(const Tensor& x, const Tensor& v, float dt) override;
   absl::Status cfg_combine(const Tensor& uncond, const Tensor& cond, float scale,

@@ -125,6 +125,14 @@ absl::Status CpuBackend::swiglu(const Tensor& gate, const Tensor& up, const Tens
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::from_rgb8(const uint8_t* host, const Tensor& image) {
+  FLUX_RETURN_IF_ERROR(cpu::check_f32("from_rgb8", "image", image));
+  if (!image.contiguous()) return op_error("from_rgb8", "image must be contiguous");
+  float* out = image.data_as<float>();
+  for (int64_t i = 0; i < image.numel(); ++i) out[i] = u8_to_unit(host[i]);
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::to_rgb8(const Tensor& image, uint8_t* host) {
   FLUX_RETURN_IF_ERROR(cpu::check_f32("to_rgb8", "image", image));
   for (int64_t r = 0; r < image.rows(); ++r) {

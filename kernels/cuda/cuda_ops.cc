@@ -233,6 +233,17 @@ absl::Status CudaBackend::latent_pack(const Tensor& x, const Tensor& bn_mean, co
                                 mat(tokens), stream());
 }
 
+absl::Status CudaBackend::from_rgb8(const uint8_t* host, const Tensor& image) {
+  OpProfileScope profile(*this, "other");
+  FLUX_RETURN_IF_ERROR(check_bf16("from_rgb8", "image", image));
+  if (!image.contiguous()) return op_error("from_rgb8", "image must be contiguous");
+  // [H·W, 3]: the staging buffers take whole rows, so any image size goes through them.
+  FLUX_ASSIGN_OR_RETURN(Tensor bytes, scratch({image.rows(), image.cols()}, DType::kU8));
+  FLUX_RETURN_IF_ERROR(upload(host, DType::kU8, bytes));
+  return cuda::rgb8_to_image_bf16(bytes.data_as<uint8_t>(), image.numel(), image.data(),
+                                  stream());
+}
+
 absl::Status CudaBackend::to_rgb8(const Tensor& image, uint8_t* host) {
   OpProfileScope profile(*this, "other");
   FLUX_RETURN_IF_ERROR(check_bf16("to_rgb8", "image", image));

@@ -368,7 +368,23 @@ __global__ void rgb8_kernel(const bf16* image, int64_t count, uint8_t* out) {
   }
 }
 
+__global__ void rgb8_to_image_kernel(const uint8_t* bytes, int64_t count, bf16* image) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    image[i] = to_bf16(u8_to_unit(bytes[i]));
+  }
+}
+
 }  // namespace
+
+absl::Status rgb8_to_image_bf16(const uint8_t* bytes, int64_t count, void* image,
+                                cudaStream_t stream) {
+  if (count == 0) return absl::OkStatus();
+  rgb8_to_image_kernel<<<grid_for(count, 256), 256, 0, stream>>>(bytes, count,
+                                                                 static_cast<bf16*>(image));
+  FLUX_RETURN_IF_LAUNCH_FAILED("rgb8_to_image");
+  return absl::OkStatus();
+}
 
 absl::Status image_to_rgb8_bf16(const void* image, int64_t count, uint8_t* out,
                                 cudaStream_t stream) {

@@ -40,6 +40,10 @@ absl::Status latent_pack_bf16(const void* x, int64_t cx, const void* mean, const
 // the right (F.pad(x, (0, 1, 0, 1)) in NCHW terms); contiguous bf16.
 absl::Status pad_bottom_right_bf16(const void* x, int64_t h, int64_t w, int64_t c, void* out,
                                    cudaStream_t stream);
+// image[i] = bf16(u8_to_unit(bytes[i])) (kernels/base/postprocess.h) for `count` device bytes,
+// into a contiguous bf16 image.
+absl::Status rgb8_to_image_bf16(const uint8_t* bytes, int64_t count, void* image,
+                                cudaStream_t stream);
 // out[i] = round(clamp(bf16(bf16(x / 2) + 0.5), 0, 1) · 255) as uint8 (device bytes), for a
 // contiguous bf16 image.
 absl::Status image_to_rgb8_bf16(const void* image, int64_t count, uint8_t* out,

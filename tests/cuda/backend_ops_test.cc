@@ -1,8 +1,8 @@
 // CUDA backend checks with their own derived bounds, beyond the op registry of gpu_op_test
 // (op_cases.cc): the quality=high fused-bias convolution against the separate bias add element by
 // element, the lossless bias and shortcut adds bit for bit, GroupNorm's statistics against double
-// sums, the launcher's per-sample gates, to_rgb8 within one level of the CPU, and lora_down on no
-// rows. Other comparisons use op_harness.h's kBf16ChainBound.
+// sums, the launcher's per-sample gates, from_rgb8 bit for bit, to_rgb8 within one level of the
+// CPU, and lora_down on no rows. Other comparisons use op_harness.h's kBf16ChainBound.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "kernels/base/dtype.h"
 #include "kernels/base/fast_path_registry.h"
 #include "kernels/base/numerics.h"
+#include "kernels/base/postprocess.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/group_norm_one_pass.h"
@@ -283,6 +284,21 @@ TEST_F(BackendOpsTest, GroupNormStatisticsMatchDoubleSums) {
 TEST_F(BackendOpsTest, GroupNormOnePassStatisticsMatchDoubleSums) {
   FLUX2_REQUIRE_GPU(gpu);
   expect_group_statistics(*gpu, /*one_pass=*/true);
+}
+
+// The reference image's bytes scaled on the device: every level the bf16 of the host's f32 value
+// (u8_to_unit), bit for bit.
+TEST_F(BackendOpsTest, FromRgb8IsTheHostsValueRoundedOnce) {
+  FLUX2_REQUIRE_GPU(gpu);
+  std::vector<uint8_t> levels(16 * 16 * 3);
+  for (size_t i = 0; i < levels.size(); ++i) levels[i] = static_cast<uint8_t>(i);
+  Tensor image = gpu->empty(DType::kBF16, {16, 16, 3}).value();
+  ASSERT_TRUE(gpu->from_rgb8(levels.data(), image).ok());
+  const std::vector<uint16_t> got = testing::bits(*gpu, image);
+  ASSERT_EQ(got.size(), levels.size());
+  for (size_t i = 0; i < levels.size(); ++i) {
+    ASSERT_EQ(got[i], f32_to_bf16_bits(u8_to_unit(levels[i]))) << "level " << int(levels[i]);
+  }
 }
 
 TEST_F(BackendOpsTest, ToRgb8MatchesCpuWithinOneLevel) {

@@ -17,6 +17,7 @@
 #define STBI_WRITE_NO_STDIO
 #include <stb/stb_image_write.h>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "model/image_encode.h"
 #include "model/reference_image.h"
 #include "tests/host/test_util.h"
@@ -172,6 +173,18 @@ TEST(ReferenceImageTest, UnitRangeAsDiffusers) {
   EXPECT_EQ(unit[0], -1.0f);
   EXPECT_EQ(unit[1], 2.0f * (128.0f / 255.0f) - 1.0f);
   EXPECT_EQ(unit[2], 1.0f);
+}
+
+// The pipeline's route: the bytes into a backend tensor by from_rgb8, every level as above.
+TEST(ReferenceImageTest, FromRgb8GivesTheUnitRangeOfEveryLevel) {
+  RgbImage image{16, 16, std::vector<uint8_t>(768)};
+  for (size_t i = 0; i < image.pixels.size(); ++i) image.pixels[i] = static_cast<uint8_t>(i * 7);
+  CpuBackend backend;
+  Tensor pixels = backend.empty(DType::kF32, {16, 16, 3}).value();
+  ASSERT_TRUE(backend.from_rgb8(image.pixels.data(), pixels).ok());
+  EXPECT_EQ(testing::download(backend, pixels), reference_to_unit_range(image));
+  const absl::Status strided = backend.from_rgb8(image.pixels.data(), pixels.col_slice(0, 2));
+  EXPECT_EQ(strided.code(), absl::StatusCode::kInvalidArgument) << strided;
 }
 
 // The decoders on hostile bytes: every prefix of a PNG and a JPEG, and 3000 copies with random
