@@ -15,8 +15,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/base/postprocess.h"
 #include "absl/strings/str_format.h"
+#include "kernels/base/postprocess.h"
 #include "kernels/base/read_file.h"
 
 namespace flux2 {

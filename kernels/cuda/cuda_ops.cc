@@ -240,8 +240,7 @@ absl::Status CudaBackend::from_rgb8(const uint8_t* host, const Tensor& image) {
   // [H·W, 3]: the staging buffers take whole rows, so any image size goes through them.
   FLUX_ASSIGN_OR_RETURN(Tensor bytes, scratch({image.rows(), image.cols()}, DType::kU8));
   FLUX_RETURN_IF_ERROR(upload(host, DType::kU8, bytes));
-  return cuda::rgb8_to_image_bf16(bytes.data_as<uint8_t>(), image.numel(), image.data(),
-                                  stream());
+  return cuda::rgb8_to_image_bf16(bytes.data_as<uint8_t>(), image.numel(), image.data(), stream());
 }
 
 absl::Status CudaBackend::to_rgb8(const Tensor& image, uint8_t* host) {
