@@ -3,7 +3,6 @@
 #include "model/flux2_lora.h"
 
 #include <algorithm>
-#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

@@ -399,10 +399,8 @@ int64_t CudaBackend::free_device_bytes() const {
 }
 
 std::string CudaBackend::device_pci_bus_id() const {
-  int device = 0;
   char id[32] = {};
-  if (cudaGetDevice(&device) != cudaSuccess) return "";
-  if (cudaDeviceGetPCIBusId(id, sizeof(id), device) != cudaSuccess) return "";
+  if (cudaDeviceGetPCIBusId(id, sizeof(id), device_) != cudaSuccess) return "";
   return id;
 }
 
@@ -433,11 +431,8 @@ absl::Status CudaBackend::inject_fault(InjectedFault fault, double hang_seconds)
 BackendMemoryStats CudaBackend::memory_stats() const {
   BackendMemoryStats stats;
   stats.total_bytes = total_bytes_;
-  int device = 0;
   cudaMemPool_t pool;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess)
-    return stats;
+  if (cudaDeviceGetDefaultMemPool(&pool, device_) != cudaSuccess) return stats;
   uint64_t used = 0, peak = 0;
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used);
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &peak);
@@ -447,11 +442,8 @@ BackendMemoryStats CudaBackend::memory_stats() const {
 }
 
 void CudaBackend::reset_peak_memory() {
-  int device = 0;
   cudaMemPool_t pool;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess)
-    return;
+  if (cudaDeviceGetDefaultMemPool(&pool, device_) != cudaSuccess) return;
   uint64_t zero = 0;
   cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero);
 }

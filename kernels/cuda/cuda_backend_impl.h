@@ -281,7 +281,7 @@ class CudaBackend final : public Backend {
   int staging_next_ = 0;
   int64_t total_bytes_ = 0;
   int multiprocessors_ = 0;            // the device's SMs (how lora_down splits its work)
-  int device_ = 0;                     // its ordinal (empty_host makes it current first)
+  int device_ = 0;                     // its ordinal (current on the thread that made it)
   std::string device_name_;            // cudaDeviceProp::name: the GEMM table's section
   bool fail_next_allocation_ = false;  // inject_fault(kDeviceOutOfMemory) armed
   // quality=high's FP8 GEMMs scale per token and per channel when cuBLASLt offers it on this
