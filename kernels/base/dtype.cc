@@ -76,6 +76,7 @@ T load_unaligned(const void* src, int64_t i) {
 }  // namespace
 
 void widen_to_f32(DType dtype, const void* src, int64_t count, float* dst) {
+  if (count <= 0) return;  // an empty tensor's data may be null: memcpy must not see it
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));

@@ -144,8 +144,8 @@ TEST(LoraHostImageTest, AnUploadFromTheImageGivesTheConvertingUploadsWeights) {
   auto image = LoraHostImage::make(config, *adapter, DType::kF32, dirty_memory(be));
   ASSERT_TRUE(image.ok()) << image.status();
   // One value changed in the image only: the upload that copies the image carries it.
-  const PackedLoraModule& first = pack_lora_modules(config, *adapter, 4).value().modules[0];
-  float* marked = (*image)->values().data_as<float>() + first.stack;
+  const LoraPacking packing = pack_lora_modules(config, *adapter, 4).value();
+  float* marked = (*image)->values().data_as<float>() + packing.modules[0].stack;
   const float original = *marked;
   *marked = 12345.0f;
   auto copied = Flux2LoraWeights::upload(be, config, adapter, image->get());
