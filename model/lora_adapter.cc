@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "kernels/base/dtype.h"
 #include "kernels/base/status.h"
+#include "model/lora_key_names.h"
 #include "model/lora_targets.h"
 #include "model/safetensors.h"
 #include "nlohmann/json.hpp"
@@ -26,259 +27,17 @@
 namespace flux2 {
 namespace {
 
+using lora_keys::GroupedKeys;
+using lora_keys::kDiffusersPrefix;
+using lora_keys::KeyGroup;
+using lora_keys::Mapping;
+using lora_keys::NameTables;
+using lora_keys::SourceModule;
+using lora_keys::Spelling;
+
 template <typename... Parts>
 absl::Status invalid(const Parts&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Names: how each layout spells a module, and the diffusers modules it stands for.
-
-// How a file's module becomes diffusers modules.
-enum class Mapping : uint8_t {
-  kDirect,      // one module, A and B as they are
-  kQkv,         // BFL's fused qkv: to_q/to_k/to_v share A, B's row thirds (q, k, v)
-  kSwapHalves,  // BFL's final adaLN: B's two row halves swapped (shift|scale -> scale|shift)
-};
-
-struct SourceModule {
-  Mapping mapping = Mapping::kDirect;
-  std::vector<std::string> modules;  // diffusers names: one, or q, k, v for kQkv
-  bool kohya_dropped = false;        // diffusers' kohya converter drops this module (Q5)
-};
-
-struct NameTables {
-  std::map<std::string, LoraTarget> targets;         // diffusers module -> shape
-  std::map<std::string, SourceModule> diffusers;     // diffusers module -> itself
-  std::map<std::string, SourceModule> bfl;           // BFL name ("double_blocks.0.img_attn.qkv")
-  std::map<std::string, const SourceModule*> kohya;  // BFL name with '_' for '.' -> bfl entry
-};
-
-void add_bfl_double_block(int64_t i, std::map<std::string, SourceModule>* bfl) {
-  const std::string p = absl::StrCat("double_blocks.", i, ".");
-  const std::string m = absl::StrCat("transformer_blocks.", i, ".");
-  (*bfl)[p + "img_attn.qkv"] = {Mapping::kQkv, {m + "attn.to_q", m + "attn.to_k", m + "attn.to_v"}};
-  (*bfl)[p + "txt_attn.qkv"] = {
-      Mapping::kQkv, {m + "attn.add_q_proj", m + "attn.add_k_proj", m + "attn.add_v_proj"}};
-  (*bfl)[p + "img_attn.proj"] = {Mapping::kDirect, {m + "attn.to_out.0"}};
-  (*bfl)[p + "txt_attn.proj"] = {Mapping::kDirect, {m + "attn.to_add_out"}};
-  (*bfl)[p + "img_mlp.0"] = {Mapping::kDirect, {m + "ff.linear_in"}};
-  (*bfl)[p + "img_mlp.2"] = {Mapping::kDirect, {m + "ff.linear_out"}};
-  (*bfl)[p + "txt_mlp.0"] = {Mapping::kDirect, {m + "ff_context.linear_in"}};
-  (*bfl)[p + "txt_mlp.2"] = {Mapping::kDirect, {m + "ff_context.linear_out"}};
-}
-
-// BFL's module names (diffusers' _convert_non_diffusers_flux2_lora_to_diffusers mapping).
-std::map<std::string, SourceModule> bfl_names(const Flux2Config& config) {
-  std::map<std::string, SourceModule> bfl;
-  auto direct = [&](const std::string& name, const std::string& module, bool kohya_dropped) {
-    bfl[name] = {Mapping::kDirect, {module}, kohya_dropped};
-  };
-  direct("img_in", "x_embedder", false);
-  direct("txt_in", "context_embedder", false);
-  direct("time_in.in_layer", "time_guidance_embed.timestep_embedder.linear_1", false);
-  direct("time_in.out_layer", "time_guidance_embed.timestep_embedder.linear_2", false);
-  if (config.guidance_embeds) {
-    direct("guidance_in.in_layer", "time_guidance_embed.guidance_embedder.linear_1", true);
-    direct("guidance_in.out_layer", "time_guidance_embed.guidance_embedder.linear_2", true);
-  }
-  direct("final_layer.linear", "proj_out", false);
-  bfl["final_layer.adaLN_modulation.1"] = {Mapping::kSwapHalves, {"norm_out.linear"}, true};
-  direct("single_stream_modulation.lin", "single_stream_modulation.linear", true);
-  direct("double_stream_modulation_img.lin", "double_stream_modulation_img.linear", true);
-  direct("double_stream_modulation_txt.lin", "double_stream_modulation_txt.linear", true);
-  for (int64_t i = 0; i < config.num_layers; ++i) add_bfl_double_block(i, &bfl);
-  for (int64_t j = 0; j < config.num_single_layers; ++j) {
-    const std::string p = absl::StrCat("single_blocks.", j, ".");
-    const std::string m = absl::StrCat("single_transformer_blocks.", j, ".attn.");
-    direct(p + "linear1", m + "to_qkv_mlp_proj", false);
-    direct(p + "linear2", m + "to_out", false);
-  }
-  return bfl;
-}
-
-NameTables make_name_tables(const Flux2Config& config) {
-  NameTables names;
-  names.targets = flux2_lora_targets(config);
-  for (const auto& [module, target] : names.targets) {
-    names.diffusers[module] = {Mapping::kDirect, {module}};
-  }
-  names.bfl = bfl_names(config);
-  for (const auto& [name, source] : names.bfl) {
-    names.kohya[absl::StrReplaceAll(name, {{".", "_"}})] = &source;
-  }
-  return names;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Keys: suffixes, prefixes and layouts.
-
-enum class Part : uint8_t { kA, kB, kAlpha };
-enum class Spelling : uint8_t { kNone, kAB, kDownUp };  // kNone: only an .alpha
-
-struct KeySuffix {
-  const char* text;
-  Part part;
-  Spelling spelling;
-};
-constexpr KeySuffix kKeySuffixes[] = {
-    {".lora_A.weight", Part::kA, Spelling::kAB},
-    {".lora_B.weight", Part::kB, Spelling::kAB},
-    {".lora_down.weight", Part::kA, Spelling::kDownUp},
-    {".lora_up.weight", Part::kB, Spelling::kDownUp},
-    {".alpha", Part::kAlpha, Spelling::kNone},
-};
-
-constexpr absl::string_view kDiffusersPrefix = "transformer.";
-constexpr absl::string_view kBflPrefix = "diffusion_model.";
-constexpr absl::string_view kFalPrefix = "base_model.model.";
-constexpr absl::string_view kKohyaPrefix = "lora_unet_";
-
-// The keys of one module of the file: "<stem>.lora_A.weight", "<stem>.lora_B.weight", ...
-struct KeyGroup {
-  std::string stem;
-  const SafetensorsEntry* a = nullptr;
-  const SafetensorsEntry* b = nullptr;
-  const SafetensorsEntry* alpha = nullptr;
-  Spelling spelling = Spelling::kNone;
-  LoraLayout layout = LoraLayout::kDiffusers;
-  const SourceModule* source = nullptr;
-};
-
-struct UnknownKey {
-  std::string key;
-  std::string reason;
-};
-
-// Finds the layout and modules of `group.stem` (spelled `group.spelling`); else a reason.
-std::string resolve_group(const NameTables& names, KeyGroup* group) {
-  absl::string_view name = group->stem;
-  const bool down_up = group->spelling == Spelling::kDownUp;
-  auto find = [&](const std::map<std::string, SourceModule>& table) -> const SourceModule* {
-    auto it = table.find(std::string(name));
-    return it == table.end() ? nullptr : &it->second;
-  };
-  auto no_module = [&] { return absl::StrCat("no FLUX.2 module '", name, "'"); };
-  if (absl::ConsumePrefix(&name, kKohyaPrefix)) {
-    auto it = names.kohya.find(std::string(name));
-    if (it == names.kohya.end()) return no_module();
-    if (!down_up) return "kohya names take lora_down / lora_up";
-    group->layout = LoraLayout::kKohya;
-    group->source = it->second;
-    return "";
-  }
-  const bool bfl_prefix = absl::ConsumePrefix(&name, kBflPrefix);
-  const bool fal_prefix = !bfl_prefix && absl::ConsumePrefix(&name, kFalPrefix);
-  const bool diffusers_prefix =
-      !bfl_prefix && !fal_prefix && absl::ConsumePrefix(&name, kDiffusersPrefix);
-  std::string legacy;  // an old exporter's "sformer_blocks." for "transformer_blocks."
-  if (bfl_prefix && absl::StartsWith(name, "sformer_blocks.")) {
-    legacy = absl::StrCat("tran", name);
-    name = legacy;
-  }
-  if (const SourceModule* module = find(names.diffusers); module != nullptr && !fal_prefix) {
-    if (down_up) return "lora_down / lora_up are read with BFL names under 'diffusion_model.'";
-    group->layout = diffusers_prefix ? LoraLayout::kDiffusers
-                    : bfl_prefix     ? LoraLayout::kDiffusersNames
-                                     : LoraLayout::kBareDiffusers;
-    group->source = module;
-    return "";
-  }
-  const SourceModule* module = diffusers_prefix ? nullptr : find(names.bfl);
-  if (module == nullptr) return no_module();
-  if (down_up && !bfl_prefix) {
-    return "lora_down / lora_up are read with BFL names under 'diffusion_model.'";
-  }
-  group->layout = bfl_prefix   ? (down_up ? LoraLayout::kBflDownUp : LoraLayout::kBfl)
-                  : fal_prefix ? LoraLayout::kFal
-                               : LoraLayout::kBareBfl;
-  group->source = module;
-  return "";
-}
-
-// Module names of FLUX.1 (diffusers and BFL), dotted; kohya keys are compared with '_' for '.'.
-constexpr const char* kFlux1Markers[] = {
-    "ff.net.0.proj",    "ff.net.2",     "ff_context.net.0.proj",
-    "ff_context.net.2", "norm1.linear", "norm1_context.linear",
-    "norm.linear",      "proj_mlp",     "time_text_embed",
-    "img_mod.lin",      "txt_mod.lin",  ".modulation.lin",
-    "vector_in",
-};
-
-absl::Status unknown_keys_error(const std::vector<UnknownKey>& unknown) {
-  std::vector<std::string> markers;
-  for (const char* marker : kFlux1Markers) {
-    const std::string underscored = absl::StrReplaceAll(marker, {{".", "_"}});
-    for (const UnknownKey& key : unknown) {
-      const bool kohya = absl::StartsWith(key.key, kKohyaPrefix);
-      if (absl::StrContains(key.key, marker) ||
-          (kohya && absl::StrContains(key.key, underscored) &&
-           !absl::StrContains(key.key, "stream_modulation"))) {
-        markers.push_back(std::string(absl::StripPrefix(marker, ".")));
-        break;
-      }
-    }
-  }
-  if (!markers.empty()) {
-    return invalid("keys look like FLUX.1 (", absl::StrJoin(markers, ", "),
-                   "): not a FLUX.2 adapter");
-  }
-  const std::string more =
-      unknown.size() > 1 ? absl::StrCat(" (and ", unknown.size() - 1, " more)") : "";
-  return invalid("unknown key '", unknown[0].key, "'", more, ": ", unknown[0].reason);
-}
-
-// Splits every key into its module's group; refuses unknown keys and a mix of layouts.
-absl::StatusOr<std::vector<KeyGroup>> group_keys(const SafetensorsFile& file,
-                                                 const std::vector<std::string>& keys,
-                                                 const NameTables& names) {
-  std::map<std::string, KeyGroup> by_stem;
-  std::vector<UnknownKey> unknown;
-  for (const std::string& key : keys) {
-    const KeySuffix* suffix = nullptr;
-    for (const KeySuffix& candidate : kKeySuffixes) {
-      if (absl::EndsWith(key, candidate.text)) suffix = &candidate;
-    }
-    if (suffix == nullptr) {
-      unknown.push_back({key, "not a LoRA tensor (lora_A, lora_B, lora_down, lora_up or alpha)"});
-      continue;
-    }
-    const std::string stem = key.substr(0, key.size() - std::strlen(suffix->text));
-    KeyGroup& group = by_stem[stem];
-    group.stem = stem;
-    const SafetensorsEntry* entry = file.find(key);
-    if (suffix->spelling != Spelling::kNone) {
-      if (group.spelling != Spelling::kNone && group.spelling != suffix->spelling) {
-        return invalid("'", stem, "' mixes lora_A / lora_B with lora_down / lora_up");
-      }
-      group.spelling = suffix->spelling;
-    }
-    (suffix->part == Part::kA ? group.a : suffix->part == Part::kB ? group.b : group.alpha) = entry;
-  }
-  std::vector<KeyGroup> groups;
-  for (auto& [stem, group] : by_stem) {
-    if (group.spelling == Spelling::kNone) group.spelling = Spelling::kAB;  // alpha only
-    std::string reason = resolve_group(names, &group);
-    if (!reason.empty()) {
-      for (const SafetensorsEntry* entry : {group.a, group.b, group.alpha}) {
-        if (entry != nullptr) unknown.push_back({entry->name, reason});
-      }
-      continue;
-    }
-    groups.push_back(group);
-  }
-  if (!unknown.empty()) {
-    std::sort(unknown.begin(), unknown.end(),
-              [](const UnknownKey& x, const UnknownKey& y) { return x.key < y.key; });
-    return unknown_keys_error(unknown);
-  }
-  for (const KeyGroup& group : groups) {
-    if (group.layout != groups[0].layout) {
-      return invalid("mixes layouts: '", groups[0].stem, "' (", lora_layout_name(groups[0].layout),
-                     ") and '", group.stem, "' (", lora_layout_name(group.layout), ")");
-    }
-  }
-  return groups;
 }
 
 // Refusals decided by key names alone: kinds of adapter we do not apply.
@@ -506,24 +265,25 @@ std::string group_label(const SourceModule& source) {
   return label;
 }
 
-absl::Status check_shapes(const KeyGroup& group, const Matrix& a, const Matrix& b,
+// The shapes of a module's lora_A and lora_B (from the file's header) against the model's.
+absl::Status check_shapes(const KeyGroup& group, const Shape& a, const Shape& b,
                           const NameTables& names, const LoraParseOptions& options) {
   const std::string label = group_label(*group.source);
-  if (a.shape.size() == 2 && b.shape.size() == 2 && a.rows() != b.cols()) {
-    return invalid("lora_A rank ", a.rows(), " != lora_B rank ", b.cols(), " at ", label);
+  if (a.size() == 2 && b.size() == 2 && a[0] != b[1]) {
+    return invalid("lora_A rank ", a[0], " != lora_B rank ", b[1], " at ", label);
   }
   int64_t out = 0;
   const int64_t in = names.targets.at(group.source->modules[0]).in_features;
   for (const std::string& module : group.source->modules) {
     out += names.targets.at(module).out_features;
   }
-  if (a.shape.size() != 2 || b.shape.size() != 2 || a.cols() != in || b.rows() != out) {
-    return invalid(label, ": lora_A ", shape_string(a.shape), " / lora_B ", shape_string(b.shape),
+  if (a.size() != 2 || b.size() != 2 || a[1] != in || b[0] != out) {
+    return invalid(label, ": lora_A ", shape_string(a), " / lora_B ", shape_string(b),
                    " do not fit [", out, ", ", in, "] (an adapter for another FLUX.2 variant?)");
   }
-  if (a.rows() == 0) return invalid("rank 0 at ", label, ": an adapted module needs rank >= 1");
-  if (a.rows() > options.max_rank) {
-    return invalid("rank ", a.rows(), " at ", label, " exceeds --max-lora-rank ", options.max_rank);
+  if (a[0] == 0) return invalid("rank 0 at ", label, ": an adapted module needs rank >= 1");
+  if (a[0] > options.max_rank) {
+    return invalid("rank ", a[0], " at ", label, " exceeds --max-lora-rank ", options.max_rank);
   }
   return absl::OkStatus();
 }
@@ -673,7 +433,7 @@ absl::Status convert_group(const SafetensorsFile& file, const KeyGroup& group,
   if (group.alpha != nullptr) {
     FLUX_ASSIGN_OR_RETURN(alpha, read_alpha(file, *group.alpha));
   }
-  FLUX_RETURN_IF_ERROR(check_shapes(group, a, b, names, options));
+  FLUX_RETURN_IF_ERROR(check_shapes(group, a.shape, b.shape, names, options));
   const Matrix* alpha_ptr = alpha ? &*alpha : nullptr;
   std::vector<LoraModule> converted;
   if (group.layout == LoraLayout::kKohya) {
@@ -697,6 +457,30 @@ absl::Status convert_group(const SafetensorsFile& file, const KeyGroup& group,
   deviations->swapped_final_adaln |= group.source->mapping == Mapping::kSwapHalves;
   for (LoraModule& module : converted) modules->push_back(std::move(module));
   return absl::OkStatus();
+}
+
+// PEFT's scaling at the largest |scale| a request may give must be a float32 number: an infinite
+// one turns every product into inf or NaN (a black image), whatever the request.
+absl::Status check_scaling(const LoraModule& module, double max_scale) {
+  if (std::isfinite(module.scaling(max_scale))) return absl::OkStatus();
+  return invalid(module.module, ": lora_alpha ", module.alpha, " over rank ", module.rank,
+                 module.rslora ? "'s square root (rsLoRA)" : "", " at |scale| ", max_scale,
+                 " is not a finite float32 scaling");
+}
+
+// Unknown keys are refused; but a FLUX.1 adapter says so first, and the shapes of the modules the
+// model does have come next: an adapter for a larger variant (klein-9B on klein-4B) has both more
+// blocks and wider matrices, and the shapes name the mismatch.
+absl::Status refuse_unknown_keys(const GroupedKeys& grouped, const NameTables& names,
+                                 const LoraParseOptions& options) {
+  if (grouped.unknown.empty()) return absl::OkStatus();
+  FLUX_RETURN_IF_ERROR(lora_keys::flux1_keys_error(grouped.unknown));
+  for (const KeyGroup& group : grouped.groups) {
+    if (group.a != nullptr && group.b != nullptr) {
+      FLUX_RETURN_IF_ERROR(check_shapes(group, group.a->shape, group.b->shape, names, options));
+    }
+  }
+  return lora_keys::unknown_keys_error(grouped.unknown);
 }
 
 std::vector<std::string> deviation_phrases(LoraLayout layout, const Deviations& found) {
@@ -773,8 +557,11 @@ absl::StatusOr<LoraAdapter> parse_lora_adapter(std::span<const uint8_t> file,
   if (keys.empty()) return invalid("no LoRA tensors in the file");
   FLUX_RETURN_IF_ERROR(refuse_unsupported_kinds(keys));
   FLUX_ASSIGN_OR_RETURN(const PeftConfig peft, parse_peft_config((*tensors)->metadata()));
-  const NameTables names = make_name_tables(config);
-  FLUX_ASSIGN_OR_RETURN(const std::vector<KeyGroup> groups, group_keys(**tensors, keys, names));
+  const NameTables names = lora_keys::make_name_tables(config);
+  FLUX_ASSIGN_OR_RETURN(const GroupedKeys grouped, lora_keys::group_keys(**tensors, keys, names));
+  FLUX_RETURN_IF_ERROR(refuse_unknown_keys(grouped, names, options));
+  const std::vector<KeyGroup>& groups = grouped.groups;
+  FLUX_RETURN_IF_ERROR(lora_keys::check_one_layout(groups));
 
   LoraAdapter adapter;
   adapter.layout = groups[0].layout;
@@ -793,6 +580,9 @@ absl::StatusOr<LoraAdapter> parse_lora_adapter(std::span<const uint8_t> file,
   }
   std::sort(adapter.modules.begin(), adapter.modules.end(),
             [](const LoraModule& x, const LoraModule& y) { return x.module < y.module; });
+  for (const LoraModule& module : adapter.modules) {
+    FLUX_RETURN_IF_ERROR(check_scaling(module, options.max_scale));
+  }
   adapter.deviations = deviation_phrases(adapter.layout, deviations);
   return adapter;
 }

@@ -58,6 +58,9 @@ struct LoraAdapter {
 
 struct LoraParseOptions {
   int64_t max_rank = 256;  // a module of higher rank is refused (--max-lora-rank)
+  // The largest |scale| a request may give (--max-lora-scale): a module whose PEFT scaling at it
+  // is not a finite float32 (lora_alpha 1e300 is valid JSON) is refused.
+  double max_scale = 8.0;
 };
 
 // Parses a whole .safetensors file's bytes into the canonical form for a transformer of

@@ -208,7 +208,7 @@ absl::StatusOr<ResolvedLora> LoraRegistry::load(const std::string& name, const s
       std::async(std::launch::async, [&file] { return sha256_hex(file); });
   absl::StatusOr<LoraAdapter> adapter = parse_lora_adapter(
       std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(file.data()), file.size()), config_,
-      LoraParseOptions{options_.max_rank});
+      LoraParseOptions{options_.max_rank, options_.max_scale});
   if (!adapter.ok()) {
     if (metrics_) metrics_->lora().count_load_failure(lora_failure_reason(adapter.status()));
     return adapter.status();

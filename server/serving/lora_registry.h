@@ -29,6 +29,7 @@ struct LoraRegistryOptions {
   std::string dir;                              // --lora-dir
   int64_t host_cache_bytes = int64_t{8} << 30;  // --lora-host-cache-bytes
   int64_t max_rank = 256;                       // --max-lora-rank
+  double max_scale = 8.0;                       // --max-lora-scale
   // Packs each adapter for the engine's device as it is loaded (lora_host_image_maker), so its
   // upload is one copy; null: none (uploads convert the f32 values on the engine's thread).
   LoraHostImageMaker make_host_image{};

@@ -144,6 +144,7 @@ absl::Status ServingCore::open_loras(const Engine& engine) {
   registry.dir = lora.dir;
   registry.host_cache_bytes = lora.host_cache_bytes;
   registry.max_rank = options_.limits.max_lora_rank;
+  registry.max_scale = options_.limits.max_lora_scale;
   registry.make_host_image = engine.lora_host_image_maker();
   FLUX_ASSIGN_OR_RETURN(loras_, LoraRegistry::open(registry, *config, &metrics_));
   for (const std::string& name : lora.preload) {

@@ -33,10 +33,15 @@ std::string tiny_klein() {
 }
 
 // The tiny-klein transformer config, optionally with its heads multiplied (a bigger variant).
-Flux2Config tiny_config(int64_t head_factor = 1) {
+// The tiny klein's config, with `head_factor` times its heads and `extra_blocks` more blocks of
+// each kind (another variant, as klein-9B is to klein-4B).
+Flux2Config tiny_config(int64_t head_factor = 1, int64_t extra_blocks = 0) {
   auto json = read_json_file(tiny_klein() + "/checkpoint/transformer/config.json");
   EXPECT_TRUE(json.ok()) << json.status();
   (*json)["num_attention_heads"] = (*json)["num_attention_heads"].get<int64_t>() * head_factor;
+  for (const char* blocks : {"num_layers", "num_single_layers"}) {
+    (*json)[blocks] = (*json)[blocks].get<int64_t>() + extra_blocks;
+  }
   auto config = Flux2Config::from_json(*json, "config.json");
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
@@ -464,6 +469,7 @@ struct RefusalCase {
   std::vector<uint8_t> bytes;
   std::string message;
   int64_t max_rank = 256;
+  double max_scale = 8.0;
 };
 
 // x_embedder at rank 4 under `prefix` (valid), for cases that add one bad thing.
@@ -516,7 +522,27 @@ std::vector<RefusalCase> refusal_cases() {
                        .add("diffusion_model.double_blocks.7.img_mlp.0.lora_A.weight", {4, kD}, one)
                        .bytes(),
                    "unknown key 'diffusion_model.double_blocks.7.img_mlp.0.lora_A.weight': no "
-                   "FLUX.2 module 'double_blocks.7.img_mlp.0'"});
+                   "FLUX.2 module 'double_blocks.7.img_mlp.0' (this model has 2 double and 3 "
+                   "single blocks: an adapter for another FLUX.2 variant?)"});
+  cases.push_back({"single block beyond the model, kohya",
+                   AdapterFile()
+                       .add("lora_unet_single_blocks_3_linear2.lora_down.weight", {4, kD}, one)
+                       .add("lora_unet_single_blocks_3_linear2.lora_up.weight", {kD, 4}, one)
+                       .bytes(),
+                   "unknown key 'lora_unet_single_blocks_3_linear2.lora_down.weight' (and 1 more): "
+                   "no FLUX.2 module 'single_blocks_3_linear2' (this model has 2 double and 3 "
+                   "single blocks: an adapter for another FLUX.2 variant?)"});
+  // A larger variant's adapter (klein-9B's on klein-4B: more blocks, wider matrices) is refused
+  // by the shapes of the modules both have, naming both shapes, not by its extra blocks' keys.
+  cases.push_back({"a larger variant", full_adapter(tiny_config(2, 1)).bytes(),
+                   "context_embedder: lora_A [2, 96] / lora_B [192, 2] do not fit [96, 96] (an "
+                   "adapter for another FLUX.2 variant?)"});
+  cases.push_back(
+      {"more blocks of the same width", full_adapter(tiny_config(1, 1)).bytes(),
+       "unknown key 'transformer.single_transformer_blocks.3.attn.to_out.lora_A.weight' "
+       "(and 27 more): no FLUX.2 module 'single_transformer_blocks.3.attn.to_out' (this "
+       "model has 2 double and 3 single blocks: an adapter for another FLUX.2 "
+       "variant?)"});
   cases.push_back(
       {"FLUX.1",
        AdapterFile()
@@ -670,6 +696,23 @@ std::vector<RefusalCase> refusal_cases() {
            .bytes(),
        "transformer_blocks.0.attn.to_q given twice ('diffusion_model.sformer_blocks.0.attn.to_q', "
        "'diffusion_model.transformer_blocks.0.attn.to_q')"});
+  // A scaling beyond float32 at the largest |scale| a request may give (inf x 0: black images).
+  cases.push_back({"lora_alpha beyond float32",
+                   x_embedder()
+                       .metadata("lora_adapter_metadata",
+                                 R"({"transformer.r": 4, "transformer.lora_alpha": 1e300})")
+                       .bytes(),
+                   "x_embedder: lora_alpha 1e+300 over rank 4 at |scale| 8 is not a finite "
+                   "float32 scaling"});
+  cases.push_back({"alpha_pattern beyond float32 at the largest scale",
+                   x_embedder()
+                       .metadata("lora_adapter_metadata",
+                                 R"({"transformer.r": 4, "transformer.use_rslora": true,
+                                     "transformer.alpha_pattern": {"x_embedder": 5e37}})")
+                       .bytes(),
+                   "x_embedder: lora_alpha 5e+37 over rank 4's square root (rsLoRA) at |scale| 16 "
+                   "is not a finite float32 scaling",
+                   256, 16.0});
   cases.push_back(
       {"metadata rank",
        x_embedder().metadata("lora_adapter_metadata", R"({"transformer.r": 8})").bytes(),
@@ -690,11 +733,26 @@ TEST(LoraAdapterRefusals, EachWithItsMessage) {
     SCOPED_TRACE(refusal.name);
     LoraParseOptions options;
     options.max_rank = refusal.max_rank;
+    options.max_scale = refusal.max_scale;
     auto adapter = parse_lora_adapter(refusal.bytes, config, options);
     ASSERT_FALSE(adapter.ok());
     EXPECT_EQ(adapter.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(adapter.status().message(), refusal.message);
+    EXPECT_EQ(std::string(adapter.status().message()), refusal.message);
   }
+}
+
+// The scaling bound follows --max-lora-scale: a scaling finite at |scale| 8 but not at 16 loads
+// under the default limit (the refusal at 16 is a case above).
+TEST(LoraAdapterRefusals, TheScalingBoundIsTheLargestScaleARequestMayGive) {
+  const std::vector<uint8_t> bytes =
+      x_embedder()
+          .metadata("lora_adapter_metadata",
+                    R"({"transformer.r": 4, "transformer.use_rslora": true,
+                        "transformer.alpha_pattern": {"x_embedder": 5e37}})")
+          .bytes();
+  auto adapter = parse_lora_adapter(bytes, tiny_config(), LoraParseOptions{});
+  ASSERT_TRUE(adapter.ok()) << adapter.status();
+  EXPECT_EQ(adapter->modules[0].scaling(8.0), static_cast<float>(5e37 * 8 / 2));
 }
 
 TEST(LoraAdapterRefusals, NotASafetensorsFile) {
