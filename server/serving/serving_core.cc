@@ -2,6 +2,7 @@
 // Tested by tests/server/server_test.cc and drain_test.cc (fake engine).
 #include "server/serving/serving_core.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -158,6 +159,7 @@ absl::Status ServingCore::open_loras(const Engine& engine) {
                           absl::StrCat("--lora-preload: ", name, ": ", status.message()));
     }
     loras_->mark_pinned(name);
+    pinned_loras_.push_back(*resolved);
     log_line(LogLevel::kInfo, absl::StrCat("LoRA adapter ", name, " pinned on the device"));
   }
   update_lora_device_metrics_from(engine);
@@ -188,13 +190,30 @@ absl::Status ServingCore::resolve_loras(const GenerateRequest& request, const Se
                                      lora->adapter->max_rank(), lora->sha256.substr(0, 12)});
   }
   if (!violations.empty()) return invalid_argument_status(violations);
+  return check_lora_budget(spec, device_bytes, model.info.weight_value_bytes);
+}
+
+absl::Status ServingCore::check_lora_budget(const JobSpec& spec, int64_t device_bytes,
+                                            int64_t value_bytes) {
   const int64_t capacity = options_.lora.device_cache_bytes;
-  if (capacity > 0 && device_bytes > capacity) {
-    metrics_.count_resource_exhausted(kLoraCacheFull);
+  if (capacity <= 0) return absl::OkStatus();  // no cache: each request uploads for itself
+  // The device cache never evicts pinned adapters: those the request does not name stay beside it
+  // (the worker's LoraDeviceCache::acquire would refuse it, after queueing, as an engine fault).
+  int64_t pinned_bytes = 0;
+  for (const ResolvedLora& pinned : pinned_loras_) {
+    const bool named = std::any_of(spec.params.loras.begin(), spec.params.loras.end(),
+                                   [&](const LoraRequest& r) { return r.key == pinned.sha256; });
+    if (!named) pinned_bytes += Flux2LoraWeights::device_bytes(*pinned.adapter, value_bytes);
+  }
+  if (device_bytes + pinned_bytes <= capacity) return absl::OkStatus();
+  metrics_.count_resource_exhausted(kLoraCacheFull);
+  if (pinned_bytes == 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "loras: ", device_bytes, " bytes of adapters exceed --lora-cache-bytes ", capacity));
   }
-  return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("loras: ", device_bytes, " bytes of adapters do not fit --lora-cache-bytes ",
+                   capacity, " beside the ", pinned_bytes, " bytes of --lora-preload's adapters"));
 }
 
 void ServingCore::update_lora_device_metrics() {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/server/test_support.h"
@@ -51,7 +52,7 @@ class LoraE2E : public ::testing::Test {
   }
   void start(std::vector<std::string> args = {}) {
     args.insert(args.end(), {"--max-sequence-length", "64", "--warmup-steps", "0"});
-    server_ = ServerProcess::start(FLUX2_SERVER_BINARY, args);
+    server_ = ServerProcess::start(FLUX2_SERVER_BINARY, args, log_path());
     ASSERT_NE(server_, nullptr);
     channel_ = local_channel(server_->grpc_port());
     stub_ = v1::ImageGeneration::NewStub(channel_);
@@ -89,6 +90,12 @@ class LoraE2E : public ::testing::Test {
     return {r->status, json::parse(r->body, nullptr, false)};
   }
   std::string metrics() { return http_get(server_->metrics_port(), "/metrics"); }
+  // The server's log (stderr), kept beside the adapters.
+  std::string log_path() const { return (dir_ / "server.log").string(); }
+  std::string log() const {
+    std::ifstream in(log_path());
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
 
   fs::path dir_;
   std::unique_ptr<ServerProcess> server_;
@@ -237,14 +244,64 @@ TEST_F(LoraE2E, ListsAdaptersAndPreloadsThem) {
   ASSERT_TRUE(loras.is_object());
   ASSERT_EQ(loras["data"].size(), 3u);
   EXPECT_EQ(loras["data"][2]["pinned"], true);
+  // One log line per adapter loaded: name, hash prefix, layout, ranks, modules, bytes, seconds.
+  const std::string text = log();
+  const size_t line = text.find("loaded LoRA adapter styles/kohya: sha256 ");
+  ASSERT_NE(line, std::string::npos) << text;
+  const std::string loaded = text.substr(line, text.find('\n', line) - line);
+  for (const std::string& part :
+       {absl::StrCat("sha256 ", listing.loras(2).sha256_prefix(), ", layout kohya, max rank ",
+                     listing.loras(2).rank()),
+        absl::StrCat(listing.loras(2).modules(), " modules, ", listing.loras(2).bytes(),
+                     " bytes in ")}) {
+    EXPECT_NE(loaded.find(part), std::string::npos) << part << " in: " << loaded;
+  }
+}
+
+// The device tier's bytes now (flux2_lora_cache_bytes{tier="device"}).
+double device_cache_bytes(const std::string& metrics_text) {
+  return metric_value(metrics_text, "flux2_lora_cache_bytes", {{"tier", "device"}}).value_or(-1);
+}
+
+// Pinned adapters never leave the device cache: a request whose adapters fit --lora-cache-bytes
+// alone but not beside them is refused in the handler (RESOURCE_EXHAUSTED, lora_cache), before it
+// queues; it never reaches the engine (no engine fault). The pinned adapter itself still serves.
+TEST_F(LoraE2E, ARequestThatDoesNotFitBesideThePinnedAdaptersIsRefusedBeforeQueueing) {
+  // The adapters' device bytes, measured on a server with room for both.
+  start_with_loras({"--lora-preload", "styles/kohya"});
+  const double pinned = device_cache_bytes(metrics());
+  v1::GenerateImageResponse response;
+  ASSERT_TRUE(generate(case0({{"style", 1.0}}), &response).ok());
+  const double style = device_cache_bytes(metrics()) - pinned;
+  ASSERT_GT(pinned, 0);
+  ASSERT_GT(style, 0);
+  server_.reset();
+
+  const int64_t capacity = static_cast<int64_t>(pinned + style) - 1;  // each alone fits
+  start_with_loras(
+      {"--lora-preload", "styles/kohya", "--lora-cache-bytes", std::to_string(capacity)});
+  grpc::Status status = generate(case0({{"style", 1.0}}), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(
+      status.error_message(),
+      absl::StrCat("loras: ", static_cast<int64_t>(style),
+                   " bytes of adapters do not fit --lora-cache-bytes ", capacity, " beside the ",
+                   static_cast<int64_t>(pinned), " bytes of --lora-preload's adapters"));
+  EXPECT_TRUE(generate(case0({{"styles/kohya", 1.0}}), &response).ok());
+  const std::string text = metrics();
+  EXPECT_EQ(metric_value(text, "flux2_resource_exhausted_total", {{"reason", "lora_cache"}}), 1.0);
+  for (const char* kind : {"device_memory", "device_error", "stall"}) {
+    EXPECT_EQ(metric_value(text, "flux2_engine_faults_total", {{"kind", kind}}), 0.0) << kind;
+  }
 }
 
 TEST_F(LoraE2E, APreloadThatFailsRefusesStartUpNamingTheAdapter) {
   std::vector<std::string> args = {"--lora-dir", dir_.string(),    "--lora-preload",
                                    "missing",    "--warmup-steps", "0"};
-  server_ = ServerProcess::start(FLUX2_SERVER_BINARY, args);
-  if (server_ == nullptr) return;  // it may exit before it listens: refused either way
+  server_ = ServerProcess::start(FLUX2_SERVER_BINARY, args, log_path());
+  ASSERT_NE(server_, nullptr);  // the ports are bound before the model loads
   EXPECT_EQ(server_->wait_exit(std::chrono::seconds(120)), 1);
+  EXPECT_NE(log().find("--lora-preload: missing: "), std::string::npos) << log();
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "tests/server/test_support.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -331,7 +332,8 @@ std::string StreamCall::event_kinds() const {
 }
 
 std::unique_ptr<ServerProcess> ServerProcess::start(const std::string& binary,
-                                                    const std::vector<std::string>& args) {
+                                                    const std::vector<std::string>& args,
+                                                    const std::string& stderr_path) {
   int out[2];
   if (pipe(out) != 0) {
     ADD_FAILURE() << "pipe failed";
@@ -347,6 +349,10 @@ std::unique_ptr<ServerProcess> ServerProcess::start(const std::string& binary,
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&actions, out[0]);
+  if (!stderr_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderr_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
   auto process = std::unique_ptr<ServerProcess>(new ServerProcess());
   const int spawned =
       posix_spawn(&process->pid_, binary.c_str(), &actions, nullptr, argv.data(), environ);

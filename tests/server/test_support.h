@@ -130,9 +130,10 @@ class ServerProcess {
  public:
   // Starts `binary` with `args` plus --host 127.0.0.1 --port 0 --metrics-port 0 --http-port 0 and
   // reads the bound ports from its "listening" line. Fails the current test when that does not
-  // happen.
+  // happen. A non-empty `stderr_path` receives the server's log (stderr).
   static std::unique_ptr<ServerProcess> start(const std::string& binary,
-                                              const std::vector<std::string>& args);
+                                              const std::vector<std::string>& args,
+                                              const std::string& stderr_path = "");
   ~ServerProcess();  // SIGKILLs a process still running
 
   int grpc_port() const { return grpc_port_; }
