@@ -1,8 +1,9 @@
 // LoRA adapters end to end on the real flux2_server (tiny klein checkpoint, CPU) with --lora-dir
 // holding copies of tests/data/tiny-klein/loras: lora_cases.json pipeline case 0 over gRPC and
-// HTTP matches diffusers' image (lora_pipeline.safetensors case0.image_u8), a request without
-// adapters is unchanged, concurrent requests with different adapters, refusals, ListLoras,
-// GET /v1/loras, --lora-preload and the metrics. Run: ctest --test-dir build -R LoraE2E
+// HTTP and case 1 (editing) over the HTTP edits form match diffusers' images
+// (lora_pipeline.safetensors), a request without adapters is unchanged, concurrent requests with
+// different adapters, refusals, the budget beside pinned adapters, ListLoras, GET /v1/loras,
+// --lora-preload, the load log line and the metrics. Run: ctest --test-dir build -R LoraE2E
 #include <httplib.h>
 #include <unistd.h>
 
@@ -147,6 +148,34 @@ TEST_F(LoraE2E, Case0MatchesDiffusersOverGrpcAndHttp) {
       metric_value(text, "flux2_lora_cache_requests_total", {{"tier", "device"}, {"result", "hit"}})
           .value_or(0),
       2.0);
+}
+
+// lora_cases.json pipeline case 1 (editing: one reference, the kohya adapter) through the HTTP
+// edits form, whose `loras` field holds JSON text: diffusers' image.
+TEST_F(LoraE2E, EditCaseMatchesDiffusersOverTheHttpEditsForm) {
+  start_with_loras();
+  std::ifstream in(kData + "/tiny-klein/references/ref0_64x64.png", std::ios::binary);
+  const std::string reference(std::istreambuf_iterator<char>(in), {});
+  ASSERT_FALSE(reference.empty());
+  httplib::Client client("127.0.0.1", server_->http_port());
+  client.set_read_timeout(120);
+  const httplib::MultipartFormDataItems items = {
+      {"prompt", "make the fox blue", "", ""},
+      {"image", reference, "ref0_64x64.png", "image/png"},
+      {"num_inference_steps", "3", "", ""},
+      {"seed", "601", "", ""},
+      {"guidance_scale", "4.0", "", ""},
+      {"loras", R"([{"name": "styles/kohya", "scale": 1.0}])", "", ""}};
+  httplib::Result r = client.Post("/v1/images/edits", items);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json reply = json::parse(r->body, nullptr, false);
+  std::string png;
+  ASSERT_TRUE(absl::Base64Unescape(reply["data"][0]["b64_json"].get<std::string>(), &png));
+  expect_golden_png(png, kData + "/tiny-klein/lora_pipeline.safetensors", "case1.image_u8", 64, 64);
+  ASSERT_EQ(reply["loras"].size(), 1u);
+  EXPECT_EQ(reply["loras"][0]["name"], "styles/kohya");
+  EXPECT_EQ(reply["loras"][0]["format"], "kohya");
 }
 
 TEST_F(LoraE2E, ARequestWithoutAdaptersIsUnchangedAndConcurrentAdaptersDoNotMix) {

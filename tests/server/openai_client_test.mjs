@@ -77,6 +77,23 @@ function readSafetensor(file, name) {
   return { shape: header[name].shape, bytes: data.subarray(8 + headerLength + begin, 8 + headerLength + end) };
 }
 
+// Fails unless `png` is the golden u8 image `name` ([1, 3, H, W]) of `file`: tests/data/README.md's
+// float32 bar, equal except at most 1 level on at most 0.5% of values.
+function expectGoldenU8(png, file, name) {
+  const { width, height, pixels } = decodePng(png);
+  const want = readSafetensor(file, name);
+  assert.deepEqual([width, height], [want.shape[3], want.shape[2]]);
+  let offByOne = 0, worse = 0;
+  for (let c = 0; c < 3; ++c)
+    for (let i = 0; i < width * height; ++i) {
+      const d = Math.abs(pixels[i * 3 + c] - want.bytes[c * width * height + i]);
+      offByOne += d === 1;
+      worse += d > 1;
+    }
+  assert.equal(worse, 0);
+  assert.ok(offByOne <= 0.005 * 3 * width * height, `${offByOne} values one level off`);
+}
+
 // ---- the server
 async function startServer(extra) {
   const server = spawn(args.server, ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
@@ -158,19 +175,8 @@ test("edit with two files equals the golden image_u8 (float32 bar)", async () =>
     image: images, prompt: golden.prompt, size: `${golden.width}x${golden.height}`,
     num_inference_steps: golden.steps, seed: golden.seed, guidance_scale: golden.guidance_scale,
   });
-  const { width, height, pixels } = decodePng(Buffer.from(response.data[0].b64_json, "base64"));
-  assert.deepEqual([width, height], [golden.width, golden.height]);
-  const want = readSafetensor(path.join(data, "edit.safetensors"), "case1.image_u8");  // [1, 3, H, W]
-  let offByOne = 0, worse = 0;
-  for (let c = 0; c < 3; ++c)
-    for (let i = 0; i < width * height; ++i) {
-      const d = Math.abs(pixels[i * 3 + c] - want.bytes[c * width * height + i]);
-      offByOne += d === 1;
-      worse += d > 1;
-    }
-  // tests/data/README.md: equal except at most 1 level on at most 0.5% of values.
-  assert.equal(worse, 0);
-  assert.ok(offByOne <= 0.005 * 3 * width * height, `${offByOne} values one level off`);
+  expectGoldenU8(Buffer.from(response.data[0].b64_json, "base64"),
+                 path.join(data, "edit.safetensors"), "case1.image_u8");
 });
 
 test("stream: one progress event per step, then the image", async () => {
@@ -254,7 +260,8 @@ try {
 }
 
 // LoRA adapters through the SDK (the request's `loras` extension): the golden generation with two
-// adapters equals its image_u8 within the float32 bar, and a missing adapter is refused naming it.
+// adapters and the editing case equal their image_u8 within the float32 bar, and a missing adapter
+// is refused naming it.
 let lora = null;
 try {
   const data = path.resolve(args["data-dir"], "tiny-klein");
@@ -273,17 +280,20 @@ try {
     num_inference_steps: golden.steps,
     loras: golden.adapters.map(([name, scale]) => ({ name, scale })),
   });
-  const { width, height, pixels } = decodePng(Buffer.from(response.data[0].b64_json, "base64"));
-  const want = readSafetensor(path.join(data, "lora_pipeline.safetensors"), "case0.image_u8");
-  let offByOne = 0, worse = 0;
-  for (let c = 0; c < 3; ++c)
-    for (let i = 0; i < width * height; ++i) {
-      const d = Math.abs(pixels[i * 3 + c] - want.bytes[c * width * height + i]);
-      offByOne += d === 1;
-      worse += d > 1;
-    }
-  assert.equal(worse, 0);
-  assert.ok(offByOne <= 0.005 * 3 * width * height, `${offByOne} values one level off`);
+  expectGoldenU8(Buffer.from(response.data[0].b64_json, "base64"),
+                 path.join(data, "lora_pipeline.safetensors"), "case0.image_u8");
+  // The editing case through images.edit: a multipart form, whose `loras` field holds JSON text.
+  const edit = cases.pipeline_cases[1];
+  const reference = await toFile(readFileSync(path.join(data, edit.references[0])),
+                                 path.basename(edit.references[0]), { type: "image/png" });
+  const edited = await loraClient.images.edit({
+    image: reference, prompt: edit.prompt, num_inference_steps: edit.steps, seed: edit.seed,
+    guidance_scale: edit.guidance_scale,
+    loras: JSON.stringify(edit.adapters.map(([name, scale]) => ({ name, scale }))),
+  });
+  assert.equal(edited.loras[0].name, edit.adapters[0][0]);
+  expectGoldenU8(Buffer.from(edited.data[0].b64_json, "base64"),
+                 path.join(data, "lora_pipeline.safetensors"), "case1.image_u8");
   await assert.rejects(
     loraClient.images.generate({ prompt: "a fox", size: "64x64", loras: [{ name: "missing" }] }),
     (error) => {
@@ -292,7 +302,7 @@ try {
       assert.match(error.message, /no adapter 'missing' under --lora-dir/);
       return true;
     });
-  console.log("ok   loras: the golden generation with two adapters; a missing one named (SDK)");
+  console.log("ok   loras: the golden generation with two adapters, the editing case; a missing one named (SDK)");
 } catch (error) {
   failures.push("loras");
   console.log(`FAIL loras\n${error.stack}`);

@@ -6,6 +6,7 @@
 #include "server/http/openai_images.h"
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/serving/field_violations.h"
 
@@ -157,6 +158,67 @@ TEST(OpenAiImagesTest, EditsFormRefusals) {
   absl::StatusOr<OpenAiImageRequest> bad_n =
       parse_edits_form({{"prompt", "", "x"}, {"image", "a.png", "a"}, {"n", "", "two"}}, kModel);
   EXPECT_EQ(params_of(bad_n.status()), std::vector<std::string>{"n"});
+}
+
+// `loras` (server/http/openai_loras.h): a JSON array in the body, JSON text in an edits form
+// field; `path` is fal's spelling of `name`; scale optional.
+TEST(OpenAiImagesTest, LorasReachTheRequestFromTheBodyAndTheEditsForm) {
+  absl::StatusOr<OpenAiImageRequest> body = parse_generations_body(
+      R"({"prompt": "a fox", "loras": [{"name": "styles/ink", "scale": -0.5},
+                                      {"path": "bfl"}, {"name": "x", "path": "x"}]})",
+      kModel);
+  ASSERT_TRUE(body.ok()) << body.status();
+  const std::vector<LoraSpec>& loras = body->request.loras;
+  ASSERT_EQ(loras.size(), 3u);
+  EXPECT_EQ(loras[0].name, "styles/ink");
+  EXPECT_EQ(loras[0].scale, -0.5);
+  EXPECT_EQ(loras[1].name, "bfl");
+  EXPECT_FALSE(loras[1].scale.has_value());
+  EXPECT_EQ(loras[2].name, "x");
+  absl::StatusOr<OpenAiImageRequest> form =
+      parse_edits_form({{"prompt", "", "x"},
+                        {"image", "a.png", "a"},
+                        {"loras", "", R"([{"name": "style", "scale": 0.8}, {"name": "kohya"}])"}},
+                       kModel);
+  ASSERT_TRUE(form.ok()) << form.status();
+  ASSERT_EQ(form->request.loras.size(), 2u);
+  EXPECT_EQ(form->request.loras[0].name, "style");
+  EXPECT_EQ(form->request.loras[0].scale, 0.8);
+  EXPECT_EQ(form->request.loras[1].name, "kohya");
+}
+
+TEST(OpenAiImagesTest, LoraRefusalsNameTheMember) {
+  struct Case {
+    const char* loras;
+    std::vector<std::string> params;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"({"name": "x"})", {"loras"}, "loras: must be an array"},
+      {R"(["x"])", {"loras[0]"}, "loras[0]: must be an object {\"name\": ..., \"scale\": ...}"},
+      {R"([{"scale": 1}])", {"loras[0].name"}, "loras[0].name: is required"},
+      {R"([{"name": 3}])", {"loras[0].name", "loras[0].name"}, "loras[0].name: must be a string"},
+      {R"([{"name": "a"}, {"name": "b", "path": "c"}])",
+       {"loras[1].path"},
+       "loras[1].path: differs from the adapter's other name / path"},
+      {R"([{"name": "a", "scale": "1"}])", {"loras[0].scale"}, "loras[0].scale: must be a number"},
+      {R"([{"name": "a", "weight": 1}])",
+       {"loras[0].weight"},
+       "loras[0].weight: unknown parameter (name, path, scale)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.loras);
+    absl::StatusOr<OpenAiImageRequest> parsed =
+        parse_generations_body(absl::StrCat(R"({"prompt": "x", "loras": )", c.loras, "}"), kModel);
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_EQ(params_of(parsed.status()), c.params);
+    EXPECT_NE(parsed.status().message().find(c.message), absl::string_view::npos)
+        << parsed.status().message();
+  }
+  absl::StatusOr<OpenAiImageRequest> form = parse_edits_form(
+      {{"prompt", "", "x"}, {"image", "a.png", "a"}, {"loras", "", "style"}}, kModel);
+  ASSERT_FALSE(form.ok());
+  EXPECT_EQ(params_of(form.status()), std::vector<std::string>{"loras"});
 }
 
 TEST(OpenAiImagesTest, ValidationFieldsGetApiNames) {
