@@ -249,6 +249,11 @@ TEST(MemoryPlanTest, RefusesAPlanLargerThanTheFreeMemoryAndNamesTheOffloadFlag) 
   EXPECT_THAT(refused.message(), HasSubstr("--flag keeps the text encoder in pinned host memory"));
   const absl::Status streamed = check_memory_plan(plan, 79'000'000'000, "dev", true, "--flag");
   EXPECT_FALSE(absl::StrContains(streamed.message(), "--flag"));
+  // The LoRA adapters' device budget (--lora-cache-bytes) is part of the plan.
+  plan.lora_cache = 45'000'000'000;
+  const absl::Status lora = check_memory_plan(plan, 141'000'000'000, "dev", false, "--flag");
+  EXPECT_TRUE(absl::IsResourceExhausted(lora));
+  EXPECT_THAT(lora.message(), HasSubstr("LoRA cache 45.00 GB"));
 }
 
 // ---- prompt cache

@@ -7,6 +7,7 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -321,6 +322,45 @@ TEST_F(LoraE2E, ARequestThatDoesNotFitBesideThePinnedAdaptersIsRefusedBeforeQueu
   EXPECT_EQ(metric_value(text, "flux2_resource_exhausted_total", {{"reason", "lora_cache"}}), 1.0);
   for (const char* kind : {"device_memory", "device_error", "stall"}) {
     EXPECT_EQ(metric_value(text, "flux2_engine_faults_total", {{"kind", kind}}), 0.0) << kind;
+  }
+}
+
+// Both tiers evict the least recently used adapter when the next one does not fit, and
+// /metrics says so: evictions, misses, bytes and capacity per tier.
+TEST_F(LoraE2E, EachTierEvictsTheLeastRecentlyUsedAndReportsIt) {
+  // Each adapter's bytes in each tier, measured on a server with room for both.
+  start_with_loras();
+  v1::GenerateImageResponse response;
+  auto tier_bytes = [&](const char* tier) {
+    return metric_value(metrics(), "flux2_lora_cache_bytes", {{"tier", tier}}).value_or(-1);
+  };
+  ASSERT_TRUE(generate(case0({{"style", 1.0}}), &response).ok());
+  const double style_host = tier_bytes("host"), style_device = tier_bytes("device");
+  ASSERT_TRUE(generate(case0({{"bfl", 1.0}}), &response).ok());
+  const double bfl_host = tier_bytes("host") - style_host;
+  const double bfl_device = tier_bytes("device") - style_device;
+  ASSERT_GT(std::min({style_host, style_device, bfl_host, bfl_device}), 0);
+  server_.reset();
+
+  // Room for one adapter in each tier: style, bfl, style evicts twice in each.
+  const auto host = static_cast<int64_t>(std::max(style_host, bfl_host));
+  const auto device = static_cast<int64_t>(std::max(style_device, bfl_device));
+  start_with_loras({"--lora-host-cache-bytes", std::to_string(host), "--lora-cache-bytes",
+                    std::to_string(device)});
+  for (const char* name : {"style", "bfl", "style"}) {
+    ASSERT_TRUE(generate(case0({{name, 1.0}}), &response).ok()) << name;
+  }
+  const std::string text = metrics();
+  for (const char* tier : {"host", "device"}) {
+    SCOPED_TRACE(tier);
+    EXPECT_EQ(metric_value(text, "flux2_lora_cache_evictions_total", {{"tier", tier}}), 2.0);
+    EXPECT_EQ(
+        metric_value(text, "flux2_lora_cache_requests_total", {{"tier", tier}, {"result", "miss"}}),
+        3.0);
+    EXPECT_EQ(metric_value(text, "flux2_lora_cache_bytes", {{"tier", tier}}),
+              std::string(tier) == "host" ? style_host : style_device);
+    EXPECT_EQ(metric_value(text, "flux2_lora_cache_capacity_bytes", {{"tier", tier}}),
+              static_cast<double>(std::string(tier) == "host" ? host : device));
   }
 }
 

@@ -417,6 +417,17 @@ TEST(ServerOptions, ValidationErrorsNameTheFlag) {
       {{"--max-sequence-length", "0"}, "--max-sequence-length"},
       {{"--prompt-cache-bytes", "-1"}, "--prompt-cache-bytes"},
       {{"--prompt-cache-bytes", std::to_string(kMaxPromptCacheBytes + 1)}, "--prompt-cache-bytes"},
+      {{"--max-loras-per-request", "0"}, "--max-loras-per-request: 0 is outside 1..16"},
+      {{"--max-loras-per-request", "17"}, "--max-loras-per-request"},
+      {{"--max-lora-rank", "0"}, "--max-lora-rank: 0 is outside 1..4096"},
+      {{"--max-lora-rank", "4097"}, "--max-lora-rank"},
+      {{"--max-lora-scale", "nan"}, "--max-lora-scale: not a finite number"},
+      {{"--max-lora-scale", "inf"}, "--max-lora-scale: not a finite number"},
+      {{"--max-lora-scale", "-1"}, "--max-lora-scale"},
+      {{"--max-lora-scale", "1000.5"}, "--max-lora-scale"},
+      {{"--lora-cache-bytes", "-1"}, "--lora-cache-bytes"},
+      {{"--lora-host-cache-bytes", "-1"}, "--lora-host-cache-bytes"},
+      {{"--lora-preload", "style"}, "--lora-preload: needs --lora-dir"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<ParsedFlags> parsed = parse(c.args);
