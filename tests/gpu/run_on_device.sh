@@ -27,7 +27,8 @@
 # diffusers' bf16 VAE-encoder errors (used by `golden` in the same run) and compares our reference
 # resize with PIL's; `edit` times editing requests (one 1024x1024 reference, klein-KV, 4 references);
 # `lora` times steps with rank-32 LoRA adapters on every Linear against the same steps without
-# (klein-4B one and two adapters at both qualities, dev one), and a 300 MB adapter's first use
+# (klein-4B one and two adapters at both qualities, dev one; whole klein-4B requests with one), and
+# a 300 MB adapter's first use
 # and 8 adapters switched in turn (bench --lora-load-mb); `dev` times FLUX.2-dev requests (resident; the 80 GB plan under an 80 GB cap; the prompt cache).
 # `cache` times FLUX.2-dev whole requests at quality=lossless (the text encoder offloaded, so it fits
 # an 80 GB card) uncached, with DBCache at sglang's defaults (W 4, MC 3, R 0.24) and with the fixed
@@ -379,6 +380,10 @@ if want lora; then  # the step with rank-32 adapters on every Linear against the
     done
   done
   bench "$bin/flux2" lora.jsonl "lora dev lossless x1" --model dev --lora-rank 32
+  # Whole klein-4B requests with one adapter against the same requests without (the upload in the
+  # warm-up request, as a server's first request with it).
+  bench "$bin/flux2" lora.jsonl "lora e2e klein-4b high x1" --e2e --model klein-4b --quality high \
+    --lora-rank 32 --tokenizer "$tokenizer"
   # A 300 MB adapter's first use (header, host load, upload) and 8 adapters switched in turn.
   bench "$bin/flux2" lora.jsonl "lora load klein-4b 300 MB" --model klein-4b --lora-load-mb 300
 fi

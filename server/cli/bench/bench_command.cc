@@ -1,16 +1,14 @@
 // `flux2 bench`: per-step latency of the FLUX.2 transformer at real shapes with random weights
 // (model/README.md "Work per step and the floor"): warm-up, then the median of >= 10 timed steps
 // (device events), TFLOP/s, the fraction of the floor and peak device memory; `--json` prints one
-// JSON object per line; --e2e times whole requests (--base: klein-base's 50 CFG steps; --cache:
-// with step caching). Run on the GPU machine by tests/gpu/run_on_device.sh.
+// JSON object per line; --lora-rank R (--loras N): with random adapters, beside the step without;
+// --e2e times whole requests (bench_e2e.h). Run on the GPU machine by tests/gpu/run_on_device.sh;
+// the flux2_bench_* tests of tests/server/CMakeLists.txt run it on the CPU.
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <map>
 #include <optional>
-#include <random>
 #include <utility>
 #include <vector>
 
@@ -18,19 +16,17 @@
 #include "absl/strings/str_format.h"
 #include "kernels/backend_factory.h"
 #include "kernels/base/fast_path_registry.h"
-#include "kernels/base/read_file.h"
 #include "kernels/base/status.h"
 #include "model/flux2_presets.h"
 #include "model/flux2_transformer.h"
-#include "model/image_encode.h"
 #include "model/lora_device_cache.h"
-#include "model/lora_targets.h"
-#include "model/pipeline_presets.h"
-#include "model/reference_image.h"
+#include "model/pipeline.h"
 #include "model/rope.h"
 #include "model/scheduler.h"
 #include "nlohmann/json.hpp"
 #include "server/cli/bench/bench_attention.h"
+#include "server/cli/bench/bench_e2e.h"
+#include "server/cli/bench/bench_options.h"
 #include "server/cli/bench/bench_transformer.h"
 #include "server/cli/bench/gpu_sampler.h"
 #include "server/cli/bench/lora_load_bench.h"
@@ -45,99 +41,6 @@ namespace {
 int fail(absl::string_view message) {
   std::fprintf(stderr, "flux2 bench: %s\n", std::string(message).c_str());
   return 1;
-}
-
-// Progress on stderr (stdout keeps the results, one JSON object per line with --json).
-void progress(absl::string_view message) {
-  std::fprintf(stderr, "flux2 bench: %s\n", std::string(message).c_str());
-}
-
-struct BenchOptions {
-  std::string model = "klein-4b";
-  std::string quality = "lossless";
-  int64_t height = 1024, width = 1024, text_len = 512;
-  int64_t steps = 10, warmup = 3;
-  int64_t references = 0;             // --e2e: reference images at the output size (editing)
-  bool kv_cache = false;              // --e2e: run as klein-KV (references cached after step 0)
-  bool text_encoder_offload = false;  // --e2e: the text encoder streamed from pinned host memory
-  bool prompt_cache = false;          // --e2e: repeated prompts served from the prompt cache
-  // --e2e --base: klein run as its base model (50 steps, CFG 4.0 against the empty prompt).
-  bool base = false;
-  // --e2e --cache dbcache|schedule (--cache-warmup, --cache-mc, --cache-threshold: sglang's W 4,
-  // MC 3, R 0.24 by default; --cache-schedule dbcache-default or 1,1,0,...): the request's step
-  // caching (model/step_cache.h); reported with the forwards it computed and cached.
-  std::string cache = "off";
-  StepCacheOptions step_cache;
-  std::string cache_schedule = "dbcache-default";
-  // --e2e: leave only this much device memory free (a ballast allocation), to run a smaller
-  // GPU's memory plan on a larger one; 0: no cap.
-  double device_memory_cap_gb = 0.0;
-  RequestOptions request;  // what the timed work runs under (--quality, --no-fast-paths)
-  // --tune-gemm FILE: each GEMM shape's candidates timed, the choices merged into FILE (a
-  // --gemm-algorithms table) at the end. --tune-by steps (the default): after the warm-up, each
-  // plan's candidates in turn over whole steps (what a request's loop runs, at the clocks the GPU
-  // sustains under it); calls: each call on its own on first use (--gemm-autotune), --e2e too.
-  std::string tune_gemm;
-  bool tune_by_steps = true;
-  int64_t tune_candidates = 8;  // --tune-candidates: the heuristic's first N per plan
-  bool json = false;
-  OpProfiling profile = OpProfiling::kOff;  // also report device time per op category (or shape)
-  // --lora-rank R (--loras N): N random adapters of rank R on every Linear, and the step without
-  // them timed in the same run for the ratio.
-  int64_t lora_rank = 0;
-  int64_t loras = 1;
-  // --weights bf16|fp8: the transformer's block projections as bf16 values or as an FP8
-  // checkpoint's stored weights (random E4M3 codes and row scales), served as --fp8-lossless
-  // resident|per_layer says (model/pipeline.h Fp8Lossless; the server's flag); with --e2e the
-  // text encoder's too (an FP8 text-encoder file, unless --text-encoder-offload).
-  std::string weights = "bf16";
-  std::string fp8_lossless = "resident";
-  // --fp8-input-scale dynamic|static (with --weights fp8 at --quality high): static quantizes the
-  // FP8 GEMMs' activations per tensor under the random weights' input scale (model/
-  // weight_loader.h kRandomActivationAmax), as the server's flag on a checkpoint with them.
-  std::string fp8_input_scale = "dynamic";
-  // --transformer-file FILE (steps only): the transformer from this checkpoint file (what the
-  // server's flag takes) instead of random weights, its load timed (bench_transformer.h).
-  std::string transformer_file;
-  bool fp8_weights() const { return weights == "fp8"; }
-  // The FP8 checkpoint flags apply: random FP8 weights, or (possibly FP8) a file's.
-  bool fp8_flags_apply() const { return fp8_weights() || !transformer_file.empty(); }
-};
-
-// Fallbacks counted since `before` (fast_path_snapshot), by path and reason: a healthy run at the
-// real shapes has none.
-nlohmann::json fallbacks_since(const std::vector<FastPathCounters>& before) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const FastPathCounters& now : fast_path_snapshot()) {
-    const FastPathCounters* then = nullptr;
-    for (const FastPathCounters& b : before) then = b.path == now.path ? &b : then;
-    for (const auto& [reason, count] : now.fallbacks) {
-      const int64_t earlier =
-          then != nullptr && then->fallbacks.count(reason) ? then->fallbacks.at(reason) : 0;
-      if (count > earlier) out[now.path][reason] = count - earlier;
-    }
-  }
-  return out;
-}
-
-// --tune-gemm: merges the backend's timed GEMM algorithms into the table at `path`.
-absl::Status write_tuned_gemms(Backend& be, const std::string& path) {
-  absl::StatusOr<std::string> existing = read_file(path, "--tune-gemm");  // none yet: a new table
-  FLUX_ASSIGN_OR_RETURN(const std::string table,
-                        be.export_gemm_algorithms(existing.ok() ? *existing : ""));
-  FILE* out = std::fopen(path.c_str(), "wb");
-  if (out == nullptr || std::fwrite(table.data(), 1, table.size(), out) != table.size() ||
-      std::fclose(out) != 0) {
-    return absl::InternalError(absl::StrCat("--tune-gemm: cannot write ", path));
-  }
-  progress(absl::StrCat("tuned GEMM algorithms merged into ", path));
-  return absl::OkStatus();
-}
-
-// What the result JSON says about the GEMM plans (and writes --tune-gemm's table).
-absl::StatusOr<nlohmann::json> gemm_plans(Backend& be, const BenchOptions& o) {
-  if (!o.tune_gemm.empty()) FLUX_RETURN_IF_ERROR(write_tuned_gemms(be, o.tune_gemm));
-  return nlohmann::json(be.gemm_plan_stats());
 }
 
 // --tune-gemm --tune-by steps: every plan's candidates in turn, each timed as the median of
@@ -176,29 +79,11 @@ absl::StatusOr<std::pair<double, double>> tune_gemms_by_steps(
       }
     }
     FLUX_RETURN_IF_ERROR(tuner->choose(keys[k], best, best_ms, current));
-    progress(absl::StrFormat("tuned %d/%d %s: candidate %d of %d, %.3f ms/step (first: %.3f)",
-                             k + 1, keys.size(), keys[k], best, count, best_ms, current));
+    bench_progress(absl::StrFormat("tuned %d/%d %s: candidate %d of %d, %.3f ms/step (first: %.3f)",
+                                   k + 1, keys.size(), keys[k], best, count, best_ms, current));
   }
   FLUX_ASSIGN_OR_RETURN(const double after, measure());
   return std::make_pair(before, after);
-}
-
-// A LoRA adapter of `rank` on every Linear of `config` with random values (alpha = rank).
-std::shared_ptr<const LoraAdapter> random_lora_adapter(const Flux2Config& config, int64_t rank,
-                                                       uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  auto adapter = std::make_shared<LoraAdapter>();
-  for (const auto& [name, target] : flux2_lora_targets(config)) {
-    LoraModule m{name, rank, target.in_features, target.out_features, {}, {}, double(rank), false};
-    m.a.resize(static_cast<size_t>(rank * m.in_features));
-    m.b.resize(static_cast<size_t>(m.out_features * rank));
-    const float a_scale = 1.0f / std::sqrt(static_cast<float>(m.in_features));
-    for (float& v : m.a) v = uniform(rng) * a_scale;
-    for (float& v : m.b) v = uniform(rng) * 0.01f;
-    adapter->modules.push_back(std::move(m));
-  }
-  return adapter;
 }
 
 // --lora-rank: the request's adapters on the device and their terms (null without).
@@ -206,13 +91,7 @@ absl::StatusOr<std::shared_ptr<const Flux2Lora>> bench_lora(Backend& be, const F
                                                             const BenchOptions& o,
                                                             LoraDeviceCache& uploads) {
   if (o.lora_rank <= 0) return nullptr;
-  std::vector<LoraRequest> requests;
-  for (int64_t i = 0; i < o.loras; ++i) {
-    requests.push_back({absl::StrCat("random", i),
-                        random_lora_adapter(config, o.lora_rank, 100 + static_cast<uint64_t>(i)),
-                        i % 2 == 0 ? 0.8 : -0.5});
-  }
-  progress(absl::StrCat(o.loras, " random adapter(s) of rank ", o.lora_rank, " on every Linear"));
+  const std::vector<LoraRequest> requests = random_lora_requests(config, o);
   FLUX_ASSIGN_OR_RETURN(std::vector<Flux2LoraUse> uses, uploads.acquire(be, config, requests));
   return std::make_shared<const Flux2Lora>(flux2_lora(config, uses));
 }
@@ -222,7 +101,7 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
     return absl::InvalidArgumentError("--height/--width must be positive multiples of 16");
   }
-  progress(absl::StrCat(
+  bench_progress(absl::StrCat(
       "creating the ", o.model, " transformer from ",
       o.transformer_file.empty() ? "random " + o.weights + " weights" : o.transformer_file));
   FLUX_ASSIGN_OR_RETURN(BenchTransformer made,
@@ -269,9 +148,9 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   };
   // Warm-up, then the timed steps back to back as a request's denoising loop runs them (the host
   // enqueues ahead of the GPU), each between CUDA events.
-  progress(absl::StrCat(o.width, "x", o.height, " at ", o.quality, ": ", o.warmup,
-                        " warm-up steps, then ", o.steps, " timed steps back to back and ", o.steps,
-                        " synchronised"));
+  bench_progress(absl::StrCat(o.width, "x", o.height, " at ", o.quality, ": ", o.warmup,
+                              " warm-up steps, then ", o.steps, " timed steps back to back and ",
+                              o.steps, " synchronised"));
   FLUX_RETURN_IF_ERROR(be.time_each_ms(o.warmup, step).status());
   std::optional<std::pair<double, double>> tuned;  // --tune-by steps: step medians before, after
   if (!o.tune_gemm.empty() && o.tune_by_steps) {
@@ -355,13 +234,7 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
     result["transformer_file_load_gb_per_s"] = made.file_bytes / 1e9 / made.load_seconds;
   }
   if (without_lora) {
-    result["lora_rank"] = o.lora_rank;
-    result["loras"] = o.loras;
-    int64_t values = 0;  // per adapter
-    for (const auto& [name, t] : flux2_lora_targets(config)) {
-      values += o.lora_rank * (t.in_features + t.out_features);
-    }
-    result["lora_device_bytes"] = o.loras * values * dtype_size(be.weight_dtype());
+    result.update(lora_result(config, o, dtype_size(be.weight_dtype())));
     result["ms_per_step_without_lora_median"] = *without_lora;
     result["lora_step_ratio"] = median / *without_lora;
   }
@@ -377,170 +250,6 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
     result["gemm_floor_ms"] = flops.linear / 870e9;
     result["attention_floor_ms"] = flops.attention / 655e9;
   }
-  return result;
-}
-
-// The whole request (tokenize, text encode, denoise, decode, PNG encode) with random weights at
-// the model's shapes, 1024x1024 by default: the median of `repeats` runs after one warm-up.
-// How a request caches steps, for the report: "W4 MC3 R0.24", the schedule's flags, or "off".
-std::string cache_description(const StepCacheOptions& cache) {
-  if (cache.mode == StepCacheOptions::Mode::kDbCache) {
-    return absl::StrFormat("W%d MC%d R%g", cache.warmup_steps, cache.max_consecutive_cached,
-                           cache.threshold);
-  }
-  if (cache.mode == StepCacheOptions::Mode::kOff) return "off";
-  std::string flags;
-  for (bool compute : cache.schedule) flags += compute ? '1' : '0';
-  return flags;
-}
-
-absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
-                                         const std::string& tokenizer_dir, int repeats) {
-  FLUX_ASSIGN_OR_RETURN(RandomPipelineSpec spec, random_pipeline_spec(o.model, tokenizer_dir));
-  spec.enable_quality_high = o.request.quality == Quality::kHigh;
-  spec.fp8_weights = o.fp8_weights();
-  FLUX_ASSIGN_OR_RETURN(spec.fp8_lossless, parse_fp8_lossless(o.fp8_lossless));
-  FLUX_ASSIGN_OR_RETURN(spec.fp8_input_scale, parse_fp8_input_scale(o.fp8_input_scale));
-  spec.kv_cache = o.kv_cache;
-  spec.is_distilled = !o.base;
-  if (o.text_encoder_offload) spec.text_encoder_residency = WeightResidency::kStreamed;
-  // Every run repeats the prompt: without --prompt-cache each one encodes it, as a new prompt does.
-  if (!o.prompt_cache) spec.prompt_cache_bytes = 0;
-  Tensor ballast;  // --device-memory-cap-gb: what a smaller device would not have
-  if (o.device_memory_cap_gb > 0.0) {
-    const int64_t cap = static_cast<int64_t>(o.device_memory_cap_gb * 1e9);
-    const int64_t held = be.memory_stats().total_bytes - cap;
-    if (held > 0) {
-      FLUX_ASSIGN_OR_RETURN(ballast, be.empty(DType::kU8, {held}));
-    }
-  }
-  spec.on_progress = [](const LoadProgress& step) { progress(describe(step)); };
-  FLUX_ASSIGN_OR_RETURN(std::unique_ptr<Pipeline> pipeline, Pipeline::create_random(be, spec));
-  GenerateParams params;
-  params.prompt =
-      "A photo of a red fox in fresh snow at golden hour, watercolor style, highly detailed";
-  params.height = o.height;
-  params.width = o.width;
-  params.num_inference_steps = o.model == "dev" || o.base ? 50 : 4;  // the published defaults
-  params.cache = o.step_cache;
-  if (params.cache.mode == StepCacheOptions::Mode::kSchedule) {
-    FLUX_ASSIGN_OR_RETURN(params.cache.schedule,
-                          parse_step_cache_schedule(o.cache_schedule, params.num_inference_steps));
-  }
-  params.max_sequence_length = o.text_len;
-  params.fast_paths = o.request.fast_paths;
-  params.quality = o.request.quality;
-  for (int64_t k = 0; k < o.references; ++k) {  // noise-like pixels: the encoder's cost is the same
-    RgbImage reference{o.width, o.height,
-                       std::vector<uint8_t>(static_cast<size_t>(o.width * o.height * 3))};
-    uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(k + 1);
-    for (uint8_t& value : reference.pixels) {
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      value = static_cast<uint8_t>(state >> 56);
-    }
-    params.references.push_back(std::move(reference));
-  }
-  const int64_t free_after_load = be.free_device_bytes();
-  std::vector<double> e2e, tokenize, text_encode, noise, reference_encode, denoise, decode, encode,
-      steps, first_steps, later_steps;
-  StepCacheCounts cache_counts;  // the last request's (a schedule repeats; DBCache's may vary)
-  be.reset_peak_memory();
-  const std::vector<FastPathCounters> before = fast_path_snapshot();
-  std::optional<GpuSampler> sampler;          // the clock and power of the timed requests
-  for (int run = -1; run < repeats; ++run) {  // run -1 warms up
-    if (run == 0) sampler.emplace(be.device_pci_bus_id());
-    const auto start = std::chrono::steady_clock::now();
-    FLUX_ASSIGN_OR_RETURN(GeneratedImage image, pipeline->generate(params));
-    const auto encode_start = std::chrono::steady_clock::now();
-    FLUX_ASSIGN_OR_RETURN(std::vector<uint8_t> png,
-                          encode_png(image.rgb, image.width, image.height));
-    const auto end = std::chrono::steady_clock::now();
-    const double request_ms = std::chrono::duration<double, std::milli>(end - start).count();
-    progress(run < 0 ? absl::StrFormat("warm-up request: %.1f ms", request_ms)
-                     : absl::StrFormat("request %d/%d: %.1f ms", run + 1, repeats, request_ms));
-    if (run < 0) continue;
-    e2e.push_back(request_ms);
-    encode.push_back(std::chrono::duration<double, std::milli>(end - encode_start).count());
-    tokenize.push_back(1e3 * image.timings.tokenize);
-    text_encode.push_back(1e3 * image.timings.text_encode);
-    noise.push_back(1e3 * image.timings.noise);
-    reference_encode.push_back(1e3 * image.timings.reference_encode);
-    for (size_t i = 0; i < image.timings.steps.size(); ++i) {
-      (i == 0 ? first_steps : later_steps).push_back(1e3 * image.timings.steps[i]);
-    }
-    denoise.push_back(1e3 * image.timings.denoise);
-    decode.push_back(1e3 * image.timings.decode);
-    for (double s : image.timings.steps) steps.push_back(1e3 * s);
-    cache_counts = StepCacheCounts{};
-    cache_counts.add(image.cache);
-  }
-  const std::optional<GpuClockPower> clock_power = sampler ? sampler->stop() : std::nullopt;
-  BackendMemoryStats memory = be.memory_stats();
-  memory.peak_bytes -= ballast.bytes();  // the pipeline's own peak
-  const nlohmann::json fallbacks = fallbacks_since(before);
-  std::map<std::string, double> profile;
-  if (o.profile != OpProfiling::kOff) {  // one more request with events around every op
-    be.set_op_profiling(o.profile);
-    FLUX_ASSIGN_OR_RETURN(GeneratedImage image, pipeline->generate(params));
-    be.set_op_profiling(OpProfiling::kOff);
-    profile = be.take_op_profile();
-  }
-  FLUX_ASSIGN_OR_RETURN(const nlohmann::json plans, gemm_plans(be, o));
-  const double step_median = median_of(steps);
-  const int64_t n = (o.height / 16) * (o.width / 16);
-  const StepFlops flops = flux2_step_flops(spec.transformer, n, o.text_len);
-  const double floor = flux2_floor_ms(spec.transformer, n, o.text_len);
-  nlohmann::json result{{"model", o.model},
-                        {"quality", o.quality},
-                        {"height", o.height},
-                        {"width", o.width},
-                        {"text_len", o.text_len},
-                        {"backend", std::string(be.name())},
-                        {"fast_paths", o.request.fast_paths},
-                        {"fast_path_fallbacks", fallbacks},
-                        {"gemm_plans", plans},
-                        {"e2e", true},
-                        {"weights", o.weights},
-                        {"fp8_lossless", o.fp8_weights() ? o.fp8_lossless : ""},
-                        {"fp8_input_scale", o.fp8_weights() ? o.fp8_input_scale : ""},
-                        {"fp8_gemms", pipeline->info().fp8_gemms},
-                        {"fp8_static_scale_gemms", pipeline->info().fp8_static_scale_gemms},
-                        {"request_steps", params.num_inference_steps},
-                        {"references", o.references},
-                        {"kv_cache", o.kv_cache},
-                        {"base", o.base},
-                        {"cache", o.cache},
-                        {"cache_params", cache_description(params.cache)},
-                        {"cache_forwards",
-                         {{"double_computed", cache_counts.computed[0]},
-                          {"double_cached", cache_counts.cached[0]},
-                          {"single_computed", cache_counts.computed[1]},
-                          {"single_cached", cache_counts.cached[1]}}},
-                        {"ms_reference_encode", median_of(reference_encode)},
-                        {"ms_first_step_median", median_of(first_steps)},
-                        {"ms_later_steps_median", median_of(later_steps)},
-                        {"repeats", repeats},
-                        {"ms_e2e_median", median_of(e2e)},
-                        {"ms_tokenize", median_of(tokenize)},
-                        {"ms_text_encode", median_of(text_encode)},
-                        {"ms_noise", median_of(noise)},
-                        {"ms_denoise", median_of(denoise)},
-                        {"ms_decode", median_of(decode)},
-                        {"ms_encode", median_of(encode)},
-                        {"ms_per_step_median", step_median},
-                        {"tflops", (flops.linear + flops.attention) / (step_median * 1e9)},
-                        {"floor_ms", floor},
-                        {"floor_fraction", floor / step_median},
-                        {"peak_device_bytes", memory.peak_bytes},
-                        {"weight_bytes", pipeline->info().device_bytes},
-                        {"text_encoder_offload", o.text_encoder_offload},
-                        {"text_encoder_host_bytes", pipeline->info().text_encoder_host_bytes},
-                        {"prompt_cache", o.prompt_cache},
-                        {"device_memory_cap_gb", o.device_memory_cap_gb},
-                        {"free_device_bytes_after_load", free_after_load},
-                        {"load_seconds", pipeline->info().load_seconds},
-                        {"profile_ms", profile}};
-  add_clock_power(clock_power, result);
   return result;
 }
 
@@ -631,6 +340,28 @@ absl::Status check_weights_flags(const CLI::App& app, const BenchOptions& o) {
 
 // Checks the flags against each other and fills in what they imply (the request's options, the
 // profiling, --tune-gemm's backend options, the tokenizer).
+// --lora-rank R >= 1 with --loras N in 1..16 (steps or --e2e); --loras alone means nothing.
+absl::Status check_lora_flags(const CLI::App& app, const BenchFlags& f) {
+  const BenchOptions& o = f.o;
+  if (app.count("--lora-rank") == 0) {
+    if (app.count("--loras")) return absl::InvalidArgumentError("--loras: add --lora-rank R");
+    return absl::OkStatus();
+  }
+  if (o.lora_rank < 1 || o.lora_rank > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lora-rank: ", o.lora_rank, " is outside 1..4096"));
+  }
+  if (o.loras < 1 || o.loras > 16) {
+    return absl::InvalidArgumentError(absl::StrCat("--loras: ", o.loras, " is outside 1..16"));
+  }
+  if (f.attention_only || f.lora_load_mb > 0) {
+    return absl::InvalidArgumentError(
+        "--lora-rank times steps or whole requests with adapters: drop --attention-only and "
+        "--lora-load-mb");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status check_bench_flags(const CLI::App& app, BenchFlags& f) {
   BenchOptions& o = f.o;
   o.request.fast_paths = !f.no_fast_paths;
@@ -653,6 +384,7 @@ absl::Status check_bench_flags(const CLI::App& app, BenchFlags& f) {
   if ((o.base || o.cache != "off") && !f.e2e) {
     return absl::InvalidArgumentError("--base and --cache time whole requests: add --e2e");
   }
+  FLUX_RETURN_IF_ERROR(check_lora_flags(app, f));
   FLUX_RETURN_IF_ERROR(check_weights_flags(app, o));
   if (!o.transformer_file.empty() && (f.e2e || f.attention_only || f.lora_load_mb > 0)) {
     return absl::InvalidArgumentError(
