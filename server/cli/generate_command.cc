@@ -1,8 +1,9 @@
 // `flux2 generate`: offline text-to-image and editing (--reference, repeatable) without the server,
 // at --quality lossless|high, optionally with the transformer and text encoder from single files
 // and an FP8 checkpoint served as the server serves it (the checkpoint flags flux2_server shares,
-// server/common/checkpoint_flags.h); writes a PNG and prints the stage timings. Tested by
-// tests/host/generate_command_test.cc (tiny checkpoint, bad inputs, references, FP8 files).
+// server/common/checkpoint_flags.h) and LoRA adapters (--lora, files or names under --lora-dir);
+// writes a PNG and prints the stage timings. Tested by tests/host/generate_command_test.cc (tiny
+// checkpoint, bad inputs, references, FP8 files, adapters).
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -23,6 +24,7 @@
 #include "server/common/checkpoint_flags.h"
 #include "server/common/command_line.h"
 #include "server/common/embedded_checkpoint.h"
+#include "server/serving/lora_registry.h"
 
 namespace flux2 {
 namespace {
@@ -44,20 +46,53 @@ absl::StatusOr<std::vector<std::string>> read_references(const std::vector<std::
   return files;
 }
 
-// --lora FILE[:SCALE] (repeatable, applied in order): each adapter file parsed for the loaded
-// transformer; errors name the flag ("--lora[1]: style.safetensors: unknown key ...").
+// "NAME:SCALE" -> (NAME, SCALE); "NAME" (or a suffix that is not a number) -> (NAME, 1).
+std::pair<std::string, double> split_lora_scale(std::string spec) {
+  double scale = 1.0;
+  const size_t colon = spec.rfind(':');
+  if (colon != std::string::npos && absl::SimpleAtod(spec.substr(colon + 1), &scale)) {
+    spec.resize(colon);
+  } else {
+    scale = 1.0;
+  }
+  return {std::move(spec), scale};
+}
+
+// An adapter by name under --lora-dir, resolved, checked and parsed as the server resolves a
+// request's (server/serving/lora_registry.h); errors as the server's, under `field`.
+absl::StatusOr<LoraRequest> resolve_lora(server::LoraRegistry& registry, const std::string& name,
+                                         double scale, const std::string& field) {
+  absl::StatusOr<server::ResolvedLora> lora = registry.resolve(name);
+  if (absl::IsNotFound(lora.status()) || absl::IsPermissionDenied(lora.status())) {
+    return absl::Status(lora.status().code(), absl::StrCat(field, ": ", lora.status().message()));
+  }
+  if (!lora.ok()) {
+    return absl::Status(lora.status().code(),
+                        absl::StrCat(field, ": ", name, ": ", lora.status().message()));
+  }
+  return LoraRequest{lora->sha256, lora->adapter, scale, lora->image};
+}
+
+// --lora NAME[:SCALE] (repeatable, applied in order): with --lora-dir DIR an adapter's name under
+// DIR (as a server request names it), else a file; each parsed for the loaded transformer. Errors
+// name the flag ("--lora[1]: style.safetensors: unknown key ...").
 absl::StatusOr<std::vector<LoraRequest>> read_loras(const std::vector<std::string>& specs,
+                                                    const std::string& lora_dir,
                                                     const Flux2Config& config) {
+  std::unique_ptr<server::LoraRegistry> registry;
+  if (!lora_dir.empty()) {
+    server::LoraRegistryOptions options;
+    options.dir = lora_dir;
+    FLUX_ASSIGN_OR_RETURN(registry, server::LoraRegistry::open(options, config, nullptr));
+  }
   std::vector<LoraRequest> loras;
   for (size_t i = 0; i < specs.size(); ++i) {
     const std::string field = absl::StrCat("--lora[", i, "]");
-    std::string path = specs[i];
-    double scale = 1.0;
-    const size_t colon = path.rfind(':');
-    if (colon != std::string::npos && absl::SimpleAtod(path.substr(colon + 1), &scale)) {
-      path.resize(colon);
-    } else {
-      scale = 1.0;
+    const auto [path, scale] = split_lora_scale(specs[i]);
+    if (registry != nullptr) {
+      FLUX_ASSIGN_OR_RETURN(LoraRequest lora, resolve_lora(*registry, path, scale, field));
+      loras.push_back(std::move(lora));
+      continue;
     }
     FLUX_ASSIGN_OR_RETURN(std::string bytes, read_file(path, field));
     absl::StatusOr<LoraAdapter> adapter = parse_lora_adapter(
@@ -79,7 +114,8 @@ struct GenerateFlags {
   std::string backend = "cpu";
   int64_t seed = 0;                     // params.seed (a negative seed wraps around)
   std::vector<std::string> references;  // --reference, repeatable: the files in order
-  std::vector<std::string> loras;       // --lora FILE[:SCALE], repeatable: applied in order
+  std::vector<std::string> loras;       // --lora NAME[:SCALE], repeatable: applied in order
+  std::string lora_dir;                 // --lora-dir DIR: --lora names adapters under DIR
   // --quality lossless|high: the request's quality (high: the FP8 weights are made at load, as
   // flux2_server's --enable-quality-high).
   std::string quality = "lossless";
@@ -107,6 +143,7 @@ void add_generate_flags(CLI::App& app, GenerateFlags& f) {
   app.add_option("--backend", f.backend);
   app.add_option("--reference", f.references)->allow_extra_args(false);
   app.add_option("--lora", f.loras)->allow_extra_args(false);
+  app.add_option("--lora-dir", f.lora_dir);
   app.add_option("--quality", f.quality);
   add_checkpoint_flags(app, f.checkpoint);
   app.add_flag("--no-fast-paths", f.no_fast_paths);
@@ -156,7 +193,7 @@ int run_generate(int argc, char** argv, int first) {
     if (!reference.ok()) return fail(reference.status().message());
     params.references.push_back(std::move(*reference));
   }
-  auto loras = read_loras(flags.loras, (*pipeline)->transformer_config());
+  auto loras = read_loras(flags.loras, flags.lora_dir, (*pipeline)->transformer_config());
   if (!loras.ok()) return fail(loras.status().message());
   params.loras = std::move(*loras);
   const ImageSize size = output_size(params);

@@ -4,6 +4,7 @@
 // progress (components loading, steps) goes to stderr; --transformer-file takes FP8 files, and the
 // other checkpoint flags of flux2_server (--text-encoder-file, --fp8-lossless, --fp8-input-scale)
 // with --quality work as the server's.
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -246,6 +247,20 @@ TEST(GenerateCommandTest, LoraAdaptersApplyInOrderAndBadOnesNameTheFlag) {
   EXPECT_NE(bad.second.find("--lora[1]: " + model_file + ": not a safetensors file"),
             std::string::npos)
       << bad.second;
+  // With --lora-dir, --lora takes names under it as a server request does: the same image.
+  std::filesystem::create_directories(dir.path() + "/loras/styles");
+  std::filesystem::copy_file(style, dir.path() + "/loras/styles/ink.safetensors");
+  const std::vector<std::string> named = {"--lora-dir", dir.path() + "/loras", "--lora",
+                                          "styles/ink:0.8"};
+  ASSERT_EQ(run(named, "named.png").first, 0);
+  EXPECT_EQ(read_file(dir.path() + "/named.png"), read_file(dir.path() + "/style.png"));
+  const auto missing = run({"--lora-dir", dir.path() + "/loras", "--lora", "ink"}, "x.png");
+  EXPECT_EQ(missing.first, 1);
+  EXPECT_NE(missing.second.find("--lora[0]: no adapter 'ink' under --lora-dir"), std::string::npos)
+      << missing.second;
+  const auto outside = run({"--lora-dir", dir.path() + "/loras", "--lora", "../x"}, "x.png");
+  EXPECT_EQ(outside.first, 1);
+  EXPECT_NE(outside.second.find("--lora[0]: ../x: "), std::string::npos) << outside.second;
 }
 
 }  // namespace
