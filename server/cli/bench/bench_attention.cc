@@ -1,13 +1,16 @@
 // bench_attention; see bench_attention.h.
-// Run on the GPU machine by tests/gpu/run_on_device.sh `attention` (no CPU test: CUDA timings).
+// Run on the GPU machine by tests/gpu/run_on_device.sh `attention`; flux2_bench_attention_cpu
+// (tests/server/CMakeLists.txt) runs the host side at a tiny image size.
 #include "server/cli/bench/bench_attention.h"
-#include "server/cli/bench/median.h"
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "kernels/base/status.h"
 #include "model/flux2_presets.h"
+#include "server/cli/bench/gpu_sampler.h"
+#include "server/cli/bench/median.h"
 
 namespace flux2 {
 
@@ -38,17 +41,21 @@ absl::StatusOr<nlohmann::json> bench_attention(Backend& be, const AttentionBench
     }
     return median_of(times);
   };
+  GpuSampler sampler(be.device_pci_bus_id());  // the clock and power of both layouts' runs
   FLUX_ASSIGN_OR_RETURN(double strided, time_layout(fused.col_slice(0, d), fused.col_slice(d, d),
                                                     fused.col_slice(2 * d, d)));
   FLUX_ASSIGN_OR_RETURN(double contiguous, time_layout(q, k, v));
+  const std::optional<GpuClockPower> clock_power = sampler.stop();
   const double flops = 4.0 * static_cast<double>(s) * s * d;
-  return nlohmann::json{{"model", o.model},
+  nlohmann::json result{{"model", o.model},
                         {"quality", o.quality},
                         {"tokens", s},
                         {"ms_strided", strided},
                         {"ms_contiguous", contiguous},
                         {"tflops_strided", flops / (strided * 1e9)},
                         {"tflops_contiguous", flops / (contiguous * 1e9)}};
+  add_clock_power(clock_power, result);
+  return result;
 }
 
 }  // namespace flux2

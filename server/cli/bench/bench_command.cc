@@ -96,7 +96,14 @@ absl::StatusOr<std::shared_ptr<const Flux2Lora>> bench_lora(Backend& be, const F
   return std::make_shared<const Flux2Lora>(flux2_lora(config, uses));
 }
 
-absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
+// The transformer a step bench times, made as --transformer-file / --weights / --quality say.
+struct StepModel {
+  BenchTransformer made;
+  int64_t weight_bytes = 0, fp8_bytes = 0;
+  LowPrecisionReport fp8;
+};
+
+absl::StatusOr<StepModel> make_step_model(Backend& be, const BenchOptions& o) {
   FLUX_ASSIGN_OR_RETURN(const Flux2Config preset, flux2_preset(o.model));
   if (o.height % 16 || o.width % 16 || o.height <= 0 || o.width <= 0) {
     return absl::InvalidArgumentError("--height/--width must be positive multiples of 16");
@@ -104,152 +111,211 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   bench_progress(absl::StrCat(
       "creating the ", o.model, " transformer from ",
       o.transformer_file.empty() ? "random " + o.weights + " weights" : o.transformer_file));
-  FLUX_ASSIGN_OR_RETURN(BenchTransformer made,
+  StepModel m;
+  FLUX_ASSIGN_OR_RETURN(m.made,
                         make_bench_transformer(be, preset, o.transformer_file, o.fp8_weights()));
-  const std::unique_ptr<Flux2Transformer>& model = made.model;
-  const Flux2Config& config = model->config();  // a transformer folder's own
-  int64_t fp8_bytes = 0, weight_bytes = model->load_report().device_bytes;
-  LowPrecisionReport fp8;
+  Flux2Transformer& model = *m.made.model;
+  m.weight_bytes = model.load_report().device_bytes;
   if (o.request.quality == Quality::kHigh) {
     FLUX_ASSIGN_OR_RETURN(const Fp8InputScale input_scale,
                           parse_fp8_input_scale(o.fp8_input_scale));
-    FLUX_ASSIGN_OR_RETURN(fp8, model->enable_quality_high(input_scale));
-    fp8_bytes = fp8.device_bytes;
+    FLUX_ASSIGN_OR_RETURN(m.fp8, model.enable_quality_high(input_scale));
+    m.fp8_bytes = m.fp8.device_bytes;
   }
-  if (made.stored_fp8 && o.fp8_lossless == "resident") {  // as the server's finish_load
-    FLUX_ASSIGN_OR_RETURN(const DequantizedBytes moved, model->dequantize_stored_weights());
-    weight_bytes += moved.values - moved.stored;
-    if (o.request.quality == Quality::kHigh) fp8_bytes += moved.stored;
+  if (m.made.stored_fp8 && o.fp8_lossless == "resident") {  // as the server's finish_load
+    FLUX_ASSIGN_OR_RETURN(const DequantizedBytes moved, model.dequantize_stored_weights());
+    m.weight_bytes += moved.values - moved.stored;
+    if (o.request.quality == Quality::kHigh) m.fp8_bytes += moved.stored;
   }
+  return m;
+}
+
+// A request's denoising inputs at the bench's shape: random prompt embeddings and latents, the
+// schedule of warm-up + timed steps, and the transformer's conditioning for them.
+struct StepInputs {
+  int64_t h = 0, w = 0, text_len = 0;
+  Tensor prompt, x, v;
+  Schedule schedule;
+  std::vector<float> timesteps, guidance;
+
+  // The conditioning with `lora`'s adapters (none: null).
+  absl::StatusOr<Flux2Conditioning> prepare(Flux2Transformer& model,
+                                            std::shared_ptr<const Flux2Lora> lora) const {
+    return model.prepare(prompt, flux2_text_ids(text_len), flux2_image_ids(h, w), timesteps,
+                         guidance, nullptr, std::move(lora));
+  }
+};
+
+absl::StatusOr<StepInputs> make_step_inputs(Backend& be, const BenchOptions& o,
+                                            const Flux2Config& config) {
+  StepInputs in;
+  in.h = o.height / 16;
+  in.w = o.width / 16;
+  in.text_len = o.text_len;
+  const int64_t n = in.h * in.w;
+  const DType act = be.activation_dtype();
+  FLUX_ASSIGN_OR_RETURN(in.prompt, be.empty(act, {in.text_len, config.joint_attention_dim}));
+  FLUX_ASSIGN_OR_RETURN(in.x, be.empty(act, {n, config.in_channels}));
+  FLUX_ASSIGN_OR_RETURN(in.v, be.empty(act, {n, config.out_channels}));
+  FLUX_RETURN_IF_ERROR(be.fill_uniform(in.prompt, 11, 1.0f));
+  FLUX_RETURN_IF_ERROR(be.fill_uniform(in.x, 12, 1.0f));
+  const int64_t total = o.warmup + o.steps;
+  in.schedule = make_schedule(SchedulerConfig{}, total, n);
+  in.timesteps.assign(in.schedule.timesteps.begin(), in.schedule.timesteps.end());
+  for (float& t : in.timesteps) t /= 1000.0f;
+  if (config.guidance_embeds) in.guidance.assign(static_cast<size_t>(total), 4.0f);
+  return in;
+}
+
+// The timed steps' median and clock; a section of the step bench.
+struct TimedSteps {
+  std::vector<double> sorted_ms;
+  std::optional<GpuClockPower> clock_power;
+  double median() const { return sorted_ms[sorted_ms.size() / 2]; }
+};
+
+// `o.steps` steps back to back as a request's denoising loop runs them (the host enqueues ahead
+// of the GPU), each between CUDA events, with the GPU's clock and power sampled meanwhile.
+absl::StatusOr<TimedSteps> time_steps(Backend& be, const BenchOptions& o,
+                                      const std::function<absl::Status(int64_t)>& step) {
+  TimedSteps timed;
+  GpuSampler sampler(be.device_pci_bus_id());
+  FLUX_ASSIGN_OR_RETURN(timed.sorted_ms,
+                        be.time_each_ms(o.steps, [&](int64_t i) { return step(o.warmup + i); }));
+  timed.clock_power = sampler.stop();
+  std::sort(timed.sorted_ms.begin(), timed.sorted_ms.end());
+  return timed;
+}
+
+// The same steps each timed alone, the host waiting for the GPU before and after (the GPU then
+// also waits for the first launches of every step): reported for comparison.
+absl::StatusOr<double> synced_step_median(Backend& be, const BenchOptions& o,
+                                          const std::function<absl::Status(int64_t)>& step) {
+  std::vector<double> synced;
+  for (int64_t i = 0; i < o.steps; ++i) {
+    FLUX_ASSIGN_OR_RETURN(double ms, be.time_ms([&] { return step(o.warmup + i); }));
+    synced.push_back(ms);
+  }
+  return median_of(std::move(synced));
+}
+
+// --profile: a few more steps with events around every op: where the step's time goes (ms per
+// step by category or shape).
+absl::StatusOr<std::map<std::string, double>> profile_steps(
+    Backend& be, const BenchOptions& o, const std::function<absl::Status(int64_t)>& step) {
+  constexpr int kProfiledSteps = 3;
+  be.set_op_profiling(o.profile);
+  for (int i = 0; i < kProfiledSteps; ++i) FLUX_RETURN_IF_ERROR(step(o.warmup + o.steps - 1));
+  be.set_op_profiling(OpProfiling::kOff);
+  std::map<std::string, double> profile;
+  for (const auto& [category, ms] : be.take_op_profile()) profile[category] = ms / kProfiledSteps;
+  return profile;
+}
+
+// The step bench's result: what ran, its times and the floor, memory and weights.
+nlohmann::json step_result(Backend& be, const BenchOptions& o, const StepModel& m,
+                           const TimedSteps& timed, double synced_median,
+                           const nlohmann::json& fallbacks) {
+  const Flux2Config& config = m.made.model->config();
+  const int64_t n = (o.height / 16) * (o.width / 16), l = o.text_len;
+  const double median = timed.median();
+  const StepFlops flops = flux2_step_flops(config, n, l);
+  const double floor = flux2_floor_ms(config, n, l);
+  nlohmann::json result = {{"model", o.model},
+                           {"quality", o.quality},
+                           {"height", o.height},
+                           {"width", o.width},
+                           {"text_len", l},
+                           {"backend", std::string(be.name())},
+                           {"fast_paths", o.request.fast_paths},
+                           {"fast_path_fallbacks", fallbacks},
+                           {"steps_timed", o.steps},
+                           {"ms_per_step_median", median},
+                           {"ms_per_step_min", timed.sorted_ms.front()},
+                           {"ms_per_step_max", timed.sorted_ms.back()},
+                           {"ms_per_step_synced_median", synced_median},
+                           {"tflops", (flops.linear + flops.attention) / (median * 1e9)},
+                           {"linear_tflop", flops.linear / 1e12},
+                           {"attention_tflop", flops.attention / 1e12},
+                           {"floor_ms", floor},
+                           {"floor_fraction", floor / median},
+                           {"peak_device_bytes", be.memory_stats().peak_bytes},
+                           {"weight_bytes", m.weight_bytes},
+                           {"fp8_weight_bytes", m.fp8_bytes},
+                           {"weights", m.made.source},
+                           {"fp8_lossless", m.made.stored_fp8 ? o.fp8_lossless : ""},
+                           {"fp8_input_scale", m.made.stored_fp8 ? o.fp8_input_scale : ""},
+                           {"fp8_gemms", m.fp8.gemms},
+                           {"fp8_static_scale_gemms", m.fp8.static_scaled}};
+  add_clock_power(timed.clock_power, result);
+  if (!o.transformer_file.empty()) {
+    result["transformer_file_load_seconds"] = m.made.load_seconds;
+    result["transformer_file_bytes"] = m.made.file_bytes;
+    result["transformer_file_load_gb_per_s"] = m.made.file_bytes / 1e9 / m.made.load_seconds;
+  }
+  return result;
+}
+
+// --profile's fields: the profile, the gaps between ops and the GEMM and attention floors.
+void add_profile(const std::map<std::string, double>& profile, const Flux2Config& config,
+                 const BenchOptions& o, double median, nlohmann::json& result) {
+  const StepFlops flops = flux2_step_flops(config, (o.height / 16) * (o.width / 16), o.text_len);
+  double sum = 0.0;
+  for (const auto& [category, ms] : profile) sum += ms;
+  result["profile_ms"] = profile;
+  result["profile_gaps_ms"] = median - sum;  // launch gaps and host overhead between ops
+  result["gemm_floor_ms"] = flops.linear / 870e9;
+  result["attention_floor_ms"] = flops.attention / 655e9;
+}
+
+absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
+  FLUX_ASSIGN_OR_RETURN(StepModel m, make_step_model(be, o));
+  Flux2Transformer& model = *m.made.model;
+  const Flux2Config& config = model.config();  // a transformer folder's own
   const std::vector<FastPathCounters> before = fast_path_snapshot();
   const RequestScope request(be, o.request);
-  const int64_t h = o.height / 16, w = o.width / 16, n = h * w, l = o.text_len;
-  const DType act = be.activation_dtype();
-  FLUX_ASSIGN_OR_RETURN(Tensor prompt, be.empty(act, {l, config.joint_attention_dim}));
-  FLUX_ASSIGN_OR_RETURN(Tensor x, be.empty(act, {n, config.in_channels}));
-  FLUX_ASSIGN_OR_RETURN(Tensor v, be.empty(act, {n, config.out_channels}));
-  FLUX_RETURN_IF_ERROR(be.fill_uniform(prompt, 11, 1.0f));
-  FLUX_RETURN_IF_ERROR(be.fill_uniform(x, 12, 1.0f));
-  const int64_t total = o.warmup + o.steps;
-  const Schedule schedule = make_schedule(SchedulerConfig{}, total, n);
-  std::vector<float> timesteps(schedule.timesteps.begin(), schedule.timesteps.end());
-  for (float& t : timesteps) t /= 1000.0f;
-  std::vector<float> guidance;
-  if (config.guidance_embeds) guidance.assign(static_cast<size_t>(total), 4.0f);
+  FLUX_ASSIGN_OR_RETURN(StepInputs in, make_step_inputs(be, o, config));
   be.reset_peak_memory();
   LoraDeviceCache uploads;  // --lora-rank: this run's adapters
   FLUX_ASSIGN_OR_RETURN(std::shared_ptr<const Flux2Lora> lora, bench_lora(be, config, o, uploads));
-  FLUX_ASSIGN_OR_RETURN(Flux2Conditioning cond,
-                        model->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w), timesteps,
-                                       guidance, nullptr, lora));
-  auto step = [&](int64_t i) -> absl::Status {
-    FLUX_RETURN_IF_ERROR(model->forward(cond, i, x, v));
-    return be.euler_step(x, v, schedule.dt(i));
+  FLUX_ASSIGN_OR_RETURN(const Flux2Conditioning cond, in.prepare(model, lora));
+  auto step_with = [&](const Flux2Conditioning& c) {
+    return [&](int64_t i) -> absl::Status {
+      FLUX_RETURN_IF_ERROR(model.forward(c, i, in.x, in.v));
+      return be.euler_step(in.x, in.v, in.schedule.dt(i));
+    };
   };
-  // Warm-up, then the timed steps back to back as a request's denoising loop runs them (the host
-  // enqueues ahead of the GPU), each between CUDA events.
+  const std::function<absl::Status(int64_t)> step = step_with(cond);
   bench_progress(absl::StrCat(o.width, "x", o.height, " at ", o.quality, ": ", o.warmup,
                               " warm-up steps, then ", o.steps, " timed steps back to back and ",
                               o.steps, " synchronised"));
   FLUX_RETURN_IF_ERROR(be.time_each_ms(o.warmup, step).status());
   std::optional<std::pair<double, double>> tuned;  // --tune-by steps: step medians before, after
   if (!o.tune_gemm.empty() && o.tune_by_steps) {
-    FLUX_ASSIGN_OR_RETURN(
-        tuned, tune_gemms_by_steps(be, o, step, [&] { return be.fill_uniform(x, 12, 1.0f); }));
-    FLUX_RETURN_IF_ERROR(be.fill_uniform(x, 12, 1.0f));
+    auto reset = [&] { return be.fill_uniform(in.x, 12, 1.0f); };
+    FLUX_ASSIGN_OR_RETURN(tuned, tune_gemms_by_steps(be, o, step, reset));
+    FLUX_RETURN_IF_ERROR(reset());
   }
-  GpuSampler sampler(be.device_pci_bus_id());  // the clock and power of the timed steps
-  FLUX_ASSIGN_OR_RETURN(std::vector<double> times,
-                        be.time_each_ms(o.steps, [&](int64_t i) { return step(o.warmup + i); }));
-  const std::optional<GpuClockPower> clock_power = sampler.stop();
-  // The same steps each timed alone, the host waiting for the GPU before and after (the GPU then
-  // also waits for the first launches of every step): reported for comparison.
-  std::vector<double> synced;
-  for (int64_t i = 0; i < o.steps; ++i) {
-    FLUX_ASSIGN_OR_RETURN(double ms, be.time_ms([&] { return step(o.warmup + i); }));
-    synced.push_back(ms);
-  }
-  std::sort(synced.begin(), synced.end());
-  std::optional<double> without_lora;  // --lora-rank: the same steps without the adapters
-  if (lora != nullptr) {
-    FLUX_ASSIGN_OR_RETURN(
-        Flux2Conditioning plain,
-        model->prepare(prompt, flux2_text_ids(l), flux2_image_ids(h, w), timesteps, guidance));
-    FLUX_ASSIGN_OR_RETURN(std::vector<double> plain_times,
-                          be.time_each_ms(o.steps, [&](int64_t i) -> absl::Status {
-                            FLUX_RETURN_IF_ERROR(model->forward(plain, o.warmup + i, x, v));
-                            return be.euler_step(x, v, schedule.dt(o.warmup + i));
-                          }));
-    without_lora = median_of(std::move(plain_times));
-  }
-  std::map<std::string, double> profile;
-  if (o.profile != OpProfiling::kOff) {
-    // A few more steps with events around every op: where the step's time goes.
-    constexpr int kProfiledSteps = 3;
-    be.set_op_profiling(o.profile);
-    for (int i = 0; i < kProfiledSteps; ++i) {
-      FLUX_RETURN_IF_ERROR(model->forward(cond, total - 1, x, v));
-      FLUX_RETURN_IF_ERROR(be.euler_step(x, v, 0.0f));
-    }
-    be.set_op_profiling(OpProfiling::kOff);
-    for (const auto& [category, ms] : be.take_op_profile()) profile[category] = ms / kProfiledSteps;
-  }
-  std::sort(times.begin(), times.end());
-  const double median = times[times.size() / 2];
-  const StepFlops flops = flux2_step_flops(config, n, l);
-  const double floor = flux2_floor_ms(config, n, l);
-  const BackendMemoryStats memory = be.memory_stats();
-  FLUX_ASSIGN_OR_RETURN(const nlohmann::json plans, gemm_plans(be, o));
-  nlohmann::json result = {{"model", o.model},
-                           {"quality", o.quality},
-                           {"gemm_plans", plans},
-                           {"height", o.height},
-                           {"width", o.width},
-                           {"text_len", l},
-                           {"backend", std::string(be.name())},
-                           {"fast_paths", o.request.fast_paths},
-                           {"fast_path_fallbacks", fallbacks_since(before)},
-                           {"steps_timed", o.steps},
-                           {"ms_per_step_median", median},
-                           {"ms_per_step_min", times.front()},
-                           {"ms_per_step_max", times.back()},
-                           {"ms_per_step_synced_median", synced[synced.size() / 2]},
-                           {"tflops", (flops.linear + flops.attention) / (median * 1e9)},
-                           {"linear_tflop", flops.linear / 1e12},
-                           {"attention_tflop", flops.attention / 1e12},
-                           {"floor_ms", floor},
-                           {"floor_fraction", floor / median},
-                           {"peak_device_bytes", memory.peak_bytes},
-                           {"weight_bytes", weight_bytes},
-                           {"fp8_weight_bytes", fp8_bytes},
-                           {"weights", made.source},
-                           {"fp8_lossless", made.stored_fp8 ? o.fp8_lossless : ""},
-                           {"fp8_input_scale", made.stored_fp8 ? o.fp8_input_scale : ""},
-                           {"fp8_gemms", fp8.gemms},
-                           {"fp8_static_scale_gemms", fp8.static_scaled}};
-  add_clock_power(clock_power, result);
-  if (!o.transformer_file.empty()) {
-    result["transformer_file_load_seconds"] = made.load_seconds;
-    result["transformer_file_bytes"] = made.file_bytes;
-    result["transformer_file_load_gb_per_s"] = made.file_bytes / 1e9 / made.load_seconds;
-  }
-  if (without_lora) {
+  FLUX_ASSIGN_OR_RETURN(const TimedSteps timed, time_steps(be, o, step));
+  FLUX_ASSIGN_OR_RETURN(const double synced, synced_step_median(be, o, step));
+  nlohmann::json result = step_result(be, o, m, timed, synced, fallbacks_since(before));
+  if (lora != nullptr) {  // the same steps without the adapters, for the ratio
+    FLUX_ASSIGN_OR_RETURN(const Flux2Conditioning plain, in.prepare(model, nullptr));
+    FLUX_ASSIGN_OR_RETURN(const TimedSteps without, time_steps(be, o, step_with(plain)));
     result.update(lora_result(config, o, dtype_size(be.weight_dtype())));
-    result["ms_per_step_without_lora_median"] = *without_lora;
-    result["lora_step_ratio"] = median / *without_lora;
+    result["ms_per_step_without_lora_median"] = without.median();
+    result["lora_step_ratio"] = timed.median() / without.median();
+    add_clock_power(without.clock_power, result, "without_lora_");
   }
   if (tuned) {
     result["tune_ms_per_step_before"] = tuned->first;
     result["tune_ms_per_step_after"] = tuned->second;
   }
   if (o.profile != OpProfiling::kOff) {
-    double sum = 0.0;
-    for (const auto& [category, ms] : profile) sum += ms;
-    result["profile_ms"] = profile;
-    result["profile_gaps_ms"] = median - sum;  // launch gaps and host overhead between ops
-    result["gemm_floor_ms"] = flops.linear / 870e9;
-    result["attention_floor_ms"] = flops.attention / 655e9;
+    FLUX_ASSIGN_OR_RETURN(const auto profile, profile_steps(be, o, step));
+    add_profile(profile, config, o, timed.median(), result);
   }
+  FLUX_ASSIGN_OR_RETURN(result["gemm_plans"], gemm_plans(be, o));
   return result;
 }
 

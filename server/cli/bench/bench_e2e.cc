@@ -238,8 +238,10 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
   if (!params.loras.empty()) {  // the same requests without the adapters, for the ratios
     GenerateParams plain = params;
     plain.loras.clear();
-    FLUX_ASSIGN_OR_RETURN(const E2eTimes without,
-                          time_requests(be, *pipeline, plain, repeats, "without LoRA: ", nullptr));
+    std::optional<GpuSampler> plain_sampler;
+    FLUX_ASSIGN_OR_RETURN(const E2eTimes without, time_requests(be, *pipeline, plain, repeats,
+                                                                "without LoRA: ", &plain_sampler));
+    add_clock_power(plain_sampler ? plain_sampler->stop() : std::nullopt, result, "without_lora_");
     result.update(lora_result(spec.transformer, o, dtype_size(be.weight_dtype())));
     result["ms_e2e_without_lora_median"] = median_of(without.e2e);
     result["ms_per_step_without_lora_median"] = median_of(without.steps);

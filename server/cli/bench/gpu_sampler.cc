@@ -26,23 +26,29 @@ GpuSampler::~GpuSampler() {
 std::optional<GpuClockPower> GpuSampler::stop() {
   running_ = false;
   if (thread_.joinable()) thread_.join();
-  if (readings_.empty()) return std::nullopt;
+  return summarize_gpu_readings(readings_);
+}
+
+std::optional<GpuClockPower> summarize_gpu_readings(
+    const std::vector<server::SystemMetrics::GpuReading>& readings) {
+  if (readings.empty()) return std::nullopt;
   std::vector<double> clocks;
   double watts = 0.0;
-  for (const server::SystemMetrics::GpuReading& r : readings_) {
+  for (const server::SystemMetrics::GpuReading& r : readings) {
     clocks.push_back(r.sm_clock_mhz);
     watts += r.power_watts;
   }
   std::sort(clocks.begin(), clocks.end());
-  return GpuClockPower{clocks[clocks.size() / 2], watts / static_cast<double>(readings_.size()),
-                       static_cast<int>(readings_.size())};
+  return GpuClockPower{clocks[clocks.size() / 2], watts / static_cast<double>(readings.size()),
+                       static_cast<int>(readings.size())};
 }
 
-void add_clock_power(const std::optional<GpuClockPower>& summary, nlohmann::json& result) {
+void add_clock_power(const std::optional<GpuClockPower>& summary, nlohmann::json& result,
+                     const std::string& prefix) {
   if (!summary) return;
-  result["sm_clock_mhz_median"] = summary->sm_clock_mhz_median;
-  result["power_watts_mean"] = summary->power_watts_mean;
-  result["gpu_samples"] = summary->samples;
+  result[prefix + "sm_clock_mhz_median"] = summary->sm_clock_mhz_median;
+  result[prefix + "power_watts_mean"] = summary->power_watts_mean;
+  result[prefix + "gpu_samples"] = summary->samples;
 }
 
 std::string clock_power_text(const nlohmann::json& result) {
