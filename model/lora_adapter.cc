@@ -468,9 +468,9 @@ absl::Status check_scaling(const LoraModule& module, double max_scale) {
                  " is not a finite float32 scaling");
 }
 
-// Unknown keys are refused; but a FLUX.1 adapter says so first, and the shapes of the modules the
-// model does have come next: an adapter for a larger variant (klein-9B on klein-4B) has both more
-// blocks and wider matrices, and the shapes name the mismatch.
+// Unknown keys are refused; but a FLUX.1 adapter says so first, and the modules the model does
+// have are checked next (their shapes, and so their ranks too): an adapter for a larger variant
+// (klein-9B on klein-4B) has both more blocks and wider matrices, and the shapes name the mismatch.
 absl::Status refuse_unknown_keys(const GroupedKeys& grouped, const NameTables& names,
                                  const LoraParseOptions& options) {
   if (grouped.unknown.empty()) return absl::OkStatus();

@@ -31,7 +31,14 @@ struct SourceModule {
   bool kohya_dropped = false;        // diffusers' kohya converter drops this module (Q5)
 };
 
+// Move-only: `kohya` points into `bfl` (a moved map keeps its nodes; a copy would not).
 struct NameTables {
+  NameTables() = default;
+  NameTables(NameTables&&) = default;
+  NameTables& operator=(NameTables&&) = default;
+  NameTables(const NameTables&) = delete;
+  NameTables& operator=(const NameTables&) = delete;
+
   std::map<std::string, LoraTarget> targets;         // diffusers module -> shape
   std::map<std::string, SourceModule> diffusers;     // diffusers module -> itself
   std::map<std::string, SourceModule> bfl;           // BFL name ("double_blocks.0.img_attn.qkv")

@@ -152,6 +152,34 @@ void Pipeline::check_size(const ImageSize& size, std::vector<FieldViolation>& vi
   }
 }
 
+namespace {
+
+// Each adapter's weight (the request's scale): finite, and PEFT's scaling in float32 at it finite
+// for every module (the server's --max-lora-scale bounds it already; `flux2 generate` takes any):
+// an infinite one turns the image black.
+void check_lora_weights(const std::vector<LoraRequest>& loras,
+                        std::vector<FieldViolation>* violations) {
+  for (size_t i = 0; i < loras.size(); ++i) {
+    const double weight = loras[i].weight;
+    const std::string field = absl::StrCat("loras[", i, "].scale");
+    if (!std::isfinite(weight)) {
+      violations->push_back({field, absl::StrCat(exact_decimal(weight), " is not finite")});
+      continue;
+    }
+    for (const LoraModule& module : loras[i].adapter->modules) {
+      if (!std::isfinite(module.scaling(weight))) {
+        violations->push_back(
+            {field, absl::StrCat(exact_decimal(weight), " makes ", module.module,
+                                 "'s scaling (lora_alpha ", module.alpha, " over rank ",
+                                 module.rank, ") overflow float32")});
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<FieldViolation> Pipeline::check(const GenerateParams& params) const {
   std::vector<FieldViolation> violations;
   const bool first_reference_ok = check_references(params, violations);
@@ -185,12 +213,7 @@ std::vector<FieldViolation> Pipeline::check(const GenerateParams& params) const 
                           "QUALITY_HIGH is not enabled for this model (load it with quality=high "
                           "enabled)"});
   }
-  for (size_t i = 0; i < params.loras.size(); ++i) {
-    if (!std::isfinite(params.loras[i].weight)) {
-      violations.push_back({absl::StrCat("loras[", i, "].scale"),
-                            absl::StrCat(exact_decimal(params.loras[i].weight), " is not finite")});
-    }
-  }
+  check_lora_weights(params.loras, &violations);
   check_step_cache(params.cache, resolved_steps(params, info_.default_steps), &violations);
   if (params.cache.enabled() && parallel_.has_value()) {
     violations.push_back({"cache", absl::StrCat("step caching compares whole-sequence residuals "

@@ -6,7 +6,9 @@
 // checkpoint, bad inputs, references, FP8 files, adapters).
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"

@@ -19,10 +19,12 @@ void parse_one(const json& item, const std::string& field, std::vector<LoraSpec>
     return;
   }
   LoraSpec spec;
-  bool named = false;
+  bool named = false;       // spec.name holds a name or path given as a string
+  bool name_given = false;  // a name or path given at all (a bad one is its own violation)
   for (const auto& [key, value] : item.items()) {
     const std::string member = absl::StrCat(field, ".", key);
     if (key == "name" || key == "path") {  // `path`: fal clients' name for it
+      name_given = true;
       if (!value.is_string()) {
         violations->push_back({member, "must be a string"});
       } else if (named && spec.name != value.get<std::string>()) {
@@ -45,7 +47,9 @@ void parse_one(const json& item, const std::string& field, std::vector<LoraSpec>
       violations->push_back({member, "unknown parameter (name, path, scale)"});
     }
   }
-  if (!named && !item.contains("url")) violations->push_back({field + ".name", "is required"});
+  if (!name_given && !item.contains("url")) {
+    violations->push_back({field + ".name", "is required"});
+  }
   loras->push_back(std::move(spec));
 }
 

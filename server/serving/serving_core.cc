@@ -159,7 +159,8 @@ absl::Status ServingCore::open_loras(const Engine& engine) {
                           absl::StrCat("--lora-preload: ", name, ": ", status.message()));
     }
     loras_->mark_pinned(name);
-    pinned_loras_.push_back(*resolved);
+    pinned_lora_bytes_[resolved->sha256] =
+        Flux2LoraWeights::device_bytes(*resolved->adapter, engine.info().weight_value_bytes);
     log_line(LogLevel::kInfo, absl::StrCat("LoRA adapter ", name, " pinned on the device"));
   }
   update_lora_device_metrics_from(engine);
@@ -190,20 +191,19 @@ absl::Status ServingCore::resolve_loras(const GenerateRequest& request, const Se
                                      lora->adapter->max_rank(), lora->sha256.substr(0, 12)});
   }
   if (!violations.empty()) return invalid_argument_status(violations);
-  return check_lora_budget(spec, device_bytes, model.info.weight_value_bytes);
+  return check_lora_budget(spec, device_bytes);
 }
 
-absl::Status ServingCore::check_lora_budget(const JobSpec& spec, int64_t device_bytes,
-                                            int64_t value_bytes) {
+absl::Status ServingCore::check_lora_budget(const JobSpec& spec, int64_t device_bytes) {
   const int64_t capacity = options_.lora.device_cache_bytes;
   if (capacity <= 0) return absl::OkStatus();  // no cache: each request uploads for itself
   // The device cache never evicts pinned adapters: those the request does not name stay beside it
   // (the worker's LoraDeviceCache::acquire would refuse it, after queueing, as an engine fault).
   int64_t pinned_bytes = 0;
-  for (const ResolvedLora& pinned : pinned_loras_) {
+  for (const auto& [sha256, bytes] : pinned_lora_bytes_) {
     const bool named = std::any_of(spec.params.loras.begin(), spec.params.loras.end(),
-                                   [&](const LoraRequest& r) { return r.key == pinned.sha256; });
-    if (!named) pinned_bytes += Flux2LoraWeights::device_bytes(*pinned.adapter, value_bytes);
+                                   [&](const LoraRequest& r) { return r.key == sha256; });
+    if (!named) pinned_bytes += bytes;
   }
   if (device_bytes + pinned_bytes <= capacity) return absl::OkStatus();
   metrics_.count_resource_exhausted(kLoraCacheFull);

@@ -129,7 +129,7 @@ class ServingCore {
                              JobSpec& spec);
   // ResourceExhausted when a request's `device_bytes` of adapters do not fit --lora-cache-bytes
   // beside the pinned adapters it does not name (counted as lora_cache).
-  absl::Status check_lora_budget(const JobSpec& spec, int64_t device_bytes, int64_t value_bytes);
+  absl::Status check_lora_budget(const JobSpec& spec, int64_t device_bytes);
   // flux2_lora_* of the device tier from the engine's cache counters (after each request).
   void update_lora_device_metrics();
   void update_lora_device_metrics_from(const Engine& engine);
@@ -148,9 +148,9 @@ class ServingCore {
   std::unique_ptr<StallWatchdog> watchdog_;
   std::unique_ptr<EngineWorker> worker_;
   std::unique_ptr<LoraRegistry> loras_;  // set once, on the worker thread, before serving
-  // --lora-preload's adapters, never evicted from the device cache: a request's others must fit
-  // beside them (set with loras_).
-  std::vector<ResolvedLora> pinned_loras_;
+  // --lora-preload's adapters (sha256, the device cache's key -> device bytes), never evicted from
+  // the device cache: a request's others must fit beside them (set with loras_).
+  std::map<std::string, int64_t> pinned_lora_bytes_;
   std::mutex lora_mu_;
   LoraCacheStats lora_device_seen_;  // guarded by lora_mu_: the counters last exported
   bool worker_joined_ = true;

@@ -247,6 +247,12 @@ TEST(GenerateCommandTest, LoraAdaptersApplyInOrderAndBadOnesNameTheFlag) {
   EXPECT_NE(bad.second.find("--lora[1]: " + model_file + ": not a safetensors file"),
             std::string::npos)
       << bad.second;
+  // A scale whose PEFT scaling overflows float32 (the CLI has no --max-lora-scale): refused.
+  const auto huge = run({"--lora", style + ":1e300"}, "huge.png");
+  EXPECT_EQ(huge.first, 1);
+  EXPECT_NE(huge.second.find("loras[0].scale: "), std::string::npos) << huge.second;
+  EXPECT_NE(huge.second.find("'s scaling (lora_alpha "), std::string::npos) << huge.second;
+  EXPECT_NE(huge.second.find(") overflow float32"), std::string::npos) << huge.second;
   // With --lora-dir, --lora takes names under it as a server request does: the same image.
   std::filesystem::create_directories(dir.path() + "/loras/styles");
   std::filesystem::copy_file(style, dir.path() + "/loras/styles/ink.safetensors");

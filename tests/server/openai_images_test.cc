@@ -197,7 +197,7 @@ TEST(OpenAiImagesTest, LoraRefusalsNameTheMember) {
       {R"({"name": "x"})", {"loras"}, "loras: must be an array"},
       {R"(["x"])", {"loras[0]"}, "loras[0]: must be an object {\"name\": ..., \"scale\": ...}"},
       {R"([{"scale": 1}])", {"loras[0].name"}, "loras[0].name: is required"},
-      {R"([{"name": 3}])", {"loras[0].name", "loras[0].name"}, "loras[0].name: must be a string"},
+      {R"([{"name": 3}])", {"loras[0].name"}, "loras[0].name: must be a string"},
       {R"([{"name": "a"}, {"name": "b", "path": "c"}])",
        {"loras[1].path"},
        "loras[1].path: differs from the adapter's other name / path"},

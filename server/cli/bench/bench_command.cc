@@ -200,12 +200,14 @@ absl::StatusOr<double> synced_step_median(Backend& be, const BenchOptions& o,
 }
 
 // --profile: a few more steps with events around every op: where the step's time goes (ms per
-// step by category or shape).
+// step by category or shape). `step(i, dt)`: step i with an Euler step of dt (0: x unchanged).
 absl::StatusOr<std::map<std::string, double>> profile_steps(
-    Backend& be, const BenchOptions& o, const std::function<absl::Status(int64_t)>& step) {
+    Backend& be, const BenchOptions& o, const std::function<absl::Status(int64_t, float)>& step) {
   constexpr int kProfiledSteps = 3;
   be.set_op_profiling(o.profile);
-  for (int i = 0; i < kProfiledSteps; ++i) FLUX_RETURN_IF_ERROR(step(o.warmup + o.steps - 1));
+  for (int i = 0; i < kProfiledSteps; ++i) {
+    FLUX_RETURN_IF_ERROR(step(o.warmup + o.steps - 1, 0.0f));
+  }
   be.set_op_profiling(OpProfiling::kOff);
   std::map<std::string, double> profile;
   for (const auto& [category, ms] : be.take_op_profile()) profile[category] = ms / kProfiledSteps;
@@ -279,13 +281,14 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   LoraDeviceCache uploads;  // --lora-rank: this run's adapters
   FLUX_ASSIGN_OR_RETURN(std::shared_ptr<const Flux2Lora> lora, bench_lora(be, config, o, uploads));
   FLUX_ASSIGN_OR_RETURN(const Flux2Conditioning cond, in.prepare(model, lora));
-  auto step_with = [&](const Flux2Conditioning& c) {
-    return [&](int64_t i) -> absl::Status {
-      FLUX_RETURN_IF_ERROR(model.forward(c, i, in.x, in.v));
-      return be.euler_step(in.x, in.v, in.schedule.dt(i));
-    };
+  // Step i under conditioning `c` (cond, or plain without the adapters), with an Euler step of dt.
+  auto step_dt = [&](const Flux2Conditioning& c, int64_t i, float dt) -> absl::Status {
+    FLUX_RETURN_IF_ERROR(model.forward(c, i, in.x, in.v));
+    return be.euler_step(in.x, in.v, dt);
   };
-  const std::function<absl::Status(int64_t)> step = step_with(cond);
+  const std::function<absl::Status(int64_t)> step = [&](int64_t i) {
+    return step_dt(cond, i, in.schedule.dt(i));
+  };
   bench_progress(absl::StrCat(o.width, "x", o.height, " at ", o.quality, ": ", o.warmup,
                               " warm-up steps, then ", o.steps, " timed steps back to back and ",
                               o.steps, " synchronised"));
@@ -298,23 +301,31 @@ absl::StatusOr<nlohmann::json> bench_step(Backend& be, const BenchOptions& o) {
   }
   FLUX_ASSIGN_OR_RETURN(const TimedSteps timed, time_steps(be, o, step));
   FLUX_ASSIGN_OR_RETURN(const double synced, synced_step_median(be, o, step));
-  nlohmann::json result = step_result(be, o, m, timed, synced, fallbacks_since(before));
-  if (lora != nullptr) {  // the same steps without the adapters, for the ratio
+  std::optional<TimedSteps> without;  // --lora-rank: the same steps without the adapters
+  if (lora != nullptr) {
     FLUX_ASSIGN_OR_RETURN(const Flux2Conditioning plain, in.prepare(model, nullptr));
-    FLUX_ASSIGN_OR_RETURN(const TimedSteps without, time_steps(be, o, step_with(plain)));
+    FLUX_ASSIGN_OR_RETURN(without, time_steps(be, o, [&](int64_t i) {
+                            return step_dt(plain, i, in.schedule.dt(i));
+                          }));
+  }
+  std::map<std::string, double> profile;
+  if (o.profile != OpProfiling::kOff) {
+    FLUX_ASSIGN_OR_RETURN(
+        profile, profile_steps(be, o, [&](int64_t i, float dt) { return step_dt(cond, i, dt); }));
+  }
+  // Fallbacks and the peak over every step run.
+  nlohmann::json result = step_result(be, o, m, timed, synced, fallbacks_since(before));
+  if (without) {
     result.update(lora_result(config, o, dtype_size(be.weight_dtype())));
-    result["ms_per_step_without_lora_median"] = without.median();
-    result["lora_step_ratio"] = timed.median() / without.median();
-    add_clock_power(without.clock_power, result, "without_lora_");
+    result["ms_per_step_without_lora_median"] = without->median();
+    result["lora_step_ratio"] = timed.median() / without->median();
+    add_clock_power(without->clock_power, result, "without_lora_");
   }
   if (tuned) {
     result["tune_ms_per_step_before"] = tuned->first;
     result["tune_ms_per_step_after"] = tuned->second;
   }
-  if (o.profile != OpProfiling::kOff) {
-    FLUX_ASSIGN_OR_RETURN(const auto profile, profile_steps(be, o, step));
-    add_profile(profile, config, o, timed.median(), result);
-  }
+  if (o.profile != OpProfiling::kOff) add_profile(profile, config, o, timed.median(), result);
   FLUX_ASSIGN_OR_RETURN(result["gemm_plans"], gemm_plans(be, o));
   return result;
 }
@@ -404,8 +415,6 @@ absl::Status check_weights_flags(const CLI::App& app, const BenchOptions& o) {
   return absl::OkStatus();
 }
 
-// Checks the flags against each other and fills in what they imply (the request's options, the
-// profiling, --tune-gemm's backend options, the tokenizer).
 // --lora-rank R >= 1 with --loras N in 1..16 (steps or --e2e); --loras alone means nothing.
 absl::Status check_lora_flags(const CLI::App& app, const BenchFlags& f) {
   const BenchOptions& o = f.o;
@@ -428,6 +437,8 @@ absl::Status check_lora_flags(const CLI::App& app, const BenchFlags& f) {
   return absl::OkStatus();
 }
 
+// Checks the flags against each other and fills in what they imply (the request's options, the
+// profiling, --tune-gemm's backend options, the tokenizer).
 absl::Status check_bench_flags(const CLI::App& app, BenchFlags& f) {
   BenchOptions& o = f.o;
   o.request.fast_paths = !f.no_fast_paths;

@@ -134,6 +134,81 @@ void add_random_loras(const BenchOptions& o, const Flux2Config& config, Backend&
   pipeline.lora_cache().set_capacity(bytes);
 }
 
+// What the timed requests say: what ran, each phase's median, the step's TFLOP/s and floor, the
+// step cache's forwards, the weights.
+nlohmann::json e2e_result(Backend& be, const BenchOptions& o, const RandomPipelineSpec& spec,
+                          const Pipeline& pipeline, const GenerateParams& params,
+                          const E2eTimes& t) {
+  const double step_median = median_of(t.steps);
+  const int64_t n = (o.height / 16) * (o.width / 16);
+  const StepFlops flops = flux2_step_flops(spec.transformer, n, o.text_len);
+  const double floor = flux2_floor_ms(spec.transformer, n, o.text_len);
+  const StepCacheCounts& cache_counts = t.cache_counts;
+  const PipelineInfo& info = pipeline.info();
+  return {{"model", o.model},
+          {"quality", o.quality},
+          {"height", o.height},
+          {"width", o.width},
+          {"text_len", o.text_len},
+          {"backend", std::string(be.name())},
+          {"fast_paths", o.request.fast_paths},
+          {"e2e", true},
+          {"weights", o.weights},
+          {"fp8_lossless", o.fp8_weights() ? o.fp8_lossless : ""},
+          {"fp8_input_scale", o.fp8_weights() ? o.fp8_input_scale : ""},
+          {"fp8_gemms", info.fp8_gemms},
+          {"fp8_static_scale_gemms", info.fp8_static_scale_gemms},
+          {"request_steps", params.num_inference_steps},
+          {"references", o.references},
+          {"kv_cache", o.kv_cache},
+          {"base", o.base},
+          {"cache", o.cache},
+          {"cache_params", cache_description(params.cache)},
+          {"cache_forwards",
+           {{"double_computed", cache_counts.computed[0]},
+            {"double_cached", cache_counts.cached[0]},
+            {"single_computed", cache_counts.computed[1]},
+            {"single_cached", cache_counts.cached[1]}}},
+          {"ms_reference_encode", median_of(t.reference_encode)},
+          {"ms_first_step_median", median_of(t.first_steps)},
+          {"ms_later_steps_median", median_of(t.later_steps)},
+          {"ms_e2e_median", median_of(t.e2e)},
+          {"ms_tokenize", median_of(t.tokenize)},
+          {"ms_text_encode", median_of(t.text_encode)},
+          {"ms_noise", median_of(t.noise)},
+          {"ms_denoise", median_of(t.denoise)},
+          {"ms_decode", median_of(t.decode)},
+          {"ms_encode", median_of(t.encode)},
+          {"ms_per_step_median", step_median},
+          {"tflops", (flops.linear + flops.attention) / (step_median * 1e9)},
+          {"floor_ms", floor},
+          {"floor_fraction", floor / step_median},
+          {"weight_bytes", info.device_bytes},
+          {"text_encoder_offload", o.text_encoder_offload},
+          {"text_encoder_host_bytes", info.text_encoder_host_bytes},
+          {"prompt_cache", o.prompt_cache},
+          {"device_memory_cap_gb", o.device_memory_cap_gb},
+          {"load_seconds", info.load_seconds}};
+}
+
+// --lora-rank: the same requests without the adapters (their clock too), and the ratios.
+absl::Status add_without_lora(Backend& be, const BenchOptions& o, const RandomPipelineSpec& spec,
+                              Pipeline& pipeline, const GenerateParams& params, int repeats,
+                              const E2eTimes& with, nlohmann::json& result) {
+  GenerateParams plain = params;
+  plain.loras.clear();
+  std::optional<GpuSampler> sampler;
+  FLUX_ASSIGN_OR_RETURN(const E2eTimes without,
+                        time_requests(be, pipeline, plain, repeats, "without LoRA: ", &sampler));
+  add_clock_power(sampler ? sampler->stop() : std::nullopt, result, "without_lora_");
+  result.update(lora_result(spec.transformer, o, dtype_size(be.weight_dtype())));
+  result["ms_e2e_without_lora_median"] = median_of(without.e2e);
+  result["ms_per_step_without_lora_median"] = median_of(without.steps);
+  result["lora_e2e_ratio"] = median_of(with.e2e) / median_of(without.e2e);
+  result["lora_step_ratio"] = median_of(with.steps) / median_of(without.steps);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string cache_description(const StepCacheOptions& cache) {
@@ -178,75 +253,16 @@ absl::StatusOr<nlohmann::json> bench_e2e(Backend& be, const BenchOptions& o,
     be.set_op_profiling(OpProfiling::kOff);
     profile = be.take_op_profile();
   }
-  FLUX_ASSIGN_OR_RETURN(const nlohmann::json plans, gemm_plans(be, o));
-  const double step_median = median_of(t.steps);
-  const int64_t n = (o.height / 16) * (o.width / 16);
-  const StepFlops flops = flux2_step_flops(spec.transformer, n, o.text_len);
-  const double floor = flux2_floor_ms(spec.transformer, n, o.text_len);
-  const StepCacheCounts& cache_counts = t.cache_counts;
-  nlohmann::json result{{"model", o.model},
-                        {"quality", o.quality},
-                        {"height", o.height},
-                        {"width", o.width},
-                        {"text_len", o.text_len},
-                        {"backend", std::string(be.name())},
-                        {"fast_paths", o.request.fast_paths},
-                        {"fast_path_fallbacks", fallbacks},
-                        {"gemm_plans", plans},
-                        {"e2e", true},
-                        {"weights", o.weights},
-                        {"fp8_lossless", o.fp8_weights() ? o.fp8_lossless : ""},
-                        {"fp8_input_scale", o.fp8_weights() ? o.fp8_input_scale : ""},
-                        {"fp8_gemms", pipeline->info().fp8_gemms},
-                        {"fp8_static_scale_gemms", pipeline->info().fp8_static_scale_gemms},
-                        {"request_steps", params.num_inference_steps},
-                        {"references", o.references},
-                        {"kv_cache", o.kv_cache},
-                        {"base", o.base},
-                        {"cache", o.cache},
-                        {"cache_params", cache_description(params.cache)},
-                        {"cache_forwards",
-                         {{"double_computed", cache_counts.computed[0]},
-                          {"double_cached", cache_counts.cached[0]},
-                          {"single_computed", cache_counts.computed[1]},
-                          {"single_cached", cache_counts.cached[1]}}},
-                        {"ms_reference_encode", median_of(t.reference_encode)},
-                        {"ms_first_step_median", median_of(t.first_steps)},
-                        {"ms_later_steps_median", median_of(t.later_steps)},
-                        {"repeats", repeats},
-                        {"ms_e2e_median", median_of(t.e2e)},
-                        {"ms_tokenize", median_of(t.tokenize)},
-                        {"ms_text_encode", median_of(t.text_encode)},
-                        {"ms_noise", median_of(t.noise)},
-                        {"ms_denoise", median_of(t.denoise)},
-                        {"ms_decode", median_of(t.decode)},
-                        {"ms_encode", median_of(t.encode)},
-                        {"ms_per_step_median", step_median},
-                        {"tflops", (flops.linear + flops.attention) / (step_median * 1e9)},
-                        {"floor_ms", floor},
-                        {"floor_fraction", floor / step_median},
-                        {"peak_device_bytes", memory.peak_bytes},
-                        {"weight_bytes", pipeline->info().device_bytes},
-                        {"text_encoder_offload", o.text_encoder_offload},
-                        {"text_encoder_host_bytes", pipeline->info().text_encoder_host_bytes},
-                        {"prompt_cache", o.prompt_cache},
-                        {"device_memory_cap_gb", o.device_memory_cap_gb},
-                        {"free_device_bytes_after_load", free_after_load},
-                        {"load_seconds", pipeline->info().load_seconds},
-                        {"profile_ms", profile}};
+  nlohmann::json result = e2e_result(be, o, spec, *pipeline, params, t);
+  result.update(nlohmann::json{{"repeats", repeats},
+                               {"fast_path_fallbacks", fallbacks},
+                               {"peak_device_bytes", memory.peak_bytes},
+                               {"free_device_bytes_after_load", free_after_load},
+                               {"profile_ms", profile}});
+  FLUX_ASSIGN_OR_RETURN(result["gemm_plans"], gemm_plans(be, o));
   add_clock_power(clock_power, result);
-  if (!params.loras.empty()) {  // the same requests without the adapters, for the ratios
-    GenerateParams plain = params;
-    plain.loras.clear();
-    std::optional<GpuSampler> plain_sampler;
-    FLUX_ASSIGN_OR_RETURN(const E2eTimes without, time_requests(be, *pipeline, plain, repeats,
-                                                                "without LoRA: ", &plain_sampler));
-    add_clock_power(plain_sampler ? plain_sampler->stop() : std::nullopt, result, "without_lora_");
-    result.update(lora_result(spec.transformer, o, dtype_size(be.weight_dtype())));
-    result["ms_e2e_without_lora_median"] = median_of(without.e2e);
-    result["ms_per_step_without_lora_median"] = median_of(without.steps);
-    result["lora_e2e_ratio"] = median_of(t.e2e) / median_of(without.e2e);
-    result["lora_step_ratio"] = step_median / median_of(without.steps);
+  if (!params.loras.empty()) {
+    FLUX_RETURN_IF_ERROR(add_without_lora(be, o, spec, *pipeline, params, repeats, t, result));
   }
   return result;
 }

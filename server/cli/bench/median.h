@@ -1,5 +1,6 @@
 // The median the `flux2 bench` timings report (the upper one of an even count; 0 for none).
-// Used by bench_command.cc and bench_attention.cc; covered by their ctest runs on the CPU.
+// Used by bench_command.cc, bench_e2e.cc and bench_attention.cc; covered by their ctest runs on
+// the CPU.
 #pragma once
 
 #include <algorithm>
