@@ -200,10 +200,10 @@ absl::Status ServingCore::check_lora_budget(const JobSpec& spec, int64_t device_
   // The device cache never evicts pinned adapters: those the request does not name stay beside it
   // (the worker's LoraDeviceCache::acquire would refuse it, after queueing, as an engine fault).
   int64_t pinned_bytes = 0;
-  for (const auto& [sha256, bytes] : pinned_lora_bytes_) {
+  for (const auto& pinned : pinned_lora_bytes_) {  // not a structured binding: clang 14's lambdas
     const bool named = std::any_of(spec.params.loras.begin(), spec.params.loras.end(),
-                                   [&](const LoraRequest& r) { return r.key == sha256; });
-    if (!named) pinned_bytes += bytes;
+                                   [&](const LoraRequest& r) { return r.key == pinned.first; });
+    if (!named) pinned_bytes += pinned.second;
   }
   if (device_bytes + pinned_bytes <= capacity) return absl::OkStatus();
   metrics_.count_resource_exhausted(kLoraCacheFull);
